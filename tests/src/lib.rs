@@ -1,0 +1,12 @@
+//! lastcall's test kit: faithful stand-ins for the systems lastcall talks to.
+//!
+//! Real clients (`kube::Client`, `aws-sdk-gamelift`, `reqwest`, `redis`) talk to
+//! these emulators over real HTTP / TCP, so what is tested is the production code path.
+#![forbid(unsafe_code)]
+
+pub mod cluster;
+pub mod eventually;
+pub mod gamelift;
+pub mod imds;
+pub mod kube;
+pub mod redis;
