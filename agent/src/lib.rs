@@ -1,1 +1,11 @@
-pub fn placeholder() {}
+//! lastcall-agent: keeps game sessions alive while the node under them is taken away.
+//!
+//! Data flows one way: sources publish notices, a pure policy turns notices and observed
+//! state into a plan, the reconciler applies the plan through actuators.
+#![forbid(unsafe_code)]
+
+pub mod keys;
+pub mod notice;
+pub mod observed;
+pub mod policy;
+pub mod progress;

@@ -39,19 +39,33 @@ impl Health {
 
     pub fn set(&self, name: &'static str, ok: bool, detail: impl Into<String>) {
         if let Ok(mut checks) = self.checks.lock() {
-            checks.insert(name, Check { ok, detail: detail.into() });
+            checks.insert(
+                name,
+                Check {
+                    ok,
+                    detail: detail.into(),
+                },
+            );
         }
     }
 
     pub fn is_ready(&self) -> bool {
-        self.checks.lock().map(|c| c.values().all(|c| c.ok)).unwrap_or(false)
+        self.checks
+            .lock()
+            .map(|c| c.values().all(|c| c.ok))
+            .unwrap_or(false)
     }
 
     fn report(&self) -> serde_json::Value {
         let checks = self.checks.lock().map(|c| c.clone()).unwrap_or_default();
         let map: serde_json::Map<_, _> = checks
             .iter()
-            .map(|(k, v)| (k.to_string(), serde_json::json!({"ok": v.ok, "detail": v.detail})))
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    serde_json::json!({"ok": v.ok, "detail": v.detail}),
+                )
+            })
             .collect();
         serde_json::Value::Object(map)
     }
@@ -87,11 +101,17 @@ async fn metrics(State(state): State<AdminState>) -> Response {
     let mut body = String::new();
     match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
         Ok(()) => (
-            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
             body,
         )
             .into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}\n"))
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding metrics: {e}\n"),
+        )
             .into_response(),
     }
 }

@@ -19,7 +19,11 @@ impl Backoff {
     /// `base` is the first ceiling, `max` the largest delay ever returned.
     pub fn new(base: Duration, max: Duration) -> Self {
         let base = base.max(Duration::from_millis(1));
-        Self { base, max: max.max(base), attempt: 0 }
+        Self {
+            base,
+            max: max.max(base),
+            attempt: 0,
+        }
     }
 
     /// The next delay, drawn with `rng`.
@@ -28,7 +32,12 @@ impl Backoff {
         self.attempt = self.attempt.saturating_add(1);
         let floor = (self.base / 2).min(ceiling);
         let span = ceiling.saturating_sub(floor).as_millis() as u64;
-        floor + Duration::from_millis(if span == 0 { 0 } else { rng.random_range(0..=span) })
+        floor
+            + Duration::from_millis(if span == 0 {
+                0
+            } else {
+                rng.random_range(0..=span)
+            })
     }
 
     /// The next delay, drawn from the thread RNG.
@@ -74,7 +83,10 @@ mod tests {
         for _ in 0..12 {
             let c = b.ceiling();
             let d = b.next_with(&mut rng);
-            assert!(d >= Duration::from_millis(50) && d <= c, "{d:?} not in [50ms, {c:?}]");
+            assert!(
+                d >= Duration::from_millis(50) && d <= c,
+                "{d:?} not in [50ms, {c:?}]"
+            );
             ceilings.push(c);
         }
         assert_eq!(ceilings[0], Duration::from_millis(100));
@@ -89,9 +101,14 @@ mod tests {
     fn delays_are_spread() {
         let mut rng = StdRng::seed_from_u64(1);
         let draws: std::collections::HashSet<_> = (0..50)
-            .map(|_| Backoff::new(Duration::from_secs(1), Duration::from_secs(1)).next_with(&mut rng))
+            .map(|_| {
+                Backoff::new(Duration::from_secs(1), Duration::from_secs(1)).next_with(&mut rng)
+            })
             .collect();
-        assert!(draws.len() > 10, "jitter should spread delays, got {draws:?}");
+        assert!(
+            draws.len() > 10,
+            "jitter should spread delays, got {draws:?}"
+        );
     }
 
     #[test]

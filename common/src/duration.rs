@@ -7,7 +7,9 @@ use std::time::Duration;
 /// Parses a duration flag value; the error text is shown by clap next to the flag name.
 pub fn parse_duration(raw: &str) -> Result<Duration, String> {
     let s = raw.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let value: f64 = num
         .parse()
@@ -17,7 +19,11 @@ pub fn parse_duration(raw: &str) -> Result<Duration, String> {
         "ms" => value / 1000.0,
         "m" => value * 60.0,
         "h" => value * 3600.0,
-        other => return Err(format!("unknown unit {other:?} in {raw:?} (use ms, s, m or h)")),
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {raw:?} (use ms, s, m or h)"
+            ));
+        }
     };
     if !secs.is_finite() || secs < 0.0 || secs > 86_400.0 * 365.0 {
         return Err(format!("{raw:?} is out of range"));

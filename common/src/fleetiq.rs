@@ -246,8 +246,14 @@ mod tests {
     fn parses_python_go_and_reordered_forms() {
         for status in InstanceStatus::ALL {
             let m = msg(status);
-            assert_eq!(StatusMessage::parse(m.to_python_json().as_bytes()), Ok(m.clone()));
-            assert_eq!(StatusMessage::parse(m.to_go_json().as_bytes()), Ok(m.clone()));
+            assert_eq!(
+                StatusMessage::parse(m.to_python_json().as_bytes()),
+                Ok(m.clone())
+            );
+            assert_eq!(
+                StatusMessage::parse(m.to_go_json().as_bytes()),
+                Ok(m.clone())
+            );
         }
         let go_nulls = br#"{"GameServerGroupArn":null,"GameServerGroupName":null,"InstanceId":"i-9","InstanceStatus":"SPOT_TERMINATING","Extra":{"x":1}}"#;
         let parsed = StatusMessage::parse(go_nulls).unwrap();
@@ -262,20 +268,49 @@ mod tests {
             (b"[1,2]", "not_object"),
             (br#"{"InstanceStatus":"ACTIVE"}"#, "missing_field"),
             (br#"{"InstanceId":"i-1"}"#, "missing_field"),
-            (br#"{"InstanceId":"","InstanceStatus":"ACTIVE"}"#, "missing_field"),
-            (br#"{"InstanceId":"i-1","InstanceStatus":null}"#, "missing_field"),
-            (br#"{"InstanceId":7,"InstanceStatus":"ACTIVE"}"#, "wrong_type"),
-            (br#"{"InstanceId":"i-1","InstanceStatus":["ACTIVE"]}"#, "wrong_type"),
-            (br#"{"InstanceId":"i-1","InstanceStatus":"active"}"#, "unknown_status"),
-            (br#"{"InstanceId":"i-1","InstanceStatus":"EXPLODING"}"#, "unknown_status"),
-            (br#"{"InstanceId":"i-1","InstanceStatus":"ACTIVE","GameServerGroupName":5}"#, "wrong_type"),
+            (
+                br#"{"InstanceId":"","InstanceStatus":"ACTIVE"}"#,
+                "missing_field",
+            ),
+            (
+                br#"{"InstanceId":"i-1","InstanceStatus":null}"#,
+                "missing_field",
+            ),
+            (
+                br#"{"InstanceId":7,"InstanceStatus":"ACTIVE"}"#,
+                "wrong_type",
+            ),
+            (
+                br#"{"InstanceId":"i-1","InstanceStatus":["ACTIVE"]}"#,
+                "wrong_type",
+            ),
+            (
+                br#"{"InstanceId":"i-1","InstanceStatus":"active"}"#,
+                "unknown_status",
+            ),
+            (
+                br#"{"InstanceId":"i-1","InstanceStatus":"EXPLODING"}"#,
+                "unknown_status",
+            ),
+            (
+                br#"{"InstanceId":"i-1","InstanceStatus":"ACTIVE","GameServerGroupName":5}"#,
+                "wrong_type",
+            ),
         ];
         for (body, label) in cases {
             let err = StatusMessage::parse(body).unwrap_err();
-            assert_eq!(err.metric_label(), *label, "{}", String::from_utf8_lossy(body));
+            assert_eq!(
+                err.metric_label(),
+                *label,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
         let big = vec![b' '; MAX_MESSAGE_BYTES + 1];
-        assert_eq!(StatusMessage::parse(&big).unwrap_err().metric_label(), "oversize");
+        assert_eq!(
+            StatusMessage::parse(&big).unwrap_err().metric_label(),
+            "oversize"
+        );
     }
 
     #[test]

@@ -104,7 +104,10 @@ mod tests {
             ("10.0.0.5:6379/2", "redis://10.0.0.5:6379/2"),
             ("user:secret@cache:6379", "redis://user:secret@cache:6379"),
             ("redis://cache:6379", "redis://cache:6379"),
-            ("rediss://default:pw@cache.example:6380/0", "rediss://default:pw@cache.example:6380/0"),
+            (
+                "rediss://default:pw@cache.example:6380/0",
+                "rediss://default:pw@cache.example:6380/0",
+            ),
         ] {
             let t = RedisTarget::parse(raw).unwrap_or_else(|e| panic!("{raw}: {e}"));
             assert_eq!(t.url(), url);
@@ -115,8 +118,17 @@ mod tests {
 
     #[test]
     fn rejects_bad_urls() {
-        for raw in ["", "   ", "http://cache:6379", "cache:notaport", "redis://:6379"] {
-            assert!(RedisTarget::parse(raw).is_err(), "{raw:?} should be rejected");
+        for raw in [
+            "",
+            "   ",
+            "http://cache:6379",
+            "cache:notaport",
+            "redis://:6379",
+        ] {
+            assert!(
+                RedisTarget::parse(raw).is_err(),
+                "{raw:?} should be rejected"
+            );
         }
     }
 

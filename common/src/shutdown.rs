@@ -23,7 +23,13 @@ pub fn install(
             s = signals.next() => s,
             () = token.cancelled() => None,
         };
-        let stop = sig.map(|s| if s == SIGINT { StopSignal::Int } else { StopSignal::Term });
+        let stop = sig.map(|s| {
+            if s == SIGINT {
+                StopSignal::Int
+            } else {
+                StopSignal::Term
+            }
+        });
         if let Some(s) = stop {
             tracing::info!(message = "stop signal received", signal = ?s);
         }

@@ -23,5 +23,7 @@ pub fn init(level: &str) -> Result<(), String> {
 
 /// Validates a log filter at flag-parse time, so a typo exits 2 naming `--log-level`.
 pub fn parse_level(raw: &str) -> Result<String, String> {
-    EnvFilter::try_new(raw).map(|_| raw.to_string()).map_err(|e| e.to_string())
+    EnvFilter::try_new(raw)
+        .map(|_| raw.to_string())
+        .map_err(|e| e.to_string())
 }

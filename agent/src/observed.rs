@@ -1,0 +1,289 @@
+//! Typed views of the Kubernetes objects the policy reads, parsed once at the edge.
+//!
+//! Nothing downstream compares raw strings such as `"Allocated"`; unknown values become
+//! explicit `Unknown` variants that policy treats conservatively.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod, Taint, Toleration};
+use kube::api::DynamicObject;
+use kube::discovery::ApiResource;
+
+use crate::keys;
+
+/// Agones' GameServer API, addressed dynamically so unknown fields never break parsing.
+pub fn gameserver_resource() -> ApiResource {
+    ApiResource {
+        group: "agones.dev".into(),
+        version: "v1".into(),
+        api_version: "agones.dev/v1".into(),
+        kind: "GameServer".into(),
+        plural: "gameservers".into(),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ObserveError {
+    #[error("{kind} has no {field}")]
+    Missing {
+        kind: &'static str,
+        field: &'static str,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeView {
+    pub name: String,
+    pub resource_version: String,
+    pub unschedulable: bool,
+    pub taints: Vec<Taint>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl NodeView {
+    pub fn from_node(node: &Node) -> Result<Self, ObserveError> {
+        let meta = &node.metadata;
+        let spec = node.spec.as_ref();
+        Ok(Self {
+            name: meta.name.clone().ok_or(ObserveError::Missing {
+                kind: "Node",
+                field: "name",
+            })?,
+            resource_version: meta.resource_version.clone().ok_or(ObserveError::Missing {
+                kind: "Node",
+                field: "resourceVersion",
+            })?,
+            unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
+            // A null taint list is an empty one (the original adapter crashed here).
+            taints: spec.and_then(|s| s.taints.clone()).unwrap_or_default(),
+            labels: meta.labels.clone().unwrap_or_default(),
+            annotations: meta.annotations.clone().unwrap_or_default(),
+        })
+    }
+
+    pub fn has_taint(&self, key: &str) -> bool {
+        self.taints.iter().any(|t| t.key == key)
+    }
+}
+
+/// Agones GameServer states (`pkg/apis/agones/v1/gameserver.go`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum GsState {
+    PortAllocation,
+    Creating,
+    Starting,
+    Scheduled,
+    RequestReady,
+    Ready,
+    Reserved,
+    Allocated,
+    Shutdown,
+    Error,
+    Unhealthy,
+    /// No state yet (just created).
+    Empty,
+    /// A state this version does not know; treated as possibly in use.
+    Unknown(String),
+}
+
+impl GsState {
+    pub fn parse(s: Option<&str>) -> Self {
+        match s {
+            None | Some("") => Self::Empty,
+            Some("PortAllocation") => Self::PortAllocation,
+            Some("Creating") => Self::Creating,
+            Some("Starting") => Self::Starting,
+            Some("Scheduled") => Self::Scheduled,
+            Some("RequestReady") => Self::RequestReady,
+            Some("Ready") => Self::Ready,
+            Some("Reserved") => Self::Reserved,
+            Some("Allocated") => Self::Allocated,
+            Some("Shutdown") => Self::Shutdown,
+            Some("Error") => Self::Error,
+            Some("Unhealthy") => Self::Unhealthy,
+            Some(other) => Self::Unknown(other.to_string()),
+        }
+    }
+
+    /// Players may be on it: never remove voluntarily. Unknown states count, to be safe.
+    pub fn is_in_use(&self) -> bool {
+        matches!(self, Self::Allocated | Self::Reserved | Self::Unknown(_))
+    }
+
+    /// On its way to Ready; it will be released once it gets there.
+    pub fn is_before_ready(&self) -> bool {
+        matches!(
+            self,
+            Self::Empty
+                | Self::PortAllocation
+                | Self::Creating
+                | Self::Starting
+                | Self::Scheduled
+                | Self::RequestReady
+        )
+    }
+
+    /// Fixed label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Ready => "ready",
+            Self::Allocated => "allocated",
+            Self::Reserved => "reserved",
+            Self::Shutdown | Self::Error | Self::Unhealthy => "terminal",
+            Self::Unknown(_) => "unknown",
+            _ => "starting",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct GameServerView {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub state: GsState,
+    pub deleting: bool,
+    pub node_name: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl GameServerView {
+    pub fn from_dynamic(obj: &DynamicObject) -> Result<Self, ObserveError> {
+        let meta = &obj.metadata;
+        let missing = |field| ObserveError::Missing {
+            kind: "GameServer",
+            field,
+        };
+        let status = obj.data.get("status");
+        let str_at = |key: &str| status.and_then(|s| s.get(key)).and_then(|v| v.as_str());
+        Ok(Self {
+            namespace: meta.namespace.clone().ok_or(missing("namespace"))?,
+            name: meta.name.clone().ok_or(missing("name"))?,
+            uid: meta.uid.clone().ok_or(missing("uid"))?,
+            resource_version: meta
+                .resource_version
+                .clone()
+                .ok_or(missing("resourceVersion"))?,
+            state: GsState::parse(str_at("state")),
+            deleting: meta.deletion_timestamp.is_some(),
+            node_name: str_at("nodeName").map(str::to_string),
+            labels: meta.labels.clone().unwrap_or_default(),
+            annotations: meta.annotations.clone().unwrap_or_default(),
+        })
+    }
+
+    pub fn key(&self) -> (String, String) {
+        (self.namespace.clone(), self.name.clone())
+    }
+
+    pub fn fleet(&self) -> Option<&str> {
+        self.labels.get(keys::AGONES_FLEET).map(String::as_str)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodView {
+    pub namespace: String,
+    pub name: String,
+    pub resource_version: String,
+    /// The GameServer this pod runs, when it is an Agones game-server pod.
+    pub gameserver: Option<String>,
+    pub tolerations: Vec<Toleration>,
+    pub deleting: bool,
+}
+
+impl PodView {
+    pub fn from_pod(pod: &Pod) -> Result<Self, ObserveError> {
+        let meta = &pod.metadata;
+        let missing = |field| ObserveError::Missing { kind: "Pod", field };
+        let labels = meta.labels.as_ref();
+        let is_gs = labels
+            .and_then(|l| l.get(keys::AGONES_ROLE))
+            .map(String::as_str)
+            == Some("gameserver");
+        Ok(Self {
+            namespace: meta.namespace.clone().ok_or(missing("namespace"))?,
+            name: meta.name.clone().ok_or(missing("name"))?,
+            resource_version: meta
+                .resource_version
+                .clone()
+                .ok_or(missing("resourceVersion"))?,
+            gameserver: if is_gs {
+                labels
+                    .and_then(|l| l.get(keys::AGONES_GAMESERVER).cloned())
+                    .or_else(|| meta.name.clone())
+            } else {
+                None
+            },
+            tolerations: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.tolerations.clone())
+                .unwrap_or_default(),
+            deleting: meta.deletion_timestamp.is_some(),
+        })
+    }
+}
+
+/// Everything policy sees of the cluster for one node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observed {
+    pub node: NodeView,
+    pub game_servers: Vec<GameServerView>,
+    pub pods: Vec<PodView>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn null_taints_and_tolerations_are_empty() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "resourceVersion": "5"},
+            "spec": {"taints": null}
+        }))
+        .unwrap();
+        let v = NodeView::from_node(&node).unwrap();
+        assert!(v.taints.is_empty() && !v.unschedulable);
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "gs-1", "namespace": "default", "resourceVersion": "7",
+                         "labels": {"agones.dev/role": "gameserver", "agones.dev/gameserver": "gs-1"}},
+            "spec": {"containers": [], "tolerations": null}
+        }))
+        .unwrap();
+        let p = PodView::from_pod(&pod).unwrap();
+        assert_eq!(p.gameserver.as_deref(), Some("gs-1"));
+        assert!(p.tolerations.is_empty());
+    }
+
+    #[test]
+    fn gameserver_parses_state_and_rejects_missing_identity() {
+        let gs: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "agones.dev/v1", "kind": "GameServer",
+            "metadata": {"name": "gs-1", "namespace": "default", "uid": "u1", "resourceVersion": "9"},
+            "status": {"state": "Allocated", "nodeName": "n1"}
+        }))
+        .unwrap();
+        let v = GameServerView::from_dynamic(&gs).unwrap();
+        assert_eq!(v.state, GsState::Allocated);
+        assert_eq!(v.node_name.as_deref(), Some("n1"));
+        let mut broken = gs.clone();
+        broken.metadata.uid = None;
+        assert_eq!(
+            GameServerView::from_dynamic(&broken),
+            Err(ObserveError::Missing {
+                kind: "GameServer",
+                field: "uid"
+            })
+        );
+        assert_eq!(
+            GsState::parse(Some("Teleporting")),
+            GsState::Unknown("Teleporting".into())
+        );
+        assert!(GsState::parse(Some("Teleporting")).is_in_use());
+    }
+}

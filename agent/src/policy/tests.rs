@@ -1,0 +1,614 @@
+//! Table tests for the drain rules, plus an idempotence check: applying a plan to the
+//! observed state and planning again must produce nothing new.
+
+use super::*;
+use crate::observed::{NodeView, PodView};
+
+fn now() -> Timestamp {
+    "2026-11-30T05:00:00Z".parse().unwrap()
+}
+
+fn cfg() -> PolicyConfig {
+    PolicyConfig {
+        compat_taints: false,
+        deregister: true,
+        default_deadline: Duration::from_secs(600),
+    }
+}
+
+fn node() -> NodeView {
+    NodeView {
+        name: "n1".into(),
+        resource_version: "100".into(),
+        unschedulable: false,
+        taints: vec![taint("agones.dev/gameservers", "true", "NoExecute")],
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
+    }
+}
+
+fn gs(name: &str, state: GsState) -> GameServerView {
+    let mut labels = BTreeMap::new();
+    labels.insert(keys::LABEL_NODE.to_string(), "n1".to_string());
+    GameServerView {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        resource_version: "10".into(),
+        state,
+        deleting: false,
+        node_name: Some("n1".into()),
+        labels,
+        annotations: BTreeMap::new(),
+    }
+}
+
+fn pod_for(g: &GameServerView) -> PodView {
+    PodView {
+        namespace: g.namespace.clone(),
+        name: g.name.clone(),
+        resource_version: "20".into(),
+        gameserver: Some(g.name.clone()),
+        tolerations: vec![],
+        deleting: false,
+    }
+}
+
+fn observed(gss: Vec<GameServerView>) -> Observed {
+    let pods = gss.iter().map(pod_for).collect();
+    Observed {
+        node: node(),
+        game_servers: gss,
+        pods,
+    }
+}
+
+fn mixed() -> Observed {
+    observed(vec![
+        gs("r1", GsState::Ready),
+        gs("r2", GsState::Ready),
+        gs("r3", GsState::Ready),
+        gs("a1", GsState::Allocated),
+        gs("a2", GsState::Allocated),
+        gs("s1", GsState::Reserved),
+    ])
+}
+
+fn draining() -> Notice {
+    Notice {
+        source: Source::FleetIq,
+        id: "i-1:DRAINING".into(),
+        cause: Cause::Viability,
+        severity: Severity::Drain,
+        deadline: None,
+        cancellable: true,
+        detail: String::new(),
+    }
+}
+
+fn run(obs: &Observed, notices: &[Notice], config: &PolicyConfig) -> Plan {
+    plan(&Inputs {
+        notices,
+        observed: obs,
+        config,
+        now: now(),
+    })
+}
+
+/// Applies a plan the way the reconciler would, to a copy of the observed state.
+fn simulate(obs: &Observed, actions: &[Action]) -> Observed {
+    let mut o = obs.clone();
+    let mut rv: u64 = o.node.resource_version.parse().unwrap();
+    for a in actions {
+        match a {
+            Action::PatchNode(p) => {
+                assert_eq!(
+                    p.resource_version, o.node.resource_version,
+                    "patch must be guarded by the observed RV"
+                );
+                if let Some(u) = p.unschedulable {
+                    o.node.unschedulable = u;
+                }
+                if let Some(t) = &p.taints {
+                    o.node.taints = t.clone();
+                }
+                o.node.annotations.extend(p.set_annotations.clone());
+                for k in &p.remove_annotations {
+                    o.node.annotations.remove(k);
+                }
+                rv += 1;
+                o.node.resource_version = rv.to_string();
+            }
+            Action::ClaimGameServer { .. } => {}
+            Action::MarkDraining { gs, draining } => {
+                let g = o
+                    .game_servers
+                    .iter_mut()
+                    .find(|g| g.name == gs.name)
+                    .unwrap();
+                if *draining {
+                    g.labels
+                        .insert(keys::LABEL_NODE_DRAINING.into(), "true".into());
+                } else {
+                    g.labels.remove(keys::LABEL_NODE_DRAINING);
+                }
+            }
+            Action::Release { gs } => {
+                let g = o
+                    .game_servers
+                    .iter_mut()
+                    .find(|g| g.name == gs.name)
+                    .unwrap();
+                assert_eq!(
+                    g.state,
+                    GsState::Ready,
+                    "only Ready servers may be released"
+                );
+                g.deleting = true;
+            }
+            Action::Protect {
+                gs,
+                deadline,
+                reason,
+            } => {
+                let g = o
+                    .game_servers
+                    .iter_mut()
+                    .find(|g| g.name == gs.name)
+                    .unwrap();
+                g.annotations
+                    .insert(keys::ANN_GS_DEADLINE.into(), deadline.clone());
+                g.annotations
+                    .insert(keys::ANN_GS_REASON.into(), reason.clone());
+            }
+            Action::Unprotect { gs } => {
+                let g = o
+                    .game_servers
+                    .iter_mut()
+                    .find(|g| g.name == gs.name)
+                    .unwrap();
+                g.labels.remove(keys::LABEL_NODE_DRAINING);
+                g.annotations.remove(keys::ANN_GS_DEADLINE);
+                g.annotations.remove(keys::ANN_GS_REASON);
+            }
+            Action::Tolerate { pod, .. } => {
+                let p = o.pods.iter_mut().find(|p| &p.name == pod).unwrap();
+                p.tolerations.push(compat_toleration());
+            }
+            Action::Deregister => {
+                o.node
+                    .annotations
+                    .insert(keys::ANN_DEREGISTERED.into(), format_ts(now()));
+            }
+        }
+    }
+    o
+}
+
+/// Plans and applies until nothing is left to do; returns the final state and every action.
+fn converge(
+    obs: &Observed,
+    notices: &[Notice],
+    config: &PolicyConfig,
+) -> (Observed, Vec<Action>, Phase) {
+    let mut o = obs.clone();
+    let mut all = vec![];
+    for _ in 0..6 {
+        let p = run(&o, notices, config);
+        if p.actions.is_empty() {
+            return (o, all, p.phase);
+        }
+        o = simulate(&o, &p.actions);
+        all.extend(p.actions);
+    }
+    panic!("policy did not converge: {all:#?}");
+}
+
+fn count(actions: &[Action], label: &str) -> usize {
+    actions.iter().filter(|a| a.metric_label() == label).count()
+}
+
+#[test]
+fn idle_node_needs_nothing() {
+    let p = run(&mixed(), &[], &cfg());
+    assert_eq!(p.phase, Phase::Idle);
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+}
+
+#[test]
+fn observe_only_notices_do_not_drain() {
+    let mut n = draining();
+    n.severity = Severity::Observe;
+    let p = run(&mixed(), &[n], &cfg());
+    assert_eq!(p.phase, Phase::Idle);
+    assert!(p.actions.is_empty());
+}
+
+#[test]
+fn unlabelled_gameserver_pods_are_claimed() {
+    let mut o = mixed();
+    o.game_servers.retain(|g| g.name != "a1");
+    let p = run(&o, &[], &cfg());
+    assert_eq!(
+        p.actions,
+        vec![Action::ClaimGameServer {
+            namespace: "default".into(),
+            name: "a1".into()
+        }]
+    );
+}
+
+#[test]
+fn draining_fences_first_then_releases_ready_and_protects_in_use() {
+    let p = run(&mixed(), &[draining()], &cfg());
+    assert_eq!(p.phase, Phase::Fencing);
+    let Action::PatchNode(fence) = &p.actions[0] else {
+        panic!("fence must come first: {:?}", p.actions)
+    };
+    assert_eq!(fence.unschedulable, Some(true));
+    assert_eq!(
+        fence
+            .set_annotations
+            .get(keys::ANN_CORDONED)
+            .map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        fence
+            .set_annotations
+            .get(keys::ANN_CAUSE)
+            .map(String::as_str),
+        Some("viability")
+    );
+    assert_eq!(
+        fence.set_annotations.get(keys::ANN_STARTED),
+        Some(&format_ts(now()))
+    );
+    let taints = fence.taints.as_ref().unwrap();
+    assert!(
+        taints.iter().any(|t| t.key == "agones.dev/gameservers"),
+        "foreign taint kept"
+    );
+    let ours = taints
+        .iter()
+        .find(|t| t.key == keys::TAINT_DRAINING)
+        .unwrap();
+    assert_eq!(
+        (ours.value.as_deref(), ours.effect.as_str()),
+        (Some("fleetiq"), "NoSchedule")
+    );
+
+    let released: Vec<_> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Release { gs } => Some(gs.name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(released, ["r1", "r2", "r3"]);
+    let Some(Action::Release { gs }) = p
+        .actions
+        .iter()
+        .find(|a| matches!(a, Action::Release { .. }))
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        (gs.uid.as_str(), gs.resource_version.as_str()),
+        ("uid-r1", "10"),
+        "delete preconditions"
+    );
+    let protected: BTreeSet<_> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Protect {
+                gs,
+                deadline,
+                reason,
+            } => {
+                assert_eq!(deadline, "2026-11-30T05:10:00Z");
+                assert_eq!(reason, "viability");
+                Some(gs.name.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(protected, BTreeSet::from(["a1", "a2", "s1"]));
+    assert_eq!(count(&p.actions, "mark_draining"), 6);
+    assert_eq!(count(&p.actions, "deregister"), 0, "in-use servers remain");
+}
+
+#[test]
+fn drain_converges_and_second_pass_is_empty() {
+    let (o, _, phase) = converge(&mixed(), &[draining()], &cfg());
+    assert_eq!(phase, Phase::Draining);
+    assert!(o.node.unschedulable && o.node.has_taint(keys::TAINT_DRAINING));
+    // The games end: in-use servers go away. Now the node is empty and deregisters once.
+    let mut o2 = o.clone();
+    o2.game_servers.retain(|g| !g.state.is_in_use());
+    let left: BTreeSet<String> = o2.game_servers.iter().map(|g| g.name.clone()).collect();
+    o2.pods.retain(|p| left.contains(&p.name));
+    let (o3, acts, phase) = converge(&o2, &[draining()], &cfg());
+    assert_eq!(count(&acts, "deregister"), 1);
+    assert_eq!(phase, Phase::Deregistered);
+    assert!(o3.node.annotations.contains_key(keys::ANN_DEREGISTERED));
+}
+
+#[test]
+fn deregistration_happens_once_even_if_the_notice_clears() {
+    let mut o = observed(vec![]);
+    o.node
+        .annotations
+        .insert(keys::ANN_STARTED.into(), format_ts(now()));
+    o.node
+        .annotations
+        .insert(keys::ANN_DEREGISTERED.into(), format_ts(now()));
+    o.node.unschedulable = true;
+    o.node
+        .taints
+        .push(taint(keys::TAINT_DRAINING, "fleetiq", "NoSchedule"));
+    for notices in [vec![draining()], vec![]] {
+        let p = run(&o, &notices, &cfg());
+        assert_eq!(p.phase, Phase::Deregistered);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+    }
+}
+
+#[test]
+fn no_fleetiq_means_no_deregistration() {
+    let c = PolicyConfig {
+        deregister: false,
+        ..cfg()
+    };
+    let (_, acts, phase) = converge(&observed(vec![]), &[draining()], &c);
+    assert_eq!(phase, Phase::Empty);
+    assert_eq!(count(&acts, "deregister"), 0);
+}
+
+#[test]
+fn deleting_and_terminal_servers_are_left_alone_and_unknown_states_are_protected() {
+    let mut r = gs("r1", GsState::Ready);
+    r.deleting = true;
+    let o = observed(vec![
+        r,
+        gs("u1", GsState::Unhealthy),
+        gs("x1", GsState::Unknown("Teleporting".into())),
+    ]);
+    let (_, acts, phase) = converge(&o, &[draining()], &cfg());
+    assert_eq!(count(&acts, "release"), 0);
+    assert_eq!(count(&acts, "protect"), 1, "unknown state counts as in use");
+    assert_eq!(phase, Phase::Draining);
+}
+
+#[test]
+fn starting_servers_keep_the_node_busy() {
+    let o = observed(vec![gs("c1", GsState::Scheduled)]);
+    let (_, acts, phase) = converge(&o, &[draining()], &cfg());
+    assert_eq!(phase, Phase::Draining);
+    assert_eq!(count(&acts, "deregister"), 0);
+}
+
+#[test]
+fn node_cordoned_by_someone_else_stays_cordoned_after_cancel() {
+    let mut o = mixed();
+    o.node.unschedulable = true;
+    let (drained, acts, _) = converge(&o, &[draining()], &cfg());
+    let fence = acts
+        .iter()
+        .find_map(|a| match a {
+            Action::PatchNode(p) => Some(p),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(fence.unschedulable, None);
+    assert!(!fence.set_annotations.contains_key(keys::ANN_CORDONED));
+
+    let (after, _, phase) = converge(&drained, &[], &cfg());
+    assert_eq!(phase, Phase::Idle);
+    assert!(
+        after.node.unschedulable,
+        "foreign cordon must survive the cancel"
+    );
+    assert!(!after.node.has_taint(keys::TAINT_DRAINING));
+}
+
+#[test]
+fn cancel_undoes_exactly_what_lastcall_did() {
+    let (drained, _, _) = converge(&mixed(), &[draining()], &cfg());
+    let mut with_foreign = drained.clone();
+    with_foreign
+        .node
+        .taints
+        .push(taint("example.com/maintenance", "x", "NoSchedule"));
+    let p = run(&with_foreign, &[], &cfg());
+    assert_eq!(p.phase, Phase::Cancelling);
+    let (after, _, phase) = converge(&with_foreign, &[], &cfg());
+    assert_eq!(phase, Phase::Idle);
+    assert!(
+        !after.node.unschedulable,
+        "we cordoned it, so we uncordon it"
+    );
+    let keys_left: Vec<_> = after.node.taints.iter().map(|t| t.key.as_str()).collect();
+    assert_eq!(
+        keys_left,
+        ["agones.dev/gameservers", "example.com/maintenance"]
+    );
+    assert!(
+        after.node.annotations.is_empty(),
+        "{:?}",
+        after.node.annotations
+    );
+    for g in after.game_servers.iter().filter(|g| !g.deleting) {
+        assert!(
+            !g.labels.contains_key(keys::LABEL_NODE_DRAINING),
+            "{}",
+            g.name
+        );
+        assert!(
+            !g.annotations.contains_key(keys::ANN_GS_DEADLINE),
+            "{}",
+            g.name
+        );
+    }
+}
+
+#[test]
+fn drain_cancel_drain_fences_again() {
+    let (d1, _, _) = converge(&mixed(), &[draining()], &cfg());
+    let (c, _, _) = converge(&d1, &[], &cfg());
+    let p = run(&c, &[draining()], &cfg());
+    assert_eq!(p.phase, Phase::Fencing);
+    assert!(matches!(&p.actions[0], Action::PatchNode(f) if f.unschedulable == Some(true)));
+}
+
+#[test]
+fn manual_label_drains_with_manual_cause() {
+    let mut o = mixed();
+    o.node
+        .labels
+        .insert(keys::LABEL_MANUAL_DRAIN.into(), "true".into());
+    let p = run(&o, &[], &cfg());
+    assert_eq!(p.driver.as_ref().map(|d| d.cause), Some(Cause::Manual));
+    let Action::PatchNode(f) = &p.actions[0] else {
+        panic!()
+    };
+    assert_eq!(
+        f.set_annotations.get(keys::ANN_CAUSE).map(String::as_str),
+        Some("manual")
+    );
+    o.node
+        .labels
+        .insert(keys::LABEL_MANUAL_DRAIN.into(), "nope".into());
+    assert_eq!(run(&o, &[], &cfg()).phase, Phase::Idle);
+}
+
+#[test]
+fn terminate_deadline_is_announced_to_players() {
+    let mut n = draining();
+    n.severity = Severity::Terminate;
+    n.cause = Cause::Preemption;
+    n.cancellable = false;
+    n.deadline = Some("2026-11-30T05:02:00Z".parse().unwrap());
+    let p = run(&mixed(), &[draining(), n], &cfg());
+    let deadlines: BTreeSet<_> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Protect {
+                deadline, reason, ..
+            } => Some((deadline.as_str(), reason.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        deadlines,
+        BTreeSet::from([("2026-11-30T05:02:00Z", "preemption")])
+    );
+}
+
+#[test]
+fn compat_mode_tolerates_in_use_pods_before_the_noexecute_taint() {
+    let c = PolicyConfig {
+        compat_taints: true,
+        ..cfg()
+    };
+    let p = run(&mixed(), &[draining()], &c);
+    assert_eq!(count(&p.actions, "tolerate"), 3);
+    let patches = p
+        .actions
+        .iter()
+        .filter(|a| matches!(a, Action::PatchNode(_)))
+        .count();
+    assert_eq!(
+        patches, 1,
+        "no NoExecute taint while fencing or while Ready servers remain"
+    );
+
+    let (o, acts, _) = converge(&mixed(), &[draining()], &c);
+    let t = o
+        .node
+        .taints
+        .iter()
+        .find(|t| t.key == keys::COMPAT_TAINT_DRAINING)
+        .unwrap();
+    assert_eq!(
+        (t.value.as_deref(), t.effect.as_str()),
+        (Some("true"), "NoExecute")
+    );
+    let tol_idx = acts
+        .iter()
+        .rposition(|a| matches!(a, Action::Tolerate { .. }))
+        .unwrap();
+    let taint_idx = acts
+        .iter()
+        .position(|a| matches!(a, Action::PatchNode(p) if p.taints.as_ref().is_some_and(|t| t.iter().any(|t| t.key == keys::COMPAT_TAINT_DRAINING))))
+        .unwrap();
+    assert!(tol_idx < taint_idx, "tolerations must precede the taint");
+}
+
+#[test]
+fn compat_mode_adds_active_taint_once_registered() {
+    let c = PolicyConfig {
+        compat_taints: true,
+        ..cfg()
+    };
+    let mut o = observed(vec![]);
+    assert!(
+        run(&o, &[], &c).actions.is_empty(),
+        "not before registration"
+    );
+    o.node
+        .annotations
+        .insert(keys::ANN_REGISTERED.into(), format_ts(now()));
+    let (after, _, phase) = converge(&o, &[], &c);
+    assert_eq!(phase, Phase::Idle);
+    let t = after
+        .node
+        .taints
+        .iter()
+        .find(|t| t.key == keys::COMPAT_TAINT_ACTIVE)
+        .unwrap();
+    assert_eq!(
+        (t.value.as_deref(), t.effect.as_str()),
+        (Some("true"), "NoExecute")
+    );
+}
+
+#[test]
+fn every_state_mix_converges_without_releasing_in_use_servers() {
+    let states = [
+        GsState::Ready,
+        GsState::Allocated,
+        GsState::Reserved,
+        GsState::Scheduled,
+        GsState::Shutdown,
+    ];
+    for mask in 0..(states.len() * states.len() * states.len()) {
+        let mut m = mask;
+        let gss: Vec<_> = (0..3)
+            .map(|i| {
+                let s = states[m % states.len()].clone();
+                m /= states.len();
+                gs(&format!("g{i}"), s)
+            })
+            .collect();
+        let o = observed(gss);
+        for config in [
+            cfg(),
+            PolicyConfig {
+                compat_taints: true,
+                ..cfg()
+            },
+        ] {
+            // `simulate` asserts that only Ready servers are released.
+            let (drained, _, _) = converge(&o, &[draining()], &config);
+            let (_, _, phase) = converge(&drained, &[], &config);
+            assert!(
+                matches!(phase, Phase::Idle | Phase::Deregistered),
+                "mask {mask}: {phase:?}"
+            );
+        }
+    }
+}
