@@ -1,1 +1,466 @@
-//! (being written)
+//! An emulated GameLift FleetIQ endpoint speaking Smithy RPC v2 CBOR, the protocol
+//! `aws-sdk-gamelift` 1.137 uses, so the real SDK client can be pointed at it.
+//!
+//! Wire facts (checked against the SDK sources):
+//! - requests: `POST /service/GameLift/operation/<Operation>`, `content-type: application/cbor`,
+//!   `smithy-protocol: rpc-v2-cbor`, body an (indefinite-length) CBOR map;
+//! - replies carry the same two headers; timestamps are tag 1 around epoch seconds;
+//! - errors are any non-2xx status with a CBOR map `{"__type": "com.amazonaws.gamelift#<Name>",
+//!   "Message": ..}`. The SDK keeps what follows `#` (a bare name works too) and maps it onto the
+//!   operation's error enum; a name the operation does not model (`ThrottlingException`)
+//!   surfaces as an unhandled error whose `code()` is that name.
+//!
+//! Retries: the SDK's standard retry mode (3 attempts) retries `ThrottlingException` by error
+//! code and 500/502/503/504 by status. Use [`GameLiftEmulator::sdk_client_without_retries`]
+//! to see raw errors.
+//!
+//! See `docs/testing/cloud.md` for what is and is not emulated.
+
+mod cbor;
+mod faults;
+mod ops;
+mod state;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use tokio_util::sync::CancellationToken;
+
+use self::faults::Faults;
+use self::ops::ApiError;
+use self::state::World;
+
+pub use self::ops::MAX_INSTANCE_IDS;
+pub use self::state::{CLAIM_DURATION, DEFAULT_PAGE_SIZE};
+
+/// Status of an instance in a game server group, as `DescribeGameServerInstances` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstanceStatus {
+    Active,
+    Draining,
+    SpotTerminating,
+}
+
+impl InstanceStatus {
+    /// The wire value (`ACTIVE`, `DRAINING`, `SPOT_TERMINATING`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceStatus::Active => "ACTIVE",
+            InstanceStatus::Draining => "DRAINING",
+            InstanceStatus::SpotTerminating => "SPOT_TERMINATING",
+        }
+    }
+}
+
+/// What the emulator knows about one game server (kept after deregistration).
+#[derive(Clone, Debug)]
+pub struct GameServerRecord {
+    pub group: String,
+    pub game_server_id: String,
+    pub instance_id: Option<String>,
+    /// Claimed by `ClaimGameServer` less than [`CLAIM_DURATION`] ago.
+    pub claimed: bool,
+    /// `AVAILABLE` or `UTILIZED`.
+    pub utilization: String,
+    /// Number of accepted `UpdateGameServer HealthCheck=HEALTHY` calls.
+    pub health_checks: usize,
+    pub registered: bool,
+    /// Number of successful `DeregisterGameServer` calls.
+    pub deregistered_count: usize,
+}
+
+/// One call the emulator answered, in the order it was handled.
+#[derive(Clone, Debug)]
+pub struct Call {
+    pub seq: u64,
+    pub at: SystemTime,
+    /// Operation name (or the request path if it was not an operation URL).
+    pub op: String,
+    /// The decoded request (`null` if it could not be decoded).
+    pub input: serde_json::Value,
+    /// `"ok"` or the error name (`ConflictException`, `ThrottlingException`, ...).
+    pub outcome: String,
+}
+
+/// A bad `DescribeGameServerInstances` entry, for tests of how callers handle bad answers.
+#[derive(Clone, Copy, Debug)]
+pub enum Malformed {
+    /// `InstanceStatus` is `"EXPLODING"`, which the SDK reports as `Unknown(..)`.
+    UnknownStatus,
+    /// The `InstanceId` member is absent from the CBOR map.
+    MissingInstanceId,
+    /// The `InstanceStatus` member is absent from the CBOR map.
+    MissingStatus,
+}
+
+#[derive(Default)]
+struct Inner {
+    world: World,
+    faults: Faults,
+    journal: Vec<Call>,
+    next_seq: u64,
+}
+
+type Shared = Arc<Mutex<Inner>>;
+
+fn lock(shared: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    // A panic while holding the lock leaves consistent data behind (every mutation is
+    // validated first), so a poisoned lock is still usable.
+    shared.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A FleetIQ endpoint on `127.0.0.1`, alive until dropped.
+pub struct GameLiftEmulator {
+    addr: SocketAddr,
+    shared: Shared,
+    stop: CancellationToken,
+}
+
+impl Drop for GameLiftEmulator {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl GameLiftEmulator {
+    /// Starts the emulator on a free `127.0.0.1` port.
+    pub async fn start() -> anyhow::Result<GameLiftEmulator> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let shared: Shared = Arc::default();
+        let app = Router::new()
+            .route("/service/GameLift/operation/{op}", post(operation))
+            .fallback(not_an_operation)
+            .with_state(shared.clone());
+        let stop = CancellationToken::new();
+        let stopped = stop.clone().cancelled_owned();
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(stopped)
+                .await
+            {
+                tracing::warn!(error = %e, "gamelift emulator server ended");
+            }
+        });
+        Ok(GameLiftEmulator { addr, shared, stop })
+    }
+
+    /// Base URL to pass as the SDK's `endpoint_url`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        lock(&self.shared)
+    }
+
+    /// Creates a game server group (idempotent) and returns its ARN.
+    pub fn add_group(&self, name: &str) -> String {
+        self.inner().world.add_group(name)
+    }
+
+    /// The ARN the emulator uses for a group of this name.
+    pub fn group_arn(name: &str) -> String {
+        World::arn_for(name)
+    }
+
+    /// Adds instances to a group (creating the group if needed); an instance already in the
+    /// group only gets its status set.
+    pub fn add_instances(&self, group: &str, ids: &[String], status: InstanceStatus) {
+        let mut inner = self.inner();
+        inner.world.add_group(group);
+        if let Some(g) = inner.world.groups.get_mut(group) {
+            for id in ids {
+                match g.instances.iter_mut().find(|(i, _)| i == id) {
+                    Some(entry) => entry.1 = status,
+                    None => g.instances.push((id.clone(), status)),
+                }
+            }
+        }
+    }
+
+    /// Removes instances from a group (scale-in); unknown ids are ignored.
+    pub fn remove_instances(&self, group: &str, ids: &[String]) {
+        if let Some(g) = self.inner().world.groups.get_mut(group) {
+            g.instances.retain(|(i, _)| !ids.contains(i));
+        }
+    }
+
+    /// Sets the status of an instance, whichever group holds it.
+    ///
+    /// # Panics
+    /// If no group holds the instance: that is a bug in the test.
+    pub fn set_instance_status(&self, instance_id: &str, status: InstanceStatus) {
+        let mut inner = self.inner();
+        let entry = inner
+            .world
+            .groups
+            .values_mut()
+            .flat_map(|g| g.instances.iter_mut())
+            .find(|(i, _)| i == instance_id);
+        match entry {
+            Some(entry) => entry.1 = status,
+            None => panic!("set_instance_status: no group holds instance {instance_id}"),
+        }
+    }
+
+    /// The instances of a group in paging order (empty for an unknown group).
+    pub fn instances(&self, group: &str) -> Vec<(String, InstanceStatus)> {
+        self.inner()
+            .world
+            .groups
+            .get(group)
+            .map(|g| g.instances.clone())
+            .unwrap_or_default()
+    }
+
+    /// Deletes a group with its instances and game servers (like `DeleteGameServerGroup`);
+    /// later calls naming it get `NotFoundException`.
+    pub fn remove_group(&self, name: &str) {
+        let mut inner = self.inner();
+        inner.world.groups.remove(name);
+        inner.world.servers.retain(|(g, _), _| g != name);
+    }
+
+    /// The emulator's record of a game server, registered or not.
+    pub fn game_server(&self, group: &str, id: &str) -> Option<GameServerRecord> {
+        let now = SystemTime::now();
+        self.inner()
+            .world
+            .servers
+            .get(&(group.to_string(), id.to_string()))
+            .map(|gs| gs.record(now))
+    }
+
+    /// Lets every current claim lapse, as if [`CLAIM_DURATION`] had passed.
+    pub fn expire_claims(&self) {
+        for gs in self.inner().world.servers.values_mut() {
+            gs.claimed_at = None;
+        }
+    }
+
+    /// Every call handled so far, in order.
+    pub fn calls(&self) -> Vec<Call> {
+        self.inner().journal.clone()
+    }
+
+    /// Number of calls of one operation, whatever their outcome (retries count).
+    pub fn count(&self, op: &str) -> usize {
+        self.inner().journal.iter().filter(|c| c.op == op).count()
+    }
+
+    pub fn clear_calls(&self) {
+        self.inner().journal.clear();
+    }
+
+    /// Page size for `DescribeGameServerInstances` calls without `Limit`
+    /// (default [`DEFAULT_PAGE_SIZE`]; 0 is treated as 1).
+    pub fn set_default_page_size(&self, n: usize) {
+        self.inner().world.default_page_size = n.max(1);
+    }
+
+    /// Seeds the RNG behind [`set_throttle_ratio`](Self::set_throttle_ratio).
+    pub fn set_seed(&self, seed: u64) {
+        self.inner().faults.set_seed(seed);
+    }
+
+    /// That fraction (0..=1) of calls answers `ThrottlingException`, drawn from a seeded RNG.
+    pub fn set_throttle_ratio(&self, ratio: f64) {
+        self.inner().faults.set_throttle_ratio(ratio);
+    }
+
+    /// The next `n` calls (any operation) answer `ThrottlingException` (HTTP 400).
+    pub fn throttle_next(&self, n: usize) {
+        self.inner().faults.throttle_next(n);
+    }
+
+    /// The next `n` calls of `op` (`"*"` for any) fail with `status`. The error name follows
+    /// the status: 5xx `InternalServiceException`, 429 `ThrottlingException`, 401/403
+    /// `UnauthorizedException`, 404 `NotFoundException`, 409 `ConflictException`, other
+    /// `InvalidRequestException`.
+    pub fn fail_next(&self, op: &str, n: usize, status: u16) {
+        self.inner()
+            .faults
+            .fail_next(op, n, ApiError::injected(status));
+    }
+
+    /// Like [`fail_next`](Self::fail_next) with an explicit error name.
+    pub fn fail_next_with(&self, op: &str, n: usize, status: u16, code: &str) {
+        self.inner().faults.fail_next(
+            op,
+            n,
+            ApiError::new(status, code, format!("injected {code} ({status})")),
+        );
+    }
+
+    /// Delay before every answer.
+    pub fn set_latency(&self, d: Duration) {
+        self.inner().faults.latency = d;
+    }
+
+    /// Makes `DescribeGameServerInstances` for `group` corrupt the first entry of every page.
+    ///
+    /// # Panics
+    /// If the group does not exist: that is a bug in the test.
+    pub fn set_malformed(&self, group: &str, m: Option<Malformed>) {
+        match self.inner().world.groups.get_mut(group) {
+            Some(g) => g.malformed = m,
+            None => panic!("set_malformed: no group {group}"),
+        }
+    }
+
+    /// SDK configuration for this emulator: region us-west-2, static test credentials,
+    /// default (standard) retries. The retry partition is private to this emulator, so one
+    /// test draining the SDK's retry quota cannot starve another test in the same process.
+    pub fn sdk_config_builder(&self) -> aws_sdk_gamelift::config::Builder {
+        use aws_sdk_gamelift::config::retry::RetryPartition;
+        use aws_sdk_gamelift::config::{BehaviorVersion, Credentials, Region};
+        aws_sdk_gamelift::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-west-2"))
+            .credentials_provider(Credentials::new(
+                "AKIDLASTCALLTEST",
+                "lastcall-test-secret",
+                None,
+                None,
+                "lastcall-testkit",
+            ))
+            .endpoint_url(self.url())
+            .retry_partition(RetryPartition::new(format!(
+                "lastcall-gamelift-emulator-{}",
+                self.addr.port()
+            )))
+    }
+
+    /// A real SDK client pointed at this emulator, with default retries.
+    pub async fn sdk_client(&self) -> aws_sdk_gamelift::Client {
+        aws_sdk_gamelift::Client::from_conf(self.sdk_config_builder().build())
+    }
+
+    /// A real SDK client with retries disabled, to see raw errors.
+    pub async fn sdk_client_without_retries(&self) -> aws_sdk_gamelift::Client {
+        use aws_sdk_gamelift::config::retry::RetryConfig;
+        aws_sdk_gamelift::Client::from_conf(
+            self.sdk_config_builder()
+                .retry_config(RetryConfig::disabled())
+                .build(),
+        )
+    }
+}
+
+const CBOR: &str = "application/cbor";
+const PROTOCOL: &str = "rpc-v2-cbor";
+
+/// Checks the two protocol headers the SDK always sends.
+fn check_headers(headers: &HeaderMap, body: &[u8]) -> Result<(), ApiError> {
+    let protocol = headers.get("smithy-protocol").and_then(|v| v.to_str().ok());
+    if protocol != Some(PROTOCOL) {
+        return Err(ApiError::serialization(format!(
+            "smithy-protocol header must be {PROTOCOL}, got {protocol:?}"
+        )));
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    if !body.is_empty() && content_type != Some(CBOR) {
+        return Err(ApiError::serialization(format!(
+            "content-type must be {CBOR}, got {content_type:?}"
+        )));
+    }
+    Ok(())
+}
+
+async fn operation(
+    State(shared): State<Shared>,
+    Path(op): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let latency = lock(&shared).faults.latency;
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    let decoded = check_headers(&headers, &body).and_then(|()| {
+        cbor::decode_request(&body).map_err(|e| ApiError::serialization(e.to_string()))
+    });
+    let now = SystemTime::now();
+    let mut inner = lock(&shared);
+    let inner = &mut *inner;
+    let (input, result) = match decoded {
+        Ok(input) => {
+            let result = match inner.faults.take(&op) {
+                Some(injected) => Err(injected),
+                None => ops::dispatch(&mut inner.world, &op, &input, now),
+            };
+            (input, result)
+        }
+        Err(e) => (serde_json::Value::Null, Err(e)),
+    };
+    let seq = record(inner, now, op, input, &result);
+    reply(seq, result)
+}
+
+async fn not_an_operation(State(shared): State<Shared>, uri: Uri) -> Response {
+    let result = Err(ApiError::new(
+        404,
+        "UnknownOperationException",
+        format!("{uri} is not a GameLift operation URL"),
+    ));
+    let seq = record(
+        &mut lock(&shared),
+        SystemTime::now(),
+        uri.path().to_string(),
+        serde_json::Value::Null,
+        &result,
+    );
+    reply(seq, result)
+}
+
+fn record(
+    inner: &mut Inner,
+    at: SystemTime,
+    op: String,
+    input: serde_json::Value,
+    result: &Result<ops::Reply, ApiError>,
+) -> u64 {
+    let seq = inner.next_seq;
+    inner.next_seq += 1;
+    let outcome = match result {
+        Ok(_) => "ok".to_string(),
+        Err(e) => e.code.clone(),
+    };
+    inner.journal.push(Call {
+        seq,
+        at,
+        op,
+        input,
+        outcome,
+    });
+    seq
+}
+
+fn reply(seq: u64, result: Result<ops::Reply, ApiError>) -> Response {
+    let (status, body) = match result {
+        Ok(Some(value)) => (StatusCode::OK, cbor::encode(&value)),
+        Ok(None) => (StatusCode::OK, Vec::new()),
+        Err(e) => (
+            StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            cbor::error_body(&e.code, &e.message),
+        ),
+    };
+    let mut response = (status, body).into_response();
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(CBOR));
+    h.insert("smithy-protocol", HeaderValue::from_static(PROTOCOL));
+    if let Ok(id) = HeaderValue::from_str(&format!("lastcall-emulator-{seq}")) {
+        h.insert("x-amzn-requestid", id);
+    }
+    response
+}

@@ -1,0 +1,125 @@
+//! Injected trouble: latency, throttling and failures, decided before an operation runs.
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::ops::ApiError;
+
+/// Seed used until a test picks one, so throttling by ratio repeats run to run.
+pub(crate) const DEFAULT_SEED: u64 = 0x1a57_ca11;
+
+/// Matches every operation in [`Faults::fail_next`].
+pub(crate) const ANY_OP: &str = "*";
+
+#[derive(Debug)]
+struct FailRule {
+    op: String,
+    remaining: usize,
+    error: ApiError,
+}
+
+#[derive(Debug)]
+pub(crate) struct Faults {
+    pub(crate) latency: Duration,
+    throttle_ratio: f64,
+    throttle_next: usize,
+    fail_rules: Vec<FailRule>,
+    rng: StdRng,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            latency: Duration::ZERO,
+            throttle_ratio: 0.0,
+            throttle_next: 0,
+            fail_rules: Vec::new(),
+            rng: StdRng::seed_from_u64(DEFAULT_SEED),
+        }
+    }
+}
+
+impl Faults {
+    pub(crate) fn set_seed(&mut self, seed: u64) {
+        self.rng = StdRng::seed_from_u64(seed);
+    }
+
+    pub(crate) fn set_throttle_ratio(&mut self, ratio: f64) {
+        self.throttle_ratio = if ratio.is_nan() {
+            0.0
+        } else {
+            ratio.clamp(0.0, 1.0)
+        };
+    }
+
+    pub(crate) fn throttle_next(&mut self, n: usize) {
+        self.throttle_next = self.throttle_next.saturating_add(n);
+    }
+
+    pub(crate) fn fail_next(&mut self, op: &str, n: usize, error: ApiError) {
+        if n > 0 {
+            self.fail_rules.push(FailRule {
+                op: op.to_string(),
+                remaining: n,
+                error,
+            });
+        }
+    }
+
+    /// The injected error for this call, if any: explicit failures first (oldest rule
+    /// first), then counted throttles, then the throttle ratio. The RNG is drawn only
+    /// when a ratio is set, so other calls do not shift the sequence.
+    pub(crate) fn take(&mut self, op: &str) -> Option<ApiError> {
+        if let Some(rule) = self
+            .fail_rules
+            .iter_mut()
+            .find(|r| r.remaining > 0 && (r.op == op || r.op == ANY_OP))
+        {
+            rule.remaining -= 1;
+            let error = rule.error.clone();
+            self.fail_rules.retain(|r| r.remaining > 0);
+            return Some(error);
+        }
+        if self.throttle_next > 0 {
+            self.throttle_next -= 1;
+            return Some(ApiError::throttling());
+        }
+        if self.throttle_ratio > 0.0 && self.rng.random::<f64>() < self.throttle_ratio {
+            return Some(ApiError::throttling());
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explicit_failures_come_first_then_throttles() {
+        let mut f = Faults::default();
+        f.throttle_next(1);
+        f.fail_next("A", 1, ApiError::injected(503));
+        assert_eq!(
+            f.take("B").map(|e| e.code),
+            Some("ThrottlingException".into())
+        );
+        assert_eq!(f.take("A").map(|e| e.status), Some(503));
+        assert_eq!(f.take("A"), None);
+    }
+
+    #[test]
+    fn ratio_is_repeatable_for_a_seed() {
+        let run = || {
+            let mut f = Faults::default();
+            f.set_seed(7);
+            f.set_throttle_ratio(0.5);
+            (0..64).map(|_| f.take("X").is_some()).collect::<Vec<_>>()
+        };
+        let a = run();
+        assert_eq!(a, run());
+        assert!(a.iter().any(|t| *t) && a.iter().any(|t| !*t));
+    }
+}
