@@ -1,11 +1,18 @@
 //! lastcall-agent: keeps game sessions alive while the node under them is taken away.
 //!
 //! Data flows one way: sources publish notices, a pure policy turns notices and observed
-//! state into a plan, the reconciler applies the plan through actuators.
+//! state into a plan, the reconciler applies the plan through the actuator.
 #![forbid(unsafe_code)]
 
+pub mod actuator;
+pub mod config;
+pub mod fleetiq;
 pub mod keys;
+pub mod metrics;
 pub mod notice;
 pub mod observed;
 pub mod policy;
 pub mod progress;
+pub mod reconciler;
+pub mod run;
+pub mod watches;

@@ -25,7 +25,7 @@ pub fn parse_duration(raw: &str) -> Result<Duration, String> {
             ));
         }
     };
-    if !secs.is_finite() || secs < 0.0 || secs > 86_400.0 * 365.0 {
+    if !secs.is_finite() || !(0.0..=86_400.0 * 365.0).contains(&secs) {
         return Err(format!("{raw:?} is out of range"));
     }
     Ok(Duration::from_secs_f64(secs))

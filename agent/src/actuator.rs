@@ -1,0 +1,517 @@
+//! Every write lastcall makes to the outside world, in one place.
+//!
+//! Node writes are JSON patches whose first op tests `metadata.resourceVersion`, so a
+//! concurrent writer's taint is never lost: a failed test comes back as `Conflict` and the
+//! reconciler re-plans on fresh state. GameServer label and annotation writes are merge
+//! patches that touch only lastcall's own keys. In dry-run mode every mutating call is
+//! logged, counted and recorded instead of sent — the same code path up to the wire.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use crate::fleetiq::gamelift::{GameLift, GameLiftError};
+use crate::keys;
+use crate::metrics::{Metrics, ResultLabel};
+use crate::observed::gameserver_resource;
+use crate::policy::{GsRef, NodePatch, compat_toleration};
+use crate::progress::format_ts;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ActError {
+    /// The object changed since we read it; re-plan on fresh state.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    #[error("kubernetes: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("gamelift: {0}")]
+    GameLift(#[from] GameLiftError),
+    #[error("invalid patch: {0}")]
+    Invalid(String),
+    /// FleetIQ is configured but the instance id is not known yet.
+    #[error("FleetIQ is not ready yet (instance id unknown)")]
+    NotReady,
+}
+
+impl ActError {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Conflict(_) => "conflict",
+            Self::Kube(_) => "kube_error",
+            Self::GameLift(_) => "gamelift_error",
+            Self::Invalid(_) => "invalid",
+            Self::NotReady => "not_ready",
+        }
+    }
+}
+
+/// Result of a preconditioned GameServer delete.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Release {
+    Deleted,
+    /// uid or resourceVersion no longer matched: someone (an allocation) got there first.
+    Conflict,
+    Gone,
+}
+
+#[derive(Clone)]
+pub struct Actuator {
+    client: kube::Client,
+    node_name: String,
+    dry_run: bool,
+    gamelift: Arc<OnceLock<GameLift>>,
+    metrics: Metrics,
+    recorder: Recorder,
+    deregistered: Arc<AtomicBool>,
+    recorded: Arc<Mutex<Vec<String>>>,
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409 || s.code == 422)
+}
+
+fn pointer_escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+impl Actuator {
+    pub fn new(client: kube::Client, node_name: String, dry_run: bool, metrics: Metrics) -> Self {
+        let reporter = Reporter {
+            controller: "lastcall-agent".into(),
+            instance: Some(node_name.clone()),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            node_name,
+            dry_run,
+            gamelift: Arc::new(OnceLock::new()),
+            metrics,
+            deregistered: Arc::new(AtomicBool::new(false)),
+            recorded: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    pub fn gamelift(&self) -> Option<&GameLift> {
+        self.gamelift.get()
+    }
+
+    /// FleetIQ becomes available once the instance id is known (IMDS may be slow); until
+    /// then GameLift actions are no-ops and deregistration waits.
+    pub fn set_gamelift(&self, gl: GameLift) {
+        let _ = self.gamelift.set(gl);
+    }
+
+    pub fn is_dry_run(&self) -> bool {
+        self.dry_run
+    }
+
+    /// What dry-run mode would have sent, in order.
+    pub fn recorded(&self) -> Vec<String> {
+        self.recorded.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// True once this node's game server is deregistered (heartbeats stop).
+    pub fn deregistered_flag(&self) -> Arc<AtomicBool> {
+        self.deregistered.clone()
+    }
+
+    /// In dry-run mode, records `what` and returns true: the caller must not send.
+    fn skip(&self, what: String) -> bool {
+        if !self.dry_run {
+            return false;
+        }
+        info!(message = "dry run: not sending", call = %what);
+        if let Ok(mut r) = self.recorded.lock() {
+            r.push(what);
+        }
+        true
+    }
+
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    fn gameservers(&self, ns: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), ns, &gameserver_resource())
+    }
+
+    /// The JSON patch for a node change, guarded by a resourceVersion test.
+    pub fn node_patch_ops(p: &NodePatch, has_annotations: bool) -> Value {
+        let mut ops = vec![
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": p.resource_version}),
+        ];
+        if let Some(u) = p.unschedulable {
+            ops.push(json!({"op": "add", "path": "/spec/unschedulable", "value": u}));
+        }
+        if let Some(t) = &p.taints {
+            ops.push(json!({"op": "add", "path": "/spec/taints", "value": t}));
+        }
+        if !p.set_annotations.is_empty() && !has_annotations {
+            ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": {}}));
+        }
+        for (k, v) in &p.set_annotations {
+            ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", pointer_escape(k)), "value": v}));
+        }
+        for k in &p.remove_annotations {
+            ops.push(json!({"op": "remove", "path": format!("/metadata/annotations/{}", pointer_escape(k))}));
+        }
+        Value::Array(ops)
+    }
+
+    /// Applies a guarded node patch. `Ok(None)` in dry-run mode.
+    pub async fn patch_node(
+        &self,
+        p: &NodePatch,
+        has_annotations: bool,
+    ) -> Result<Option<Node>, ActError> {
+        let ops = Self::node_patch_ops(p, has_annotations);
+        if self.skip(format!("PATCH node/{} {}", self.node_name, ops)) {
+            return Ok(None);
+        }
+        let patch: json_patch::Patch =
+            serde_json::from_value(ops).map_err(|e| ActError::Invalid(e.to_string()))?;
+        match self
+            .nodes()
+            .patch(
+                &self.node_name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(patch),
+            )
+            .await
+        {
+            Ok(n) => Ok(Some(n)),
+            Err(e) if is_conflict(&e) => Err(ActError::Conflict(e.to_string())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Merges lastcall-owned annotations into the Node (no list involved, so no guard needed).
+    pub async fn annotate_node(&self, key: &str, value: &str) -> Result<Option<Node>, ActError> {
+        let body = json!({"metadata": {"annotations": {key: value}}});
+        if self.skip(format!("PATCH node/{} {}", self.node_name, body)) {
+            return Ok(None);
+        }
+        Ok(Some(
+            self.nodes()
+                .patch(
+                    &self.node_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&body),
+                )
+                .await?,
+        ))
+    }
+
+    async fn merge_gs(
+        &self,
+        ns: &str,
+        name: &str,
+        body: Value,
+    ) -> Result<Option<DynamicObject>, ActError> {
+        if self.skip(format!("PATCH gameservers/{ns}/{name} {body}")) {
+            return Ok(None);
+        }
+        Ok(Some(
+            self.gameservers(ns)
+                .patch(name, &PatchParams::default(), &Patch::Merge(&body))
+                .await?,
+        ))
+    }
+
+    /// Labels a GameServer as this node's, so the label-filtered watch sees it. In dry-run
+    /// mode the label cannot be written, so the GameServer is read directly instead.
+    pub async fn claim_gameserver(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<DynamicObject>, ActError> {
+        if self.dry_run {
+            return Ok(self.gameservers(ns).get_opt(name).await?);
+        }
+        self.merge_gs(
+            ns,
+            name,
+            json!({"metadata": {"labels": {keys::LABEL_NODE: self.node_name}}}),
+        )
+        .await
+    }
+
+    pub async fn mark_draining(&self, gs: &GsRef, draining: bool) -> Result<(), ActError> {
+        let v = if draining { json!("true") } else { Value::Null };
+        self.merge_gs(
+            &gs.namespace,
+            &gs.name,
+            json!({"metadata": {"labels": {keys::LABEL_NODE_DRAINING: v}}}),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    pub async fn protect(&self, gs: &GsRef, deadline: &str, reason: &str) -> Result<(), ActError> {
+        let body = json!({"metadata": {"annotations": {keys::ANN_GS_DEADLINE: deadline, keys::ANN_GS_REASON: reason}}});
+        self.merge_gs(&gs.namespace, &gs.name, body)
+            .await
+            .map(|_| ())
+    }
+
+    pub async fn unprotect(&self, gs: &GsRef) -> Result<(), ActError> {
+        let body = json!({"metadata": {
+            "labels": {keys::LABEL_NODE_DRAINING: null},
+            "annotations": {keys::ANN_GS_DEADLINE: null, keys::ANN_GS_REASON: null}
+        }});
+        self.merge_gs(&gs.namespace, &gs.name, body)
+            .await
+            .map(|_| ())
+    }
+
+    /// Deletes a Ready GameServer only if it is still exactly the object we saw Ready.
+    pub async fn release(&self, gs: &GsRef) -> Result<Release, ActError> {
+        if self.skip(format!(
+            "DELETE gameservers/{}/{} preconditions uid={} resourceVersion={}",
+            gs.namespace, gs.name, gs.uid, gs.resource_version
+        )) {
+            return Ok(Release::Deleted);
+        }
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(gs.uid.clone()),
+                resource_version: Some(gs.resource_version.clone()),
+            }),
+            ..DeleteParams::default()
+        };
+        match self.gameservers(&gs.namespace).delete(&gs.name, &dp).await {
+            Ok(_) => Ok(Release::Deleted),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Release::Conflict),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Release::Gone),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Compat mode: adds the original draining toleration, guarded by the pod's resourceVersion.
+    pub async fn tolerate(
+        &self,
+        ns: &str,
+        pod: &str,
+        rv: &str,
+        has_tolerations: bool,
+    ) -> Result<(), ActError> {
+        let tol = serde_json::to_value(compat_toleration())
+            .map_err(|e| ActError::Invalid(e.to_string()))?;
+        let add = if has_tolerations {
+            json!({"op": "add", "path": "/spec/tolerations/-", "value": tol})
+        } else {
+            json!({"op": "add", "path": "/spec/tolerations", "value": [tol]})
+        };
+        let ops = json!([{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, add]);
+        if self.skip(format!("PATCH pods/{ns}/{pod} {ops}")) {
+            return Ok(());
+        }
+        let patch: json_patch::Patch =
+            serde_json::from_value(ops).map_err(|e| ActError::Invalid(e.to_string()))?;
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        match pods
+            .patch(pod, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if is_conflict(&e) => Err(ActError::Conflict(e.to_string())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// `DeregisterGameServer` (NotFound means already done), then the mark on the Node that
+    /// makes it once-only across restarts.
+    pub async fn deregister(&self) -> Result<Option<Node>, ActError> {
+        let Some(gl) = self.gamelift.get() else {
+            return Err(ActError::NotReady);
+        };
+        if !self.skip(format!(
+            "GameLift DeregisterGameServer {}/{}",
+            gl.group, gl.game_server_id
+        )) {
+            match gl.deregister().await {
+                Ok(()) => {
+                    self.metrics
+                        .deregistrations
+                        .get_or_create(&ResultLabel { result: "ok" })
+                        .inc();
+                }
+                Err(GameLiftError::NotFound(m)) => {
+                    self.metrics
+                        .deregistrations
+                        .get_or_create(&ResultLabel {
+                            result: "not_found",
+                        })
+                        .inc();
+                    info!(message = "game server already deregistered", detail = %m);
+                }
+                Err(e) => {
+                    self.metrics
+                        .deregistrations
+                        .get_or_create(&ResultLabel {
+                            result: e.metric_label(),
+                        })
+                        .inc();
+                    return Err(e.into());
+                }
+            }
+        }
+        self.deregistered.store(true, Ordering::SeqCst);
+        self.annotate_node(keys::ANN_DEREGISTERED, &format_ts(jiff::Timestamp::now()))
+            .await
+    }
+
+    /// Publishes a Kubernetes Event about `target`; failures are counted, never fatal.
+    pub async fn event(&self, target: &ObjectReference, reason: &str, note: String, warning: bool) {
+        if self.skip(format!(
+            "POST event {reason} on {:?}/{:?}: {note}",
+            target.kind, target.name
+        )) {
+            return;
+        }
+        let ev = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        let result = match self.recorder.publish(&ev, target).await {
+            Ok(()) => "ok",
+            Err(e) => {
+                warn!(message = "publishing a Kubernetes Event failed", reason, error = %e);
+                "error"
+            }
+        };
+        self.metrics
+            .events
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
+    pub fn node_ref(&self, uid: Option<String>) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.node_name.clone()),
+            uid,
+            ..ObjectReference::default()
+        }
+    }
+
+    pub fn gs_ref(gs: &GsRef) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("agones.dev/v1".into()),
+            kind: Some("GameServer".into()),
+            name: Some(gs.name.clone()),
+            namespace: Some(gs.namespace.clone()),
+            uid: Some(gs.uid.clone()),
+            ..ObjectReference::default()
+        }
+    }
+
+    // GameLift lifecycle calls, so dry-run covers them too.
+
+    pub async fn gl_register(&self) -> Result<(), GameLiftError> {
+        match self.gamelift.get() {
+            Some(gl)
+                if !self.skip(format!("GameLift RegisterGameServer {}", gl.game_server_id)) =>
+            {
+                gl.register().await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub async fn gl_claim(&self) -> Result<(), GameLiftError> {
+        match self.gamelift.get() {
+            Some(gl) if !self.skip(format!("GameLift ClaimGameServer {}", gl.game_server_id)) => {
+                gl.claim().await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub async fn gl_heartbeat(&self) -> Result<(), GameLiftError> {
+        match self.gamelift.get() {
+            Some(gl)
+                if !self.skip(format!(
+                    "GameLift UpdateGameServer HEALTHY {}",
+                    gl.game_server_id
+                )) =>
+            {
+                gl.heartbeat().await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub async fn gl_utilized(&self) -> Result<(), GameLiftError> {
+        match self.gamelift.get() {
+            Some(gl)
+                if !self.skip(format!(
+                    "GameLift UpdateGameServer UTILIZED {}",
+                    gl.game_server_id
+                )) =>
+            {
+                gl.set_utilized().await
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Taint;
+
+    #[test]
+    fn node_patch_is_guarded_and_escapes_keys() {
+        let mut p = NodePatch {
+            resource_version: "42".into(),
+            unschedulable: Some(true),
+            ..Default::default()
+        };
+        p.taints = Some(vec![Taint {
+            key: "a".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]);
+        p.set_annotations
+            .insert(keys::ANN_STARTED.into(), "t".into());
+        p.remove_annotations.insert(keys::ANN_CAUSE.into());
+        let ops = Actuator::node_patch_ops(&p, false);
+        let ops = ops.as_array().unwrap();
+        assert_eq!(
+            ops[0],
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": "42"})
+        );
+        assert!(
+            ops.iter()
+                .any(|o| o["path"] == "/metadata/annotations" && o["op"] == "add")
+        );
+        assert!(
+            ops.iter()
+                .any(|o| o["path"] == "/metadata/annotations/lastcall.dev~1drain-started")
+        );
+        assert!(ops.iter().any(|o| o["op"] == "remove"
+            && o["path"] == "/metadata/annotations/lastcall.dev~1drain-cause"));
+        // And it is a valid RFC 6902 document.
+        let _: json_patch::Patch = serde_json::from_value(Value::Array(ops.clone())).unwrap();
+    }
+}

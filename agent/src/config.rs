@@ -1,0 +1,214 @@
+//! Flags and environment variables, in one validated type.
+//!
+//! Validation lives in clap value parsers, so a bad value exits with code 2 and a one-line
+//! error naming the flag, before anything starts. The original adapter's names (`REDIS_URL`,
+//! `GAME_SERVER_GROUP_NAME`, `AWS_REGION`, `--healthcheck-interval`, `--failure-threshold`)
+//! are accepted.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+use lastcall_common::duration::parse_duration;
+use lastcall_common::redis_url::RedisTarget;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "lastcall-agent",
+    version,
+    about = "Per-node disruption agent for Agones game-server nodes: fences a doomed node, \
+             releases idle game servers, protects running matches and deregisters the empty node."
+)]
+pub struct Config {
+    /// Kubernetes Node this agent guards. Set it from the Downward API (spec.nodeName).
+    #[arg(long, env = "NODE_NAME", value_parser = non_empty)]
+    pub node_name: String,
+
+    /// EC2 instance id. Default: read from instance metadata (IMDSv2).
+    #[arg(long, env = "INSTANCE_ID", value_parser = non_empty)]
+    pub instance_id: Option<String>,
+
+    /// FleetIQ game server group. Enables FleetIQ (register, claim, heartbeat, Redis status,
+    /// deregister). Without it the agent reacts to node labels only.
+    #[arg(long = "game-server-group", env = "GAME_SERVER_GROUP_NAME", value_parser = non_empty)]
+    pub game_server_group: Option<String>,
+
+    /// FleetIQ GameServerId. Default: the instance id, as the original adapter used.
+    #[arg(long, env = "GAME_SERVER_ID", value_parser = non_empty)]
+    pub game_server_id: Option<String>,
+
+    /// Redis channel carrying this instance's status. Default: the instance id.
+    #[arg(long, env = "REDIS_CHANNEL", value_parser = non_empty)]
+    pub redis_channel: Option<String>,
+
+    /// Redis endpoint: host[:port][/db] (the original form), redis://… or rediss://… (TLS),
+    /// optionally with user:password@.
+    #[arg(long, env = "REDIS_URL", value_parser = RedisTarget::parse)]
+    pub redis_url: Option<RedisTarget>,
+
+    /// AWS region for GameLift.
+    #[arg(long, env = "AWS_REGION", value_parser = non_empty)]
+    pub aws_region: Option<String>,
+
+    /// GameLift endpoint override (tests, VPC endpoints).
+    #[arg(long, env = "AWS_ENDPOINT_URL_GAMELIFT", value_parser = http_url)]
+    pub gamelift_endpoint: Option<String>,
+
+    /// Instance metadata endpoint.
+    #[arg(long, env = "LASTCALL_IMDS_ENDPOINT", default_value = "http://169.254.169.254", value_parser = http_url)]
+    pub imds_endpoint: String,
+
+    /// Address of the HTTP listener for /metrics, /healthz and /readyz.
+    #[arg(long, env = "LASTCALL_LISTEN", default_value = "0.0.0.0:9090")]
+    pub listen: SocketAddr,
+
+    /// Interval between FleetIQ HEALTHY heartbeats (GameLift advises at most 60 s).
+    #[arg(long, env = "LASTCALL_HEARTBEAT_INTERVAL", default_value = "30s", value_parser = heartbeat)]
+    pub heartbeat_interval: Duration,
+
+    /// How often pubsub publishes; used to decide when Redis has gone quiet.
+    #[arg(long, env = "LASTCALL_PUBLISH_PERIOD", default_value = "60s", value_parser = positive_duration)]
+    pub publish_period: Duration,
+
+    /// After this many publish periods without a message, ask GameLift directly
+    /// (DescribeGameServerInstances for this instance only).
+    #[arg(long, env = "LASTCALL_STALE_PERIODS", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub stale_periods: u32,
+
+    /// Seconds between direct GameLift checks while Redis is quiet (original adapter flag;
+    /// 5..60, clamped like the original).
+    #[arg(long, env = "LASTCALL_HEALTHCHECK_INTERVAL", default_value = "60", value_parser = clamp_5_60)]
+    pub healthcheck_interval: u64,
+
+    /// Consecutive failed heartbeats after which /readyz reports not ready (original adapter
+    /// flag; 1..5, clamped like the original).
+    #[arg(long, env = "LASTCALL_FAILURE_THRESHOLD", default_value = "3", value_parser = clamp_1_5)]
+    pub failure_threshold: u32,
+
+    /// Reproduce the original adapter's taints: gamelift.status/active=true:NoExecute after
+    /// claim, gamelift.status/draining=true:NoExecute (after tolerating in-use pods) on drain.
+    #[arg(long, env = "LASTCALL_COMPAT_TAINTS")]
+    pub compat_taints: bool,
+
+    /// Log and count every mutating call instead of sending it.
+    #[arg(long, env = "LASTCALL_DRY_RUN")]
+    pub dry_run: bool,
+
+    /// Deregister from FleetIQ on SIGTERM (the original adapter always did; off by default
+    /// because a rollout must not hand a busy node back).
+    #[arg(long, env = "LASTCALL_DEREGISTER_ON_EXIT")]
+    pub deregister_on_exit: bool,
+
+    /// Deadline announced to protected game servers when the signal gives none.
+    #[arg(long, env = "LASTCALL_DRAIN_DEADLINE", default_value = "30m", value_parser = positive_duration)]
+    pub drain_deadline: Duration,
+
+    /// Ready game servers deleted at once while releasing.
+    #[arg(long, env = "LASTCALL_RELEASE_CONCURRENCY", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub release_concurrency: u32,
+
+    /// Re-plan at least this often even when nothing changes.
+    #[arg(long, env = "LASTCALL_RESYNC_INTERVAL", default_value = "10s", value_parser = positive_duration)]
+    pub resync_interval: Duration,
+
+    /// Log filter, e.g. info or lastcall_agent=debug,info. RUST_LOG overrides it.
+    #[arg(long, env = "LASTCALL_LOG_LEVEL", default_value = "info", value_parser = lastcall_common::telemetry::parse_level)]
+    pub log_level: String,
+}
+
+impl Config {
+    /// FleetIQ integration is on when a game server group is configured.
+    pub fn fleetiq_enabled(&self) -> bool {
+        self.game_server_group.is_some()
+    }
+}
+
+fn non_empty(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    if t.is_empty() {
+        Err("must not be empty".into())
+    } else {
+        Ok(t.to_string())
+    }
+}
+
+fn http_url(s: &str) -> Result<String, String> {
+    let u = url::Url::parse(s).map_err(|e| format!("{s:?} is not a URL: {e}"))?;
+    match u.scheme() {
+        "http" | "https" if u.host_str().is_some() => Ok(s.trim_end_matches('/').to_string()),
+        _ => Err(format!("{s:?} must be an http:// or https:// URL")),
+    }
+}
+
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        Err("must be greater than zero".into())
+    } else {
+        Ok(d)
+    }
+}
+
+fn heartbeat(s: &str) -> Result<Duration, String> {
+    let d = positive_duration(s)?;
+    if d > Duration::from_secs(60) {
+        return Err(
+            "must be at most 60s: FleetIQ deregisters servers that stop heartbeating".into(),
+        );
+    }
+    Ok(d)
+}
+
+fn clamp_int(s: &str, lo: u64, hi: u64) -> Result<u64, String> {
+    let v: i64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not an integer"))?;
+    Ok((v.max(0) as u64).clamp(lo, hi))
+}
+
+fn clamp_5_60(s: &str) -> Result<u64, String> {
+    clamp_int(s, 5, 60)
+}
+
+fn clamp_1_5(s: &str) -> Result<u32, String> {
+    clamp_int(s, 1, 5).map(|v| v as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        let mut v = vec!["lastcall-agent", "--node-name", "n1"];
+        v.extend_from_slice(args);
+        Config::try_parse_from(v)
+    }
+
+    #[test]
+    fn defaults_and_original_flags() {
+        let c = parse(&["--healthcheck-interval", "300", "--failure-threshold", "0"]).unwrap();
+        assert_eq!(c.healthcheck_interval, 60, "clamped like the original");
+        assert_eq!(c.failure_threshold, 1);
+        assert_eq!(c.heartbeat_interval, Duration::from_secs(30));
+        assert!(!c.fleetiq_enabled() && !c.dry_run && !c.deregister_on_exit);
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        for (args, flag) in [
+            (vec!["--redis-url", "http://x"], "--redis-url"),
+            (vec!["--heartbeat-interval", "5m"], "--heartbeat-interval"),
+            (vec!["--publish-period", "0s"], "--publish-period"),
+            (vec!["--imds-endpoint", "ftp://x"], "--imds-endpoint"),
+            (vec!["--release-concurrency", "0"], "--release-concurrency"),
+            (vec!["--listen", "nowhere"], "--listen"),
+        ] {
+            let err = parse(&args).unwrap_err();
+            assert_eq!(err.exit_code(), 2);
+            assert!(err.to_string().contains(flag), "{flag}: {err}");
+        }
+        let err = Config::try_parse_from(["lastcall-agent"]).unwrap_err();
+        assert!(err.to_string().contains("--node-name"), "{err}");
+    }
+}

@@ -1,0 +1,229 @@
+//! The GameLift FleetIQ calls the agent makes, with errors classified once.
+
+use std::time::Duration;
+
+use aws_sdk_gamelift::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_gamelift::types::{GameServerHealthCheck, GameServerUtilizationStatus};
+use lastcall_common::fleetiq::InstanceStatus;
+
+use crate::metrics::{Metrics, OperationResult};
+
+/// What went wrong with a GameLift call, as far as the agent's logic cares.
+#[derive(Debug, thiserror::Error)]
+pub enum GameLiftError {
+    #[error("conflict: {0}")]
+    Conflict(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("throttled: {0}")]
+    Throttled(String),
+    #[error("unreachable: {0}")]
+    Unreachable(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl GameLiftError {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Conflict(_) => "conflict",
+            Self::NotFound(_) => "not_found",
+            Self::Throttled(_) => "throttled",
+            Self::Unreachable(_) => "unreachable",
+            Self::Other(_) => "error",
+        }
+    }
+}
+
+fn classify<E, R>(e: SdkError<E, R>) -> GameLiftError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    let text = match e.message() {
+        Some(m) => m.to_string(),
+        None => aws_smithy_error_display(&e),
+    };
+    match &e {
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) => {
+            return GameLiftError::Unreachable(text);
+        }
+        _ => {}
+    }
+    match e.code() {
+        Some("ConflictException") => GameLiftError::Conflict(text),
+        Some("NotFoundException") => GameLiftError::NotFound(text),
+        Some("ThrottlingException") => GameLiftError::Throttled(text),
+        _ => GameLiftError::Other(text),
+    }
+}
+
+fn aws_smithy_error_display<E: std::error::Error + 'static, R: std::fmt::Debug>(
+    e: &SdkError<E, R>,
+) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+/// This node's game server in its FleetIQ group.
+#[derive(Clone)]
+pub struct GameLift {
+    client: aws_sdk_gamelift::Client,
+    pub group: String,
+    pub game_server_id: String,
+    pub instance_id: String,
+    metrics: Metrics,
+}
+
+/// Builds the SDK client from the default AWS chain, with an optional endpoint override.
+pub async fn sdk_client(region: Option<&str>, endpoint: Option<&str>) -> aws_sdk_gamelift::Client {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    if let Some(r) = region {
+        loader = loader.region(aws_config::Region::new(r.to_string()));
+    }
+    let shared = loader.load().await;
+    let mut b = aws_sdk_gamelift::config::Builder::from(&shared)
+        .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(3))
+        .timeout_config(
+            aws_config::timeout::TimeoutConfig::builder()
+                .operation_attempt_timeout(Duration::from_secs(5))
+                .operation_timeout(Duration::from_secs(15))
+                .build(),
+        );
+    if let Some(ep) = endpoint {
+        b = b.endpoint_url(ep);
+    }
+    aws_sdk_gamelift::Client::from_conf(b.build())
+}
+
+impl GameLift {
+    pub fn new(
+        client: aws_sdk_gamelift::Client,
+        group: String,
+        game_server_id: String,
+        instance_id: String,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            client,
+            group,
+            game_server_id,
+            instance_id,
+            metrics,
+        }
+    }
+
+    fn count<T>(&self, op: &'static str, r: &Result<T, GameLiftError>) {
+        let result = match r {
+            Ok(_) => "ok",
+            Err(e) => e.metric_label(),
+        };
+        self.metrics
+            .gamelift_calls
+            .get_or_create(&OperationResult {
+                operation: op,
+                result,
+            })
+            .inc();
+    }
+
+    pub async fn register(&self) -> Result<(), GameLiftError> {
+        let r = self
+            .client
+            .register_game_server()
+            .game_server_group_name(&self.group)
+            .game_server_id(&self.game_server_id)
+            .instance_id(&self.instance_id)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(classify);
+        self.count("RegisterGameServer", &r);
+        r
+    }
+
+    pub async fn claim(&self) -> Result<(), GameLiftError> {
+        let r = self
+            .client
+            .claim_game_server()
+            .game_server_group_name(&self.group)
+            .game_server_id(&self.game_server_id)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(classify);
+        self.count("ClaimGameServer", &r);
+        r
+    }
+
+    pub async fn heartbeat(&self) -> Result<(), GameLiftError> {
+        let r = self
+            .client
+            .update_game_server()
+            .game_server_group_name(&self.group)
+            .game_server_id(&self.game_server_id)
+            .health_check(GameServerHealthCheck::Healthy)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(classify);
+        self.count("UpdateGameServer", &r);
+        r
+    }
+
+    pub async fn set_utilized(&self) -> Result<(), GameLiftError> {
+        let r = self
+            .client
+            .update_game_server()
+            .game_server_group_name(&self.group)
+            .game_server_id(&self.game_server_id)
+            .utilization_status(GameServerUtilizationStatus::Utilized)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(classify);
+        self.count("UpdateGameServer", &r);
+        r
+    }
+
+    pub async fn deregister(&self) -> Result<(), GameLiftError> {
+        let r = self
+            .client
+            .deregister_game_server()
+            .game_server_group_name(&self.group)
+            .game_server_id(&self.game_server_id)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(classify);
+        self.count("DeregisterGameServer", &r);
+        r
+    }
+
+    /// This instance's status straight from GameLift (the stale-Redis fallback). `Ok(None)`
+    /// when GameLift does not list the instance or answers with a status we do not know.
+    pub async fn describe_own_status(&self) -> Result<Option<InstanceStatus>, GameLiftError> {
+        let r = self
+            .client
+            .describe_game_server_instances()
+            .game_server_group_name(&self.group)
+            .instance_ids(&self.instance_id)
+            .send()
+            .await
+            .map_err(classify);
+        self.count("DescribeGameServerInstances", &r);
+        let out = r?;
+        Ok(out
+            .game_server_instances()
+            .iter()
+            .find(|i| i.instance_id() == Some(self.instance_id.as_str()))
+            .and_then(|i| i.instance_status())
+            .and_then(|s| InstanceStatus::parse(s.as_str())))
+    }
+}

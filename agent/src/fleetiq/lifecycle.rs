@@ -1,0 +1,205 @@
+//! The FleetIQ game-server lifecycle: register and claim at start, heartbeat forever.
+//!
+//! The heartbeat runs on its own task and shares nothing with the Redis source, so a quiet
+//! or dead Redis never stops it (the original adapter's worst defect). A node that is
+//! already draining, as recorded on the Node, is never registered or claimed again.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use lastcall_common::admin::Health;
+use lastcall_common::backoff::Backoff;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::gamelift::GameLiftError;
+use crate::actuator::Actuator;
+use crate::keys;
+use crate::metrics::{Metrics, ResultLabel};
+use crate::progress::{Progress, format_ts};
+
+/// Readiness check name for the heartbeat.
+pub const HEALTH_HEARTBEAT: &str = "fleetiq_heartbeat";
+
+async fn retry<F, Fut>(what: &str, shutdown: &CancellationToken, mut f: F) -> Option<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), GameLiftError>>,
+{
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(60));
+    loop {
+        match f().await {
+            Ok(()) => return Some(()),
+            Err(GameLiftError::Conflict(m)) => {
+                info!(message = "already done", step = what, detail = %m);
+                return Some(());
+            }
+            Err(e) => {
+                let delay = backoff.next_delay();
+                warn!(message = "FleetIQ call failed; retrying", step = what, error = %e, retry_in_ms = delay.as_millis() as u64);
+                tokio::select! {
+                    () = shutdown.cancelled() => return None,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Reads the Node until it answers; `None` on shutdown.
+async fn read_progress(
+    nodes: &Api<Node>,
+    name: &str,
+    shutdown: &CancellationToken,
+) -> Option<Progress> {
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
+    loop {
+        match nodes.get(name).await {
+            Ok(n) => {
+                return Some(Progress::from_annotations(
+                    &n.metadata.annotations.unwrap_or_default(),
+                ));
+            }
+            Err(e) => {
+                let delay = backoff.next_delay();
+                warn!(message = "reading own Node failed", error = %e, retry_in_ms = delay.as_millis() as u64);
+                tokio::select! {
+                    () = shutdown.cancelled() => return None,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Register → HEALTHY → claim → UTILIZED, as the original did, unless the Node says a drain
+/// is under way or the server was already deregistered.
+pub async fn start_up(
+    actuator: &Actuator,
+    nodes: Api<Node>,
+    node_name: &str,
+    shutdown: &CancellationToken,
+) {
+    let Some(progress) = read_progress(&nodes, node_name, shutdown).await else {
+        return;
+    };
+    if progress.deregistered.is_some() {
+        actuator.deregistered_flag().store(true, Ordering::SeqCst);
+        info!(message = "game server was deregistered earlier; not registering or heartbeating");
+        return;
+    }
+    if progress.is_draining() {
+        info!(message = "node is draining; not registering or claiming again");
+        return;
+    }
+    loop {
+        if retry("RegisterGameServer", shutdown, || actuator.gl_register())
+            .await
+            .is_none()
+        {
+            return;
+        }
+        if retry("UpdateGameServer HEALTHY", shutdown, || {
+            actuator.gl_heartbeat()
+        })
+        .await
+        .is_none()
+        {
+            return;
+        }
+        // Claim can say NotFound if registration was lost meanwhile: start over.
+        let lost = std::sync::atomic::AtomicBool::new(false);
+        let claimed = retry("ClaimGameServer", shutdown, || {
+            let f = actuator.gl_claim();
+            let lost = &lost;
+            async move {
+                match f.await {
+                    Err(GameLiftError::NotFound(_)) => {
+                        lost.store(true, Ordering::SeqCst);
+                        Ok(())
+                    }
+                    other => other,
+                }
+            }
+        })
+        .await;
+        let lost = lost.load(Ordering::SeqCst);
+        if claimed.is_none() {
+            return;
+        }
+        if !lost {
+            break;
+        }
+        warn!(message = "game server not found while claiming; registering again");
+    }
+    if retry("UpdateGameServer UTILIZED", shutdown, || {
+        actuator.gl_utilized()
+    })
+    .await
+    .is_none()
+    {
+        return;
+    }
+    match actuator
+        .annotate_node(keys::ANN_REGISTERED, &format_ts(jiff::Timestamp::now()))
+        .await
+    {
+        Ok(_) => info!(message = "registered and claimed in FleetIQ"),
+        Err(e) => warn!(message = "recording registration on the Node failed", error = %e),
+    }
+}
+
+/// HEALTHY every `interval` until shutdown or deregistration.
+pub async fn heartbeat_loop(
+    actuator: Actuator,
+    interval: Duration,
+    failure_threshold: u32,
+    metrics: Metrics,
+    health: Health,
+    shutdown: CancellationToken,
+) {
+    let stop = actuator.deregistered_flag();
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failures = 0u32;
+    health.set(HEALTH_HEARTBEAT, true, "starting");
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if stop.load(Ordering::SeqCst) {
+            health.set(HEALTH_HEARTBEAT, true, "deregistered; heartbeats stopped");
+            info!(message = "deregistered; heartbeats stop");
+            return;
+        }
+        let result = actuator.gl_heartbeat().await;
+        let label = match &result {
+            Ok(()) => "ok",
+            Err(e) => e.metric_label(),
+        };
+        metrics
+            .heartbeats
+            .get_or_create(&ResultLabel { result: label })
+            .inc();
+        match result {
+            Ok(()) => {
+                failures = 0;
+                health.set(HEALTH_HEARTBEAT, true, "ok");
+            }
+            Err(e) => {
+                failures += 1;
+                warn!(message = "heartbeat failed", error = %e, consecutive = failures);
+                if failures >= failure_threshold {
+                    health.set(
+                        HEALTH_HEARTBEAT,
+                        false,
+                        format!("{failures} consecutive failures: {e}"),
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The FleetIQ source's current view of this instance, and its translation into a notice.
+
+use std::time::Instant;
+
+use jiff::Timestamp;
+use lastcall_common::fleetiq::InstanceStatus;
+
+use crate::notice::{Cause, Notice, Severity, Source};
+
+/// How the status reached us.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// Live PUBLISH on the instance channel.
+    Message,
+    /// The last value pubsub cached in Redis, read at (re)subscribe.
+    Cache,
+    /// Direct DescribeGameServerInstances because Redis went quiet.
+    Fallback,
+}
+
+/// Level, not edge: the latest status and when it changed. Kept across disconnects.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FleetIqView {
+    pub status: Option<InstanceStatus>,
+    pub via: Option<Via>,
+    /// When any valid status last arrived (drives staleness).
+    pub last_seen: Option<Instant>,
+    /// When the current status first arrived (wall clock, for deadlines; monotonic, for latency).
+    pub since: Option<(Timestamp, Instant)>,
+}
+
+/// AWS gives two minutes between a Spot interruption notice and reclaim.
+pub const SPOT_NOTICE: jiff::SignedDuration = jiff::SignedDuration::from_secs(120);
+
+impl FleetIqView {
+    /// Records a status; `since` moves only when the status changes, so a status re-published
+    /// every period does not keep pushing a deadline back.
+    pub fn observe(&mut self, status: InstanceStatus, via: Via, now: Timestamp, mono: Instant) {
+        if self.status != Some(status) {
+            self.since = Some((now, mono));
+        }
+        self.status = Some(status);
+        self.via = Some(via);
+        self.last_seen = Some(mono);
+    }
+
+    pub fn notice(&self, instance_id: &str) -> Option<Notice> {
+        let (since, _) = self.since?;
+        let base = |cause, severity, deadline, cancellable, status: InstanceStatus| Notice {
+            source: Source::FleetIq,
+            id: format!("{instance_id}:{status}"),
+            cause,
+            severity,
+            deadline,
+            cancellable,
+            detail: format!("FleetIQ InstanceStatus={status} via {:?}", self.via),
+        };
+        match self.status? {
+            InstanceStatus::Active => None,
+            s @ InstanceStatus::Draining => {
+                Some(base(Cause::Viability, Severity::Drain, None, true, s))
+            }
+            s @ InstanceStatus::SpotTerminating => Some(base(
+                Cause::Preemption,
+                Severity::Terminate,
+                since.checked_add(SPOT_NOTICE).ok(),
+                false,
+                s,
+            )),
+        }
+    }
+
+    /// When the current drain-worthy status was first seen, for signal→fence latency.
+    pub fn since_instant(&self) -> Option<Instant> {
+        self.since.map(|(_, m)| m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_is_stable_across_republished_status() {
+        let t0: Timestamp = "2026-11-30T05:00:00Z".parse().unwrap();
+        let m = Instant::now();
+        let mut v = FleetIqView::default();
+        assert_eq!(v.notice("i-1"), None);
+        v.observe(InstanceStatus::Active, Via::Cache, t0, m);
+        assert_eq!(v.notice("i-1"), None);
+        v.observe(InstanceStatus::SpotTerminating, Via::Message, t0, m);
+        let later = t0.checked_add(jiff::SignedDuration::from_secs(60)).unwrap();
+        v.observe(InstanceStatus::SpotTerminating, Via::Message, later, m);
+        let n = v.notice("i-1").unwrap();
+        assert_eq!(n.severity, Severity::Terminate);
+        assert!(!n.cancellable);
+        assert_eq!(n.deadline, Some("2026-11-30T05:02:00Z".parse().unwrap()));
+        v.observe(InstanceStatus::Draining, Via::Fallback, later, m);
+        let n = v.notice("i-1").unwrap();
+        assert_eq!(
+            (n.cause, n.severity, n.cancellable),
+            (Cause::Viability, Severity::Drain, true)
+        );
+    }
+}

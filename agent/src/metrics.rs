@@ -1,0 +1,208 @@
+//! Prometheus metrics. Every label comes from a small fixed set: never a node, event or
+//! game-server name.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceStatus {
+    pub source: &'static str,
+    pub status: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceReason {
+    pub source: &'static str,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    pub phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionResult {
+    pub action: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationResult {
+    pub operation: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    pub source: &'static str,
+}
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub signals: Family<SourceStatus, Counter>,
+    pub signals_rejected: Family<SourceReason, Counter>,
+    pub phase: Family<PhaseLabel, Gauge>,
+    pub game_servers: Family<StateLabel, Gauge>,
+    pub releases: Family<ResultLabel, Counter>,
+    pub signal_to_fence: Histogram,
+    pub drain_duration: Histogram,
+    pub heartbeats: Family<ResultLabel, Counter>,
+    pub deregistrations: Family<ResultLabel, Counter>,
+    pub gamelift_calls: Family<OperationResult, Counter>,
+    pub fallback_checks: Family<ResultLabel, Counter>,
+    pub redis_connected: Gauge,
+    pub redis_reconnects: Counter,
+    pub last_message_age: Gauge<f64, AtomicU64>,
+    pub source_up: Family<SourceLabel, Gauge>,
+    pub actions: Family<ActionResult, Counter>,
+    pub reconciles: Family<ResultLabel, Counter>,
+    pub watch_errors: Family<SourceLabel, Counter>,
+    pub events: Family<ResultLabel, Counter>,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them in a fresh registry.
+    pub fn new() -> (Self, Arc<Registry>) {
+        let latency = [
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ];
+        let m = Self {
+            signals: Family::default(),
+            signals_rejected: Family::default(),
+            phase: Family::default(),
+            game_servers: Family::default(),
+            releases: Family::default(),
+            signal_to_fence: Histogram::new(latency),
+            drain_duration: Histogram::new([
+                1.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0,
+            ]),
+            heartbeats: Family::default(),
+            deregistrations: Family::default(),
+            gamelift_calls: Family::default(),
+            fallback_checks: Family::default(),
+            redis_connected: Gauge::default(),
+            redis_reconnects: Counter::default(),
+            last_message_age: Gauge::default(),
+            source_up: Family::default(),
+            actions: Family::default(),
+            reconciles: Family::default(),
+            watch_errors: Family::default(),
+            events: Family::default(),
+        };
+        let mut r = Registry::with_prefix("lastcall");
+        r.register(
+            "signals",
+            "Valid signals received, by source and status",
+            m.signals.clone(),
+        );
+        r.register(
+            "signals_rejected",
+            "Signals rejected (malformed, unknown status, other instance), by source and reason",
+            m.signals_rejected.clone(),
+        );
+        r.register(
+            "drain_phase",
+            "1 for the node's current drain phase",
+            m.phase.clone(),
+        );
+        r.register(
+            "game_servers",
+            "Game servers on this node, by state",
+            m.game_servers.clone(),
+        );
+        r.register(
+            "releases",
+            "Ready game servers released, by result",
+            m.releases.clone(),
+        );
+        r.register(
+            "signal_to_fence_seconds",
+            "From receiving a drain signal to the node fenced and every Ready server released",
+            m.signal_to_fence.clone(),
+        );
+        r.register(
+            "drain_duration_seconds",
+            "From drain start to the node being empty",
+            m.drain_duration.clone(),
+        );
+        r.register(
+            "heartbeats",
+            "FleetIQ HEALTHY heartbeats, by result",
+            m.heartbeats.clone(),
+        );
+        r.register(
+            "deregistrations",
+            "FleetIQ deregistrations, by result",
+            m.deregistrations.clone(),
+        );
+        r.register(
+            "gamelift_calls",
+            "GameLift API calls, by operation and result",
+            m.gamelift_calls.clone(),
+        );
+        r.register(
+            "fleetiq_fallback_checks",
+            "Direct DescribeGameServerInstances checks made because Redis went quiet",
+            m.fallback_checks.clone(),
+        );
+        r.register(
+            "redis_connected",
+            "1 while subscribed to Redis",
+            m.redis_connected.clone(),
+        );
+        r.register(
+            "redis_reconnects",
+            "Redis reconnect attempts",
+            m.redis_reconnects.clone(),
+        );
+        r.register(
+            "fleetiq_last_message_age_seconds",
+            "Seconds since the last valid status message (any path)",
+            m.last_message_age.clone(),
+        );
+        r.register(
+            "source_up",
+            "1 while a signal source is connected",
+            m.source_up.clone(),
+        );
+        r.register(
+            "actions",
+            "Actions applied, by action and result",
+            m.actions.clone(),
+        );
+        r.register(
+            "reconciles",
+            "Reconcile passes, by result",
+            m.reconciles.clone(),
+        );
+        r.register(
+            "watch_errors",
+            "Kubernetes watch errors, by watched kind",
+            m.watch_errors.clone(),
+        );
+        r.register(
+            "events",
+            "Kubernetes Events published, by result",
+            m.events.clone(),
+        );
+        (m, Arc::new(r))
+    }
+}

@@ -1,0 +1,624 @@
+//! The level-triggered loop: on any change, re-read state, re-plan, apply the difference.
+//!
+//! It never depends on how many messages arrived or which change woke it. Progress lives on
+//! the Node; the only memory kept here is read-your-writes (the Node we just patched, the
+//! releases we just made) so that a watch that lags behind our own writes does not cause a
+//! repeated action.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::DynamicObject;
+use lastcall_common::admin::Health;
+use lastcall_common::backoff::Backoff;
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::actuator::{ActError, Actuator, Release};
+use crate::fleetiq::view::FleetIqView;
+use crate::keys;
+use crate::metrics::{ActionResult, Metrics, PhaseLabel, ResultLabel, StateLabel};
+use crate::notice::Notice;
+use crate::observed::{GameServerView, NodeView, Observed, PodView};
+use crate::policy::{self, Action, GsRef, Phase, Plan, PolicyConfig};
+use crate::progress::Progress;
+use crate::watches::Stores;
+
+pub const HEALTH_KUBE: &str = "kube_watches";
+
+pub struct Reconciler {
+    pub node_name: String,
+    pub instance_id: Option<watch::Receiver<Option<String>>>,
+    pub stores: Stores,
+    pub fleetiq: watch::Receiver<FleetIqView>,
+    pub actuator: Actuator,
+    pub metrics: Metrics,
+    pub health: Health,
+    pub config: PolicyConfig,
+    pub release_concurrency: usize,
+    pub resync: Duration,
+    pub trigger: Arc<Notify>,
+    state: LocalState,
+}
+
+#[derive(Default)]
+struct LocalState {
+    /// The Node as our last successful patch returned it (newer than the watch, briefly).
+    written_node: Option<Node>,
+    /// Releases already made, by (uid, resourceVersion): never send the same delete twice.
+    released: HashSet<(String, String)>,
+    /// GameServers read directly in dry-run mode (the ownership label cannot be written).
+    dry_run_gs: BTreeMap<(String, String), DynamicObject>,
+    /// When the current drain signal was first acted on, until fenced (latency metric).
+    fence_clock: Option<Instant>,
+    fenced_recorded: bool,
+    drain_recorded: bool,
+    last_phase: Option<Phase>,
+}
+
+enum Pass {
+    /// Nothing more to do until something changes.
+    Settled,
+    /// Progress was made or a conflict seen: plan again at once.
+    Again,
+}
+
+fn rv_num(n: &Node) -> u64 {
+    n.metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+impl Reconciler {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        node_name: String,
+        stores: Stores,
+        fleetiq: watch::Receiver<FleetIqView>,
+        instance_id: Option<watch::Receiver<Option<String>>>,
+        actuator: Actuator,
+        metrics: Metrics,
+        health: Health,
+        config: PolicyConfig,
+        release_concurrency: usize,
+        resync: Duration,
+        trigger: Arc<Notify>,
+    ) -> Self {
+        Self {
+            node_name,
+            instance_id,
+            stores,
+            fleetiq,
+            actuator,
+            metrics,
+            health,
+            config,
+            release_concurrency,
+            resync,
+            trigger,
+            state: LocalState::default(),
+        }
+    }
+
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        self.health
+            .set(HEALTH_KUBE, false, "waiting for the initial lists");
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            ok = self.stores.ready() => if !ok {
+                warn!(message = "a watch ended before its first list");
+                return;
+            },
+        }
+        self.health.set(HEALTH_KUBE, true, "watching");
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+        loop {
+            let wait = match self.pass().await {
+                Ok(Pass::Again) => {
+                    backoff.reset();
+                    Duration::ZERO
+                }
+                Ok(Pass::Settled) => {
+                    backoff.reset();
+                    self.resync
+                }
+                Err(e) => {
+                    let d = backoff.next_delay();
+                    warn!(message = "reconcile failed; retrying", error = %e, retry_in_ms = d.as_millis() as u64);
+                    d
+                }
+            };
+            if wait.is_zero() {
+                continue;
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = self.trigger.notified() => {}
+                _ = self.fleetiq.changed() => {}
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    fn current_node(&mut self) -> Option<Node> {
+        let watched = self
+            .stores
+            .node
+            .state()
+            .into_iter()
+            .find(|n| n.metadata.name.as_deref() == Some(self.node_name.as_str()))
+            .map(|n| (*n).clone());
+        match (watched, self.state.written_node.take()) {
+            (Some(w), Some(ours)) if rv_num(&ours) > rv_num(&w) => {
+                self.state.written_node = Some(ours.clone());
+                Some(ours)
+            }
+            (Some(w), _) => Some(w),
+            (None, ours) => ours,
+        }
+    }
+
+    fn observe(&mut self) -> Result<Observed, String> {
+        let node = self
+            .current_node()
+            .ok_or_else(|| format!("Node {} not found", self.node_name))?;
+        let node = NodeView::from_node(&node).map_err(|e| e.to_string())?;
+        let pods: Vec<PodView> = self
+            .stores
+            .pods
+            .state()
+            .iter()
+            .filter_map(|p| {
+                PodView::from_pod(p)
+                    .map_err(|e| debug!(message = "skipping pod", error = %e))
+                    .ok()
+            })
+            .collect();
+        let mut game_servers: Vec<GameServerView> = vec![];
+        let mut seen = HashSet::new();
+        let watched = self.stores.gameservers.state();
+        let extra = self
+            .state
+            .dry_run_gs
+            .values()
+            .cloned()
+            .map(Arc::new)
+            .collect::<Vec<_>>();
+        for obj in watched.iter().chain(extra.iter()) {
+            match GameServerView::from_dynamic(obj) {
+                Ok(gs) => {
+                    // Only servers actually on this node, whatever their label says.
+                    let here = gs.node_name.as_deref().is_none_or(|n| n == self.node_name);
+                    if here && seen.insert(gs.key()) {
+                        game_servers.push(gs);
+                    }
+                }
+                Err(e) => debug!(message = "skipping game server", error = %e),
+            }
+        }
+        game_servers.sort_by_key(GameServerView::key);
+        Ok(Observed {
+            node,
+            game_servers,
+            pods,
+        })
+    }
+
+    fn notices(&self) -> Vec<Notice> {
+        let id = self
+            .instance_id
+            .as_ref()
+            .and_then(|r| r.borrow().clone())
+            .unwrap_or_default();
+        self.fleetiq.borrow().notice(&id).into_iter().collect()
+    }
+
+    fn record_gauges(&mut self, plan: &Plan, observed: &Observed) {
+        for p in Phase::ALL {
+            let v = i64::from(p == plan.phase);
+            self.metrics
+                .phase
+                .get_or_create(&PhaseLabel { phase: p.as_str() })
+                .set(v);
+        }
+        let mut counts: BTreeMap<&'static str, i64> = [
+            "ready",
+            "allocated",
+            "reserved",
+            "starting",
+            "terminal",
+            "unknown",
+        ]
+        .into_iter()
+        .map(|s| (s, 0))
+        .collect();
+        for gs in &observed.game_servers {
+            *counts.entry(gs.state.metric_label()).or_default() += 1;
+        }
+        for (state, n) in counts {
+            self.metrics
+                .game_servers
+                .get_or_create(&StateLabel { state })
+                .set(n);
+        }
+        if self.state.last_phase != Some(plan.phase) {
+            info!(
+                message = "drain phase",
+                phase = plan.phase.as_str(),
+                game_servers = observed.game_servers.len()
+            );
+            self.state.last_phase = Some(plan.phase);
+        }
+    }
+
+    fn count(&self, a: &Action, result: &'static str) {
+        let result = if self.actuator.is_dry_run() && result == "ok" {
+            "dry_run"
+        } else {
+            result
+        };
+        self.metrics
+            .actions
+            .get_or_create(&ActionResult {
+                action: a.metric_label(),
+                result,
+            })
+            .inc();
+    }
+
+    async fn pass(&mut self) -> Result<Pass, String> {
+        let observed = match self.observe() {
+            Ok(o) => o,
+            Err(e) => {
+                self.metrics
+                    .reconciles
+                    .get_or_create(&ResultLabel { result: "error" })
+                    .inc();
+                return Err(e);
+            }
+        };
+        let notices = self.notices();
+        let plan = policy::plan(&policy::Inputs {
+            notices: &notices,
+            observed: &observed,
+            config: &self.config,
+            now: jiff::Timestamp::now(),
+        });
+        self.record_gauges(&plan, &observed);
+        if plan.driver.is_some() && self.state.fence_clock.is_none() && !self.state.fenced_recorded
+        {
+            let since = self.fleetiq.borrow().since_instant();
+            self.state.fence_clock = Some(since.unwrap_or_else(Instant::now));
+        }
+        if plan.driver.is_none() && matches!(plan.phase, Phase::Idle | Phase::Cancelling) {
+            self.state.fence_clock = None;
+            self.state.fenced_recorded = false;
+            self.state.drain_recorded = false;
+        }
+
+        let result = self.apply(&plan, &observed).await;
+        let label = match &result {
+            Ok(_) => "ok",
+            Err(ActError::Conflict(_)) => "conflict",
+            Err(_) => "error",
+        };
+        self.metrics
+            .reconciles
+            .get_or_create(&ResultLabel { result: label })
+            .inc();
+        match result {
+            Ok(applied) => {
+                self.after_success(&plan, &observed, applied);
+                Ok(if applied > 0 {
+                    Pass::Again
+                } else {
+                    Pass::Settled
+                })
+            }
+            Err(ActError::Conflict(e)) => {
+                debug!(message = "conflict; re-planning on fresh state", error = %e);
+                self.state.written_node = None;
+                if let Ok(n) = kube::Api::<Node>::all(self.actuator_client())
+                    .get(&self.node_name)
+                    .await
+                {
+                    self.state.written_node = Some(n);
+                }
+                Ok(Pass::Again)
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn actuator_client(&self) -> kube::Client {
+        self.actuator.client()
+    }
+
+    /// Latency and duration metrics, once per drain.
+    fn after_success(&mut self, plan: &Plan, observed: &Observed, applied: usize) {
+        let fenced = matches!(
+            plan.phase,
+            Phase::Draining | Phase::Empty | Phase::Deregistered
+        );
+        let releases_left = plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Release { .. }));
+        if plan.driver.is_some()
+            && !self.state.fenced_recorded
+            && (fenced || plan.phase == Phase::Fencing)
+        {
+            // Fenced and every Ready server released: this pass applied the last of it.
+            if applied == 0 || !releases_left || plan.phase != Phase::Fencing {
+                if let Some(t0) = self.state.fence_clock.take() {
+                    let secs = t0.elapsed().as_secs_f64();
+                    self.metrics.signal_to_fence.observe(secs);
+                    info!(
+                        message = "node fenced and idle servers released",
+                        seconds = secs
+                    );
+                }
+                self.state.fenced_recorded = true;
+            }
+        }
+        if matches!(plan.phase, Phase::Empty | Phase::Deregistered) && !self.state.drain_recorded {
+            let p = Progress::from_annotations(&observed.node.annotations);
+            if let Some(start) = p.started.filter(|s| *s > jiff::Timestamp::UNIX_EPOCH) {
+                let secs = jiff::Timestamp::now()
+                    .duration_since(start)
+                    .as_secs_f64()
+                    .max(0.0);
+                self.metrics.drain_duration.observe(secs);
+            }
+            self.state.drain_recorded = true;
+        }
+    }
+
+    /// Applies the plan in order. Node patches are barriers: if one fails, nothing after it
+    /// runs. Consecutive releases run concurrently. Returns how many actions changed something.
+    async fn apply(&mut self, plan: &Plan, observed: &Observed) -> Result<usize, ActError> {
+        let mut applied = 0;
+        let mut first_error: Option<ActError> = None;
+        let node_uid = None;
+        let mut i = 0;
+        while i < plan.actions.len() {
+            let action = &plan.actions[i];
+            if let Action::Release { .. } = action {
+                let mut batch = vec![];
+                while let Some(Action::Release { gs }) = plan.actions.get(i) {
+                    batch.push(gs.clone());
+                    i += 1;
+                }
+                applied += self.release_batch(batch).await;
+                continue;
+            }
+            i += 1;
+            let r = self
+                .apply_one(action, observed, plan, node_uid.clone())
+                .await;
+            match r {
+                Ok(true) => {
+                    applied += 1;
+                    self.count(action, "ok");
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    self.count(action, e.metric_label());
+                    warn!(message = "action failed", action = action.metric_label(), error = %e);
+                    if matches!(action, Action::PatchNode(_) | Action::Deregister) {
+                        return Err(e);
+                    }
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) if applied == 0 => Err(e),
+            _ => Ok(applied),
+        }
+    }
+
+    async fn apply_one(
+        &mut self,
+        action: &Action,
+        observed: &Observed,
+        plan: &Plan,
+        node_uid: Option<String>,
+    ) -> Result<bool, ActError> {
+        let a = &self.actuator;
+        match action {
+            Action::PatchNode(p) => {
+                let has_ann = !observed.node.annotations.is_empty();
+                let n = a.patch_node(p, has_ann).await?;
+                if let Some(n) = n {
+                    self.state.written_node = Some(n);
+                }
+                let why = plan
+                    .driver
+                    .as_ref()
+                    .map(|d| format!("{} ({})", d.cause.as_str(), d.source.as_str()));
+                let why = why.unwrap_or_else(|| "signal cleared".into());
+                let node_ref = a.node_ref(node_uid);
+                if p.set_annotations.contains_key(keys::ANN_STARTED) {
+                    info!(message = "drain started", reason = %why);
+                    a.event(
+                        &node_ref,
+                        "DrainStarted",
+                        format!("Drain started: {why}"),
+                        false,
+                    )
+                    .await;
+                }
+                if p.unschedulable == Some(true)
+                    || p.taints
+                        .as_ref()
+                        .is_some_and(|t| t.iter().any(|t| t.key == keys::TAINT_DRAINING))
+                        && !observed.node.has_taint(keys::TAINT_DRAINING)
+                {
+                    info!(
+                        message = "node fenced",
+                        cordoned = p.unschedulable == Some(true)
+                    );
+                    a.event(
+                        &node_ref,
+                        "NodeFenced",
+                        "Cordoned and tainted; no new game servers land here".into(),
+                        false,
+                    )
+                    .await;
+                }
+                if p.remove_annotations.contains(keys::ANN_STARTED) {
+                    info!(
+                        message = "drain cancelled",
+                        uncordoned = p.unschedulable == Some(false)
+                    );
+                    a.event(
+                        &node_ref,
+                        "DrainCancelled",
+                        "Signal cleared before the node was empty; undid lastcall's changes".into(),
+                        false,
+                    )
+                    .await;
+                }
+                Ok(true)
+            }
+            Action::ClaimGameServer { namespace, name } => {
+                if let Some(obj) = a.claim_gameserver(namespace, name).await?
+                    && a.is_dry_run()
+                {
+                    self.state
+                        .dry_run_gs
+                        .insert((namespace.clone(), name.clone()), obj);
+                    return Ok(false);
+                }
+                Ok(!a.is_dry_run())
+            }
+            Action::MarkDraining { gs, draining } => {
+                a.mark_draining(gs, *draining).await.map(|()| true)
+            }
+            Action::Protect {
+                gs,
+                deadline,
+                reason,
+            } => {
+                a.protect(gs, deadline, reason).await?;
+                a.event(
+                    &Actuator::gs_ref(gs),
+                    "GameServerProtected",
+                    format!("Node is draining ({reason}); this match may run until {deadline}"),
+                    false,
+                )
+                .await;
+                Ok(true)
+            }
+            Action::Unprotect { gs } => a.unprotect(gs).await.map(|()| true),
+            Action::Tolerate {
+                namespace,
+                pod,
+                resource_version,
+            } => {
+                let has = observed.pods.iter().any(|p| {
+                    &p.namespace == namespace && &p.name == pod && !p.tolerations.is_empty()
+                });
+                a.tolerate(namespace, pod, resource_version, has)
+                    .await
+                    .map(|()| true)
+            }
+            Action::Deregister => {
+                if let Some(n) = a.deregister().await? {
+                    self.state.written_node = Some(n);
+                }
+                info!(message = "node empty; deregistered from FleetIQ");
+                a.event(
+                    &a.node_ref(None),
+                    "Deregistered",
+                    "No game servers in use; deregistered from FleetIQ".into(),
+                    false,
+                )
+                .await;
+                Ok(true)
+            }
+            Action::Release { .. } => Ok(false),
+        }
+    }
+
+    async fn release_batch(&mut self, batch: Vec<GsRef>) -> usize {
+        let todo: Vec<GsRef> = batch
+            .into_iter()
+            .filter(|g| {
+                !self
+                    .state
+                    .released
+                    .contains(&(g.uid.clone(), g.resource_version.clone()))
+            })
+            .collect();
+        let actuator = self.actuator.clone();
+        let results: Vec<(GsRef, Result<Release, ActError>)> = futures::stream::iter(todo)
+            .map(|gs| {
+                let a = actuator.clone();
+                async move {
+                    let r = a.release(&gs).await;
+                    (gs, r)
+                }
+            })
+            .buffer_unordered(self.release_concurrency.max(1))
+            .collect()
+            .await;
+        let mut applied = 0;
+        for (gs, r) in results {
+            let label = match &r {
+                Ok(Release::Deleted) => "ok",
+                Ok(Release::Conflict) => "conflict",
+                Ok(Release::Gone) => "gone",
+                Err(_) => "error",
+            };
+            self.metrics
+                .releases
+                .get_or_create(&ResultLabel { result: label })
+                .inc();
+            self.count(&Action::Release { gs: gs.clone() }, label);
+            match r {
+                Ok(Release::Deleted) => {
+                    applied += 1;
+                    self.state
+                        .released
+                        .insert((gs.uid.clone(), gs.resource_version.clone()));
+                    info!(message = "released idle game server", namespace = %gs.namespace, name = %gs.name);
+                    self.actuator
+                        .event(
+                            &Actuator::gs_ref(&gs),
+                            "GameServerReleased",
+                            "Idle on a draining node; deleted so its Fleet replaces it elsewhere"
+                                .into(),
+                            false,
+                        )
+                        .await;
+                }
+                Ok(Release::Conflict) => {
+                    applied += 1;
+                    info!(message = "game server changed before release (allocated?); it will be protected", namespace = %gs.namespace, name = %gs.name);
+                    self.actuator
+                        .event(
+                            &Actuator::gs_ref(&gs),
+                            "ReleaseSkipped",
+                            "Changed while being released (allocation won); kept and protected"
+                                .into(),
+                            false,
+                        )
+                        .await;
+                }
+                Ok(Release::Gone) => {}
+                Err(e) => {
+                    warn!(message = "release failed", namespace = %gs.namespace, name = %gs.name, error = %e)
+                }
+            }
+        }
+        applied
+    }
+}

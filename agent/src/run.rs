@@ -1,0 +1,313 @@
+//! Wiring: builds every part, supervises every task, and shuts down cleanly.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Node;
+use lastcall_common::admin::{self, Health};
+use lastcall_common::backoff::Backoff;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::actuator::Actuator;
+use crate::config::Config;
+use crate::fleetiq::gamelift::{self, GameLift, GameLiftError};
+use crate::fleetiq::imds::Imds;
+use crate::fleetiq::lifecycle::{self, HEALTH_HEARTBEAT};
+use crate::fleetiq::source::{RedisSource, run_fallback};
+use crate::fleetiq::view::FleetIqView;
+use crate::metrics::Metrics;
+use crate::policy::PolicyConfig;
+use crate::reconciler::{HEALTH_KUBE, Reconciler};
+use crate::watches;
+
+/// Pre-built clients, for running the agent in-process (tests, the demo).
+#[derive(Default)]
+pub struct Overrides {
+    pub kube: Option<kube::Client>,
+    pub gamelift: Option<aws_sdk_gamelift::Client>,
+    /// Receives the bound admin address (when listening on port 0).
+    pub bound: Option<tokio::sync::oneshot::Sender<std::net::SocketAddr>>,
+}
+
+/// How long shutdown may take before remaining tasks are abandoned (SIGTERM → exit < 5 s).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+pub async fn run(
+    config: Config,
+    overrides: Overrides,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let (metrics, registry) = Metrics::new();
+    let mut required = vec![HEALTH_KUBE];
+    if config.fleetiq_enabled() {
+        required.push(HEALTH_HEARTBEAT);
+    }
+    let health = Health::new(&required);
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding --listen {}", config.listen))?;
+    let bound = listener.local_addr()?;
+    if let Some(tx) = overrides.bound {
+        let _ = tx.send(bound);
+    }
+    info!(message = "lastcall-agent starting", node = %config.node_name, listen = %bound,
+          dry_run = config.dry_run, fleetiq = config.fleetiq_enabled(), compat_taints = config.compat_taints);
+
+    let client = match overrides.kube {
+        Some(c) => c,
+        None => kube::Client::try_default()
+            .await
+            .context("building the Kubernetes client")?,
+    };
+
+    let mut tasks = JoinSet::new();
+    let stop = shutdown.child_token();
+    tasks.spawn(admin_task(
+        listener,
+        admin::router(registry, health.clone()),
+        stop.clone(),
+    ));
+
+    let trigger = Arc::new(Notify::new());
+    let stores = watches::spawn(
+        client.clone(),
+        &config.node_name,
+        trigger.clone(),
+        metrics.clone(),
+        stop.clone(),
+    );
+    let (view_tx, view_rx) = watch::channel(FleetIqView::default());
+    let (iid_tx, iid_rx) = watch::channel(config.instance_id.clone());
+    let actuator = Actuator::new(
+        client.clone(),
+        config.node_name.clone(),
+        config.dry_run,
+        metrics.clone(),
+    );
+
+    let reconciler = Reconciler::new(
+        config.node_name.clone(),
+        stores,
+        view_rx.clone(),
+        Some(iid_rx),
+        actuator.clone(),
+        metrics.clone(),
+        health.clone(),
+        PolicyConfig {
+            compat_taints: config.compat_taints,
+            deregister: config.fleetiq_enabled(),
+            default_deadline: config.drain_deadline,
+        },
+        config.release_concurrency as usize,
+        config.resync_interval,
+        trigger,
+    );
+    let s = stop.clone();
+    tasks.spawn(async move {
+        reconciler.run(s).await;
+        "reconciler"
+    });
+
+    if config.fleetiq_enabled() {
+        let ctx = FleetIqTask {
+            config: config.clone(),
+            client: client.clone(),
+            sdk: overrides.gamelift,
+            actuator: actuator.clone(),
+            metrics: metrics.clone(),
+            health: health.clone(),
+            view: view_tx,
+            iid: iid_tx,
+        };
+        let s = stop.clone();
+        tasks.spawn(async move {
+            ctx.run(s).await;
+            "fleetiq"
+        });
+        let m = metrics.clone();
+        let rx = view_rx.clone();
+        let s = stop.clone();
+        tasks.spawn(async move {
+            let started = Instant::now();
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    () = s.cancelled() => return "message-age",
+                    _ = tick.tick() => {}
+                }
+                let last = rx.borrow().last_seen.unwrap_or(started);
+                m.last_message_age.set(last.elapsed().as_secs_f64());
+            }
+        });
+    }
+
+    // Every task runs until shutdown; one that ends early is a bug we must not hide.
+    let failure = tokio::select! {
+        () = shutdown.cancelled() => None,
+        ended = tasks.join_next() => Some(match ended {
+            Some(Ok(name)) => format!("task {name} ended unexpectedly"),
+            Some(Err(e)) => format!("a task failed: {e}"),
+            None => "no tasks".to_string(),
+        }),
+    };
+    if let Some(why) = &failure {
+        error!(message = "stopping: a supervised task ended", reason = %why);
+    }
+
+    if config.deregister_on_exit && failure.is_none() {
+        match actuator.gamelift() {
+            Some(gl) if !config.dry_run => {
+                match tokio::time::timeout(SHUTDOWN_GRACE, gl.deregister()).await {
+                    Ok(Ok(())) => info!(message = "deregistered on exit (--deregister-on-exit)"),
+                    Ok(Err(GameLiftError::NotFound(_))) => info!(message = "already deregistered"),
+                    Ok(Err(e)) => warn!(message = "deregister on exit failed", error = %e),
+                    Err(_) => warn!(message = "deregister on exit timed out"),
+                }
+            }
+            Some(_) => info!(message = "dry run: would deregister on exit"),
+            None => warn!(message = "deregister on exit skipped: FleetIQ never became ready"),
+        }
+    }
+    stop.cancel();
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    tasks.abort_all();
+    info!(message = "lastcall-agent stopped");
+    match failure {
+        Some(why) => Err(anyhow::anyhow!(why)),
+        None => Ok(()),
+    }
+}
+
+async fn admin_task(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    stop: CancellationToken,
+) -> &'static str {
+    if let Err(e) = admin::serve(listener, router, stop.clone()).await {
+        error!(message = "admin listener failed", error = %e);
+    }
+    stop.cancelled().await;
+    "admin"
+}
+
+struct FleetIqTask {
+    config: Config,
+    client: kube::Client,
+    sdk: Option<aws_sdk_gamelift::Client>,
+    actuator: Actuator,
+    metrics: Metrics,
+    health: Health,
+    view: watch::Sender<FleetIqView>,
+    iid: watch::Sender<Option<String>>,
+}
+
+impl FleetIqTask {
+    async fn instance_id(&self, stop: &CancellationToken) -> Option<String> {
+        if let Some(id) = &self.config.instance_id {
+            return Some(id.clone());
+        }
+        let mut imds = Imds::new(&self.config.imds_endpoint);
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
+        loop {
+            match imds.instance_id().await {
+                Ok(id) => {
+                    info!(message = "instance id from IMDS", instance_id = %id);
+                    return Some(id);
+                }
+                Err(e) => {
+                    let d = backoff.next_delay();
+                    warn!(message = "instance id unavailable; FleetIQ waits, other signals continue", error = %e, retry_in_ms = d.as_millis() as u64);
+                    tokio::select! {
+                        () = stop.cancelled() => return None,
+                        () = tokio::time::sleep(d) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn run(self, stop: CancellationToken) {
+        let Some(iid) = self.instance_id(&stop).await else {
+            stop.cancelled().await;
+            return;
+        };
+        let _ = self.iid.send(Some(iid.clone()));
+        let group = self.config.game_server_group.clone().unwrap_or_default();
+        let sdk = match self.sdk {
+            Some(c) => c,
+            None => {
+                gamelift::sdk_client(
+                    self.config.aws_region.as_deref(),
+                    self.config.gamelift_endpoint.as_deref(),
+                )
+                .await
+            }
+        };
+        let gsid = self
+            .config
+            .game_server_id
+            .clone()
+            .unwrap_or_else(|| iid.clone());
+        let gl = GameLift::new(sdk, group, gsid, iid.clone(), self.metrics.clone());
+        self.actuator.set_gamelift(gl.clone());
+
+        let mut tasks = JoinSet::new();
+        let nodes: kube::Api<Node> = kube::Api::all(self.client.clone());
+        let a = self.actuator.clone();
+        let (s, node_name) = (stop.clone(), self.config.node_name.clone());
+        tasks.spawn(async move { lifecycle::start_up(&a, nodes, &node_name, &s).await });
+        tasks.spawn(lifecycle::heartbeat_loop(
+            self.actuator.clone(),
+            self.config.heartbeat_interval,
+            self.config.failure_threshold,
+            self.metrics.clone(),
+            self.health.clone(),
+            stop.clone(),
+        ));
+        if let Some(target) = self.config.redis_url.clone() {
+            let src = RedisSource {
+                target,
+                channel: self
+                    .config
+                    .redis_channel
+                    .clone()
+                    .unwrap_or_else(|| iid.clone()),
+                instance_id: iid.clone(),
+                metrics: self.metrics.clone(),
+                view: self.view.clone(),
+            };
+            tasks.spawn(src.run(stop.clone()));
+        } else {
+            warn!(
+                message = "no --redis-url: FleetIQ status comes from direct GameLift checks only"
+            );
+        }
+        let stale_after = self.config.publish_period * self.config.stale_periods;
+        tasks.spawn(run_fallback(
+            gl,
+            self.view.clone(),
+            if self.config.redis_url.is_some() {
+                stale_after
+            } else {
+                Duration::ZERO
+            },
+            Duration::from_secs(self.config.healthcheck_interval),
+            self.metrics.clone(),
+            stop.clone(),
+        ));
+        while let Some(r) = tasks.join_next().await {
+            if let Err(e) = r {
+                error!(message = "a FleetIQ task failed", error = %e);
+            }
+        }
+        stop.cancelled().await;
+    }
+}

@@ -1,0 +1,121 @@
+//! Server-side filtered watches of exactly this node's objects, cached in reflector stores.
+//!
+//! Load on the API server is O(objects on this node): the Node by name, pods by
+//! `spec.nodeName`, GameServers by the `lastcall.dev/node` label. No periodic LIST.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DynamicObject};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::keys;
+use crate::metrics::{Metrics, SourceLabel};
+use crate::observed::gameserver_resource;
+
+#[derive(Clone)]
+pub struct Stores {
+    pub node: Store<Node>,
+    pub pods: Store<Pod>,
+    pub gameservers: Store<DynamicObject>,
+}
+
+impl Stores {
+    /// Waits for every initial list; `false` if a watch task ended first.
+    pub async fn ready(&self) -> bool {
+        self.node.wait_until_ready().await.is_ok()
+            && self.pods.wait_until_ready().await.is_ok()
+            && self.gameservers.wait_until_ready().await.is_ok()
+    }
+}
+
+fn drive<S, K>(
+    stream: S,
+    kind: &'static str,
+    trigger: Arc<Notify>,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) where
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    K: Debug + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let next = tokio::select! {
+                () = shutdown.cancelled() => return,
+                n = stream.next() => n,
+            };
+            match next {
+                Some(Ok(_)) => trigger.notify_one(),
+                Some(Err(e)) => {
+                    metrics
+                        .watch_errors
+                        .get_or_create(&SourceLabel { source: kind })
+                        .inc();
+                    warn!(message = "watch error; retrying with backoff", kind, error = %e);
+                }
+                None => return,
+            }
+        }
+    });
+}
+
+/// Starts the three watches; every change pokes `trigger`.
+pub fn spawn(
+    client: kube::Client,
+    node_name: &str,
+    trigger: Arc<Notify>,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) -> Stores {
+    let node_api: Api<Node> = Api::all(client.clone());
+    let (node, w) = reflector::store();
+    let s = watcher(
+        node_api,
+        watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+    )
+    .default_backoff()
+    .reflect(w);
+    drive(
+        s,
+        "node",
+        trigger.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    );
+
+    let pod_api: Api<Pod> = Api::all(client.clone());
+    let (pods, w) = reflector::store();
+    let s = watcher(
+        pod_api,
+        watcher::Config::default().fields(&format!("spec.nodeName={node_name}")),
+    )
+    .default_backoff()
+    .reflect(w);
+    drive(s, "pod", trigger.clone(), metrics.clone(), shutdown.clone());
+
+    let ar = gameserver_resource();
+    let gs_api: Api<DynamicObject> = Api::all_with(client, &ar);
+    let w = reflector::store::Writer::new(ar);
+    let gameservers = w.as_reader();
+    let s = watcher(
+        gs_api,
+        watcher::Config::default().labels(&format!("{}={node_name}", keys::LABEL_NODE)),
+    )
+    .default_backoff()
+    .reflect(w);
+    drive(s, "gameserver", trigger, metrics, shutdown);
+
+    Stores {
+        node,
+        pods,
+        gameservers,
+    }
+}
