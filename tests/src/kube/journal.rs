@@ -1,0 +1,175 @@
+//! A record of every request the emulator served, so tests can assert what a component
+//! did and did not call, and benchmarks can count requests, watch events and bytes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The Kubernetes verb of a request, as RBAC and audit logs name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verb {
+    Get,
+    List,
+    Watch,
+    Create,
+    Update,
+    Patch,
+    Delete,
+    DeleteCollection,
+}
+
+impl Verb {
+    /// Whether the verb can change state.
+    pub fn is_mutating(&self) -> bool {
+        !matches!(self, Verb::Get | Verb::List | Verb::Watch)
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::List => "list",
+            Verb::Watch => "watch",
+            Verb::Create => "create",
+            Verb::Update => "update",
+            Verb::Patch => "patch",
+            Verb::Delete => "delete",
+            Verb::DeleteCollection => "deletecollection",
+        }
+    }
+}
+
+/// One served request.
+#[derive(Clone, Debug)]
+pub struct JournalEntry {
+    /// Order of arrival, from 0.
+    pub seq: u64,
+    /// The bearer token, which the emulator treats as the caller's identity.
+    pub identity: Option<String>,
+    pub verb: Verb,
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    /// The status the response started with (a watch's later ERROR events are not reflected).
+    pub status: u16,
+    /// Resource plural (`pods`); `None` for discovery and other non-resource paths.
+    pub resource: Option<String>,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub subresource: Option<String>,
+}
+
+/// Per-identity traffic totals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub requests: u64,
+    /// Watch event lines sent (including BOOKMARK and ERROR events).
+    pub watch_events: u64,
+    /// Response body bytes, watch streams included.
+    pub bytes: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    entries: Vec<JournalEntry>,
+    next_seq: u64,
+    traffic: HashMap<Option<String>, Traffic>,
+}
+
+/// The request journal. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Journal {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl Journal {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends an entry, assigning its `seq`.
+    pub fn record(&self, mut entry: JournalEntry) {
+        let mut g = self.lock();
+        entry.seq = g.next_seq;
+        g.next_seq += 1;
+        g.traffic
+            .entry(entry.identity.clone())
+            .or_default()
+            .requests += 1;
+        g.entries.push(entry);
+    }
+
+    /// Adds response bytes (and watch events) to an identity's totals.
+    pub fn add_traffic(&self, identity: &Option<String>, bytes: u64, watch_events: u64) {
+        let mut g = self.lock();
+        let t = g.traffic.entry(identity.clone()).or_default();
+        t.bytes += bytes;
+        t.watch_events += watch_events;
+    }
+
+    /// A copy of every entry so far.
+    pub fn entries(&self) -> Vec<JournalEntry> {
+        self.lock().entries.clone()
+    }
+
+    /// Forgets entries and traffic totals (sequence numbers keep increasing).
+    pub fn clear(&self) {
+        let mut g = self.lock();
+        g.entries.clear();
+        g.traffic.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Entries satisfying `pred`.
+    pub fn count(&self, pred: impl Fn(&JournalEntry) -> bool) -> usize {
+        self.lock().entries.iter().filter(|e| pred(e)).count()
+    }
+
+    /// Entries satisfying `pred`, copied.
+    pub fn filter(&self, pred: impl Fn(&JournalEntry) -> bool) -> Vec<JournalEntry> {
+        self.lock()
+            .entries
+            .iter()
+            .filter(|e| pred(e))
+            .cloned()
+            .collect()
+    }
+
+    /// Requests with a mutating verb.
+    pub fn mutating_count(&self) -> usize {
+        self.count(|e| e.verb.is_mutating())
+    }
+
+    /// Requests made by `identity`.
+    pub fn requests_for(&self, identity: &str) -> u64 {
+        self.traffic_for(identity).requests
+    }
+
+    /// Watch event lines sent to `identity`.
+    pub fn watch_events_for(&self, identity: &str) -> u64 {
+        self.traffic_for(identity).watch_events
+    }
+
+    /// Response bytes sent to `identity`.
+    pub fn bytes_for(&self, identity: &str) -> u64 {
+        self.traffic_for(identity).bytes
+    }
+
+    pub fn traffic_for(&self, identity: &str) -> Traffic {
+        self.lock()
+            .traffic
+            .get(&Some(identity.to_string()))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Totals per identity (`None` = requests without a bearer token).
+    pub fn traffic(&self) -> HashMap<Option<String>, Traffic> {
+        self.lock().traffic.clone()
+    }
+}

@@ -1,0 +1,1032 @@
+//! Cluster state: JSON objects keyed by type, namespace and name, with one global,
+//! monotonically increasing resourceVersion and a bounded history of changes.
+//!
+//! Objects stay as `serde_json::Value` so the store keeps every field a client sends
+//! (Agones CRDs, fields newer than k8s-openapi) and the HTTP layer never re-encodes
+//! through typed structs. Every change gets the next resourceVersion and one
+//! [`StoreEvent`], published in resourceVersion order; watches replay the bounded history
+//! to resume and answer 410 once it has been trimmed, as etcd compaction makes a real
+//! server do.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Bound;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use serde_json::{Map, Value, json};
+use tokio::sync::broadcast;
+
+use super::resources::{PODS, ResourceType};
+use super::status::ApiError;
+
+/// What happened to an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventKind {
+    /// The watch event `type` string.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            EventKind::Added => "ADDED",
+            EventKind::Modified => "MODIFIED",
+            EventKind::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change to the store. `object` is the object after the change (for `Deleted`, the
+/// last state, carrying the deletion's resourceVersion); `old` is the state before.
+#[derive(Debug)]
+pub struct StoreEvent {
+    pub rv: u64,
+    pub rt: ResourceType,
+    pub kind: EventKind,
+    pub namespace: Option<String>,
+    pub name: String,
+    pub object: Value,
+    pub old: Option<Value>,
+    /// `object` serialised once, shared by every watch that sends it.
+    encoded: OnceLock<Arc<str>>,
+}
+
+impl StoreEvent {
+    /// `object` as JSON text, encoded at most once however many watches send it.
+    pub fn object_json(&self) -> Arc<str> {
+        self.encoded
+            .get_or_init(|| Arc::from(self.object.to_string()))
+            .clone()
+    }
+}
+
+/// Options of a delete, as in `metav1.DeleteOptions`.
+#[derive(Debug, Clone, Default)]
+pub struct DeleteOptions {
+    pub grace_period_seconds: Option<i64>,
+    pub precondition_uid: Option<String>,
+    pub precondition_rv: Option<String>,
+}
+
+/// Default grace period of a pod without `spec.terminationGracePeriodSeconds`.
+const DEFAULT_POD_GRACE_SECONDS: i64 = 30;
+
+/// Capacity of the live event channel; a watch that falls further behind is ended and
+/// resumes from history, like a real watch that the server drops.
+const BROADCAST_CAPACITY: usize = 16_384;
+
+type Key = (String, String);
+
+/// Live store events, in resourceVersion order.
+pub type EventReceiver = broadcast::Receiver<Arc<StoreEvent>>;
+
+/// The shared cluster state. Cheap to clone (an `Arc` inside).
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    tx: broadcast::Sender<Arc<StoreEvent>>,
+}
+
+struct State {
+    rv: u64,
+    objects: HashMap<ResourceType, BTreeMap<Key, Value>>,
+    history: VecDeque<Arc<StoreEvent>>,
+    history_limit: usize,
+}
+
+/// Exclusive access to the store for several operations that must see one state, e.g.
+/// an eviction's PDB check and the delete, or an allocator's pick-and-update.
+pub struct Txn<'a> {
+    st: &'a mut State,
+    tx: &'a broadcast::Sender<Arc<StoreEvent>>,
+}
+
+/// A page of a list: the objects, the list's resourceVersion and, when `limit` cut it
+/// short, the key to continue after.
+#[derive(Debug, Clone)]
+pub struct ListPage {
+    pub items: Vec<Value>,
+    pub rv: u64,
+    pub next: Option<(String, String)>,
+}
+
+impl Store {
+    /// An empty store keeping the last `history_limit` events for watch resumption.
+    pub fn new(history_limit: usize) -> Self {
+        let (tx, _) = broadcast::channel(BROADCAST_CAPACITY);
+        Store {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State {
+                    rv: 1,
+                    objects: HashMap::new(),
+                    history: VecDeque::new(),
+                    history_limit,
+                }),
+                tx,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent data (each operation commits
+        // at its end), so a poisoned lock is still usable.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `f` with exclusive access; nothing else changes the store meanwhile.
+    /// `f` must not block or await.
+    pub fn transaction<R>(&self, f: impl FnOnce(&mut Txn<'_>) -> R) -> R {
+        let mut guard = self.lock();
+        let mut txn = Txn {
+            st: &mut guard,
+            tx: &self.inner.tx,
+        };
+        f(&mut txn)
+    }
+
+    /// The resourceVersion of the latest change.
+    pub fn resource_version(&self) -> u64 {
+        self.lock().rv
+    }
+
+    /// One object. For a namespaced type, `ns` must be given.
+    pub fn get(&self, rt: &ResourceType, ns: Option<&str>, name: &str) -> Option<Value> {
+        self.transaction(|t| t.get(rt, ns, name))
+    }
+
+    /// Every object of a type, in one namespace or (`None`) all, with the store's resourceVersion.
+    pub fn list(&self, rt: &ResourceType, ns: Option<&str>) -> (Vec<Value>, u64) {
+        self.transaction(|t| t.list(rt, ns))
+    }
+
+    /// A filtered, optionally paged list: objects after `after` (namespace, name) that
+    /// satisfy `pred`, at most `limit` of them.
+    pub fn list_page(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: Option<usize>,
+        pred: impl Fn(&Value) -> bool,
+    ) -> ListPage {
+        self.transaction(|t| t.list_page(rt, ns, after, limit, pred))
+    }
+
+    /// Creates an object; sets uid, creationTimestamp, resourceVersion, generation, a
+    /// name from `generateName`, and apiVersion/kind.
+    pub fn create(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        obj: Value,
+    ) -> Result<Value, ApiError> {
+        self.transaction(|t| t.create(rt, ns, obj))
+    }
+
+    /// Full update (PUT): 409 when `metadata.resourceVersion` is set and stale.
+    pub fn replace(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        obj: Value,
+    ) -> Result<Value, ApiError> {
+        self.transaction(|t| t.replace(rt, ns, name, obj))
+    }
+
+    /// Atomic read-modify-write. If `f` sets `metadata.resourceVersion` to anything but the
+    /// current one, 409. An unchanged object is not written (no new resourceVersion, no
+    /// event). A result with deletionTimestamp and no finalizers is removed, unless it is
+    /// a pod still in its grace period (the kubelet removes those).
+    pub fn modify<F>(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        f: F,
+    ) -> Result<Value, ApiError>
+    where
+        F: FnOnce(&mut Value) -> Result<(), ApiError>,
+    {
+        self.transaction(|t| t.modify(rt, ns, name, f))
+    }
+
+    /// Deletes as the API does: preconditions, finalizers and pod grace periods may keep
+    /// the object (with deletionTimestamp); otherwise it is removed now.
+    pub fn delete(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<Value, ApiError> {
+        self.transaction(|t| t.delete(rt, ns, name, opts))
+            .map(|(v, _)| v)
+    }
+
+    /// Like [`Store::delete`], also telling whether the object is gone (true) or kept
+    /// terminating (false).
+    pub fn delete_ext(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<(Value, bool), ApiError> {
+        self.transaction(|t| t.delete(rt, ns, name, opts))
+    }
+
+    /// The kubelet / finalizer path: removes the object now if no finalizers remain,
+    /// otherwise only makes sure it carries a deletionTimestamp.
+    pub fn remove(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<Value, ApiError> {
+        self.transaction(|t| t.remove(rt, ns, name))
+    }
+
+    /// Every future change, in resourceVersion order.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<std::sync::Arc<StoreEvent>> {
+        self.inner.tx.subscribe()
+    }
+
+    /// Kept events with resourceVersion greater than `rv`; 410 Gone when events after
+    /// `rv` have already been dropped from the history.
+    pub fn events_since(&self, rv: u64) -> Result<Vec<Arc<StoreEvent>>, ApiError> {
+        self.lock().events_since(rv)
+    }
+
+    /// [`Store::events_since`] and a subscription taken atomically: the receiver yields
+    /// exactly the events after the returned ones, with no gap and no duplicate.
+    pub fn subscribe_since(
+        &self,
+        rv: u64,
+    ) -> Result<(Vec<Arc<StoreEvent>>, EventReceiver), ApiError> {
+        let st = self.lock();
+        let past = st.events_since(rv)?;
+        Ok((past, self.inner.tx.subscribe()))
+    }
+
+    /// The current objects of a type that satisfy `pred` and a subscription taken at the
+    /// same instant, with the resourceVersion of that instant.
+    pub fn snapshot_and_subscribe(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        pred: impl Fn(&Value) -> bool,
+    ) -> (Vec<Value>, u64, EventReceiver) {
+        let mut st = self.lock();
+        let rx = self.inner.tx.subscribe();
+        let txn = Txn {
+            st: &mut st,
+            tx: &self.inner.tx,
+        };
+        let page = txn.list_page(rt, ns, None, None, pred);
+        (page.items, page.rv, rx)
+    }
+
+    /// The oldest resourceVersion a watch can still resume from.
+    pub fn oldest_resumable(&self) -> u64 {
+        self.lock().floor()
+    }
+}
+
+impl State {
+    fn floor(&self) -> u64 {
+        match self.history.front() {
+            Some(e) => e.rv - 1,
+            None => self.rv,
+        }
+    }
+
+    fn events_since(&self, rv: u64) -> Result<Vec<Arc<StoreEvent>>, ApiError> {
+        let floor = self.floor();
+        if rv < floor {
+            return Err(ApiError::gone(&format!(
+                "too old resource version: {rv} ({floor})"
+            )));
+        }
+        // History is contiguous (one event per resourceVersion), so index arithmetic finds the start.
+        let skip = usize::try_from(rv - floor).unwrap_or(usize::MAX);
+        Ok(self.history.iter().skip(skip).cloned().collect())
+    }
+}
+
+/// Namespace key for a type: `""` for cluster-scoped types.
+fn ns_key(rt: &ResourceType, ns: Option<&str>) -> String {
+    if rt.namespaced {
+        ns.unwrap_or_default().to_string()
+    } else {
+        String::new()
+    }
+}
+
+impl Txn<'_> {
+    /// The current resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.st.rv
+    }
+
+    pub fn get(&self, rt: &ResourceType, ns: Option<&str>, name: &str) -> Option<Value> {
+        self.get_ref(rt, ns, name).cloned()
+    }
+
+    fn get_ref(&self, rt: &ResourceType, ns: Option<&str>, name: &str) -> Option<&Value> {
+        self.st
+            .objects
+            .get(rt)?
+            .get(&(ns_key(rt, ns), name.to_string()))
+    }
+
+    pub fn list(&self, rt: &ResourceType, ns: Option<&str>) -> (Vec<Value>, u64) {
+        let page = self.list_page(rt, ns, None, None, |_| true);
+        (page.items, page.rv)
+    }
+
+    pub fn list_page(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: Option<usize>,
+        pred: impl Fn(&Value) -> bool,
+    ) -> ListPage {
+        let rv = self.st.rv;
+        let Some(map) = self.st.objects.get(rt) else {
+            return ListPage {
+                items: Vec::new(),
+                rv,
+                next: None,
+            };
+        };
+        let lower = match after {
+            Some((a_ns, a_name)) => Bound::Excluded((a_ns.to_string(), a_name.to_string())),
+            None => match ns {
+                Some(n) if rt.namespaced => Bound::Included((n.to_string(), String::new())),
+                _ => Bound::Unbounded,
+            },
+        };
+        let ns_filter = if rt.namespaced { ns } else { None };
+        let limit = limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
+        let mut items = Vec::new();
+        let mut next = None;
+        for ((k_ns, _), obj) in map.range((lower, Bound::Unbounded)) {
+            if let Some(n) = ns_filter
+                && k_ns != n
+            {
+                break;
+            }
+            if !pred(obj) {
+                continue;
+            }
+            if items.len() == limit {
+                // There is at least one more match: the client continues after the last one sent.
+                next = self.last_key(&items);
+                break;
+            }
+            items.push(obj.clone());
+        }
+        ListPage { items, rv, next }
+    }
+
+    fn last_key(&self, items: &[Value]) -> Option<(String, String)> {
+        let last = items.last()?;
+        Some((
+            meta_str(last, "namespace").unwrap_or_default().to_string(),
+            meta_str(last, "name").unwrap_or_default().to_string(),
+        ))
+    }
+
+    pub fn create(
+        &mut self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        mut obj: Value,
+    ) -> Result<Value, ApiError> {
+        check_type(rt, &obj)?;
+        let Some(map) = obj.as_object_mut() else {
+            return Err(ApiError::bad_request(
+                "the request body must be a JSON object",
+            ));
+        };
+        map.insert("apiVersion".into(), json!(rt.api_version()));
+        map.insert("kind".into(), json!(rt.kind));
+        let meta = map.entry("metadata").or_insert_with(|| json!({}));
+        if !meta.is_object() {
+            *meta = json!({});
+        }
+        let ns = if rt.namespaced {
+            let body_ns = meta_str(&obj, "namespace").filter(|s| !s.is_empty());
+            match (ns, body_ns) {
+                (Some(a), Some(b)) if a != b => {
+                    return Err(ApiError::bad_request(
+                        "the namespace of the provided object does not match the namespace sent on the request",
+                    ));
+                }
+                (Some(a), _) => Some(a.to_string()),
+                (None, Some(b)) => Some(b.to_string()),
+                (None, None) => Some("default".to_string()),
+            }
+        } else {
+            None
+        };
+        let name = match meta_str(&obj, "name").filter(|s| !s.is_empty()) {
+            Some(n) => n.to_string(),
+            None => match meta_str(&obj, "generateName").filter(|s| !s.is_empty()) {
+                Some(prefix) => self.generate_name(rt, ns.as_deref(), prefix),
+                None => {
+                    return Err(ApiError::invalid(
+                        rt.kind,
+                        "",
+                        "metadata.name: Required value: name or generateName is required",
+                    ));
+                }
+            },
+        };
+        validate_name(rt, &name)?;
+        if self.get_ref(rt, ns.as_deref(), &name).is_some() {
+            return Err(ApiError::already_exists(&rt.qualified_plural(), &name));
+        }
+        let meta = meta_mut(&mut obj);
+        meta.insert("name".into(), json!(name));
+        match &ns {
+            Some(n) => meta.insert("namespace".into(), json!(n)),
+            None => meta.remove("namespace"),
+        };
+        meta.insert("uid".into(), json!(new_uid()));
+        meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
+        meta.insert("generation".into(), json!(1));
+        meta.remove("deletionTimestamp");
+        meta.remove("deletionGracePeriodSeconds");
+        meta.remove("resourceVersion");
+        if *rt == PODS {
+            // The real server starts every pod Pending; a status in the body is kept because
+            // this emulator lets status be written through the main resource.
+            let has_status = obj
+                .get("status")
+                .is_some_and(|s| s.as_object().is_some_and(|m| !m.is_empty()));
+            if !has_status {
+                obj["status"] = json!({ "phase": "Pending" });
+            }
+        }
+        Ok(self.put(rt, ns, name, obj, None))
+    }
+
+    fn generate_name(&self, rt: &ResourceType, ns: Option<&str>, prefix: &str) -> String {
+        const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+        loop {
+            let suffix: String = (0..5)
+                .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
+                .collect();
+            let name = format!("{prefix}{suffix}");
+            if self.get_ref(rt, ns, &name).is_none() {
+                return name;
+            }
+        }
+    }
+
+    pub fn replace(
+        &mut self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        mut obj: Value,
+    ) -> Result<Value, ApiError> {
+        check_type(rt, &obj)?;
+        if !obj.is_object() {
+            return Err(ApiError::bad_request(
+                "the request body must be a JSON object",
+            ));
+        }
+        let body_name = meta_str(&obj, "name").unwrap_or_default();
+        if body_name != name {
+            return Err(ApiError::bad_request(&format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        if rt.namespaced
+            && let (Some(n), Some(b)) = (ns, meta_str(&obj, "namespace").filter(|s| !s.is_empty()))
+            && n != b
+        {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
+        }
+        let Some(old) = self.get(rt, ns, name) else {
+            return Err(ApiError::not_found(&rt.qualified_plural(), name));
+        };
+        let current_rv = meta_str(&old, "resourceVersion")
+            .unwrap_or_default()
+            .to_string();
+        if let Some(body_rv) = meta_str(&obj, "resourceVersion").filter(|s| !s.is_empty())
+            && body_rv != current_rv
+        {
+            return Err(stale(rt, name));
+        }
+        let old_uid = meta_str(&old, "uid").unwrap_or_default().to_string();
+        if let Some(body_uid) = meta_str(&obj, "uid").filter(|s| !s.is_empty())
+            && body_uid != old_uid
+        {
+            return Err(ApiError::conflict(
+                &rt.qualified_plural(),
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {body_uid}, UID in object meta: {old_uid}"
+                ),
+            ));
+        }
+        if meta_str(&old, "deletionTimestamp").is_some() {
+            let old_f = finalizers(&old);
+            if finalizers(&obj).iter().any(|f| !old_f.contains(f)) {
+                return Err(ApiError::invalid(
+                    rt.kind,
+                    name,
+                    "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted",
+                ));
+            }
+        }
+        // Fields the server owns keep their stored values, as on a real PUT.
+        {
+            let map = obj
+                .as_object_mut()
+                .ok_or_else(|| ApiError::internal("object"))?;
+            map.insert("apiVersion".into(), json!(rt.api_version()));
+            map.insert("kind".into(), json!(rt.kind));
+        }
+        let old_meta = old.get("metadata").cloned().unwrap_or_else(|| json!({}));
+        let meta = meta_mut(&mut obj);
+        for field in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "namespace",
+            "resourceVersion",
+        ] {
+            match old_meta.get(field) {
+                Some(v) => meta.insert(field.into(), v.clone()),
+                None => meta.remove(field),
+            };
+        }
+        self.finish_update(rt, ns, name, old, obj)
+    }
+
+    pub fn modify<F>(
+        &mut self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        f: F,
+    ) -> Result<Value, ApiError>
+    where
+        F: FnOnce(&mut Value) -> Result<(), ApiError>,
+    {
+        let Some(old) = self.get(rt, ns, name) else {
+            return Err(ApiError::not_found(&rt.qualified_plural(), name));
+        };
+        let mut obj = old.clone();
+        f(&mut obj)?;
+        if !obj.is_object() {
+            return Err(ApiError::bad_request("the object must be a JSON object"));
+        }
+        let current_rv = meta_str(&old, "resourceVersion")
+            .unwrap_or_default()
+            .to_string();
+        if let Some(new_rv) = meta_str(&obj, "resourceVersion").filter(|s| !s.is_empty())
+            && new_rv != current_rv
+        {
+            return Err(stale(rt, name));
+        }
+        let old_uid = meta_str(&old, "uid").unwrap_or_default().to_string();
+        let new_uid = meta_str(&obj, "uid").unwrap_or_default().to_string();
+        if new_uid != old_uid {
+            return Err(ApiError::invalid(
+                rt.kind,
+                name,
+                &format!("metadata.uid: Invalid value: {new_uid:?}: field is immutable"),
+            ));
+        }
+        if meta_str(&obj, "name") != Some(name) {
+            return Err(ApiError::invalid(
+                rt.kind,
+                name,
+                "metadata.name: Invalid value: field is immutable",
+            ));
+        }
+        if let Some(map) = obj.as_object_mut() {
+            map.insert("apiVersion".into(), json!(rt.api_version()));
+            map.insert("kind".into(), json!(rt.kind));
+        }
+        let old_meta = old.get("metadata").cloned().unwrap_or_else(|| json!({}));
+        let meta = meta_mut(&mut obj);
+        for field in [
+            "creationTimestamp",
+            "namespace",
+            "resourceVersion",
+            "generation",
+        ] {
+            match old_meta.get(field) {
+                Some(v) => meta.insert(field.into(), v.clone()),
+                None => meta.remove(field),
+            };
+        }
+        self.finish_update(rt, ns, name, old, obj)
+    }
+
+    /// Commits an update whose server-owned fields are already settled.
+    fn finish_update(
+        &mut self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        old: Value,
+        mut obj: Value,
+    ) -> Result<Value, ApiError> {
+        if obj == old {
+            return Ok(old);
+        }
+        if spec_changed(rt, &old, &obj) {
+            let g = old
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            meta_mut(&mut obj).insert("generation".into(), json!(g + 1));
+        }
+        let key_ns = if rt.namespaced {
+            ns.map(str::to_string)
+        } else {
+            None
+        };
+        if meta_str(&obj, "deletionTimestamp").is_some()
+            && finalizers(&obj).is_empty()
+            && !awaiting_grace(rt, &obj)
+        {
+            return Ok(self.drop_obj(rt, key_ns, name.to_string(), obj, old));
+        }
+        Ok(self.put(rt, key_ns, name.to_string(), obj, Some(old)))
+    }
+
+    /// Returns the object and whether it was removed (true) or kept terminating (false).
+    pub fn delete(
+        &mut self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<(Value, bool), ApiError> {
+        let Some(old) = self.get(rt, ns, name) else {
+            return Err(ApiError::not_found(&rt.qualified_plural(), name));
+        };
+        let uid = meta_str(&old, "uid").unwrap_or_default();
+        if let Some(p) = &opts.precondition_uid
+            && p != uid
+        {
+            return Err(ApiError::conflict(
+                &rt.qualified_plural(),
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {p}, UID in object meta: {uid}"
+                ),
+            ));
+        }
+        let rv = meta_str(&old, "resourceVersion").unwrap_or_default();
+        if let Some(p) = &opts.precondition_rv
+            && p != rv
+        {
+            return Err(ApiError::conflict(
+                &rt.qualified_plural(),
+                name,
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {p}, ResourceVersion in object meta: {rv}"
+                ),
+            ));
+        }
+        let grace = effective_grace(rt, &old, opts.grace_period_seconds);
+        let has_finalizers = !finalizers(&old).is_empty();
+        let key_ns = if rt.namespaced {
+            ns.map(str::to_string)
+        } else {
+            None
+        };
+        let already = meta_str(&old, "deletionTimestamp").is_some();
+        if already {
+            let current_grace = old
+                .pointer("/metadata/deletionGracePeriodSeconds")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            if grace == 0 && !has_finalizers {
+                return Ok((
+                    self.drop_obj(rt, key_ns, name.to_string(), old.clone(), old),
+                    true,
+                ));
+            }
+            if grace < current_grace {
+                // A shorter grace period on a second delete moves the deadline closer.
+                let mut obj = old.clone();
+                set_deletion(&mut obj, grace);
+                return Ok((
+                    self.put(rt, key_ns, name.to_string(), obj, Some(old)),
+                    false,
+                ));
+            }
+            return Ok((old, false));
+        }
+        if grace > 0 || has_finalizers {
+            let mut obj = old.clone();
+            set_deletion(&mut obj, grace);
+            return Ok((
+                self.put(rt, key_ns, name.to_string(), obj, Some(old)),
+                false,
+            ));
+        }
+        Ok((
+            self.drop_obj(rt, key_ns, name.to_string(), old.clone(), old),
+            true,
+        ))
+    }
+
+    pub fn remove(
+        &mut self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<Value, ApiError> {
+        let Some(old) = self.get(rt, ns, name) else {
+            return Err(ApiError::not_found(&rt.qualified_plural(), name));
+        };
+        let key_ns = if rt.namespaced {
+            ns.map(str::to_string)
+        } else {
+            None
+        };
+        if finalizers(&old).is_empty() {
+            return Ok(self.drop_obj(rt, key_ns, name.to_string(), old.clone(), old));
+        }
+        let mut obj = old.clone();
+        if meta_str(&obj, "deletionTimestamp").is_none() {
+            meta_mut(&mut obj).insert("deletionTimestamp".into(), json!(now_rfc3339()));
+        }
+        // The grace period is over: once the finalizers go, the object goes.
+        meta_mut(&mut obj).insert("deletionGracePeriodSeconds".into(), json!(0));
+        if obj == old {
+            return Ok(old);
+        }
+        Ok(self.put(rt, key_ns, name.to_string(), obj, Some(old)))
+    }
+
+    /// Stores `obj` under a new resourceVersion and publishes ADDED/MODIFIED.
+    fn put(
+        &mut self,
+        rt: &ResourceType,
+        ns: Option<String>,
+        name: String,
+        mut obj: Value,
+        old: Option<Value>,
+    ) -> Value {
+        self.st.rv += 1;
+        let rv = self.st.rv;
+        meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
+        let kind = if old.is_some() {
+            EventKind::Modified
+        } else {
+            EventKind::Added
+        };
+        self.st
+            .objects
+            .entry(*rt)
+            .or_default()
+            .insert((ns.clone().unwrap_or_default(), name.clone()), obj.clone());
+        self.publish(rv, rt, kind, ns, name, obj.clone(), old);
+        obj
+    }
+
+    /// Removes the object under a new resourceVersion and publishes DELETED.
+    fn drop_obj(
+        &mut self,
+        rt: &ResourceType,
+        ns: Option<String>,
+        name: String,
+        mut obj: Value,
+        old: Value,
+    ) -> Value {
+        self.st.rv += 1;
+        let rv = self.st.rv;
+        meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
+        if let Some(map) = self.st.objects.get_mut(rt) {
+            map.remove(&(ns.clone().unwrap_or_default(), name.clone()));
+        }
+        self.publish(rv, rt, EventKind::Deleted, ns, name, obj.clone(), Some(old));
+        obj
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn publish(
+        &mut self,
+        rv: u64,
+        rt: &ResourceType,
+        kind: EventKind,
+        namespace: Option<String>,
+        name: String,
+        object: Value,
+        old: Option<Value>,
+    ) {
+        let ev = Arc::new(StoreEvent {
+            rv,
+            rt: *rt,
+            kind,
+            namespace,
+            name,
+            object,
+            old,
+            encoded: OnceLock::new(),
+        });
+        self.st.history.push_back(ev.clone());
+        while self.st.history.len() > self.st.history_limit {
+            self.st.history.pop_front();
+        }
+        // No receivers is normal (nobody watching).
+        let _ = self.tx.send(ev);
+    }
+}
+
+/// 409 for a write based on an old resourceVersion, worded as the real server does.
+fn stale(rt: &ResourceType, name: &str) -> ApiError {
+    ApiError::conflict(
+        &rt.qualified_plural(),
+        name,
+        "the object has been modified; please apply your changes to the latest version and try again",
+    )
+}
+
+/// 400 when the body names another type, as the real decoder does.
+fn check_type(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
+    if let Some(kind) = obj.get("kind").and_then(Value::as_str)
+        && !kind.is_empty()
+        && kind != rt.kind
+    {
+        return Err(ApiError::bad_request(&format!(
+            "the kind in the body ({kind}) does not match the expected kind ({})",
+            rt.kind
+        )));
+    }
+    if let Some(av) = obj.get("apiVersion").and_then(Value::as_str)
+        && !av.is_empty()
+        && av != rt.api_version()
+    {
+        return Err(ApiError::bad_request(&format!(
+            "the API version in the data ({av}) does not match the expected API version ({})",
+            rt.api_version()
+        )));
+    }
+    Ok(())
+}
+
+/// Names must be DNS subdomains (lower-case alphanumerics, `-` and `.`), at most 253 chars.
+fn validate_name(rt: &ResourceType, name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name
+            .as_bytes()
+            .first()
+            .is_some_and(u8::is_ascii_alphanumeric)
+        && name
+            .as_bytes()
+            .last()
+            .is_some_and(u8::is_ascii_alphanumeric);
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            rt.kind,
+            name,
+            &format!(
+                "metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
+            ),
+        ))
+    }
+}
+
+/// The grace period a delete gets: only pods bound to a node and not finished get one.
+fn effective_grace(rt: &ResourceType, obj: &Value, requested: Option<i64>) -> i64 {
+    if *rt != PODS {
+        return 0;
+    }
+    let bound = obj
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty());
+    let phase = obj
+        .pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if !bound || phase == "Succeeded" || phase == "Failed" {
+        return 0;
+    }
+    let g = requested
+        .or_else(|| {
+            obj.pointer("/spec/terminationGracePeriodSeconds")
+                .and_then(Value::as_i64)
+        })
+        .unwrap_or(DEFAULT_POD_GRACE_SECONDS);
+    // A negative request means "as soon as possible" (the real server turns it into 1).
+    if g < 0 { 1 } else { g }
+}
+
+/// A pod whose grace period is still running is removed by the kubelet, not by an update.
+fn awaiting_grace(rt: &ResourceType, obj: &Value) -> bool {
+    *rt == PODS
+        && obj
+            .pointer("/metadata/deletionGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .is_some_and(|g| g > 0)
+}
+
+/// Marks an object terminating: deletionTimestamp is the deadline (now + grace).
+fn set_deletion(obj: &mut Value, grace: i64) {
+    let deadline = k8s_openapi::jiff::Timestamp::now()
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(grace))
+        .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
+    let meta = meta_mut(obj);
+    meta.insert("deletionTimestamp".into(), json!(format_ts(deadline)));
+    meta.insert("deletionGracePeriodSeconds".into(), json!(grace));
+}
+
+/// Whether anything outside metadata (and status, where status is a subresource) changed.
+fn spec_changed(rt: &ResourceType, old: &Value, new: &Value) -> bool {
+    let skip = |k: &str| k == "metadata" || (k == "status" && !rt.status_bumps_generation());
+    let empty = Map::new();
+    let o = old.as_object().unwrap_or(&empty);
+    let n = new.as_object().unwrap_or(&empty);
+    o.iter().any(|(k, v)| !skip(k) && n.get(k) != Some(v))
+        || n.keys().any(|k| !skip(k) && !o.contains_key(k))
+}
+
+/// `metadata.<field>` as a string.
+pub fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
+    obj.get("metadata")?.get(field)?.as_str()
+}
+
+/// `metadata` as a mutable map, created if missing.
+pub fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
+    if !obj.is_object() {
+        *obj = json!({});
+    }
+    let map = obj.as_object_mut().expect("just made an object");
+    let meta = map.entry("metadata").or_insert_with(|| json!({}));
+    if !meta.is_object() {
+        *meta = json!({});
+    }
+    meta.as_object_mut().expect("just made an object")
+}
+
+/// `metadata.finalizers`.
+pub fn finalizers(obj: &Value) -> Vec<String> {
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A random RFC 4122 version-4 UID.
+fn new_uid() -> String {
+    let mut b: [u8; 16] = rand::random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// A Kubernetes `metav1.Time` string (RFC 3339, whole seconds, UTC).
+pub fn format_ts(ts: k8s_openapi::jiff::Timestamp) -> String {
+    ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// Now as a `metav1.Time` string.
+pub fn now_rfc3339() -> String {
+    format_ts(k8s_openapi::jiff::Timestamp::now())
+}

@@ -1,0 +1,1748 @@
+//! Conformance of the Kubernetes API emulator: the real `kube::Client` over HTTP, with
+//! assertions on status codes, `Status` bodies and stored state, for each semantic the
+//! emulator claims (see docs/testing/kube-emulator.md).
+
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, EvictParams, ListParams, Patch, PatchParams,
+    PostParams, Preconditions, WatchEvent, WatchParams,
+};
+use kube::core::{GroupVersionKind, Status};
+use kube::{Client, ResourceExt};
+use lastcall_testkit::eventually::wait_for;
+use lastcall_testkit::kube::resources::{CONFIGMAPS, EVENTS_K8S, GAMESERVERS, NODES, PODS};
+use lastcall_testkit::kube::{Emulator, FaultAction, FaultRule, Method, Options, Store, Verb};
+use serde_json::{Value, json};
+
+async fn setup() -> (Emulator, Client) {
+    let emu = Emulator::start().await.unwrap();
+    let client = emu.client().await.unwrap();
+    (emu, client)
+}
+
+/// A client that shows 429/503 answers instead of retrying them (kube retries by default).
+async fn setup_no_retry() -> (Emulator, Client) {
+    let emu = Emulator::start().await.unwrap();
+    let client = emu.client_no_retry("test").await.unwrap();
+    (emu, client)
+}
+
+/// A running, ready pod (status is writable through the main resource in the emulator).
+fn pod(name: &str, node: Option<&str>, labels: Value) -> Pod {
+    let mut spec = json!({ "containers": [{ "name": "c", "image": "example" }] });
+    if let Some(n) = node {
+        spec["nodeName"] = json!(n);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "labels": labels },
+        "spec": spec,
+        "status": { "phase": "Running", "conditions": [{ "type": "Ready", "status": "True" }] },
+    }))
+    .unwrap()
+}
+
+fn cm(name: &str) -> ConfigMap {
+    serde_json::from_value(json!({ "metadata": { "name": name }, "data": { "k": "v" } })).unwrap()
+}
+
+fn api_err<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> Status {
+    match r {
+        Err(kube::Error::Api(s)) => *s,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+fn rv_of<K: ResourceExt>(o: &K) -> u64 {
+    o.resource_version().unwrap().parse().unwrap()
+}
+
+/// The next non-bookmark watch event, within 10 s.
+async fn next_event<K, S>(s: &mut S) -> WatchEvent<K>
+where
+    S: Stream<Item = Result<WatchEvent<K>, kube::Error>> + Unpin,
+{
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(10), s.next())
+            .await
+            .expect("a watch event within 10 s")
+            .expect("the watch stream is open")
+            .expect("a well-formed watch event");
+        if !matches!(ev, WatchEvent::Bookmark(_)) {
+            return ev;
+        }
+    }
+}
+
+fn describe<K: ResourceExt>(ev: &WatchEvent<K>) -> (String, String) {
+    match ev {
+        WatchEvent::Added(o) => ("ADDED".into(), o.name_any()),
+        WatchEvent::Modified(o) => ("MODIFIED".into(), o.name_any()),
+        WatchEvent::Deleted(o) => ("DELETED".into(), o.name_any()),
+        WatchEvent::Bookmark(_) => ("BOOKMARK".into(), String::new()),
+        WatchEvent::Error(s) => ("ERROR".into(), s.reason.clone()),
+    }
+}
+
+fn ev(kind: &str, name: &str) -> (String, String) {
+    (kind.to_string(), name.to_string())
+}
+
+// ---------------------------------------------------------------- resourceVersion, CRUD
+
+#[tokio::test]
+async fn resource_version_is_monotonic_across_resources() {
+    let (emu, client) = setup().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let pp = PostParams::default();
+    let n = nodes
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let p = pods
+        .create(&pp, &pod("p1", Some("n1"), json!({})))
+        .await
+        .unwrap();
+    let c = cms.create(&pp, &cm("c1")).await.unwrap();
+    let p2 = pods
+        .patch(
+            "p1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .unwrap();
+    let rvs = [rv_of(&n), rv_of(&p), rv_of(&c), rv_of(&p2)];
+    assert!(
+        rvs.windows(2).all(|w| w[0] < w[1]),
+        "not increasing: {rvs:?}"
+    );
+    let list = pods.list(&ListParams::default()).await.unwrap();
+    let list_rv: u64 = list.metadata.resource_version.unwrap().parse().unwrap();
+    assert_eq!(list_rv, rvs[3]);
+    assert_eq!(emu.store().resource_version(), rvs[3]);
+    // Server-set fields.
+    assert!(p.uid().is_some());
+    assert!(p.creation_timestamp().is_some());
+    assert_eq!(p.metadata.namespace.as_deref(), Some("default"));
+}
+
+#[tokio::test]
+async fn stale_replace_is_a_conflict() {
+    let (_emu, client) = setup().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    let created = cms.create(&PostParams::default(), &cm("c1")).await.unwrap();
+    let mut a = created.clone();
+    a.data = Some([("k".to_string(), "a".to_string())].into());
+    let after_a = cms.replace("c1", &PostParams::default(), &a).await.unwrap();
+    assert!(rv_of(&after_a) > rv_of(&created));
+    let mut b = created.clone();
+    b.data = Some([("k".to_string(), "b".to_string())].into());
+    let s = api_err(cms.replace("c1", &PostParams::default(), &b).await);
+    assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
+    assert!(
+        s.message.contains("the object has been modified"),
+        "{}",
+        s.message
+    );
+    assert_eq!(cms.get("c1").await.unwrap().data.unwrap()["k"], "a");
+    // Without a resourceVersion the update is unconditional, as on a real server.
+    b.metadata.resource_version = None;
+    let after_b = cms.replace("c1", &PostParams::default(), &b).await.unwrap();
+    assert_eq!(after_b.data.unwrap()["k"], "b");
+}
+
+#[tokio::test]
+async fn create_get_errors_have_real_statuses() {
+    let (_emu, client) = setup().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    cms.create(&PostParams::default(), &cm("c1")).await.unwrap();
+    let s = api_err(cms.create(&PostParams::default(), &cm("c1")).await);
+    assert_eq!((s.code, s.reason.as_str()), (409, "AlreadyExists"));
+    assert_eq!(s.message, "configmaps \"c1\" already exists");
+    let s = api_err(cms.get("nope").await);
+    assert_eq!((s.code, s.reason.as_str()), (404, "NotFound"));
+    assert_eq!(s.message, "configmaps \"nope\" not found");
+    assert_eq!(s.details.unwrap().kind, "configmaps");
+    let s = api_err(cms.create(&PostParams::default(), &cm("Bad_Name")).await);
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
+    let s = api_err(
+        cms.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {}})).unwrap(),
+        )
+        .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
+    // The name in the body must match the URL.
+    let s = api_err(
+        cms.replace("other", &PostParams::default(), &cm("c1"))
+            .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (400, "BadRequest"));
+    let s = api_err(
+        cms.replace("missing", &PostParams::default(), &cm("missing"))
+            .await,
+    );
+    assert_eq!(s.code, 404);
+    // generateName.
+    let g = cms
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"generateName": "gen-"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        g.name_any().starts_with("gen-") && g.name_any().len() == 9,
+        "{}",
+        g.name_any()
+    );
+}
+
+#[tokio::test]
+async fn unknown_paths_and_methods_answer_with_status() {
+    let (emu, _client) = setup().await;
+    let http = reqwest::Client::new();
+    let r = http
+        .get(format!("{}/apis/apps/v1/deployments", emu.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        (body["kind"].as_str(), body["reason"].as_str()),
+        (Some("Status"), Some("NotFound"))
+    );
+    let r = http
+        .post(format!("{}/api/v1/pods", emu.url()))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    let r = http
+        .post(format!(
+            "{}/api/v1/namespaces/default/configmaps",
+            emu.url()
+        ))
+        .body("not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["reason"], "BadRequest");
+}
+
+// ---------------------------------------------------------------- delete
+
+#[tokio::test]
+async fn delete_preconditions_conflict_and_keep_the_object() {
+    let (_emu, client) = setup().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    let c = cms.create(&PostParams::default(), &cm("c1")).await.unwrap();
+    let with = |uid: Option<String>, rv: Option<String>| DeleteParams {
+        preconditions: Some(Preconditions {
+            uid,
+            resource_version: rv,
+        }),
+        ..Default::default()
+    };
+    let s = api_err(
+        cms.delete("c1", &with(Some("wrong-uid".into()), None))
+            .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
+    assert!(
+        s.message
+            .contains("Precondition failed: UID in precondition: wrong-uid"),
+        "{}",
+        s.message
+    );
+    let s = api_err(cms.delete("c1", &with(None, Some("1".into()))).await);
+    assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
+    assert!(
+        s.message.contains("ResourceVersion in precondition: 1"),
+        "{}",
+        s.message
+    );
+    assert_eq!(cms.get("c1").await.unwrap().uid(), c.uid());
+    let out = cms
+        .delete("c1", &with(c.uid(), c.resource_version()))
+        .await
+        .unwrap();
+    // Config maps answer a completed delete with a Success Status.
+    let status = out.right().expect("a Status for a deleted config map");
+    assert!(status.is_success());
+    assert_eq!(api_err(cms.get("c1").await).code, 404);
+    assert_eq!(
+        api_err(cms.delete("c1", &DeleteParams::default()).await).code,
+        404
+    );
+}
+
+#[tokio::test]
+async fn finalizers_keep_a_deleted_object_until_removed() {
+    let (emu, client) = setup().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    let mut c = cm("c1");
+    c.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    let created = cms.create(&PostParams::default(), &c).await.unwrap();
+    let mut watch = cms
+        .watch(&WatchParams::default(), &rv_of(&created).to_string())
+        .await
+        .unwrap()
+        .boxed();
+    let out = cms.delete("c1", &DeleteParams::default()).await.unwrap();
+    let kept = out.left().expect("the object, still present");
+    assert!(kept.metadata.deletion_timestamp.is_some());
+    let got = cms.get("c1").await.unwrap();
+    assert!(got.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        describe(&next_event(&mut watch).await),
+        ev("MODIFIED", "c1")
+    );
+    // No new finalizers on an object being deleted.
+    let s = api_err(
+        cms.patch(
+            "c1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold", "x.io/more"]}})),
+        )
+        .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
+    // A patch cannot clear the deletionTimestamp.
+    cms.patch(
+        "c1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"deletionTimestamp": null, "labels": {"a": "b"}}})),
+    )
+    .await
+    .unwrap();
+    assert!(
+        cms.get("c1")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+    assert_eq!(
+        describe(&next_event(&mut watch).await),
+        ev("MODIFIED", "c1")
+    );
+    cms.patch(
+        "c1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(api_err(cms.get("c1").await).code, 404);
+    assert_eq!(describe(&next_event(&mut watch).await), ev("DELETED", "c1"));
+    assert!(
+        emu.store()
+            .get(&CONFIGMAPS, Some("default"), "c1")
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn pod_grace_period_keeps_a_bound_pod_terminating() {
+    let (emu, client) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    let mut p = pod("p1", Some("n1"), json!({}));
+    p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(45);
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    let out = pods.delete("p1", &DeleteParams::default()).await.unwrap();
+    let kept = out.left().expect("pods answer with the object");
+    assert!(kept.metadata.deletion_timestamp.is_some());
+    assert_eq!(kept.metadata.deletion_grace_period_seconds, Some(45));
+    let got = pods.get("p1").await.unwrap();
+    assert_eq!(got.metadata.deletion_grace_period_seconds, Some(45));
+    // A second delete with a shorter grace period shortens it.
+    pods.delete("p1", &DeleteParams::default().grace_period(5))
+        .await
+        .unwrap();
+    assert_eq!(
+        pods.get("p1")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_grace_period_seconds,
+        Some(5)
+    );
+    // Updates do not remove a pod in its grace period; the kubelet path does.
+    pods.patch(
+        "p1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+    )
+    .await
+    .unwrap();
+    assert!(pods.get("p1").await.is_ok());
+    emu.store().remove(&PODS, Some("default"), "p1").unwrap();
+    assert_eq!(api_err(pods.get("p1").await).code, 404);
+
+    // Unbound pods and grace period 0 go at once.
+    pods.create(&PostParams::default(), &pod("p2", None, json!({})))
+        .await
+        .unwrap();
+    pods.delete("p2", &DeleteParams::default()).await.unwrap();
+    assert_eq!(api_err(pods.get("p2").await).code, 404);
+    pods.create(&PostParams::default(), &pod("p3", Some("n1"), json!({})))
+        .await
+        .unwrap();
+    let out = pods
+        .delete("p3", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    assert!(out.left().is_some());
+    assert_eq!(api_err(pods.get("p3").await).code, 404);
+    // gracePeriodSeconds as a query parameter works too.
+    pods.create(&PostParams::default(), &pod("p4", Some("n1"), json!({})))
+        .await
+        .unwrap();
+    let r = reqwest::Client::new()
+        .delete(format!(
+            "{}/api/v1/namespaces/default/pods/p4?gracePeriodSeconds=9",
+            emu.url()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        pods.get("p4")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_grace_period_seconds,
+        Some(9)
+    );
+}
+
+#[tokio::test]
+async fn delete_collection_by_label() {
+    let (_emu, client) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    for (n, app) in [("a", "x"), ("b", "x"), ("c", "y")] {
+        pods.create(&PostParams::default(), &pod(n, None, json!({ "app": app })))
+            .await
+            .unwrap();
+    }
+    let out = pods
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("app=x"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.left().unwrap().items.len(), 2);
+    let left: Vec<String> = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert_eq!(left, vec!["c"]);
+}
+
+// ---------------------------------------------------------------- patch
+
+#[tokio::test]
+async fn merge_patch_and_its_resource_version_guard() {
+    let (_emu, client) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    let created = pods
+        .create(&PostParams::default(), &pod("p1", None, json!({"a": "1"})))
+        .await
+        .unwrap();
+    let pp = PatchParams::default();
+    let patched = pods
+        .patch(
+            "p1",
+            &pp,
+            &Patch::Merge(json!({"metadata": {"labels": {"b": "2", "a": null}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.labels().get("b").map(String::as_str), Some("2"));
+    assert!(!patched.labels().contains_key("a"));
+    assert!(rv_of(&patched) > rv_of(&created));
+    // A resourceVersion in the body is a precondition.
+    let s = api_err(
+        pods.patch(
+            "p1",
+            &pp,
+            &Patch::Merge(json!({"metadata": {"resourceVersion": created.resource_version(), "labels": {"c": "3"}}})),
+        )
+        .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
+    pods.patch(
+        "p1",
+        &pp,
+        &Patch::Merge(json!({"metadata": {"resourceVersion": patched.resource_version(), "labels": {"c": "3"}}})),
+    )
+    .await
+    .unwrap();
+    // The uid is immutable.
+    let s = api_err(
+        pods.patch(
+            "p1",
+            &pp,
+            &Patch::Merge(json!({"metadata": {"uid": "other"}})),
+        )
+        .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
+    // A patch that changes nothing does not bump the resourceVersion.
+    let before = pods.get("p1").await.unwrap();
+    let same = pods
+        .patch(
+            "p1",
+            &pp,
+            &Patch::Merge(json!({"metadata": {"labels": {"c": "3"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(same.resource_version(), before.resource_version());
+    // Missing objects are 404.
+    assert_eq!(
+        api_err(pods.patch("nope", &pp, &Patch::Merge(json!({}))).await).code,
+        404
+    );
+}
+
+#[tokio::test]
+async fn json_patch_and_failed_test_is_422() {
+    let (_emu, client) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    let created = pods
+        .create(&PostParams::default(), &pod("p1", None, json!({"a": "1"})))
+        .await
+        .unwrap();
+    let pp = PatchParams::default();
+    let jp = |v: Value| Patch::<()>::Json(serde_json::from_value::<json_patch::Patch>(v).unwrap());
+    let ok = pods
+        .patch(
+            "p1",
+            &pp,
+            &jp(json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": created.resource_version()},
+                {"op": "add", "path": "/metadata/labels/b", "value": "2"},
+            ])),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ok.labels().get("b").map(String::as_str), Some("2"));
+    let s = api_err(
+        pods.patch(
+            "p1",
+            &pp,
+            &jp(json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": created.resource_version()},
+                {"op": "add", "path": "/metadata/labels/c", "value": "3"},
+            ])),
+        )
+        .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
+    assert!(!s.details.unwrap().causes.is_empty());
+    let now = pods.get("p1").await.unwrap();
+    assert_eq!(now.resource_version(), ok.resource_version());
+    assert!(!now.labels().contains_key("c"));
+    // Malformed JSON patch: 400.
+    let r = reqwest::Client::new()
+        .patch(format!("{}/api/v1/namespaces/default/pods/p1", _emu.url()))
+        .header("content-type", "application/json-patch+json")
+        .body(r#"{"op": "add"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+}
+
+#[tokio::test]
+async fn strategic_merge_subset_and_unsupported_patch_types() {
+    let (_emu, client) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let mut p = pod("p1", None, json!({}));
+    p.status
+        .as_mut()
+        .unwrap()
+        .conditions
+        .as_mut()
+        .unwrap()
+        .push(serde_json::from_value(json!({"type": "PodScheduled", "status": "True"})).unwrap());
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    let patched = pods
+        .patch_status(
+            "p1",
+            &PatchParams::default(),
+            &Patch::Strategic(
+                json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let conds = patched.status.unwrap().conditions.unwrap();
+    assert_eq!(conds.len(), 2, "merged by type, not replaced");
+    assert_eq!(
+        conds.iter().find(|c| c.type_ == "Ready").unwrap().status,
+        "False"
+    );
+    let s = api_err(
+        pods.patch(
+            "p1",
+            &PatchParams::apply("test"),
+            &Patch::Apply(json!({"metadata": {"name": "p1"}})),
+        )
+        .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (415, "UnsupportedMediaType"));
+    let gs: Api<DynamicObject> = Api::default_namespaced_with(client, &gs_resource());
+    gs.create(&PostParams::default(), &gameserver("gs1"))
+        .await
+        .unwrap();
+    let s = api_err(
+        gs.patch(
+            "gs1",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {}})),
+        )
+        .await,
+    );
+    assert_eq!(s.code, 415);
+}
+
+// ---------------------------------------------------------------- watch
+
+#[tokio::test]
+async fn watch_reports_added_modified_deleted() {
+    let (_emu, client) = setup().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    cms.create(&PostParams::default(), &cm("before"))
+        .await
+        .unwrap();
+    let mut w = cms
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    // Resource version 0: synthetic ADDED for what exists.
+    assert_eq!(describe(&next_event(&mut w).await), ev("ADDED", "before"));
+    cms.create(&PostParams::default(), &cm("c1")).await.unwrap();
+    cms.patch(
+        "c1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "2"}})),
+    )
+    .await
+    .unwrap();
+    cms.delete("c1", &DeleteParams::default()).await.unwrap();
+    let got = [
+        next_event(&mut w).await,
+        next_event(&mut w).await,
+        next_event(&mut w).await,
+    ];
+    assert_eq!(
+        got.iter().map(describe).collect::<Vec<_>>(),
+        vec![ev("ADDED", "c1"), ev("MODIFIED", "c1"), ev("DELETED", "c1")]
+    );
+    // The DELETED object carries the deletion's resourceVersion.
+    let (WatchEvent::Modified(m), WatchEvent::Deleted(d)) = (&got[1], &got[2]) else {
+        panic!("unexpected events");
+    };
+    assert!(rv_of(d) > rv_of(m));
+}
+
+#[tokio::test]
+async fn watch_resumes_after_a_resource_version() {
+    let (_emu, client) = setup().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    let a = cms.create(&PostParams::default(), &cm("a")).await.unwrap();
+    cms.create(&PostParams::default(), &cm("b")).await.unwrap();
+    cms.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "2"}})),
+    )
+    .await
+    .unwrap();
+    let mut w = cms
+        .watch(&WatchParams::default(), &rv_of(&a).to_string())
+        .await
+        .unwrap()
+        .boxed();
+    assert_eq!(describe(&next_event(&mut w).await), ev("ADDED", "b"));
+    assert_eq!(describe(&next_event(&mut w).await), ev("MODIFIED", "a"));
+    cms.create(&PostParams::default(), &cm("c")).await.unwrap();
+    assert_eq!(describe(&next_event(&mut w).await), ev("ADDED", "c"));
+}
+
+#[tokio::test]
+async fn watch_from_a_compacted_resource_version_is_410() {
+    let emu = Emulator::start_with(Store::new(3), "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let client = emu.client().await.unwrap();
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    let first = cms.create(&PostParams::default(), &cm("c0")).await.unwrap();
+    for i in 1..10 {
+        cms.create(&PostParams::default(), &cm(&format!("c{i}")))
+            .await
+            .unwrap();
+    }
+    let mut w = cms
+        .watch(&WatchParams::default(), &rv_of(&first).to_string())
+        .await
+        .unwrap()
+        .boxed();
+    match next_event(&mut w).await {
+        WatchEvent::Error(s) => {
+            assert_eq!((s.code, s.reason.as_str()), (410, "Expired"));
+            assert!(
+                s.message.contains("too old resource version"),
+                "{}",
+                s.message
+            );
+        }
+        other => panic!("expected ERROR 410, got {:?}", describe(&other)),
+    }
+    assert!(w.next().await.is_none(), "the stream ends after the error");
+    // Within the history, resumption works.
+    let rv = emu.store().resource_version() - 2;
+    let mut w = cms
+        .watch(&WatchParams::default(), &rv.to_string())
+        .await
+        .unwrap()
+        .boxed();
+    assert_eq!(describe(&next_event(&mut w).await), ev("ADDED", "c8"));
+    // A paged list whose continue token is older than the history is 410 too.
+    let page = cms.list(&ListParams::default().limit(2)).await.unwrap();
+    let token = page.metadata.continue_.clone().unwrap();
+    for i in 10..15 {
+        cms.create(&PostParams::default(), &cm(&format!("c{i}")))
+            .await
+            .unwrap();
+    }
+    let s = api_err(
+        cms.list(&ListParams::default().limit(2).continue_token(&token))
+            .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (410, "Expired"));
+}
+
+#[tokio::test]
+async fn watch_with_node_field_selector_sees_only_that_node() {
+    let (emu, client) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    let pp = PostParams::default();
+    let mp = PatchParams::default();
+    let now = DeleteParams::default().grace_period(0);
+    let start = emu.store().resource_version();
+    let mut w = pods
+        .watch(
+            &WatchParams::default().fields("spec.nodeName=n1"),
+            &start.to_string(),
+        )
+        .await
+        .unwrap()
+        .boxed();
+    // Traffic on another node: invisible.
+    pods.create(&pp, &pod("other", Some("n2"), json!({})))
+        .await
+        .unwrap();
+    pods.patch(
+        "other",
+        &mp,
+        &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})),
+    )
+    .await
+    .unwrap();
+    pods.delete("other", &now).await.unwrap();
+    // n1's own pod.
+    pods.create(&pp, &pod("p1", Some("n1"), json!({})))
+        .await
+        .unwrap();
+    // A pod that gets bound to n1 appears as ADDED.
+    pods.create(&pp, &pod("p2", None, json!({}))).await.unwrap();
+    pods.patch(
+        "p2",
+        &mp,
+        &Patch::Merge(json!({"spec": {"nodeName": "n1"}})),
+    )
+    .await
+    .unwrap();
+    // A pod moved away disappears as DELETED.
+    pods.patch(
+        "p1",
+        &mp,
+        &Patch::Merge(json!({"spec": {"nodeName": "n2"}})),
+    )
+    .await
+    .unwrap();
+    pods.patch(
+        "p2",
+        &mp,
+        &Patch::Merge(json!({"metadata": {"labels": {"y": "1"}}})),
+    )
+    .await
+    .unwrap();
+    pods.delete("p1", &now).await.unwrap();
+    pods.delete("p2", &now).await.unwrap();
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        got.push(describe(&next_event(&mut w).await));
+    }
+    assert_eq!(
+        got,
+        vec![
+            ev("ADDED", "p1"),
+            ev("ADDED", "p2"),
+            ev("DELETED", "p1"),
+            ev("MODIFIED", "p2"),
+            ev("DELETED", "p2"),
+        ]
+    );
+    // The same selector from "now" lists only n1's pods.
+    pods.create(&pp, &pod("p3", Some("n1"), json!({})))
+        .await
+        .unwrap();
+    pods.create(&pp, &pod("p4", Some("n2"), json!({})))
+        .await
+        .unwrap();
+    let mut w = pods
+        .watch(&WatchParams::default().fields("spec.nodeName=n1"), "0")
+        .await
+        .unwrap()
+        .boxed();
+    assert_eq!(describe(&next_event(&mut w).await), ev("ADDED", "p3"));
+    pods.patch(
+        "p4",
+        &mp,
+        &Patch::Merge(json!({"metadata": {"labels": {"z": "1"}}})),
+    )
+    .await
+    .unwrap();
+    pods.patch(
+        "p3",
+        &mp,
+        &Patch::Merge(json!({"metadata": {"labels": {"z": "1"}}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(describe(&next_event(&mut w).await), ev("MODIFIED", "p3"));
+}
+
+#[tokio::test]
+async fn watch_with_label_selector_transitions() {
+    let (emu, client) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    let mp = PatchParams::default();
+    pods.create(
+        &PostParams::default(),
+        &pod("p1", None, json!({"app": "x"})),
+    )
+    .await
+    .unwrap();
+    let start = emu.store().resource_version();
+    let mut w = pods
+        .watch(&WatchParams::default().labels("app=y"), &start.to_string())
+        .await
+        .unwrap()
+        .boxed();
+    pods.patch(
+        "p1",
+        &mp,
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "y"}}})),
+    )
+    .await
+    .unwrap();
+    pods.patch(
+        "p1",
+        &mp,
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "z"}}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(describe(&next_event(&mut w).await), ev("ADDED", "p1"));
+    assert_eq!(describe(&next_event(&mut w).await), ev("DELETED", "p1"));
+}
+
+#[tokio::test]
+async fn watch_bookmarks_timeout_and_initial_events() {
+    let emu = Emulator::start_with_options(
+        Store::new(100),
+        "127.0.0.1:0".parse().unwrap(),
+        Options {
+            bookmark_interval: Duration::from_millis(50),
+        },
+    )
+    .await
+    .unwrap();
+    let client = emu.client().await.unwrap();
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    let c = cms.create(&PostParams::default(), &cm("c1")).await.unwrap();
+    let mut w = cms
+        .watch(&WatchParams::default().timeout(1), &rv_of(&c).to_string())
+        .await
+        .unwrap()
+        .boxed();
+    let mut bookmarks = Vec::new();
+    // The stream ends by itself after timeoutSeconds.
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(20), w.next())
+        .await
+        .unwrap()
+    {
+        if let WatchEvent::Bookmark(b) = ev.unwrap() {
+            bookmarks.push(b.metadata.resource_version);
+        }
+    }
+    assert!(!bookmarks.is_empty());
+    assert!(bookmarks.iter().all(|rv| *rv == rv_of(&c).to_string()));
+    // sendInitialEvents: ADDED for existing objects, then a bookmark marking the end.
+    let mut w = cms
+        .watch(&WatchParams::streaming_lists(), "")
+        .await
+        .unwrap()
+        .boxed();
+    let first = tokio::time::timeout(Duration::from_secs(10), w.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(describe(&first), ev("ADDED", "c1"));
+    let second = tokio::time::timeout(Duration::from_secs(10), w.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let WatchEvent::Bookmark(b) = second else {
+        panic!("expected the initial-events bookmark");
+    };
+    assert_eq!(
+        b.metadata
+            .annotations
+            .get("k8s.io/initial-events-end")
+            .map(String::as_str),
+        Some("true")
+    );
+}
+
+#[tokio::test]
+async fn runtime_watcher_lists_watches_and_recovers_after_dropped_watches() {
+    use kube::runtime::WatchStreamExt;
+    use kube::runtime::watcher::{self, Event};
+    let (emu, client) = setup().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    for n in ["a", "b", "c"] {
+        cms.create(&PostParams::default(), &cm(n)).await.unwrap();
+    }
+    let mut w = watcher::watcher(cms.clone(), watcher::Config::default().page_size(2))
+        .default_backoff()
+        .boxed();
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(10), w.next())
+            .await
+            .expect("a watcher event within 10 s")
+            .expect("the watcher runs")
+            .expect("no watcher error")
+    };
+    assert!(matches!(next().await, Event::Init));
+    let mut initial = Vec::new();
+    loop {
+        match next().await {
+            Event::InitApply(o) => initial.push(o.name_any()),
+            Event::InitDone => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(initial, vec!["a", "b", "c"]);
+    cms.create(&PostParams::default(), &cm("d")).await.unwrap();
+    assert!(matches!(next().await, Event::Apply(o) if o.name_any() == "d"));
+    let lists = emu.journal().count(|e| e.verb == Verb::List);
+    assert_eq!(lists, 2, "two pages");
+    emu.drop_watches();
+    cms.create(&PostParams::default(), &cm("e")).await.unwrap();
+    assert!(matches!(next().await, Event::Apply(o) if o.name_any() == "e"));
+    cms.delete("a", &DeleteParams::default()).await.unwrap();
+    assert!(matches!(next().await, Event::Delete(o) if o.name_any() == "a"));
+    // It re-watched from its resourceVersion instead of listing again.
+    assert_eq!(emu.journal().count(|e| e.verb == Verb::List), 2);
+    assert!(emu.journal().count(|e| e.verb == Verb::Watch) >= 2);
+}
+
+// ---------------------------------------------------------------- selectors
+
+#[tokio::test]
+async fn field_selectors_on_lists() {
+    let (_emu, client) = setup().await;
+    let pp = PostParams::default();
+    let default: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let other: Api<Pod> = Api::namespaced(client.clone(), "other");
+    let all: Api<Pod> = Api::all(client.clone());
+    default
+        .create(&pp, &pod("a", Some("n1"), json!({})))
+        .await
+        .unwrap();
+    default
+        .create(&pp, &pod("b", Some("n2"), json!({})))
+        .await
+        .unwrap();
+    default
+        .create(&pp, &pod("c", None, json!({})))
+        .await
+        .unwrap();
+    other
+        .create(&pp, &pod("a", Some("n1"), json!({})))
+        .await
+        .unwrap();
+    let names = |l: kube::api::ObjectList<Pod>| {
+        l.items
+            .iter()
+            .map(|p| format!("{}/{}", p.namespace().unwrap(), p.name_any()))
+            .collect::<Vec<_>>()
+    };
+    let q = |s: &str| ListParams::default().fields(s);
+    assert_eq!(
+        names(all.list(&q("metadata.name=a")).await.unwrap()),
+        vec!["default/a", "other/a"]
+    );
+    assert_eq!(
+        names(all.list(&q("metadata.namespace==other")).await.unwrap()),
+        vec!["other/a"]
+    );
+    assert_eq!(
+        names(all.list(&q("spec.nodeName=n1")).await.unwrap()),
+        vec!["default/a", "other/a"]
+    );
+    assert_eq!(
+        names(default.list(&q("spec.nodeName=")).await.unwrap()),
+        vec!["default/c"]
+    );
+    assert_eq!(
+        names(
+            default
+                .list(&q("spec.nodeName!=n1,metadata.name!=c"))
+                .await
+                .unwrap()
+        ),
+        vec!["default/b"]
+    );
+    let s = api_err(default.list(&q("spec.image=x")).await);
+    assert_eq!((s.code, s.reason.as_str()), (400, "BadRequest"));
+    assert!(
+        s.message.contains("field label not supported"),
+        "{}",
+        s.message
+    );
+    assert_eq!(api_err(default.list(&q("nonsense")).await).code, 400);
+    // spec.nodeName is a pod field only.
+    let nodes: Api<Node> = Api::all(client);
+    assert_eq!(api_err(nodes.list(&q("spec.nodeName=n1")).await).code, 400);
+}
+
+#[tokio::test]
+async fn label_selectors_with_every_operator() {
+    let (_emu, client) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    for (n, labels) in [
+        ("a", json!({"app": "x", "tier": "1"})),
+        ("b", json!({"app": "y", "tier": "2"})),
+        ("c", json!({"app": "z"})),
+        ("d", json!({})),
+    ] {
+        pods.create(&PostParams::default(), &pod(n, None, labels))
+            .await
+            .unwrap();
+    }
+    let sel = async |s: &str| -> Vec<String> {
+        pods.list(&ListParams::default().labels(s))
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|p| p.name_any())
+            .collect()
+    };
+    assert_eq!(sel("app=x").await, vec!["a"]);
+    assert_eq!(sel("app==y").await, vec!["b"]);
+    assert_eq!(sel("app!=x").await, vec!["b", "c", "d"]);
+    assert_eq!(sel("app in (x, z)").await, vec!["a", "c"]);
+    assert_eq!(sel("app notin (x,z)").await, vec!["b", "d"]);
+    assert_eq!(sel("tier").await, vec!["a", "b"]);
+    assert_eq!(sel("!tier").await, vec!["c", "d"]);
+    assert_eq!(sel("app,!tier").await, vec!["c"]);
+    assert_eq!(sel("tier>1").await, vec!["b"]);
+    for bad in [
+        "app in x",
+        "app=(x)",
+        "=x",
+        "app in (x",
+        "a b",
+        "app,",
+        "bad key=x",
+    ] {
+        let s = api_err(pods.list(&ListParams::default().labels(bad)).await);
+        assert_eq!((s.code, s.reason.as_str()), (400, "BadRequest"), "{bad}");
+    }
+}
+
+#[tokio::test]
+async fn list_pages_with_continue_tokens() {
+    let (_emu, client) = setup().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    for i in 0..5 {
+        cms.create(&PostParams::default(), &cm(&format!("c{i}")))
+            .await
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut lp = ListParams::default().limit(2);
+    let mut first_rv = None;
+    loop {
+        let page = cms.list(&lp).await.unwrap();
+        assert!(page.items.len() <= 2);
+        first_rv.get_or_insert(page.metadata.resource_version.clone());
+        assert_eq!(Some(&page.metadata.resource_version), first_rv.as_ref());
+        seen.extend(page.items.iter().map(|c| c.name_any()));
+        match page.metadata.continue_ {
+            Some(t) if !t.is_empty() => lp = lp.continue_token(&t),
+            _ => break,
+        }
+    }
+    assert_eq!(seen, vec!["c0", "c1", "c2", "c3", "c4"]);
+}
+
+// ---------------------------------------------------------------- eviction
+
+fn pdb(name: &str, spec: Value) -> PodDisruptionBudget {
+    serde_json::from_value(json!({
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": { "name": name },
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+async fn evict(pods: &Api<Pod>, name: &str) -> Result<Status, kube::Error> {
+    pods.evict(name, &EvictParams::default()).await
+}
+
+#[tokio::test]
+async fn eviction_blocked_by_the_agones_pdb() {
+    let (_emu, client) = setup_no_retry().await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
+    pdbs.create(
+        &PostParams::default(),
+        &pdb(
+            "agones-gameserver-safe-to-evict-false",
+            json!({"maxUnavailable": "0%", "selector": {"matchLabels": {"agones.dev/safe-to-evict": "false"}}}),
+        ),
+    )
+    .await
+    .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &pod(
+            "gs-1",
+            Some("n1"),
+            json!({"agones.dev/safe-to-evict": "false"}),
+        ),
+    )
+    .await
+    .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &pod(
+            "gs-2",
+            Some("n1"),
+            json!({"agones.dev/safe-to-evict": "true"}),
+        ),
+    )
+    .await
+    .unwrap();
+    let s = api_err(evict(&pods, "gs-1").await);
+    assert_eq!((s.code, s.reason.as_str()), (429, "TooManyRequests"));
+    assert_eq!(
+        s.message,
+        "Cannot evict pod as it would violate the pod's disruption budget."
+    );
+    let causes = s.details.unwrap().causes;
+    assert_eq!(causes.len(), 1);
+    assert_eq!(causes[0].reason, "DisruptionBudget");
+    assert_eq!(
+        causes[0].message,
+        "The disruption budget agones-gameserver-safe-to-evict-false needs 1 healthy pods and has 1 currently"
+    );
+    let still = pods.get("gs-1").await.unwrap();
+    assert!(still.metadata.deletion_timestamp.is_none());
+    // Not selected by the PDB: evicted.
+    let ok = evict(&pods, "gs-2").await.unwrap();
+    assert!(ok.is_success());
+    assert!(
+        pods.get("gs-2")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+}
+
+#[tokio::test]
+async fn eviction_without_pdb_deletes_with_the_requested_grace() {
+    let (emu, client) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    pods.create(&PostParams::default(), &pod("p1", Some("n1"), json!({})))
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &pod("p2", None, json!({})))
+        .await
+        .unwrap();
+    // kube's `evict` loses delete options (see toolchain.md); post a policy/v1 Eviction.
+    let body = json!({
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": { "name": "p1", "namespace": "default" },
+        "deleteOptions": { "gracePeriodSeconds": 7 },
+    });
+    let s: Status = pods
+        .create_subresource("eviction", "p1", &PostParams::default(), &body)
+        .await
+        .unwrap();
+    assert!(s.is_success());
+    let p1 = pods.get("p1").await.unwrap();
+    assert!(p1.metadata.deletion_timestamp.is_some());
+    assert_eq!(p1.metadata.deletion_grace_period_seconds, Some(7));
+    // The HTTP status is 201.
+    let created = emu
+        .journal()
+        .filter(|e| e.subresource.as_deref() == Some("eviction"));
+    assert_eq!(created.last().unwrap().status, 201);
+    evict(&pods, "p2").await.unwrap();
+    assert_eq!(api_err(pods.get("p2").await).code, 404);
+    let s = api_err(evict(&pods, "missing").await);
+    assert_eq!((s.code, s.reason.as_str()), (404, "NotFound"));
+}
+
+async fn budget_case(spec: Value, pods_n: usize) -> Vec<u16> {
+    let (_emu, client) = setup_no_retry().await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
+    let mut spec = spec;
+    spec["selector"] = json!({"matchLabels": {"app": "x"}});
+    pdbs.create(&PostParams::default(), &pdb("budget", spec))
+        .await
+        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &pod("unrelated", Some("n1"), json!({"app": "y"})),
+    )
+    .await
+    .unwrap();
+    for i in 0..pods_n {
+        pods.create(
+            &PostParams::default(),
+            &pod(&format!("p{i}"), Some("n1"), json!({"app": "x"})),
+        )
+        .await
+        .unwrap();
+    }
+    let mut codes = Vec::new();
+    for i in 0..pods_n {
+        codes.push(match evict(&pods, &format!("p{i}")).await {
+            Ok(_) => 201,
+            Err(kube::Error::Api(s)) => {
+                assert_eq!(s.reason, "TooManyRequests");
+                s.code
+            }
+            Err(e) => panic!("{e}"),
+        });
+    }
+    codes
+}
+
+#[tokio::test]
+async fn eviction_budgets_count_healthy_pods() {
+    // maxUnavailable 1 of 3: one eviction, then blocked (the evicted pod is terminating).
+    assert_eq!(
+        budget_case(json!({"maxUnavailable": 1}), 3).await,
+        vec![201, 429, 429]
+    );
+    // maxUnavailable 50% of 3 rounds up to 2.
+    assert_eq!(
+        budget_case(json!({"maxUnavailable": "50%"}), 3).await,
+        vec![201, 201, 429]
+    );
+    // minAvailable 2 of 3.
+    assert_eq!(
+        budget_case(json!({"minAvailable": 2}), 3).await,
+        vec![201, 429, 429]
+    );
+    // minAvailable 50% of 3 rounds up to 2.
+    assert_eq!(
+        budget_case(json!({"minAvailable": "50%"}), 3).await,
+        vec![201, 429, 429]
+    );
+    // minAvailable 0 never blocks.
+    assert_eq!(
+        budget_case(json!({"minAvailable": 0}), 2).await,
+        vec![201, 201]
+    );
+}
+
+#[tokio::test]
+async fn eviction_of_unready_pods_follows_the_unhealthy_pod_policy() {
+    let (_emu, client) = setup_no_retry().await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
+    pdbs.create(
+        &PostParams::default(),
+        &pdb(
+            "one",
+            json!({"minAvailable": 1, "selector": {"matchLabels": {"app": "x"}}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let mut unready = pod("unready", Some("n1"), json!({"app": "x"}));
+    unready
+        .status
+        .as_mut()
+        .unwrap()
+        .conditions
+        .as_mut()
+        .unwrap()[0]
+        .status = "False".into();
+    pods.create(&PostParams::default(), &unready).await.unwrap();
+    pods.create(
+        &PostParams::default(),
+        &pod("ready", Some("n1"), json!({"app": "x"})),
+    )
+    .await
+    .unwrap();
+    // IfHealthyBudget: the budget is met (1 healthy of 1 needed), so the unready pod may go.
+    evict(&pods, "unready").await.unwrap();
+    // The last healthy pod may not.
+    let s = api_err(evict(&pods, "ready").await);
+    assert_eq!(s.code, 429);
+    assert_eq!(
+        s.details.unwrap().causes[0].message,
+        "The disruption budget one needs 1 healthy pods and has 1 currently"
+    );
+}
+
+// ---------------------------------------------------------------- discovery, journal, faults
+
+#[tokio::test]
+async fn discovery_finds_every_served_type() {
+    let (_emu, client) = setup().await;
+    let d = kube::discovery::Discovery::new(client.clone())
+        .run()
+        .await
+        .unwrap();
+    let (ar, caps) = d
+        .resolve_gvk(&GroupVersionKind::gvk("agones.dev", "v1", "GameServer"))
+        .expect("GameServer discovered");
+    assert_eq!(ar.plural, "gameservers");
+    assert!(caps.supports_operation(kube::discovery::verbs::WATCH));
+    assert_eq!(caps.scope, kube::discovery::Scope::Namespaced);
+    for (g, v, k) in [
+        ("", "v1", "Pod"),
+        ("", "v1", "Node"),
+        ("policy", "v1", "PodDisruptionBudget"),
+        ("events.k8s.io", "v1", "Event"),
+        ("coordination.k8s.io", "v1", "Lease"),
+        ("agones.dev", "v1", "Fleet"),
+    ] {
+        assert!(
+            d.resolve_gvk(&GroupVersionKind::gvk(g, v, k)).is_some(),
+            "{g}/{v} {k}"
+        );
+    }
+    let info = client.apiserver_version().await.unwrap();
+    assert_eq!(info.major, "1");
+}
+
+#[tokio::test]
+async fn journal_records_requests_per_identity() {
+    let (emu, _client) = setup().await;
+    let agent = emu.client_as("agent-7").await.unwrap();
+    let pods: Api<Pod> = Api::default_namespaced(agent.clone());
+    let cms: Api<ConfigMap> = Api::default_namespaced(agent);
+    emu.journal().clear();
+    assert_eq!(api_err(pods.get("nope").await).code, 404);
+    pods.list(&ListParams::default().labels("a=b"))
+        .await
+        .unwrap();
+    cms.create(&PostParams::default(), &cm("c1")).await.unwrap();
+    let e = emu.journal().entries();
+    assert_eq!(e.len(), 3);
+    assert_eq!(e[0].identity.as_deref(), Some("agent-7"));
+    assert_eq!(
+        (e[0].verb, e[0].method.as_str(), e[0].status),
+        (Verb::Get, "GET", 404)
+    );
+    assert_eq!(e[0].path, "/api/v1/namespaces/default/pods/nope");
+    assert_eq!(
+        (
+            e[0].resource.as_deref(),
+            e[0].namespace.as_deref(),
+            e[0].name.as_deref()
+        ),
+        (Some("pods"), Some("default"), Some("nope"))
+    );
+    assert_eq!((e[1].verb, e[1].status), (Verb::List, 200));
+    assert!(e[1].query.contains("labelSelector=a%3Db"), "{}", e[1].query);
+    assert_eq!((e[2].verb, e[2].status), (Verb::Create, 201));
+    assert!(e[0].seq < e[1].seq && e[1].seq < e[2].seq);
+    assert_eq!(emu.journal().mutating_count(), 1);
+    assert_eq!(emu.journal().requests_for("agent-7"), 3);
+    assert!(emu.journal().bytes_for("agent-7") > 0);
+    assert_eq!(emu.journal().bytes_for("someone-else"), 0);
+    // Watch events are counted per identity.
+    let mut w = cms
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    assert_eq!(describe(&next_event(&mut w).await), ev("ADDED", "c1"));
+    assert!(emu.journal().watch_events_for("agent-7") >= 1);
+    assert_eq!(emu.journal().count(|e| e.verb == Verb::Watch), 1);
+}
+
+#[tokio::test]
+async fn injected_faults_fail_or_delay_the_next_matching_requests() {
+    let (emu, client) = setup_no_retry().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    cms.create(&PostParams::default(), &cm("c1")).await.unwrap();
+    emu.faults().inject(FaultRule::status(
+        Some(Method::GET),
+        "/configmaps/c1",
+        2,
+        500,
+    ));
+    for _ in 0..2 {
+        let s = api_err(cms.get("c1").await);
+        assert_eq!((s.code, s.reason.as_str()), (500, "InternalError"));
+    }
+    assert!(cms.get("c1").await.is_ok());
+    // Method filter: a PATCH is not affected by a GET rule.
+    emu.faults().inject(FaultRule {
+        method: Some(Method::GET),
+        path_contains: "/configmaps/c1".into(),
+        times: 1,
+        action: FaultAction::Status(429),
+    });
+    cms.patch(
+        "c1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "2"}})),
+    )
+    .await
+    .unwrap();
+    let s = api_err(cms.get("c1").await);
+    assert_eq!((s.code, s.reason.as_str()), (429, "TooManyRequests"));
+    assert_eq!(emu.faults().pending(), 0);
+    // Delays hold the request, then serve it.
+    let delay = Duration::from_millis(300);
+    emu.faults()
+        .inject(FaultRule::delay(None, "/configmaps/c1", 1, delay));
+    let t0 = std::time::Instant::now();
+    assert_eq!(cms.get("c1").await.unwrap().data.unwrap()["k"], "2");
+    assert!(t0.elapsed() >= delay);
+    assert_eq!(emu.faults().pending(), 0);
+    let failed = emu.journal().count(|e| e.status == 500);
+    assert_eq!(failed, 2);
+    // kube's default client retries a 503 by itself: two requests, one success.
+    let retrying: Api<ConfigMap> =
+        Api::default_namespaced(emu.client_as("retrying").await.unwrap());
+    emu.faults()
+        .inject(FaultRule::status(None, "/configmaps/c1", 1, 503));
+    assert!(retrying.get("c1").await.is_ok());
+    let statuses: Vec<u16> = emu
+        .journal()
+        .filter(|e| e.identity.as_deref() == Some("retrying"))
+        .iter()
+        .map(|e| e.status)
+        .collect();
+    assert_eq!(statuses, vec![503, 200]);
+}
+
+// ---------------------------------------------------------------- Agones, events, status
+
+fn gs_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("agones.dev", "v1", "GameServer"))
+}
+
+fn gameserver(name: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "agones.dev/v1",
+        "kind": "GameServer",
+        "metadata": { "name": name },
+        "spec": { "ports": [{ "name": "default", "containerPort": 7654 }], "eviction": { "safe": "OnUpgrade" } },
+        "status": { "state": "Ready", "nodeName": "n1" },
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn gameserver_status_travels_with_the_object() {
+    let (emu, client) = setup().await;
+    let gs: Api<DynamicObject> = Api::default_namespaced_with(client, &gs_resource());
+    let created = gs
+        .create(&PostParams::default(), &gameserver("gs1"))
+        .await
+        .unwrap();
+    assert_eq!(created.data["status"]["state"], "Ready");
+    let mut allocated = gs.get("gs1").await.unwrap();
+    allocated.data["status"]["state"] = json!("Allocated");
+    let stored = gs
+        .replace("gs1", &PostParams::default(), &allocated)
+        .await
+        .unwrap();
+    assert_eq!(stored.data["status"]["state"], "Allocated");
+    // A second allocator holding the old version loses.
+    let mut late = created.clone();
+    late.data["status"]["state"] = json!("Allocated");
+    let s = api_err(gs.replace("gs1", &PostParams::default(), &late).await);
+    assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
+    assert_eq!(s.details.unwrap().group, "agones.dev");
+    assert!(
+        s.message.contains("gameservers.agones.dev \"gs1\""),
+        "{}",
+        s.message
+    );
+    let in_store = emu
+        .store()
+        .get(&GAMESERVERS, Some("default"), "gs1")
+        .unwrap();
+    assert_eq!(in_store["status"]["state"], "Allocated");
+    assert_eq!(in_store["metadata"]["generation"], 2);
+    assert_eq!(
+        gs.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn event_recorder_creates_then_patches_events() {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let (emu, client) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let p = pods
+        .create(&PostParams::default(), &pod("p1", None, json!({})))
+        .await
+        .unwrap();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "lastcall".into(),
+            instance: None,
+        },
+    );
+    let reference = kube::Resource::object_ref(&p, &());
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "Draining".into(),
+        note: Some("node is going away".into()),
+        action: "Drain".into(),
+        secondary: None,
+    };
+    recorder.publish(&event, &reference).await.unwrap();
+    recorder.publish(&event, &reference).await.unwrap();
+    let path = "/apis/events.k8s.io/v1/namespaces/default/events";
+    assert_eq!(
+        emu.journal()
+            .count(|e| e.path == path && e.verb == Verb::Create && e.status == 201),
+        1
+    );
+    assert_eq!(
+        emu.journal()
+            .count(|e| e.path.starts_with(path) && e.verb == Verb::Patch && e.status == 200),
+        1
+    );
+    let (events, _) = emu.store().list(&EVENTS_K8S, Some("default"));
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0]["series"]["count"], 2);
+    assert_eq!(events[0]["regarding"]["name"], "p1");
+    // Core v1 events accept create and patch too.
+    let core: Api<k8s_openapi::api::core::v1::Event> = Api::default_namespaced(client);
+    let e: k8s_openapi::api::core::v1::Event = serde_json::from_value(json!({
+        "metadata": { "name": "p1.1" },
+        "involvedObject": { "kind": "Pod", "name": "p1", "namespace": "default" },
+        "reason": "Draining",
+        "count": 1,
+    }))
+    .unwrap();
+    core.create(&PostParams::default(), &e).await.unwrap();
+    let patched = core
+        .patch(
+            "p1.1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"count": 2})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.count, Some(2));
+    let listed = core
+        .list(&ListParams::default().fields("involvedObject.name=p1"))
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 1);
+}
+
+#[tokio::test]
+async fn status_subresource_and_nodes() {
+    let (emu, client) = setup().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    nodes
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .unwrap();
+    let cordoned = nodes
+        .list(&ListParams::default().fields("spec.unschedulable=true"))
+        .await
+        .unwrap();
+    assert_eq!(cordoned.items.len(), 1);
+    let n = nodes
+        .patch_status(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(n.status.unwrap().conditions.unwrap()[0].type_, "Ready");
+    let stored = emu.store().get(&NODES, None, "n1").unwrap();
+    assert_eq!(stored["status"]["conditions"][0]["status"], "True");
+    let e = emu
+        .journal()
+        .filter(|e| e.subresource.as_deref() == Some("status"));
+    assert_eq!((e.len(), e[0].verb), (1, Verb::Patch));
+    // Pods created without status start Pending, as on a real server.
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    let mut bare = pod("bare", None, json!({}));
+    bare.status = None;
+    let created = pods.create(&PostParams::default(), &bare).await.unwrap();
+    assert_eq!(created.status.unwrap().phase.as_deref(), Some("Pending"));
+}
+
+#[tokio::test]
+async fn store_modify_is_atomic_and_skips_no_ops() {
+    let store = Store::new(100);
+    let created = store
+        .create(
+            &PODS,
+            Some("default"),
+            serde_json::to_value(pod("p1", Some("n1"), json!({}))).unwrap(),
+        )
+        .unwrap();
+    let mut sub = store.subscribe();
+    let rv = store.resource_version();
+    let same = store
+        .modify(&PODS, Some("default"), "p1", |_| Ok(()))
+        .unwrap();
+    assert_eq!(same, created);
+    assert_eq!(store.resource_version(), rv);
+    let changed = store
+        .modify(&PODS, Some("default"), "p1", |o| {
+            o["status"]["phase"] = json!("Succeeded");
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(changed["metadata"]["resourceVersion"], (rv + 1).to_string());
+    let e = sub.recv().await.unwrap();
+    assert_eq!((e.rv, e.name.as_str()), (rv + 1, "p1"));
+    assert_eq!(e.old.as_ref().unwrap()["status"]["phase"], "Running");
+    // A closure error leaves the object alone.
+    let err = store
+        .modify(&PODS, Some("default"), "p1", |_| {
+            Err(lastcall_testkit::kube::ApiError::bad_request("no"))
+        })
+        .unwrap_err();
+    assert_eq!(err.code, 400);
+    assert_eq!(store.resource_version(), rv + 1);
+    assert_eq!(store.events_since(rv).unwrap().len(), 1);
+}
+
+// ---------------------------------------------------------------- the binary
+
+#[tokio::test]
+async fn binary_writes_a_kubeconfig_serves_and_exits_zero_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig.yaml");
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lastcall-kube-emulator"))
+        .args(["--listen", "127.0.0.1:0", "--kubeconfig-out"])
+        .arg(&kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let path = kubeconfig.clone();
+    wait_for("the emulator writes its kubeconfig", || {
+        let path = path.clone();
+        async move { path.exists().then_some(()) }
+    })
+    .await;
+    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap();
+    let client = Client::try_from(config).unwrap();
+    let nodes: Api<Node> = Api::all(client);
+    assert!(
+        nodes
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    let pid = child.id().unwrap();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .expect("the emulator exits after SIGTERM")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.starts_with("http://127.0.0.1:"), "{stdout}");
+}
