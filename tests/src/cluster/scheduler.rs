@@ -1,0 +1,329 @@
+//! The scheduler: binds pending pods to nodes that can take them.
+//!
+//! A node fits a pod when it is Ready, not cordoned, every NoSchedule/NoExecute taint on
+//! it is tolerated, and its labels match the pod's nodeSelector. Among the fitting nodes
+//! the one with the fewest pods wins, ties broken by name, so a scenario always lands the
+//! same way. Binding also starts the pod (the kubelet start is instant in this model).
+//! A pod that fits nowhere stays Pending with `PodScheduled=False`, like the real one.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use crate::kube::resources::{NODES, PODS};
+use crate::kube::store::{Store, now_rfc3339};
+
+use super::objects::{NodeInfo, PodInfo, PodPhase, TaintEffect, tolerating};
+use super::writes::{list_parsed, object_at, report, set_condition};
+
+/// Why a node does not fit a pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Unfit {
+    /// `spec.unschedulable` (cordoned).
+    Cordoned,
+    /// The node is not Ready.
+    NotReady,
+    /// A NoSchedule or NoExecute taint the pod does not tolerate.
+    UntoleratedTaint,
+    /// The node's labels do not match `spec.nodeSelector`.
+    NodeSelector,
+}
+
+impl Unfit {
+    /// The phrase kube-scheduler uses in its `FailedScheduling` message.
+    fn phrase(self) -> &'static str {
+        match self {
+            Unfit::Cordoned => "node(s) were unschedulable",
+            Unfit::NotReady => "node(s) were not ready",
+            Unfit::UntoleratedTaint => "node(s) had untolerated taint(s)",
+            Unfit::NodeSelector => "node(s) didn't match Pod's node affinity/selector",
+        }
+    }
+}
+
+/// Whether `node` can run `pod`; the first reason it cannot.
+pub fn fits(node: &NodeInfo, pod: &PodInfo) -> Result<(), Unfit> {
+    if node.unschedulable {
+        return Err(Unfit::Cordoned);
+    }
+    if node.ready != Some(true) {
+        return Err(Unfit::NotReady);
+    }
+    let blocking = node
+        .taints
+        .iter()
+        .filter(|(_, e)| matches!(e, TaintEffect::NoSchedule | TaintEffect::NoExecute));
+    for (taint, _) in blocking {
+        if tolerating(&pod.tolerations, taint).is_none() {
+            return Err(Unfit::UntoleratedTaint);
+        }
+    }
+    if pod
+        .node_selector
+        .iter()
+        .any(|(k, v)| node.labels.get(k) != Some(v))
+    {
+        return Err(Unfit::NodeSelector);
+    }
+    Ok(())
+}
+
+/// The node `pod` goes to: the fitting node with the fewest pods, ties by name; otherwise
+/// the kube-scheduler style message saying why none fits.
+pub fn pick<'a>(
+    nodes: &'a [NodeInfo],
+    load: &BTreeMap<String, usize>,
+    pod: &PodInfo,
+) -> Result<&'a NodeInfo, String> {
+    let mut unfit: BTreeMap<Unfit, usize> = BTreeMap::new();
+    let mut best: Option<(&NodeInfo, usize)> = None;
+    for node in nodes {
+        match fits(node, pod) {
+            Ok(()) => {
+                let n = load.get(&node.name).copied().unwrap_or(0);
+                let better = match best {
+                    None => true,
+                    Some((b, bn)) => (n, &node.name) < (bn, &b.name),
+                };
+                if better {
+                    best = Some((node, n));
+                }
+            }
+            Err(why) => *unfit.entry(why).or_default() += 1,
+        }
+    }
+    match best {
+        Some((node, _)) => Ok(node),
+        None => {
+            let reasons: Vec<String> = unfit
+                .iter()
+                .map(|(why, n)| format!("{n} {}", why.phrase()))
+                .collect();
+            let mut msg = format!("0/{} nodes are available", nodes.len());
+            if !reasons.is_empty() {
+                msg.push_str(": ");
+                msg.push_str(&reasons.join(", "));
+            }
+            msg.push('.');
+            Err(msg)
+        }
+    }
+}
+
+/// One scheduling pass over every pending pod.
+pub(crate) fn run(store: &Store) {
+    let nodes: Vec<NodeInfo> = list_parsed(store, &NODES, NodeInfo::parse)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    let pods: Vec<PodInfo> = list_parsed(store, &PODS, PodInfo::parse)
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    let mut load: BTreeMap<String, usize> = BTreeMap::new();
+    for pod in &pods {
+        if let Some(node) = &pod.node
+            && !pod.phase.is_finished()
+        {
+            *load.entry(node.clone()).or_default() += 1;
+        }
+    }
+    for pod in pods
+        .iter()
+        .filter(|p| p.node.is_none() && !p.deleting && p.phase == PodPhase::Pending)
+    {
+        match pick(&nodes, &load, pod) {
+            Ok(node) => {
+                if bind(store, pod, node) {
+                    *load.entry(node.name.clone()).or_default() += 1;
+                }
+            }
+            Err(message) => mark_unschedulable(store, pod, &message),
+        }
+    }
+}
+
+/// Binds and starts the pod, unless it changed meanwhile (bound elsewhere, deleted).
+fn bind(store: &Store, pod: &PodInfo, node: &NodeInfo) -> bool {
+    let uid = pod.uid.clone();
+    let res = store.modify(&PODS, Some(&pod.namespace), &pod.name, |obj| {
+        let still_pending = obj.pointer("/metadata/uid").and_then(Value::as_str)
+            == Some(uid.as_str())
+            && obj.pointer("/metadata/deletionTimestamp").is_none()
+            && obj
+                .pointer("/spec/nodeName")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty);
+        if !still_pending {
+            return Ok(());
+        }
+        start_on(obj, node);
+        Ok(())
+    });
+    report("bind pod", &pod.namespace, &pod.name, res)
+}
+
+/// Sets what binding plus an instant container start leave on a pod.
+fn start_on(obj: &mut Value, node: &NodeInfo) {
+    let now = now_rfc3339();
+    object_at(obj, &["spec"]).insert("nodeName".into(), json!(node.name));
+    let containers: Vec<String> = obj
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .map(|cs| {
+            cs.iter()
+                .filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    {
+        let status = object_at(obj, &["status"]);
+        status.insert("phase".into(), json!("Running"));
+        status.insert("startTime".into(), json!(now));
+        if let Some(ip) = &node.internal_ip {
+            status.insert("hostIP".into(), json!(ip));
+            status.insert("hostIPs".into(), json!([{ "ip": ip }]));
+        }
+        let statuses: Vec<Value> = containers
+            .iter()
+            .map(|name| {
+                json!({
+                    "name": name,
+                    "ready": true,
+                    "started": true,
+                    "restartCount": 0,
+                    "image": "",
+                    "imageID": "",
+                    "state": { "running": { "startedAt": now } },
+                })
+            })
+            .collect();
+        status.insert("containerStatuses".into(), json!(statuses));
+    }
+    for type_ in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
+        set_condition(obj, type_, "True", "", "");
+    }
+}
+
+fn mark_unschedulable(store: &Store, pod: &PodInfo, message: &str) {
+    let uid = pod.uid.clone();
+    let res = store.modify(&PODS, Some(&pod.namespace), &pod.name, |obj| {
+        if obj.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid.as_str())
+            || obj
+                .pointer("/spec/nodeName")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty())
+        {
+            return Ok(());
+        }
+        set_condition(obj, "PodScheduled", "False", "Unschedulable", message);
+        Ok(())
+    });
+    report("mark pod unschedulable", &pod.namespace, &pod.name, res);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Taint, Toleration};
+
+    fn node(name: &str) -> NodeInfo {
+        NodeInfo {
+            name: name.into(),
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
+            unschedulable: false,
+            ready: Some(true),
+            internal_ip: None,
+        }
+    }
+
+    fn pod() -> PodInfo {
+        PodInfo {
+            namespace: "default".into(),
+            name: "p".into(),
+            uid: "u".into(),
+            node: None,
+            phase: PodPhase::Pending,
+            deleting: false,
+            grace_seconds: None,
+            tolerations: Vec::new(),
+            node_selector: BTreeMap::new(),
+            owner_gameserver_uid: None,
+            containers_terminated: false,
+        }
+    }
+
+    fn taint(key: &str, effect: TaintEffect, name: &str) -> (Taint, TaintEffect) {
+        (
+            Taint {
+                key: key.into(),
+                value: Some("true".into()),
+                effect: name.into(),
+                time_added: None,
+            },
+            effect,
+        )
+    }
+
+    #[test]
+    fn picks_least_loaded_then_name() {
+        let nodes = vec![node("b"), node("a"), node("c")];
+        let mut load = BTreeMap::new();
+        assert_eq!(
+            pick(&nodes, &load, &pod()).map(|n| n.name.as_str()),
+            Ok("a")
+        );
+        load.insert("a".to_string(), 2);
+        load.insert("b".to_string(), 1);
+        assert_eq!(
+            pick(&nodes, &load, &pod()).map(|n| n.name.as_str()),
+            Ok("c")
+        );
+    }
+
+    #[test]
+    fn filters_cordon_taints_selector_and_readiness() {
+        let mut cordoned = node("a");
+        cordoned.unschedulable = true;
+        let mut tainted = node("b");
+        tainted
+            .taints
+            .push(taint("k", TaintEffect::NoSchedule, "NoSchedule"));
+        let mut soft = node("c");
+        soft.taints.push(taint(
+            "k",
+            TaintEffect::PreferNoSchedule,
+            "PreferNoSchedule",
+        ));
+        let mut not_ready = node("d");
+        not_ready.ready = Some(false);
+        assert_eq!(fits(&cordoned, &pod()), Err(Unfit::Cordoned));
+        assert_eq!(fits(&tainted, &pod()), Err(Unfit::UntoleratedTaint));
+        assert_eq!(fits(&soft, &pod()), Ok(()));
+        assert_eq!(fits(&not_ready, &pod()), Err(Unfit::NotReady));
+
+        let mut tolerant = pod();
+        tolerant.tolerations.push(Toleration {
+            key: Some("k".into()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        });
+        assert_eq!(fits(&tainted, &tolerant), Ok(()));
+
+        let mut picky = pod();
+        picky.node_selector.insert("pool".into(), "game".into());
+        assert_eq!(fits(&node("e"), &picky), Err(Unfit::NodeSelector));
+        let mut labelled = node("e");
+        labelled.labels.insert("pool".into(), "game".into());
+        assert_eq!(fits(&labelled, &picky), Ok(()));
+
+        let msg = pick(&[cordoned, tainted], &BTreeMap::new(), &pod()).err();
+        assert_eq!(
+            msg.as_deref(),
+            Some(
+                "0/2 nodes are available: 1 node(s) were unschedulable, 1 node(s) had untolerated taint(s)."
+            )
+        );
+    }
+}
