@@ -1,1 +1,19 @@
-pub fn placeholder() {}
+//! lastcall-pubsub: polls GameLift FleetIQ for the viability of every game-server instance
+//! and publishes each status on Redis, as a drop-in for the original FleetIQ adapter's pubsub
+//! app (same channel, same message bytes, same groups file) without its failure modes.
+//!
+//! Layers, each usable on its own: [`config`] (flags and env), [`groups`] (the groups file),
+//! [`poller`] (GameLift paging and backoff), [`publisher`] (pipelined Redis writes),
+//! [`metrics`], and [`run`] (the cycle, the loop and the process).
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod groups;
+pub mod metrics;
+pub mod poller;
+pub mod publisher;
+pub mod run;
+
+pub use config::Config;
+pub use poller::gamelift_client;
+pub use run::{CycleReport, Pubsub};

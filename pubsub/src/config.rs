@@ -1,0 +1,301 @@
+//! Every setting of the pubsub service: one `Config`, from flags and environment variables.
+//!
+//! All validation lives in clap value parsers, so a bad value is rejected at start with exit
+//! code 2 and a message naming the flag, before any I/O. The original adapter's names
+//! (`REDIS_URL`, `AWS_REGION`, the `/etc/fleetiq/fleetiq.conf` path) are kept.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Parser};
+use lastcall_common::duration::parse_duration;
+use lastcall_common::redis_url::RedisTarget;
+
+/// GameLift advises refreshing `DescribeGameServerInstances` no more than once every 10 s.
+pub const MIN_PERIOD: Duration = Duration::from_secs(10);
+
+/// Polls GameLift FleetIQ for the viability of every game-server instance and publishes each
+/// status on Redis (channel = instance id), caching the last value under
+/// `lastcall:status:<instance-id>`.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "lastcall-pubsub", version)]
+pub struct Config {
+    /// Game server groups file (the `fleetiqconfig` ConfigMap format,
+    /// `{"GameServerGroups": [...]}`). Re-read every cycle; an invalid edit keeps the last
+    /// good list.
+    #[arg(
+        long,
+        env = "FLEETIQ_CONFIG",
+        default_value = "/etc/fleetiq/fleetiq.conf"
+    )]
+    pub config_file: PathBuf,
+
+    /// Time between the starts of two polling cycles (e.g. 60s, 2m). At least 10s, GameLift's
+    /// advised minimum.
+    #[arg(long, env = "LASTCALL_PUBSUB_PERIOD", default_value = "60s", value_parser = parse_period)]
+    pub period: Duration,
+
+    /// Extra random delay (0..this) added before each cycle, so replicas and restarts do not
+    /// poll in lockstep.
+    #[arg(long, env = "LASTCALL_PUBSUB_CYCLE_JITTER", default_value = "5s", value_parser = parse_duration)]
+    pub cycle_jitter: Duration,
+
+    /// Redis to publish to: `host[:port][/db]` (the original form), `redis://[user:pass@]host[:port][/db]`
+    /// or `rediss://…` for TLS.
+    #[arg(long, env = "REDIS_URL", value_parser = parse_redis)]
+    pub redis_url: RedisTarget,
+
+    /// AWS region of the game server groups. Unset: the SDK's default chain (profile, IMDS).
+    #[arg(long, env = "AWS_REGION", value_parser = parse_region)]
+    pub aws_region: Option<String>,
+
+    /// GameLift endpoint override (`http://` or `https://`), e.g. a VPC endpoint or a test
+    /// emulator.
+    #[arg(long, env = "AWS_ENDPOINT_URL_GAMELIFT", value_parser = parse_endpoint)]
+    pub gamelift_endpoint: Option<String>,
+
+    /// Address of the admin HTTP server (`/metrics`, `/healthz`, `/readyz`).
+    #[arg(long, env = "LASTCALL_PUBSUB_LISTEN", default_value = "0.0.0.0:9090")]
+    pub listen: SocketAddr,
+
+    /// Publish every instance every cycle, as the original did. `--publish-unchanged=false`
+    /// publishes only statuses that changed since the last successful publish; the cache
+    /// key is refreshed either way.
+    #[arg(
+        long,
+        env = "LASTCALL_PUBSUB_PUBLISH_UNCHANGED",
+        default_value_t = true,
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = BoolishValueParser::new(),
+    )]
+    pub publish_unchanged: bool,
+
+    /// TTL of the cached last value, in periods (TTL = this × --period).
+    #[arg(long, env = "LASTCALL_PUBSUB_CACHE_TTL_PERIODS", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub cache_ttl_periods: u32,
+
+    /// Groups polled at the same time.
+    #[arg(long, env = "LASTCALL_PUBSUB_CONCURRENCY", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub concurrency: u16,
+
+    /// First backoff ceiling after a throttled, timed-out or 5xx GameLift call; doubles per
+    /// retry (full jitter).
+    #[arg(long, env = "LASTCALL_PUBSUB_RETRY_BASE", default_value = "1s", value_parser = parse_positive)]
+    pub retry_base: Duration,
+
+    /// Largest backoff between two GameLift attempts.
+    #[arg(long, env = "LASTCALL_PUBSUB_RETRY_MAX", default_value = "20s", value_parser = parse_positive)]
+    pub retry_max: Duration,
+
+    /// Attempts per GameLift page before the group is given up for this cycle.
+    #[arg(long, env = "LASTCALL_PUBSUB_API_MAX_ATTEMPTS", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub api_max_attempts: u32,
+
+    /// Timeout of one GameLift attempt.
+    #[arg(long, env = "LASTCALL_PUBSUB_API_TIMEOUT", default_value = "10s", value_parser = parse_positive)]
+    pub api_timeout: Duration,
+
+    /// Most GameLift calls (retries included) in one cycle; groups left when it runs out
+    /// fail for this cycle. Guards the account's API quota against a runaway loop.
+    #[arg(long, env = "LASTCALL_PUBSUB_API_BUDGET", default_value_t = 2000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub api_budget: u32,
+
+    /// Instances per pipelined Redis round trip (each instance is a PUBLISH and a SET).
+    #[arg(long, env = "LASTCALL_PUBSUB_PUBLISH_BATCH", default_value_t = 2000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub publish_batch: u32,
+
+    /// Connect and response timeout of one Redis round trip.
+    #[arg(long, env = "LASTCALL_PUBSUB_REDIS_TIMEOUT", default_value = "5s", value_parser = parse_positive)]
+    pub redis_timeout: Duration,
+
+    /// First backoff after a failed Redis round trip; while backing off, publishing is
+    /// skipped (and counted) instead of stalling the cycle.
+    #[arg(long, env = "LASTCALL_PUBSUB_REDIS_RETRY_BASE", default_value = "1s", value_parser = parse_positive)]
+    pub redis_retry_base: Duration,
+
+    /// Largest backoff between two Redis reconnection attempts.
+    #[arg(long, env = "LASTCALL_PUBSUB_REDIS_RETRY_MAX", default_value = "30s", value_parser = parse_positive)]
+    pub redis_retry_max: Duration,
+
+    /// Log filter (`info`, `debug`, `lastcall_pubsub=debug,info`); `RUST_LOG` overrides it.
+    #[arg(long, env = "LASTCALL_PUBSUB_LOG_LEVEL", default_value = "info",
+          value_parser = lastcall_common::telemetry::parse_level)]
+    pub log_level: String,
+}
+
+impl Config {
+    /// TTL of the cache key: a few periods, so a dead publisher's values expire.
+    pub fn cache_ttl(&self) -> Duration {
+        self.period.saturating_mul(self.cache_ttl_periods)
+    }
+}
+
+/// Turns a clap error into the one line an operator sees (the flag and the reason), keeping
+/// help and version output untouched. Returns the process exit code.
+pub fn report_parse_error(err: &clap::Error) -> u8 {
+    use clap::error::ErrorKind;
+    match err.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = err.print();
+            0
+        }
+        _ => {
+            eprintln!("{}", one_line(&err.render().to_string()));
+            2
+        }
+    }
+}
+
+/// The error paragraph of a clap message joined into one line (usage and tips dropped).
+fn one_line(rendered: &str) -> String {
+    rendered
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn parse_period(raw: &str) -> Result<Duration, String> {
+    let d = parse_duration(raw)?;
+    if d < MIN_PERIOD {
+        return Err(format!(
+            "{raw} is below GameLift's advised minimum of {}s",
+            MIN_PERIOD.as_secs()
+        ));
+    }
+    Ok(d)
+}
+
+fn parse_positive(raw: &str) -> Result<Duration, String> {
+    let d = parse_duration(raw)?;
+    if d < Duration::from_millis(1) {
+        return Err(format!("{raw} must be at least 1ms"));
+    }
+    Ok(d)
+}
+
+fn parse_redis(raw: &str) -> Result<RedisTarget, String> {
+    RedisTarget::parse(raw).map_err(|e| e.to_string())
+}
+
+fn parse_region(raw: &str) -> Result<String, String> {
+    let ok = !raw.is_empty()
+        && raw.len() <= 64
+        && raw
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if ok {
+        Ok(raw.to_string())
+    } else {
+        Err(format!(
+            "{raw:?} is not an AWS region name (e.g. us-west-2)"
+        ))
+    }
+}
+
+fn parse_endpoint(raw: &str) -> Result<String, String> {
+    let url = url::Url::parse(raw).map_err(|e| format!("{raw:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("{raw:?} must be an http:// or https:// URL"));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(format!("{raw:?} has no host"));
+    }
+    Ok(raw.trim_end_matches('/').to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::error::ErrorKind;
+
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        let mut argv = vec!["lastcall-pubsub"];
+        if !args.contains(&"--redis-url") {
+            argv.extend(["--redis-url", "cache:6379"]);
+        }
+        argv.extend_from_slice(args);
+        Config::try_parse_from(argv)
+    }
+
+    #[test]
+    fn defaults_match_the_original() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.config_file, PathBuf::from("/etc/fleetiq/fleetiq.conf"));
+        assert_eq!(c.period, Duration::from_secs(60));
+        assert!(c.publish_unchanged);
+        assert_eq!(c.cache_ttl(), Duration::from_secs(180));
+        assert_eq!(c.concurrency, 4);
+        assert_eq!(c.redis_url.url(), "redis://cache:6379");
+        assert_eq!(c.listen, "0.0.0.0:9090".parse().unwrap());
+    }
+
+    #[test]
+    fn publish_unchanged_takes_an_optional_value() {
+        assert!(
+            !parse(&["--publish-unchanged=false"])
+                .unwrap()
+                .publish_unchanged
+        );
+        assert!(
+            !parse(&["--publish-unchanged", "no"])
+                .unwrap()
+                .publish_unchanged
+        );
+        assert!(parse(&["--publish-unchanged"]).unwrap().publish_unchanged);
+        assert!(
+            parse(&["--publish-unchanged=true", "--period", "10s"])
+                .unwrap()
+                .publish_unchanged
+        );
+    }
+
+    #[test]
+    fn bad_values_name_their_flag_in_one_line() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--period", "5s"], "--period"),
+            (&["--period", "soon"], "--period"),
+            (&["--redis-url", "http://x"], "--redis-url"),
+            (&["--cache-ttl-periods", "0"], "--cache-ttl-periods"),
+            (&["--concurrency", "0"], "--concurrency"),
+            (&["--aws-region", "US West"], "--aws-region"),
+            (&["--gamelift-endpoint", "ftp://x"], "--gamelift-endpoint"),
+            (&["--listen", "nowhere"], "--listen"),
+            (&["--log-level", "lastcall=[[["], "--log-level"),
+            (&["--retry-base", "0s"], "--retry-base"),
+            (&["--publish-unchanged=maybe"], "--publish-unchanged"),
+        ];
+        for (args, flag) in cases {
+            let err = parse(args).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{args:?}: {err}");
+            let line = one_line(&err.render().to_string());
+            assert!(line.contains(flag), "{args:?}: {line}");
+            assert!(!line.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn missing_redis_url_is_one_line() {
+        if std::env::var_os("REDIS_URL").is_some() {
+            return; // the environment supplies it
+        }
+        let err = Config::try_parse_from(["lastcall-pubsub"]).unwrap_err();
+        let line = one_line(&err.render().to_string());
+        assert!(line.contains("--redis-url"), "{line}");
+    }
+
+    #[test]
+    fn ten_seconds_is_the_floor() {
+        assert_eq!(parse(&["--period", "10s"]).unwrap().period, MIN_PERIOD);
+    }
+}

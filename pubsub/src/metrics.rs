@@ -1,0 +1,226 @@
+//! Prometheus metrics of the pubsub service, all prefixed `lastcall_pubsub_`.
+//!
+//! Label values come from fixed sets (results, reasons, statuses) except `group`, whose
+//! values are the operator's own game server group names from the config file: bounded by
+//! that file, and the series of a group removed from it are dropped.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// The only GameLift operation pubsub calls.
+pub const OP_DESCRIBE_INSTANCES: &str = "DescribeGameServerInstances";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiCallLabels {
+    pub operation: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupReasonLabels {
+    pub group: String,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupStatusLabels {
+    pub group: String,
+    pub status: &'static str,
+}
+
+/// Every metric the service exports. Cheap to clone (each metric is an `Arc` inside).
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    pub api_calls: Family<ApiCallLabels, Counter>,
+    pub api_retries: Family<ReasonLabels, Counter>,
+    pub api_backoff_seconds: Family<ReasonLabels, Counter<f64, AtomicU64>>,
+    pub api_call_duration: Histogram,
+    pub group_errors: Family<GroupReasonLabels, Counter>,
+    pub instances: Family<GroupStatusLabels, Gauge>,
+    pub invalid_instances: Family<ReasonLabels, Counter>,
+    pub messages_published: Counter,
+    pub messages_unchanged: Counter,
+    pub cache_writes: Counter,
+    pub publish_duration: Histogram,
+    pub publish_errors: Family<ReasonLabels, Counter>,
+    pub redis_round_trips: Family<ResultLabels, Counter>,
+    pub redis_up: Gauge,
+    pub config_reloads: Family<ResultLabels, Counter>,
+    pub groups: Gauge,
+    pub cycles: Family<ResultLabels, Counter>,
+    pub cycle_duration: Histogram,
+    pub last_successful_cycle: Gauge<f64, AtomicU64>,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them under `lastcall_pubsub_` in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            api_calls: Family::default(),
+            api_retries: Family::default(),
+            api_backoff_seconds: Family::default(),
+            api_call_duration: Histogram::new(exponential_buckets(0.005, 2.0, 13)),
+            group_errors: Family::default(),
+            instances: Family::default(),
+            invalid_instances: Family::default(),
+            messages_published: Counter::default(),
+            messages_unchanged: Counter::default(),
+            cache_writes: Counter::default(),
+            publish_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            publish_errors: Family::default(),
+            redis_round_trips: Family::default(),
+            redis_up: Gauge::default(),
+            config_reloads: Family::default(),
+            groups: Gauge::default(),
+            cycles: Family::default(),
+            cycle_duration: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            last_successful_cycle: Gauge::default(),
+        };
+        let r = registry.sub_registry_with_prefix("lastcall_pubsub");
+        r.register(
+            "api_calls",
+            "GameLift API calls by operation and result (ok, throttled, server_error, not_found, ...)",
+            m.api_calls.clone(),
+        );
+        r.register(
+            "api_retries",
+            "GameLift calls retried after a backoff, by reason",
+            m.api_retries.clone(),
+        );
+        r.register(
+            "api_backoff_seconds",
+            "Time spent backing off before GameLift retries, by reason",
+            m.api_backoff_seconds.clone(),
+        );
+        r.register(
+            "api_call_duration_seconds",
+            "Duration of one GameLift attempt",
+            m.api_call_duration.clone(),
+        );
+        r.register(
+            "group_errors",
+            "Groups that could not be polled in a cycle, by group and reason",
+            m.group_errors.clone(),
+        );
+        r.register(
+            "instances",
+            "Instances seen in the last successful poll of each group, by status",
+            m.instances.clone(),
+        );
+        r.register(
+            "invalid_instances",
+            "Instance entries skipped because GameLift's answer was unusable, by reason",
+            m.invalid_instances.clone(),
+        );
+        r.register(
+            "messages_published",
+            "PUBLISH commands acknowledged by Redis",
+            m.messages_published.clone(),
+        );
+        r.register(
+            "messages_unchanged",
+            "Statuses not published because they did not change (--publish-unchanged=false)",
+            m.messages_unchanged.clone(),
+        );
+        r.register(
+            "cache_writes",
+            "Last-value cache keys written (SET ... EX)",
+            m.cache_writes.clone(),
+        );
+        r.register(
+            "publish_duration_seconds",
+            "Duration of one pipelined Redis round trip",
+            m.publish_duration.clone(),
+        );
+        r.register(
+            "publish_errors",
+            "Publish batches that failed or were skipped, by reason",
+            m.publish_errors.clone(),
+        );
+        r.register(
+            "redis_round_trips",
+            "Redis round trips by result",
+            m.redis_round_trips.clone(),
+        );
+        r.register(
+            "redis_up",
+            "1 when the last Redis round trip succeeded",
+            m.redis_up.clone(),
+        );
+        r.register(
+            "config_reloads",
+            "Reads of the game server groups file by result (ok, error)",
+            m.config_reloads.clone(),
+        );
+        r.register(
+            "groups",
+            "Game server groups being polled",
+            m.groups.clone(),
+        );
+        r.register(
+            "cycles",
+            "Polling cycles by result (ok, error)",
+            m.cycles.clone(),
+        );
+        r.register(
+            "cycle_duration_seconds",
+            "Duration of one polling cycle",
+            m.cycle_duration.clone(),
+        );
+        r.register(
+            "last_successful_cycle_timestamp_seconds",
+            "Unix time at which the last cycle without any error ended",
+            m.last_successful_cycle.clone(),
+        );
+        m
+    }
+
+    pub fn api_call(&self, result: &'static str) {
+        self.api_calls
+            .get_or_create(&ApiCallLabels {
+                operation: OP_DESCRIBE_INSTANCES,
+                result,
+            })
+            .inc();
+    }
+
+    pub fn reason(family: &Family<ReasonLabels, Counter>, reason: &'static str) {
+        family.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    pub fn result(family: &Family<ResultLabels, Counter>, result: &'static str) {
+        family.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    /// Drops every per-group series of a group that left the config file.
+    pub fn forget_group(&self, group: &str) {
+        for status in lastcall_common::fleetiq::InstanceStatus::ALL {
+            self.instances.remove(&GroupStatusLabels {
+                group: group.to_string(),
+                status: status.as_str(),
+            });
+        }
+        for reason in crate::poller::PollErrorKind::ALL {
+            self.group_errors.remove(&GroupReasonLabels {
+                group: group.to_string(),
+                reason: reason.label(),
+            });
+        }
+    }
+}

@@ -1,0 +1,404 @@
+//! One polling cycle, the loop that repeats it, and the process around them.
+//!
+//! A cycle re-reads the groups file, polls the groups with bounded concurrency and publishes
+//! each group's statuses as soon as that group's pages are in. Nothing in a cycle can end the
+//! process: every failure is a value in the [`CycleReport`], a metric and a log line.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use futures::StreamExt;
+use lastcall_common::admin::{self, Health};
+use lastcall_common::backoff::jitter;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::groups::{GroupsFile, Reload};
+use crate::metrics::{GroupReasonLabels, GroupStatusLabels, Metrics};
+use crate::poller::{Budget, Poller};
+use crate::publisher::{PublishReport, Publisher, READY_REDIS};
+
+/// Name of the readiness check set once a cycle has completed.
+pub const READY_FIRST_CYCLE: &str = "first_cycle";
+
+/// Errors that stop the process at start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid Redis client settings: {0}")]
+    Redis(#[source] redis::RedisError),
+    #[error("binding the admin listener on {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("installing signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+    #[error("admin HTTP server failed: {0}")]
+    Admin(#[source] std::io::Error),
+}
+
+/// What one cycle did. Counts are for this cycle only.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CycleReport {
+    /// Groups polled (0 when no valid groups file has been read yet).
+    pub groups: usize,
+    /// Groups that could not be polled.
+    pub groups_failed: usize,
+    /// GameLift calls, retries included.
+    pub api_calls: u64,
+    /// Pages received.
+    pub pages: u64,
+    /// GameLift calls that were retries.
+    pub api_retries: u64,
+    /// Valid instances received.
+    pub instances: u64,
+    /// Instance entries skipped as invalid.
+    pub invalid_instances: u64,
+    /// PUBLISH commands acknowledged.
+    pub published: u64,
+    /// Statuses not published because unchanged.
+    pub unchanged: u64,
+    /// Cache keys written.
+    pub cached: u64,
+    /// Redis round trips attempted (pipelines and pings).
+    pub redis_round_trips: u64,
+    /// Publish batches that failed or were skipped.
+    pub publish_errors: u64,
+    /// The groups file could not be used this cycle (the last good list, if any, was).
+    pub config_error: bool,
+    /// groups_failed + publish_errors + config_error.
+    pub errors: u64,
+    pub duration: Duration,
+}
+
+/// Cycle-to-cycle state, touched only by the cycle that holds the lock.
+#[derive(Debug)]
+struct CycleState {
+    groups_file: GroupsFile,
+    /// Groups that have per-group metric series, to drop them when a group is removed.
+    metric_groups: Vec<String>,
+}
+
+/// The pubsub service: one GameLift poller, one Redis publisher, their metrics and health.
+pub struct Pubsub {
+    poller: Poller,
+    publisher: Publisher,
+    metrics: Metrics,
+    registry: Arc<Registry>,
+    health: Health,
+    period: Duration,
+    cycle_jitter: Duration,
+    concurrency: usize,
+    api_budget: u32,
+    state: tokio::sync::Mutex<CycleState>,
+}
+
+impl std::fmt::Debug for Pubsub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pubsub")
+            .field("period", &self.period)
+            .field("concurrency", &self.concurrency)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pubsub {
+    /// Wires the service from its config and a GameLift client (see
+    /// [`crate::poller::gamelift_client`]). No I/O happens here; must run inside Tokio.
+    pub fn new(config: &Config, gamelift: aws_sdk_gamelift::Client) -> Result<Self, Error> {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let health = Health::new(&[READY_REDIS, READY_FIRST_CYCLE]);
+        let publisher =
+            Publisher::new(config, metrics.clone(), health.clone()).map_err(Error::Redis)?;
+        Ok(Self {
+            poller: Poller::new(gamelift, config, metrics.clone()),
+            publisher,
+            metrics,
+            registry: Arc::new(registry),
+            health,
+            period: config.period,
+            cycle_jitter: config.cycle_jitter,
+            concurrency: usize::from(config.concurrency.max(1)),
+            api_budget: config.api_budget,
+            state: tokio::sync::Mutex::new(CycleState {
+                groups_file: GroupsFile::new(&config.config_file),
+                metric_groups: Vec::new(),
+            }),
+        })
+    }
+
+    /// `/metrics`, `/healthz` and `/readyz` for this service.
+    pub fn admin_router(&self) -> Router {
+        admin::router(self.registry.clone(), self.health.clone())
+    }
+
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// The metrics in Prometheus text form, as `/metrics` serves them.
+    pub fn metrics_text(&self) -> String {
+        let mut out = String::new();
+        // Encoding into a String only fails if a metric's Display fails, which ours do not.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Runs one cycle now: reload the groups, poll and publish every group.
+    pub async fn run_cycle(&self) -> CycleReport {
+        let started = Instant::now();
+        let mut state = self.state.lock().await;
+        let mut report = CycleReport::default();
+
+        let Reload { groups, result } = state.groups_file.reload().await;
+        match &result {
+            Ok(changed) => {
+                Metrics::result(&self.metrics.config_reloads, "ok");
+                if *changed {
+                    tracing::info!(message = "game server groups loaded", groups = ?groups.as_deref().unwrap_or_default());
+                }
+            }
+            Err(e) => {
+                report.config_error = true;
+                Metrics::result(&self.metrics.config_reloads, "error");
+                tracing::error!(
+                    message = "cannot use the groups file, keeping the last good list",
+                    path = %state.groups_file.path().display(),
+                    reason = e.metric_label(),
+                    error = %e,
+                    kept = ?groups.as_deref()
+                );
+            }
+        }
+        let had_groups = groups.is_some();
+        let groups = groups.unwrap_or_default();
+        self.forget_removed_groups(&mut state, &groups);
+        self.metrics.groups.set(groups.len() as i64);
+        report.groups = groups.len();
+
+        let budget = Budget::new(self.api_budget);
+        let mut seen: HashSet<String> = HashSet::new();
+        let mut outcomes = futures::stream::iter(groups.iter())
+            .map(|group| self.poll_and_publish(group, &budget))
+            .buffer_unordered(self.concurrency);
+        let mut publish = PublishReport::default();
+        while let Some(outcome) = outcomes.next().await {
+            report.api_calls += outcome.stats.api_calls;
+            report.pages += outcome.stats.pages;
+            report.api_retries += outcome.stats.retries;
+            report.invalid_instances += outcome.stats.invalid;
+            report.instances += outcome.instance_ids.len() as u64;
+            if outcome.failed {
+                report.groups_failed += 1;
+            }
+            seen.extend(outcome.instance_ids);
+            publish.add(&outcome.publish);
+        }
+        drop(outcomes);
+        self.publisher.retain_seen(&seen);
+        if publish.round_trips == 0 && publish.errors == 0 {
+            // Nothing to publish: still find out whether Redis is there, for readiness.
+            publish.add(&self.publisher.ping().await);
+        }
+        report.published = publish.published;
+        report.unchanged = publish.unchanged;
+        report.cached = publish.cached;
+        report.redis_round_trips = publish.round_trips;
+        report.publish_errors = publish.errors;
+        report.errors =
+            report.groups_failed as u64 + report.publish_errors + u64::from(report.config_error);
+        report.duration = started.elapsed();
+        self.finish_cycle(&report, had_groups);
+        report
+    }
+
+    async fn poll_and_publish(&self, group: &str, budget: &Budget) -> GroupOutcome {
+        let poll = self.poller.poll_group(group, budget).await;
+        let messages = match poll.result {
+            Ok(messages) => messages,
+            Err(e) => {
+                self.metrics
+                    .group_errors
+                    .get_or_create(&GroupReasonLabels {
+                        group: group.to_string(),
+                        reason: e.kind.label(),
+                    })
+                    .inc();
+                tracing::warn!(
+                    message = "cannot poll group this cycle",
+                    group,
+                    reason = e.kind.label(),
+                    attempts = e.attempts,
+                    error = %e.message
+                );
+                return GroupOutcome {
+                    stats: poll.stats,
+                    failed: true,
+                    instance_ids: Vec::new(),
+                    publish: PublishReport::default(),
+                };
+            }
+        };
+        // One message per instance per cycle, even if paging returned an instance twice.
+        let mut unique = HashSet::with_capacity(messages.len());
+        let messages: Vec<_> = messages
+            .into_iter()
+            .filter(|m| unique.insert(m.instance_id.clone()))
+            .collect();
+        for status in lastcall_common::fleetiq::InstanceStatus::ALL {
+            let n = messages.iter().filter(|m| m.status == status).count();
+            self.metrics
+                .instances
+                .get_or_create(&GroupStatusLabels {
+                    group: group.to_string(),
+                    status: status.as_str(),
+                })
+                .set(n as i64);
+        }
+        let publish = self.publisher.publish(&messages).await;
+        GroupOutcome {
+            stats: poll.stats,
+            failed: false,
+            instance_ids: unique.into_iter().collect(),
+            publish,
+        }
+    }
+
+    fn forget_removed_groups(&self, state: &mut CycleState, groups: &[String]) {
+        state.metric_groups.retain(|g| {
+            let keep = groups.contains(g);
+            if !keep {
+                self.metrics.forget_group(g);
+            }
+            keep
+        });
+        for g in groups {
+            if !state.metric_groups.contains(g) {
+                state.metric_groups.push(g.clone());
+            }
+        }
+    }
+
+    fn finish_cycle(&self, report: &CycleReport, had_groups: bool) {
+        self.metrics
+            .cycle_duration
+            .observe(report.duration.as_secs_f64());
+        Metrics::result(
+            &self.metrics.cycles,
+            if report.errors == 0 { "ok" } else { "error" },
+        );
+        if report.errors == 0 {
+            let now = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or_default();
+            self.metrics.last_successful_cycle.set(now);
+        }
+        // A cycle counts as completed when it had a list of groups to poll; per-group
+        // failures are in `errors` and do not make the service unready.
+        if had_groups {
+            self.health
+                .set(READY_FIRST_CYCLE, true, "a cycle has completed");
+        }
+        tracing::info!(
+            message = "cycle done",
+            groups = report.groups,
+            groups_failed = report.groups_failed,
+            api_calls = report.api_calls,
+            instances = report.instances,
+            invalid_instances = report.invalid_instances,
+            published = report.published,
+            unchanged = report.unchanged,
+            redis_round_trips = report.redis_round_trips,
+            publish_errors = report.publish_errors,
+            config_error = report.config_error,
+            duration_ms = report.duration.as_millis() as u64
+        );
+    }
+
+    /// Repeats cycles until `shutdown` is cancelled. Each cycle starts `period` plus a random
+    /// `0..cycle_jitter` after the previous one started (so never sooner than `period`), or
+    /// right after it if a cycle overran.
+    pub async fn run(&self, shutdown: CancellationToken) {
+        let mut next = Instant::now() + jitter(self.cycle_jitter);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep_until(next) => {}
+            }
+            let started = Instant::now();
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = self.run_cycle() => {}
+            }
+            next = started + self.period + jitter(self.cycle_jitter);
+        }
+    }
+}
+
+/// One group's share of a cycle.
+struct GroupOutcome {
+    stats: crate::poller::PollStats,
+    failed: bool,
+    instance_ids: Vec<String>,
+    publish: PublishReport,
+}
+
+/// Runs the whole process until SIGTERM/SIGINT: signals, admin server, cycles.
+pub async fn serve(config: Config) -> Result<(), Error> {
+    let shutdown = CancellationToken::new();
+    // First, so a signal during start-up is not lost.
+    let signals = lastcall_common::shutdown::install(shutdown.clone()).map_err(Error::Signals)?;
+    tracing::info!(
+        message = "starting",
+        version = env!("CARGO_PKG_VERSION"),
+        config_file = %config.config_file.display(),
+        period_s = config.period.as_secs_f64(),
+        redis = %config.redis_url,
+        region = ?config.aws_region,
+        gamelift_endpoint = ?config.gamelift_endpoint,
+        publish_unchanged = config.publish_unchanged,
+        concurrency = config.concurrency
+    );
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| Error::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let gamelift = crate::poller::gamelift_client(&config, None).await;
+    let pubsub = Pubsub::new(&config, gamelift)?;
+    let mut admin = tokio::spawn(admin::serve(
+        listener,
+        pubsub.admin_router(),
+        shutdown.clone(),
+    ));
+
+    let admin_result = tokio::select! {
+        () = pubsub.run(shutdown.clone()) => None,
+        r = &mut admin => Some(r),
+    };
+    shutdown.cancel();
+    let admin_result = match admin_result {
+        Some(r) => r,
+        // Give in-flight scrapes a moment, but never hold up the exit.
+        None => match tokio::time::timeout(Duration::from_secs(2), admin).await {
+            Ok(r) => r,
+            Err(_) => Ok(Ok(())),
+        },
+    };
+    let _ = signals.await;
+    tracing::info!(message = "stopped");
+    match admin_result {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(Error::Admin(e)),
+        Err(join) => Err(Error::Admin(std::io::Error::other(join.to_string()))),
+    }
+}

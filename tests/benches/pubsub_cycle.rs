@@ -1,0 +1,224 @@
+//! pubsub cycle at 10,000 instances across 50 groups.
+//!
+//! Run: `cargo bench -p lastcall-testkit --bench pubsub_cycle`
+//!
+//! The GameLift emulator runs in-process and answers instantly, so a cycle's wall time is
+//! pubsub's own work (plus the emulator's request handling and redis-server, on the same
+//! machine). Compared in the same run: a baseline publisher that does one PUBLISH round trip
+//! per instance, as the original did, against pubsub's pipelined PUBLISH + SET batches.
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use lastcall_common::admin::Health;
+use lastcall_common::fleetiq::{InstanceStatus, StatusMessage};
+use lastcall_pubsub::metrics::Metrics;
+use lastcall_pubsub::publisher::Publisher;
+use lastcall_pubsub::{Config, Pubsub, gamelift_client};
+use lastcall_testkit::gamelift::{self as emu, DEFAULT_PAGE_SIZE, GameLiftEmulator};
+use lastcall_testkit::redis::RedisServer;
+
+const GROUPS: usize = 50;
+const PER_GROUP: usize = 200;
+const CYCLES: usize = 15;
+const BASELINE_RUNS: usize = 3;
+const TARGET: Duration = Duration::from_millis(500);
+
+fn main() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(bench())
+}
+
+fn group_name(g: usize) -> String {
+    format!("bench-group-{g:02}")
+}
+
+fn instance_ids(g: usize) -> Vec<String> {
+    (0..PER_GROUP)
+        .map(|i| format!("i-{g:02}{i:015x}"))
+        .collect()
+}
+
+async fn bench() -> anyhow::Result<()> {
+    let emulator = GameLiftEmulator::start().await?;
+    let redis = RedisServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let groups_file = dir.path().join("fleetiq.conf");
+    let names: Vec<String> = (0..GROUPS).map(group_name).collect();
+    std::fs::write(
+        &groups_file,
+        serde_json::json!({ "GameServerGroups": names }).to_string(),
+    )?;
+    for g in 0..GROUPS {
+        emulator.add_instances(
+            &group_name(g),
+            &instance_ids(g),
+            emu::InstanceStatus::Active,
+        );
+    }
+    let instances = GROUPS * PER_GROUP;
+    let min_pages = GROUPS * PER_GROUP.div_ceil(DEFAULT_PAGE_SIZE);
+
+    let config = Config::try_parse_from([
+        "lastcall-pubsub",
+        "--redis-url",
+        &redis.host_port(),
+        "--config-file",
+        groups_file.to_str().unwrap_or_default(),
+        "--aws-region",
+        "us-west-2",
+        "--gamelift-endpoint",
+        &emulator.url(),
+        "--cycle-jitter",
+        "0s",
+    ])?;
+    let credentials = aws_sdk_gamelift::config::Credentials::new(
+        "AKIDBENCH",
+        "bench-secret",
+        None,
+        None,
+        "bench",
+    );
+    let pubsub = Pubsub::new(&config, gamelift_client(&config, Some(credentials)).await)?;
+
+    // Warm-up: connections, credentials, allocator.
+    let warm = pubsub.run_cycle().await;
+    anyhow::ensure!(
+        warm.published as usize == instances,
+        "warm-up published {}",
+        warm.published
+    );
+
+    let mut durations = Vec::with_capacity(CYCLES);
+    let mut round_trips = Vec::with_capacity(CYCLES);
+    let mut api_calls = Vec::with_capacity(CYCLES);
+    for _ in 0..CYCLES {
+        emulator.clear_calls();
+        let report = pubsub.run_cycle().await;
+        anyhow::ensure!(report.errors == 0, "cycle had errors: {report:?}");
+        anyhow::ensure!(report.published as usize == instances, "{report:?}");
+        anyhow::ensure!(emulator.count("DescribeGameServerInstances") as u64 == report.api_calls);
+        durations.push(report.duration);
+        round_trips.push(report.redis_round_trips);
+        api_calls.push(report.api_calls);
+    }
+    durations.sort();
+    let median = durations[durations.len() / 2];
+    // Nearest-rank p99: with 15 samples, the slowest cycle.
+    let p99 = durations[((durations.len() as f64 * 0.99).ceil() as usize).saturating_sub(1)];
+
+    // The same 10,000 messages, published two ways on the same Redis.
+    let messages: Vec<Vec<StatusMessage>> = (0..GROUPS)
+        .map(|g| {
+            let name = group_name(g);
+            instance_ids(g)
+                .into_iter()
+                .map(|iid| StatusMessage {
+                    group_name: Some(name.clone()),
+                    group_arn: Some(GameLiftEmulator::group_arn(&name)),
+                    instance_id: iid,
+                    status: InstanceStatus::Active,
+                })
+                .collect()
+        })
+        .collect();
+    let mut baseline_times = Vec::new();
+    let mut conn = redis.client().await?;
+    for _ in 0..BASELINE_RUNS {
+        let started = Instant::now();
+        for m in messages.iter().flatten() {
+            let _: i64 = redis::cmd("PUBLISH")
+                .arg(&m.instance_id)
+                .arg(m.to_python_json())
+                .query_async(&mut conn)
+                .await?;
+        }
+        baseline_times.push(started.elapsed());
+    }
+    baseline_times.sort();
+    let baseline = baseline_times[baseline_times.len() / 2];
+
+    let mut registry = prometheus_client::registry::Registry::default();
+    let publisher = Publisher::new(&config, Metrics::register(&mut registry), Health::default())?;
+    let mut pipelined_times = Vec::new();
+    let mut pipelined_trips = 0;
+    for _ in 0..BASELINE_RUNS {
+        let started = Instant::now();
+        pipelined_trips = 0;
+        for group in &messages {
+            let report = publisher.publish(group).await;
+            anyhow::ensure!(report.errors == 0, "pipelined publish failed");
+            pipelined_trips += report.round_trips;
+        }
+        pipelined_times.push(started.elapsed());
+    }
+    pipelined_times.sort();
+    let pipelined = pipelined_times[pipelined_times.len() / 2];
+
+    let trips = round_trips[round_trips.len() / 2];
+    let calls = api_calls[api_calls.len() / 2];
+    let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1000.0);
+    println!();
+    println!(
+        "pubsub cycle: {instances} instances, {GROUPS} groups, page size {DEFAULT_PAGE_SIZE}, {CYCLES} cycles"
+    );
+    println!(
+        "machine: {} ({} CPUs)",
+        cpu_model(),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!();
+    println!("| measure | value |");
+    println!("|---|---|");
+    println!("| cycle time, median | {} |", ms(median));
+    println!("| cycle time, p99 | {} |", ms(p99));
+    println!(
+        "| target | < {} ({}) |",
+        ms(TARGET),
+        if p99 < TARGET { "met" } else { "MISSED" }
+    );
+    println!("| Redis round trips per cycle | {trips} |");
+    println!("| baseline round trips (1 PUBLISH per instance) | {instances} |");
+    println!(
+        "| round-trip ratio (baseline / pubsub) | {:.0}x |",
+        instances as f64 / trips as f64
+    );
+    println!(
+        "| publish time, pubsub pipelined PUBLISH+SET, {pipelined_trips} round trips | {} |",
+        ms(pipelined)
+    );
+    println!(
+        "| publish time, baseline PUBLISH only, {instances} round trips | {} |",
+        ms(baseline)
+    );
+    println!(
+        "| time ratio (baseline / pubsub publish) | {:.1}x |",
+        baseline.as_secs_f64() / pipelined.as_secs_f64()
+    );
+    println!(
+        "| time ratio (baseline / whole pubsub cycle) | {:.1}x |",
+        baseline.as_secs_f64() / median.as_secs_f64()
+    );
+    println!("| API calls per cycle | {calls} |");
+    println!("| minimum pages (sum of ceil(n / page size)) | {min_pages} |");
+    println!();
+    anyhow::ensure!(
+        calls as usize == min_pages,
+        "API calls {calls} != minimum pages {min_pages}"
+    );
+    Ok(())
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
