@@ -17,7 +17,7 @@ use tracing::{info, warn};
 
 use crate::fleetiq::gamelift::{GameLift, GameLiftError};
 use crate::keys;
-use crate::metrics::{Metrics, ResultLabel};
+use crate::metrics::{ActionResult, Metrics, ResultLabel};
 use crate::observed::gameserver_resource;
 use crate::policy::{GsRef, NodePatch, compat_toleration};
 use crate::progress::format_ts;
@@ -125,13 +125,24 @@ impl Actuator {
         self.deregistered.clone()
     }
 
-    /// In dry-run mode, records `what` and returns true: the caller must not send.
-    fn skip(&self, what: String) -> bool {
+    /// In dry-run mode, records `what` and returns true: the caller must not send. A call
+    /// already recorded is not logged or counted again (each pass re-plans the same calls,
+    /// since nothing changes).
+    fn skip(&self, kind: &'static str, what: String) -> bool {
         if !self.dry_run {
             return false;
         }
-        info!(message = "dry run: not sending", call = %what);
-        if let Ok(mut r) = self.recorded.lock() {
+        if let Ok(mut r) = self.recorded.lock()
+            && !r.contains(&what)
+        {
+            info!(message = "dry run: not sending", call = %what);
+            self.metrics
+                .actions
+                .get_or_create(&ActionResult {
+                    action: kind,
+                    result: "dry_run",
+                })
+                .inc();
             r.push(what);
         }
         true
@@ -175,7 +186,10 @@ impl Actuator {
         has_annotations: bool,
     ) -> Result<Option<Node>, ActError> {
         let ops = Self::node_patch_ops(p, has_annotations);
-        if self.skip(format!("PATCH node/{} {}", self.node_name, ops)) {
+        if self.skip(
+            "patch_node",
+            format!("PATCH node/{} {}", self.node_name, ops),
+        ) {
             return Ok(None);
         }
         let patch: json_patch::Patch =
@@ -198,7 +212,10 @@ impl Actuator {
     /// Merges lastcall-owned annotations into the Node (no list involved, so no guard needed).
     pub async fn annotate_node(&self, key: &str, value: &str) -> Result<Option<Node>, ActError> {
         let body = json!({"metadata": {"annotations": {key: value}}});
-        if self.skip(format!("PATCH node/{} {}", self.node_name, body)) {
+        if self.skip(
+            "annotate_node",
+            format!("PATCH node/{} {}", self.node_name, body),
+        ) {
             return Ok(None);
         }
         Ok(Some(
@@ -218,7 +235,10 @@ impl Actuator {
         name: &str,
         body: Value,
     ) -> Result<Option<DynamicObject>, ActError> {
-        if self.skip(format!("PATCH gameservers/{ns}/{name} {body}")) {
+        if self.skip(
+            "patch_gameserver",
+            format!("PATCH gameservers/{ns}/{name} {body}"),
+        ) {
             return Ok(None);
         }
         Ok(Some(
@@ -276,10 +296,13 @@ impl Actuator {
 
     /// Deletes a Ready GameServer only if it is still exactly the object we saw Ready.
     pub async fn release(&self, gs: &GsRef) -> Result<Release, ActError> {
-        if self.skip(format!(
-            "DELETE gameservers/{}/{} preconditions uid={} resourceVersion={}",
-            gs.namespace, gs.name, gs.uid, gs.resource_version
-        )) {
+        if self.skip(
+            "release",
+            format!(
+                "DELETE gameservers/{}/{} preconditions uid={} resourceVersion={}",
+                gs.namespace, gs.name, gs.uid, gs.resource_version
+            ),
+        ) {
             return Ok(Release::Deleted);
         }
         let dp = DeleteParams {
@@ -313,7 +336,7 @@ impl Actuator {
             json!({"op": "add", "path": "/spec/tolerations", "value": [tol]})
         };
         let ops = json!([{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, add]);
-        if self.skip(format!("PATCH pods/{ns}/{pod} {ops}")) {
+        if self.skip("tolerate", format!("PATCH pods/{ns}/{pod} {ops}")) {
             return Ok(());
         }
         let patch: json_patch::Patch =
@@ -335,10 +358,13 @@ impl Actuator {
         let Some(gl) = self.gamelift.get() else {
             return Err(ActError::NotReady);
         };
-        if !self.skip(format!(
-            "GameLift DeregisterGameServer {}/{}",
-            gl.group, gl.game_server_id
-        )) {
+        if !self.skip(
+            "deregister",
+            format!(
+                "GameLift DeregisterGameServer {}/{}",
+                gl.group, gl.game_server_id
+            ),
+        ) {
             match gl.deregister().await {
                 Ok(()) => {
                     self.metrics
@@ -373,10 +399,13 @@ impl Actuator {
 
     /// Publishes a Kubernetes Event about `target`; failures are counted, never fatal.
     pub async fn event(&self, target: &ObjectReference, reason: &str, note: String, warning: bool) {
-        if self.skip(format!(
-            "POST event {reason} on {:?}/{:?}: {note}",
-            target.kind, target.name
-        )) {
+        if self.skip(
+            "event",
+            format!(
+                "POST event {reason} on {:?}/{:?}: {note}",
+                target.kind, target.name
+            ),
+        ) {
             return;
         }
         let ev = Event {
@@ -429,7 +458,10 @@ impl Actuator {
     pub async fn gl_register(&self) -> Result<(), GameLiftError> {
         match self.gamelift.get() {
             Some(gl)
-                if !self.skip(format!("GameLift RegisterGameServer {}", gl.game_server_id)) =>
+                if !self.skip(
+                    "gamelift_register",
+                    format!("GameLift RegisterGameServer {}", gl.game_server_id),
+                ) =>
             {
                 gl.register().await
             }
@@ -439,7 +471,12 @@ impl Actuator {
 
     pub async fn gl_claim(&self) -> Result<(), GameLiftError> {
         match self.gamelift.get() {
-            Some(gl) if !self.skip(format!("GameLift ClaimGameServer {}", gl.game_server_id)) => {
+            Some(gl)
+                if !self.skip(
+                    "gamelift_claim",
+                    format!("GameLift ClaimGameServer {}", gl.game_server_id),
+                ) =>
+            {
                 gl.claim().await
             }
             _ => Ok(()),
@@ -449,10 +486,10 @@ impl Actuator {
     pub async fn gl_heartbeat(&self) -> Result<(), GameLiftError> {
         match self.gamelift.get() {
             Some(gl)
-                if !self.skip(format!(
-                    "GameLift UpdateGameServer HEALTHY {}",
-                    gl.game_server_id
-                )) =>
+                if !self.skip(
+                    "gamelift_heartbeat",
+                    format!("GameLift UpdateGameServer HEALTHY {}", gl.game_server_id),
+                ) =>
             {
                 gl.heartbeat().await
             }
@@ -463,10 +500,10 @@ impl Actuator {
     pub async fn gl_utilized(&self) -> Result<(), GameLiftError> {
         match self.gamelift.get() {
             Some(gl)
-                if !self.skip(format!(
-                    "GameLift UpdateGameServer UTILIZED {}",
-                    gl.game_server_id
-                )) =>
+                if !self.skip(
+                    "gamelift_utilized",
+                    format!("GameLift UpdateGameServer UTILIZED {}", gl.game_server_id),
+                ) =>
             {
                 gl.set_utilized().await
             }

@@ -258,11 +258,9 @@ impl Reconciler {
     }
 
     fn count(&self, a: &Action, result: &'static str) {
-        let result = if self.actuator.is_dry_run() && result == "ok" {
-            "dry_run"
-        } else {
-            result
-        };
+        if self.actuator.is_dry_run() {
+            return; // counted once per distinct call by the actuator
+        }
         self.metrics
             .actions
             .get_or_create(&ActionResult {
@@ -420,6 +418,8 @@ impl Reconciler {
         }
         match first_error {
             Some(e) if applied == 0 => Err(e),
+            // A dry run changes nothing, so re-planning at once would only spin.
+            _ if self.actuator.is_dry_run() => Ok(0),
             _ => Ok(applied),
         }
     }

@@ -60,9 +60,15 @@ pub async fn run(
 
     let client = match overrides.kube {
         Some(c) => c,
-        None => kube::Client::try_default()
-            .await
-            .context("building the Kubernetes client")?,
+        None => {
+            let mut cfg = kube::Config::infer()
+                .await
+                .context("loading the Kubernetes client config")?;
+            // kube retries 429/503/504 up to 15 times on its own, for minutes; the reconciler
+            // has its own capped, jittered backoff and must stay responsive to new signals.
+            cfg.default_retry = false;
+            kube::Client::try_from(cfg).context("building the Kubernetes client")?
+        }
     };
 
     let mut tasks = JoinSet::new();
@@ -148,12 +154,15 @@ pub async fn run(
 
     // Every task runs until shutdown; one that ends early is a bug we must not hide.
     let failure = tokio::select! {
+        biased;
         () = shutdown.cancelled() => None,
-        ended = tasks.join_next() => Some(match ended {
-            Some(Ok(name)) => format!("task {name} ended unexpectedly"),
-            Some(Err(e)) => format!("a task failed: {e}"),
-            None => "no tasks".to_string(),
-        }),
+        ended = tasks.join_next() => match ended {
+            // Tasks end on their own only after shutdown began.
+            _ if shutdown.is_cancelled() => None,
+            Some(Ok(name)) => Some(format!("task {name} ended unexpectedly")),
+            Some(Err(e)) => Some(format!("a task failed: {e}")),
+            None => Some("no tasks".to_string()),
+        },
     };
     if let Some(why) = &failure {
         error!(message = "stopping: a supervised task ended", reason = %why);

@@ -31,5 +31,11 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    eventually(what, Duration::from_secs(20), Duration::from_millis(25), cond).await
+    eventually(
+        what,
+        Duration::from_secs(20),
+        Duration::from_millis(25),
+        cond,
+    )
+    .await
 }

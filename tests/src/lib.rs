@@ -4,6 +4,8 @@
 //! these emulators over real HTTP / TCP, so what is tested is the production code path.
 #![forbid(unsafe_code)]
 
+pub mod agent;
+pub mod bins;
 pub mod cluster;
 pub mod eventually;
 pub mod gamelift;

@@ -1,0 +1,135 @@
+//! Running `lastcall-agent` in-process against the emulators, and reading its metrics.
+
+use std::net::SocketAddr;
+
+use clap::Parser;
+use lastcall_agent::config::Config;
+use lastcall_agent::run::{Overrides, run};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// A config for node `node` listening on an ephemeral port, plus `extra` flags.
+pub fn config(node: &str, extra: &[&str]) -> Config {
+    let mut args = vec![
+        "lastcall-agent",
+        "--node-name",
+        node,
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    Config::try_parse_from(args).unwrap_or_else(|e| panic!("bad test config: {e}"))
+}
+
+/// One agent task in this process.
+pub struct InProcessAgent {
+    pub admin: SocketAddr,
+    shutdown: CancellationToken,
+    handle: JoinHandle<anyhow::Result<()>>,
+}
+
+impl InProcessAgent {
+    pub async fn start(
+        config: Config,
+        kube: kube::Client,
+        gamelift: Option<aws_sdk_gamelift::Client>,
+    ) -> anyhow::Result<Self> {
+        let shutdown = CancellationToken::new();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let overrides = Overrides {
+            kube: Some(kube),
+            gamelift,
+            bound: Some(tx),
+        };
+        let handle = tokio::spawn(run(config, overrides, shutdown.clone()));
+        let admin = rx
+            .await
+            .map_err(|_| anyhow::anyhow!("agent exited before binding"))?;
+        Ok(Self {
+            admin,
+            shutdown,
+            handle,
+        })
+    }
+
+    pub async fn metrics(&self) -> String {
+        scrape(self.admin).await
+    }
+
+    /// Stops the agent as SIGTERM would and returns its result.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        self.handle
+            .await
+            .map_err(|e| anyhow::anyhow!("agent task: {e}"))?
+    }
+
+    /// Kills the task without a clean shutdown (a crash).
+    pub fn abort(self) {
+        self.handle.abort();
+    }
+}
+
+/// GETs `/metrics` from an admin listener.
+pub async fn scrape(addr: SocketAddr) -> String {
+    match reqwest::get(format!("http://{addr}/metrics")).await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    }
+}
+
+/// The value of the sample `name{labels}` in Prometheus/OpenMetrics text, if present.
+/// `labels` must all match; other labels on the sample are ignored.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (n, rest) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            if n != name {
+                return None;
+            }
+            let all = labels
+                .iter()
+                .all(|(k, v)| rest.split(',').any(|kv| kv == format!("{k}=\"{v}\"")));
+            if all { value.parse().ok() } else { None }
+        })
+}
+
+/// Sum of every sample of `name` whose labels include `labels`.
+pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+            let rest = rest.trim_end_matches('}');
+            (n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| rest.split(',').any(|kv| kv == format!("{k}=\"{v}\""))))
+            .then(|| value.parse::<f64>().ok())
+            .flatten()
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_lookup() {
+        let text = "# HELP x y\nlastcall_releases_total{result=\"ok\"} 3\nlastcall_releases_total{result=\"conflict\"} 1\nlastcall_redis_connected 1\n";
+        assert_eq!(
+            metric(text, "lastcall_releases_total", &[("result", "ok")]),
+            Some(3.0)
+        );
+        assert_eq!(metric(text, "lastcall_redis_connected", &[]), Some(1.0));
+        assert_eq!(metric(text, "lastcall_missing", &[]), None);
+        assert_eq!(metric_sum(text, "lastcall_releases_total", &[]), 4.0);
+    }
+}

@@ -1,0 +1,576 @@
+//! End-to-end drain scenarios: the real agent (in-process and as a process) against the
+//! emulated cluster, the GameLift emulator and a real redis-server.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use lastcall_common::fleetiq::{InstanceStatus as Status, StatusMessage, cache_key};
+use lastcall_testkit::agent::{InProcessAgent, config, metric, metric_sum};
+use lastcall_testkit::cluster::{AllocationRequest, Cluster, ClusterConfig, FleetSpec, NodeSpec};
+use lastcall_testkit::cluster::{GameServerState as S, GameServerView};
+use lastcall_testkit::eventually::{eventually, wait_for};
+use lastcall_testkit::gamelift::{GameLiftEmulator, InstanceStatus};
+use lastcall_testkit::redis::RedisServer;
+
+const NS: &str = "default";
+const GROUP: &str = "g1";
+
+struct World {
+    cluster: Cluster,
+    gl: GameLiftEmulator,
+    redis: RedisServer,
+}
+
+/// n1 holds a Fleet of `ready + allocated + reserved` servers; n2 and n3 join afterwards
+/// so that replacements have somewhere to go.
+async fn world(ready: usize, allocated: usize, reserved: usize, extra_nodes: &[&str]) -> World {
+    let cluster = Cluster::start(ClusterConfig::default()).await.unwrap();
+    cluster.add_node(NodeSpec::new("n1")).unwrap();
+    let total = ready + allocated + reserved;
+    cluster
+        .create_fleet(FleetSpec::new("fleet", total as i64).grace_seconds(1))
+        .unwrap();
+    wait_for("fleet ready on n1", || async {
+        let n = cluster
+            .game_servers()
+            .iter()
+            .filter(|g| g.state == Some(S::Ready))
+            .count();
+        (n == total).then_some(())
+    })
+    .await;
+    for _ in 0..allocated {
+        let gs = cluster
+            .allocate(&AllocationRequest::fleet(NS, "fleet"))
+            .await
+            .unwrap();
+        assert!(gs.is_some(), "allocation failed");
+    }
+    let ready_names: Vec<String> = cluster
+        .game_servers()
+        .into_iter()
+        .filter(|g| g.state == Some(S::Ready))
+        .map(|g| g.name)
+        .collect();
+    for name in ready_names.iter().take(reserved) {
+        cluster.reserve(NS, name).unwrap();
+    }
+    for n in extra_nodes {
+        cluster.add_node(NodeSpec::new(*n)).unwrap();
+    }
+    let gl = GameLiftEmulator::start().await.unwrap();
+    gl.add_instances(GROUP, &["i-n1".to_string()], InstanceStatus::Active);
+    let redis = RedisServer::start().await.unwrap();
+    World { cluster, gl, redis }
+}
+
+impl World {
+    async fn agent(&self, extra: &[&str]) -> InProcessAgent {
+        let url = self.redis.url();
+        let mut args = vec![
+            "--game-server-group",
+            GROUP,
+            "--instance-id",
+            "i-n1",
+            "--redis-url",
+            &url,
+            "--heartbeat-interval",
+            "1s",
+            "--resync-interval",
+            "1s",
+        ];
+        args.extend_from_slice(extra);
+        let kube = self.cluster.emulator().client_as("agent-n1").await.unwrap();
+        InProcessAgent::start(config("n1", &args), kube, Some(self.gl.sdk_client().await))
+            .await
+            .unwrap()
+    }
+
+    /// Sets the cached status and publishes it, as pubsub does.
+    async fn status(&self, s: Status) {
+        let body = StatusMessage {
+            group_name: Some(GROUP.into()),
+            group_arn: Some(format!(
+                "arn:aws:gamelift:us-west-2:123456789012:gameservergroup/{GROUP}"
+            )),
+            instance_id: "i-n1".into(),
+            status: s,
+        }
+        .to_python_json();
+        self.raw(&body).await;
+    }
+
+    async fn raw(&self, body: &str) {
+        let mut c = self.redis.client().await.unwrap();
+        let _: () = redis::cmd("SET")
+            .arg(cache_key("i-n1"))
+            .arg(body)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg("i-n1")
+            .arg(body)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+
+    async fn node(&self) -> Node {
+        let c = self.cluster.emulator().client().await.unwrap();
+        Api::<Node>::all(c).get("n1").await.unwrap()
+    }
+
+    fn on(&self, node: &str) -> Vec<GameServerView> {
+        self.cluster
+            .game_servers()
+            .into_iter()
+            .filter(|g| g.node.as_deref() == Some(node))
+            .collect()
+    }
+}
+
+async fn subscribed(agent: &InProcessAgent) {
+    wait_for("agent subscribed to Redis", || async {
+        (metric(&agent.metrics().await, "lastcall_redis_connected", &[]) == Some(1.0)).then_some(())
+    })
+    .await;
+}
+
+async fn claimed_all(w: &World) {
+    wait_for("agent labelled its game servers", || async {
+        w.on("n1")
+            .iter()
+            .all(|g| g.labels.get("lastcall.dev/node").map(String::as_str) == Some("n1"))
+            .then_some(())
+    })
+    .await;
+}
+
+fn has_taint(n: &Node, key: &str) -> bool {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == key))
+}
+
+fn cordoned(n: &Node) -> bool {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_fences_releases_protects_and_deregisters_once() {
+    let w = world(3, 2, 1, &["n2", "n3"]).await;
+    let before: Vec<GameServerView> = w.on("n1");
+    let in_use: BTreeSet<(String, String)> = before
+        .iter()
+        .filter(|g| matches!(g.state, Some(S::Allocated | S::Reserved)))
+        .map(|g| (g.name.clone(), g.uid.clone()))
+        .collect();
+    assert_eq!(in_use.len(), 3);
+    let agent = w.agent(&[]).await;
+    wait_for("registered and claimed", || async {
+        (w.gl.count("RegisterGameServer") == 1 && w.gl.count("ClaimGameServer") == 1).then_some(())
+    })
+    .await;
+    subscribed(&agent).await;
+    claimed_all(&w).await;
+
+    w.status(Status::Draining).await;
+    wait_for("node cordoned and tainted", || async {
+        let n = w.node().await;
+        (cordoned(&n) && has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    wait_for("Ready servers released and replaced elsewhere", || async {
+        let here: Vec<_> = w.on("n1").into_iter().filter(|g| !g.deleting).collect();
+        let ready_elsewhere = w
+            .cluster
+            .game_servers()
+            .iter()
+            .filter(|g| g.state == Some(S::Ready) && !g.deleting && g.node.as_deref() != Some("n1"))
+            .count();
+        (here.len() == 3 && ready_elsewhere == 3).then_some(())
+    })
+    .await;
+    wait_for("released servers gone", || async {
+        (w.on("n1").len() == 3).then_some(())
+    })
+    .await;
+    for g in w.on("n1") {
+        assert!(
+            in_use.contains(&(g.name.clone(), g.uid.clone())),
+            "{} is not one of the in-use servers",
+            g.name
+        );
+        assert!(!g.deleting, "{} must not be deleted", g.name);
+        assert_eq!(
+            g.annotations
+                .get("lastcall.dev/drain-reason")
+                .map(String::as_str),
+            Some("viability")
+        );
+        assert!(g.annotations.contains_key("lastcall.dev/drain-deadline"));
+        assert_eq!(
+            g.labels
+                .get("lastcall.dev/node-draining")
+                .map(String::as_str),
+            Some("true")
+        );
+    }
+    let m = agent.metrics().await;
+    assert_eq!(
+        metric(&m, "lastcall_releases_total", &[("result", "ok")]),
+        Some(3.0)
+    );
+    assert_eq!(
+        metric(&m, "lastcall_signal_to_fence_seconds_count", &[]),
+        Some(1.0)
+    );
+    assert_eq!(
+        w.gl.count("DeregisterGameServer"),
+        0,
+        "not while matches run"
+    );
+
+    for (name, _) in &in_use {
+        w.cluster.sdk_shutdown(NS, name).unwrap();
+    }
+    wait_for("deregistered", || async {
+        (w.gl.count("DeregisterGameServer") == 1).then_some(())
+    })
+    .await;
+    wait_for("deregistration recorded on the node", || async {
+        let n = w.node().await;
+        n.metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("lastcall.dev/deregistered")
+            .then_some(())
+    })
+    .await;
+    // Let several more passes run: still exactly one.
+    w.status(Status::Draining).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(w.gl.count("DeregisterGameServer"), 1);
+    let m = agent.metrics().await;
+    assert_eq!(
+        metric(&m, "lastcall_deregistrations_total", &[("result", "ok")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&m, "lastcall_drain_phase", &[("phase", "deregistered")]),
+        Some(1.0)
+    );
+    // Events were published on the Node.
+    let reasons: BTreeSet<String> = w
+        .cluster
+        .store()
+        .list(&lastcall_testkit::kube::resources::EVENTS_K8S, None)
+        .0
+        .iter()
+        .filter_map(|e| e.get("reason").and_then(|r| r.as_str()).map(str::to_string))
+        .collect();
+    for r in [
+        "DrainStarted",
+        "NodeFenced",
+        "GameServerReleased",
+        "GameServerProtected",
+        "Deregistered",
+    ] {
+        assert!(reasons.contains(r), "missing Event {r}: {reasons:?}");
+    }
+    agent.stop().await.unwrap();
+    assert_eq!(
+        w.gl.count("DeregisterGameServer"),
+        1,
+        "SIGTERM does not deregister by default"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_undoes_only_lastcalls_changes() {
+    let w = world(2, 1, 0, &["n2"]).await;
+    let agent = w.agent(&[]).await;
+    subscribed(&agent).await;
+    claimed_all(&w).await;
+
+    w.status(Status::Draining).await;
+    wait_for("fenced", || async {
+        cordoned(&w.node().await).then_some(())
+    })
+    .await;
+    // Someone else adds a taint mid-drain.
+    let c = w.cluster.emulator().client().await.unwrap();
+    let patch = serde_json::json!({"spec": {"taints": w.node().await.spec.unwrap().taints.unwrap().into_iter()
+        .map(|t| serde_json::to_value(t).unwrap())
+        .chain([serde_json::json!({"key": "example.com/foreign", "value": "x", "effect": "NoSchedule"})])
+        .collect::<Vec<_>>()}});
+    Api::<Node>::all(c.clone())
+        .patch(
+            "n1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+
+    w.status(Status::Active).await;
+    wait_for("uncordoned (we cordoned it)", || async {
+        let n = w.node().await;
+        (!cordoned(&n) && !has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    let n = w.node().await;
+    assert!(has_taint(&n, "example.com/foreign"), "foreign taint lost");
+    assert!(
+        !n.metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("lastcall.dev/drain-started")
+    );
+    wait_for("allocated server unmarked", || async {
+        w.on("n1")
+            .iter()
+            .filter(|g| g.state == Some(S::Allocated))
+            .all(|g| !g.labels.contains_key("lastcall.dev/node-draining"))
+            .then_some(())
+    })
+    .await;
+
+    // Cordoned by someone else, then DRAINING again, then ACTIVE: stays cordoned.
+    Api::<Node>::all(c)
+        .patch(
+            "n1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&serde_json::json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .unwrap();
+    w.status(Status::Draining).await;
+    wait_for("tainted again", || async {
+        has_taint(&w.node().await, "lastcall.dev/draining").then_some(())
+    })
+    .await;
+    w.status(Status::Active).await;
+    wait_for("our taint removed", || async {
+        (!has_taint(&w.node().await, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    let n = w.node().await;
+    assert!(
+        cordoned(&n),
+        "a node cordoned by someone else must stay cordoned"
+    );
+    assert!(has_taint(&n, "example.com/foreign"));
+    assert_eq!(w.gl.count("DeregisterGameServer"), 0);
+    let m = agent.metrics().await;
+    assert!(metric_sum(&m, "lastcall_signals_total", &[("status", "ACTIVE")]) >= 2.0);
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_causes_no_action_and_is_counted() {
+    let w = world(2, 1, 0, &["n2"]).await;
+    let agent = w.agent(&[]).await;
+    subscribed(&agent).await;
+    claimed_all(&w).await;
+    // Let start-up writes (claim labels, registration mark) settle, then watch the journal.
+    eventually(
+        "startup settles",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async {
+            w.node()
+                .await
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key("lastcall.dev/registered")
+                .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mutating_before = w.cluster.emulator().journal().mutating_count();
+
+    let big = format!(
+        "{{\"InstanceId\":\"i-n1\",\"InstanceStatus\":\"DRAINING\",\"pad\":\"{}\"}}",
+        "x".repeat(1 << 20)
+    );
+    let mut bodies: Vec<String> = vec![big];
+    for i in 0..50 {
+        bodies.push(
+            StatusMessage {
+                group_name: None,
+                group_arn: None,
+                instance_id: format!("i-other{i}"),
+                status: Status::Draining,
+            }
+            .to_python_json(),
+        );
+        bodies.push(format!("{{not json {i}"));
+        bodies.push(format!(
+            "{{\"InstanceId\":\"i-n1\",\"InstanceStatus\":\"EXPLODING{i}\"}}"
+        ));
+        bodies.push(format!(
+            "{{\"InstanceId\":{i},\"InstanceStatus\":\"DRAINING\"}}"
+        ));
+    }
+    bodies.push("[\"DRAINING\"]".into());
+    bodies.push("{\"InstanceStatus\":\"DRAINING\"}".into());
+    let mut c = w.redis.client().await.unwrap();
+    for b in &bodies {
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg("i-n1")
+            .arg(b)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let sent = bodies.len() as f64;
+    assert!(sent >= 200.0);
+    wait_for("every bad message counted", || async {
+        let m = agent.metrics().await;
+        (metric_sum(
+            &m,
+            "lastcall_signals_rejected_total",
+            &[("source", "fleetiq")],
+        ) == sent)
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // two resync periods
+    let m = agent.metrics().await;
+    for reason in [
+        "other_instance",
+        "invalid_json",
+        "unknown_status",
+        "wrong_type",
+        "oversize",
+        "not_object",
+        "missing_field",
+    ] {
+        assert!(
+            metric(
+                &m,
+                "lastcall_signals_rejected_total",
+                &[("source", "fleetiq"), ("reason", reason)]
+            )
+            .unwrap_or(0.0)
+                >= 1.0,
+            "{reason}"
+        );
+    }
+    assert_eq!(
+        w.cluster.emulator().journal().mutating_count(),
+        mutating_before,
+        "bad input must cause no write"
+    );
+    assert!(!cordoned(&w.node().await));
+    assert_eq!(
+        metric(&m, "lastcall_drain_phase", &[("phase", "idle")]),
+        Some(1.0)
+    );
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compat_mode_matches_the_original_on_the_wire() {
+    let w = world(1, 1, 0, &["n2"]).await;
+    let agent = w.agent(&["--compat-taints"]).await;
+    subscribed(&agent).await;
+    claimed_all(&w).await;
+    wait_for("active taint after claim", || async {
+        has_taint(&w.node().await, "gamelift.status/active").then_some(())
+    })
+    .await;
+    let allocated = w
+        .on("n1")
+        .into_iter()
+        .find(|g| g.state == Some(S::Allocated))
+        .unwrap();
+    w.status(Status::Draining).await;
+    wait_for("draining taint", || async {
+        has_taint(&w.node().await, "gamelift.status/draining").then_some(())
+    })
+    .await;
+    let n = w.node().await;
+    let taints: Vec<serde_json::Value> = n
+        .spec
+        .unwrap()
+        .taints
+        .unwrap()
+        .into_iter()
+        .map(|t| serde_json::to_value(t).unwrap())
+        .collect();
+    for key in ["gamelift.status/active", "gamelift.status/draining"] {
+        let t = taints.iter().find(|t| t["key"] == key).unwrap();
+        assert_eq!(
+            t.to_string(),
+            format!(r#"{{"effect":"NoExecute","key":"{key}","value":"true"}}"#)
+        );
+    }
+    let c = w.cluster.emulator().client().await.unwrap();
+    let pod = Api::<Pod>::namespaced(c, NS)
+        .get(&allocated.name)
+        .await
+        .unwrap();
+    let tols: Vec<String> = pod
+        .spec
+        .unwrap()
+        .tolerations
+        .unwrap_or_default()
+        .iter()
+        .map(|t| serde_json::to_string(t).unwrap())
+        .collect();
+    assert!(
+        tols.contains(&r#"{"effect":"NoExecute","key":"gamelift.status/draining","operator":"Equal","value":"true"}"#.to_string()),
+        "{tols:?}"
+    );
+    // The allocated server survived the NoExecute taint.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        w.on("n1")
+            .iter()
+            .any(|g| g.name == allocated.name && !g.deleting)
+    );
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_sends_no_mutating_request() {
+    let w = world(2, 1, 0, &["n2"]).await;
+    let agent = w.agent(&["--dry-run"]).await;
+    subscribed(&agent).await;
+    w.status(Status::Draining).await;
+    wait_for("dry-run actions recorded", || async {
+        let m = agent.metrics().await;
+        (metric(
+            &m,
+            "lastcall_actions_total",
+            &[("action", "release"), ("result", "dry_run")],
+        )
+        .unwrap_or(0.0)
+            >= 2.0)
+            .then_some(())
+    })
+    .await;
+    let j = w.cluster.emulator().journal();
+    let agent_writes =
+        j.count(|r| r.identity.as_deref() == Some("agent-n1") && r.verb.is_mutating());
+    assert_eq!(agent_writes, 0, "dry run must not write");
+    assert_eq!(
+        w.gl.count("RegisterGameServer")
+            + w.gl.count("ClaimGameServer")
+            + w.gl.count("UpdateGameServer"),
+        0
+    );
+    assert!(!cordoned(&w.node().await));
+    agent.stop().await.unwrap();
+}
