@@ -336,7 +336,11 @@ fn drain(
             continue;
         }
         let r = GsRef::of(gs);
-        if gs.labels.get(keys::LABEL_NODE_DRAINING).map(String::as_str) != Some("true") {
+        // A Ready server is released as it is: labelling it first would change its
+        // resourceVersion and make our own preconditioned delete fail.
+        if gs.state != GsState::Ready
+            && gs.labels.get(keys::LABEL_NODE_DRAINING).map(String::as_str) != Some("true")
+        {
             actions.push(Action::MarkDraining {
                 gs: r.clone(),
                 draining: true,

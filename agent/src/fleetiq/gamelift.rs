@@ -119,8 +119,18 @@ impl GameLift {
         }
     }
 
-    fn count<T>(&self, op: &'static str, r: &Result<T, GameLiftError>) {
-        let result = match r {
+    /// Awaits one SDK call, classifies its error and counts it by operation and result.
+    async fn call<T, E, R>(
+        &self,
+        op: &'static str,
+        fut: impl std::future::Future<Output = Result<T, SdkError<E, R>>>,
+    ) -> Result<T, GameLiftError>
+    where
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+        R: std::fmt::Debug,
+    {
+        let r = fut.await.map_err(classify);
+        let result = match &r {
             Ok(_) => "ok",
             Err(e) => e.metric_label(),
         };
@@ -131,94 +141,72 @@ impl GameLift {
                 result,
             })
             .inc();
+        r
     }
 
     pub async fn register(&self) -> Result<(), GameLiftError> {
-        let r = self
+        let req = self
             .client
             .register_game_server()
             .game_server_group_name(&self.group)
             .game_server_id(&self.game_server_id)
-            .instance_id(&self.instance_id)
-            .send()
+            .instance_id(&self.instance_id);
+        self.call("RegisterGameServer", req.send())
             .await
             .map(|_| ())
-            .map_err(classify);
-        self.count("RegisterGameServer", &r);
-        r
     }
 
     pub async fn claim(&self) -> Result<(), GameLiftError> {
-        let r = self
+        let req = self
             .client
             .claim_game_server()
             .game_server_group_name(&self.group)
+            .game_server_id(&self.game_server_id);
+        self.call("ClaimGameServer", req.send()).await.map(|_| ())
+    }
+
+    fn update(
+        &self,
+    ) -> aws_sdk_gamelift::operation::update_game_server::builders::UpdateGameServerFluentBuilder
+    {
+        self.client
+            .update_game_server()
+            .game_server_group_name(&self.group)
             .game_server_id(&self.game_server_id)
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(classify);
-        self.count("ClaimGameServer", &r);
-        r
     }
 
     pub async fn heartbeat(&self) -> Result<(), GameLiftError> {
-        let r = self
-            .client
-            .update_game_server()
-            .game_server_group_name(&self.group)
-            .game_server_id(&self.game_server_id)
-            .health_check(GameServerHealthCheck::Healthy)
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(classify);
-        self.count("UpdateGameServer", &r);
-        r
+        let req = self.update().health_check(GameServerHealthCheck::Healthy);
+        self.call("UpdateGameServer", req.send()).await.map(|_| ())
     }
 
     pub async fn set_utilized(&self) -> Result<(), GameLiftError> {
-        let r = self
-            .client
-            .update_game_server()
-            .game_server_group_name(&self.group)
-            .game_server_id(&self.game_server_id)
-            .utilization_status(GameServerUtilizationStatus::Utilized)
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(classify);
-        self.count("UpdateGameServer", &r);
-        r
+        let req = self
+            .update()
+            .utilization_status(GameServerUtilizationStatus::Utilized);
+        self.call("UpdateGameServer", req.send()).await.map(|_| ())
     }
 
     pub async fn deregister(&self) -> Result<(), GameLiftError> {
-        let r = self
+        let req = self
             .client
             .deregister_game_server()
             .game_server_group_name(&self.group)
-            .game_server_id(&self.game_server_id)
-            .send()
+            .game_server_id(&self.game_server_id);
+        self.call("DeregisterGameServer", req.send())
             .await
             .map(|_| ())
-            .map_err(classify);
-        self.count("DeregisterGameServer", &r);
-        r
     }
 
     /// This instance's status straight from GameLift (the stale-Redis fallback). `Ok(None)`
     /// when GameLift does not list the instance or answers with a status we do not know.
     pub async fn describe_own_status(&self) -> Result<Option<InstanceStatus>, GameLiftError> {
-        let r = self
+        let req = self
             .client
             .describe_game_server_instances()
             .game_server_group_name(&self.group)
-            .instance_ids(&self.instance_id)
-            .send()
-            .await
-            .map_err(classify);
-        self.count("DescribeGameServerInstances", &r);
-        let out = r?;
+            .instance_ids(&self.instance_id);
+        let out = self.call("DescribeGameServerInstances", req.send()).await?;
         Ok(out
             .game_server_instances()
             .iter()
