@@ -9,8 +9,11 @@ use lastcall_agent::run::{Overrides, run};
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
-    // Bad flags exit 2 here with a one-line error naming the flag (clap).
-    let config = Config::parse();
+    // Bad flags exit 2 here with a one-line error naming the flag.
+    let config = match Config::try_parse() {
+        Ok(c) => c,
+        Err(e) => return ExitCode::from(lastcall_common::cli::report_parse_error(&e)),
+    };
     if let Err(e) = lastcall_common::telemetry::init(&config.log_level) {
         eprintln!("lastcall-agent: {e}");
         return ExitCode::from(2);

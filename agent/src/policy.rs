@@ -28,6 +28,10 @@ pub struct PolicyConfig {
 
 pub struct Inputs<'a> {
     pub notices: &'a [Notice],
+    /// Sources that are configured but have not reported a first view yet (just started,
+    /// or never reachable). Unknown is not "all clear": a drain they may have started is
+    /// held, not cancelled.
+    pub unknown_sources: &'a [Source],
     pub observed: &'a Observed,
     pub config: &'a PolicyConfig,
     pub now: Timestamp,
@@ -211,6 +215,12 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         Phase::Deregistered
     } else if let Some(n) = &driver {
         drain(inp, &progress, n, &mut actions)
+    } else if progress.started.is_some()
+        && progress.cause != Some(Cause::Manual)
+        && !inp.unknown_sources.is_empty()
+    {
+        // A restarted agent has not heard from FleetIQ yet: keep the drain exactly as it is.
+        Phase::Draining
     } else if progress.started.is_some() {
         cancel(inp, &progress, &mut actions);
         Phase::Cancelling

@@ -22,7 +22,7 @@ use crate::actuator::{ActError, Actuator, Release};
 use crate::fleetiq::view::FleetIqView;
 use crate::keys;
 use crate::metrics::{ActionResult, Metrics, PhaseLabel, ResultLabel, StateLabel};
-use crate::notice::Notice;
+use crate::notice::{Notice, Source};
 use crate::observed::{GameServerView, NodeView, Observed, PodView};
 use crate::policy::{self, Action, GsRef, Phase, Plan, PolicyConfig};
 use crate::progress::Progress;
@@ -210,6 +210,15 @@ impl Reconciler {
         })
     }
 
+    /// FleetIQ is unknown until its first status arrives (from Redis, the cache, or GameLift).
+    fn unknown_sources(&self) -> Vec<Source> {
+        if self.config.deregister && self.fleetiq.borrow().status.is_none() {
+            vec![Source::FleetIq]
+        } else {
+            vec![]
+        }
+    }
+
     fn notices(&self) -> Vec<Notice> {
         let id = self
             .instance_id
@@ -282,8 +291,10 @@ impl Reconciler {
             }
         };
         let notices = self.notices();
+        let unknown = self.unknown_sources();
         let plan = policy::plan(&policy::Inputs {
             notices: &notices,
+            unknown_sources: &unknown,
             observed: &observed,
             config: &self.config,
             now: jiff::Timestamp::now(),

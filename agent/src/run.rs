@@ -16,7 +16,7 @@ use crate::actuator::Actuator;
 use crate::config::Config;
 use crate::fleetiq::gamelift::{self, GameLift, GameLiftError};
 use crate::fleetiq::imds::Imds;
-use crate::fleetiq::lifecycle::{self, HEALTH_HEARTBEAT};
+use crate::fleetiq::lifecycle::{self, HEALTH_REGISTRATION};
 use crate::fleetiq::source::{RedisSource, run_fallback};
 use crate::fleetiq::view::FleetIqView;
 use crate::metrics::Metrics;
@@ -42,11 +42,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let (metrics, registry) = Metrics::new();
-    let mut required = vec![HEALTH_KUBE];
-    if config.fleetiq_enabled() {
-        required.push(HEALTH_HEARTBEAT);
-    }
-    let health = Health::new(&required);
+    // The heartbeat check joins once heartbeats start (after FleetIQ start-up).
+    let health = Health::new(&[HEALTH_KUBE]);
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -244,6 +241,8 @@ impl FleetIqTask {
     }
 
     async fn run(self, stop: CancellationToken) {
+        self.health
+            .set(HEALTH_REGISTRATION, false, "waiting for the instance id");
         let Some(iid) = self.instance_id(&stop).await else {
             stop.cancelled().await;
             return;
@@ -272,15 +271,28 @@ impl FleetIqTask {
         let nodes: kube::Api<Node> = kube::Api::all(self.client.clone());
         let a = self.actuator.clone();
         let (s, node_name) = (stop.clone(), self.config.node_name.clone());
-        tasks.spawn(async move { lifecycle::start_up(&a, nodes, &node_name, &s).await });
-        tasks.spawn(lifecycle::heartbeat_loop(
+        let heartbeat = lifecycle::heartbeat_loop(
             self.actuator.clone(),
             self.config.heartbeat_interval,
             self.config.failure_threshold,
             self.metrics.clone(),
             self.health.clone(),
             stop.clone(),
-        ));
+        );
+        // Heartbeats start once start-up is done (registered, or found already draining), so
+        // the first one never reaches GameLift before the registration. They run on their own
+        // task from then on, independent of Redis.
+        let health = self.health.clone();
+        tasks.spawn(async move {
+            health.set(
+                HEALTH_REGISTRATION,
+                false,
+                "registering and claiming in FleetIQ",
+            );
+            lifecycle::start_up(&a, nodes, &node_name, &s).await;
+            health.set(HEALTH_REGISTRATION, true, "start-up done");
+            heartbeat.await;
+        });
         if let Some(target) = self.config.redis_url.clone() {
             let src = RedisSource {
                 target,

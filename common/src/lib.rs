@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod backoff;
+pub mod cli;
 pub mod duration;
 pub mod fleetiq;
 pub mod redis_url;

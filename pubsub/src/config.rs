@@ -139,32 +139,6 @@ impl Config {
     }
 }
 
-/// Turns a clap error into the one line an operator sees (the flag and the reason), keeping
-/// help and version output untouched. Returns the process exit code.
-pub fn report_parse_error(err: &clap::Error) -> u8 {
-    use clap::error::ErrorKind;
-    match err.kind() {
-        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
-            let _ = err.print();
-            0
-        }
-        _ => {
-            eprintln!("{}", one_line(&err.render().to_string()));
-            2
-        }
-    }
-}
-
-/// The error paragraph of a clap message joined into one line (usage and tips dropped).
-fn one_line(rendered: &str) -> String {
-    rendered
-        .lines()
-        .map(str::trim)
-        .take_while(|l| !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 fn parse_period(raw: &str) -> Result<Duration, String> {
     let d = parse_duration(raw)?;
     if d < MIN_PERIOD {
@@ -278,7 +252,7 @@ mod tests {
         for (args, flag) in cases {
             let err = parse(args).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::ValueValidation, "{args:?}: {err}");
-            let line = one_line(&err.render().to_string());
+            let line = lastcall_common::cli::one_line(&err.render().to_string());
             assert!(line.contains(flag), "{args:?}: {line}");
             assert!(!line.contains('\n'));
         }
@@ -290,7 +264,7 @@ mod tests {
             return; // the environment supplies it
         }
         let err = Config::try_parse_from(["lastcall-pubsub"]).unwrap_err();
-        let line = one_line(&err.render().to_string());
+        let line = lastcall_common::cli::one_line(&err.render().to_string());
         assert!(line.contains("--redis-url"), "{line}");
     }
 

@@ -10,7 +10,7 @@ use lastcall_pubsub::Config;
 async fn main() -> ExitCode {
     let config = match Config::try_parse() {
         Ok(c) => c,
-        Err(e) => return ExitCode::from(lastcall_pubsub::config::report_parse_error(&e)),
+        Err(e) => return ExitCode::from(lastcall_common::cli::report_parse_error(&e)),
     };
     if let Err(e) = lastcall_common::telemetry::init(&config.log_level) {
         eprintln!("error: {e}");

@@ -1,26 +1,54 @@
-//! Locating the workspace's real binaries for process-level tests.
+//! Locating the workspace's real binaries for process-level tests and the demo.
 //!
 //! A bin of another workspace crate is not built for this crate's test targets, so it is
 //! built on first use with the same cargo, profile and target dir (a no-op when up to date)
-//! and found next to the running test's `deps/` directory.
+//! and found in the profile directory: the parent of a test's `deps/` directory, or the
+//! directory of a running bin (the demo).
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
 
+/// Why a workspace binary could not be provided.
+#[derive(Debug, thiserror::Error)]
+pub enum BinaryError {
+    #[error("locating the running executable")]
+    CurrentExe(#[source] std::io::Error),
+    #[error("{0} is not inside a cargo target profile directory")]
+    NoProfileDir(PathBuf),
+    #[error("running cargo build for {bin}")]
+    Spawn {
+        bin: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cargo build -p {package} --bin {bin} failed ({status})")]
+    Build {
+        package: String,
+        bin: String,
+        status: std::process::ExitStatus,
+    },
+    #[error("{} missing after the build", .0.display())]
+    Missing(PathBuf),
+}
+
 /// Path to `bin` of workspace package `package`, building it if needed.
+///
+/// # Panics
+/// If the build fails or the binary cannot be found (tests want a loud failure).
 pub fn workspace_binary(package: &str, bin: &str) -> PathBuf {
+    try_workspace_binary(package, bin).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Like [`workspace_binary`], reporting failures instead of panicking.
+pub fn try_workspace_binary(package: &str, bin: &str) -> Result<PathBuf, BinaryError> {
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, p)) = built.iter().find(|(b, _)| b == bin) {
-        return p.clone();
+        return Ok(p.clone());
     }
-    let exe = std::env::current_exe().expect("current_exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target profile dir")
-        .to_path_buf();
+    let exe = std::env::current_exe().map_err(BinaryError::CurrentExe)?;
+    let profile_dir = profile_dir(&exe).ok_or_else(|| BinaryError::NoProfileDir(exe.clone()))?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = std::process::Command::new(cargo);
     cmd.args(["build", "-p", package, "--bin", bin])
@@ -31,17 +59,34 @@ pub fn workspace_binary(package: &str, bin: &str) -> PathBuf {
     if let (None, Some(target)) = (std::env::var_os("CARGO_TARGET_DIR"), profile_dir.parent()) {
         cmd.env("CARGO_TARGET_DIR", target);
     }
-    let status = cmd
-        .status()
-        .unwrap_or_else(|e| panic!("running cargo build for {bin}: {e}"));
-    assert!(
-        status.success(),
-        "cargo build -p {package} --bin {bin} failed"
-    );
+    let status = cmd.status().map_err(|source| BinaryError::Spawn {
+        bin: bin.to_string(),
+        source,
+    })?;
+    if !status.success() {
+        return Err(BinaryError::Build {
+            package: package.to_string(),
+            bin: bin.to_string(),
+            status,
+        });
+    }
     let path = profile_dir.join(bin);
-    assert!(path.is_file(), "{} missing after the build", path.display());
+    if !path.is_file() {
+        return Err(BinaryError::Missing(path));
+    }
     built.push((bin.to_string(), path.clone()));
-    path
+    Ok(path)
+}
+
+/// The profile directory (`target/<profile>`) of a running executable: tests and benches
+/// live in `target/<profile>/deps/`, bins in `target/<profile>/` itself.
+fn profile_dir(exe: &Path) -> Option<PathBuf> {
+    let dir = exe.parent()?;
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().map(Path::to_path_buf)
+    } else {
+        Some(dir.to_path_buf())
+    }
 }
 
 /// A free TCP port on 127.0.0.1 (racy by nature; fine for tests that bind it at once).
@@ -50,4 +95,21 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("binding an ephemeral port")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_dir_of_tests_and_bins() {
+        assert_eq!(
+            profile_dir(Path::new("/t/debug/deps/agent_drain-0123abcd")),
+            Some(PathBuf::from("/t/debug"))
+        );
+        assert_eq!(
+            profile_dir(Path::new("/t/release/lastcall-demo")),
+            Some(PathBuf::from("/t/release"))
+        );
+    }
 }

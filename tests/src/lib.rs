@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod bins;
 pub mod cluster;
+pub mod demo;
 pub mod eventually;
 pub mod gamelift;
 pub mod imds;

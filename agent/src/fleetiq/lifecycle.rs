@@ -22,6 +22,8 @@ use crate::progress::{Progress, format_ts};
 
 /// Readiness check name for the heartbeat.
 pub const HEALTH_HEARTBEAT: &str = "fleetiq_heartbeat";
+/// Readiness check name for start-up (instance id known, registered and claimed).
+pub const HEALTH_REGISTRATION: &str = "fleetiq_registration";
 
 async fn retry<F, Fut>(what: &str, shutdown: &CancellationToken, mut f: F) -> Option<()>
 where

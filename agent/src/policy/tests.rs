@@ -91,6 +91,7 @@ fn run(obs: &Observed, notices: &[Notice], config: &PolicyConfig) -> Plan {
         notices,
         observed: obs,
         config,
+        unknown_sources: &[],
         now: now(),
     })
 }
@@ -614,4 +615,37 @@ fn every_state_mix_converges_without_releasing_in_use_servers() {
             );
         }
     }
+}
+
+#[test]
+fn a_drain_is_held_not_cancelled_while_its_source_is_unknown() {
+    let (drained, _, _) = converge(&mixed(), &[draining()], &cfg());
+    // A restarted agent: the Node says draining, FleetIQ has not reported yet.
+    let held = plan(&Inputs {
+        notices: &[],
+        observed: &drained,
+        config: &cfg(),
+        unknown_sources: &[Source::FleetIq],
+        now: now(),
+    });
+    assert_eq!(held.phase, Phase::Draining);
+    assert!(held.actions.is_empty(), "{:?}", held.actions);
+    // Once FleetIQ says ACTIVE (no notice, source known), the drain is cancelled.
+    assert_eq!(run(&drained, &[], &cfg()).phase, Phase::Cancelling);
+    // A manual drain whose label is gone is cancelled even while FleetIQ is unknown.
+    let mut manual = mixed();
+    manual
+        .node
+        .labels
+        .insert(keys::LABEL_MANUAL_DRAIN.into(), "true".into());
+    let (mut m, _, _) = converge(&manual, &[], &cfg());
+    m.node.labels.remove(keys::LABEL_MANUAL_DRAIN);
+    let p = plan(&Inputs {
+        notices: &[],
+        observed: &m,
+        config: &cfg(),
+        unknown_sources: &[Source::FleetIq],
+        now: now(),
+    });
+    assert_eq!(p.phase, Phase::Cancelling);
 }

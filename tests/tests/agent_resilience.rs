@@ -1,0 +1,605 @@
+//! A fault in one dependency must not stop the agent or cause a drain: Redis dying mid-drain
+//! (issue scenario 4), Redis going quiet, the instance id coming from (or missing from)
+//! instance metadata, GameLift throttling everything, and Kubernetes API errors. The agent
+//! runs in-process against the emulated cluster, the GameLift and IMDS emulators and a real
+//! redis-server.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use lastcall_common::fleetiq::{InstanceStatus as Status, StatusMessage, cache_key};
+use lastcall_testkit::agent::{InProcessAgent, config, metric};
+use lastcall_testkit::cluster::{AllocationRequest, Cluster, ClusterConfig, FleetSpec, NodeSpec};
+use lastcall_testkit::cluster::{GameServerState as S, GameServerView};
+use lastcall_testkit::eventually::{eventually, wait_for};
+use lastcall_testkit::gamelift::{Call, GameLiftEmulator, InstanceStatus};
+use lastcall_testkit::imds::ImdsEmulator;
+use lastcall_testkit::kube::{FaultRule, Method};
+use lastcall_testkit::redis::RedisServer;
+
+const NS: &str = "default";
+const GROUP: &str = "g1";
+const IID: &str = "i-n1";
+/// Redis stays down this long in the outage scenario (issue scenario 4).
+const OUTAGE: Duration = Duration::from_secs(10);
+
+struct World {
+    cluster: Cluster,
+    gl: GameLiftEmulator,
+    redis: RedisServer,
+}
+
+/// n1 holds `ready` Ready and `allocated` Allocated servers; n2 joins afterwards so that
+/// replacements of released servers have somewhere to go.
+async fn world(ready: usize, allocated: usize) -> World {
+    let cluster = Cluster::start(ClusterConfig::default()).await.unwrap();
+    cluster.add_node(NodeSpec::new("n1")).unwrap();
+    let total = ready + allocated;
+    cluster
+        .create_fleet(FleetSpec::new("fleet", total as i64).grace_seconds(1))
+        .unwrap();
+    wait_for("fleet ready on n1", || async {
+        let n = cluster
+            .game_servers()
+            .iter()
+            .filter(|g| g.state == Some(S::Ready))
+            .count();
+        (n == total).then_some(())
+    })
+    .await;
+    for _ in 0..allocated {
+        let gs = cluster
+            .allocate(&AllocationRequest::fleet(NS, "fleet"))
+            .await
+            .unwrap();
+        assert!(gs.is_some(), "allocation failed");
+    }
+    cluster.add_node(NodeSpec::new("n2")).unwrap();
+    let gl = GameLiftEmulator::start().await.unwrap();
+    gl.add_instances(GROUP, &[IID.to_string()], InstanceStatus::Active);
+    let redis = RedisServer::start().await.unwrap();
+    World { cluster, gl, redis }
+}
+
+impl World {
+    /// FleetIQ flags for group g1 with fast heartbeats and resyncs, without an instance id.
+    fn fleetiq_args(&self) -> Vec<String> {
+        [
+            "--game-server-group",
+            GROUP,
+            "--redis-url",
+            &self.redis.url(),
+            "--heartbeat-interval",
+            "1s",
+            "--resync-interval",
+            "1s",
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    async fn start(&self, args: &[String]) -> InProcessAgent {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let kube = self.cluster.emulator().client_as("agent-n1").await.unwrap();
+        InProcessAgent::start(config("n1", &args), kube, Some(self.gl.sdk_client().await))
+            .await
+            .unwrap()
+    }
+
+    /// An agent for instance i-n1, plus `extra` flags.
+    async fn agent(&self, extra: &[&str]) -> InProcessAgent {
+        let mut args = self.fleetiq_args();
+        args.extend(["--instance-id", IID].map(String::from));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        self.start(&args).await
+    }
+
+    /// Sets the cached status and publishes it, as pubsub does.
+    async fn status(&self, s: Status) {
+        let body = StatusMessage {
+            group_name: Some(GROUP.into()),
+            group_arn: Some(GameLiftEmulator::group_arn(GROUP)),
+            instance_id: IID.into(),
+            status: s,
+        }
+        .to_python_json();
+        let mut c = self.redis.client().await.unwrap();
+        let _: () = redis::cmd("SET")
+            .arg(cache_key(IID))
+            .arg(&body)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(IID)
+            .arg(&body)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+
+    async fn node(&self) -> Node {
+        Api::<Node>::all(self.cluster.client())
+            .get("n1")
+            .await
+            .unwrap()
+    }
+
+    fn on_n1(&self) -> Vec<GameServerView> {
+        self.cluster
+            .game_servers()
+            .into_iter()
+            .filter(|g| g.node.as_deref() == Some("n1"))
+            .collect()
+    }
+
+    fn allocated(&self) -> GameServerView {
+        self.on_n1()
+            .into_iter()
+            .find(|g| g.state == Some(S::Allocated))
+            .expect("an Allocated server on n1")
+    }
+
+    /// Waits until the agent labelled every game server of n1 for its watch.
+    async fn claimed_all(&self) {
+        wait_for("agent labelled its game servers", || async {
+            self.on_n1()
+                .iter()
+                .all(|g| g.labels.get("lastcall.dev/node").map(String::as_str) == Some("n1"))
+                .then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until n1 is cordoned and tainted, only `keep` is left on it and it is protected.
+    async fn fenced_and_released(&self, keep: &GameServerView) {
+        wait_for("fenced, Ready released, the match protected", || async {
+            let here = self.on_n1();
+            let protected = here.len() == 1
+                && here[0].uid == keep.uid
+                && here[0]
+                    .annotations
+                    .contains_key("lastcall.dev/drain-deadline");
+            (fenced(&self.node().await) && protected).then_some(())
+        })
+        .await;
+    }
+
+    /// Ends the match and checks the drain finishes with exactly one deregistration.
+    async fn finish_drain(&self, keep: &GameServerView) {
+        assert_eq!(self.gl.count("DeregisterGameServer"), 0, "not while busy");
+        self.cluster.sdk_shutdown(NS, &keep.name).unwrap();
+        wait_for("deregistered once the node is empty", || async {
+            (self.gl.count("DeregisterGameServer") == 1).then_some(())
+        })
+        .await;
+        wait_for("deregistration recorded on the Node", || async {
+            self.node()
+                .await
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key("lastcall.dev/deregistered")
+                .then_some(())
+        })
+        .await;
+        // Let a few resync passes (1 s) run: still exactly once.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(self.gl.count("DeregisterGameServer"), 1);
+    }
+}
+
+fn taint_value(n: &Node, key: &str) -> Option<String> {
+    n.spec
+        .as_ref()?
+        .taints
+        .as_ref()?
+        .iter()
+        .find(|t| t.key == key)
+        .map(|t| t.value.clone().unwrap_or_default())
+}
+
+fn fenced(n: &Node) -> bool {
+    let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    cordoned && taint_value(n, "lastcall.dev/draining").is_some()
+}
+
+async fn gauge(agent: &InProcessAgent, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric(&agent.metrics().await, name, labels).unwrap_or(0.0)
+}
+
+async fn wait_metric_at_least(agent: &InProcessAgent, name: &str, labels: &[(&str, &str)], v: f64) {
+    wait_for(&format!("{name}{labels:?} >= {v}"), || async {
+        (gauge(agent, name, labels).await >= v).then_some(())
+    })
+    .await;
+}
+
+async fn subscribed(agent: &InProcessAgent) {
+    wait_for("agent subscribed to Redis", || async {
+        (gauge(agent, "lastcall_redis_connected", &[]).await == 1.0).then_some(())
+    })
+    .await;
+}
+
+fn is_heartbeat(c: &Call) -> bool {
+    c.op == "UpdateGameServer" && c.input["HealthCheck"] == "HEALTHY"
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue scenario 4: Redis killed for 10 s mid-drain
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_mid_drain_keeps_heartbeats_and_the_drain_completes() {
+    let mut w = world(1, 1).await;
+    let keep = w.allocated();
+    let agent = w.agent(&[]).await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    w.status(Status::Draining).await;
+    w.fenced_and_released(&keep).await;
+    let reconnects = gauge(&agent, "lastcall_redis_reconnects_total", &[]).await;
+    let beats_ok = gauge(&agent, "lastcall_heartbeats_total", &[("result", "ok")]).await;
+
+    let down = SystemTime::now();
+    w.redis.kill().await;
+    wait_for("the agent notices Redis is gone", || async {
+        (gauge(&agent, "lastcall_redis_connected", &[]).await == 0.0).then_some(())
+    })
+    .await;
+    wait_metric_at_least(
+        &agent,
+        "lastcall_redis_reconnects_total",
+        &[],
+        reconnects + 1.0,
+    )
+    .await;
+    // The outage itself: time has to pass here.
+    tokio::time::sleep(OUTAGE).await;
+    let up = SystemTime::now();
+    w.redis.restart().await.unwrap();
+
+    // Reconnect backoff is jittered and capped at 30 s; after 10 s down the pending delay
+    // can be up to ~13 s (and, drawn unluckily, up to ~26 s).
+    eventually(
+        "the agent resubscribes",
+        Duration::from_secs(40),
+        Duration::from_millis(50),
+        || async { (gauge(&agent, "lastcall_redis_connected", &[]).await == 1.0).then_some(()) },
+    )
+    .await;
+
+    // Heartbeats, per the emulator's record: the 1 s period held through the outage.
+    let calls = w.gl.calls();
+    let beats: Vec<SystemTime> = calls
+        .iter()
+        .filter(|c| is_heartbeat(c) && c.outcome == "ok")
+        .map(|c| c.at)
+        .collect();
+    let during = beats.iter().filter(|t| **t >= down && **t <= up).count();
+    assert!(
+        during >= 7,
+        "{during} heartbeats in a {OUTAGE:?} outage at a 1 s period"
+    );
+    // The chain from the last heartbeat before the outage to the first after it.
+    let first = beats.iter().rposition(|t| *t < down).unwrap_or(0);
+    let last = beats
+        .iter()
+        .position(|t| *t > up)
+        .expect("a heartbeat after Redis came back");
+    for pair in beats[first..=last].windows(2) {
+        let gap = pair[1].duration_since(pair[0]).unwrap();
+        assert!(
+            gap < Duration::from_secs(3),
+            "heartbeat gap of {gap:?} during the Redis outage"
+        );
+    }
+    assert!(
+        gauge(&agent, "lastcall_heartbeats_total", &[("result", "ok")]).await >= beats_ok + 7.0
+    );
+
+    // Still fenced, the match still protected, the last status kept through the outage.
+    assert!(fenced(&w.node().await), "the outage did not undo the fence");
+    let g = w.cluster.game_server(NS, &keep.name).unwrap();
+    assert!(!g.deleting && g.annotations.contains_key("lastcall.dev/drain-deadline"));
+    assert_eq!(
+        metric(
+            &agent.metrics().await,
+            "lastcall_drain_phase",
+            &[("phase", "draining")]
+        ),
+        Some(1.0)
+    );
+
+    // Resubscribed to the channel: a fresh message arrives.
+    let labels = [("source", "fleetiq"), ("status", "DRAINING")];
+    let seen = gauge(&agent, "lastcall_signals_total", &labels).await;
+    w.status(Status::Draining).await;
+    wait_metric_at_least(&agent, "lastcall_signals_total", &labels, seen + 1.0).await;
+
+    w.finish_drain(&keep).await;
+    agent.stop().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// Redis up but quiet: ask GameLift directly
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_redis_falls_back_to_gamelift_for_own_instance() {
+    let w = world(1, 1).await;
+    let keep = w.allocated();
+    let agent = w
+        .agent(&[
+            "--publish-period",
+            "1s",
+            "--stale-periods",
+            "2",
+            "--healthcheck-interval",
+            "5",
+        ])
+        .await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    // No message ever arrives on Redis; GameLift says DRAINING.
+    w.gl.set_instance_status(IID, InstanceStatus::Draining);
+    w.fenced_and_released(&keep).await;
+
+    let describes: Vec<Call> =
+        w.gl.calls()
+            .into_iter()
+            .filter(|c| c.op == "DescribeGameServerInstances")
+            .collect();
+    assert!(!describes.is_empty());
+    for c in &describes {
+        assert_eq!(c.input["InstanceIds"], serde_json::json!([IID]), "{c:?}");
+        assert_eq!(c.input["GameServerGroupName"], GROUP, "{c:?}");
+    }
+    let m = agent.metrics().await;
+    assert!(
+        metric(
+            &m,
+            "lastcall_fleetiq_fallback_checks_total",
+            &[("result", "ok")]
+        ) >= Some(1.0)
+    );
+    assert!(
+        metric(
+            &m,
+            "lastcall_signals_total",
+            &[("source", "fleetiq"), ("status", "DRAINING")]
+        ) >= Some(1.0)
+    );
+    assert_eq!(
+        metric(&m, "lastcall_redis_connected", &[]),
+        Some(1.0),
+        "Redis was up, only quiet"
+    );
+    let ann = w.node().await.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        ann.get("lastcall.dev/drain-cause").map(String::as_str),
+        Some("viability")
+    );
+    agent.stop().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// Identity from instance metadata
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_id_from_imds_names_the_game_server_and_the_channel() {
+    let w = world(1, 1).await;
+    let keep = w.allocated();
+    let imds = ImdsEmulator::start(IID, "ip-10-0-0-1.us-west-2.compute.internal")
+        .await
+        .unwrap();
+    let mut args = w.fleetiq_args();
+    args.extend(["--imds-endpoint".to_string(), imds.url()]);
+    let agent = w.start(&args).await;
+    wait_for("registered and claimed", || async {
+        (w.gl.count("ClaimGameServer") == 1).then_some(())
+    })
+    .await;
+    let register =
+        w.gl.calls()
+            .into_iter()
+            .find(|c| c.op == "RegisterGameServer")
+            .unwrap();
+    assert_eq!(register.input["GameServerId"], IID);
+    assert_eq!(register.input["InstanceId"], IID);
+    assert!(w.gl.game_server(GROUP, IID).unwrap().registered);
+    let reqs = imds.requests();
+    assert!(
+        reqs.iter()
+            .any(|(m, p, s)| m == "PUT" && p == "/latest/api/token" && *s == 200),
+        "IMDSv2 token: {reqs:?}"
+    );
+    assert!(
+        reqs.iter()
+            .any(|(m, p, s)| m == "GET" && p == "/latest/meta-data/instance-id" && *s == 200),
+        "{reqs:?}"
+    );
+
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    w.status(Status::Draining).await; // published on channel i-n1
+    w.fenced_and_released(&keep).await;
+    assert_eq!(
+        taint_value(&w.node().await, "lastcall.dev/draining").as_deref(),
+        Some("fleetiq")
+    );
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imds_unreachable_leaves_fleetiq_waiting_and_manual_drain_working() {
+    let w = world(1, 1).await;
+    let keep = w.allocated();
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut args = w.fleetiq_args();
+    args.extend(["--imds-endpoint".to_string(), format!("http://{closed}")]);
+    let agent = w.start(&args).await;
+    w.claimed_all().await;
+    wait_metric_at_least(&agent, "lastcall_drain_phase", &[("phase", "idle")], 1.0).await;
+
+    let patch = serde_json::json!({"metadata": {"labels": {"lastcall.dev/drain": "true"}}});
+    Api::<Node>::all(w.cluster.client())
+        .patch("n1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    w.fenced_and_released(&keep).await;
+    let n = w.node().await;
+    assert_eq!(
+        taint_value(&n, "lastcall.dev/draining").as_deref(),
+        Some("manual")
+    );
+    let g = w.cluster.game_server(NS, &keep.name).unwrap();
+    assert_eq!(
+        g.annotations
+            .get("lastcall.dev/drain-reason")
+            .map(String::as_str),
+        Some("manual")
+    );
+    assert!(w.gl.calls().is_empty(), "FleetIQ waits for an instance id");
+    let m = agent.metrics().await;
+    assert_eq!(metric(&m, "lastcall_redis_connected", &[]), Some(0.0));
+    // Every task kept running: a supervised task that ended would make this an error.
+    agent.stop().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// GameLift and Kubernetes API faults
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gamelift_throttling_never_causes_a_drain() {
+    let w = world(2, 1).await;
+    let before: BTreeSet<String> = w.on_n1().into_iter().map(|g| g.uid).collect();
+    w.gl.set_throttle_ratio(1.0);
+    let agent = w
+        .agent(&[
+            "--publish-period",
+            "1s",
+            "--stale-periods",
+            "1",
+            "--healthcheck-interval",
+            "5",
+        ])
+        .await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    eventually(
+        "throttled registrations and fallback checks are counted",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let m = agent.metrics().await;
+            let beats = metric(
+                &m,
+                "lastcall_gamelift_calls_total",
+                &[("operation", "RegisterGameServer"), ("result", "throttled")],
+            );
+            let checks = metric(
+                &m,
+                "lastcall_fleetiq_fallback_checks_total",
+                &[("result", "throttled")],
+            );
+            (beats >= Some(3.0) && checks >= Some(1.0)).then_some(())
+        },
+    )
+    .await;
+    let calls = w.gl.calls();
+    assert!(
+        calls.iter().all(|c| c.outcome == "ThrottlingException"),
+        "every call was throttled"
+    );
+    assert!(calls.iter().any(|c| c.op == "RegisterGameServer"));
+    // No heartbeat before the server is registered.
+    assert!(!calls.iter().any(is_heartbeat));
+    let m = agent.metrics().await;
+    assert_eq!(
+        metric(&m, "lastcall_heartbeats_total", &[("result", "ok")]),
+        None
+    );
+    assert_eq!(
+        metric(&m, "lastcall_drain_phase", &[("phase", "idle")]),
+        Some(1.0)
+    );
+    let n = w.node().await;
+    assert!(
+        n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true),
+        "not cordoned"
+    );
+    assert_eq!(taint_value(&n, "lastcall.dev/draining"), None);
+    assert!(
+        !n.metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("lastcall.dev/drain-started")
+    );
+    let after: BTreeSet<String> = w
+        .on_n1()
+        .into_iter()
+        .filter(|g| !g.deleting)
+        .map(|g| g.uid)
+        .collect();
+    assert_eq!(after, before, "no game server released");
+    // Readiness reports that FleetIQ start-up has not completed.
+    let r = reqwest::get(format!("http://{}/readyz", agent.admin))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let report: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(report["fleetiq_registration"]["ok"], false, "{report}");
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_api_errors_are_retried_until_the_drain_completes() {
+    let w = world(1, 1).await;
+    let keep = w.allocated();
+    let agent = w.agent(&[]).await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    // Start-up's own Node write (the registration mark) is done before faults go in.
+    wait_for("registration recorded on the Node", || async {
+        w.node()
+            .await
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("lastcall.dev/registered")
+            .then_some(())
+    })
+    .await;
+    let faults = w.cluster.emulator().faults();
+    faults.inject(FaultRule::status(
+        Some(Method::PATCH),
+        "/api/v1/nodes/n1",
+        2,
+        500,
+    ));
+    w.status(Status::Draining).await;
+    w.fenced_and_released(&keep).await;
+    assert_eq!(faults.pending(), 0, "both injected failures were hit");
+    let failed = w.cluster.emulator().journal().count(|e| {
+        e.identity.as_deref() == Some("agent-n1")
+            && e.method == "PATCH"
+            && e.path == "/api/v1/nodes/n1"
+            && e.status == 500
+    });
+    assert_eq!(failed, 2);
+    let m = agent.metrics().await;
+    assert!(metric(&m, "lastcall_reconciles_total", &[("result", "error")]) >= Some(1.0));
+    w.finish_drain(&keep).await;
+    agent.stop().await.unwrap();
+}
