@@ -13,3 +13,4 @@ pub mod gamelift;
 pub mod imds;
 pub mod kube;
 pub mod redis;
+pub mod world;

@@ -6,161 +6,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
-use lastcall_common::fleetiq::{InstanceStatus as Status, StatusMessage, cache_key};
-use lastcall_testkit::agent::{InProcessAgent, config, metric, metric_sum};
-use lastcall_testkit::cluster::{AllocationRequest, Cluster, ClusterConfig, FleetSpec, NodeSpec};
+use lastcall_common::fleetiq::{InstanceStatus as Status, StatusMessage};
+use lastcall_testkit::agent::{metric, metric_sum};
 use lastcall_testkit::cluster::{GameServerState as S, GameServerView};
 use lastcall_testkit::eventually::{eventually, wait_for};
-use lastcall_testkit::gamelift::{GameLiftEmulator, InstanceStatus};
-use lastcall_testkit::redis::RedisServer;
+use lastcall_testkit::world::{NS, World, WorldSpec, cordoned, has_taint, subscribed};
 
-const NS: &str = "default";
-const GROUP: &str = "g1";
-
-struct World {
-    cluster: Cluster,
-    gl: GameLiftEmulator,
-    redis: RedisServer,
-}
-
-/// n1 holds a Fleet of `ready + allocated + reserved` servers; n2 and n3 join afterwards
-/// so that replacements have somewhere to go.
 async fn world(ready: usize, allocated: usize, reserved: usize, extra_nodes: &[&str]) -> World {
-    let cluster = Cluster::start(ClusterConfig::default()).await.unwrap();
-    cluster.add_node(NodeSpec::new("n1")).unwrap();
-    let total = ready + allocated + reserved;
-    cluster
-        .create_fleet(FleetSpec::new("fleet", total as i64).grace_seconds(1))
-        .unwrap();
-    wait_for("fleet ready on n1", || async {
-        let n = cluster
-            .game_servers()
-            .iter()
-            .filter(|g| g.state == Some(S::Ready))
-            .count();
-        (n == total).then_some(())
-    })
-    .await;
-    for _ in 0..allocated {
-        let gs = cluster
-            .allocate(&AllocationRequest::fleet(NS, "fleet"))
-            .await
-            .unwrap();
-        assert!(gs.is_some(), "allocation failed");
-    }
-    let ready_names: Vec<String> = cluster
-        .game_servers()
-        .into_iter()
-        .filter(|g| g.state == Some(S::Ready))
-        .map(|g| g.name)
-        .collect();
-    for name in ready_names.iter().take(reserved) {
-        cluster.reserve(NS, name).unwrap();
-    }
-    for n in extra_nodes {
-        cluster.add_node(NodeSpec::new(*n)).unwrap();
-    }
-    let gl = GameLiftEmulator::start().await.unwrap();
-    gl.add_instances(GROUP, &["i-n1".to_string()], InstanceStatus::Active);
-    let redis = RedisServer::start().await.unwrap();
-    World { cluster, gl, redis }
-}
-
-impl World {
-    async fn agent(&self, extra: &[&str]) -> InProcessAgent {
-        let url = self.redis.url();
-        let mut args = vec![
-            "--game-server-group",
-            GROUP,
-            "--instance-id",
-            "i-n1",
-            "--redis-url",
-            &url,
-            "--heartbeat-interval",
-            "1s",
-            "--resync-interval",
-            "1s",
-        ];
-        args.extend_from_slice(extra);
-        let kube = self.cluster.emulator().client_as("agent-n1").await.unwrap();
-        InProcessAgent::start(config("n1", &args), kube, Some(self.gl.sdk_client().await))
-            .await
-            .unwrap()
-    }
-
-    /// Sets the cached status and publishes it, as pubsub does.
-    async fn status(&self, s: Status) {
-        let body = StatusMessage {
-            group_name: Some(GROUP.into()),
-            group_arn: Some(format!(
-                "arn:aws:gamelift:us-west-2:123456789012:gameservergroup/{GROUP}"
-            )),
-            instance_id: "i-n1".into(),
-            status: s,
-        }
-        .to_python_json();
-        self.raw(&body).await;
-    }
-
-    async fn raw(&self, body: &str) {
-        let mut c = self.redis.client().await.unwrap();
-        let _: () = redis::cmd("SET")
-            .arg(cache_key("i-n1"))
-            .arg(body)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        let _: i64 = redis::cmd("PUBLISH")
-            .arg("i-n1")
-            .arg(body)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-    }
-
-    async fn node(&self) -> Node {
-        let c = self.cluster.emulator().client().await.unwrap();
-        Api::<Node>::all(c).get("n1").await.unwrap()
-    }
-
-    fn on(&self, node: &str) -> Vec<GameServerView> {
-        self.cluster
-            .game_servers()
-            .into_iter()
-            .filter(|g| g.node.as_deref() == Some(node))
-            .collect()
-    }
-}
-
-async fn subscribed(agent: &InProcessAgent) {
-    wait_for("agent subscribed to Redis", || async {
-        (metric(&agent.metrics().await, "lastcall_redis_connected", &[]) == Some(1.0)).then_some(())
-    })
-    .await;
-}
-
-async fn claimed_all(w: &World) {
-    wait_for("agent labelled its game servers", || async {
-        w.on("n1")
-            .iter()
-            .all(|g| g.labels.get("lastcall.dev/node").map(String::as_str) == Some("n1"))
-            .then_some(())
-    })
-    .await;
-}
-
-fn has_taint(n: &Node, key: &str) -> bool {
-    n.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| t.iter().any(|t| t.key == key))
-}
-
-fn cordoned(n: &Node) -> bool {
-    n.spec
-        .as_ref()
-        .and_then(|s| s.unschedulable)
-        .unwrap_or(false)
+    World::start(WorldSpec::new(ready, allocated, reserved).extra_nodes(extra_nodes)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,7 +32,7 @@ async fn draining_fences_releases_protects_and_deregisters_once() {
     })
     .await;
     subscribed(&agent).await;
-    claimed_all(&w).await;
+    w.claimed_all().await;
 
     w.status(Status::Draining).await;
     wait_for("node cordoned and tainted", || async {
@@ -298,7 +151,7 @@ async fn cancel_undoes_only_lastcalls_changes() {
     let w = world(2, 1, 0, &["n2"]).await;
     let agent = w.agent(&[]).await;
     subscribed(&agent).await;
-    claimed_all(&w).await;
+    w.claimed_all().await;
 
     w.status(Status::Draining).await;
     wait_for("fenced", || async {
@@ -379,7 +232,7 @@ async fn bad_input_causes_no_action_and_is_counted() {
     let w = world(2, 1, 0, &["n2"]).await;
     let agent = w.agent(&[]).await;
     subscribed(&agent).await;
-    claimed_all(&w).await;
+    w.claimed_all().await;
     // Let start-up writes (claim labels, registration mark) settle, then watch the journal.
     eventually(
         "startup settles",
@@ -485,7 +338,7 @@ async fn compat_mode_matches_the_original_on_the_wire() {
     let w = world(1, 1, 0, &["n2"]).await;
     let agent = w.agent(&["--compat-taints"]).await;
     subscribed(&agent).await;
-    claimed_all(&w).await;
+    w.claimed_all().await;
     wait_for("active taint after claim", || async {
         has_taint(&w.node().await, "gamelift.status/active").then_some(())
     })

@@ -13,22 +13,16 @@ use std::time::Duration;
 
 use clap::CommandFactory;
 use k8s_openapi::api::core::v1::Node;
-use kube::Api;
-use lastcall_common::fleetiq::{InstanceStatus as Status, StatusMessage, cache_key};
+use lastcall_common::fleetiq::InstanceStatus as Status;
 use lastcall_testkit::agent::{metric, metric_sum, scrape};
 use lastcall_testkit::bins::workspace_binary;
-use lastcall_testkit::cluster::{AllocationRequest, Cluster, ClusterConfig, FleetSpec, NodeSpec};
-use lastcall_testkit::cluster::{GameServerState as S, GameServerView};
+use lastcall_testkit::cluster::GameServerState as S;
 use lastcall_testkit::eventually::{eventually, wait_for};
-use lastcall_testkit::gamelift::{GameLiftEmulator, InstanceStatus};
 use lastcall_testkit::kube::{FaultRule, Method};
-use lastcall_testkit::redis::RedisServer;
+use lastcall_testkit::world::{GROUP, IID, NS, WorldSpec};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 
-const NS: &str = "default";
-const GROUP: &str = "g1";
-const IID: &str = "i-n1";
 /// How long a stop signal may take to end the process (the agent's promise).
 const EXIT_WITHIN: Duration = Duration::from_secs(5);
 
@@ -36,61 +30,35 @@ const EXIT_WITHIN: Duration = Duration::from_secs(5);
 // The world: cluster model, GameLift emulator, real Redis
 // ---------------------------------------------------------------------------------------
 
+/// The shared scenario world plus a directory for the processes' HOME and kubeconfig.
 struct World {
-    cluster: Cluster,
-    gl: GameLiftEmulator,
-    redis: RedisServer,
-    /// HOME and the kubeconfig of the agent processes.
+    base: lastcall_testkit::world::World,
     dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for World {
+    type Target = lastcall_testkit::world::World;
+    fn deref(&self) -> &Self::Target {
+        &self.base
+    }
 }
 
 /// n1 holds a Fleet of `ready + allocated` servers; `extra_nodes` join afterwards so that
 /// replacements have somewhere to go.
 async fn world(ready: usize, allocated: usize, extra_nodes: &[&str]) -> World {
-    let cluster = Cluster::start(ClusterConfig::default()).await.unwrap();
-    cluster.add_node(NodeSpec::new("n1")).unwrap();
-    let total = ready + allocated;
-    if total > 0 {
-        cluster
-            .create_fleet(FleetSpec::new("fleet", total as i64).grace_seconds(1))
-            .unwrap();
-        wait_for("fleet ready on n1", || async {
-            let n = cluster
-                .game_servers()
-                .iter()
-                .filter(|g| g.state == Some(S::Ready))
-                .count();
-            (n == total).then_some(())
-        })
-        .await;
-    }
-    for _ in 0..allocated {
-        let gs = cluster
-            .allocate(&AllocationRequest::fleet(NS, "fleet"))
-            .await
-            .unwrap();
-        assert!(gs.is_some(), "allocation failed");
-    }
-    for n in extra_nodes {
-        cluster.add_node(NodeSpec::new(*n)).unwrap();
-    }
-    let gl = GameLiftEmulator::start().await.unwrap();
-    gl.add_instances(GROUP, &[IID.to_string()], InstanceStatus::Active);
-    let redis = RedisServer::start().await.unwrap();
+    let base = lastcall_testkit::world::World::start(
+        WorldSpec::new(ready, allocated, 0).extra_nodes(extra_nodes),
+    )
+    .await;
     let dir = tempfile::Builder::new()
         .prefix("lastcall-agent-proc-")
         .tempdir()
         .unwrap();
-    cluster
+    base.cluster
         .emulator()
         .write_kubeconfig(&dir.path().join("kubeconfig"), "agent-n1")
         .unwrap();
-    World {
-        cluster,
-        gl,
-        redis,
-        dir,
-    }
+    World { base, dir }
 }
 
 impl World {
@@ -119,45 +87,6 @@ impl World {
             .args(["--heartbeat-interval", "1s", "--resync-interval", "1s"])
             .args(extra);
         AgentProcess::spawn(cmd).await
-    }
-
-    /// Sets the cached status and publishes it, as pubsub does.
-    async fn status(&self, s: Status) {
-        let body = StatusMessage {
-            group_name: Some(GROUP.into()),
-            group_arn: Some(GameLiftEmulator::group_arn(GROUP)),
-            instance_id: IID.into(),
-            status: s,
-        }
-        .to_python_json();
-        let mut c = self.redis.client().await.unwrap();
-        let _: () = redis::cmd("SET")
-            .arg(cache_key(IID))
-            .arg(&body)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        let _: i64 = redis::cmd("PUBLISH")
-            .arg(IID)
-            .arg(&body)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-    }
-
-    async fn node(&self) -> Node {
-        Api::<Node>::all(self.cluster.client())
-            .get("n1")
-            .await
-            .unwrap()
-    }
-
-    fn on(&self, node: &str) -> Vec<GameServerView> {
-        self.cluster
-            .game_servers()
-            .into_iter()
-            .filter(|g| g.node.as_deref() == Some(node))
-            .collect()
     }
 
     /// Node requests that changed something, made by the agents so far.

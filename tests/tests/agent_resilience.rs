@@ -10,186 +10,22 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use lastcall_common::fleetiq::{InstanceStatus as Status, StatusMessage, cache_key};
-use lastcall_testkit::agent::{InProcessAgent, config, metric};
-use lastcall_testkit::cluster::{AllocationRequest, Cluster, ClusterConfig, FleetSpec, NodeSpec};
-use lastcall_testkit::cluster::{GameServerState as S, GameServerView};
+use lastcall_common::fleetiq::InstanceStatus as Status;
+use lastcall_testkit::agent::{InProcessAgent, metric};
 use lastcall_testkit::eventually::{eventually, wait_for};
-use lastcall_testkit::gamelift::{Call, GameLiftEmulator, InstanceStatus};
+use lastcall_testkit::gamelift::{Call, InstanceStatus};
 use lastcall_testkit::imds::ImdsEmulator;
 use lastcall_testkit::kube::{FaultRule, Method};
-use lastcall_testkit::redis::RedisServer;
+use lastcall_testkit::world::{
+    GROUP, IID, NODE, NS, World, WorldSpec, cordoned, has_taint, subscribed,
+};
 
-const NS: &str = "default";
-const GROUP: &str = "g1";
-const IID: &str = "i-n1";
 /// Redis stays down this long in the outage scenario (issue scenario 4).
 const OUTAGE: Duration = Duration::from_secs(10);
 
-struct World {
-    cluster: Cluster,
-    gl: GameLiftEmulator,
-    redis: RedisServer,
-}
-
-/// n1 holds `ready` Ready and `allocated` Allocated servers; n2 joins afterwards so that
-/// replacements of released servers have somewhere to go.
+/// n1 holds `ready` Ready and `allocated` Allocated servers; n2 joins afterwards.
 async fn world(ready: usize, allocated: usize) -> World {
-    let cluster = Cluster::start(ClusterConfig::default()).await.unwrap();
-    cluster.add_node(NodeSpec::new("n1")).unwrap();
-    let total = ready + allocated;
-    cluster
-        .create_fleet(FleetSpec::new("fleet", total as i64).grace_seconds(1))
-        .unwrap();
-    wait_for("fleet ready on n1", || async {
-        let n = cluster
-            .game_servers()
-            .iter()
-            .filter(|g| g.state == Some(S::Ready))
-            .count();
-        (n == total).then_some(())
-    })
-    .await;
-    for _ in 0..allocated {
-        let gs = cluster
-            .allocate(&AllocationRequest::fleet(NS, "fleet"))
-            .await
-            .unwrap();
-        assert!(gs.is_some(), "allocation failed");
-    }
-    cluster.add_node(NodeSpec::new("n2")).unwrap();
-    let gl = GameLiftEmulator::start().await.unwrap();
-    gl.add_instances(GROUP, &[IID.to_string()], InstanceStatus::Active);
-    let redis = RedisServer::start().await.unwrap();
-    World { cluster, gl, redis }
-}
-
-impl World {
-    /// FleetIQ flags for group g1 with fast heartbeats and resyncs, without an instance id.
-    fn fleetiq_args(&self) -> Vec<String> {
-        [
-            "--game-server-group",
-            GROUP,
-            "--redis-url",
-            &self.redis.url(),
-            "--heartbeat-interval",
-            "1s",
-            "--resync-interval",
-            "1s",
-        ]
-        .map(String::from)
-        .to_vec()
-    }
-
-    async fn start(&self, args: &[String]) -> InProcessAgent {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let kube = self.cluster.emulator().client_as("agent-n1").await.unwrap();
-        InProcessAgent::start(config("n1", &args), kube, Some(self.gl.sdk_client().await))
-            .await
-            .unwrap()
-    }
-
-    /// An agent for instance i-n1, plus `extra` flags.
-    async fn agent(&self, extra: &[&str]) -> InProcessAgent {
-        let mut args = self.fleetiq_args();
-        args.extend(["--instance-id", IID].map(String::from));
-        args.extend(extra.iter().map(|s| s.to_string()));
-        self.start(&args).await
-    }
-
-    /// Sets the cached status and publishes it, as pubsub does.
-    async fn status(&self, s: Status) {
-        let body = StatusMessage {
-            group_name: Some(GROUP.into()),
-            group_arn: Some(GameLiftEmulator::group_arn(GROUP)),
-            instance_id: IID.into(),
-            status: s,
-        }
-        .to_python_json();
-        let mut c = self.redis.client().await.unwrap();
-        let _: () = redis::cmd("SET")
-            .arg(cache_key(IID))
-            .arg(&body)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        let _: i64 = redis::cmd("PUBLISH")
-            .arg(IID)
-            .arg(&body)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-    }
-
-    async fn node(&self) -> Node {
-        Api::<Node>::all(self.cluster.client())
-            .get("n1")
-            .await
-            .unwrap()
-    }
-
-    fn on_n1(&self) -> Vec<GameServerView> {
-        self.cluster
-            .game_servers()
-            .into_iter()
-            .filter(|g| g.node.as_deref() == Some("n1"))
-            .collect()
-    }
-
-    fn allocated(&self) -> GameServerView {
-        self.on_n1()
-            .into_iter()
-            .find(|g| g.state == Some(S::Allocated))
-            .expect("an Allocated server on n1")
-    }
-
-    /// Waits until the agent labelled every game server of n1 for its watch.
-    async fn claimed_all(&self) {
-        wait_for("agent labelled its game servers", || async {
-            self.on_n1()
-                .iter()
-                .all(|g| g.labels.get("lastcall.dev/node").map(String::as_str) == Some("n1"))
-                .then_some(())
-        })
-        .await;
-    }
-
-    /// Waits until n1 is cordoned and tainted, only `keep` is left on it and it is protected.
-    async fn fenced_and_released(&self, keep: &GameServerView) {
-        wait_for("fenced, Ready released, the match protected", || async {
-            let here = self.on_n1();
-            let protected = here.len() == 1
-                && here[0].uid == keep.uid
-                && here[0]
-                    .annotations
-                    .contains_key("lastcall.dev/drain-deadline");
-            (fenced(&self.node().await) && protected).then_some(())
-        })
-        .await;
-    }
-
-    /// Ends the match and checks the drain finishes with exactly one deregistration.
-    async fn finish_drain(&self, keep: &GameServerView) {
-        assert_eq!(self.gl.count("DeregisterGameServer"), 0, "not while busy");
-        self.cluster.sdk_shutdown(NS, &keep.name).unwrap();
-        wait_for("deregistered once the node is empty", || async {
-            (self.gl.count("DeregisterGameServer") == 1).then_some(())
-        })
-        .await;
-        wait_for("deregistration recorded on the Node", || async {
-            self.node()
-                .await
-                .metadata
-                .annotations
-                .unwrap_or_default()
-                .contains_key("lastcall.dev/deregistered")
-                .then_some(())
-        })
-        .await;
-        // Let a few resync passes (1 s) run: still exactly once.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        assert_eq!(self.gl.count("DeregisterGameServer"), 1);
-    }
+    World::start(WorldSpec::new(ready, allocated, 0)).await
 }
 
 fn taint_value(n: &Node, key: &str) -> Option<String> {
@@ -203,8 +39,7 @@ fn taint_value(n: &Node, key: &str) -> Option<String> {
 }
 
 fn fenced(n: &Node) -> bool {
-    let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
-    cordoned && taint_value(n, "lastcall.dev/draining").is_some()
+    cordoned(n) && has_taint(n, "lastcall.dev/draining")
 }
 
 async fn gauge(agent: &InProcessAgent, name: &str, labels: &[(&str, &str)]) -> f64 {
@@ -214,13 +49,6 @@ async fn gauge(agent: &InProcessAgent, name: &str, labels: &[(&str, &str)]) -> f
 async fn wait_metric_at_least(agent: &InProcessAgent, name: &str, labels: &[(&str, &str)], v: f64) {
     wait_for(&format!("{name}{labels:?} >= {v}"), || async {
         (gauge(agent, name, labels).await >= v).then_some(())
-    })
-    .await;
-}
-
-async fn subscribed(agent: &InProcessAgent) {
-    wait_for("agent subscribed to Redis", || async {
-        (gauge(agent, "lastcall_redis_connected", &[]).await == 1.0).then_some(())
     })
     .await;
 }
@@ -400,7 +228,7 @@ async fn instance_id_from_imds_names_the_game_server_and_the_channel() {
         .unwrap();
     let mut args = w.fleetiq_args();
     args.extend(["--imds-endpoint".to_string(), imds.url()]);
-    let agent = w.start(&args).await;
+    let agent = w.start_agent(&args).await;
     wait_for("registered and claimed", || async {
         (w.gl.count("ClaimGameServer") == 1).then_some(())
     })
@@ -447,7 +275,7 @@ async fn imds_unreachable_leaves_fleetiq_waiting_and_manual_drain_working() {
         .unwrap();
     let mut args = w.fleetiq_args();
     args.extend(["--imds-endpoint".to_string(), format!("http://{closed}")]);
-    let agent = w.start(&args).await;
+    let agent = w.start_agent(&args).await;
     w.claimed_all().await;
     wait_metric_at_least(&agent, "lastcall_drain_phase", &[("phase", "idle")], 1.0).await;
 
@@ -483,7 +311,7 @@ async fn imds_unreachable_leaves_fleetiq_waiting_and_manual_drain_working() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gamelift_throttling_never_causes_a_drain() {
     let w = world(2, 1).await;
-    let before: BTreeSet<String> = w.on_n1().into_iter().map(|g| g.uid).collect();
+    let before: BTreeSet<String> = w.on(NODE).into_iter().map(|g| g.uid).collect();
     w.gl.set_throttle_ratio(1.0);
     let agent = w
         .agent(&[
@@ -547,7 +375,7 @@ async fn gamelift_throttling_never_causes_a_drain() {
             .contains_key("lastcall.dev/drain-started")
     );
     let after: BTreeSet<String> = w
-        .on_n1()
+        .on(NODE)
         .into_iter()
         .filter(|g| !g.deleting)
         .map(|g| g.uid)

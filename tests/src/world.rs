@@ -1,0 +1,270 @@
+//! The standard scenario world for agent tests: an emulated cluster whose node `n1` holds a
+//! Fleet's game servers, a GameLift emulator with instance `i-n1` in group `g1`, and a
+//! private redis-server. Helpers publish FleetIQ statuses the way pubsub does and read back
+//! what the agent did.
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use lastcall_common::fleetiq::{InstanceStatus as Status, StatusMessage, cache_key};
+
+use crate::agent::{InProcessAgent, config, metric};
+use crate::cluster::{
+    AllocationRequest, Cluster, ClusterConfig, FleetSpec, GameServerState, GameServerView, NodeSpec,
+};
+use crate::eventually::wait_for;
+use crate::gamelift::{GameLiftEmulator, InstanceStatus};
+use crate::redis::RedisServer;
+
+pub const NS: &str = "default";
+pub const GROUP: &str = "g1";
+pub const IID: &str = "i-n1";
+pub const NODE: &str = "n1";
+pub const FLEET: &str = "fleet";
+
+/// How many game servers of each kind start on `n1`, and which nodes join afterwards so
+/// that replacements of released servers have somewhere to go.
+#[derive(Clone, Debug)]
+pub struct WorldSpec {
+    pub ready: usize,
+    pub allocated: usize,
+    pub reserved: usize,
+    pub extra_nodes: Vec<String>,
+}
+
+impl WorldSpec {
+    pub fn new(ready: usize, allocated: usize, reserved: usize) -> Self {
+        Self {
+            ready,
+            allocated,
+            reserved,
+            extra_nodes: vec!["n2".into()],
+        }
+    }
+
+    pub fn extra_nodes(mut self, nodes: &[&str]) -> Self {
+        self.extra_nodes = nodes.iter().map(|n| n.to_string()).collect();
+        self
+    }
+}
+
+pub struct World {
+    pub cluster: Cluster,
+    pub gl: GameLiftEmulator,
+    pub redis: RedisServer,
+}
+
+impl World {
+    pub async fn start(spec: WorldSpec) -> World {
+        let cluster = Cluster::start(ClusterConfig::default())
+            .await
+            .expect("cluster");
+        cluster.add_node(NodeSpec::new(NODE)).expect("node");
+        let total = spec.ready + spec.allocated + spec.reserved;
+        if total > 0 {
+            cluster
+                .create_fleet(FleetSpec::new(FLEET, total as i64).grace_seconds(1))
+                .expect("fleet");
+            cluster
+                .wait_ready(NS, FLEET, total)
+                .await
+                .expect("fleet ready on n1");
+        }
+        for _ in 0..spec.allocated {
+            let gs = cluster
+                .allocate(&AllocationRequest::fleet(NS, FLEET))
+                .await
+                .expect("allocate");
+            assert!(gs.is_some(), "allocation failed");
+        }
+        let ready: Vec<String> = cluster
+            .game_servers()
+            .into_iter()
+            .filter(|g| g.state == Some(GameServerState::Ready))
+            .map(|g| g.name)
+            .collect();
+        for name in ready.iter().take(spec.reserved) {
+            cluster.reserve(NS, name).expect("reserve");
+        }
+        for n in &spec.extra_nodes {
+            cluster
+                .add_node(NodeSpec::new(n.as_str()))
+                .expect("extra node");
+        }
+        let gl = GameLiftEmulator::start().await.expect("gamelift emulator");
+        gl.add_instances(GROUP, &[IID.to_string()], InstanceStatus::Active);
+        let redis = RedisServer::start().await.expect("redis-server");
+        World { cluster, gl, redis }
+    }
+
+    /// FleetIQ flags for group g1 with fast heartbeats and resyncs, without an instance id.
+    pub fn fleetiq_args(&self) -> Vec<String> {
+        let url = self.redis.url();
+        [
+            "--game-server-group",
+            GROUP,
+            "--redis-url",
+            &url,
+            "--heartbeat-interval",
+            "1s",
+            "--resync-interval",
+            "1s",
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    /// An in-process agent for n1 with exactly `args`.
+    pub async fn start_agent(&self, args: &[String]) -> InProcessAgent {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let kube = self
+            .cluster
+            .emulator()
+            .client_as("agent-n1")
+            .await
+            .expect("client");
+        InProcessAgent::start(config(NODE, &args), kube, Some(self.gl.sdk_client().await))
+            .await
+            .expect("agent")
+    }
+
+    /// An in-process FleetIQ agent for instance i-n1, plus `extra` flags.
+    pub async fn agent(&self, extra: &[&str]) -> InProcessAgent {
+        let mut args = self.fleetiq_args();
+        args.extend(["--instance-id", IID].map(String::from));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        self.start_agent(&args).await
+    }
+
+    /// The body pubsub would publish for i-n1.
+    pub fn message(s: Status) -> String {
+        StatusMessage {
+            group_name: Some(GROUP.into()),
+            group_arn: Some(GameLiftEmulator::group_arn(GROUP)),
+            instance_id: IID.into(),
+            status: s,
+        }
+        .to_python_json()
+    }
+
+    /// Sets the cached status and publishes it, as pubsub does.
+    pub async fn status(&self, s: Status) {
+        self.raw(&Self::message(s)).await;
+    }
+
+    /// Caches and publishes any body on i-n1's channel.
+    pub async fn raw(&self, body: &str) {
+        let mut c = self.redis.client().await.expect("redis client");
+        let _: () = redis::cmd("SET")
+            .arg(cache_key(IID))
+            .arg(body)
+            .query_async(&mut c)
+            .await
+            .expect("SET");
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(IID)
+            .arg(body)
+            .query_async(&mut c)
+            .await
+            .expect("PUBLISH");
+    }
+
+    pub async fn node(&self) -> Node {
+        Api::<Node>::all(self.cluster.client())
+            .get(NODE)
+            .await
+            .expect("node n1")
+    }
+
+    /// Game servers whose pod runs on `node`.
+    pub fn on(&self, node: &str) -> Vec<GameServerView> {
+        self.cluster
+            .game_servers()
+            .into_iter()
+            .filter(|g| g.node.as_deref() == Some(node))
+            .collect()
+    }
+
+    /// The first Allocated server on n1.
+    pub fn allocated(&self) -> GameServerView {
+        self.on(NODE)
+            .into_iter()
+            .find(|g| g.state == Some(GameServerState::Allocated))
+            .expect("an allocated server on n1")
+    }
+
+    /// Waits until the agent has put its ownership label on every server of n1.
+    pub async fn claimed_all(&self) {
+        wait_for("agent labelled its game servers", || async {
+            self.on(NODE)
+                .iter()
+                .all(|g| g.labels.get("lastcall.dev/node").map(String::as_str) == Some(NODE))
+                .then_some(())
+        })
+        .await;
+    }
+}
+
+impl World {
+    /// Waits until n1 is cordoned and tainted, only `keep` is left on it and it is protected.
+    pub async fn fenced_and_released(&self, keep: &GameServerView) {
+        wait_for("fenced, Ready released, the match protected", || async {
+            let here = self.on(NODE);
+            let protected = here.len() == 1
+                && here[0].uid == keep.uid
+                && here[0]
+                    .annotations
+                    .contains_key("lastcall.dev/drain-deadline");
+            let n = self.node().await;
+            (cordoned(&n) && has_taint(&n, "lastcall.dev/draining") && protected).then_some(())
+        })
+        .await;
+    }
+
+    /// Ends the match and checks the drain finishes with exactly one deregistration, also
+    /// after a few more resync passes.
+    pub async fn finish_drain(&self, keep: &GameServerView) {
+        assert_eq!(self.gl.count("DeregisterGameServer"), 0, "not while busy");
+        self.cluster
+            .sdk_shutdown(NS, &keep.name)
+            .expect("sdk shutdown");
+        wait_for("deregistered once the node is empty", || async {
+            (self.gl.count("DeregisterGameServer") == 1).then_some(())
+        })
+        .await;
+        wait_for("deregistration recorded on the Node", || async {
+            self.node()
+                .await
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key("lastcall.dev/deregistered")
+                .then_some(())
+        })
+        .await;
+        // Let a few resync passes (1 s) run: still exactly once.
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        assert_eq!(self.gl.count("DeregisterGameServer"), 1);
+    }
+}
+
+/// Waits until an in-process agent is subscribed to Redis.
+pub async fn subscribed(agent: &InProcessAgent) {
+    wait_for("agent subscribed to Redis", || async {
+        (metric(&agent.metrics().await, "lastcall_redis_connected", &[]) == Some(1.0)).then_some(())
+    })
+    .await;
+}
+
+pub fn has_taint(n: &Node, key: &str) -> bool {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == key))
+}
+
+pub fn cordoned(n: &Node) -> bool {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
