@@ -66,9 +66,31 @@ pub struct Actuator {
     dry_run: bool,
     gamelift: Arc<OnceLock<GameLift>>,
     metrics: Metrics,
-    recorder: Recorder,
+    /// Events go to a background publisher so they never delay a fence or a release.
+    events: tokio::sync::mpsc::Sender<(ObjectReference, Event)>,
     deregistered: Arc<AtomicBool>,
     recorded: Arc<Mutex<Vec<String>>>,
+}
+
+/// Publishes queued Events one by one; the queue is bounded so a slow API cannot grow it.
+fn spawn_event_publisher(
+    recorder: Recorder,
+    metrics: Metrics,
+) -> tokio::sync::mpsc::Sender<(ObjectReference, Event)> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(ObjectReference, Event)>(256);
+    tokio::spawn(async move {
+        while let Some((target, ev)) = rx.recv().await {
+            let result = match recorder.publish(&ev, &target).await {
+                Ok(()) => "ok",
+                Err(e) => {
+                    warn!(message = "publishing a Kubernetes Event failed", reason = %ev.reason, error = %e);
+                    "error"
+                }
+            };
+            metrics.events.get_or_create(&ResultLabel { result }).inc();
+        }
+    });
+    tx
 }
 
 fn is_conflict(e: &kube::Error) -> bool {
@@ -86,7 +108,7 @@ impl Actuator {
             instance: Some(node_name.clone()),
         };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: spawn_event_publisher(Recorder::new(client.clone(), reporter), metrics.clone()),
             client,
             node_name,
             dry_run,
@@ -258,40 +280,42 @@ impl Actuator {
         if self.dry_run {
             return Ok(self.gameservers(ns).get_opt(name).await?);
         }
-        self.merge_gs(
-            ns,
-            name,
-            json!({"metadata": {"labels": {keys::LABEL_NODE: self.node_name}}}),
-        )
-        .await
+        let body = json!({"metadata": {"labels": {keys::LABEL_NODE: self.node_name}}});
+        match self.merge_gs(ns, name, body).await {
+            // Deleted since its pod was seen: nothing to claim.
+            Err(ActError::Kube(kube::Error::Api(s))) if s.code == 404 => Ok(None),
+            other => other,
+        }
     }
 
-    pub async fn mark_draining(&self, gs: &GsRef, draining: bool) -> Result<(), ActError> {
+    /// The GameServer patches return the object as written (`None` in dry-run mode), so
+    /// the reconciler can read its own writes before the watch delivers them.
+    pub async fn mark_draining(
+        &self,
+        gs: &GsRef,
+        draining: bool,
+    ) -> Result<Option<DynamicObject>, ActError> {
         let v = if draining { json!("true") } else { Value::Null };
-        self.merge_gs(
-            &gs.namespace,
-            &gs.name,
-            json!({"metadata": {"labels": {keys::LABEL_NODE_DRAINING: v}}}),
-        )
-        .await
-        .map(|_| ())
+        let body = json!({"metadata": {"labels": {keys::LABEL_NODE_DRAINING: v}}});
+        self.merge_gs(&gs.namespace, &gs.name, body).await
     }
 
-    pub async fn protect(&self, gs: &GsRef, deadline: &str, reason: &str) -> Result<(), ActError> {
+    pub async fn protect(
+        &self,
+        gs: &GsRef,
+        deadline: &str,
+        reason: &str,
+    ) -> Result<Option<DynamicObject>, ActError> {
         let body = json!({"metadata": {"annotations": {keys::ANN_GS_DEADLINE: deadline, keys::ANN_GS_REASON: reason}}});
-        self.merge_gs(&gs.namespace, &gs.name, body)
-            .await
-            .map(|_| ())
+        self.merge_gs(&gs.namespace, &gs.name, body).await
     }
 
-    pub async fn unprotect(&self, gs: &GsRef) -> Result<(), ActError> {
+    pub async fn unprotect(&self, gs: &GsRef) -> Result<Option<DynamicObject>, ActError> {
         let body = json!({"metadata": {
             "labels": {keys::LABEL_NODE_DRAINING: null},
             "annotations": {keys::ANN_GS_DEADLINE: null, keys::ANN_GS_REASON: null}
         }});
-        self.merge_gs(&gs.namespace, &gs.name, body)
-            .await
-            .map(|_| ())
+        self.merge_gs(&gs.namespace, &gs.name, body).await
     }
 
     /// Deletes a Ready GameServer only if it is still exactly the object we saw Ready.
@@ -397,8 +421,13 @@ impl Actuator {
             .await
     }
 
-    /// Publishes a Kubernetes Event about `target`; failures are counted, never fatal.
+    /// Queues a Kubernetes Event about `target`; failures are counted, never fatal.
     pub async fn event(&self, target: &ObjectReference, reason: &str, note: String, warning: bool) {
+        self.queue_event(target, reason, note, warning);
+    }
+
+    /// Queues a Kubernetes Event about `target` without waiting for it.
+    pub fn queue_event(&self, target: &ObjectReference, reason: &str, note: String, warning: bool) {
         if self.skip(
             "event",
             format!(
@@ -419,25 +448,20 @@ impl Actuator {
             action: reason.into(),
             secondary: None,
         };
-        let result = match self.recorder.publish(&ev, target).await {
-            Ok(()) => "ok",
-            Err(e) => {
-                warn!(message = "publishing a Kubernetes Event failed", reason, error = %e);
-                "error"
-            }
-        };
-        self.metrics
-            .events
-            .get_or_create(&ResultLabel { result })
-            .inc();
+        if self.events.try_send((target.clone(), ev)).is_err() {
+            warn!(message = "Event queue full; dropping an Event", reason);
+            self.metrics
+                .events
+                .get_or_create(&ResultLabel { result: "dropped" })
+                .inc();
+        }
     }
 
-    pub fn node_ref(&self, uid: Option<String>) -> ObjectReference {
+    pub fn node_ref(&self) -> ObjectReference {
         ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Node".into()),
             name: Some(self.node_name.clone()),
-            uid,
             ..ObjectReference::default()
         }
     }

@@ -107,6 +107,11 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_RELEASE_CONCURRENCY", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub release_concurrency: u32,
 
+    /// Keep-alive PING period on the Redis subscription; a silently dead connection is
+    /// replaced within about this long.
+    #[arg(long, env = "LASTCALL_REDIS_PING_INTERVAL", default_value = "15s", value_parser = positive_duration)]
+    pub redis_ping_interval: Duration,
+
     /// Re-plan at least this often even when nothing changes.
     #[arg(long, env = "LASTCALL_RESYNC_INTERVAL", default_value = "10s", value_parser = positive_duration)]
     pub resync_interval: Duration,

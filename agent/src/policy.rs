@@ -331,6 +331,10 @@ fn drain(
 
     let mut busy = false;
     let mut all_in_use_tolerate = true;
+    // Releases go right after the fence, in one concurrent batch; marking and protecting
+    // in-use servers follows. That keeps the fence-to-released time to about two round trips.
+    let mut releases = vec![];
+    let mut in_use = vec![];
     let pods: BTreeMap<(&str, &str), &crate::observed::PodView> = obs
         .pods
         .iter()
@@ -351,20 +355,20 @@ fn drain(
         if gs.state != GsState::Ready
             && gs.labels.get(keys::LABEL_NODE_DRAINING).map(String::as_str) != Some("true")
         {
-            actions.push(Action::MarkDraining {
+            in_use.push(Action::MarkDraining {
                 gs: r.clone(),
                 draining: true,
             });
         }
         if gs.state == GsState::Ready {
             busy = true;
-            actions.push(Action::Release { gs: r });
+            releases.push(Action::Release { gs: r });
         } else if gs.state.is_in_use() {
             busy = true;
             if gs.annotations.get(keys::ANN_GS_DEADLINE) != Some(&deadline_s)
                 || gs.annotations.get(keys::ANN_GS_REASON) != Some(&reason)
             {
-                actions.push(Action::Protect {
+                in_use.push(Action::Protect {
                     gs: r,
                     deadline: deadline_s.clone(),
                     reason: reason.clone(),
@@ -374,7 +378,7 @@ fn drain(
                 match pods.get(&(gs.namespace.as_str(), gs.name.as_str())) {
                     Some(pod) if !pod.tolerations.contains(&compat_toleration()) => {
                         all_in_use_tolerate = false;
-                        actions.push(Action::Tolerate {
+                        in_use.push(Action::Tolerate {
                             namespace: pod.namespace.clone(),
                             pod: pod.name.clone(),
                             resource_version: pod.resource_version.clone(),
@@ -390,6 +394,8 @@ fn drain(
             busy = true;
         }
     }
+    actions.extend(releases);
+    actions.extend(in_use);
 
     if inp.config.compat_taints
         && !fencing

@@ -5,7 +5,7 @@
 //! releases we just made) so that a watch that lags behind our own writes does not cause a
 //! repeated action.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -51,8 +51,10 @@ struct LocalState {
     written_node: Option<Node>,
     /// Releases already made, by (uid, resourceVersion): never send the same delete twice.
     released: HashSet<(String, String)>,
-    /// GameServers read directly in dry-run mode (the ownership label cannot be written).
-    dry_run_gs: BTreeMap<(String, String), DynamicObject>,
+    /// GameServers as our own patches returned them (or, in dry-run mode, as read directly,
+    /// since the ownership label cannot be written), until the watch catches up. Entries
+    /// expire after `WRITTEN_TTL`, so a server deleted meanwhile can never linger.
+    written_gs: HashMap<(String, String), (DynamicObject, Instant)>,
     /// When the current drain signal was first acted on, until fenced (latency metric).
     fence_clock: Option<Instant>,
     fenced_recorded: bool,
@@ -67,12 +69,25 @@ enum Pass {
     Again,
 }
 
-fn rv_num(n: &Node) -> u64 {
-    n.metadata
-        .resource_version
+/// How long a written GameServer stands in for the watch's copy.
+const WRITTEN_TTL: Duration = Duration::from_secs(5);
+
+fn rv_of(meta: &kube::api::ObjectMeta) -> u64 {
+    meta.resource_version
         .as_deref()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+fn rv_num(n: &Node) -> u64 {
+    rv_of(&n.metadata)
+}
+
+fn gs_key(o: &DynamicObject) -> (String, String) {
+    (
+        o.metadata.namespace.clone().unwrap_or_default(),
+        o.metadata.name.clone().unwrap_or_default(),
+    )
 }
 
 impl Reconciler {
@@ -180,34 +195,54 @@ impl Reconciler {
                     .ok()
             })
             .collect();
-        let mut game_servers: Vec<GameServerView> = vec![];
-        let mut seen = HashSet::new();
-        let watched = self.stores.gameservers.state();
-        let extra = self
-            .state
-            .dry_run_gs
-            .values()
-            .cloned()
-            .map(Arc::new)
-            .collect::<Vec<_>>();
-        for obj in watched.iter().chain(extra.iter()) {
-            match GameServerView::from_dynamic(obj) {
-                Ok(gs) => {
-                    // Only servers actually on this node, whatever their label says.
-                    let here = gs.node_name.as_deref().is_none_or(|n| n == self.node_name);
-                    if here && seen.insert(gs.key()) {
-                        game_servers.push(gs);
-                    }
-                }
-                Err(e) => debug!(message = "skipping game server", error = %e),
-            }
-        }
-        game_servers.sort_by_key(GameServerView::key);
+        let game_servers = self.game_servers();
+
         Ok(Observed {
             node,
             game_servers,
             pods,
         })
+    }
+
+    /// This node's GameServers: the watch's copies, overlaid with our own newer writes.
+    fn game_servers(&mut self) -> Vec<GameServerView> {
+        let mut objs: BTreeMap<(String, String), DynamicObject> = self
+            .stores
+            .gameservers
+            .state()
+            .iter()
+            .map(|o| (gs_key(o), (**o).clone()))
+            .collect();
+        self.state.written_gs.retain(|key, (written, at)| {
+            let fresh = at.elapsed() < WRITTEN_TTL;
+            let newer = objs
+                .get(key)
+                .is_none_or(|w| rv_of(&written.metadata) > rv_of(&w.metadata));
+            if fresh && newer {
+                objs.insert(key.clone(), written.clone());
+            }
+            fresh && newer
+        });
+        let mut out = vec![];
+        for obj in objs.values() {
+            match GameServerView::from_dynamic(obj) {
+                // Only servers actually on this node, whatever their label says.
+                Ok(gs) if gs.node_name.as_deref().is_none_or(|n| n == self.node_name) => {
+                    out.push(gs)
+                }
+                Ok(_) => {}
+                Err(e) => debug!(message = "skipping game server", error = %e),
+            }
+        }
+        out
+    }
+
+    fn remember(&mut self, obj: Option<DynamicObject>) {
+        if let Some(o) = obj {
+            self.state
+                .written_gs
+                .insert(gs_key(&o), (o, Instant::now()));
+        }
     }
 
     /// FleetIQ is unknown until its first status arrives (from Redis, the cache, or GameLift).
@@ -323,7 +358,7 @@ impl Reconciler {
             .inc();
         match result {
             Ok(applied) => {
-                self.after_success(&plan, &observed, applied);
+                self.after_success(&plan, &observed);
                 Ok(if applied > 0 {
                     Pass::Again
                 } else {
@@ -333,7 +368,7 @@ impl Reconciler {
             Err(ActError::Conflict(e)) => {
                 debug!(message = "conflict; re-planning on fresh state", error = %e);
                 self.state.written_node = None;
-                if let Ok(n) = kube::Api::<Node>::all(self.actuator_client())
+                if let Ok(n) = kube::Api::<Node>::all(self.actuator.client())
                     .get(&self.node_name)
                     .await
                 {
@@ -345,36 +380,24 @@ impl Reconciler {
         }
     }
 
-    fn actuator_client(&self) -> kube::Client {
-        self.actuator.client()
-    }
-
-    /// Latency and duration metrics, once per drain.
-    fn after_success(&mut self, plan: &Plan, observed: &Observed, applied: usize) {
+    /// Latency and duration metrics, once per drain. A pass that succeeded applied its
+    /// whole plan, so once the plan is past fencing (or was the fencing pass itself), the node
+    /// is fenced and every Ready server released.
+    fn after_success(&mut self, plan: &Plan, observed: &Observed) {
         let fenced = matches!(
             plan.phase,
-            Phase::Draining | Phase::Empty | Phase::Deregistered
+            Phase::Fencing | Phase::Draining | Phase::Empty | Phase::Deregistered
         );
-        let releases_left = plan
-            .actions
-            .iter()
-            .any(|a| matches!(a, Action::Release { .. }));
-        if plan.driver.is_some()
-            && !self.state.fenced_recorded
-            && (fenced || plan.phase == Phase::Fencing)
-        {
-            // Fenced and every Ready server released: this pass applied the last of it.
-            if applied == 0 || !releases_left || plan.phase != Phase::Fencing {
-                if let Some(t0) = self.state.fence_clock.take() {
-                    let secs = t0.elapsed().as_secs_f64();
-                    self.metrics.signal_to_fence.observe(secs);
-                    info!(
-                        message = "node fenced and idle servers released",
-                        seconds = secs
-                    );
-                }
-                self.state.fenced_recorded = true;
+        if plan.driver.is_some() && fenced && !self.state.fenced_recorded {
+            if let Some(t0) = self.state.fence_clock.take() {
+                let secs = t0.elapsed().as_secs_f64();
+                self.metrics.signal_to_fence.observe(secs);
+                info!(
+                    message = "node fenced and idle servers released",
+                    seconds = secs
+                );
             }
+            self.state.fenced_recorded = true;
         }
         if matches!(plan.phase, Phase::Empty | Phase::Deregistered) && !self.state.drain_recorded {
             let p = Progress::from_annotations(&observed.node.annotations);
@@ -389,12 +412,12 @@ impl Reconciler {
         }
     }
 
-    /// Applies the plan in order. Node patches are barriers: if one fails, nothing after it
-    /// runs. Consecutive releases run concurrently. Returns how many actions changed something.
+    /// Applies the plan in order. Node patches and deregistration are barriers: if one
+    /// fails, nothing after it runs. Consecutive releases run concurrently. Returns how many
+    /// actions changed something.
     async fn apply(&mut self, plan: &Plan, observed: &Observed) -> Result<usize, ActError> {
         let mut applied = 0;
         let mut first_error: Option<ActError> = None;
-        let node_uid = None;
         let mut i = 0;
         while i < plan.actions.len() {
             let action = &plan.actions[i];
@@ -408,10 +431,7 @@ impl Reconciler {
                 continue;
             }
             i += 1;
-            let r = self
-                .apply_one(action, observed, plan, node_uid.clone())
-                .await;
-            match r {
+            match self.apply_one(action, observed, plan).await {
                 Ok(true) => {
                     applied += 1;
                     self.count(action, "ok");
@@ -440,85 +460,36 @@ impl Reconciler {
         action: &Action,
         observed: &Observed,
         plan: &Plan,
-        node_uid: Option<String>,
     ) -> Result<bool, ActError> {
-        let a = &self.actuator;
+        let a = self.actuator.clone();
         match action {
             Action::PatchNode(p) => {
                 let has_ann = !observed.node.annotations.is_empty();
-                let n = a.patch_node(p, has_ann).await?;
-                if let Some(n) = n {
+                if let Some(n) = a.patch_node(p, has_ann).await? {
                     self.state.written_node = Some(n);
                 }
-                let why = plan
-                    .driver
-                    .as_ref()
-                    .map(|d| format!("{} ({})", d.cause.as_str(), d.source.as_str()));
-                let why = why.unwrap_or_else(|| "signal cleared".into());
-                let node_ref = a.node_ref(node_uid);
-                if p.set_annotations.contains_key(keys::ANN_STARTED) {
-                    info!(message = "drain started", reason = %why);
-                    a.event(
-                        &node_ref,
-                        "DrainStarted",
-                        format!("Drain started: {why}"),
-                        false,
-                    )
-                    .await;
-                }
-                if p.unschedulable == Some(true)
-                    || p.taints
-                        .as_ref()
-                        .is_some_and(|t| t.iter().any(|t| t.key == keys::TAINT_DRAINING))
-                        && !observed.node.has_taint(keys::TAINT_DRAINING)
-                {
-                    info!(
-                        message = "node fenced",
-                        cordoned = p.unschedulable == Some(true)
-                    );
-                    a.event(
-                        &node_ref,
-                        "NodeFenced",
-                        "Cordoned and tainted; no new game servers land here".into(),
-                        false,
-                    )
-                    .await;
-                }
-                if p.remove_annotations.contains(keys::ANN_STARTED) {
-                    info!(
-                        message = "drain cancelled",
-                        uncordoned = p.unschedulable == Some(false)
-                    );
-                    a.event(
-                        &node_ref,
-                        "DrainCancelled",
-                        "Signal cleared before the node was empty; undid lastcall's changes".into(),
-                        false,
-                    )
-                    .await;
-                }
+                self.node_events(p, observed, plan);
                 Ok(true)
             }
             Action::ClaimGameServer { namespace, name } => {
-                if let Some(obj) = a.claim_gameserver(namespace, name).await?
-                    && a.is_dry_run()
-                {
-                    self.state
-                        .dry_run_gs
-                        .insert((namespace.clone(), name.clone()), obj);
-                    return Ok(false);
-                }
-                Ok(!a.is_dry_run())
+                let obj = a.claim_gameserver(namespace, name).await?;
+                let claimed = obj.is_some();
+                self.remember(obj);
+                // In dry-run mode the "claim" is a read: it changes nothing.
+                Ok(claimed && !a.is_dry_run())
             }
             Action::MarkDraining { gs, draining } => {
-                a.mark_draining(gs, *draining).await.map(|()| true)
+                let obj = a.mark_draining(gs, *draining).await?;
+                self.remember(obj);
+                Ok(true)
             }
             Action::Protect {
                 gs,
                 deadline,
                 reason,
             } => {
-                a.protect(gs, deadline, reason).await?;
+                let obj = a.protect(gs, deadline, reason).await?;
+                self.remember(obj);
                 a.event(
                     &Actuator::gs_ref(gs),
                     "GameServerProtected",
@@ -528,7 +499,11 @@ impl Reconciler {
                 .await;
                 Ok(true)
             }
-            Action::Unprotect { gs } => a.unprotect(gs).await.map(|()| true),
+            Action::Unprotect { gs } => {
+                let obj = a.unprotect(gs).await?;
+                self.remember(obj);
+                Ok(true)
+            }
             Action::Tolerate {
                 namespace,
                 pod,
@@ -547,7 +522,7 @@ impl Reconciler {
                 }
                 info!(message = "node empty; deregistered from FleetIQ");
                 a.event(
-                    &a.node_ref(None),
+                    &a.node_ref(),
                     "Deregistered",
                     "No game servers in use; deregistered from FleetIQ".into(),
                     false,
@@ -556,6 +531,55 @@ impl Reconciler {
                 Ok(true)
             }
             Action::Release { .. } => Ok(false),
+        }
+    }
+
+    /// Logs and Events for a Node write that started, fenced or cancelled a drain.
+    fn node_events(&self, p: &policy::NodePatch, observed: &Observed, plan: &Plan) {
+        let a = &self.actuator;
+        let why = plan
+            .driver
+            .as_ref()
+            .map(|d| format!("{} ({})", d.cause.as_str(), d.source.as_str()));
+        let why = why.unwrap_or_else(|| "signal cleared".into());
+        let node_ref = a.node_ref();
+        let adds_taint = p
+            .taints
+            .as_ref()
+            .is_some_and(|t| t.iter().any(|t| t.key == keys::TAINT_DRAINING))
+            && !observed.node.has_taint(keys::TAINT_DRAINING);
+        if p.set_annotations.contains_key(keys::ANN_STARTED) {
+            info!(message = "drain started", reason = %why);
+            a.queue_event(
+                &node_ref,
+                "DrainStarted",
+                format!("Drain started: {why}"),
+                false,
+            );
+        }
+        if p.unschedulable == Some(true) || adds_taint {
+            info!(
+                message = "node fenced",
+                cordoned = p.unschedulable == Some(true)
+            );
+            a.queue_event(
+                &node_ref,
+                "NodeFenced",
+                "Cordoned and tainted; no new game servers land here".into(),
+                false,
+            );
+        }
+        if p.remove_annotations.contains(keys::ANN_STARTED) {
+            info!(
+                message = "drain cancelled",
+                uncordoned = p.unschedulable == Some(false)
+            );
+            a.queue_event(
+                &node_ref,
+                "DrainCancelled",
+                "Signal cleared before the node was empty; undid lastcall's changes".into(),
+                false,
+            );
         }
     }
 

@@ -304,6 +304,7 @@ impl FleetIqTask {
                 instance_id: iid.clone(),
                 metrics: self.metrics.clone(),
                 view: self.view.clone(),
+                ping_every: self.config.redis_ping_interval,
             };
             tasks.spawn(src.run(stop.clone()));
         } else {

@@ -427,3 +427,34 @@ async fn dry_run_sends_no_mutating_request() {
     assert!(!cordoned(&w.node().await));
     agent.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscription_survives_keepalive_pings() {
+    // While subscribed, Redis answers PING with ["pong", ""]; the keep-alive must accept it
+    // instead of dropping the subscription at every ping.
+    let w = world(1, 1, 0, &["n2"]).await;
+    let agent = w.agent(&["--redis-ping-interval", "100ms"]).await;
+    subscribed(&agent).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await; // about 12 pings
+    let m = agent.metrics().await;
+    assert_eq!(
+        metric(&m, "lastcall_redis_reconnects_total", &[]),
+        Some(0.0),
+        "the subscription dropped"
+    );
+    assert_eq!(metric(&m, "lastcall_redis_connected", &[]), Some(1.0));
+    w.status(Status::Draining).await;
+    wait_for("still receiving: fenced", || async {
+        cordoned(&w.node().await).then_some(())
+    })
+    .await;
+    assert_eq!(
+        metric(
+            &agent.metrics().await,
+            "lastcall_redis_reconnects_total",
+            &[]
+        ),
+        Some(0.0)
+    );
+    agent.stop().await.unwrap();
+}

@@ -21,7 +21,8 @@ use crate::metrics::{Metrics, ResultLabel, SourceLabel, SourceReason, SourceStat
 
 const SOURCE: &str = "fleetiq";
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
-const PING_EVERY: Duration = Duration::from_secs(15);
+/// Default keep-alive period; a half-dead connection is noticed within about this long.
+pub const PING_EVERY: Duration = Duration::from_secs(15);
 /// A session that lived this long was healthy: the next failure starts backoff afresh.
 const HEALTHY_SESSION: Duration = Duration::from_secs(30);
 
@@ -32,6 +33,9 @@ pub struct RedisSource {
     pub instance_id: String,
     pub metrics: Metrics,
     pub view: watch::Sender<FleetIqView>,
+    /// Keep-alive period. While subscribed, Redis answers PING with `["pong", ""]`, so any
+    /// reply counts as alive.
+    pub ping_every: Duration,
 }
 
 enum End {
@@ -163,7 +167,7 @@ impl RedisSource {
         }
         self.set_up(true);
         info!(message = "subscribed to FleetIQ status", channel = %self.channel, redis = %self.target);
-        let mut ping = tokio::time::interval(PING_EVERY);
+        let mut ping = tokio::time::interval(self.ping_every);
         ping.tick().await;
         loop {
             tokio::select! {
@@ -173,7 +177,7 @@ impl RedisSource {
                     Some(m) => { self.handle(m.get_payload_bytes(), Via::Message); }
                 },
                 _ = ping.tick() => {
-                    match tokio::time::timeout(IO_TIMEOUT, sink.ping::<String>()).await {
+                    match tokio::time::timeout(IO_TIMEOUT, sink.ping::<redis::Value>()).await {
                         Ok(Ok(_)) => {}
                         Ok(Err(e)) => return End::Disconnected(format!("PING: {e}")),
                         Err(_) => return End::Disconnected("PING timed out".into()),

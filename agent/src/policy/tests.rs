@@ -649,3 +649,15 @@ fn a_drain_is_held_not_cancelled_while_its_source_is_unknown() {
     });
     assert_eq!(p.phase, Phase::Cancelling);
 }
+
+#[test]
+fn releases_come_right_after_the_fence_in_one_batch() {
+    let p = run(&mixed(), &[draining()], &cfg());
+    let labels: Vec<&str> = p.actions.iter().map(Action::metric_label).collect();
+    assert_eq!(
+        &labels[..4],
+        ["patch_node", "release", "release", "release"],
+        "{labels:?}"
+    );
+    assert!(labels[4..].iter().all(|l| *l != "release"), "{labels:?}");
+}
