@@ -207,6 +207,9 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
     let driver = Notice::strongest(&notices).cloned();
 
     let mut actions = claim_unlabelled(obs);
+    // A game-server pod whose GameServer we cannot see yet may host a match: until it is
+    // claimed and seen, the node is not empty and nothing may be tainted NoExecute.
+    let unseen_servers = actions.len();
     let phase = if progress.deregistered.is_some() {
         // Deregistration is final: the instance is leaving. Keep the fence up and stop.
         if let Some(p) = fence_patch(inp, &progress, driver.as_ref()) {
@@ -214,7 +217,7 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         }
         Phase::Deregistered
     } else if let Some(n) = &driver {
-        drain(inp, &progress, n, &mut actions)
+        drain(inp, &progress, n, unseen_servers, &mut actions)
     } else if progress.started.is_some()
         && progress.cause != Some(Cause::Manual)
         && !inp.unknown_sources.is_empty()
@@ -309,6 +312,7 @@ fn drain(
     inp: &Inputs<'_>,
     progress: &Progress,
     driver: &Notice,
+    unseen_servers: usize,
     actions: &mut Vec<Action>,
 ) -> Phase {
     let obs = inp.observed;
@@ -318,7 +322,10 @@ fn drain(
         actions.push(Action::PatchNode(p));
     }
 
-    let started = progress.started.unwrap_or(inp.now);
+    let started = progress
+        .started
+        .filter(|t| *t > Timestamp::UNIX_EPOCH)
+        .unwrap_or(inp.now);
     let deadline = driver.deadline.unwrap_or_else(|| {
         started
             .checked_add(
@@ -329,8 +336,8 @@ fn drain(
     let deadline_s = format_ts(deadline);
     let reason = driver.cause.as_str().to_string();
 
-    let mut busy = false;
-    let mut all_in_use_tolerate = true;
+    let mut busy = unseen_servers > 0;
+    let mut all_in_use_tolerate = unseen_servers == 0;
     // Releases go right after the fence, in one concurrent batch; marking and protecting
     // in-use servers follows. That keeps the fence-to-released time to about two round trips.
     let mut releases = vec![];

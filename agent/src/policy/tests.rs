@@ -661,3 +661,47 @@ fn releases_come_right_after_the_fence_in_one_batch() {
     );
     assert!(labels[4..].iter().all(|l| *l != "release"), "{labels:?}");
 }
+
+#[test]
+fn a_server_whose_gameserver_is_not_seen_yet_keeps_the_node_busy() {
+    // a1's pod runs here but its GameServer is not in the (label-filtered) view yet, e.g.
+    // its claim failed once. It may host a match: no deregistration, no NoExecute taint.
+    let (mut o, _, _) = converge(
+        &observed(vec![gs("a1", GsState::Allocated)]),
+        &[draining()],
+        &cfg(),
+    );
+    o.game_servers.clear();
+    for config in [
+        cfg(),
+        PolicyConfig {
+            compat_taints: true,
+            ..cfg()
+        },
+    ] {
+        let p = run(&o, &[draining()], &config);
+        assert_eq!(p.phase, Phase::Draining, "{:?}", p.actions);
+        assert_eq!(count(&p.actions, "deregister"), 0, "{:?}", p.actions);
+        assert_eq!(count(&p.actions, "claim_gameserver"), 1);
+        assert!(
+            !p.actions.iter().any(|a| matches!(a, Action::PatchNode(n) if n.taints.as_ref().is_some_and(|t| t.iter().any(|t| t.key == keys::COMPAT_TAINT_DRAINING)))),
+            "{:?}",
+            p.actions
+        );
+    }
+}
+
+#[test]
+fn a_garbled_start_time_never_announces_a_deadline_in_the_past() {
+    let mut o = mixed();
+    o.node
+        .annotations
+        .insert(keys::ANN_STARTED.into(), "garbage".into());
+    let p = run(&o, &[draining()], &cfg());
+    for a in &p.actions {
+        if let Action::Protect { deadline, .. } = a {
+            assert_eq!(deadline, "2026-11-30T05:10:00Z");
+        }
+    }
+    assert!(count(&p.actions, "protect") > 0);
+}
