@@ -50,6 +50,9 @@ impl ActError {
     }
 }
 
+/// Dry-run calls kept for inspection; beyond this they are still skipped, just not recorded.
+const MAX_RECORDED: usize = 10_000;
+
 /// Result of a preconditioned GameServer delete.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Release {
@@ -155,6 +158,7 @@ impl Actuator {
             return false;
         }
         if let Ok(mut r) = self.recorded.lock()
+            && r.len() < MAX_RECORDED
             && !r.contains(&what)
         {
             info!(message = "dry run: not sending", call = %what);
@@ -382,13 +386,18 @@ impl Actuator {
         let Some(gl) = self.gamelift.get() else {
             return Err(ActError::NotReady);
         };
-        if !self.skip(
-            "deregister",
-            format!(
-                "GameLift DeregisterGameServer {}/{}",
-                gl.group, gl.game_server_id
-            ),
-        ) {
+        // Once GameLift has answered, only the Node mark may still be missing: never call
+        // DeregisterGameServer a second time just because that write failed.
+        let done = self.deregistered.load(Ordering::SeqCst);
+        if !done
+            && !self.skip(
+                "deregister",
+                format!(
+                    "GameLift DeregisterGameServer {}/{}",
+                    gl.group, gl.game_server_id
+                ),
+            )
+        {
             match gl.deregister().await {
                 Ok(()) => {
                     self.metrics

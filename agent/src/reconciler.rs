@@ -49,7 +49,8 @@ pub struct Reconciler {
 struct LocalState {
     /// The Node as our last successful patch returned it (newer than the watch, briefly).
     written_node: Option<Node>,
-    /// Releases already made, by (uid, resourceVersion): never send the same delete twice.
+    /// Releases already attempted (deleted or lost to a newer version), by (uid,
+    /// resourceVersion): never send the same preconditioned delete twice.
     released: HashSet<(String, String)>,
     /// GameServers as our own patches returned them (or, in dry-run mode, as read directly,
     /// since the ownership label cannot be written), until the watch catches up. Entries
@@ -65,9 +66,14 @@ struct LocalState {
 enum Pass {
     /// Nothing more to do until something changes.
     Settled,
-    /// Progress was made or a conflict seen: plan again at once.
+    /// Progress was made: plan again at once.
     Again,
+    /// Someone else changed an object under us: plan again shortly, on fresh state.
+    Conflicted,
 }
+
+/// Pause before re-planning after a conflict, so a lagging watch cannot make us spin.
+const CONFLICT_PAUSE: Duration = Duration::from_millis(100);
 
 /// How long a written GameServer stands in for the watch's copy.
 const WRITTEN_TTL: Duration = Duration::from_secs(5);
@@ -143,6 +149,7 @@ impl Reconciler {
                     backoff.reset();
                     self.resync
                 }
+                Ok(Pass::Conflicted) => CONFLICT_PAUSE,
                 Err(e) => {
                     let d = backoff.next_delay();
                     warn!(message = "reconcile failed; retrying", error = %e, retry_in_ms = d.as_millis() as u64);
@@ -325,6 +332,15 @@ impl Reconciler {
                 return Err(e);
             }
         };
+        // Forget releases of servers that are gone: the set stays O(servers on this node).
+        let live: HashSet<&str> = observed
+            .game_servers
+            .iter()
+            .map(|g| g.uid.as_str())
+            .collect();
+        self.state
+            .released
+            .retain(|(uid, _)| live.contains(uid.as_str()));
         let notices = self.notices();
         let unknown = self.unknown_sources();
         let plan = policy::plan(&policy::Inputs {
@@ -374,7 +390,7 @@ impl Reconciler {
                 {
                     self.state.written_node = Some(n);
                 }
-                Ok(Pass::Again)
+                Ok(Pass::Conflicted)
             }
             Err(e) => Err(e.to_string()),
         }
@@ -636,6 +652,10 @@ impl Reconciler {
                         .await;
                 }
                 Ok(Release::Conflict) => {
+                    // The same preconditions would fail again: wait for the newer version.
+                    self.state
+                        .released
+                        .insert((gs.uid.clone(), gs.resource_version.clone()));
                     applied += 1;
                     info!(message = "game server changed before release (allocated?); it will be protected", namespace = %gs.namespace, name = %gs.name);
                     self.actuator

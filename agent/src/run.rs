@@ -77,13 +77,20 @@ pub async fn run(
     ));
 
     let trigger = Arc::new(Notify::new());
-    let stores = watches::spawn(
+    let (stores, watch_tasks) = watches::spawn(
         client.clone(),
         &config.node_name,
         trigger.clone(),
         metrics.clone(),
         stop.clone(),
     );
+    for handle in watch_tasks {
+        // A watch task that panics must not leave the reconciler on a frozen cache.
+        tasks.spawn(async move {
+            let _ = handle.await;
+            "watch"
+        });
+    }
     let (view_tx, view_rx) = watch::channel(FleetIqView::default());
     let (iid_tx, iid_rx) = watch::channel(config.instance_id.clone());
     let actuator = Actuator::new(
@@ -292,6 +299,8 @@ impl FleetIqTask {
             lifecycle::start_up(&a, nodes, &node_name, &s).await;
             health.set(HEALTH_REGISTRATION, true, "start-up done");
             heartbeat.await;
+            // Heartbeats end after deregistration; the task itself lives until shutdown.
+            s.cancelled().await;
         });
         if let Some(target) = self.config.redis_url.clone() {
             let src = RedisSource {
@@ -325,10 +334,13 @@ impl FleetIqTask {
             self.metrics.clone(),
             stop.clone(),
         ));
-        while let Some(r) = tasks.join_next().await {
-            if let Err(e) = r {
-                error!(message = "a FleetIQ task failed", error = %e);
-            }
+        // Every FleetIQ task runs until shutdown. One that ends early (a panic) ends this
+        // task, which the top level treats as fatal: heartbeats must never stop silently.
+        if let Some(r) = tasks.join_next().await
+            && !stop.is_cancelled()
+        {
+            error!(message = "a FleetIQ task ended unexpectedly", error = ?r.err());
+            return;
         }
         stop.cancelled().await;
     }

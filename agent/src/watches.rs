@@ -41,7 +41,8 @@ fn drive<S, K>(
     trigger: Arc<Notify>,
     metrics: Metrics,
     shutdown: CancellationToken,
-) where
+) -> tokio::task::JoinHandle<()>
+where
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     K: Debug + Send + 'static,
 {
@@ -64,7 +65,7 @@ fn drive<S, K>(
                 None => return,
             }
         }
-    });
+    })
 }
 
 /// Starts the three watches; every change pokes `trigger`.
@@ -74,7 +75,8 @@ pub fn spawn(
     trigger: Arc<Notify>,
     metrics: Metrics,
     shutdown: CancellationToken,
-) -> Stores {
+) -> (Stores, Vec<tokio::task::JoinHandle<()>>) {
+    let mut handles = Vec::with_capacity(3);
     let node_api: Api<Node> = Api::all(client.clone());
     let (node, w) = reflector::store();
     let s = watcher(
@@ -83,13 +85,13 @@ pub fn spawn(
     )
     .default_backoff()
     .reflect(w);
-    drive(
+    handles.push(drive(
         s,
         "node",
         trigger.clone(),
         metrics.clone(),
         shutdown.clone(),
-    );
+    ));
 
     let pod_api: Api<Pod> = Api::all(client.clone());
     let (pods, w) = reflector::store();
@@ -99,7 +101,13 @@ pub fn spawn(
     )
     .default_backoff()
     .reflect(w);
-    drive(s, "pod", trigger.clone(), metrics.clone(), shutdown.clone());
+    handles.push(drive(
+        s,
+        "pod",
+        trigger.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    ));
 
     let ar = gameserver_resource();
     let gs_api: Api<DynamicObject> = Api::all_with(client, &ar);
@@ -111,11 +119,14 @@ pub fn spawn(
     )
     .default_backoff()
     .reflect(w);
-    drive(s, "gameserver", trigger, metrics, shutdown);
+    handles.push(drive(s, "gameserver", trigger, metrics, shutdown));
 
-    Stores {
-        node,
-        pods,
-        gameservers,
-    }
+    (
+        Stores {
+            node,
+            pods,
+            gameservers,
+        },
+        handles,
+    )
 }

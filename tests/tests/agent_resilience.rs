@@ -102,6 +102,13 @@ async fn redis_outage_mid_drain_keeps_heartbeats_and_the_drain_completes() {
     .await;
 
     // Heartbeats, per the emulator's record: the 1 s period held through the outage.
+    wait_for("a heartbeat after Redis came back", || async {
+        w.gl.calls()
+            .iter()
+            .any(|c| is_heartbeat(c) && c.outcome == "ok" && c.at > up)
+            .then_some(())
+    })
+    .await;
     let calls = w.gl.calls();
     let beats: Vec<SystemTime> = calls
         .iter()

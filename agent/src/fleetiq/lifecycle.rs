@@ -4,7 +4,7 @@
 //! or dead Redis never stops it (the original adapter's worst defect). A node that is
 //! already draining, as recorded on the Node, is never registered or claimed again.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -25,13 +25,28 @@ pub const HEALTH_HEARTBEAT: &str = "fleetiq_heartbeat";
 /// Readiness check name for start-up (instance id known, registered and claimed).
 pub const HEALTH_REGISTRATION: &str = "fleetiq_registration";
 
-async fn retry<F, Fut>(what: &str, shutdown: &CancellationToken, mut f: F) -> Option<()>
+/// Retries one start-up step. Gives up (`None`) on shutdown, and as soon as the server has
+/// been deregistered meanwhile: start-up must never register or claim a node that the
+/// reconciler has already handed back.
+async fn retry<F, Fut>(
+    what: &str,
+    shutdown: &CancellationToken,
+    stop: &AtomicBool,
+    mut f: F,
+) -> Option<()>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), GameLiftError>>,
 {
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(60));
     loop {
+        if stop.load(Ordering::SeqCst) {
+            info!(
+                message = "deregistered meanwhile; start-up stops",
+                step = what
+            );
+            return None;
+        }
         match f().await {
             Ok(()) => return Some(()),
             Err(GameLiftError::Conflict(m)) => {
@@ -92,18 +107,21 @@ pub async fn start_up(
         info!(message = "game server was deregistered earlier; not registering or heartbeating");
         return;
     }
+    let stop = actuator.deregistered_flag();
     if progress.is_draining() {
         info!(message = "node is draining; not registering or claiming again");
         return;
     }
     loop {
-        if retry("RegisterGameServer", shutdown, || actuator.gl_register())
-            .await
-            .is_none()
+        if retry("RegisterGameServer", shutdown, &stop, || {
+            actuator.gl_register()
+        })
+        .await
+        .is_none()
         {
             return;
         }
-        if retry("UpdateGameServer HEALTHY", shutdown, || {
+        if retry("UpdateGameServer HEALTHY", shutdown, &stop, || {
             actuator.gl_heartbeat()
         })
         .await
@@ -113,7 +131,7 @@ pub async fn start_up(
         }
         // Claim can say NotFound if registration was lost meanwhile: start over.
         let lost = std::sync::atomic::AtomicBool::new(false);
-        let claimed = retry("ClaimGameServer", shutdown, || {
+        let claimed = retry("ClaimGameServer", shutdown, &stop, || {
             let f = actuator.gl_claim();
             let lost = &lost;
             async move {
@@ -136,7 +154,7 @@ pub async fn start_up(
         }
         warn!(message = "game server not found while claiming; registering again");
     }
-    if retry("UpdateGameServer UTILIZED", shutdown, || {
+    if retry("UpdateGameServer UTILIZED", shutdown, &stop, || {
         actuator.gl_utilized()
     })
     .await

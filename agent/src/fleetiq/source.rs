@@ -147,8 +147,10 @@ impl RedisSource {
             Err(_) => return End::Disconnected("connect timed out".into()),
         };
         let (mut sink, mut stream) = pubsub.split();
-        if let Err(e) = sink.subscribe(&self.channel).await {
-            return End::Disconnected(format!("SUBSCRIBE: {e}"));
+        match tokio::time::timeout(IO_TIMEOUT, sink.subscribe(&self.channel)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return End::Disconnected(format!("SUBSCRIBE: {e}")),
+            Err(_) => return End::Disconnected("SUBSCRIBE timed out".into()),
         }
         // Subscribed first, then read the cache: nothing published in between is missed.
         match tokio::time::timeout(IO_TIMEOUT, client.get_multiplexed_async_connection()).await {

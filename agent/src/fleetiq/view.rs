@@ -27,6 +27,9 @@ pub struct FleetIqView {
     pub last_seen: Option<Instant>,
     /// When the current status first arrived (wall clock, for deadlines; monotonic, for latency).
     pub since: Option<(Timestamp, Instant)>,
+    /// When SPOT_TERMINATING was first seen. A Spot interruption cannot be withdrawn, so the
+    /// Terminate notice stays even if a later message says otherwise.
+    pub spot_since: Option<Timestamp>,
 }
 
 /// AWS gives two minutes between a Spot interruption notice and reclaim.
@@ -38,6 +41,9 @@ impl FleetIqView {
     pub fn observe(&mut self, status: InstanceStatus, via: Via, now: Timestamp, mono: Instant) {
         if self.status != Some(status) {
             self.since = Some((now, mono));
+        }
+        if status == InstanceStatus::SpotTerminating && self.spot_since.is_none() {
+            self.spot_since = Some(now);
         }
         self.status = Some(status);
         self.via = Some(via);
@@ -55,6 +61,17 @@ impl FleetIqView {
             cancellable,
             detail: format!("FleetIQ InstanceStatus={status} via {:?}", self.via),
         };
+        if let Some(spot) = self.spot_since {
+            let s = InstanceStatus::SpotTerminating;
+            let deadline = spot.checked_add(SPOT_NOTICE).ok();
+            return Some(base(
+                Cause::Preemption,
+                Severity::Terminate,
+                deadline,
+                false,
+                s,
+            ));
+        }
         match self.status? {
             InstanceStatus::Active => None,
             s @ InstanceStatus::Draining => {
@@ -95,11 +112,22 @@ mod tests {
         assert_eq!(n.severity, Severity::Terminate);
         assert!(!n.cancellable);
         assert_eq!(n.deadline, Some("2026-11-30T05:02:00Z".parse().unwrap()));
-        v.observe(InstanceStatus::Draining, Via::Fallback, later, m);
+        // A Spot interruption cannot be withdrawn: later statuses keep the Terminate notice.
+        v.observe(InstanceStatus::Active, Via::Fallback, later, m);
         let n = v.notice("i-1").unwrap();
+        assert_eq!(
+            (n.cause, n.severity, n.cancellable),
+            (Cause::Preemption, Severity::Terminate, false)
+        );
+        assert_eq!(n.deadline, Some("2026-11-30T05:02:00Z".parse().unwrap()));
+        let mut d = FleetIqView::default();
+        d.observe(InstanceStatus::Draining, Via::Message, t0, m);
+        let n = d.notice("i-1").unwrap();
         assert_eq!(
             (n.cause, n.severity, n.cancellable),
             (Cause::Viability, Severity::Drain, true)
         );
+        d.observe(InstanceStatus::Active, Via::Message, later, m);
+        assert_eq!(d.notice("i-1"), None, "DRAINING is withdrawn by ACTIVE");
     }
 }
