@@ -563,22 +563,19 @@ impl Txn<'_> {
             map.insert("apiVersion".into(), json!(rt.api_version()));
             map.insert("kind".into(), json!(rt.kind));
         }
-        let old_meta = old.get("metadata").cloned().unwrap_or_else(|| json!({}));
-        let meta = meta_mut(&mut obj);
-        for field in [
-            "uid",
-            "creationTimestamp",
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-            "generation",
-            "namespace",
-            "resourceVersion",
-        ] {
-            match old_meta.get(field) {
-                Some(v) => meta.insert(field.into(), v.clone()),
-                None => meta.remove(field),
-            };
-        }
+        keep_server_meta(
+            &old,
+            &mut obj,
+            &[
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "namespace",
+                "resourceVersion",
+            ],
+        );
         self.finish_update(rt, ns, name, old, obj)
     }
 
@@ -628,19 +625,16 @@ impl Txn<'_> {
             map.insert("apiVersion".into(), json!(rt.api_version()));
             map.insert("kind".into(), json!(rt.kind));
         }
-        let old_meta = old.get("metadata").cloned().unwrap_or_else(|| json!({}));
-        let meta = meta_mut(&mut obj);
-        for field in [
-            "creationTimestamp",
-            "namespace",
-            "resourceVersion",
-            "generation",
-        ] {
-            match old_meta.get(field) {
-                Some(v) => meta.insert(field.into(), v.clone()),
-                None => meta.remove(field),
-            };
-        }
+        keep_server_meta(
+            &old,
+            &mut obj,
+            &[
+                "creationTimestamp",
+                "namespace",
+                "resourceVersion",
+                "generation",
+            ],
+        );
         self.finish_update(rt, ns, name, old, obj)
     }
 
@@ -978,6 +972,19 @@ fn spec_changed(rt: &ResourceType, old: &Value, new: &Value) -> bool {
 /// `metadata.<field>` as a string.
 pub fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
     obj.get("metadata")?.get(field)?.as_str()
+}
+
+/// Copies the server-owned metadata `fields` from the stored object onto a write, so a
+/// client can neither set nor clear them (absent before means absent after).
+fn keep_server_meta(old: &Value, obj: &mut Value, fields: &[&str]) {
+    let old_meta = old.get("metadata").cloned().unwrap_or_else(|| json!({}));
+    let meta = meta_mut(obj);
+    for field in fields {
+        match old_meta.get(*field) {
+            Some(v) => meta.insert((*field).into(), v.clone()),
+            None => meta.remove(*field),
+        };
+    }
 }
 
 /// `metadata` as a mutable map, created if missing.
