@@ -7,6 +7,8 @@
 //! logged, counted and recorded instead of sent — the same code path up to the wire.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::observed::{GameServerView, GsState};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
@@ -53,13 +55,21 @@ impl ActError {
 /// Dry-run calls kept for inspection; beyond this they are still skipped, just not recorded.
 const MAX_RECORDED: usize = 10_000;
 
-/// Result of a preconditioned GameServer delete.
+/// Result of a release: label (optionally), then a preconditioned GameServer delete.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Release {
     Deleted,
-    /// uid or resourceVersion no longer matched: someone (an allocation) got there first.
+    /// The server changed under us (an allocation got there first): the newer version is
+    /// in `ReleaseOutcome::newest`, so the next plan protects it or releases that version.
     Conflict,
     Gone,
+}
+
+/// A release's result, plus the newest version of the object we learned on the way (the
+/// label write's answer, or a re-read after a 409), for read-your-writes.
+pub struct ReleaseOutcome {
+    pub result: Result<Release, ActError>,
+    pub newest: Option<DynamicObject>,
 }
 
 #[derive(Clone)]
@@ -72,6 +82,9 @@ pub struct Actuator {
     /// Events go to a background publisher so they never delay a fence or a release.
     events: tokio::sync::mpsc::Sender<(ObjectReference, Event)>,
     deregistered: Arc<AtomicBool>,
+    /// Serialises every FleetIQ lifecycle call, so none can follow (or overtake) the
+    /// deregistration: each call checks `deregistered` while holding it.
+    lifecycle: Arc<tokio::sync::Mutex<()>>,
     recorded: Arc<Mutex<Vec<String>>>,
 }
 
@@ -96,8 +109,17 @@ fn spawn_event_publisher(
     tx
 }
 
+/// Only 409 means "changed under us, re-plan". A 422 (a validation or admission policy
+/// denial) would fail the same way again: it is an error, retried with backoff.
 fn is_conflict(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409 || s.code == 422)
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+fn api_code(e: &ActError) -> Option<u16> {
+    match e {
+        ActError::Kube(kube::Error::Api(s)) => Some(s.code),
+        _ => None,
+    }
 }
 
 fn pointer_escape(key: &str) -> String {
@@ -118,6 +140,7 @@ impl Actuator {
             gamelift: Arc::new(OnceLock::new()),
             metrics,
             deregistered: Arc::new(AtomicBool::new(false)),
+            lifecycle: Arc::new(tokio::sync::Mutex::new(())),
             recorded: Arc::new(Mutex::new(Vec::new())),
         }
     }
@@ -284,7 +307,7 @@ impl Actuator {
         if self.dry_run {
             return Ok(self.gameservers(ns).get_opt(name).await?);
         }
-        let body = json!({"metadata": {"labels": {keys::LABEL_NODE: self.node_name}}});
+        let body = json!({"metadata": {"labels": {keys::LABEL_NODE: keys::node_label_value(&self.node_name)}}});
         match self.merge_gs(ns, name, body).await {
             // Deleted since its pod was seen: nothing to claim.
             Err(ActError::Kube(kube::Error::Api(s))) if s.code == 404 => Ok(None),
@@ -294,23 +317,22 @@ impl Actuator {
 
     /// The GameServer patches return the object as written (`None` in dry-run mode), so
     /// the reconciler can read its own writes before the watch delivers them.
-    pub async fn mark_draining(
-        &self,
-        gs: &GsRef,
-        draining: bool,
-    ) -> Result<Option<DynamicObject>, ActError> {
-        let v = if draining { json!("true") } else { Value::Null };
-        let body = json!({"metadata": {"labels": {keys::LABEL_NODE_DRAINING: v}}});
+    pub async fn label_draining(&self, gs: &GsRef) -> Result<Option<DynamicObject>, ActError> {
+        let body = json!({"metadata": {"labels": {keys::LABEL_NODE_DRAINING: "true"}}});
         self.merge_gs(&gs.namespace, &gs.name, body).await
     }
 
+    /// Label and annotations of an in-use server, in one write.
     pub async fn protect(
         &self,
         gs: &GsRef,
         deadline: &str,
         reason: &str,
     ) -> Result<Option<DynamicObject>, ActError> {
-        let body = json!({"metadata": {"annotations": {keys::ANN_GS_DEADLINE: deadline, keys::ANN_GS_REASON: reason}}});
+        let body = json!({"metadata": {
+            "labels": {keys::LABEL_NODE_DRAINING: "true"},
+            "annotations": {keys::ANN_GS_DEADLINE: deadline, keys::ANN_GS_REASON: reason}
+        }});
         self.merge_gs(&gs.namespace, &gs.name, body).await
     }
 
@@ -322,8 +344,94 @@ impl Actuator {
         self.merge_gs(&gs.namespace, &gs.name, body).await
     }
 
-    /// Deletes a Ready GameServer only if it is still exactly the object we saw Ready.
-    pub async fn release(&self, gs: &GsRef) -> Result<Release, ActError> {
+    /// Releases a server that is not in use: with `label_first`, labels it (so allocators
+    /// that exclude the label stop picking it) and deletes the version that write returned;
+    /// otherwise deletes the version we saw. Either way the delete is preconditioned on uid
+    /// and resourceVersion, so an allocation that wins the race is never deleted.
+    pub async fn release(&self, gs: &GsRef, label_first: bool) -> ReleaseOutcome {
+        let mut target = gs.clone();
+        let mut newest = None;
+        if label_first {
+            match self.label_draining(gs).await {
+                Ok(Some(obj)) => match GameServerView::from_dynamic(&obj) {
+                    Ok(v) if v.uid != gs.uid || v.deleting => {
+                        return ReleaseOutcome {
+                            result: Ok(Release::Gone),
+                            newest: None,
+                        };
+                    }
+                    Ok(v) if !(v.state == GsState::Ready || v.state.is_before_ready()) => {
+                        return ReleaseOutcome {
+                            result: Ok(Release::Conflict),
+                            newest: Some(obj),
+                        };
+                    }
+                    Ok(v) => {
+                        target.resource_version = v.resource_version;
+                        newest = Some(obj);
+                    }
+                    Err(e) => {
+                        return ReleaseOutcome {
+                            result: Err(ActError::Invalid(e.to_string())),
+                            newest: None,
+                        };
+                    }
+                },
+                Ok(None) => {}
+                Err(e) if api_code(&e) == Some(404) => {
+                    return ReleaseOutcome {
+                        result: Ok(Release::Gone),
+                        newest: None,
+                    };
+                }
+                // A failing label write must not hold up the delete itself.
+                Err(e) => {
+                    warn!(message = "labelling a game server before release failed; deleting it anyway", namespace = %gs.namespace, name = %gs.name, error = %e)
+                }
+            }
+        }
+        let result = self.delete_exactly(&target).await;
+        match result {
+            Ok(Release::Conflict) => {
+                // Changed under us, or a 409 with no change behind it? Only a re-read tells.
+                match self.gameservers(&gs.namespace).get_opt(&gs.name).await {
+                    Ok(None) => ReleaseOutcome {
+                        result: Ok(Release::Gone),
+                        newest: None,
+                    },
+                    Ok(Some(obj)) if obj.metadata.uid.as_deref() != Some(gs.uid.as_str()) => {
+                        ReleaseOutcome {
+                            result: Ok(Release::Gone),
+                            newest: None,
+                        }
+                    }
+                    Ok(Some(obj))
+                        if obj.metadata.resource_version.as_deref()
+                            == Some(target.resource_version.as_str()) =>
+                    {
+                        ReleaseOutcome {
+                            result: Err(ActError::Invalid(
+                                "409 on a delete whose preconditions still match; retrying".into(),
+                            )),
+                            newest,
+                        }
+                    }
+                    Ok(Some(obj)) => ReleaseOutcome {
+                        result: Ok(Release::Conflict),
+                        newest: Some(obj),
+                    },
+                    Err(e) => ReleaseOutcome {
+                        result: Err(e.into()),
+                        newest,
+                    },
+                }
+            }
+            result => ReleaseOutcome { result, newest },
+        }
+    }
+
+    /// Deletes a GameServer only if it is still exactly the object `gs` names.
+    async fn delete_exactly(&self, gs: &GsRef) -> Result<Release, ActError> {
         if self.skip(
             "release",
             format!(
@@ -381,11 +489,14 @@ impl Actuator {
     }
 
     /// `DeregisterGameServer` (NotFound means already done), then the mark on the Node that
-    /// makes it once-only across restarts.
-    pub async fn deregister(&self) -> Result<Option<Node>, ActError> {
+    /// makes it once-only across restarts. The intent is written to the Node before the
+    /// call; when a crash may have cut between call and mark (`intent_recorded`), GameLift
+    /// is asked first, so the call is never sent twice.
+    pub async fn deregister(&self, intent_recorded: bool) -> Result<Option<Node>, ActError> {
         let Some(gl) = self.gamelift.get() else {
             return Err(ActError::NotReady);
         };
+        let _serial = self.lifecycle.lock().await;
         // Once GameLift has answered, only the Node mark may still be missing: never call
         // DeregisterGameServer a second time just because that write failed.
         let done = self.deregistered.load(Ordering::SeqCst);
@@ -398,36 +509,71 @@ impl Actuator {
                 ),
             )
         {
-            match gl.deregister().await {
-                Ok(()) => {
-                    self.metrics
-                        .deregistrations
-                        .get_or_create(&ResultLabel { result: "ok" })
-                        .inc();
-                }
-                Err(GameLiftError::NotFound(m)) => {
-                    self.metrics
-                        .deregistrations
-                        .get_or_create(&ResultLabel {
-                            result: "not_found",
-                        })
-                        .inc();
-                    info!(message = "game server already deregistered", detail = %m);
-                }
-                Err(e) => {
-                    self.metrics
-                        .deregistrations
-                        .get_or_create(&ResultLabel {
-                            result: e.metric_label(),
-                        })
-                        .inc();
-                    return Err(e.into());
+            let count = |result: &'static str| {
+                self.metrics
+                    .deregistrations
+                    .get_or_create(&ResultLabel { result })
+                    .inc();
+            };
+            let still_registered = if intent_recorded {
+                gl.is_registered().await?
+            } else {
+                self.annotate_node(keys::ANN_DEREGISTERING, &format_ts(jiff::Timestamp::now()))
+                    .await?;
+                true
+            };
+            if !still_registered {
+                count("already");
+                info!(message = "an earlier deregistration went through; not calling again");
+            } else {
+                match gl.deregister().await {
+                    Ok(()) => count("ok"),
+                    Err(GameLiftError::NotFound(m)) => {
+                        count("not_found");
+                        info!(message = "game server already deregistered", detail = %m);
+                    }
+                    Err(e) => {
+                        count(e.metric_label());
+                        return Err(e.into());
+                    }
                 }
             }
         }
         self.deregistered.store(true, Ordering::SeqCst);
         self.annotate_node(keys::ANN_DEREGISTERED, &format_ts(jiff::Timestamp::now()))
             .await
+    }
+
+    /// `--deregister-on-exit`: the original adapter's behaviour on SIGTERM. Serialised with
+    /// the other lifecycle calls and never repeated; not recorded on the Node, so the next
+    /// agent on this node registers again, as the original did. `Ok(false)`: nothing sent.
+    pub async fn deregister_on_exit(&self) -> Result<bool, GameLiftError> {
+        let Some(gl) = self.gamelift.get() else {
+            warn!(message = "deregister on exit skipped: FleetIQ never became ready");
+            return Ok(false);
+        };
+        let _serial = self.lifecycle.lock().await;
+        if self.deregistered.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        if self.skip(
+            "deregister",
+            format!(
+                "GameLift DeregisterGameServer {}/{} (on exit)",
+                gl.group, gl.game_server_id
+            ),
+        ) {
+            return Ok(false);
+        }
+        let r = match gl.deregister().await {
+            Ok(()) => Ok(true),
+            Err(GameLiftError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e),
+        };
+        if r.is_ok() {
+            self.deregistered.store(true, Ordering::SeqCst);
+        }
+        r
     }
 
     /// Queues a Kubernetes Event about `target`; failures are counted, never fatal.
@@ -486,62 +632,63 @@ impl Actuator {
         }
     }
 
-    // GameLift lifecycle calls, so dry-run covers them too.
+    // GameLift lifecycle calls, so dry-run covers them too. Each holds the lifecycle lock
+    // and gives up once the server is deregistered: a registration still in flight when the
+    // drain deregisters can never land after it.
+
+    async fn lifecycle_call<F, Fut>(
+        &self,
+        kind: &'static str,
+        what: &str,
+        f: F,
+    ) -> Result<(), GameLiftError>
+    where
+        F: FnOnce(GameLift) -> Fut,
+        Fut: std::future::Future<Output = Result<(), GameLiftError>>,
+    {
+        let Some(gl) = self.gamelift.get().cloned() else {
+            return Ok(());
+        };
+        let _serial = self.lifecycle.lock().await;
+        if self.deregistered.load(Ordering::SeqCst) {
+            return Err(GameLiftError::Deregistered);
+        }
+        if self.skip(kind, format!("GameLift {what} {}", gl.game_server_id)) {
+            return Ok(());
+        }
+        f(gl).await
+    }
 
     pub async fn gl_register(&self) -> Result<(), GameLiftError> {
-        match self.gamelift.get() {
-            Some(gl)
-                if !self.skip(
-                    "gamelift_register",
-                    format!("GameLift RegisterGameServer {}", gl.game_server_id),
-                ) =>
-            {
-                gl.register().await
-            }
-            _ => Ok(()),
-        }
+        self.lifecycle_call("gamelift_register", "RegisterGameServer", |gl| async move {
+            gl.register().await
+        })
+        .await
     }
 
     pub async fn gl_claim(&self) -> Result<(), GameLiftError> {
-        match self.gamelift.get() {
-            Some(gl)
-                if !self.skip(
-                    "gamelift_claim",
-                    format!("GameLift ClaimGameServer {}", gl.game_server_id),
-                ) =>
-            {
-                gl.claim().await
-            }
-            _ => Ok(()),
-        }
+        self.lifecycle_call("gamelift_claim", "ClaimGameServer", |gl| async move {
+            gl.claim().await
+        })
+        .await
     }
 
     pub async fn gl_heartbeat(&self) -> Result<(), GameLiftError> {
-        match self.gamelift.get() {
-            Some(gl)
-                if !self.skip(
-                    "gamelift_heartbeat",
-                    format!("GameLift UpdateGameServer HEALTHY {}", gl.game_server_id),
-                ) =>
-            {
-                gl.heartbeat().await
-            }
-            _ => Ok(()),
-        }
+        self.lifecycle_call(
+            "gamelift_heartbeat",
+            "UpdateGameServer HEALTHY",
+            |gl| async move { gl.heartbeat().await },
+        )
+        .await
     }
 
     pub async fn gl_utilized(&self) -> Result<(), GameLiftError> {
-        match self.gamelift.get() {
-            Some(gl)
-                if !self.skip(
-                    "gamelift_utilized",
-                    format!("GameLift UpdateGameServer UTILIZED {}", gl.game_server_id),
-                ) =>
-            {
-                gl.set_utilized().await
-            }
-            _ => Ok(()),
-        }
+        self.lifecycle_call(
+            "gamelift_utilized",
+            "UpdateGameServer UTILIZED",
+            |gl| async move { gl.set_utilized().await },
+        )
+        .await
     }
 }
 

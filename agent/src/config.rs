@@ -103,6 +103,11 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_DRAIN_DEADLINE", default_value = "30m", value_parser = positive_duration)]
     pub drain_deadline: Duration,
 
+    /// How long the fence must have stood before an empty node is deregistered: a
+    /// scheduler deciding on a cache from before the cordon may still bind a pod here.
+    #[arg(long, env = "LASTCALL_DEREGISTER_SETTLE", default_value = "5s", value_parser = lastcall_common::duration::parse_duration)]
+    pub deregister_settle: Duration,
+
     /// Ready game servers deleted at once while releasing.
     #[arg(long, env = "LASTCALL_RELEASE_CONCURRENCY", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub release_concurrency: u32,

@@ -11,6 +11,39 @@ pub const LABEL_NODE_DRAINING: &str = "lastcall.dev/node-draining";
 /// Label on the GameServers of a node, put there by that node's agent. It lets the agent watch
 /// exactly its own GameServers (Agones' CRD has no field selector on `status.nodeName`).
 pub const LABEL_NODE: &str = "lastcall.dev/node";
+
+/// The value of `LABEL_NODE` for a node. Node names may be up to 253 characters, label
+/// values only 63: a longer (or otherwise invalid) name becomes a stable prefix plus a hash,
+/// so the label-filtered watch keeps working instead of failing with 400 forever.
+pub fn node_label_value(node: &str) -> String {
+    let valid = |s: &str| {
+        s.len() <= 63
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+            && s.chars().last().is_some_and(|c| c.is_ascii_alphanumeric())
+    };
+    if valid(node) {
+        return node.to_string();
+    }
+    // FNV-1a: stable across Rust versions and builds, unlike the std hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in node.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let prefix: String = node
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.'))
+        .take(40)
+        .collect();
+    let prefix = prefix.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    if prefix.is_empty() {
+        format!("h{h:016x}")
+    } else {
+        format!("{prefix}-h{h:016x}")
+    }
+}
 /// Operators set this label to `true` on a Node to drain it by hand.
 pub const LABEL_MANUAL_DRAIN: &str = "lastcall.dev/drain";
 
@@ -24,6 +57,15 @@ pub const ANN_CAUSE: &str = "lastcall.dev/drain-cause";
 pub const ANN_CORDONED: &str = "lastcall.dev/cordoned-by-lastcall";
 pub const ANN_DEREGISTERED: &str = "lastcall.dev/deregistered";
 pub const ANN_REGISTERED: &str = "lastcall.dev/registered";
+/// The notice driving the drain (source, cause, severity, deadline, cancellable, first
+/// seen) as JSON, so a restarted agent decides exactly as before: a Spot interruption stays
+/// final and its deadline does not move.
+pub const ANN_NOTICE: &str = "lastcall.dev/drain-notice";
+/// Written just before `DeregisterGameServer` is sent. Present without `ANN_DEREGISTERED`,
+/// it means a crash may have cut between the call and its mark: check before calling again.
+pub const ANN_DEREGISTERING: &str = "lastcall.dev/deregistering";
+/// lastcall added the compat `gamelift.status/draining` taint; only then may a cancel remove it.
+pub const ANN_COMPAT_DRAINING: &str = "lastcall.dev/compat-draining-taint";
 
 /// The original adapter's taints and toleration (compatibility mode).
 pub const COMPAT_TAINT_ACTIVE: &str = "gamelift.status/active";
@@ -33,3 +75,26 @@ pub const COMPAT_TAINT_DRAINING: &str = "gamelift.status/draining";
 pub const AGONES_ROLE: &str = "agones.dev/role";
 pub const AGONES_GAMESERVER: &str = "agones.dev/gameserver";
 pub const AGONES_FLEET: &str = "agones.dev/fleet";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_label_values_are_valid_and_stable() {
+        assert_eq!(
+            node_label_value("ip-10-0-1-2.ec2.internal"),
+            "ip-10-0-1-2.ec2.internal"
+        );
+        let long = format!("{}.compute.internal", "gke-game-pool-".repeat(6));
+        let v = node_label_value(&long);
+        assert!(v.len() <= 63, "{v}");
+        assert_eq!(v, node_label_value(&long), "stable");
+        assert_ne!(v, node_label_value(&format!("{long}x")), "distinct");
+        assert!(
+            v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.'))
+        );
+        assert!(node_label_value("...").starts_with('h'));
+    }
+}

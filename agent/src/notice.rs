@@ -19,6 +19,14 @@ impl Source {
             Self::Manual => "manual",
         }
     }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "fleetiq" => Some(Self::FleetIq),
+            "manual" => Some(Self::Manual),
+            _ => None,
+        }
+    }
 }
 
 /// What is happening to the node.
@@ -60,6 +68,25 @@ pub enum Severity {
     Drain,
     /// The node will die at the deadline.
     Terminate,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Observe => "observe",
+            Self::Drain => "drain",
+            Self::Terminate => "terminate",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "observe" => Some(Self::Observe),
+            "drain" => Some(Self::Drain),
+            "terminate" => Some(Self::Terminate),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Taint, Toleration};
 use crate::keys;
 use crate::notice::{Cause, Notice, Severity, Source};
 use crate::observed::{GameServerView, GsState, Observed};
-use crate::progress::{Progress, format_ts};
+use crate::progress::{DrainRecord, Progress, Recorded, format_ts};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicyConfig {
@@ -24,6 +24,8 @@ pub struct PolicyConfig {
     pub deregister: bool,
     /// Deadline announced to protected game servers when the notice has none.
     pub default_deadline: Duration,
+    /// How long the fence must have stood before an empty node is deregistered.
+    pub deregister_settle: Duration,
 }
 
 pub struct Inputs<'a> {
@@ -117,11 +119,13 @@ pub enum Action {
     /// Put `lastcall.dev/node=<node>` on a GameServer whose pod runs here, so the agent's
     /// label-filtered watch sees it.
     ClaimGameServer { namespace: String, name: String },
-    /// Add (`true`) or remove the `lastcall.dev/node-draining` label.
-    MarkDraining { gs: GsRef, draining: bool },
-    /// Delete a Ready GameServer, preconditioned on uid and resourceVersion.
-    Release { gs: GsRef },
-    /// Annotate an in-use GameServer with the drain deadline and reason.
+    /// Delete a GameServer that is not in use, preconditioned on uid and resourceVersion.
+    /// With `label_first`, put the `lastcall.dev/node-draining` label on it first, and
+    /// delete the version that write returned: allocators that exclude the label stop
+    /// picking it within one round trip, even while DELETEs fail.
+    Release { gs: GsRef, label_first: bool },
+    /// Label an in-use GameServer `lastcall.dev/node-draining` and annotate it with the
+    /// drain deadline and reason, in one write.
     Protect {
         gs: GsRef,
         deadline: String,
@@ -145,7 +149,6 @@ impl Action {
         match self {
             Self::PatchNode(_) => "patch_node",
             Self::ClaimGameServer { .. } => "claim_gameserver",
-            Self::MarkDraining { .. } => "mark_draining",
             Self::Release { .. } => "release",
             Self::Protect { .. } => "protect",
             Self::Unprotect { .. } => "unprotect",
@@ -163,6 +166,16 @@ pub struct Plan {
     pub actions: Vec<Action>,
     /// The notice driving the drain, if any.
     pub driver: Option<Notice>,
+    /// Plan again no later than this even if nothing changes (a settle period ends).
+    pub wake_at: Option<Timestamp>,
+    /// What lastcall chose not to do, for the operator (Warning Events, once each).
+    pub warnings: Vec<Warning>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Warning {
+    pub reason: &'static str,
+    pub note: String,
 }
 
 /// The original adapter's toleration, added to in-use pods in compat mode.
@@ -204,32 +217,57 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
     let progress = Progress::from_annotations(&obs.node.annotations);
     let mut notices: Vec<Notice> = inp.notices.to_vec();
     notices.extend(manual_notice(obs));
+    // A drain that cannot be withdrawn (a Spot interruption) stays, whatever a lagging
+    // replica, a failover or a cache says after a restart; its deadline stays put too.
+    if let Recorded::Valid(r) = &progress.record
+        && !r.cancellable
+        && progress.started.is_some()
+    {
+        notices.push(r.as_notice());
+    }
     let driver = Notice::strongest(&notices).cloned();
 
-    let mut actions = claim_unlabelled(obs);
+    let mut out = Plan {
+        phase: Phase::Idle,
+        actions: claim_unlabelled(obs),
+        driver: driver.clone(),
+        wake_at: None,
+        warnings: vec![],
+    };
     // A game-server pod whose GameServer we cannot see yet may host a match: until it is
     // claimed and seen, the node is not empty and nothing may be tainted NoExecute.
-    let unseen_servers = actions.len();
-    let phase = if progress.deregistered.is_some() {
-        // Deregistration is final: the instance is leaving. Keep the fence up and stop.
+    let unseen_servers = out.actions.len();
+    // Releasing idle servers on a node lastcall has fenced is safe whatever the signals say
+    // now: nothing may start a match there, and a Fleet replaces them elsewhere.
+    let fenced = obs.node.has_taint(keys::TAINT_DRAINING);
+    out.phase = if progress.deregistered.is_some() {
+        // Deregistration is final: the instance is leaving. Keep the fence up, and keep
+        // releasing whatever still lands here (pods with blanket tolerations).
         if let Some(p) = fence_patch(inp, &progress, driver.as_ref()) {
-            actions.push(Action::PatchNode(p));
+            out.actions.push(Action::PatchNode(p));
+        }
+        if fenced {
+            let (deadline, reason) = announced(inp, &progress, driver.as_ref());
+            game_server_work(inp, &deadline, &reason, unseen_servers, &mut out.actions);
         }
         Phase::Deregistered
     } else if let Some(n) = &driver {
-        drain(inp, &progress, n, unseen_servers, &mut actions)
-    } else if progress.started.is_some()
-        && progress.cause != Some(Cause::Manual)
-        && !inp.unknown_sources.is_empty()
-    {
-        // A restarted agent has not heard from FleetIQ yet: keep the drain exactly as it is.
+        drain(inp, &progress, n, unseen_servers, &mut out)
+    } else if progress.started.is_some() && held(&progress, inp.unknown_sources) {
+        // The source that started this drain has not reported since a restart: keep the
+        // drain exactly as it is, but keep the node from taking new matches.
+        if fenced {
+            let (deadline, reason) = announced(inp, &progress, None);
+            game_server_work(inp, &deadline, &reason, unseen_servers, &mut out.actions);
+        }
         Phase::Draining
     } else if progress.started.is_some() {
-        cancel(inp, &progress, &mut actions);
+        cancel(inp, &progress, &mut out.actions);
         Phase::Cancelling
     } else {
-        idle(inp, &progress, &mut actions);
-        if actions
+        idle(inp, &progress, &mut out);
+        if out
+            .actions
             .iter()
             .any(|a| matches!(a, Action::Unprotect { .. } | Action::PatchNode(_)))
         {
@@ -238,11 +276,40 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
             Phase::Idle
         }
     };
-    Plan {
-        phase,
-        actions,
-        driver,
+    out
+}
+
+/// A restarted agent holds a drain while the source that started it is unknown. Other
+/// unknown sources do not hold it: they did not ask for it.
+fn held(progress: &Progress, unknown: &[Source]) -> bool {
+    match &progress.record {
+        Recorded::Valid(r) => unknown.contains(&r.source),
+        // Written by an older agent, or unreadable: hold while any source is unknown,
+        // except for a manual drain (its label is always known).
+        Recorded::Absent | Recorded::Garbled => {
+            progress.cause != Some(Cause::Manual) && !unknown.is_empty()
+        }
     }
+}
+
+/// Whether `tolerations` let a pod stay on a node with `taint` for good (a NoExecute
+/// toleration with `tolerationSeconds` only delays the eviction).
+pub fn tolerates(tolerations: &[Toleration], taint: &Taint) -> bool {
+    tolerations.iter().any(|t| {
+        let op = t.operator.as_deref().unwrap_or("Equal");
+        let key_ok = match t.key.as_deref() {
+            None | Some("") => op == "Exists",
+            Some(k) => k == taint.key,
+        };
+        let value_ok = op == "Exists"
+            || t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("");
+        let effect_ok = t
+            .effect
+            .as_deref()
+            .is_none_or(|e| e.is_empty() || e == taint.effect);
+        let forever = taint.effect != "NoExecute" || t.toleration_seconds.is_none();
+        key_ok && value_ok && effect_ok && forever
+    })
 }
 
 /// GameServer pods on this node whose GameServer the label-filtered watch cannot see yet.
@@ -267,7 +334,8 @@ fn claim_unlabelled(obs: &Observed) -> Vec<Action> {
     out
 }
 
-/// The node-level fence: cordon, our taint, progress annotations. `None` when already there.
+/// The node-level fence: cordon, our taint, progress annotations and the drain record.
+/// `None` when already there.
 fn fence_patch(
     inp: &Inputs<'_>,
     progress: &Progress,
@@ -298,48 +366,84 @@ fn fence_patch(
             .insert(keys::ANN_STARTED.into(), format_ts(inp.now));
     }
     if let Some(d) = driver
-        && progress.cause != Some(d.cause)
         && progress.deregistered.is_none()
     {
-        patch
-            .set_annotations
-            .insert(keys::ANN_CAUSE.into(), d.cause.as_str().into());
+        if progress.cause != Some(d.cause) {
+            patch
+                .set_annotations
+                .insert(keys::ANN_CAUSE.into(), d.cause.as_str().into());
+        }
+        let record = match &progress.record {
+            Recorded::Valid(r) => r.merge(d),
+            Recorded::Absent | Recorded::Garbled => DrainRecord::from_notice(
+                d,
+                progress
+                    .started
+                    .filter(|t| *t > Timestamp::UNIX_EPOCH)
+                    .unwrap_or(inp.now),
+            ),
+        };
+        if progress.record != Recorded::Valid(record.clone()) {
+            patch
+                .set_annotations
+                .insert(keys::ANN_NOTICE.into(), record.to_annotation());
+        }
     }
     (!patch.is_empty()).then_some(patch)
 }
 
-fn drain(
-    inp: &Inputs<'_>,
-    progress: &Progress,
-    driver: &Notice,
-    unseen_servers: usize,
-    actions: &mut Vec<Action>,
-) -> Phase {
-    let obs = inp.observed;
-    let fence = fence_patch(inp, progress, Some(driver));
-    let fencing = fence.is_some();
-    if let Some(p) = fence {
-        actions.push(Action::PatchNode(p));
-    }
-
+/// The deadline and reason announced to protected servers: the earliest deadline any
+/// notice or the record gives (deadlines only tighten), else the start plus the default.
+fn announced(inp: &Inputs<'_>, progress: &Progress, driver: Option<&Notice>) -> (String, String) {
+    let recorded = match &progress.record {
+        Recorded::Valid(r) => Some(r),
+        _ => None,
+    };
     let started = progress
         .started
         .filter(|t| *t > Timestamp::UNIX_EPOCH)
         .unwrap_or(inp.now);
-    let deadline = driver.deadline.unwrap_or_else(|| {
-        started
-            .checked_add(
-                jiff::SignedDuration::try_from(inp.config.default_deadline).unwrap_or_default(),
-            )
-            .unwrap_or(started)
-    });
-    let deadline_s = format_ts(deadline);
-    let reason = driver.cause.as_str().to_string();
+    let deadline = driver
+        .and_then(|d| d.deadline)
+        .into_iter()
+        .chain(recorded.and_then(|r| r.deadline))
+        .min()
+        .unwrap_or_else(|| {
+            started
+                .checked_add(
+                    jiff::SignedDuration::try_from(inp.config.default_deadline).unwrap_or_default(),
+                )
+                .unwrap_or(started)
+        });
+    let reason = driver
+        .map(|d| d.cause)
+        .or(recorded.map(|r| r.cause))
+        .or(progress.cause)
+        .map_or("drain", Cause::as_str);
+    (format_ts(deadline), reason.to_string())
+}
 
+/// What the game-server work found.
+struct Work {
+    /// Something on the node may still host or start a match.
+    busy: bool,
+    /// Every in-use pod tolerates the compat draining taint.
+    all_in_use_tolerate: bool,
+}
+
+/// Releases idle and not-yet-ready servers, and labels and protects in-use ones.
+/// Releases come first, in one concurrent batch, so the fence-to-released time stays at
+/// about two round trips.
+fn game_server_work(
+    inp: &Inputs<'_>,
+    deadline: &str,
+    reason: &str,
+    unseen_servers: usize,
+    actions: &mut Vec<Action>,
+) -> Work {
+    let obs = inp.observed;
     let mut busy = unseen_servers > 0;
     let mut all_in_use_tolerate = unseen_servers == 0;
-    // Releases go right after the fence, in one concurrent batch; marking and protecting
-    // in-use servers follows. That keeps the fence-to-released time to about two round trips.
     let mut releases = vec![];
     let mut in_use = vec![];
     let pods: BTreeMap<(&str, &str), &crate::observed::PodView> = obs
@@ -347,6 +451,7 @@ fn drain(
         .iter()
         .map(|p| ((p.namespace.as_str(), p.name.as_str()), p))
         .collect();
+    let compat_draining = taint(keys::COMPAT_TAINT_DRAINING, "true", "NoExecute");
     for gs in &obs.game_servers {
         if gs.deleting
             || matches!(
@@ -357,33 +462,35 @@ fn drain(
             continue;
         }
         let r = GsRef::of(gs);
-        // A Ready server is released as it is: labelling it first would change its
-        // resourceVersion and make our own preconditioned delete fail.
-        if gs.state != GsState::Ready
-            && gs.labels.get(keys::LABEL_NODE_DRAINING).map(String::as_str) != Some("true")
-        {
-            in_use.push(Action::MarkDraining {
-                gs: r.clone(),
-                draining: true,
-            });
-        }
-        if gs.state == GsState::Ready {
+        let labelled = gs.labels.get(keys::LABEL_NODE_DRAINING).map(String::as_str) == Some("true");
+        if gs.state == GsState::Ready || gs.state.is_before_ready() {
+            // Not in use, so deleting it (preconditioned on what we saw) ends no match. A
+            // server that is not Ready yet cannot be allocated, and one stuck before Ready
+            // would otherwise keep the node busy forever.
             busy = true;
-            releases.push(Action::Release { gs: r });
+            releases.push(Action::Release {
+                gs: r,
+                label_first: gs.state == GsState::Ready && !labelled,
+            });
         } else if gs.state.is_in_use() {
             busy = true;
-            if gs.annotations.get(keys::ANN_GS_DEADLINE) != Some(&deadline_s)
-                || gs.annotations.get(keys::ANN_GS_REASON) != Some(&reason)
+            if !labelled
+                || gs
+                    .annotations
+                    .get(keys::ANN_GS_DEADLINE)
+                    .map(String::as_str)
+                    != Some(deadline)
+                || gs.annotations.get(keys::ANN_GS_REASON).map(String::as_str) != Some(reason)
             {
                 in_use.push(Action::Protect {
                     gs: r,
-                    deadline: deadline_s.clone(),
-                    reason: reason.clone(),
+                    deadline: deadline.to_string(),
+                    reason: reason.to_string(),
                 });
             }
             if inp.config.compat_taints {
                 match pods.get(&(gs.namespace.as_str(), gs.name.as_str())) {
-                    Some(pod) if !pod.tolerations.contains(&compat_toleration()) => {
+                    Some(pod) if !tolerates(&pod.tolerations, &compat_draining) => {
                         all_in_use_tolerate = false;
                         in_use.push(Action::Tolerate {
                             namespace: pod.namespace.clone(),
@@ -396,17 +503,40 @@ fn drain(
                     None => all_in_use_tolerate = false,
                 }
             }
-        } else if gs.state.is_before_ready() {
-            // Cordoned, so it started before the fence; it is released once Ready.
-            busy = true;
         }
+    }
+    // A game-server pod that is still there, even one terminating, may be a game flushing
+    // its results during its grace period: the instance must not be handed back under it.
+    if obs.pods.iter().any(|p| p.gameserver.is_some()) {
+        busy = true;
     }
     actions.extend(releases);
     actions.extend(in_use);
+    Work {
+        busy,
+        all_in_use_tolerate,
+    }
+}
+
+fn drain(
+    inp: &Inputs<'_>,
+    progress: &Progress,
+    driver: &Notice,
+    unseen_servers: usize,
+    out: &mut Plan,
+) -> Phase {
+    let obs = inp.observed;
+    let fence = fence_patch(inp, progress, Some(driver));
+    let fencing = fence.is_some();
+    if let Some(p) = fence {
+        out.actions.push(Action::PatchNode(p));
+    }
+    let (deadline, reason) = announced(inp, progress, Some(driver));
+    let work = game_server_work(inp, &deadline, &reason, unseen_servers, &mut out.actions);
 
     if inp.config.compat_taints
         && !fencing
-        && all_in_use_tolerate
+        && work.all_in_use_tolerate
         && !obs
             .game_servers
             .iter()
@@ -414,22 +544,38 @@ fn drain(
         && !obs.node.has_taint(keys::COMPAT_TAINT_DRAINING)
     {
         // Last, as the original did: every in-use pod tolerates it and no Ready server is
-        // left for the taint manager to kill outside the race-safe delete.
+        // left for the taint manager to kill outside the race-safe delete. Recorded, so a
+        // cancel removes only a taint lastcall added.
         let mut taints = obs.node.taints.clone();
         taints.push(taint(keys::COMPAT_TAINT_DRAINING, "true", "NoExecute"));
-        actions.push(Action::PatchNode(NodePatch {
+        let mut set_annotations = BTreeMap::new();
+        set_annotations.insert(keys::ANN_COMPAT_DRAINING.to_string(), "true".to_string());
+        out.actions.push(Action::PatchNode(NodePatch {
             resource_version: obs.node.resource_version.clone(),
             taints: Some(taints),
+            set_annotations,
             ..Default::default()
         }));
     }
 
     if fencing {
         Phase::Fencing
-    } else if busy {
+    } else if work.busy {
         Phase::Draining
     } else if inp.config.deregister {
-        actions.push(Action::Deregister);
+        // The fence must have stood for a while: a scheduler deciding on a cache from
+        // before the cordon may still be binding a pod here.
+        let fenced_at = progress.started.unwrap_or(Timestamp::UNIX_EPOCH);
+        let settled_at = fenced_at
+            .checked_add(
+                jiff::SignedDuration::try_from(inp.config.deregister_settle).unwrap_or_default(),
+            )
+            .unwrap_or(fenced_at);
+        if inp.now >= settled_at {
+            out.actions.push(Action::Deregister);
+        } else {
+            out.wake_at = Some(settled_at);
+        }
         Phase::Empty
     } else {
         Phase::Empty
@@ -445,14 +591,23 @@ fn cancel(inp: &Inputs<'_>, progress: &Progress, actions: &mut Vec<Action>) {
         resource_version: node.resource_version.clone(),
         ..Default::default()
     };
-    let ours = |t: &Taint| t.key == keys::TAINT_DRAINING || t.key == keys::COMPAT_TAINT_DRAINING;
+    let ours = |t: &Taint| {
+        t.key == keys::TAINT_DRAINING
+            || (t.key == keys::COMPAT_TAINT_DRAINING && progress.compat_draining_ours)
+    };
     if node.taints.iter().any(ours) {
         patch.taints = Some(node.taints.iter().filter(|t| !ours(t)).cloned().collect());
     }
     if progress.cordoned_by_us && node.unschedulable {
         patch.unschedulable = Some(false);
     }
-    for k in [keys::ANN_STARTED, keys::ANN_CAUSE, keys::ANN_CORDONED] {
+    for k in [
+        keys::ANN_STARTED,
+        keys::ANN_CAUSE,
+        keys::ANN_CORDONED,
+        keys::ANN_NOTICE,
+        keys::ANN_COMPAT_DRAINING,
+    ] {
         if node.annotations.contains_key(k) {
             patch.remove_annotations.insert(k.to_string());
         }
@@ -463,25 +618,46 @@ fn cancel(inp: &Inputs<'_>, progress: &Progress, actions: &mut Vec<Action>) {
 }
 
 /// Not draining: clear leftovers of an interrupted cancel; in compat mode keep the original's
-/// `active` taint on a registered node.
-fn idle(inp: &Inputs<'_>, progress: &Progress, actions: &mut Vec<Action>) {
-    unprotect_all(inp.observed, actions);
+/// `active` taint on a registered node, but only where no running game would be evicted.
+fn idle(inp: &Inputs<'_>, progress: &Progress, out: &mut Plan) {
+    unprotect_all(inp.observed, &mut out.actions);
     let node = &inp.observed.node;
     if node.has_taint(keys::TAINT_DRAINING) {
-        cancel(inp, progress, actions);
+        cancel(inp, progress, &mut out.actions);
         return;
     }
     if inp.config.compat_taints
         && progress.registered.is_some()
         && !node.has_taint(keys::COMPAT_TAINT_ACTIVE)
     {
-        let mut taints = node.taints.clone();
-        taints.push(taint(keys::COMPAT_TAINT_ACTIVE, "true", "NoExecute"));
-        actions.push(Action::PatchNode(NodePatch {
-            resource_version: node.resource_version.clone(),
-            taints: Some(taints),
-            ..Default::default()
-        }));
+        let active = taint(keys::COMPAT_TAINT_ACTIVE, "true", "NoExecute");
+        let intolerant: Vec<String> = inp
+            .observed
+            .pods
+            .iter()
+            .filter(|p| {
+                p.gameserver.is_some() && !p.deleting && !tolerates(&p.tolerations, &active)
+            })
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .collect();
+        if let Some(first) = intolerant.first() {
+            out.warnings.push(Warning {
+                reason: "CompatTaintSkipped",
+                note: format!(
+                    "Not adding {}=true:NoExecute: {} running game-server pod(s) do not tolerate it and would be evicted (first: {first})",
+                    keys::COMPAT_TAINT_ACTIVE,
+                    intolerant.len()
+                ),
+            });
+        } else {
+            let mut taints = node.taints.clone();
+            taints.push(active);
+            out.actions.push(Action::PatchNode(NodePatch {
+                resource_version: node.resource_version.clone(),
+                taints: Some(taints),
+                ..Default::default()
+            }));
+        }
     }
 }
 

@@ -18,7 +18,7 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::actuator::{ActError, Actuator, Release};
+use crate::actuator::{ActError, Actuator, Release, ReleaseOutcome};
 use crate::fleetiq::view::FleetIqView;
 use crate::keys;
 use crate::metrics::{ActionResult, Metrics, PhaseLabel, ResultLabel, StateLabel};
@@ -49,9 +49,11 @@ pub struct Reconciler {
 struct LocalState {
     /// The Node as our last successful patch returned it (newer than the watch, briefly).
     written_node: Option<Node>,
-    /// Releases already attempted (deleted or lost to a newer version), by (uid,
-    /// resourceVersion): never send the same preconditioned delete twice.
-    released: HashSet<(String, String)>,
+    /// GameServers already deleted (or found gone), by uid: never send their delete again
+    /// while the watch catches up.
+    released: HashSet<String>,
+    /// Warnings already sent as Events by this process.
+    warned: HashSet<policy::Warning>,
     /// GameServers as our own patches returned them (or, in dry-run mode, as read directly,
     /// since the ownership label cannot be written), until the watch catches up. Entries
     /// expire after `WRITTEN_TTL`, so a server deleted meanwhile can never linger.
@@ -64,8 +66,8 @@ struct LocalState {
 }
 
 enum Pass {
-    /// Nothing more to do until something changes.
-    Settled,
+    /// Nothing more to do until something changes, or until the given moment.
+    Settled(Option<jiff::Timestamp>),
     /// Progress was made: plan again at once.
     Again,
     /// Someone else changed an object under us: plan again shortly, on fresh state.
@@ -145,9 +147,13 @@ impl Reconciler {
                     backoff.reset();
                     Duration::ZERO
                 }
-                Ok(Pass::Settled) => {
+                Ok(Pass::Settled(wake_at)) => {
                     backoff.reset();
-                    self.resync
+                    let until_wake = wake_at.map(|t| {
+                        let d = t.duration_since(jiff::Timestamp::now());
+                        Duration::try_from(d).unwrap_or(Duration::ZERO) + Duration::from_millis(10)
+                    });
+                    until_wake.map_or(self.resync, |w| w.min(self.resync))
                 }
                 Ok(Pass::Conflicted) => CONFLICT_PAUSE,
                 Err(e) => {
@@ -340,16 +346,52 @@ impl Reconciler {
             .collect();
         self.state
             .released
-            .retain(|(uid, _)| live.contains(uid.as_str()));
+            .retain(|uid| live.contains(uid.as_str()));
         let notices = self.notices();
         let unknown = self.unknown_sources();
-        let plan = policy::plan(&policy::Inputs {
+        let mut plan = policy::plan(&policy::Inputs {
             notices: &notices,
             unknown_sources: &unknown,
             observed: &observed,
             config: &self.config,
             now: jiff::Timestamp::now(),
         });
+        let mut observed = observed;
+        if plan.actions.contains(&Action::Deregister) && !self.actuator.is_dry_run() {
+            // The watch caches can lag behind a pod bound just before the fence. Handing the
+            // node back is final, so "empty" is confirmed on a fresh, consistent read.
+            let fresh = self.confirm(&observed).await.map_err(|e| {
+                self.metrics
+                    .reconciles
+                    .get_or_create(&ResultLabel { result: "error" })
+                    .inc();
+                format!("confirming the node is empty: {e}")
+            })?;
+            plan = policy::plan(&policy::Inputs {
+                notices: &notices,
+                unknown_sources: &unknown,
+                observed: &fresh,
+                config: &self.config,
+                now: jiff::Timestamp::now(),
+            });
+            if !plan.actions.contains(&Action::Deregister) {
+                info!(
+                    message = "a fresh read found game servers the watches had not shown yet; not deregistering"
+                );
+            }
+            observed = fresh;
+        }
+        for w in &plan.warnings {
+            if self.state.warned.insert(w.clone()) {
+                warn!(message = "not done", reason = w.reason, note = %w.note);
+                self.actuator.queue_event(
+                    &self.actuator.node_ref(),
+                    w.reason,
+                    w.note.clone(),
+                    true,
+                );
+            }
+        }
         self.record_gauges(&plan, &observed);
         if plan.driver.is_some() && self.state.fence_clock.is_none() && !self.state.fenced_recorded
         {
@@ -378,7 +420,7 @@ impl Reconciler {
                 Ok(if applied > 0 {
                     Pass::Again
                 } else {
-                    Pass::Settled
+                    Pass::Settled(plan.wake_at)
                 })
             }
             Err(ActError::Conflict(e)) => {
@@ -439,11 +481,15 @@ impl Reconciler {
             let action = &plan.actions[i];
             if let Action::Release { .. } = action {
                 let mut batch = vec![];
-                while let Some(Action::Release { gs }) = plan.actions.get(i) {
-                    batch.push(gs.clone());
+                while let Some(Action::Release { gs, label_first }) = plan.actions.get(i) {
+                    batch.push((gs.clone(), *label_first));
                     i += 1;
                 }
-                applied += self.release_batch(batch).await;
+                let (done, failed) = self.release_batch(batch).await;
+                applied += done;
+                if let Some(e) = failed {
+                    first_error.get_or_insert(e);
+                }
                 continue;
             }
             i += 1;
@@ -464,10 +510,13 @@ impl Reconciler {
             }
         }
         match first_error {
+            // Something failed: retry with backoff (never wait for the resync: a Ready server
+            // whose delete failed must not stay allocatable for long).
             Some(e) if applied == 0 => Err(e),
+            Some(_) => Ok(applied),
             // A dry run changes nothing, so re-planning at once would only spin.
-            _ if self.actuator.is_dry_run() => Ok(0),
-            _ => Ok(applied),
+            None if self.actuator.is_dry_run() => Ok(0),
+            None => Ok(applied),
         }
     }
 
@@ -493,11 +542,6 @@ impl Reconciler {
                 self.remember(obj);
                 // In dry-run mode the "claim" is a read: it changes nothing.
                 Ok(claimed && !a.is_dry_run())
-            }
-            Action::MarkDraining { gs, draining } => {
-                let obj = a.mark_draining(gs, *draining).await?;
-                self.remember(obj);
-                Ok(true)
             }
             Action::Protect {
                 gs,
@@ -533,7 +577,11 @@ impl Reconciler {
                     .map(|()| true)
             }
             Action::Deregister => {
-                if let Some(n) = a.deregister().await? {
+                let intent = observed
+                    .node
+                    .annotations
+                    .contains_key(keys::ANN_DEREGISTERING);
+                if let Some(n) = a.deregister(intent).await? {
                     self.state.written_node = Some(n);
                 }
                 info!(message = "node empty; deregistered from FleetIQ");
@@ -599,22 +647,18 @@ impl Reconciler {
         }
     }
 
-    async fn release_batch(&mut self, batch: Vec<GsRef>) -> usize {
-        let todo: Vec<GsRef> = batch
+    /// Releases concurrently. Returns how many changed something, and the first failure.
+    async fn release_batch(&mut self, batch: Vec<(GsRef, bool)>) -> (usize, Option<ActError>) {
+        let todo: Vec<(GsRef, bool)> = batch
             .into_iter()
-            .filter(|g| {
-                !self
-                    .state
-                    .released
-                    .contains(&(g.uid.clone(), g.resource_version.clone()))
-            })
+            .filter(|(g, _)| !self.state.released.contains(&g.uid))
             .collect();
         let actuator = self.actuator.clone();
-        let results: Vec<(GsRef, Result<Release, ActError>)> = futures::stream::iter(todo)
-            .map(|gs| {
+        let results: Vec<(GsRef, ReleaseOutcome)> = futures::stream::iter(todo)
+            .map(|(gs, label_first)| {
                 let a = actuator.clone();
                 async move {
-                    let r = a.release(&gs).await;
+                    let r = a.release(&gs, label_first).await;
                     (gs, r)
                 }
             })
@@ -622,7 +666,10 @@ impl Reconciler {
             .collect()
             .await;
         let mut applied = 0;
-        for (gs, r) in results {
+        let mut failed = None;
+        for (gs, outcome) in results {
+            self.remember(outcome.newest);
+            let r = outcome.result;
             let label = match &r {
                 Ok(Release::Deleted) => "ok",
                 Ok(Release::Conflict) => "conflict",
@@ -633,13 +680,17 @@ impl Reconciler {
                 .releases
                 .get_or_create(&ResultLabel { result: label })
                 .inc();
-            self.count(&Action::Release { gs: gs.clone() }, label);
+            self.count(
+                &Action::Release {
+                    gs: gs.clone(),
+                    label_first: false,
+                },
+                label,
+            );
             match r {
                 Ok(Release::Deleted) => {
                     applied += 1;
-                    self.state
-                        .released
-                        .insert((gs.uid.clone(), gs.resource_version.clone()));
+                    self.state.released.insert(gs.uid.clone());
                     info!(message = "released idle game server", namespace = %gs.namespace, name = %gs.name);
                     self.actuator
                         .event(
@@ -652,28 +703,64 @@ impl Reconciler {
                         .await;
                 }
                 Ok(Release::Conflict) => {
-                    // The same preconditions would fail again: wait for the newer version.
-                    self.state
-                        .released
-                        .insert((gs.uid.clone(), gs.resource_version.clone()));
+                    // The newer version is remembered: the next plan protects it (allocated)
+                    // or releases exactly that version.
                     applied += 1;
-                    info!(message = "game server changed before release (allocated?); it will be protected", namespace = %gs.namespace, name = %gs.name);
+                    info!(message = "game server changed before release (allocated?); re-planning", namespace = %gs.namespace, name = %gs.name);
                     self.actuator
                         .event(
                             &Actuator::gs_ref(&gs),
                             "ReleaseSkipped",
-                            "Changed while being released (allocation won); kept and protected"
-                                .into(),
+                            "Changed while being released (allocation won?); re-checked".into(),
                             false,
                         )
                         .await;
                 }
-                Ok(Release::Gone) => {}
+                Ok(Release::Gone) => {
+                    self.state.released.insert(gs.uid.clone());
+                }
                 Err(e) => {
-                    warn!(message = "release failed", namespace = %gs.namespace, name = %gs.name, error = %e)
+                    warn!(message = "release failed; retrying with backoff", namespace = %gs.namespace, name = %gs.name, error = %e);
+                    failed.get_or_insert(e);
                 }
             }
         }
-        applied
+        (applied, failed)
+    }
+
+    /// Re-reads this node's pods and GameServers straight from the API server (a consistent
+    /// LIST), for decisions that cannot be undone.
+    async fn confirm(&mut self, watched: &Observed) -> Result<Observed, kube::Error> {
+        let client = self.actuator.client();
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(client.clone());
+        let lp =
+            kube::api::ListParams::default().fields(&format!("spec.nodeName={}", self.node_name));
+        let pods = pods
+            .list(&lp)
+            .await?
+            .items
+            .iter()
+            .filter_map(|p| PodView::from_pod(p).ok())
+            .collect();
+        let gs_api: kube::Api<DynamicObject> =
+            kube::Api::all_with(client, &crate::observed::gameserver_resource());
+        let lp = kube::api::ListParams::default().labels(&format!(
+            "{}={}",
+            keys::LABEL_NODE,
+            keys::node_label_value(&self.node_name)
+        ));
+        let game_servers = gs_api
+            .list(&lp)
+            .await?
+            .items
+            .iter()
+            .filter_map(|o| GameServerView::from_dynamic(o).ok())
+            .filter(|g| g.node_name.as_deref().is_none_or(|n| n == self.node_name))
+            .collect();
+        Ok(Observed {
+            node: watched.node.clone(),
+            game_servers,
+            pods,
+        })
     }
 }

@@ -14,7 +14,7 @@ use tracing::{error, info, warn};
 
 use crate::actuator::Actuator;
 use crate::config::Config;
-use crate::fleetiq::gamelift::{self, GameLift, GameLiftError};
+use crate::fleetiq::gamelift::{self, GameLift};
 use crate::fleetiq::imds::Imds;
 use crate::fleetiq::lifecycle::{self, HEALTH_REGISTRATION};
 use crate::fleetiq::source::{RedisSource, run_fallback};
@@ -27,7 +27,8 @@ use crate::watches;
 /// Pre-built clients, for running the agent in-process (tests, the demo).
 #[derive(Default)]
 pub struct Overrides {
-    pub kube: Option<kube::Client>,
+    /// Where the Kubernetes API is; the client is built from it exactly as in production.
+    pub kube: Option<kube::Config>,
     pub gamelift: Option<aws_sdk_gamelift::Client>,
     /// Receives the bound admin address (when listening on port 0).
     pub bound: Option<tokio::sync::oneshot::Sender<std::net::SocketAddr>>,
@@ -55,18 +56,13 @@ pub async fn run(
     info!(message = "lastcall-agent starting", node = %config.node_name, listen = %bound,
           dry_run = config.dry_run, fleetiq = config.fleetiq_enabled(), compat_taints = config.compat_taints);
 
-    let client = match overrides.kube {
+    let cfg = match overrides.kube {
         Some(c) => c,
-        None => {
-            let mut cfg = kube::Config::infer()
-                .await
-                .context("loading the Kubernetes client config")?;
-            // kube retries 429/503/504 up to 15 times on its own, for minutes; the reconciler
-            // has its own capped, jittered backoff and must stay responsive to new signals.
-            cfg.default_retry = false;
-            kube::Client::try_from(cfg).context("building the Kubernetes client")?
-        }
+        None => kube::Config::infer()
+            .await
+            .context("loading the Kubernetes client config")?,
     };
+    let client = kube_client(cfg)?;
 
     let mut tasks = JoinSet::new();
     let stop = shutdown.child_token();
@@ -112,6 +108,7 @@ pub async fn run(
             compat_taints: config.compat_taints,
             deregister: config.fleetiq_enabled(),
             default_deadline: config.drain_deadline,
+            deregister_settle: config.deregister_settle,
         },
         config.release_concurrency as usize,
         config.resync_interval,
@@ -173,17 +170,11 @@ pub async fn run(
     }
 
     if config.deregister_on_exit && failure.is_none() {
-        match actuator.gamelift() {
-            Some(gl) if !config.dry_run => {
-                match tokio::time::timeout(SHUTDOWN_GRACE, gl.deregister()).await {
-                    Ok(Ok(())) => info!(message = "deregistered on exit (--deregister-on-exit)"),
-                    Ok(Err(GameLiftError::NotFound(_))) => info!(message = "already deregistered"),
-                    Ok(Err(e)) => warn!(message = "deregister on exit failed", error = %e),
-                    Err(_) => warn!(message = "deregister on exit timed out"),
-                }
-            }
-            Some(_) => info!(message = "dry run: would deregister on exit"),
-            None => warn!(message = "deregister on exit skipped: FleetIQ never became ready"),
+        match tokio::time::timeout(SHUTDOWN_GRACE, actuator.deregister_on_exit()).await {
+            Ok(Ok(true)) => info!(message = "deregistered on exit (--deregister-on-exit)"),
+            Ok(Ok(false)) => info!(message = "deregister on exit: nothing to do"),
+            Ok(Err(e)) => warn!(message = "deregister on exit failed", error = %e),
+            Err(_) => warn!(message = "deregister on exit timed out"),
         }
     }
     stop.cancel();
@@ -197,6 +188,14 @@ pub async fn run(
         Some(why) => Err(anyhow::anyhow!(why)),
         None => Ok(()),
     }
+}
+
+/// The agent's Kubernetes client. kube retries 429/503/504 up to 15 times on its own, for
+/// minutes; the reconciler has its own capped, jittered backoff and must stay responsive to
+/// new signals, so that retry is off. Tests build their agents through this too.
+pub fn kube_client(mut cfg: kube::Config) -> anyhow::Result<kube::Client> {
+    cfg.default_retry = false;
+    kube::Client::try_from(cfg).context("building the Kubernetes client")
 }
 
 async fn admin_task(

@@ -115,7 +115,11 @@ pub fn spawn(
     let gameservers = w.as_reader();
     let s = watcher(
         gs_api,
-        watcher::Config::default().labels(&format!("{}={node_name}", keys::LABEL_NODE)),
+        watcher::Config::default().labels(&format!(
+            "{}={}",
+            keys::LABEL_NODE,
+            keys::node_label_value(node_name)
+        )),
     )
     .default_backoff()
     .reflect(w);

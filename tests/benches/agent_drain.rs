@@ -313,7 +313,7 @@ async fn start_agent(
     ];
     let kube = cluster
         .emulator()
-        .client_as(&format!("agent-{node}"))
+        .config_for(&format!("agent-{node}"))
         .await?;
     InProcessAgent::start(config(node, &args), kube, Some(gl.sdk_client().await)).await
 }

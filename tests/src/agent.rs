@@ -29,9 +29,11 @@ pub struct InProcessAgent {
 }
 
 impl InProcessAgent {
+    /// Starts an agent whose Kubernetes client is built from `kube` by the agent itself,
+    /// exactly as the binary builds it (same retry settings).
     pub async fn start(
         config: Config,
-        kube: kube::Client,
+        kube: kube::Config,
         gamelift: Option<aws_sdk_gamelift::Client>,
     ) -> anyhow::Result<Self> {
         let shutdown = CancellationToken::new();

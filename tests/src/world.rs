@@ -3,7 +3,7 @@
 //! private redis-server. Helpers publish FleetIQ statuses the way pubsub does and read back
 //! what the agent did.
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Toleration};
 use kube::Api;
 use lastcall_common::fleetiq::{InstanceStatus as Status, StatusMessage, cache_key};
 
@@ -29,6 +29,10 @@ pub struct WorldSpec {
     pub allocated: usize,
     pub reserved: usize,
     pub extra_nodes: Vec<String>,
+    /// Tolerations in the Fleet's pod template.
+    pub tolerations: Vec<Toleration>,
+    /// The pods' `terminationGracePeriodSeconds`.
+    pub grace_seconds: i64,
 }
 
 impl WorldSpec {
@@ -38,7 +42,20 @@ impl WorldSpec {
             allocated,
             reserved,
             extra_nodes: vec!["n2".into()],
+            tolerations: vec![],
+            grace_seconds: 1,
         }
+    }
+
+    pub fn grace_seconds(mut self, s: i64) -> Self {
+        self.grace_seconds = s;
+        self
+    }
+
+    /// The Fleet's pods carry `t` (e.g. the original adapter's `gamelift.status/active`).
+    pub fn tolerate(mut self, t: Toleration) -> Self {
+        self.tolerations.push(t);
+        self
     }
 
     pub fn extra_nodes(mut self, nodes: &[&str]) -> Self {
@@ -61,9 +78,11 @@ impl World {
         cluster.add_node(NodeSpec::new(NODE)).expect("node");
         let total = spec.ready + spec.allocated + spec.reserved;
         if total > 0 {
-            cluster
-                .create_fleet(FleetSpec::new(FLEET, total as i64).grace_seconds(1))
-                .expect("fleet");
+            let mut fleet = FleetSpec::new(FLEET, total as i64).grace_seconds(spec.grace_seconds);
+            for t in &spec.tolerations {
+                fleet = fleet.toleration(t.clone());
+            }
+            cluster.create_fleet(fleet).expect("fleet");
             cluster
                 .wait_ready(NS, FLEET, total)
                 .await
@@ -119,7 +138,7 @@ impl World {
         let kube = self
             .cluster
             .emulator()
-            .client_as("agent-n1")
+            .config_for("agent-n1")
             .await
             .expect("client");
         InProcessAgent::start(config(NODE, &args), kube, Some(self.gl.sdk_client().await))

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use lastcall_common::fleetiq::{InstanceStatus as Status, StatusMessage};
 use lastcall_testkit::agent::{metric, metric_sum};
+use lastcall_testkit::cluster::fixtures::toleration_equal;
 use lastcall_testkit::cluster::{GameServerState as S, GameServerView};
 use lastcall_testkit::eventually::{eventually, wait_for};
 use lastcall_testkit::world::{NS, World, WorldSpec, cordoned, has_taint, subscribed};
@@ -335,7 +336,17 @@ async fn bad_input_causes_no_action_and_is_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compat_mode_matches_the_original_on_the_wire() {
-    let w = world(1, 1, 0, &["n2"]).await;
+    // As with the original adapter, the Fleet's pods tolerate its `active` taint.
+    let w = World::start(
+        WorldSpec::new(1, 1, 0)
+            .extra_nodes(&["n2"])
+            .tolerate(toleration_equal(
+                "gamelift.status/active",
+                "true",
+                "NoExecute",
+            )),
+    )
+    .await;
     let agent = w.agent(&["--compat-taints"]).await;
     subscribed(&agent).await;
     w.claimed_all().await;

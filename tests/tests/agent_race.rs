@@ -51,7 +51,7 @@ async fn interleaving(seed: u64) -> Outcome {
     cluster.wait_ready(NS, "fleet", servers).await.unwrap();
     cluster.add_node(NodeSpec::new("n2")).unwrap();
 
-    let kube = cluster.emulator().client_as("agent-n1").await.unwrap();
+    let kube = cluster.emulator().config_for("agent-n1").await.unwrap();
     let agent = InProcessAgent::start(config("n1", &["--resync-interval", "1s"]), kube, None)
         .await
         .unwrap();

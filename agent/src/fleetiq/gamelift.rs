@@ -21,6 +21,9 @@ pub enum GameLiftError {
     Unreachable(String),
     #[error("{0}")]
     Other(String),
+    /// Not sent: this node's game server is deregistered, and nothing may follow that.
+    #[error("not sent: the game server is deregistered")]
+    Deregistered,
 }
 
 impl GameLiftError {
@@ -31,6 +34,7 @@ impl GameLiftError {
             Self::Throttled(_) => "throttled",
             Self::Unreachable(_) => "unreachable",
             Self::Other(_) => "error",
+            Self::Deregistered => "deregistered",
         }
     }
 }
@@ -196,6 +200,21 @@ impl GameLift {
         self.call("DeregisterGameServer", req.send())
             .await
             .map(|_| ())
+    }
+
+    /// Whether this game server is still registered (`DescribeGameServer`): asked before a
+    /// deregistration that a crash may already have sent, so it is never sent twice.
+    pub async fn is_registered(&self) -> Result<bool, GameLiftError> {
+        let req = self
+            .client
+            .describe_game_server()
+            .game_server_group_name(&self.group)
+            .game_server_id(&self.game_server_id);
+        match self.call("DescribeGameServer", req.send()).await {
+            Ok(_) => Ok(true),
+            Err(GameLiftError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// This instance's status straight from GameLift (the stale-Redis fallback). `Ok(None)`

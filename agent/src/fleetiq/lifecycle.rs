@@ -53,6 +53,13 @@ where
                 info!(message = "already done", step = what, detail = %m);
                 return Some(());
             }
+            Err(GameLiftError::Deregistered) => {
+                info!(
+                    message = "deregistered meanwhile; start-up stops",
+                    step = what
+                );
+                return None;
+            }
             Err(e) => {
                 let delay = backoff.next_delay();
                 warn!(message = "FleetIQ call failed; retrying", step = what, error = %e, retry_in_ms = delay.as_millis() as u64);
@@ -196,6 +203,11 @@ pub async fn heartbeat_loop(
             return;
         }
         let result = actuator.gl_heartbeat().await;
+        if matches!(result, Err(GameLiftError::Deregistered)) {
+            health.set(HEALTH_HEARTBEAT, true, "deregistered; heartbeats stopped");
+            info!(message = "deregistered; heartbeats stop");
+            return;
+        }
         let label = match &result {
             Ok(()) => "ok",
             Err(e) => e.metric_label(),

@@ -13,6 +13,7 @@ fn cfg() -> PolicyConfig {
         compat_taints: false,
         deregister: true,
         default_deadline: Duration::from_secs(600),
+        deregister_settle: Duration::ZERO,
     }
 }
 
@@ -131,17 +132,7 @@ fn simulate(obs: &Observed, actions: &[Action]) -> Observed {
                 o.node.resource_version = rv.to_string();
             }
             Action::ClaimGameServer { .. } => {}
-            Action::MarkDraining { gs, draining } => {
-                let g = gs_mut(&mut o, &gs.name);
-                bump(g);
-                if *draining {
-                    g.labels
-                        .insert(keys::LABEL_NODE_DRAINING.into(), "true".into());
-                } else {
-                    g.labels.remove(keys::LABEL_NODE_DRAINING);
-                }
-            }
-            Action::Release { gs } => {
+            Action::Release { gs, .. } => {
                 let g = gs_mut(&mut o, &gs.name);
                 assert_eq!(
                     (&g.uid, &g.resource_version),
@@ -149,12 +140,16 @@ fn simulate(obs: &Observed, actions: &[Action]) -> Observed {
                     "delete preconditions must still match: an earlier action of the same plan changed {}",
                     g.name
                 );
-                assert_eq!(
-                    g.state,
-                    GsState::Ready,
-                    "only Ready servers may be released"
+                assert!(
+                    g.state == GsState::Ready || g.state.is_before_ready(),
+                    "only servers that are not in use may be released, not {:?}",
+                    g.state
                 );
-                g.deleting = true;
+                // Deleted: the server and, after its grace period, its pod are gone.
+                let name = g.name.clone();
+                o.game_servers.retain(|g| g.name != name);
+                o.pods
+                    .retain(|p| p.gameserver.as_deref() != Some(name.as_str()));
             }
             Action::Protect {
                 gs,
@@ -163,6 +158,8 @@ fn simulate(obs: &Observed, actions: &[Action]) -> Observed {
             } => {
                 let g = gs_mut(&mut o, &gs.name);
                 bump(g);
+                g.labels
+                    .insert(keys::LABEL_NODE_DRAINING.into(), "true".into());
                 g.annotations
                     .insert(keys::ANN_GS_DEADLINE.into(), deadline.clone());
                 g.annotations
@@ -286,12 +283,15 @@ fn draining_fences_first_then_releases_ready_and_protects_in_use() {
         .actions
         .iter()
         .filter_map(|a| match a {
-            Action::Release { gs } => Some(gs.name.as_str()),
+            Action::Release { gs, label_first } => {
+                assert!(label_first, "a Ready server is labelled before its delete");
+                Some(gs.name.as_str())
+            }
             _ => None,
         })
         .collect();
     assert_eq!(released, ["r1", "r2", "r3"]);
-    let Some(Action::Release { gs }) = p
+    let Some(Action::Release { gs, .. }) = p
         .actions
         .iter()
         .find(|a| matches!(a, Action::Release { .. }))
@@ -320,7 +320,6 @@ fn draining_fences_first_then_releases_ready_and_protects_in_use() {
         })
         .collect();
     assert_eq!(protected, BTreeSet::from(["a1", "a2", "s1"]));
-    assert_eq!(count(&p.actions, "mark_draining"), 3, "in-use servers only");
     assert_eq!(count(&p.actions, "deregister"), 0, "in-use servers remain");
 }
 
@@ -387,11 +386,26 @@ fn deleting_and_terminal_servers_are_left_alone_and_unknown_states_are_protected
 }
 
 #[test]
-fn starting_servers_keep_the_node_busy() {
-    let o = observed(vec![gs("c1", GsState::Scheduled)]);
-    let (_, acts, phase) = converge(&o, &[draining()], &cfg());
-    assert_eq!(phase, Phase::Draining);
-    assert_eq!(count(&acts, "deregister"), 0);
+fn servers_stuck_before_ready_are_released_so_the_node_can_empty() {
+    for state in [
+        GsState::Scheduled,
+        GsState::RequestReady,
+        GsState::Starting,
+        GsState::Creating,
+        GsState::PortAllocation,
+        GsState::Empty,
+    ] {
+        let o = observed(vec![gs("c1", state.clone())]);
+        let p = run(&o, &[draining()], &cfg());
+        assert!(
+            p.actions.iter().any(|a| matches!(a, Action::Release { gs, label_first: false } if gs.name == "c1" && gs.resource_version == "10")),
+            "{state:?}: {:?}",
+            p.actions
+        );
+        let (_, acts, phase) = converge(&o, &[draining()], &cfg());
+        assert_eq!(phase, Phase::Deregistered, "{state:?}");
+        assert_eq!(count(&acts, "deregister"), 1);
+    }
 }
 
 #[test]
@@ -704,4 +718,268 @@ fn a_garbled_start_time_never_announces_a_deadline_in_the_past() {
         }
     }
     assert!(count(&p.actions, "protect") > 0);
+}
+
+fn spot(deadline: &str) -> Notice {
+    Notice {
+        source: Source::FleetIq,
+        id: "i-1:SPOT_TERMINATING".into(),
+        cause: Cause::Preemption,
+        severity: Severity::Terminate,
+        deadline: Some(deadline.parse().unwrap()),
+        cancellable: false,
+        detail: String::new(),
+    }
+}
+
+fn protected_deadlines(o: &Observed) -> BTreeSet<String> {
+    o.game_servers
+        .iter()
+        .filter_map(|g| g.annotations.get(keys::ANN_GS_DEADLINE).cloned())
+        .collect()
+}
+
+#[test]
+fn a_spot_drain_survives_a_restart_and_a_later_active_with_its_deadline() {
+    let (drained, _, _) = converge(&mixed(), &[spot("2026-11-30T05:02:00Z")], &cfg());
+    let rec = Progress::from_annotations(&drained.node.annotations).record;
+    let Recorded::Valid(r) = rec else {
+        panic!("the driving notice is recorded on the Node: {rec:?}")
+    };
+    assert!(!r.cancellable && r.severity == Severity::Terminate);
+    // A restarted agent hears ACTIVE (a lagging replica), or a re-anchored Spot deadline.
+    for notices in [vec![], vec![spot("2026-11-30T05:07:00Z")]] {
+        let (after, acts, phase) = converge(&drained, &notices, &cfg());
+        assert_eq!(phase, Phase::Draining, "{notices:?}");
+        assert!(after.node.unschedulable && after.node.has_taint(keys::TAINT_DRAINING));
+        assert!(
+            !acts.iter().any(|a| matches!(a, Action::Unprotect { .. })),
+            "{acts:?}"
+        );
+        assert_eq!(
+            protected_deadlines(&after),
+            BTreeSet::from(["2026-11-30T05:02:00Z".to_string()]),
+            "the deadline does not move"
+        );
+    }
+}
+
+#[test]
+fn a_restart_holds_only_for_the_drains_own_source() {
+    let (drained, _, _) = converge(&mixed(), &[draining()], &cfg());
+    let hold = |unknown: &[Source]| {
+        plan(&Inputs {
+            notices: &[],
+            observed: &drained,
+            config: &cfg(),
+            unknown_sources: unknown,
+            now: now(),
+        })
+        .phase
+    };
+    assert_eq!(hold(&[Source::FleetIq]), Phase::Draining);
+    // Another source being unknown does not hold a FleetIQ drain that FleetIQ withdrew.
+    assert_eq!(hold(&[Source::Manual]), Phase::Cancelling);
+    assert_eq!(hold(&[]), Phase::Cancelling);
+}
+
+/// A drained node on which a Fleet with a blanket toleration has put a new Ready server.
+fn with_newcomer(mut o: Observed) -> Observed {
+    let g = gs("late", GsState::Ready);
+    o.pods.push(pod_for(&g));
+    o.game_servers.push(g);
+    o
+}
+
+#[test]
+fn a_fenced_node_releases_idle_servers_during_a_hold_and_after_deregistration() {
+    let (drained, _, _) = converge(&mixed(), &[draining()], &cfg());
+    let held = plan(&Inputs {
+        notices: &[],
+        observed: &with_newcomer(drained.clone()),
+        config: &cfg(),
+        unknown_sources: &[Source::FleetIq],
+        now: now(),
+    });
+    assert_eq!(held.phase, Phase::Draining);
+    assert!(
+        held.actions
+            .iter()
+            .any(|a| matches!(a, Action::Release { gs, label_first: true } if gs.name == "late")),
+        "{:?}",
+        held.actions
+    );
+    assert!(
+        !held
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::PatchNode(_) | Action::Deregister)),
+        "a hold changes nothing else: {:?}",
+        held.actions
+    );
+
+    let mut gone = drained.clone();
+    gone.game_servers.clear();
+    gone.pods.clear();
+    let (deregistered, _, phase) = converge(&gone, &[draining()], &cfg());
+    assert_eq!(phase, Phase::Deregistered);
+    for notices in [vec![draining()], vec![]] {
+        let p = run(&with_newcomer(deregistered.clone()), &notices, &cfg());
+        assert_eq!(p.phase, Phase::Deregistered);
+        assert_eq!(count(&p.actions, "release"), 1, "{:?}", p.actions);
+        assert_eq!(count(&p.actions, "deregister"), 0);
+    }
+}
+
+#[test]
+fn a_terminating_game_server_pod_keeps_the_node_busy() {
+    let (mut o, _, _) = converge(&mixed(), &[draining()], &cfg());
+    // The matches ended: their GameServers are gone, one pod is still in its grace period.
+    o.game_servers.clear();
+    o.pods.truncate(1);
+    o.pods[0].deleting = true;
+    let p = run(&o, &[draining()], &cfg());
+    assert_eq!(p.phase, Phase::Draining);
+    assert_eq!(count(&p.actions, "deregister"), 0);
+    o.pods.clear();
+    assert_eq!(
+        count(&run(&o, &[draining()], &cfg()).actions, "deregister"),
+        1
+    );
+}
+
+#[test]
+fn an_empty_node_is_deregistered_only_after_the_fence_has_settled() {
+    let c = PolicyConfig {
+        deregister_settle: Duration::from_secs(5),
+        ..cfg()
+    };
+    let (fenced, _, _) = converge(&observed(vec![]), &[draining()], &cfg_no_deregister());
+    let at = |secs: i64| {
+        now()
+            .checked_add(jiff::SignedDuration::from_secs(secs))
+            .unwrap()
+    };
+    let early = plan(&Inputs {
+        notices: &[draining()],
+        observed: &fenced,
+        config: &c,
+        unknown_sources: &[],
+        now: at(2),
+    });
+    assert_eq!(count(&early.actions, "deregister"), 0);
+    assert_eq!(
+        early.wake_at,
+        Some(at(5)),
+        "wakes when the settle period ends"
+    );
+    let later = plan(&Inputs {
+        notices: &[draining()],
+        observed: &fenced,
+        config: &c,
+        unknown_sources: &[],
+        now: at(5),
+    });
+    assert_eq!(count(&later.actions, "deregister"), 1);
+}
+
+fn cfg_no_deregister() -> PolicyConfig {
+    PolicyConfig {
+        deregister: false,
+        ..cfg()
+    }
+}
+
+#[test]
+fn compat_active_taint_waits_until_every_game_pod_tolerates_it() {
+    let c = PolicyConfig {
+        compat_taints: true,
+        ..cfg()
+    };
+    let mut o = observed(vec![gs("a1", GsState::Allocated)]);
+    o.node
+        .annotations
+        .insert(keys::ANN_REGISTERED.into(), format_ts(now()));
+    let p = run(&o, &[], &c);
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert_eq!(p.warnings.len(), 1);
+    assert_eq!(p.warnings[0].reason, "CompatTaintSkipped");
+    assert!(
+        p.warnings[0].note.contains("default/a1"),
+        "{}",
+        p.warnings[0].note
+    );
+    // A blanket toleration (as Agones' own system pods carry) is enough.
+    o.pods[0].tolerations.push(Toleration {
+        operator: Some("Exists".into()),
+        ..Default::default()
+    });
+    let p = run(&o, &[], &c);
+    assert!(p.warnings.is_empty());
+    assert_eq!(count(&p.actions, "patch_node"), 1);
+}
+
+#[test]
+fn cancel_keeps_a_compat_draining_taint_lastcall_did_not_add() {
+    let c = PolicyConfig {
+        compat_taints: true,
+        ..cfg()
+    };
+    let mut o = mixed();
+    o.node
+        .taints
+        .push(taint(keys::COMPAT_TAINT_DRAINING, "true", "NoExecute"));
+    let (drained, _, _) = converge(&o, &[draining()], &c);
+    let (after, _, _) = converge(&drained, &[], &c);
+    assert!(
+        after.node.has_taint(keys::COMPAT_TAINT_DRAINING),
+        "not ours: kept"
+    );
+    // One lastcall added is removed.
+    let (drained, _, _) = converge(
+        &observed(vec![gs("a1", GsState::Allocated)]),
+        &[draining()],
+        &c,
+    );
+    assert!(drained.node.has_taint(keys::COMPAT_TAINT_DRAINING));
+    let (after, _, _) = converge(&drained, &[], &c);
+    assert!(
+        !after.node.has_taint(keys::COMPAT_TAINT_DRAINING),
+        "ours: removed"
+    );
+}
+
+#[test]
+fn toleration_matching_follows_kubernetes() {
+    let t = taint("k", "v", "NoExecute");
+    let tol = |key: Option<&str>,
+               op: &str,
+               value: Option<&str>,
+               effect: Option<&str>,
+               secs: Option<i64>| Toleration {
+        key: key.map(Into::into),
+        operator: Some(op.into()),
+        value: value.map(Into::into),
+        effect: effect.map(Into::into),
+        toleration_seconds: secs,
+    };
+    assert!(tolerates(
+        &[tol(Some("k"), "Equal", Some("v"), Some("NoExecute"), None)],
+        &t
+    ));
+    assert!(tolerates(&[tol(Some("k"), "Exists", None, None, None)], &t));
+    assert!(tolerates(&[tol(None, "Exists", None, None, None)], &t));
+    assert!(!tolerates(
+        &[tol(Some("k"), "Equal", Some("w"), None, None)],
+        &t
+    ));
+    assert!(!tolerates(
+        &[tol(Some("k"), "Exists", None, Some("NoSchedule"), None)],
+        &t
+    ));
+    assert!(
+        !tolerates(&[tol(Some("k"), "Exists", None, None, Some(300))], &t),
+        "evicted later"
+    );
+    assert!(!tolerates(&[], &t));
 }

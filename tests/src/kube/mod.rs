@@ -155,7 +155,9 @@ impl Emulator {
         Ok(::kube::Client::try_from(config)?)
     }
 
-    async fn config_for(&self, identity: &str) -> anyhow::Result<::kube::Config> {
+    /// The client config for `identity`, for code that builds its own client from it (the
+    /// agent does, exactly as in production).
+    pub async fn config_for(&self, identity: &str) -> anyhow::Result<::kube::Config> {
         let kubeconfig = ::kube::config::Kubeconfig::from_yaml(&self.kubeconfig_yaml(identity))?;
         Ok(::kube::Config::from_custom_kubeconfig(
             kubeconfig,
