@@ -1,9 +1,13 @@
 //! Allocation racing the drain: an allocator keeps allocating the node's Ready servers while
-//! the agent fences and releases them. Over many randomized interleavings, no Allocated
-//! server is ever deleted, and every server allocated during the fence ends up protected.
+//! the agent fences and releases them, and the API fails some DELETEs with 429 or 503. Over
+//! many randomized interleavings, no Allocated server is ever deleted, every server allocated
+//! during the fence ends up protected, and, for an allocator that excludes
+//! `lastcall.dev/node-draining=true` (as the docs ask), no allocation on the node succeeds
+//! after the agent's first round trip past the fence: ordered by the emulator's journal.
 //!
 //! Each interleaving is a fresh cluster, agent and allocator; a seeded RNG varies the number
-//! of servers, the allocator's start offset relative to the drain signal, and its pacing.
+//! of servers, the allocator's start offset relative to the drain signal, its pacing and the
+//! injected DELETE failures.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -17,11 +21,14 @@ use lastcall_testkit::cluster::{
     AllocationRequest, Cluster, ClusterConfig, FleetSpec, GameServerState as S, NodeSpec,
 };
 use lastcall_testkit::eventually::eventually;
+use lastcall_testkit::kube::faults::{FaultRule, Method};
 use lastcall_testkit::kube::journal::Verb;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 const NS: &str = "default";
-const INTERLEAVINGS: u64 = 200;
+const INTERLEAVINGS: u64 = 500;
+/// The selector the docs ask allocators to use.
+const EXCLUDE_DRAINING: &str = "lastcall.dev/node-draining!=true";
 const AT_ONCE: usize = 4;
 
 #[derive(Debug)]
@@ -30,6 +37,11 @@ struct Outcome {
     allocated_during_drain: usize,
     released: usize,
     conflicts: usize,
+    /// Allocations that succeeded after the fence took effect.
+    after_fence: usize,
+    /// The most agent requests (Events aside) completed between the fence and one of those.
+    max_agent_requests_before_allocation: usize,
+    injected_delete_failures: usize,
 }
 
 async fn interleaving(seed: u64) -> Outcome {
@@ -37,6 +49,12 @@ async fn interleaving(seed: u64) -> Outcome {
     let servers: usize = rng.random_range(3..=8);
     let start_offset_ms: i64 = rng.random_range(-5..=15);
     let pace_us: u64 = rng.random_range(0..=3000);
+    let delete_failures: usize = if rng.random_bool(0.5) {
+        rng.random_range(1..=6)
+    } else {
+        0
+    };
+    let failure_status: u16 = if rng.random_bool(0.5) { 429 } else { 503 };
 
     let cluster = Cluster::start(ClusterConfig {
         tick: Duration::from_millis(20),
@@ -51,6 +69,14 @@ async fn interleaving(seed: u64) -> Outcome {
     cluster.wait_ready(NS, "fleet", servers).await.unwrap();
     cluster.add_node(NodeSpec::new("n2")).unwrap();
 
+    if delete_failures > 0 {
+        cluster.emulator().faults().inject(FaultRule::status(
+            Some(Method::DELETE),
+            "/gameservers/",
+            delete_failures,
+            failure_status,
+        ));
+    }
     let kube = cluster.emulator().config_for("agent-n1").await.unwrap();
     let agent = InProcessAgent::start(config("n1", &["--resync-interval", "1s"]), kube, None)
         .await
@@ -85,6 +111,7 @@ async fn interleaving(seed: u64) -> Outcome {
         }
         let mut won = BTreeSet::new();
         let req = AllocationRequest::fleet(NS, "fleet")
+            .selector(EXCLUDE_DRAINING)
             .on_node("n1")
             .max_tries(3);
         for _ in 0..(servers * 3) {
@@ -176,6 +203,56 @@ async fn interleaving(seed: u64) -> Outcome {
     let conflicts = journal.count(|r| {
         r.verb == Verb::Delete && r.resource.as_deref() == Some("gameservers") && r.status == 409
     });
+    // The promise itself, in journal order: once the fence took effect, an allocation can
+    // only succeed on a server the agent has not labelled or deleted yet; the agent's first
+    // requests after the fence are those labels and deletes.
+    let entries = journal.entries();
+    let by_agent = |r: &lastcall_testkit::kube::journal::JournalEntry| {
+        r.identity.as_deref() == Some("agent-n1") && r.resource.as_deref() != Some("events")
+    };
+    let fence = entries
+        .iter()
+        .find(|r| {
+            by_agent(r)
+                && r.verb == Verb::Patch
+                && r.resource.as_deref() == Some("nodes")
+                && r.status < 300
+        })
+        .unwrap_or_else(|| panic!("seed {seed}: no fence"))
+        .seq;
+    let mut after_fence = 0;
+    let mut max_before = 0;
+    for a in entries.iter().filter(|r| {
+        r.seq > fence
+            && r.identity.as_deref() == Some("agones-allocator")
+            && r.verb == Verb::Update
+            && r.status < 300
+    }) {
+        after_fence += 1;
+        let touched_first = entries.iter().any(|r| {
+            by_agent(r)
+                && r.seq < a.seq
+                && r.name == a.name
+                && matches!(r.verb, Verb::Patch | Verb::Delete)
+                && r.resource.as_deref() == Some("gameservers")
+                && r.status < 300
+        });
+        assert!(
+            !touched_first,
+            "seed {seed}: {:?} was allocated after the agent labelled or deleted it",
+            a.name
+        );
+        let between = entries
+            .iter()
+            .filter(|r| by_agent(r) && r.seq > fence && r.seq < a.seq)
+            .count();
+        max_before = max_before.max(between);
+    }
+    let injected = journal.count(|r| {
+        r.verb == Verb::Delete
+            && r.resource.as_deref() == Some("gameservers")
+            && (r.status == 429 || r.status == 503)
+    });
     agent.stop().await.unwrap();
     cluster.shutdown().await;
     Outcome {
@@ -183,6 +260,9 @@ async fn interleaving(seed: u64) -> Outcome {
         allocated_during_drain: won.len(),
         released: deleted.len(),
         conflicts,
+        after_fence,
+        max_agent_requests_before_allocation: max_before,
+        injected_delete_failures: injected,
     }
 }
 
@@ -201,9 +281,20 @@ async fn allocation_racing_the_drain_never_loses_a_match() {
         .filter(|o| o.allocated_during_drain > 0 && o.released > 0)
         .count();
     let conflicts: usize = outcomes.iter().map(|o| o.conflicts).sum();
+    let after: usize = outcomes.iter().map(|o| o.after_fence).sum();
+    let max_before = outcomes
+        .iter()
+        .map(|o| o.max_agent_requests_before_allocation)
+        .max()
+        .unwrap_or(0);
+    let faulted = outcomes
+        .iter()
+        .filter(|o| o.injected_delete_failures > 0)
+        .count();
     eprintln!(
-        "{INTERLEAVINGS} interleavings: {both} with both allocations and releases, {conflicts} release conflicts (allocation won)"
+        "{INTERLEAVINGS} interleavings: {both} with both allocations and releases, {conflicts} release conflicts (allocation won), {faulted} with failing DELETEs; {after} allocations succeeded after the fence, with at most {max_before} agent requests completed between the fence and one of them"
     );
+    assert!(faulted > INTERLEAVINGS as usize / 4, "too few faulted runs");
     assert!(
         both > INTERLEAVINGS as usize / 10,
         "too few real races: {outcomes:?}"

@@ -1,0 +1,548 @@
+//! The windows in which a doomed node could still take or lose a match, each closed and
+//! checked against the emulators' journals: failed writes, restarts, stale caches, late
+//! pods, compat taints, persistent rejections.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use lastcall_common::fleetiq::InstanceStatus as Status;
+use lastcall_testkit::agent::{InProcessAgent, config, metric_sum};
+use lastcall_testkit::cluster::{
+    Cluster, ClusterConfig, FleetSpec, GameServerState as S, NodeSpec,
+};
+use lastcall_testkit::eventually::{eventually, wait_for};
+use lastcall_testkit::gamelift::{GameLiftEmulator, InstanceStatus};
+use lastcall_testkit::kube::faults::{FaultRule, Method};
+use lastcall_testkit::kube::journal::Verb;
+use lastcall_testkit::world::{
+    GROUP, IID, NODE, NS, World, WorldSpec, cordoned, has_taint, subscribed,
+};
+
+const LIFECYCLE: [&str; 4] = [
+    "RegisterGameServer",
+    "ClaimGameServer",
+    "UpdateGameServer",
+    "DeregisterGameServer",
+];
+
+fn annotation(n: &Node, key: &str) -> Option<String> {
+    n.metadata.annotations.as_ref()?.get(key).cloned()
+}
+
+/// Records, by wall clock, the last moment a game-server pod was seen on `node`.
+async fn watch_game_pods(
+    cluster: &Cluster,
+    node: &str,
+    stop: Arc<AtomicBool>,
+) -> Option<SystemTime> {
+    {
+        let mut last = None;
+        while !stop.load(Ordering::SeqCst) {
+            let here = cluster
+                .pods_on(node)
+                .iter()
+                .any(|p| p["metadata"]["labels"]["agones.dev/role"] == "gameserver");
+            if here {
+                last = Some(SystemTime::now());
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        last
+    }
+}
+
+fn deregister_times(gl: &GameLiftEmulator) -> Vec<SystemTime> {
+    gl.calls()
+        .into_iter()
+        .filter(|c| c.op == "DeregisterGameServer")
+        .map(|c| c.at)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_deletes_leave_ready_servers_labelled_and_are_retried_with_backoff() {
+    let w = World::start(WorldSpec::new(3, 1, 0)).await;
+    let agent = w.agent(&[]).await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    w.cluster.emulator().faults().inject(FaultRule::status(
+        Some(Method::DELETE),
+        "/gameservers/",
+        100_000,
+        503,
+    ));
+    w.status(Status::Draining).await;
+    // Every Ready server is excluded from allocation by label while its DELETEs fail...
+    wait_for("Ready servers labelled while deletes fail", || async {
+        let ready: Vec<_> = w
+            .on(NODE)
+            .into_iter()
+            .filter(|g| g.state == Some(S::Ready) && !g.deleting)
+            .collect();
+        (ready.len() == 3
+            && ready.iter().all(|g| {
+                g.labels
+                    .get("lastcall.dev/node-draining")
+                    .map(String::as_str)
+                    == Some("true")
+            }))
+        .then_some(())
+    })
+    .await;
+    // ...and released as soon as the API recovers, without waiting for a resync.
+    w.cluster.emulator().faults().clear();
+    eventually(
+        "released after the faults",
+        Duration::from_secs(8),
+        Duration::from_millis(20),
+        || async {
+            w.on(NODE)
+                .iter()
+                .all(|g| g.deleting || g.state == Some(S::Allocated))
+                .then_some(())
+        },
+    )
+    .await;
+    let j = w.cluster.emulator().journal();
+    let failed = j.count(|r| {
+        r.verb == Verb::Delete && r.resource.as_deref() == Some("gameservers") && r.status == 503
+    });
+    assert!(
+        failed >= 3,
+        "{failed}: every server's delete failed at least once"
+    );
+    // The labels came before any DELETE: within one round trip of the fence.
+    let entries = j.filter(|r| r.identity.as_deref() == Some("agent-n1"));
+    let fence = entries
+        .iter()
+        .position(|r| r.verb == Verb::Patch && r.resource.as_deref() == Some("nodes"))
+        .expect("fence");
+    let first_delete = entries
+        .iter()
+        .position(|r| r.verb == Verb::Delete)
+        .expect("a delete");
+    let labels_between = entries[fence + 1..first_delete]
+        .iter()
+        .filter(|r| r.verb == Verb::Patch && r.resource.as_deref() == Some("gameservers"))
+        .count();
+    assert!(labels_between >= 1, "{entries:#?}");
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_stuck_before_ready_is_deleted_and_the_node_deregistered() {
+    let w = World::start(WorldSpec::new(0, 1, 0).extra_nodes(&[])).await;
+    // A server whose game never calls Ready(): it sits in Scheduled on n1.
+    w.cluster
+        .create_fleet(FleetSpec::new("stuck", 1).grace_seconds(0).manual_ready())
+        .unwrap();
+    wait_for("stuck server on n1", || async {
+        w.cluster
+            .fleet_game_servers(NS, "stuck")
+            .iter()
+            .any(|g| g.node.as_deref() == Some(NODE) && g.state != Some(S::Ready))
+            .then_some(())
+    })
+    .await;
+    let agent = w.agent(&["--deregister-settle", "200ms"]).await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    w.status(Status::Draining).await;
+    let keep = w.allocated();
+    wait_for("the stuck server is released", || async {
+        w.cluster
+            .fleet_game_servers(NS, "stuck")
+            .iter()
+            .all(|g| g.node.as_deref() != Some(NODE) || g.deleting)
+            .then_some(())
+    })
+    .await;
+    w.finish_drain(&keep).await;
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_drain_stays_fenced_with_its_deadline_after_a_crash_and_a_late_active() {
+    let w = World::start(WorldSpec::new(1, 1, 0)).await;
+    let agent = w.agent(&[]).await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    w.status(Status::SpotTerminating).await;
+    let keep = w.allocated();
+    w.fenced_and_released(&keep).await;
+    let deadline = w.allocated().annotations["lastcall.dev/drain-deadline"].clone();
+    agent.abort();
+
+    tokio::time::sleep(Duration::from_millis(1100)).await; // the deadline is second-precise
+    let agent = w.agent(&[]).await;
+    subscribed(&agent).await;
+    // A lagging replica (or a failover) now says ACTIVE.
+    w.status(Status::Active).await;
+    let passes = |m: &str| metric_sum(m, "lastcall_reconciles_total", &[]);
+    let start = passes(&agent.metrics().await);
+    wait_for("several passes after ACTIVE", || async {
+        (passes(&agent.metrics().await) >= start + 3.0).then_some(())
+    })
+    .await;
+    let n = w.node().await;
+    assert!(
+        cordoned(&n) && has_taint(&n, "lastcall.dev/draining"),
+        "still fenced"
+    );
+    assert_eq!(
+        w.allocated().annotations["lastcall.dev/drain-deadline"],
+        deadline,
+        "the deadline did not move"
+    );
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_with_redis_down_and_deletes_failing_resumes_releases_within_seconds() {
+    let mut w = World::start(WorldSpec::new(3, 1, 0)).await;
+    let agent = w.agent(&[]).await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    w.cluster.emulator().faults().inject(FaultRule::status(
+        Some(Method::DELETE),
+        "/gameservers/",
+        1000,
+        503,
+    ));
+    w.status(Status::Draining).await;
+    wait_for("fenced", || async {
+        has_taint(&w.node().await, "lastcall.dev/draining").then_some(())
+    })
+    .await;
+    agent.abort();
+    w.redis.kill().await;
+    let agent = w.agent(&[]).await;
+    w.cluster.emulator().faults().clear();
+    // FleetIQ is unknown (Redis down, fallback not due for minutes): the drain is held, and
+    // the Ready servers on the fenced node are released anyway.
+    eventually(
+        "released within seconds of the restart",
+        Duration::from_secs(8),
+        Duration::from_millis(20),
+        || async {
+            w.on(NODE)
+                .iter()
+                .all(|g| g.deleting || g.state == Some(S::Allocated))
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(cordoned(&w.node().await));
+    agent.stop().await.unwrap();
+}
+
+/// One run: a game server is created `lead_ms` before the manual drain label lands on an
+/// otherwise empty node. Returns whether a game-server pod ever got onto the node.
+async fn late_pod_run(seed: u64) -> bool {
+    let lead_ms = seed % 31;
+    let cluster = Cluster::start(ClusterConfig {
+        tick: Duration::from_millis(5),
+        ..ClusterConfig::default()
+    })
+    .await
+    .unwrap();
+    cluster.add_node(NodeSpec::new(NODE)).unwrap();
+    cluster
+        .create_fleet(FleetSpec::new("fleet", 0).grace_seconds(0))
+        .unwrap();
+    let gl = GameLiftEmulator::start().await.unwrap();
+    gl.add_instances(GROUP, &[IID.to_string()], InstanceStatus::Active);
+    let cfg = cluster.emulator().config_for("agent-n1").await.unwrap();
+    let agent = InProcessAgent::start(
+        config(
+            NODE,
+            &[
+                "--game-server-group",
+                GROUP,
+                "--instance-id",
+                IID,
+                "--resync-interval",
+                "1s",
+                "--deregister-settle",
+                "300ms",
+            ],
+        ),
+        cfg,
+        Some(gl.sdk_client().await),
+    )
+    .await
+    .unwrap();
+    eventually(
+        "registered",
+        Duration::from_secs(20),
+        Duration::from_millis(10),
+        || async { (gl.count("ClaimGameServer") >= 1).then_some(()) },
+    )
+    .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = watch_game_pods(&cluster, NODE, stop.clone());
+    let scenario = async {
+        cluster.scale_fleet(NS, "fleet", 1).unwrap();
+        tokio::time::sleep(Duration::from_millis(lead_ms)).await;
+        Api::<Node>::all(cluster.client())
+            .patch(
+                NODE,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    &serde_json::json!({"metadata": {"labels": {"lastcall.dev/drain": "true"}}}),
+                ),
+            )
+            .await
+            .unwrap();
+        eventually(
+            &format!("seed {seed}: deregistered"),
+            Duration::from_secs(30),
+            Duration::from_millis(10),
+            || async { (gl.count("DeregisterGameServer") >= 1).then_some(()) },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.store(true, Ordering::SeqCst);
+    };
+    let (last_pod, ()) = tokio::join!(sampler, scenario);
+    let deregs = deregister_times(&gl);
+    assert_eq!(deregs.len(), 1, "seed {seed}: exactly one deregistration");
+    if let Some(last) = last_pod {
+        assert!(
+            deregs[0] > last,
+            "seed {seed} (lead {lead_ms} ms): deregistered while a game-server pod was on the node"
+        );
+    }
+    agent.stop().await.unwrap();
+    cluster.shutdown().await;
+    last_pod.is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_bound_just_before_the_fence_is_never_deregistered_under() {
+    const RUNS: u64 = 100;
+    let landed: Vec<bool> = futures::stream::iter(0..RUNS)
+        .map(late_pod_run)
+        .buffer_unordered(4)
+        .collect()
+        .await;
+    let n = landed.iter().filter(|l| **l).count();
+    eprintln!("{RUNS} runs: a game-server pod reached the node in {n}");
+    assert!(n > 0, "no run exercised the late pod");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_starting_drained_with_a_failed_register_ends_deregistered_and_silent() {
+    let w = World::start(WorldSpec::new(0, 0, 0)).await;
+    w.gl.fail_next("RegisterGameServer", 1, 500);
+    w.status(Status::Draining).await;
+    let agent = w.agent(&["--deregister-settle", "0s"]).await;
+    wait_for("deregistered", || async {
+        annotation(&w.node().await, "lastcall.dev/deregistered").map(|_| ())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(2500)).await; // heartbeats are every 1 s
+    let calls: Vec<String> =
+        w.gl.calls()
+            .into_iter()
+            .map(|c| c.op)
+            .filter(|op| LIFECYCLE.contains(&op.as_str()))
+            .collect();
+    let last_dereg = calls
+        .iter()
+        .rposition(|op| op == "DeregisterGameServer")
+        .expect("a deregistration");
+    assert!(
+        calls[last_dereg + 1..].is_empty(),
+        "FleetIQ calls after the deregistration: {calls:?}"
+    );
+    assert!(
+        w.gl.game_server(GROUP, IID).is_none_or(|g| !g.registered),
+        "left registered: {calls:?}"
+    );
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_deregistration_and_its_mark_never_deregisters_twice() {
+    let w = World::start(WorldSpec::new(0, 0, 0)).await;
+    let agent = w.agent(&["--deregister-settle", "0s"]).await;
+    subscribed(&agent).await;
+    wait_for("registered", || async {
+        (w.gl.count("ClaimGameServer") >= 1).then_some(())
+    })
+    .await;
+    w.gl.set_latency(Duration::from_millis(400));
+    w.status(Status::Draining).await;
+    wait_for("intent recorded", || async {
+        annotation(&w.node().await, "lastcall.dev/deregistering").map(|_| ())
+    })
+    .await;
+    // The mark that would follow the call never lands.
+    w.cluster.emulator().faults().inject(FaultRule::status(
+        Some(Method::PATCH),
+        "/api/v1/nodes/n1",
+        100_000,
+        500,
+    ));
+    wait_for("DeregisterGameServer answered", || async {
+        (w.gl.count("DeregisterGameServer") == 1).then_some(())
+    })
+    .await;
+    agent.abort();
+    w.cluster.emulator().faults().clear();
+    w.gl.set_latency(Duration::ZERO);
+    assert!(annotation(&w.node().await, "lastcall.dev/deregistered").is_none());
+
+    let agent = w.agent(&["--deregister-settle", "0s"]).await;
+    wait_for("deregistration recorded after the restart", || async {
+        annotation(&w.node().await, "lastcall.dev/deregistered").map(|_| ())
+    })
+    .await;
+    assert_eq!(w.gl.count("DeregisterGameServer"), 1, "{:?}", w.gl.calls());
+    assert!(
+        w.gl.count("DescribeGameServer") >= 1,
+        "checked before calling again"
+    );
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_game_in_its_termination_grace_period_keeps_the_node() {
+    let w = World::start(WorldSpec::new(0, 1, 0).grace_seconds(2)).await;
+    let agent = w.agent(&["--deregister-settle", "0s"]).await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    w.status(Status::Draining).await;
+    let keep = w.allocated();
+    wait_for("protected", || async {
+        w.allocated()
+            .annotations
+            .contains_key("lastcall.dev/drain-deadline")
+            .then_some(())
+    })
+    .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = watch_game_pods(&w.cluster, NODE, stop.clone());
+    let scenario = async {
+        w.cluster.sdk_shutdown(NS, &keep.name).unwrap();
+        wait_for("deregistered", || async {
+            (w.gl.count("DeregisterGameServer") == 1).then_some(())
+        })
+        .await;
+        stop.store(true, Ordering::SeqCst);
+    };
+    let (last, ()) = tokio::join!(sampler, scenario);
+    let last = last.expect("the pod was seen");
+    assert!(
+        deregister_times(&w.gl)[0] > last,
+        "deregistered while the game's pod was still terminating"
+    );
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compat_mode_never_evicts_a_match_that_does_not_tolerate_the_active_taint() {
+    let w = World::start(WorldSpec::new(0, 1, 0)).await;
+    let keep = w.allocated();
+    let agent = w.agent(&["--compat-taints"]).await;
+    subscribed(&agent).await;
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(w.cluster.client());
+    wait_for("a Warning Event says why", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("CompatTaintSkipped"))
+            .then_some(())
+    })
+    .await;
+    assert!(!has_taint(&w.node().await, "gamelift.status/active"));
+    let now = w.allocated();
+    assert_eq!(
+        (now.uid, now.deleting),
+        (keep.uid, false),
+        "the match still runs"
+    );
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_422_on_the_node_backs_off() {
+    let w = World::start(WorldSpec::new(1, 0, 0)).await;
+    let agent = w.agent(&[]).await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    w.cluster.emulator().faults().inject(FaultRule::status(
+        Some(Method::PATCH),
+        "/api/v1/nodes/n1",
+        100_000,
+        422,
+    ));
+    let j = w.cluster.emulator().journal();
+    let node_requests = || {
+        j.count(|r| {
+            r.identity.as_deref() == Some("agent-n1")
+                && r.resource.as_deref() == Some("nodes")
+                && r.name.as_deref() == Some(NODE)
+                && r.verb != Verb::Watch
+        })
+    };
+    let before = node_requests();
+    w.status(Status::Draining).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let sent = node_requests() - before;
+    // Backoff from 100 ms doubling: about 6 attempts in 4 s. Treated as a conflict, it was
+    // about 10 PATCH+GET pairs a second.
+    assert!((1..=10).contains(&sent), "{sent} node requests in 4 s");
+    let m = agent.metrics().await;
+    assert!(metric_sum(&m, "lastcall_reconciles_total", &[("result", "error")]) >= 1.0);
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_name_longer_than_a_label_value_drains() {
+    let long = format!("{}.compute.internal", "ip-10-0-0-1-game-pool-a".repeat(3));
+    assert!(long.len() > 63);
+    let cluster = Cluster::start(ClusterConfig::default()).await.unwrap();
+    cluster.add_node(NodeSpec::new(long.as_str())).unwrap();
+    cluster
+        .create_fleet(FleetSpec::new("fleet", 2).grace_seconds(0))
+        .unwrap();
+    cluster.wait_ready(NS, "fleet", 2).await.unwrap();
+    cluster.add_node(NodeSpec::new("n2")).unwrap();
+    let cfg = cluster.emulator().config_for("agent-long").await.unwrap();
+    let agent = InProcessAgent::start(config(&long, &["--resync-interval", "1s"]), cfg, None)
+        .await
+        .unwrap();
+    Api::<Node>::all(cluster.client())
+        .patch(
+            &long,
+            &PatchParams::default(),
+            &Patch::Merge(
+                &serde_json::json!({"metadata": {"labels": {"lastcall.dev/drain": "true"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    wait_for("both servers released from the long-named node", || async {
+        cluster
+            .game_servers()
+            .iter()
+            .filter(|g| g.node.as_deref() == Some(long.as_str()))
+            .all(|g| g.deleting)
+            .then_some(())
+    })
+    .await;
+    let j = cluster.emulator().journal();
+    assert_eq!(
+        j.count(|r| r.identity.as_deref() == Some("agent-long") && r.status == 400),
+        0,
+        "no request was rejected"
+    );
+    agent.stop().await.unwrap();
+}
