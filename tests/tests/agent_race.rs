@@ -231,6 +231,7 @@ async fn interleaving(seed: u64) -> Outcome {
         after_fence += 1;
         let touched_first = entries.iter().any(|r| {
             by_agent(r)
+                && r.seq > fence
                 && r.seq < a.seq
                 && r.name == a.name
                 && matches!(r.verb, Verb::Patch | Verb::Delete)

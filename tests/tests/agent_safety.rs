@@ -546,3 +546,39 @@ async fn a_node_name_longer_than_a_label_value_drains() {
     );
     agent.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_409_without_a_change_behind_it_never_strands_an_idle_server() {
+    let w = World::start(WorldSpec::new(2, 1, 0)).await;
+    let agent = w.agent(&[]).await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    // A 409 that no change caused (an admission webhook, a proxy): the preconditions still
+    // match, so the same delete must be tried again.
+    w.cluster.emulator().faults().inject(FaultRule::status(
+        Some(Method::DELETE),
+        "/gameservers/",
+        2,
+        409,
+    ));
+    w.status(Status::Draining).await;
+    eventually(
+        "both idle servers released",
+        Duration::from_secs(8),
+        Duration::from_millis(20),
+        || async {
+            w.on(NODE)
+                .iter()
+                .all(|g| g.deleting || g.state == Some(S::Allocated))
+                .then_some(())
+        },
+    )
+    .await;
+    let j = w.cluster.emulator().journal();
+    assert_eq!(
+        j.count(|r| r.verb == Verb::Delete && r.status == 409),
+        2,
+        "both injected conflicts were met"
+    );
+    agent.stop().await.unwrap();
+}
