@@ -430,7 +430,17 @@ async fn a_game_in_its_termination_grace_period_keeps_the_node() {
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = watch_game_pods(&w.cluster, NODE, stop.clone());
     let scenario = async {
-        w.cluster.sdk_shutdown(NS, &keep.name).unwrap();
+        // The match is over and its GameServer deleted, but the game process is still
+        // flushing results: its pod terminates for up to its grace period.
+        let gs_api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+            w.cluster.client(),
+            NS,
+            &lastcall_testkit::cluster::allocator::gameserver_resource(),
+        );
+        gs_api
+            .delete(&keep.name, &Default::default())
+            .await
+            .unwrap();
         wait_for("deregistered", || async {
             (w.gl.count("DeregisterGameServer") == 1).then_some(())
         })
