@@ -108,6 +108,42 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_DEREGISTER_SETTLE", default_value = "5s", value_parser = lastcall_common::duration::parse_duration)]
     pub deregister_settle: Duration,
 
+    /// Watch the GCE metadata server for host maintenance and preemption (GCE and GKE
+    /// Standard; needs hostNetwork under Workload Identity).
+    #[arg(long, env = "LASTCALL_GCE_METADATA")]
+    pub gce_metadata: bool,
+
+    /// GCE metadata server.
+    #[arg(long, env = "LASTCALL_GCE_METADATA_ENDPOINT", default_value = "http://169.254.169.254", value_parser = http_url)]
+    pub gce_metadata_endpoint: String,
+
+    /// `timeout_sec` of each hanging GET on the metadata server (the client waits 10 s more).
+    #[arg(long, env = "LASTCALL_GCE_WAIT_TIMEOUT", default_value = "60s", value_parser = positive_duration)]
+    pub gce_wait_timeout: Duration,
+
+    /// Time from `preempted=TRUE` to the VM's end (30 s on GCE; GKE can extend it to 120 s).
+    #[arg(long, env = "LASTCALL_GCE_PREEMPTION_NOTICE", default_value = "30s", value_parser = positive_duration)]
+    pub gce_preemption_notice: Duration,
+
+    /// Deadline announced for `TERMINATE_ON_HOST_MAINTENANCE`, counted from when it is seen.
+    #[arg(long, env = "LASTCALL_GCE_TERMINATE_NOTICE", default_value = "1h", value_parser = positive_duration)]
+    pub gce_terminate_notice: Duration,
+
+    /// How often `instance/upcoming-maintenance` is read.
+    #[arg(long, env = "LASTCALL_GCE_UPCOMING_INTERVAL", default_value = "60s", value_parser = positive_duration)]
+    pub gce_upcoming_interval: Duration,
+
+    /// How long before a known maintenance window (GKE `scheduled-maintenance-time`, GCE
+    /// upcoming maintenance) the node stops taking new matches, so matches that start
+    /// before then end on their own before the window.
+    #[arg(long, env = "LASTCALL_MAINTENANCE_LEAD", default_value = "1h", value_parser = lastcall_common::duration::parse_duration)]
+    pub maintenance_lead: Duration,
+
+    /// Treat a cordon lastcall did not make (kubectl cordon, a GKE upgrade) as a drain
+    /// signal: release idle game servers, protect running matches. Never un-cordons.
+    #[arg(long, env = "LASTCALL_DRAIN_ON_FOREIGN_CORDON")]
+    pub drain_on_foreign_cordon: bool,
+
     /// Ready game servers deleted at once while releasing.
     #[arg(long, env = "LASTCALL_RELEASE_CONCURRENCY", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub release_concurrency: u32,

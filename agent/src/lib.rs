@@ -15,4 +15,5 @@ pub mod policy;
 pub mod progress;
 pub mod reconciler;
 pub mod run;
+pub mod sources;
 pub mod watches;

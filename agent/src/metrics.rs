@@ -72,6 +72,7 @@ pub struct Metrics {
     pub redis_reconnects: Counter,
     pub last_message_age: Gauge<f64, AtomicU64>,
     pub source_up: Family<SourceLabel, Gauge>,
+    pub source_errors: Family<SourceReason, Counter>,
     pub actions: Family<ActionResult, Counter>,
     pub reconciles: Family<ResultLabel, Counter>,
     pub watch_errors: Family<SourceLabel, Counter>,
@@ -102,6 +103,7 @@ impl Metrics {
             redis_reconnects: Counter::default(),
             last_message_age: Gauge::default(),
             source_up: Family::default(),
+            source_errors: Family::default(),
             actions: Family::default(),
             reconciles: Family::default(),
             watch_errors: Family::default(),
@@ -182,6 +184,11 @@ impl Metrics {
             "source_up",
             "1 while a signal source is connected",
             m.source_up.clone(),
+        );
+        r.register(
+            "source_errors",
+            "Failed reads of a signal source, by source and reason (each is retried; the last view is kept)",
+            m.source_errors.clone(),
         );
         r.register(
             "actions",

@@ -5,57 +5,61 @@
 
 use jiff::Timestamp;
 
-/// Where a notice came from. Used for logs, metrics and the taint value.
+/// Which source said it: the source's `NAME` from the registry (`sources::REGISTRY`). A
+/// small fixed set, so it is also a bounded metric label and the taint value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Source {
-    FleetIq,
-    Manual,
-}
+pub struct Source(pub &'static str);
 
 impl Source {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::FleetIq => "fleetiq",
-            Self::Manual => "manual",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "fleetiq" => Some(Self::FleetIq),
-            "manual" => Some(Self::Manual),
-            _ => None,
-        }
+        self.0
     }
 }
 
-/// What is happening to the node.
+/// What is happening to the node. Policy matches on this, never on the source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Cause {
     /// FleetIQ judged the instance no longer viable (DRAINING).
     Viability,
-    /// The instance is about to be reclaimed (Spot interruption).
+    /// The instance is about to be reclaimed (Spot interruption, GCE preemption).
     Preemption,
+    /// Host or scheduled maintenance (GCE, GKE, AWS scheduled events).
+    Maintenance,
+    /// A rebalance recommendation: the instance is at elevated risk of interruption.
+    Rebalance,
+    /// An autoscaler is removing the node (scale-down, consolidation, emptiness).
+    ScaleDown,
+    /// The node is being replaced (drift, expiry, upgrade, a cordon from elsewhere).
+    Upgrade,
     /// An operator asked for the drain.
     Manual,
 }
 
 impl Cause {
+    pub const ALL: [Cause; 7] = [
+        Self::Viability,
+        Self::Preemption,
+        Self::Maintenance,
+        Self::Rebalance,
+        Self::ScaleDown,
+        Self::Upgrade,
+        Self::Manual,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Viability => "viability",
             Self::Preemption => "preemption",
+            Self::Maintenance => "maintenance",
+            Self::Rebalance => "rebalance",
+            Self::ScaleDown => "scale_down",
+            Self::Upgrade => "upgrade",
             Self::Manual => "manual",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "viability" => Some(Self::Viability),
-            "preemption" => Some(Self::Preemption),
-            "manual" => Some(Self::Manual),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|c| c.as_str() == s)
     }
 }
 
@@ -99,6 +103,10 @@ pub struct Notice {
     pub deadline: Option<Timestamp>,
     /// Whether the source may later withdraw it (FleetIQ DRAINING → ACTIVE can; Spot cannot).
     pub cancellable: bool,
+    /// Whether lastcall should cordon for it. Not when someone else already keeps new pods
+    /// off the node (Karpenter's and the cluster autoscaler's own taints, a foreign cordon):
+    /// then only the game-server work is done.
+    pub cordon: bool,
     pub detail: String,
 }
 
@@ -133,6 +141,7 @@ mod tests {
             severity,
             deadline: deadline.map(|s| Timestamp::from_second(s).unwrap()),
             cancellable: true,
+            cordon: true,
             detail: String::new(),
         }
     }
@@ -140,13 +149,13 @@ mod tests {
     #[test]
     fn strongest_prefers_severity_then_earliest_deadline() {
         assert_eq!(
-            Notice::strongest(&[n(Source::FleetIq, Severity::Observe, None)]),
+            Notice::strongest(&[n(Source("fleetiq"), Severity::Observe, None)]),
             None
         );
         let list = [
-            n(Source::FleetIq, Severity::Drain, None),
-            n(Source::Manual, Severity::Terminate, Some(200)),
-            n(Source::FleetIq, Severity::Terminate, Some(100)),
+            n(Source("fleetiq"), Severity::Drain, None),
+            n(Source("manual"), Severity::Terminate, Some(200)),
+            n(Source("fleetiq"), Severity::Terminate, Some(100)),
         ];
         let s = Notice::strongest(&list).unwrap();
         assert_eq!(

@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Taint, Toleration};
 
 use crate::keys;
-use crate::notice::{Cause, Notice, Severity, Source};
+use crate::notice::{Cause, Notice, Source};
 use crate::observed::{GameServerView, GsState, Observed};
 use crate::progress::{DrainRecord, Progress, Recorded, format_ts};
 
@@ -198,25 +198,10 @@ fn taint(key: &str, value: &str, effect: &str) -> Taint {
     }
 }
 
-/// The operator's manual drain label, as a notice.
-pub fn manual_notice(observed: &Observed) -> Option<Notice> {
-    let v = observed.node.labels.get(keys::LABEL_MANUAL_DRAIN)?;
-    (v == "true").then(|| Notice {
-        source: Source::Manual,
-        id: format!("label:{}", keys::LABEL_MANUAL_DRAIN),
-        cause: Cause::Manual,
-        severity: Severity::Drain,
-        deadline: None,
-        cancellable: true,
-        detail: format!("node label {}=true", keys::LABEL_MANUAL_DRAIN),
-    })
-}
-
 pub fn plan(inp: &Inputs<'_>) -> Plan {
     let obs = inp.observed;
     let progress = Progress::from_annotations(&obs.node.annotations);
     let mut notices: Vec<Notice> = inp.notices.to_vec();
-    notices.extend(manual_notice(obs));
     // A drain that cannot be withdrawn (a Spot interruption) stays, whatever a lagging
     // replica, a failover or a cache says after a restart; its deadline stays put too.
     if let Recorded::Valid(r) = &progress.record
@@ -346,7 +331,9 @@ fn fence_patch(
         resource_version: node.resource_version.clone(),
         ..Default::default()
     };
-    if !node.unschedulable {
+    // Karpenter, the cluster autoscaler or someone else may already keep new pods off the
+    // node; then lastcall does only the game-server work and never cordons on top.
+    if !node.unschedulable && driver.is_none_or(|d| d.cordon) {
         patch.unschedulable = Some(true);
         if !progress.cordoned_by_us {
             patch

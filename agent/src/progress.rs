@@ -74,6 +74,7 @@ impl DrainRecord {
             severity: self.severity,
             deadline: self.deadline,
             cancellable: self.cancellable,
+            cordon: true,
             detail: format!("recorded on the Node since {}", format_ts(self.first_seen)),
         }
     }
@@ -100,7 +101,7 @@ impl DrainRecord {
             Some(d) => Some(d.as_str()?.parse().ok()?),
         };
         Some(Self {
-            source: Source::parse(text("source")?)?,
+            source: crate::sources::by_name(text("source")?)?,
             cause: Cause::parse(text("cause")?)?,
             severity: Severity::parse(text("severity")?)?,
             deadline,
@@ -194,7 +195,7 @@ mod tests {
 
     fn notice(severity: Severity, deadline: Option<&str>, cancellable: bool) -> Notice {
         Notice {
-            source: Source::FleetIq,
+            source: crate::sources::fleetiq::SOURCE,
             id: "x".into(),
             cause: if cancellable {
                 Cause::Viability
@@ -204,6 +205,7 @@ mod tests {
             severity,
             deadline: deadline.map(|d| d.parse().unwrap()),
             cancellable,
+            cordon: true,
             detail: String::new(),
         }
     }

@@ -14,27 +14,25 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::DynamicObject;
 use lastcall_common::admin::Health;
 use lastcall_common::backoff::Backoff;
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::actuator::{ActError, Actuator, Release, ReleaseOutcome};
-use crate::fleetiq::view::FleetIqView;
 use crate::keys;
 use crate::metrics::{ActionResult, Metrics, PhaseLabel, ResultLabel, StateLabel};
-use crate::notice::{Notice, Source};
 use crate::observed::{GameServerView, NodeView, Observed, PodView};
 use crate::policy::{self, Action, GsRef, Phase, Plan, PolicyConfig};
 use crate::progress::Progress;
+use crate::sources::NoticeBoard;
 use crate::watches::Stores;
 
 pub const HEALTH_KUBE: &str = "kube_watches";
 
 pub struct Reconciler {
     pub node_name: String,
-    pub instance_id: Option<watch::Receiver<Option<String>>>,
     pub stores: Stores,
-    pub fleetiq: watch::Receiver<FleetIqView>,
+    pub board: NoticeBoard,
     pub actuator: Actuator,
     pub metrics: Metrics,
     pub health: Health,
@@ -62,6 +60,8 @@ struct LocalState {
     fence_clock: Option<Instant>,
     fenced_recorded: bool,
     drain_recorded: bool,
+    /// The last pass without a drain signal.
+    last_quiet: Option<Instant>,
     last_phase: Option<Phase>,
 }
 
@@ -103,8 +103,7 @@ impl Reconciler {
     pub fn new(
         node_name: String,
         stores: Stores,
-        fleetiq: watch::Receiver<FleetIqView>,
-        instance_id: Option<watch::Receiver<Option<String>>>,
+        board: NoticeBoard,
         actuator: Actuator,
         metrics: Metrics,
         health: Health,
@@ -115,9 +114,8 @@ impl Reconciler {
     ) -> Self {
         Self {
             node_name,
-            instance_id,
             stores,
-            fleetiq,
+            board,
             actuator,
             metrics,
             health,
@@ -168,7 +166,6 @@ impl Reconciler {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = self.trigger.notified() => {}
-                _ = self.fleetiq.changed() => {}
                 () = tokio::time::sleep(wait) => {}
             }
         }
@@ -258,24 +255,6 @@ impl Reconciler {
         }
     }
 
-    /// FleetIQ is unknown until its first status arrives (from Redis, the cache, or GameLift).
-    fn unknown_sources(&self) -> Vec<Source> {
-        if self.config.deregister && self.fleetiq.borrow().status.is_none() {
-            vec![Source::FleetIq]
-        } else {
-            vec![]
-        }
-    }
-
-    fn notices(&self) -> Vec<Notice> {
-        let id = self
-            .instance_id
-            .as_ref()
-            .and_then(|r| r.borrow().clone())
-            .unwrap_or_default();
-        self.fleetiq.borrow().notice(&id).into_iter().collect()
-    }
-
     fn record_gauges(&mut self, plan: &Plan, observed: &Observed) {
         for p in Phase::ALL {
             let v = i64::from(p == plan.phase);
@@ -347,14 +326,15 @@ impl Reconciler {
         self.state
             .released
             .retain(|uid| live.contains(uid.as_str()));
-        let notices = self.notices();
-        let unknown = self.unknown_sources();
+        let now = jiff::Timestamp::now();
+        let notices = self.board.notices(&observed.node, now);
+        let unknown = self.board.unknown();
         let mut plan = policy::plan(&policy::Inputs {
             notices: &notices,
             unknown_sources: &unknown,
             observed: &observed,
             config: &self.config,
-            now: jiff::Timestamp::now(),
+            now,
         });
         let mut observed = observed;
         if plan.actions.contains(&Action::Deregister) && !self.actuator.is_dry_run() {
@@ -395,8 +375,17 @@ impl Reconciler {
         self.record_gauges(&plan, &observed);
         if plan.driver.is_some() && self.state.fence_clock.is_none() && !self.state.fenced_recorded
         {
-            let since = self.fleetiq.borrow().since_instant();
+            // A task source's change that came after the last quiet pass is when the signal
+            // arrived; a Node signal arrives with the watch event that woke this pass.
+            let since = self
+                .board
+                .last_change()
+                .map(tokio::time::Instant::into_std)
+                .filter(|t| self.state.last_quiet.is_none_or(|q| *t > q));
             self.state.fence_clock = Some(since.unwrap_or_else(Instant::now));
+        }
+        if plan.driver.is_none() {
+            self.state.last_quiet = Some(Instant::now());
         }
         if plan.driver.is_none() && matches!(plan.phase, Phase::Idle | Phase::Cancelling) {
             self.state.fence_clock = None;

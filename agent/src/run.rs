@@ -22,7 +22,7 @@ use crate::fleetiq::view::FleetIqView;
 use crate::metrics::Metrics;
 use crate::policy::PolicyConfig;
 use crate::reconciler::{HEALTH_KUBE, Reconciler};
-use crate::watches;
+use crate::{sources, watches};
 
 /// Pre-built clients, for running the agent in-process (tests, the demo).
 #[derive(Default)]
@@ -89,6 +89,35 @@ pub async fn run(
     }
     let (view_tx, view_rx) = watch::channel(FleetIqView::default());
     let (iid_tx, iid_rx) = watch::channel(config.instance_id.clone());
+    let shared_config = Arc::new(config.clone());
+    let fleetiq_inputs = config.fleetiq_enabled().then(|| sources::fleetiq::Inputs {
+        view: view_rx.clone(),
+        instance_id: iid_rx.clone(),
+    });
+    let (board, source_tasks) = sources::start_all(
+        |out| sources::SourceContext {
+            config: shared_config.clone(),
+            metrics: metrics.clone(),
+            health: health.clone(),
+            out,
+            fleetiq: fleetiq_inputs.clone(),
+            shutdown: stop.clone(),
+        },
+        sources::NodeSignalConfig {
+            maintenance_lead: config.maintenance_lead,
+            drain_on_foreign_cordon: config.drain_on_foreign_cordon,
+        },
+        trigger.clone(),
+        stop.clone(),
+    );
+    for (source, task) in source_tasks {
+        // A source task runs until shutdown; one that ends early is fatal, like any task.
+        let name = source.as_str();
+        tasks.spawn(async move {
+            task.await;
+            name
+        });
+    }
     let actuator = Actuator::new(
         client.clone(),
         config.node_name.clone(),
@@ -99,8 +128,7 @@ pub async fn run(
     let reconciler = Reconciler::new(
         config.node_name.clone(),
         stores,
-        view_rx.clone(),
-        Some(iid_rx),
+        board,
         actuator.clone(),
         metrics.clone(),
         health.clone(),

@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod demo;
 pub mod eventually;
 pub mod gamelift;
+pub mod gce;
 pub mod imds;
 pub mod kube;
 pub mod redis;

@@ -5,7 +5,7 @@ use std::time::Instant;
 use jiff::Timestamp;
 use lastcall_common::fleetiq::InstanceStatus;
 
-use crate::notice::{Cause, Notice, Severity, Source};
+use crate::notice::{Cause, Notice, Severity};
 
 /// How the status reached us.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,12 +53,13 @@ impl FleetIqView {
     pub fn notice(&self, instance_id: &str) -> Option<Notice> {
         let (since, _) = self.since?;
         let base = |cause, severity, deadline, cancellable, status: InstanceStatus| Notice {
-            source: Source::FleetIq,
+            source: crate::sources::fleetiq::SOURCE,
             id: format!("{instance_id}:{status}"),
             cause,
             severity,
             deadline,
             cancellable,
+            cordon: true,
             detail: format!("FleetIQ InstanceStatus={status} via {:?}", self.via),
         };
         if let Some(spot) = self.spot_since {

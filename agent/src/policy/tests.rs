@@ -2,7 +2,20 @@
 //! observed state and planning again must produce nothing new.
 
 use super::*;
+use crate::notice::Severity;
 use crate::observed::{NodeView, PodView};
+use crate::sources::{NodeSignalConfig, fleetiq, node as node_signals};
+
+/// The notices plus what the Node signals say, as the notice board gives them.
+fn board(obs: &Observed, notices: &[Notice]) -> Vec<Notice> {
+    let cfg = NodeSignalConfig {
+        maintenance_lead: Duration::from_secs(3600),
+        drain_on_foreign_cordon: false,
+    };
+    let mut all = notices.to_vec();
+    all.extend(node_signals::manual(&obs.node, &cfg, now()));
+    all
+}
 
 fn now() -> Timestamp {
     "2026-11-30T05:00:00Z".parse().unwrap()
@@ -77,19 +90,20 @@ fn mixed() -> Observed {
 
 fn draining() -> Notice {
     Notice {
-        source: Source::FleetIq,
+        source: fleetiq::SOURCE,
         id: "i-1:DRAINING".into(),
         cause: Cause::Viability,
         severity: Severity::Drain,
         deadline: None,
         cancellable: true,
+        cordon: true,
         detail: String::new(),
     }
 }
 
 fn run(obs: &Observed, notices: &[Notice], config: &PolicyConfig) -> Plan {
     plan(&Inputs {
-        notices,
+        notices: &board(obs, notices),
         observed: obs,
         config,
         unknown_sources: &[],
@@ -639,7 +653,7 @@ fn a_drain_is_held_not_cancelled_while_its_source_is_unknown() {
         notices: &[],
         observed: &drained,
         config: &cfg(),
-        unknown_sources: &[Source::FleetIq],
+        unknown_sources: &[fleetiq::SOURCE],
         now: now(),
     });
     assert_eq!(held.phase, Phase::Draining);
@@ -658,7 +672,7 @@ fn a_drain_is_held_not_cancelled_while_its_source_is_unknown() {
         notices: &[],
         observed: &m,
         config: &cfg(),
-        unknown_sources: &[Source::FleetIq],
+        unknown_sources: &[fleetiq::SOURCE],
         now: now(),
     });
     assert_eq!(p.phase, Phase::Cancelling);
@@ -722,12 +736,13 @@ fn a_garbled_start_time_never_announces_a_deadline_in_the_past() {
 
 fn spot(deadline: &str) -> Notice {
     Notice {
-        source: Source::FleetIq,
+        source: fleetiq::SOURCE,
         id: "i-1:SPOT_TERMINATING".into(),
         cause: Cause::Preemption,
         severity: Severity::Terminate,
         deadline: Some(deadline.parse().unwrap()),
         cancellable: false,
+        cordon: true,
         detail: String::new(),
     }
 }
@@ -777,9 +792,9 @@ fn a_restart_holds_only_for_the_drains_own_source() {
         })
         .phase
     };
-    assert_eq!(hold(&[Source::FleetIq]), Phase::Draining);
+    assert_eq!(hold(&[fleetiq::SOURCE]), Phase::Draining);
     // Another source being unknown does not hold a FleetIQ drain that FleetIQ withdrew.
-    assert_eq!(hold(&[Source::Manual]), Phase::Cancelling);
+    assert_eq!(hold(&[node_signals::MANUAL]), Phase::Cancelling);
     assert_eq!(hold(&[]), Phase::Cancelling);
 }
 
@@ -798,7 +813,7 @@ fn a_fenced_node_releases_idle_servers_during_a_hold_and_after_deregistration() 
         notices: &[],
         observed: &with_newcomer(drained.clone()),
         config: &cfg(),
-        unknown_sources: &[Source::FleetIq],
+        unknown_sources: &[fleetiq::SOURCE],
         now: now(),
     });
     assert_eq!(held.phase, Phase::Draining);
@@ -982,4 +997,24 @@ fn toleration_matching_follows_kubernetes() {
         "evicted later"
     );
     assert!(!tolerates(&[], &t));
+}
+
+#[test]
+fn a_signal_whose_source_keeps_pods_off_gets_the_game_server_work_without_a_cordon() {
+    let mut k = draining();
+    k.source = node_signals::KARPENTER;
+    k.cause = Cause::ScaleDown;
+    k.cordon = false;
+    let (o, acts, _) = converge(&mixed(), std::slice::from_ref(&k), &cfg());
+    assert!(
+        !o.node.unschedulable,
+        "no cordon on top of Karpenter's taint"
+    );
+    assert!(o.node.has_taint(keys::TAINT_DRAINING));
+    assert_eq!(count(&acts, "release"), 3);
+    assert_eq!(count(&acts, "protect"), 3);
+    // Karpenter gives up: everything lastcall did is undone, and nothing is uncordoned.
+    let (after, _, phase) = converge(&o, &[], &cfg());
+    assert_eq!(phase, Phase::Idle);
+    assert!(!after.node.has_taint(keys::TAINT_DRAINING) && after.node.annotations.is_empty());
 }

@@ -1,0 +1,216 @@
+//! Every disruption signal, through one registry.
+//!
+//! A source is one module plus one line in [`REGISTRY`]. Each says what it currently sees as
+//! a [`Report`] (level, not edge). A [`NoticeBoard`] merges the reports and says which
+//! sources are still unknown; the reconciler and policy only ever see the board, never a
+//! source by name. Signals read from the agent's own Node are plain functions of the
+//! observed Node, evaluated on every pass.
+
+pub mod fleetiq;
+pub mod gce_metadata;
+pub mod node;
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use jiff::Timestamp;
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::notice::{Notice, Source};
+use crate::observed::NodeView;
+
+/// What one source currently says.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Report {
+    /// Nothing heard since start (or never reachable). Not "all clear": a drain this source
+    /// started is held, never cancelled.
+    #[default]
+    Unknown,
+    /// Its current notices; empty means nothing is wrong.
+    Known(Vec<Notice>),
+}
+
+/// Settings the Node signals read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSignalConfig {
+    /// How long before a known maintenance window the node stops taking new matches.
+    pub maintenance_lead: std::time::Duration,
+    /// Treat a cordon lastcall did not make as a drain signal.
+    pub drain_on_foreign_cordon: bool,
+}
+
+/// A signal read from the agent's own Node.
+pub type NodeSignal = fn(&NodeView, &NodeSignalConfig, Timestamp) -> Option<Notice>;
+
+/// What a task source gets: where to report, and the process's shared pieces it may use.
+pub struct SourceContext {
+    pub config: Arc<crate::config::Config>,
+    pub metrics: crate::metrics::Metrics,
+    pub health: lastcall_common::admin::Health,
+    pub out: watch::Sender<Report>,
+    /// The FleetIQ integration's view of this instance, when FleetIQ is on.
+    pub fleetiq: Option<fleetiq::Inputs>,
+    pub shutdown: CancellationToken,
+}
+
+/// Starts a task source; `None` when it is not configured on this node.
+pub type StartTask = fn(SourceContext) -> Option<BoxFuture<'static, ()>>;
+
+pub enum Kind {
+    Node(NodeSignal),
+    Task(StartTask),
+}
+
+pub struct Registered {
+    pub source: Source,
+    pub kind: Kind,
+}
+
+/// Every source lastcall knows. Adding one: its module, and one line here.
+#[rustfmt::skip]
+pub const REGISTRY: &[Registered] = &[
+    Registered { source: fleetiq::SOURCE, kind: Kind::Task(fleetiq::start) },
+    Registered { source: gce_metadata::SOURCE, kind: Kind::Task(gce_metadata::start) },
+    Registered { source: node::MANUAL, kind: Kind::Node(node::manual) },
+    Registered { source: node::KARPENTER, kind: Kind::Node(node::karpenter) },
+    Registered { source: node::CLUSTER_AUTOSCALER, kind: Kind::Node(node::cluster_autoscaler) },
+    Registered { source: node::GKE, kind: Kind::Node(node::gke) },
+    Registered { source: node::FOREIGN_CORDON, kind: Kind::Node(node::foreign_cordon) },
+];
+
+/// The source registered under `name` (as read back from the Node), if this version knows it.
+pub fn by_name(name: &str) -> Option<Source> {
+    REGISTRY
+        .iter()
+        .map(|r| r.source)
+        .find(|s| s.as_str() == name)
+}
+
+/// The merged view of every running source, read by the reconciler.
+#[derive(Clone)]
+pub struct NoticeBoard {
+    tasks: Vec<(Source, watch::Receiver<Report>)>,
+    /// When a task source's report last changed (for signal-to-fence latency).
+    last_change: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
+    node_signals: Vec<(Source, NodeSignal)>,
+    node_config: NodeSignalConfig,
+}
+
+impl NoticeBoard {
+    pub fn new(node_config: NodeSignalConfig) -> Self {
+        Self {
+            tasks: vec![],
+            node_signals: REGISTRY
+                .iter()
+                .filter_map(|r| match r.kind {
+                    Kind::Node(f) => Some((r.source, f)),
+                    Kind::Task(_) => None,
+                })
+                .collect(),
+            node_config,
+            last_change: Arc::default(),
+        }
+    }
+
+    /// When a task source's report last changed, if one has.
+    pub fn last_change(&self) -> Option<tokio::time::Instant> {
+        self.last_change.lock().ok().and_then(|g| *g)
+    }
+
+    /// Adds a running task source; every change to it pokes `trigger`.
+    pub fn add(
+        &mut self,
+        source: Source,
+        rx: watch::Receiver<Report>,
+        trigger: Arc<Notify>,
+        shutdown: CancellationToken,
+    ) {
+        let mut changes = rx.clone();
+        let last_change = self.last_change.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    r = changes.changed() => {
+                        if r.is_err() {
+                            return;
+                        }
+                        if let Ok(mut g) = last_change.lock() {
+                            *g = Some(tokio::time::Instant::now());
+                        }
+                        trigger.notify_one();
+                    }
+                }
+            }
+        });
+        self.tasks.push((source, rx));
+    }
+
+    /// Every current notice: the task sources' and the Node signals'.
+    pub fn notices(&self, node: &NodeView, now: Timestamp) -> Vec<Notice> {
+        let mut out: Vec<Notice> = self
+            .tasks
+            .iter()
+            .filter_map(|(_, rx)| match &*rx.borrow() {
+                Report::Known(n) => Some(n.clone()),
+                Report::Unknown => None,
+            })
+            .flatten()
+            .collect();
+        out.extend(
+            self.node_signals
+                .iter()
+                .filter_map(|(_, f)| f(node, &self.node_config, now)),
+        );
+        out
+    }
+
+    /// Sources that have not reported yet. Node signals are always known.
+    pub fn unknown(&self) -> Vec<Source> {
+        self.tasks
+            .iter()
+            .filter(|(_, rx)| matches!(*rx.borrow(), Report::Unknown))
+            .map(|(s, _)| *s)
+            .collect()
+    }
+}
+
+/// Starts every configured task source and returns the board that reads them.
+pub fn start_all(
+    make: impl Fn(watch::Sender<Report>) -> SourceContext,
+    node_config: NodeSignalConfig,
+    trigger: Arc<Notify>,
+    shutdown: CancellationToken,
+) -> (NoticeBoard, Vec<(Source, BoxFuture<'static, ()>)>) {
+    let mut board = NoticeBoard::new(node_config);
+    let mut tasks = vec![];
+    for r in REGISTRY {
+        if let Kind::Task(start) = r.kind {
+            let (tx, rx) = watch::channel(Report::Unknown);
+            if let Some(task) = start(make(tx)) {
+                board.add(r.source, rx, trigger.clone(), shutdown.clone());
+                tasks.push((r.source, task));
+            }
+        }
+    }
+    (board, tasks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_names_are_unique_and_resolvable() {
+        let mut names: Vec<&str> = REGISTRY.iter().map(|r| r.source.as_str()).collect();
+        names.sort_unstable();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "duplicate source names");
+        for r in REGISTRY {
+            assert_eq!(by_name(r.source.as_str()), Some(r.source));
+        }
+        assert_eq!(by_name("mars"), None);
+    }
+}

@@ -1,0 +1,299 @@
+//! GCE metadata server emulator: the `computeMetadata/v1/instance/*` keys lastcall reads,
+//! with hanging GETs (`wait_for_change`, `last_etag`, `timeout_sec`), ETags, the
+//! `Metadata-Flavor: Google` header rule (403 without it), 503 blips, 404 for keys that are
+//! not defined, and a switch that makes it unreachable (connection refused), as behind GKE
+//! Workload Identity without `hostNetwork` or on Autopilot.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// What a key answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Answer {
+    Value(String),
+    /// 404: the key is not defined.
+    Missing,
+}
+
+#[derive(Default)]
+struct Inner {
+    keys: BTreeMap<String, (Answer, u64)>,
+    next_etag: u64,
+    /// Answer the next N requests with 503.
+    fail_next: usize,
+    /// Every request: (key, had the header, wait_for_change).
+    journal: Vec<(String, bool, bool)>,
+}
+
+#[derive(Clone)]
+struct Shared {
+    inner: Arc<Mutex<Inner>>,
+    changed: Arc<Notify>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A running emulator. Keys start as on a healthy VM: `maintenance-event=NONE`,
+/// `preempted=FALSE`, `upcoming-maintenance` not defined.
+pub struct GceMetadataEmulator {
+    shared: Shared,
+    addr: SocketAddr,
+    serving: Mutex<Option<CancellationToken>>,
+}
+
+impl GceMetadataEmulator {
+    pub async fn start() -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shared = Shared {
+            inner: Arc::default(),
+            changed: Arc::default(),
+        };
+        let emu = Self {
+            shared,
+            addr,
+            serving: Mutex::new(None),
+        };
+        emu.set("maintenance-event", "NONE");
+        emu.set("preempted", "FALSE");
+        emu.serve(listener);
+        Ok(emu)
+    }
+
+    fn serve(&self, listener: tokio::net::TcpListener) {
+        let stop = CancellationToken::new();
+        let app = axum::Router::new()
+            .route(
+                "/computeMetadata/v1/instance/{*key}",
+                axum::routing::get(get),
+            )
+            .with_state(self.shared.clone());
+        let s = stop.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { s.cancelled().await })
+                .await;
+        });
+        *self.serving.lock().unwrap_or_else(|e| e.into_inner()) = Some(stop);
+    }
+
+    /// `http://127.0.0.1:PORT`: what `--gce-metadata-endpoint` takes.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Sets `instance/<key>` to `value` with a new ETag, waking hanging GETs on it.
+    pub fn set(&self, key: &str, value: &str) {
+        self.put(key, Answer::Value(value.to_string()));
+    }
+
+    /// Makes `instance/<key>` answer 404 (not defined).
+    pub fn remove(&self, key: &str) {
+        self.put(key, Answer::Missing);
+    }
+
+    fn put(&self, key: &str, answer: Answer) {
+        let mut g = self.shared.lock();
+        g.next_etag += 1;
+        let etag = g.next_etag;
+        g.keys.insert(key.to_string(), (answer, etag));
+        drop(g);
+        self.shared.changed.notify_waiters();
+    }
+
+    /// The next `n` requests get 503, as during the sub-second blips the docs warn about.
+    pub fn fail_next(&self, n: usize) {
+        self.shared.lock().fail_next = n;
+    }
+
+    /// Requests so far: `(key, sent Metadata-Flavor, was a hanging GET)`.
+    pub fn requests(&self) -> Vec<(String, bool, bool)> {
+        self.shared.lock().journal.clone()
+    }
+
+    /// Refuses connections (`true`) or serves again on the same port (`false`).
+    pub async fn set_unreachable(&self, unreachable: bool) -> anyhow::Result<()> {
+        if unreachable {
+            if let Some(stop) = self
+                .serving
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+            {
+                stop.cancel();
+            }
+            // Hanging GETs in flight end with the server.
+            self.shared.changed.notify_waiters();
+            return Ok(());
+        }
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.set_reuseaddr(true)?;
+        socket.bind(self.addr)?;
+        self.serve(socket.listen(128)?);
+        Ok(())
+    }
+}
+
+/// ETags are opaque: 16 hex digits, as the real server sends.
+fn etag_text(n: u64) -> String {
+    format!("{n:016x}")
+}
+
+async fn get(
+    State(shared): State<Shared>,
+    Path(key): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let flavor = headers.get("metadata-flavor").and_then(|v| v.to_str().ok()) == Some("Google");
+    let wait = q.get("wait_for_change").map(String::as_str) == Some("true");
+    {
+        let mut g = shared.lock();
+        g.journal.push((key.clone(), flavor, wait));
+        if !flavor {
+            return (
+                StatusCode::FORBIDDEN,
+                "Missing Metadata-Flavor:Google header.",
+            )
+                .into_response();
+        }
+        if g.fail_next > 0 {
+            g.fail_next -= 1;
+            return (StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable").into_response();
+        }
+    }
+    let timeout = q
+        .get("timeout_sec")
+        .and_then(|t| t.parse::<u64>().ok())
+        .unwrap_or(3600);
+    let last = q.get("last_etag").cloned();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+    loop {
+        let changed = shared.changed.notified();
+        let current = shared.lock().keys.get(&key).cloned();
+        let ready = !wait
+            || match (&current, &last) {
+                (Some((_, etag)), Some(l)) => etag_text(*etag) != *l,
+                // Without last_etag, wait for the next change (as the real server does).
+                _ => false,
+            };
+        if ready || tokio::time::Instant::now() >= deadline {
+            return answer(current);
+        }
+        tokio::select! {
+            () = changed => {}
+            () = tokio::time::sleep_until(deadline) => return answer(shared.lock().keys.get(&key).cloned()),
+        }
+    }
+}
+
+fn answer(current: Option<(Answer, u64)>) -> Response {
+    match current {
+        Some((Answer::Value(v), etag)) => {
+            let mut r = (StatusCode::OK, v).into_response();
+            let h = r.headers_mut();
+            h.insert("metadata-flavor", HeaderValue::from_static("Google"));
+            if let Ok(e) = HeaderValue::from_str(&etag_text(etag)) {
+                h.insert("etag", e);
+            }
+            r
+        }
+        _ => (StatusCode::NOT_FOUND, "Not Found").into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn hanging_get_answers_on_change_or_timeout_with_the_same_etag() {
+        let emu = GceMetadataEmulator::start().await.unwrap();
+        let c = reqwest::Client::new();
+        let url = format!(
+            "{}/computeMetadata/v1/instance/maintenance-event",
+            emu.url()
+        );
+        let r = c.get(&url).send().await.unwrap();
+        assert_eq!(r.status(), 403, "the header is required");
+        let r = c
+            .get(&url)
+            .header("Metadata-Flavor", "Google")
+            .send()
+            .await
+            .unwrap();
+        let etag = r.headers()["etag"].to_str().unwrap().to_string();
+        assert_eq!(r.text().await.unwrap(), "NONE");
+        // Timeout: the same value and ETag.
+        let r = c
+            .get(format!(
+                "{url}?wait_for_change=true&last_etag={etag}&timeout_sec=1"
+            ))
+            .header("Metadata-Flavor", "Google")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.headers()["etag"].to_str().unwrap(), etag);
+        // A change wakes the hanging GET.
+        let waiting = c
+            .get(format!(
+                "{url}?wait_for_change=true&last_etag={etag}&timeout_sec=30"
+            ))
+            .header("Metadata-Flavor", "Google")
+            .send();
+        let set = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            emu.set("maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE");
+        };
+        let (r, ()) = tokio::join!(waiting, set);
+        let r = r.unwrap();
+        assert_ne!(r.headers()["etag"].to_str().unwrap(), etag);
+        assert_eq!(r.text().await.unwrap(), "TERMINATE_ON_HOST_MAINTENANCE");
+        emu.fail_next(1);
+        let r = c
+            .get(&url)
+            .header("Metadata-Flavor", "Google")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 503);
+        let r = c
+            .get(format!(
+                "{}/computeMetadata/v1/instance/upcoming-maintenance",
+                emu.url()
+            ))
+            .header("Metadata-Flavor", "Google")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404);
+        emu.set_unreachable(true).await.unwrap();
+        assert!(
+            c.get(&url)
+                .header("Metadata-Flavor", "Google")
+                .send()
+                .await
+                .is_err()
+        );
+        emu.set_unreachable(false).await.unwrap();
+        let r = c
+            .get(&url)
+            .header("Metadata-Flavor", "Google")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+}
