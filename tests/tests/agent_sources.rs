@@ -1,0 +1,299 @@
+//! Every signal family through the one reconciler: GCE metadata (against its emulator),
+//! Node signals (Karpenter, cluster autoscaler, GKE labels, manual), and several at once.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use lastcall_common::fleetiq::InstanceStatus as Status;
+use lastcall_testkit::agent::{InProcessAgent, metric};
+use lastcall_testkit::cluster::GameServerState as S;
+use lastcall_testkit::cluster::fixtures::taint;
+use lastcall_testkit::eventually::{eventually, wait_for};
+use lastcall_testkit::gce::GceMetadataEmulator;
+use lastcall_testkit::kube::journal::Verb;
+use lastcall_testkit::world::{NODE, World, WorldSpec, cordoned, has_taint, subscribed};
+
+async fn gce_agent(w: &World, gce: &GceMetadataEmulator, extra: &[&str]) -> InProcessAgent {
+    let url = gce.url();
+    let mut args: Vec<&str> = vec![
+        "--gce-metadata",
+        "--gce-metadata-endpoint",
+        &url,
+        "--gce-wait-timeout",
+        "2s",
+        "--resync-interval",
+        "1s",
+    ];
+    args.extend_from_slice(extra);
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    w.start_agent(&args).await
+}
+
+fn idle_released(w: &World) -> Option<()> {
+    w.on(NODE)
+        .iter()
+        .all(|g| g.deleting || g.state == Some(S::Allocated))
+        .then_some(())
+}
+
+async fn readyz(agent: &InProcessAgent) -> serde_json::Value {
+    let r = reqwest::get(format!("http://{}/readyz", agent.admin))
+        .await
+        .unwrap();
+    r.json().await.unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gce_terminate_fences_from_the_hanging_get_and_none_restores_the_node() {
+    let w = World::start(WorldSpec::new(2, 1, 0)).await;
+    let gce = GceMetadataEmulator::start().await.unwrap();
+    let agent = gce_agent(&w, &gce, &[]).await;
+    w.claimed_all().await;
+    wait_for("hanging GETs in place", || async {
+        (gce.requests().iter().filter(|(_, _, wait)| *wait).count() >= 2).then_some(())
+    })
+    .await;
+    let reads_before = gce.requests().len();
+    gce.set("maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE");
+    wait_for("fenced", || async {
+        let n = w.node().await;
+        (cordoned(&n) && has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    // The change arrived on the hanging GET already open: no new read was needed.
+    let event_reads = gce.requests()[..]
+        .iter()
+        .skip(reads_before)
+        .filter(|(k, _, _)| k == "maintenance-event")
+        .count();
+    assert!(event_reads <= 1, "{event_reads} reads after the change");
+    assert!(
+        gce.requests().iter().all(|(_, flavor, _)| *flavor),
+        "Metadata-Flavor always sent"
+    );
+    wait_for("idle released", || async { idle_released(&w) }).await;
+    gce.set("maintenance-event", "NONE");
+    wait_for("cancelled and restored", || async {
+        let n = w.node().await;
+        (!cordoned(&n) && !has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gce_live_migration_with_503_blips_changes_nothing() {
+    let w = World::start(WorldSpec::new(2, 1, 0)).await;
+    let gce = GceMetadataEmulator::start().await.unwrap();
+    let agent = gce_agent(&w, &gce, &[]).await;
+    w.claimed_all().await;
+    let j = w.cluster.emulator().journal();
+    let mutating = || {
+        j.count(|r| {
+            r.identity.as_deref() == Some("agent-n1")
+                && r.verb.is_mutating()
+                && r.resource.as_deref() != Some("events")
+        })
+    };
+    let before = mutating();
+    gce.fail_next(3);
+    gce.set("maintenance-event", "MIGRATE_ON_HOST_MAINTENANCE");
+    wait_for("migration seen", || async {
+        let m = agent.metrics().await;
+        (metric(
+            &m,
+            "lastcall_signals_total",
+            &[("source", "gce_metadata"), ("status", "migrate")],
+        ) >= Some(1.0))
+        .then_some(())
+    })
+    .await;
+    gce.fail_next(2);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    gce.set("maintenance-event", "NONE");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        mutating(),
+        before,
+        "a live migration made a mutating request"
+    );
+    assert!(!cordoned(&w.node().await));
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gce_preemption_releases_every_idle_server_at_once() {
+    let w = World::start(WorldSpec::new(6, 1, 0)).await;
+    let gce = GceMetadataEmulator::start().await.unwrap();
+    let agent = gce_agent(&w, &gce, &[]).await;
+    w.claimed_all().await;
+    gce.set("preempted", "TRUE");
+    eventually(
+        "every idle server released within 5 s",
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        || async { idle_released(&w) },
+    )
+    .await;
+    let keep = w.allocated();
+    assert_eq!(
+        keep.annotations
+            .get("lastcall.dev/drain-reason")
+            .map(String::as_str),
+        Some("preemption")
+    );
+    // The deletes went out together: no delete waited for another to be answered.
+    let j = w.cluster.emulator().journal();
+    let deletes = j.filter(|r| r.verb == Verb::Delete && r.identity.as_deref() == Some("agent-n1"));
+    assert_eq!(deletes.len(), 6);
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_already_pending_at_start_is_acted_on() {
+    let w = World::start(WorldSpec::new(1, 1, 0)).await;
+    let gce = GceMetadataEmulator::start().await.unwrap();
+    gce.set("maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE");
+    let agent = gce_agent(&w, &gce, &[]).await;
+    wait_for("fenced at start", || async {
+        has_taint(&w.node().await, "lastcall.dev/draining").then_some(())
+    })
+    .await;
+    wait_for("idle released", || async { idle_released(&w) }).await;
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_metadata_server_degrades_gce_only() {
+    let w = World::start(WorldSpec::new(2, 1, 0)).await;
+    let gce = GceMetadataEmulator::start().await.unwrap();
+    gce.set_unreachable(true).await.unwrap();
+    let mut args = w.fleetiq_args();
+    args.extend(
+        [
+            "--instance-id",
+            lastcall_testkit::world::IID,
+            "--gce-metadata",
+            "--gce-metadata-endpoint",
+            &gce.url(),
+        ]
+        .map(String::from),
+    );
+    let agent = w.start_agent(&args).await;
+    subscribed(&agent).await;
+    wait_for("degraded reported", || async {
+        let r = readyz(&agent).await;
+        r["gce_metadata"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("degraded"))
+            .then_some(())
+    })
+    .await;
+    let m = agent.metrics().await;
+    assert_eq!(
+        metric(&m, "lastcall_source_up", &[("source", "gce_metadata")]),
+        Some(0.0)
+    );
+    // FleetIQ still drains the node.
+    w.claimed_all().await;
+    w.status(Status::Draining).await;
+    wait_for("FleetIQ drain goes on", || async {
+        has_taint(&w.node().await, "lastcall.dev/draining").then_some(())
+    })
+    .await;
+    wait_for("idle released", || async { idle_released(&w) }).await;
+    assert_eq!(
+        metric(
+            &agent.metrics().await,
+            "lastcall_source_up",
+            &[("source", "gce_metadata")]
+        ),
+        Some(0.0)
+    );
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn karpenter_and_fleetiq_together_make_one_drain_without_a_second_cordon() {
+    let w = World::start(WorldSpec::new(2, 1, 0)).await;
+    let agent = w.agent(&[]).await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    w.cluster
+        .add_taint(NODE, taint("karpenter.sh/disrupted", "", "NoSchedule"))
+        .unwrap();
+    wait_for("game-server work under Karpenter's taint", || async {
+        idle_released(&w)
+    })
+    .await;
+    let n = w.node().await;
+    assert!(
+        !cordoned(&n),
+        "Karpenter keeps pods off itself: no cordon on top"
+    );
+    assert!(has_taint(&n, "lastcall.dev/draining"));
+    w.status(Status::SpotTerminating).await;
+    wait_for("the Spot deadline is announced", || async {
+        w.allocated()
+            .annotations
+            .get("lastcall.dev/drain-reason")
+            .is_some_and(|r| r == "preemption")
+            .then_some(())
+    })
+    .await;
+    let node_events = Api::<k8s_openapi::api::events::v1::Event>::all(w.cluster.client())
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("DrainStarted"))
+        .count();
+    assert_eq!(node_events, 1, "one drain, one DrainStarted");
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gke_scheduled_maintenance_drains_from_the_lead_time() {
+    let w = World::start(WorldSpec::new(1, 1, 0)).await;
+    let agent = w
+        .start_agent(&[
+            "--resync-interval".into(),
+            "1s".into(),
+            "--maintenance-lead".into(),
+            "1h".into(),
+        ])
+        .await;
+    w.claimed_all().await;
+    let set = |epoch: i64| async move {
+        Api::<Node>::all(w.cluster.client())
+            .patch(
+                NODE,
+                &PatchParams::default(),
+                &Patch::Merge(&serde_json::json!({"metadata": {"labels": {"cloud.google.com/scheduled-maintenance-time": epoch.to_string()}}})),
+            )
+            .await
+            .unwrap();
+    };
+    let now = jiff::Timestamp::now().as_second();
+    set(now + 3 * 3600).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !has_taint(&w.node().await, "lastcall.dev/draining"),
+        "3 h out: not yet"
+    );
+    set(now + 1800).await;
+    wait_for("inside the lead: drained", || async {
+        has_taint(&w.node().await, "lastcall.dev/draining").then_some(())
+    })
+    .await;
+    let deadline = w.allocated().annotations["lastcall.dev/drain-deadline"].clone();
+    let expected = jiff::Timestamp::from_second(now + 1800)
+        .unwrap()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    assert_eq!(deadline, expected, "the window start is the deadline");
+    agent.stop().await.unwrap();
+}
