@@ -31,7 +31,7 @@ use anyhow::Context as _;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use faults::{FaultAction, FaultRule, Faults, Method};
+pub use faults::{FaultAction, FaultRule, Faults, Method, WatchDelay, WatchKey};
 pub use journal::{Journal, JournalEntry, Traffic, Verb};
 pub use resources::ResourceType;
 pub use status::ApiError;

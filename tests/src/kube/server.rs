@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::discovery;
 use super::eviction;
-use super::faults::{FaultAction, Faults};
+use super::faults::{FaultAction, Faults, WatchKey};
 use super::journal::{Journal, JournalEntry, Verb};
 use super::patch::{self, PatchKind};
 use super::resources::{PODS, ResourceType};
@@ -223,8 +223,10 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
             format!("injected fault: status {code}"),
         )),
         other => {
-            if let Some(FaultAction::Delay(d)) = other {
-                tokio::time::sleep(d).await;
+            match other {
+                Some(FaultAction::Delay(d)) => tokio::time::sleep(d).await,
+                Some(FaultAction::Hang) => s.faults.hang().await,
+                _ => {}
             }
             match axum::body::to_bytes(req.into_body(), MAX_BODY).await {
                 Err(e) => Reply::from(ApiError::bad_request(&format!(
@@ -462,12 +464,20 @@ fn start_watch(
             "allowWatchBookmarks: Required value: allowWatchBookmarks must be set to true when sendInitialEvents is set",
         ));
     }
+    let key = WatchKey {
+        resource: rt.plural.to_string(),
+        label_selector: q.get("labelSelector").unwrap_or_default().to_string(),
+        field_selector: q.get("fieldSelector").unwrap_or_default().to_string(),
+        identity: identity.clone(),
+    };
     let ctx = WatchContext {
         store: s.store.clone(),
         journal: s.journal.clone(),
         identity,
         cancel: s.watch_token(),
         bookmark_interval: s.bookmark_interval,
+        faults: s.faults.clone(),
+        key,
     };
     let req = WatchRequest {
         rt,

@@ -9,8 +9,10 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::faults::{Faults, WatchKey};
 use super::journal::Journal;
 use super::resources::ResourceType;
 use super::selectors::Selectors;
@@ -92,7 +94,14 @@ pub struct WatchContext {
     /// Ends the stream (`Emulator::drop_watches`, shutdown).
     pub cancel: CancellationToken,
     pub bookmark_interval: Duration,
+    /// Where [`super::faults::WatchDelay`] rules are looked up, for every line.
+    pub faults: Faults,
+    /// What this watch is, for matching those rules.
+    pub key: WatchKey,
 }
+
+/// Lines on their way to the client, stamped with the moment the server produced them.
+type Outbox = mpsc::UnboundedSender<(Instant, Bytes)>;
 
 /// What a watch has to send before live events.
 enum Opening {
@@ -126,42 +135,62 @@ pub fn start(ctx: WatchContext, req: WatchRequest) -> Body {
         }
     };
     let (tx, out) = mpsc::channel::<Bytes>(256);
-    tokio::spawn(run(ctx, req, opening, rx, tx));
+    let (outbox, held) = mpsc::unbounded_channel();
+    tokio::spawn(forward(ctx.clone(), held, tx));
+    tokio::spawn(run(ctx, req, opening, rx, outbox));
     let stream = futures::stream::unfold(out, |mut out| async move {
         out.recv().await.map(|b| (Ok::<Bytes, Infallible>(b), out))
     });
     Body::from_stream(stream)
 }
 
-/// Sends one line, counting it; false when the client has gone.
-async fn send(ctx: &WatchContext, tx: &mpsc::Sender<Bytes>, b: Bytes) -> bool {
-    let n = b.len() as u64;
-    if tx.send(b).await.is_err() {
-        return false;
+/// Queues one line for the client; false when the client has gone.
+fn send(tx: &Outbox, b: Bytes) -> bool {
+    tx.send((Instant::now(), b)).is_ok()
+}
+
+/// Hands queued lines to the client in order, each no earlier than its production time
+/// plus the watch's current delivery delay, and counts what it sends. Ends with the
+/// producer (after draining), when the client goes, or at once when watches are dropped.
+async fn forward(
+    ctx: WatchContext,
+    mut held: mpsc::UnboundedReceiver<(Instant, Bytes)>,
+    tx: mpsc::Sender<Bytes>,
+) {
+    loop {
+        let next = tokio::select! {
+            _ = ctx.cancel.cancelled() => return,
+            _ = tx.closed() => return,
+            next = held.recv() => next,
+        };
+        let Some((at, line)) = next else { return };
+        let delay = ctx.faults.watch_delay(&ctx.key);
+        if !delay.is_zero() {
+            tokio::select! {
+                _ = ctx.cancel.cancelled() => return,
+                _ = tx.closed() => return,
+                _ = tokio::time::sleep_until(at + delay) => {}
+            }
+        }
+        let n = line.len() as u64;
+        if tx.send(line).await.is_err() {
+            return;
+        }
+        ctx.journal.add_traffic(&ctx.identity, n, 1);
     }
-    ctx.journal.add_traffic(&ctx.identity, n, 1);
-    true
 }
 
 /// Sends the opening events; returns the last resourceVersion covered, or `None` when
 /// the stream is over.
-async fn send_opening(
-    ctx: &WatchContext,
-    req: &WatchRequest,
-    tx: &mpsc::Sender<Bytes>,
-    opening: Opening,
-) -> Option<u64> {
+fn send_opening(req: &WatchRequest, tx: &Outbox, opening: Opening) -> Option<u64> {
     match opening {
         Opening::Snapshot(objs, rv) => {
             for o in objs {
-                if !send(ctx, tx, line("ADDED", &o.to_string())).await {
+                if !send(tx, line("ADDED", &o.to_string())) {
                     return None;
                 }
             }
-            if req.send_initial_events
-                && req.bookmarks
-                && !send(ctx, tx, bookmark(&req.rt, rv, true)).await
-            {
+            if req.send_initial_events && req.bookmarks && !send(tx, bookmark(&req.rt, rv, true)) {
                 return None;
             }
             Some(rv)
@@ -171,7 +200,7 @@ async fn send_opening(
             for ev in past {
                 last = ev.rv;
                 if let Some(kind) = translate(req, &ev)
-                    && !send(ctx, tx, line(kind, &ev.object_json())).await
+                    && !send(tx, line(kind, &ev.object_json()))
                 {
                     return None;
                 }
@@ -179,7 +208,7 @@ async fn send_opening(
             Some(last)
         }
         Opening::Expired(status) => {
-            send(ctx, tx, line("ERROR", &status.to_string())).await;
+            send(tx, line("ERROR", &status.to_string()));
             None
         }
     }
@@ -190,10 +219,10 @@ async fn run(
     req: WatchRequest,
     opening: Opening,
     rx: Option<broadcast::Receiver<Arc<StoreEvent>>>,
-    tx: mpsc::Sender<Bytes>,
+    tx: Outbox,
 ) {
     let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
-    let Some(mut last_rv) = send_opening(&ctx, &req, &tx, opening).await else {
+    let Some(mut last_rv) = send_opening(&req, &tx, opening) else {
         return;
     };
     let Some(mut rx) = rx else {
@@ -213,12 +242,12 @@ async fn run(
             _ = tx.closed() => return,
             _ = sleep_until => {
                 if req.bookmarks {
-                    send(&ctx, &tx, bookmark(&req.rt, last_rv, false)).await;
+                    send(&tx, bookmark(&req.rt, last_rv, false));
                 }
                 return;
             }
             _ = ticker.tick(), if req.bookmarks => {
-                if !send(&ctx, &tx, bookmark(&req.rt, last_rv, false)).await {
+                if !send(&tx, bookmark(&req.rt, last_rv, false)) {
                     return;
                 }
             }
@@ -229,7 +258,7 @@ async fn run(
                     }
                     last_rv = ev.rv;
                     if let Some(kind) = translate(&req, &ev)
-                        && !send(&ctx, &tx, line(kind, &ev.object_json())).await
+                        && !send(&tx, line(kind, &ev.object_json()))
                     {
                         return;
                     }
