@@ -31,7 +31,24 @@ async fn setup_no_retry() -> (Emulator, Client) {
     (emu, client)
 }
 
-/// A running, ready pod (status is writable through the main resource in the emulator).
+/// Creates `p`, then writes its status through `/status` as its kubelet would: a create
+/// never keeps a pod's status.
+async fn create_pod(pods: &Api<Pod>, p: &Pod) -> kube::Result<Pod> {
+    let created = pods.create(&PostParams::default(), p).await?;
+    match &p.status {
+        Some(st) => {
+            pods.patch_status(
+                &created.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": st })),
+            )
+            .await
+        }
+        None => Ok(created),
+    }
+}
+
+/// A running, ready pod. A create drops the status: `create_pod` writes it through `/status`.
 fn pod(name: &str, node: Option<&str>, labels: Value) -> Pod {
     let mut spec = json!({ "containers": [{ "name": "c", "image": "example" }] });
     if let Some(n) = node {
@@ -591,7 +608,7 @@ async fn strategic_merge_subset_and_unsupported_patch_types() {
         .as_mut()
         .unwrap()
         .push(serde_json::from_value(json!({"type": "PodScheduled", "status": "True"})).unwrap());
-    pods.create(&PostParams::default(), &p).await.unwrap();
+    create_pod(&pods, &p).await.unwrap();
     let patched = pods
         .patch_status(
             "p1",
@@ -782,23 +799,15 @@ async fn watch_with_node_field_selector_sees_only_that_node() {
     pods.create(&pp, &pod("p1", Some("n1"), json!({})))
         .await
         .unwrap();
-    // A pod that gets bound to n1 appears as ADDED.
+    // A pod that gets bound to n1 (the binding subresource) appears as ADDED.
     pods.create(&pp, &pod("p2", None, json!({}))).await.unwrap();
-    pods.patch(
-        "p2",
-        &mp,
-        &Patch::Merge(json!({"spec": {"nodeName": "n1"}})),
-    )
-    .await
-    .unwrap();
-    // A pod moved away disappears as DELETED.
-    pods.patch(
-        "p1",
-        &mp,
-        &Patch::Merge(json!({"spec": {"nodeName": "n2"}})),
-    )
-    .await
-    .unwrap();
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p2"}, "target": {"kind": "Node", "name": "n1"}});
+    let _: Status = pods
+        .create_subresource("binding", "p2", &pp, &binding)
+        .await
+        .unwrap();
+    // A pod that leaves the selector (its label-free twin is deleted) disappears as DELETED.
+    pods.delete("p1", &now).await.unwrap();
     pods.patch(
         "p2",
         &mp,
@@ -806,7 +815,6 @@ async fn watch_with_node_field_selector_sees_only_that_node() {
     )
     .await
     .unwrap();
-    pods.delete("p1", &now).await.unwrap();
     pods.delete("p2", &now).await.unwrap();
     let mut got = Vec::new();
     for _ in 0..5 {
@@ -1162,8 +1170,8 @@ async fn eviction_blocked_by_the_agones_pdb() {
     )
     .await
     .unwrap();
-    pods.create(
-        &PostParams::default(),
+    create_pod(
+        &pods,
         &pod(
             "gs-1",
             Some("n1"),
@@ -1172,8 +1180,8 @@ async fn eviction_blocked_by_the_agones_pdb() {
     )
     .await
     .unwrap();
-    pods.create(
-        &PostParams::default(),
+    create_pod(
+        &pods,
         &pod(
             "gs-2",
             Some("n1"),
@@ -1255,15 +1263,12 @@ async fn budget_case(spec: Value, pods_n: usize) -> Vec<u16> {
     pdbs.create(&PostParams::default(), &pdb("budget", spec))
         .await
         .unwrap();
-    pods.create(
-        &PostParams::default(),
-        &pod("unrelated", Some("n1"), json!({"app": "y"})),
-    )
-    .await
-    .unwrap();
+    create_pod(&pods, &pod("unrelated", Some("n1"), json!({"app": "y"})))
+        .await
+        .unwrap();
     for i in 0..pods_n {
-        pods.create(
-            &PostParams::default(),
+        create_pod(
+            &pods,
             &pod(&format!("p{i}"), Some("n1"), json!({"app": "x"})),
         )
         .await
@@ -1335,13 +1340,10 @@ async fn eviction_of_unready_pods_follows_the_unhealthy_pod_policy() {
         .as_mut()
         .unwrap()[0]
         .status = "False".into();
-    pods.create(&PostParams::default(), &unready).await.unwrap();
-    pods.create(
-        &PostParams::default(),
-        &pod("ready", Some("n1"), json!({"app": "x"})),
-    )
-    .await
-    .unwrap();
+    create_pod(&pods, &unready).await.unwrap();
+    create_pod(&pods, &pod("ready", Some("n1"), json!({"app": "x"})))
+        .await
+        .unwrap();
     // IfHealthyBudget: the budget is met (1 healthy of 1 needed), so the unready pod may go.
     evict(&pods, "unready").await.unwrap();
     // The last healthy pod may not.
@@ -1678,7 +1680,7 @@ async fn store_modify_is_atomic_and_skips_no_ops() {
     assert_eq!(same, created);
     assert_eq!(store.resource_version(), rv);
     let changed = store
-        .modify(&PODS, Some("default"), "p1", |o| {
+        .modify_status(&PODS, Some("default"), "p1", |o| {
             o["status"]["phase"] = json!("Succeeded");
             Ok(())
         })
@@ -1686,7 +1688,7 @@ async fn store_modify_is_atomic_and_skips_no_ops() {
     assert_eq!(changed["metadata"]["resourceVersion"], (rv + 1).to_string());
     let e = sub.recv().await.unwrap();
     assert_eq!((e.rv, e.name.as_str()), (rv + 1, "p1"));
-    assert_eq!(e.old.as_ref().unwrap()["status"]["phase"], "Running");
+    assert_eq!(e.old.as_ref().unwrap()["status"]["phase"], "Pending");
     // A closure error leaves the object alone.
     let err = store
         .modify(&PODS, Some("default"), "p1", |_| {

@@ -20,6 +20,7 @@ pub mod selectors;
 pub mod server;
 pub mod status;
 pub mod store;
+pub mod validation;
 pub mod watch;
 
 use std::net::SocketAddr;
@@ -35,7 +36,7 @@ pub use faults::{FaultAction, FaultRule, Faults, Method, WatchDelay, WatchKey};
 pub use journal::{Journal, JournalEntry, Traffic, Verb};
 pub use resources::ResourceType;
 pub use status::ApiError;
-pub use store::{DeleteOptions, EventKind, Store, StoreEvent, Txn};
+pub use store::{DeleteOptions, EventKind, Part, Store, StoreEvent, Txn};
 
 use server::ServerState;
 
