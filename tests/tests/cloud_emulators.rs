@@ -1406,3 +1406,15 @@ async fn redis_pubsub_reaches_a_subscriber() {
         r#"{"InstanceStatus": "DRAINING"}"#
     );
 }
+
+#[tokio::test]
+async fn imds_refuses_unrealistic_instance_ids() {
+    let err = ImdsEmulator::start("i-n1", "host-1").await.err().unwrap();
+    assert!(
+        err.to_string().contains("is not an EC2 instance id"),
+        "{err}"
+    );
+    ImdsEmulator::start("i-0123456789abcdef0", "host-1")
+        .await
+        .unwrap();
+}

@@ -26,7 +26,9 @@ const DESCRIBE: &str = "DescribeGameServerInstances";
 // ---------------------------------------------------------------------------------------
 
 fn ids(prefix: &str, n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("i-{prefix:0>13}{i:04}")).collect()
+    // Realistic EC2 ids (`i-` and 17 alphanumerics), readable by their group.
+    let p: String = prefix.chars().filter(char::is_ascii_alphanumeric).collect();
+    (0..n).map(|i| format!("i-{p:0>13}{i:04}")).collect()
 }
 
 fn write_groups(path: &Path, groups: &[&str]) {
