@@ -4,10 +4,12 @@
 //! lastcall touches (see [`resources`]), with the semantics lastcall depends on:
 //! cluster-wide resourceVersions and 409 conflicts, delete preconditions, finalizers and
 //! pod grace periods, merge and JSON patches, resumable watches with 410 Gone and
-//! selector transitions, field and label selectors, and the eviction subresource with
-//! PodDisruptionBudget checks. It keeps no scheduler, kubelet or controllers: the cluster
-//! model in `crate::cluster` drives those through [`Store`]. Every request is journaled,
-//! and faults can be injected. `docs/testing/kube-emulator.md` lists what is and is not
+//! selector transitions, field and label selectors, the eviction subresource with
+//! PodDisruptionBudget checks, the main/`/status` split, 422 validation and the
+//! DefaultTolerationSeconds admission (see [`validation`]). It keeps no scheduler,
+//! kubelet or controllers: the cluster model in `crate::cluster` drives those through
+//! [`Store`]. Every request is journaled, and faults can be injected (failures, delays,
+//! hangs, late watch delivery). `docs/testing/kube-emulator.md` lists what is and is not
 //! implemented.
 
 pub mod discovery;

@@ -203,7 +203,9 @@ impl Store {
         self.transaction(|t| t.create(rt, ns, obj))
     }
 
-    /// Full update (PUT): 409 when `metadata.resourceVersion` is set and stale.
+    /// Full update (PUT) of the main resource: 409 when `metadata.resourceVersion` is set
+    /// and stale; 422 without one on a custom resource; the stored status is kept on types
+    /// with a status subresource; 422 for what fails validation.
     pub fn replace(
         &self,
         rt: &ResourceType,
@@ -254,10 +256,12 @@ impl Store {
         self.transaction(|t| t.bind(ns, name, uid, node))
     }
 
-    /// Atomic read-modify-write. If `f` sets `metadata.resourceVersion` to anything but the
-    /// current one, 409. An unchanged object is not written (no new resourceVersion, no
-    /// event). A result with deletionTimestamp and no finalizers is removed, unless it is
-    /// a pod still in its grace period (the kubelet removes those).
+    /// Atomic read-modify-write of the main resource (a PATCH). If `f` sets
+    /// `metadata.resourceVersion` to anything but the current one, 409. On types with a
+    /// status subresource, status changes are dropped (use [`Store::modify_status`]). The
+    /// result is validated (422) as any update. An unchanged object is not written (no new
+    /// resourceVersion, no event). A result with deletionTimestamp and no finalizers is
+    /// removed, unless it is a pod still in its grace period (the kubelet removes those).
     pub fn modify<F>(
         &self,
         rt: &ResourceType,
