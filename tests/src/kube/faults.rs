@@ -146,6 +146,8 @@ pub struct Faults {
     /// Bumped to release every hung request.
     release: Arc<watch::Sender<u64>>,
     hung: Arc<AtomicUsize>,
+    /// Number of watch delay rules, read without the lock on every watch line.
+    watch_delays: Arc<AtomicUsize>,
 }
 
 impl Default for Faults {
@@ -154,6 +156,7 @@ impl Default for Faults {
             rules: Arc::default(),
             release: Arc::new(watch::channel(0).0),
             hung: Arc::default(),
+            watch_delays: Arc::default(),
         }
     }
 }
@@ -181,12 +184,16 @@ impl Faults {
 
     /// Adds a watch delivery delay (see [`WatchDelay`]); the first matching rule counts.
     pub fn delay_watches(&self, rule: WatchDelay) {
-        self.lock().watch_delays.push(rule);
+        let mut rules = self.lock();
+        rules.watch_delays.push(rule);
+        self.watch_delays
+            .store(rules.watch_delays.len(), Ordering::SeqCst);
     }
 
     /// Removes every watch delivery delay; lines already held keep their delay.
     pub fn clear_watch_delays(&self) {
         self.lock().watch_delays.clear();
+        self.watch_delays.store(0, Ordering::SeqCst);
     }
 
     /// Removes every rule and watch delay, and releases hung requests.
@@ -195,6 +202,7 @@ impl Faults {
             let mut rules = self.lock();
             rules.requests.clear();
             rules.watch_delays.clear();
+            self.watch_delays.store(0, Ordering::SeqCst);
         }
         self.release_hangs();
     }
@@ -243,6 +251,9 @@ impl Faults {
 
     /// The delivery delay for a watch right now (zero when no rule matches).
     pub fn watch_delay(&self, w: &WatchKey) -> Duration {
+        if self.watch_delays.load(Ordering::SeqCst) == 0 {
+            return Duration::ZERO;
+        }
         self.lock()
             .watch_delays
             .iter()

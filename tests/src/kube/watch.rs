@@ -101,7 +101,12 @@ pub struct WatchContext {
 }
 
 /// Lines on their way to the client, stamped with the moment the server produced them.
-type Outbox = mpsc::UnboundedSender<(Instant, Bytes)>;
+/// Bounded, so a client that does not read makes the watch fall behind the live feed
+/// and be ended, as before; a delayed watch holds up to this many lines in flight.
+type Outbox = mpsc::Sender<(Instant, Bytes)>;
+
+/// Lines a watch may hold between the store and the client.
+const OUTBOX_CAPACITY: usize = 4096;
 
 /// What a watch has to send before live events.
 enum Opening {
@@ -135,7 +140,7 @@ pub fn start(ctx: WatchContext, req: WatchRequest) -> Body {
         }
     };
     let (tx, out) = mpsc::channel::<Bytes>(256);
-    let (outbox, held) = mpsc::unbounded_channel();
+    let (outbox, held) = mpsc::channel(OUTBOX_CAPACITY);
     tokio::spawn(forward(ctx.clone(), held, tx));
     tokio::spawn(run(ctx, req, opening, rx, outbox));
     let stream = futures::stream::unfold(out, |mut out| async move {
@@ -144,9 +149,10 @@ pub fn start(ctx: WatchContext, req: WatchRequest) -> Body {
     Body::from_stream(stream)
 }
 
-/// Queues one line for the client; false when the client has gone.
-fn send(tx: &Outbox, b: Bytes) -> bool {
-    tx.send((Instant::now(), b)).is_ok()
+/// Queues one line for the client (waiting while the queue is full); false when the
+/// client has gone.
+async fn send(tx: &Outbox, b: Bytes) -> bool {
+    tx.send((Instant::now(), b)).await.is_ok()
 }
 
 /// Hands queued lines to the client in order, each no earlier than its production time
@@ -154,7 +160,7 @@ fn send(tx: &Outbox, b: Bytes) -> bool {
 /// producer (after draining), when the client goes, or at once when watches are dropped.
 async fn forward(
     ctx: WatchContext,
-    mut held: mpsc::UnboundedReceiver<(Instant, Bytes)>,
+    mut held: mpsc::Receiver<(Instant, Bytes)>,
     tx: mpsc::Sender<Bytes>,
 ) {
     loop {
@@ -182,15 +188,18 @@ async fn forward(
 
 /// Sends the opening events; returns the last resourceVersion covered, or `None` when
 /// the stream is over.
-fn send_opening(req: &WatchRequest, tx: &Outbox, opening: Opening) -> Option<u64> {
+async fn send_opening(req: &WatchRequest, tx: &Outbox, opening: Opening) -> Option<u64> {
     match opening {
         Opening::Snapshot(objs, rv) => {
             for o in objs {
-                if !send(tx, line("ADDED", &o.to_string())) {
+                if !send(tx, line("ADDED", &o.to_string())).await {
                     return None;
                 }
             }
-            if req.send_initial_events && req.bookmarks && !send(tx, bookmark(&req.rt, rv, true)) {
+            if req.send_initial_events
+                && req.bookmarks
+                && !send(tx, bookmark(&req.rt, rv, true)).await
+            {
                 return None;
             }
             Some(rv)
@@ -200,7 +209,7 @@ fn send_opening(req: &WatchRequest, tx: &Outbox, opening: Opening) -> Option<u64
             for ev in past {
                 last = ev.rv;
                 if let Some(kind) = translate(req, &ev)
-                    && !send(tx, line(kind, &ev.object_json()))
+                    && !send(tx, line(kind, &ev.object_json())).await
                 {
                     return None;
                 }
@@ -208,7 +217,7 @@ fn send_opening(req: &WatchRequest, tx: &Outbox, opening: Opening) -> Option<u64
             Some(last)
         }
         Opening::Expired(status) => {
-            send(tx, line("ERROR", &status.to_string()));
+            send(tx, line("ERROR", &status.to_string())).await;
             None
         }
     }
@@ -222,7 +231,7 @@ async fn run(
     tx: Outbox,
 ) {
     let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
-    let Some(mut last_rv) = send_opening(&req, &tx, opening) else {
+    let Some(mut last_rv) = send_opening(&req, &tx, opening).await else {
         return;
     };
     let Some(mut rx) = rx else {
@@ -242,12 +251,12 @@ async fn run(
             _ = tx.closed() => return,
             _ = sleep_until => {
                 if req.bookmarks {
-                    send(&tx, bookmark(&req.rt, last_rv, false));
+                    send(&tx, bookmark(&req.rt, last_rv, false)).await;
                 }
                 return;
             }
             _ = ticker.tick(), if req.bookmarks => {
-                if !send(&tx, bookmark(&req.rt, last_rv, false)) {
+                if !send(&tx, bookmark(&req.rt, last_rv, false)).await {
                     return;
                 }
             }
@@ -258,7 +267,7 @@ async fn run(
                     }
                     last_rv = ev.rv;
                     if let Some(kind) = translate(&req, &ev)
-                        && !send(&tx, line(kind, &ev.object_json()))
+                        && !send(&tx, line(kind, &ev.object_json())).await
                     {
                         return;
                     }
