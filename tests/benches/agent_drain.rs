@@ -292,7 +292,7 @@ impl Publisher {
 }
 
 fn iid_of(node: &str) -> String {
-    format!("i-{node}")
+    lastcall_testkit::gamelift::instance_id(node)
 }
 
 async fn start_agent(

@@ -257,7 +257,7 @@ fn not_started() -> DemoError {
 }
 
 fn instance_id(node: &str) -> String {
-    format!("i-{node}")
+    crate::gamelift::instance_id(node)
 }
 
 fn heading(n: u32, title: &str) {

@@ -61,8 +61,15 @@ impl Drop for ImdsEmulator {
 }
 
 impl ImdsEmulator {
-    /// Starts an IMDS for one instance on a free `127.0.0.1` port.
+    /// Starts an IMDS for one instance on a free `127.0.0.1` port. Fails for an instance id
+    /// EC2 never reports (anything but `^i-[0-9a-zA-Z]{17}$`).
     pub async fn start(instance_id: &str, local_hostname: &str) -> anyhow::Result<ImdsEmulator> {
+        // EC2 only ever reports ids of this form; a test world with another is unrealistic.
+        anyhow::ensure!(
+            crate::gamelift::validate::instance_id_ok(instance_id),
+            "{instance_id:?} is not an EC2 instance id ({}); use lastcall_testkit::gamelift::instance_id",
+            crate::gamelift::validate::INSTANCE_ID_PATTERN
+        );
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
         let shared: Shared = Arc::new(Mutex::new(ImdsState {

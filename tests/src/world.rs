@@ -1,5 +1,5 @@
 //! The standard scenario world for agent tests: an emulated cluster whose node `n1` holds a
-//! Fleet's game servers, a GameLift emulator with instance `i-n1` in group `g1`, and a
+//! Fleet's game servers, a GameLift emulator with instance `i-000000000000000n1` in group `g1`, and a
 //! private redis-server. Helpers publish FleetIQ statuses the way pubsub does and read back
 //! what the agent did.
 
@@ -17,7 +17,7 @@ use crate::redis::RedisServer;
 
 pub const NS: &str = "default";
 pub const GROUP: &str = "g1";
-pub const IID: &str = "i-n1";
+pub const IID: &str = "i-000000000000000n1";
 pub const NODE: &str = "n1";
 pub const FLEET: &str = "fleet";
 
@@ -146,7 +146,7 @@ impl World {
             .expect("agent")
     }
 
-    /// An in-process FleetIQ agent for instance i-n1, plus `extra` flags.
+    /// An in-process FleetIQ agent for instance i-000000000000000n1, plus `extra` flags.
     pub async fn agent(&self, extra: &[&str]) -> InProcessAgent {
         let mut args = self.fleetiq_args();
         args.extend(["--instance-id", IID].map(String::from));
@@ -154,7 +154,7 @@ impl World {
         self.start_agent(&args).await
     }
 
-    /// The body pubsub would publish for i-n1.
+    /// The body pubsub would publish for i-000000000000000n1.
     pub fn message(s: Status) -> String {
         StatusMessage {
             group_name: Some(GROUP.into()),
@@ -170,7 +170,7 @@ impl World {
         self.raw(&Self::message(s)).await;
     }
 
-    /// Caches and publishes any body on i-n1's channel.
+    /// Caches and publishes any body on i-000000000000000n1's channel.
     pub async fn raw(&self, body: &str) {
         let mut c = self.redis.client().await.expect("redis client");
         let _: () = redis::cmd("SET")

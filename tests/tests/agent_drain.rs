@@ -254,7 +254,7 @@ async fn bad_input_causes_no_action_and_is_counted() {
     let mutating_before = w.cluster.emulator().journal().mutating_count();
 
     let big = format!(
-        "{{\"InstanceId\":\"i-n1\",\"InstanceStatus\":\"DRAINING\",\"pad\":\"{}\"}}",
+        "{{\"InstanceId\":\"i-000000000000000n1\",\"InstanceStatus\":\"DRAINING\",\"pad\":\"{}\"}}",
         "x".repeat(1 << 20)
     );
     let mut bodies: Vec<String> = vec![big];
@@ -263,14 +263,14 @@ async fn bad_input_causes_no_action_and_is_counted() {
             StatusMessage {
                 group_name: None,
                 group_arn: None,
-                instance_id: format!("i-other{i}"),
+                instance_id: format!("i-0000000000other{i:02}"),
                 status: Status::Draining,
             }
             .to_python_json(),
         );
         bodies.push(format!("{{not json {i}"));
         bodies.push(format!(
-            "{{\"InstanceId\":\"i-n1\",\"InstanceStatus\":\"EXPLODING{i}\"}}"
+            "{{\"InstanceId\":\"i-000000000000000n1\",\"InstanceStatus\":\"EXPLODING{i}\"}}"
         ));
         bodies.push(format!(
             "{{\"InstanceId\":{i},\"InstanceStatus\":\"DRAINING\"}}"
@@ -281,7 +281,7 @@ async fn bad_input_causes_no_action_and_is_counted() {
     let mut c = w.redis.client().await.unwrap();
     for b in &bodies {
         let _: i64 = redis::cmd("PUBLISH")
-            .arg("i-n1")
+            .arg("i-000000000000000n1")
             .arg(b)
             .query_async(&mut c)
             .await

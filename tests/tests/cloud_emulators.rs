@@ -20,6 +20,8 @@ use lastcall_testkit::imds::ImdsEmulator;
 use lastcall_testkit::redis::RedisServer;
 
 const GROUP: &str = "agones-game-server-group-01";
+/// The instance the game servers in these tests run on.
+const IID_A: &str = "i-0000000000000000a";
 
 fn ids(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i:017}")).collect()
@@ -39,7 +41,7 @@ async fn register(client: &Client, id: &str) {
         .register_game_server()
         .game_server_group_name(GROUP)
         .game_server_id(id)
-        .instance_id(id)
+        .instance_id(IID_A)
         .send()
         .await
         .unwrap();
@@ -168,7 +170,7 @@ async fn gamelift_register_twice_is_a_conflict() {
         .register_game_server()
         .game_server_group_name(GROUP)
         .game_server_id("i-a")
-        .instance_id("i-a")
+        .instance_id(IID_A)
         .send()
         .await
         .unwrap_err()
@@ -188,7 +190,7 @@ async fn gamelift_register_in_unknown_group_is_an_invalid_request() {
         .register_game_server()
         .game_server_group_name("no-such-group")
         .game_server_id("i-a")
-        .instance_id("i-a")
+        .instance_id(IID_A)
         .send()
         .await
         .unwrap_err()
@@ -288,9 +290,18 @@ async fn gamelift_update_errors() {
         .await
         .unwrap_err()
         .into_service_error();
-    assert!(
-        err.is_invalid_request_exception(),
+    // A value outside the model's enum fails validation, before the operation runs.
+    assert_eq!(
+        err.meta().code(),
+        Some("ValidationException"),
         "unknown status: {err:?}"
+    );
+    assert!(
+        err.meta()
+            .message()
+            .unwrap_or_default()
+            .contains("Member must satisfy enum value set: [AVAILABLE, UTILIZED]"),
+        "{err:?}"
     );
 }
 
@@ -344,7 +355,7 @@ async fn gamelift_group_may_be_named_by_arn() {
         .register_game_server()
         .game_server_group_name(GameLiftEmulator::group_arn(GROUP))
         .game_server_id("i-a")
-        .instance_id("i-a")
+        .instance_id(IID_A)
         .send()
         .await
         .unwrap();
@@ -443,7 +454,7 @@ async fn gamelift_instances_filter_by_ids_at_most_20() {
         .describe_game_server_instances()
         .game_server_group_name(GROUP)
         .instance_ids(&all[3])
-        .instance_ids("i-not-in-the-group")
+        .instance_ids("i-0ffffffffffffffff")
         .send()
         .await
         .unwrap();
@@ -471,7 +482,11 @@ async fn gamelift_instances_filter_by_ids_at_most_20() {
         .await
         .unwrap_err()
         .into_service_error();
-    assert!(err.is_invalid_request_exception(), "21 ids: {err:?}");
+    assert_eq!(
+        err.meta().code(),
+        Some("ValidationException"),
+        "21 ids: {err:?}"
+    );
 
     let err = client
         .describe_game_server_instances()
@@ -710,7 +725,7 @@ async fn gamelift_journal_records_calls_in_order() {
         .register_game_server()
         .game_server_group_name(GROUP)
         .game_server_id("i-a")
-        .instance_id("i-a")
+        .instance_id(IID_A)
         .send()
         .await;
     client
@@ -742,7 +757,7 @@ async fn gamelift_journal_records_calls_in_order() {
     );
     assert_eq!(
         calls[0].input,
-        serde_json::json!({"GameServerGroupName": GROUP, "GameServerId": "i-a", "InstanceId": "i-a"})
+        serde_json::json!({"GameServerGroupName": GROUP, "GameServerId": "i-a", "InstanceId": IID_A})
     );
     assert_eq!(calls[2].input["HealthCheck"], "HEALTHY");
     assert_eq!(emu.count("RegisterGameServer"), 2);
@@ -816,6 +831,316 @@ async fn gamelift_wire_format_is_rpc_v2_cbor() {
             "NotFoundException",
             "SerializationException",
             "UnknownOperationException"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn gamelift_validates_requests_as_the_model_says() {
+    let (emu, client) = fleet().await;
+    // The ids old test worlds used: the real service refuses them.
+    let err = client
+        .register_game_server()
+        .game_server_group_name(GROUP)
+        .game_server_id("gs")
+        .instance_id("i-n1")
+        .connection_info("   ")
+        .send()
+        .await
+        .unwrap_err()
+        .into_service_error();
+    assert_eq!(err.meta().code(), Some("ValidationException"), "{err:?}");
+    let msg = err.meta().message().unwrap_or_default();
+    assert!(msg.starts_with("4 validation errors detected: "), "{msg}");
+    for part in [
+        "Value 'i-n1' at 'instanceId' failed to satisfy constraint: Member must have length greater than or equal to 19",
+        "Value 'i-n1' at 'instanceId' failed to satisfy constraint: Member must satisfy regular expression pattern: ^i-[0-9a-zA-Z]{17}$",
+        "Value 'gs' at 'gameServerId' failed to satisfy constraint: Member must have length greater than or equal to 3",
+        "Value '   ' at 'connectionInfo' failed to satisfy constraint: Member must satisfy regular expression pattern: .*\\S.*",
+    ] {
+        assert!(msg.contains(part), "missing {part:?} in {msg}");
+    }
+    // Nothing was registered, and the journal names the error.
+    assert!(emu.game_server(GROUP, "gs").is_none());
+    assert_eq!(emu.calls().last().unwrap().outcome, "ValidationException");
+    // A missing required member and a bad group name.
+    let err = client
+        .describe_game_server()
+        .game_server_group_name("bad group!")
+        .send()
+        .await
+        .unwrap_err()
+        .into_service_error();
+    let msg = err.meta().message().unwrap_or_default();
+    assert!(
+        msg.contains(
+            "Value null at 'gameServerId' failed to satisfy constraint: Member must not be null"
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("Value 'bad group!' at 'gameServerGroupName'"),
+        "{msg}"
+    );
+    // Bad ids in a DescribeGameServerInstances filter, and a Limit below 1.
+    let err = client
+        .describe_game_server_instances()
+        .game_server_group_name(GROUP)
+        .instance_ids("i-0123456789abcdef")
+        .limit(0)
+        .send()
+        .await
+        .unwrap_err()
+        .into_service_error();
+    let msg = err.meta().message().unwrap_or_default();
+    assert!(msg.contains("at 'instanceIds.member'"), "{msg}");
+    assert!(msg.contains("Value '0' at 'limit' failed to satisfy constraint: Member must have value greater than or equal to 1"), "{msg}");
+    // A realistic request passes.
+    register(&client, "gs-1").await;
+    assert!(emu.game_server(GROUP, "gs-1").unwrap().registered);
+}
+
+#[test]
+#[should_panic(expected = "is not an EC2 instance id")]
+fn gamelift_worlds_refuse_unrealistic_instance_ids() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let emu = rt.block_on(GameLiftEmulator::start()).unwrap();
+    emu.add_instances(GROUP, &["i-n1".to_string()], InstanceStatus::Active);
+}
+
+#[test]
+fn gamelift_instance_ids_for_test_names_are_realistic_and_stable() {
+    use lastcall_testkit::gamelift::instance_id;
+    assert_eq!(instance_id("n1"), "i-000000000000000n1");
+    assert_eq!(instance_id("node-a"), "i-000000000000nodea");
+    let long = instance_id("a-very-long-node-name-ip-10-0-0-1.ec2.internal");
+    assert_eq!(long.len(), 19);
+    assert!(long.starts_with("i-0"));
+    assert_eq!(
+        long,
+        instance_id("a-very-long-node-name-ip-10-0-0-1.ec2.internal")
+    );
+    assert_ne!(
+        long,
+        instance_id("a-very-long-node-name-ip-10-0-0-2.ec2.internal")
+    );
+}
+
+#[tokio::test]
+async fn gamelift_hang_holds_calls_until_released_or_the_client_gives_up() {
+    let (emu, _) = fleet().await;
+    let impatient = Client::from_conf(
+        emu.sdk_config_builder()
+            .retry_config(RetryConfig::disabled())
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .operation_attempt_timeout(Duration::from_millis(200))
+                    .build(),
+            )
+            .build(),
+    );
+    emu.hang_next("RegisterGameServer", 1);
+    let err = impatient
+        .register_game_server()
+        .game_server_group_name(GROUP)
+        .game_server_id("gs-1")
+        .instance_id(IID_A)
+        .send()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SdkError::TimeoutError(_)), "{err:?}");
+    // The client gave up: the call is dropped, never served and never journaled.
+    wait_for("the abandoned call to be let go", || async {
+        (emu.hung_now() == 0).then_some(())
+    })
+    .await;
+    assert_eq!(emu.count("RegisterGameServer"), 0);
+    assert!(emu.game_server(GROUP, "gs-1").is_none());
+
+    // A patient client waits until the hang is released, then gets its answer.
+    let patient = emu.sdk_client_without_retries().await;
+    emu.hang_next("*", 1);
+    let call = tokio::spawn(async move {
+        patient
+            .register_game_server()
+            .game_server_group_name(GROUP)
+            .game_server_id("gs-2")
+            .instance_id(IID_A)
+            .send()
+            .await
+    });
+    wait_for("the call to be held", || async {
+        (emu.hung_now() == 1).then_some(())
+    })
+    .await;
+    assert!(
+        emu.game_server(GROUP, "gs-2").is_none(),
+        "not served while held"
+    );
+    emu.release_hangs();
+    call.await.unwrap().unwrap();
+    assert!(emu.game_server(GROUP, "gs-2").unwrap().registered);
+    assert_eq!(emu.hung_now(), 0);
+}
+
+/// One AWS JSON 1.1 call, as boto3 sends it.
+async fn json_call(
+    http: &reqwest::Client,
+    emu: &GameLiftEmulator,
+    op: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value, String) {
+    let resp = http
+        .post(format!("{}/", emu.url()))
+        .header("x-amz-target", format!("GameLift.{op}"))
+        .header("content-type", "application/x-amz-json-1.1")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let v: serde_json::Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
+    (status, v, ct)
+}
+
+#[tokio::test]
+async fn gamelift_speaks_aws_json_1_1() {
+    let (emu, _) = fleet().await;
+    let http = reqwest::Client::new();
+    let (status, v, ct) = json_call(
+        &http,
+        &emu,
+        "RegisterGameServer",
+        serde_json::json!({"GameServerGroupName": GROUP, "GameServerId": "gs-1", "InstanceId": IID_A, "ConnectionInfo": "10.0.0.1:7777"}),
+    )
+    .await;
+    assert_eq!((status, ct.as_str()), (200, "application/x-amz-json-1.1"));
+    let gs = &v["GameServer"];
+    assert_eq!(gs["GameServerId"], "gs-1");
+    assert_eq!(gs["InstanceId"], IID_A);
+    assert_eq!(gs["UtilizationStatus"], "AVAILABLE");
+    assert_eq!(gs["GameServerGroupArn"], GameLiftEmulator::group_arn(GROUP));
+    // Timestamps are epoch seconds as numbers.
+    let registered = gs["RegistrationTime"].as_f64().expect("a number");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!((now - registered).abs() < 600.0, "{registered} vs {now}");
+
+    // The same world as the CBOR front: the SDK sees the server.
+    let sdk = emu.sdk_client_without_retries().await;
+    let out = sdk
+        .describe_game_server()
+        .game_server_group_name(GROUP)
+        .game_server_id("gs-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.game_server().unwrap().instance_id(), Some(IID_A));
+
+    let (status, v, _) = json_call(
+        &http,
+        &emu,
+        "DescribeGameServerInstances",
+        serde_json::json!({"GameServerGroupName": GROUP, "Limit": 5}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(v["GameServerInstances"][0]["InstanceStatus"], "ACTIVE");
+    assert!(v.get("NextToken").is_none());
+
+    // An operation without output answers {}.
+    let (status, v, _) = json_call(
+        &http,
+        &emu,
+        "DeregisterGameServer",
+        serde_json::json!({"GameServerGroupName": GROUP, "GameServerId": "gs-1"}),
+    )
+    .await;
+    assert_eq!((status, v), (200, serde_json::json!({})));
+
+    // Errors: 400 with __type and message.
+    let (status, v, _) = json_call(
+        &http,
+        &emu,
+        "DescribeGameServer",
+        serde_json::json!({"GameServerGroupName": GROUP, "GameServerId": "gs-1"}),
+    )
+    .await;
+    assert_eq!(
+        (status, v["__type"].as_str()),
+        (400, Some("NotFoundException"))
+    );
+    assert!(v["message"].as_str().unwrap().contains("gs-1"));
+    let (status, v, _) = json_call(
+        &http,
+        &emu,
+        "RegisterGameServer",
+        serde_json::json!({"GameServerGroupName": GROUP, "GameServerId": "gs-2", "InstanceId": "i-n1"}),
+    )
+    .await;
+    assert_eq!(
+        (status, v["__type"].as_str()),
+        (400, Some("ValidationException"))
+    );
+    let (status, v, _) = json_call(&http, &emu, "ListGameServers", serde_json::json!({})).await;
+    assert_eq!(
+        (status, v["__type"].as_str()),
+        (404, Some("UnknownOperationException"))
+    );
+
+    // Injected faults apply to this front too.
+    emu.fail_next("DescribeGameServerInstances", 1, 503);
+    let (status, v, _) = json_call(
+        &http,
+        &emu,
+        "DescribeGameServerInstances",
+        serde_json::json!({"GameServerGroupName": GROUP}),
+    )
+    .await;
+    assert_eq!(
+        (status, v["__type"].as_str()),
+        (503, Some("InternalServiceException"))
+    );
+
+    // Protocol errors: no target, wrong content type.
+    let resp = http
+        .post(format!("{}/", emu.url()))
+        .header("content-type", "application/x-amz-json-1.1")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["__type"], "UnknownOperationException");
+    let resp = http
+        .post(format!("{}/", emu.url()))
+        .header("x-amz-target", "GameLift.DescribeGameServer")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["__type"], "SerializationException");
+
+    // Every call is journaled, whichever front carried it.
+    let ops: Vec<(String, String)> = emu.calls().into_iter().map(|c| (c.op, c.outcome)).collect();
+    assert_eq!(
+        ops[..3],
+        [
+            ("RegisterGameServer".to_string(), "ok".to_string()),
+            ("DescribeGameServer".to_string(), "ok".to_string()),
+            ("DescribeGameServerInstances".to_string(), "ok".to_string()),
         ]
     );
 }
@@ -900,7 +1225,9 @@ async fn imds_token_flow() {
 
 #[tokio::test]
 async fn imds_token_expires_with_its_ttl() {
-    let imds = ImdsEmulator::start("i-1", "host-1").await.unwrap();
+    let imds = ImdsEmulator::start("i-00000000000000001", "host-1")
+        .await
+        .unwrap();
     let http = reqwest::Client::new();
     let t = token(&http, &imds, "1").await.text().await.unwrap();
     assert_eq!(get(&http, &imds, INSTANCE_ID, Some(&t)).await.0, 200);
@@ -916,7 +1243,7 @@ async fn imds_token_expires_with_its_ttl() {
 
 #[tokio::test]
 async fn imds_metadata_and_interruption_paths() {
-    let imds = ImdsEmulator::start("i-0abc", "ip-10-1-2-3.ec2.internal")
+    let imds = ImdsEmulator::start("i-0abc0000000000000", "ip-10-1-2-3.ec2.internal")
         .await
         .unwrap();
     let http = reqwest::Client::new();
@@ -976,7 +1303,9 @@ async fn imds_metadata_and_interruption_paths() {
 
 #[tokio::test]
 async fn imds_fail_next_answers_the_injected_status() {
-    let imds = ImdsEmulator::start("i-1", "host-1").await.unwrap();
+    let imds = ImdsEmulator::start("i-00000000000000001", "host-1")
+        .await
+        .unwrap();
     let http = reqwest::Client::new();
     imds.fail_next(2, 503);
     assert_eq!(token(&http, &imds, "60").await.status(), 503);
@@ -1076,4 +1405,16 @@ async fn redis_pubsub_reaches_a_subscriber() {
         msg.get_payload::<String>().unwrap(),
         r#"{"InstanceStatus": "DRAINING"}"#
     );
+}
+
+#[tokio::test]
+async fn imds_refuses_unrealistic_instance_ids() {
+    let err = ImdsEmulator::start("i-n1", "host-1").await.err().unwrap();
+    assert!(
+        err.to_string().contains("is not an EC2 instance id"),
+        "{err}"
+    );
+    ImdsEmulator::start("i-0123456789abcdef0", "host-1")
+        .await
+        .unwrap();
 }

@@ -916,3 +916,182 @@ async fn fleet_scales_down_around_allocated_servers_and_reports_status() {
     );
     assert!(labels.contains_key(keys::GAMESERVERSET_LABEL));
 }
+
+fn taint_keys(node: &Value) -> Vec<(String, String)> {
+    node.pointer("/spec/taints")
+        .and_then(Value::as_array)
+        .map(|ts| {
+            ts.iter()
+                .map(|t| {
+                    (
+                        t["key"].as_str().unwrap_or_default().to_string(),
+                        t["effect"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn rv(obj: &Value) -> u64 {
+    obj.pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+const UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cordon_gets_the_unschedulable_taint_and_a_new_resource_version() {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Patch, PatchParams};
+    let c = cluster(&["n1"]).await;
+    c.wait_stable(lastcall_testkit::cluster::DEFAULT_WAIT)
+        .await
+        .unwrap();
+    // Cordon over HTTP, as kubectl (or lastcall) does; keep the resourceVersion we got.
+    let nodes: Api<Node> = Api::all(c.client());
+    let cordoned = nodes
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .unwrap();
+    let cordon_rv: u64 = cordoned
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let tainted = wait_for("the node lifecycle taint", || async {
+        c.node("n1").filter(|n| {
+            taint_keys(n).contains(&(UNSCHEDULABLE.to_string(), "NoSchedule".to_string()))
+        })
+    })
+    .await;
+    assert!(rv(&tainted) > cordon_rv, "the taint is a write of its own");
+    // A write guarded by the cordon's resourceVersion now loses, as on a real cluster.
+    let mut stale = cordoned.clone();
+    stale
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("x".into(), "1".into());
+    let code = api_code(nodes.replace("n1", &Default::default(), &stale).await);
+    assert_eq!(code, 409);
+    // Uncordon: the taint goes, with another new resourceVersion.
+    c.set_unschedulable("n1", false).unwrap();
+    let before = rv(&c.node("n1").unwrap());
+    let untainted = wait_for("the taint to be removed", || async {
+        c.node("n1").filter(|n| taint_keys(n).is_empty())
+    })
+    .await;
+    assert!(rv(&untainted) > before);
+    c.shutdown().await;
+
+    // Off by configuration: a cordon stays a bare spec field.
+    let off = cluster_with(
+        &["n1"],
+        ClusterConfig {
+            node_lifecycle_taints: false,
+            ..ClusterConfig::default()
+        },
+    )
+    .await;
+    off.set_unschedulable("n1", true).unwrap();
+    off.wait_stable(lastcall_testkit::cluster::DEFAULT_WAIT)
+        .await
+        .unwrap();
+    assert!(taint_keys(&off.node("n1").unwrap()).is_empty());
+    off.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_tolerating_unschedulable_or_everything_land_on_cordoned_nodes() {
+    let c = Cluster::start(ClusterConfig::default()).await.unwrap();
+    c.add_node(NodeSpec::new("only").cordoned().taint(
+        "lastcall.dev/draining",
+        "true",
+        "NoSchedule",
+    ))
+    .unwrap();
+    // A blanket `operator: Exists` toleration tolerates the cordon and every taint.
+    c.create_fleet(FleetSpec::new("blanket", 1).toleration(toleration_exists("", "")))
+        .unwrap();
+    // Tolerating the unschedulable taint is not enough while another taint is untolerated.
+    c.create_fleet(
+        FleetSpec::new("daemonish", 1).toleration(toleration_exists(UNSCHEDULABLE, "NoSchedule")),
+    )
+    .unwrap();
+    c.create_fleet(FleetSpec::new("plain", 1)).unwrap();
+    let blanket = c.wait_ready(NS, "blanket", 1).await.unwrap().remove(0);
+    assert_eq!(blanket.node.as_deref(), Some("only"));
+    c.wait_stable(lastcall_testkit::cluster::DEFAULT_WAIT)
+        .await
+        .unwrap();
+    for fleet in ["daemonish", "plain"] {
+        let gs = c.fleet_game_servers(NS, fleet).remove(0);
+        assert_eq!(gs.node, None, "{fleet} stays pending");
+        let pod = c.pod(NS, &gs.name).unwrap();
+        let msg = pod
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "PodScheduled"))
+            .and_then(|c| c["message"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        let expected = if fleet == "plain" {
+            "0/1 nodes are available: 1 node(s) were unschedulable."
+        } else {
+            "0/1 nodes are available: 1 node(s) had untolerated taint(s)."
+        };
+        assert_eq!(msg, expected, "{fleet}");
+    }
+    // Once the other taint goes, the pod tolerating the cordon is scheduled there too.
+    c.remove_taint("only", "lastcall.dev/draining", "").unwrap();
+    let daemonish = c.wait_ready(NS, "daemonish", 1).await.unwrap().remove(0);
+    assert_eq!(daemonish.node.as_deref(), Some("only"));
+    assert!(c.fleet_game_servers(NS, "plain")[0].node.is_none());
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controllers_write_status_through_status() {
+    let c = cluster(&["n1"]).await;
+    c.create_fleet(FleetSpec::new("arena", 2)).unwrap();
+    let ready = c.wait_ready(NS, "arena", 2).await.unwrap();
+    // The pods' running status and the Fleet's counters were written through /status
+    // (a main-resource write would have been dropped); the binding set the node.
+    let pod = c.pod(NS, &ready[0].name).unwrap();
+    assert_eq!(pod["status"]["phase"], "Running");
+    assert_eq!(node_of(&pod), Some("n1"));
+    wait_for("fleet status", || async {
+        (c.fleet_status(NS, "arena").map(|s| s.ready_replicas) == Some(2)).then_some(())
+    })
+    .await;
+    // New pods carry the DefaultTolerationSeconds tolerations.
+    let tols = pod["spec"]["tolerations"].as_array().unwrap();
+    assert!(
+        tols.iter()
+            .any(|t| t["key"] == "node.kubernetes.io/not-ready" && t["tolerationSeconds"] == 300)
+    );
+    // A node readiness flip goes through /status and the node keeps its spec.
+    c.set_unschedulable("n1", true).unwrap();
+    c.set_node_ready("n1", false).unwrap();
+    let node = c.node("n1").unwrap();
+    assert_eq!(node["spec"]["unschedulable"], true);
+    let ready_cond = node["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .cloned()
+        .unwrap();
+    assert_eq!(ready_cond["status"], "False");
+    c.shutdown().await;
+}

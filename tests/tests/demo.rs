@@ -35,7 +35,7 @@ async fn demo_runs_the_drain_story_and_exits_0() {
         "released ",
         "protected ",
         "replacement ",
-        "lastcall called DeregisterGameServer(demo-group, i-node-a); node-a is deregistered",
+        "lastcall called DeregisterGameServer(demo-group, i-000000000000nodea); node-a is deregistered",
         "DeregisterGameServer calls after SIGTERM: 1",
         "Demo complete",
     ] {

@@ -31,7 +31,24 @@ async fn setup_no_retry() -> (Emulator, Client) {
     (emu, client)
 }
 
-/// A running, ready pod (status is writable through the main resource in the emulator).
+/// Creates `p`, then writes its status through `/status` as its kubelet would: a create
+/// never keeps a pod's status.
+async fn create_pod(pods: &Api<Pod>, p: &Pod) -> kube::Result<Pod> {
+    let created = pods.create(&PostParams::default(), p).await?;
+    match &p.status {
+        Some(st) => {
+            pods.patch_status(
+                &created.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": st })),
+            )
+            .await
+        }
+        None => Ok(created),
+    }
+}
+
+/// A running, ready pod. A create drops the status: `create_pod` writes it through `/status`.
 fn pod(name: &str, node: Option<&str>, labels: Value) -> Pod {
     let mut spec = json!({ "containers": [{ "name": "c", "image": "example" }] });
     if let Some(n) = node {
@@ -591,7 +608,7 @@ async fn strategic_merge_subset_and_unsupported_patch_types() {
         .as_mut()
         .unwrap()
         .push(serde_json::from_value(json!({"type": "PodScheduled", "status": "True"})).unwrap());
-    pods.create(&PostParams::default(), &p).await.unwrap();
+    create_pod(&pods, &p).await.unwrap();
     let patched = pods
         .patch_status(
             "p1",
@@ -782,23 +799,15 @@ async fn watch_with_node_field_selector_sees_only_that_node() {
     pods.create(&pp, &pod("p1", Some("n1"), json!({})))
         .await
         .unwrap();
-    // A pod that gets bound to n1 appears as ADDED.
+    // A pod that gets bound to n1 (the binding subresource) appears as ADDED.
     pods.create(&pp, &pod("p2", None, json!({}))).await.unwrap();
-    pods.patch(
-        "p2",
-        &mp,
-        &Patch::Merge(json!({"spec": {"nodeName": "n1"}})),
-    )
-    .await
-    .unwrap();
-    // A pod moved away disappears as DELETED.
-    pods.patch(
-        "p1",
-        &mp,
-        &Patch::Merge(json!({"spec": {"nodeName": "n2"}})),
-    )
-    .await
-    .unwrap();
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p2"}, "target": {"kind": "Node", "name": "n1"}});
+    let _: Status = pods
+        .create_subresource("binding", "p2", &pp, &binding)
+        .await
+        .unwrap();
+    // A pod that leaves the selector (its label-free twin is deleted) disappears as DELETED.
+    pods.delete("p1", &now).await.unwrap();
     pods.patch(
         "p2",
         &mp,
@@ -806,7 +815,6 @@ async fn watch_with_node_field_selector_sees_only_that_node() {
     )
     .await
     .unwrap();
-    pods.delete("p1", &now).await.unwrap();
     pods.delete("p2", &now).await.unwrap();
     let mut got = Vec::new();
     for _ in 0..5 {
@@ -1162,8 +1170,8 @@ async fn eviction_blocked_by_the_agones_pdb() {
     )
     .await
     .unwrap();
-    pods.create(
-        &PostParams::default(),
+    create_pod(
+        &pods,
         &pod(
             "gs-1",
             Some("n1"),
@@ -1172,8 +1180,8 @@ async fn eviction_blocked_by_the_agones_pdb() {
     )
     .await
     .unwrap();
-    pods.create(
-        &PostParams::default(),
+    create_pod(
+        &pods,
         &pod(
             "gs-2",
             Some("n1"),
@@ -1255,15 +1263,12 @@ async fn budget_case(spec: Value, pods_n: usize) -> Vec<u16> {
     pdbs.create(&PostParams::default(), &pdb("budget", spec))
         .await
         .unwrap();
-    pods.create(
-        &PostParams::default(),
-        &pod("unrelated", Some("n1"), json!({"app": "y"})),
-    )
-    .await
-    .unwrap();
+    create_pod(&pods, &pod("unrelated", Some("n1"), json!({"app": "y"})))
+        .await
+        .unwrap();
     for i in 0..pods_n {
-        pods.create(
-            &PostParams::default(),
+        create_pod(
+            &pods,
             &pod(&format!("p{i}"), Some("n1"), json!({"app": "x"})),
         )
         .await
@@ -1335,13 +1340,10 @@ async fn eviction_of_unready_pods_follows_the_unhealthy_pod_policy() {
         .as_mut()
         .unwrap()[0]
         .status = "False".into();
-    pods.create(&PostParams::default(), &unready).await.unwrap();
-    pods.create(
-        &PostParams::default(),
-        &pod("ready", Some("n1"), json!({"app": "x"})),
-    )
-    .await
-    .unwrap();
+    create_pod(&pods, &unready).await.unwrap();
+    create_pod(&pods, &pod("ready", Some("n1"), json!({"app": "x"})))
+        .await
+        .unwrap();
     // IfHealthyBudget: the budget is met (1 healthy of 1 needed), so the unready pod may go.
     evict(&pods, "unready").await.unwrap();
     // The last healthy pod may not.
@@ -1678,7 +1680,7 @@ async fn store_modify_is_atomic_and_skips_no_ops() {
     assert_eq!(same, created);
     assert_eq!(store.resource_version(), rv);
     let changed = store
-        .modify(&PODS, Some("default"), "p1", |o| {
+        .modify_status(&PODS, Some("default"), "p1", |o| {
             o["status"]["phase"] = json!("Succeeded");
             Ok(())
         })
@@ -1686,7 +1688,7 @@ async fn store_modify_is_atomic_and_skips_no_ops() {
     assert_eq!(changed["metadata"]["resourceVersion"], (rv + 1).to_string());
     let e = sub.recv().await.unwrap();
     assert_eq!((e.rv, e.name.as_str()), (rv + 1, "p1"));
-    assert_eq!(e.old.as_ref().unwrap()["status"]["phase"], "Running");
+    assert_eq!(e.old.as_ref().unwrap()["status"]["phase"], "Pending");
     // A closure error leaves the object alone.
     let err = store
         .modify(&PODS, Some("default"), "p1", |_| {
@@ -1745,4 +1747,697 @@ async fn binary_writes_a_kubeconfig_serves_and_exits_zero_on_sigterm() {
     assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(stdout.starts_with("http://127.0.0.1:"), "{stdout}");
+}
+
+// ---------------------------------------------------------------- strictness: faults
+
+#[tokio::test]
+async fn watch_delivery_delay_holds_only_the_matching_watch() {
+    use lastcall_testkit::kube::WatchDelay;
+    let (emu, client) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    let start = emu.store().resource_version().to_string();
+    let mut prompt = pods
+        .watch(&WatchParams::default().fields("spec.nodeName=n2"), &start)
+        .await
+        .unwrap()
+        .boxed();
+    let mut late = pods
+        .watch(&WatchParams::default().fields("spec.nodeName=n1"), &start)
+        .await
+        .unwrap()
+        .boxed();
+    // Open watches are affected too: the rule is looked up for every line.
+    emu.faults().delay_watches(
+        WatchDelay::resource("pods", Duration::from_secs(3)).selector("spec.nodeName=n1"),
+    );
+    pods.create(&PostParams::default(), &pod("p1", Some("n1"), json!({})))
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &pod("p2", Some("n2"), json!({})))
+        .await
+        .unwrap();
+    // The undelayed watch sees its pod, which was created after p1...
+    assert_eq!(describe(&next_event(&mut prompt).await), ev("ADDED", "p2"));
+    // ...while the delayed one still has nothing: its cache is stale.
+    let early = tokio::time::timeout(Duration::from_millis(300), late.next()).await;
+    assert!(early.is_err(), "the delayed watch got {early:?} early");
+    assert!(emu.store().get(&PODS, Some("default"), "p1").is_some());
+    // It arrives later, intact and in order.
+    assert_eq!(describe(&next_event(&mut late).await), ev("ADDED", "p1"));
+    // Without the rule, delivery is prompt again.
+    emu.faults().clear_watch_delays();
+    pods.delete("p1", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let deleted = tokio::time::timeout(Duration::from_secs(2), next_event(&mut late)).await;
+    assert_eq!(describe(&deleted.unwrap()), ev("DELETED", "p1"));
+}
+
+#[tokio::test]
+async fn watch_delay_matches_identity_and_resource() {
+    use lastcall_testkit::kube::{WatchDelay, WatchKey};
+    let faults = lastcall_testkit::kube::Faults::default();
+    faults.delay_watches(
+        WatchDelay::resource("gameservers", Duration::from_secs(1)).identity("agent-n1"),
+    );
+    let key = |resource: &str, identity: &str| WatchKey {
+        resource: resource.into(),
+        identity: Some(identity.into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        faults.watch_delay(&key("gameservers", "agent-n1")),
+        Duration::from_secs(1)
+    );
+    assert_eq!(
+        faults.watch_delay(&key("gameservers", "other")),
+        Duration::ZERO
+    );
+    assert_eq!(faults.watch_delay(&key("pods", "agent-n1")), Duration::ZERO);
+    faults.clear();
+    assert_eq!(
+        faults.watch_delay(&key("gameservers", "agent-n1")),
+        Duration::ZERO
+    );
+}
+
+#[tokio::test]
+async fn hang_fault_holds_a_request_until_released_or_abandoned() {
+    let (emu, client) = setup_no_retry().await;
+    // A client that gives up after 300 ms never gets an answer, and nothing is served.
+    emu.faults()
+        .inject(FaultRule::hang(Some(Method::POST), "/configmaps", 1));
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let err = http
+        .post(format!(
+            "{}/api/v1/namespaces/default/configmaps",
+            emu.url()
+        ))
+        .header("content-type", "application/json")
+        .body(json!({"metadata": {"name": "c1"}}).to_string())
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err:?}");
+    wait_for("the abandoned request to be let go", || async {
+        (emu.faults().hung_now() == 0).then_some(())
+    })
+    .await;
+    assert!(
+        emu.store()
+            .get(&CONFIGMAPS, Some("default"), "c1")
+            .is_none()
+    );
+    assert_eq!(emu.journal().count(|e| e.verb == Verb::Create), 0);
+
+    // A patient client is held until the fault is released, then served.
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    emu.faults()
+        .inject(FaultRule::hang(Some(Method::POST), "/configmaps", 1));
+    let call = tokio::spawn(async move { cms.create(&PostParams::default(), &cm("c2")).await });
+    wait_for("the request to be held", || async {
+        (emu.faults().hung_now() == 1).then_some(())
+    })
+    .await;
+    assert!(
+        emu.store()
+            .get(&CONFIGMAPS, Some("default"), "c2")
+            .is_none()
+    );
+    emu.faults().release_hangs();
+    call.await.unwrap().unwrap();
+    assert!(
+        emu.store()
+            .get(&CONFIGMAPS, Some("default"), "c2")
+            .is_some()
+    );
+    assert_eq!(emu.faults().hung_now(), 0);
+    assert_eq!(emu.faults().pending(), 0);
+}
+
+// ---------------------------------------------------------------- strictness: /status
+
+#[tokio::test]
+async fn pod_status_is_written_only_through_status() {
+    let (emu, client) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    // A create never keeps a pod's status.
+    let created = pods
+        .create(&PostParams::default(), &pod("p1", Some("n1"), json!({})))
+        .await
+        .unwrap();
+    let status = created.status.clone().unwrap();
+    assert_eq!(status.phase.as_deref(), Some("Pending"));
+    assert!(status.conditions.is_none());
+    // The main resource ignores status, but applies the rest of the patch.
+    let patched = pods
+        .patch(
+            "p1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {"a": "1"}}, "status": {"phase": "Running"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.labels().get("a").map(String::as_str), Some("1"));
+    assert_eq!(patched.status.unwrap().phase.as_deref(), Some("Pending"));
+    // /status changes the status and ignores spec changes.
+    let patched = pods
+        .patch_status(
+            "p1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"activeDeadlineSeconds": 5}, "status": {"phase": "Running"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.status.unwrap().phase.as_deref(), Some("Running"));
+    assert_eq!(patched.spec.unwrap().active_deadline_seconds, None);
+    // A PUT of the main resource with another status keeps the stored one.
+    let mut p = pods.get("p1").await.unwrap();
+    p.status.as_mut().unwrap().phase = Some("Failed".into());
+    let replaced = pods
+        .replace("p1", &PostParams::default(), &p)
+        .await
+        .unwrap();
+    assert_eq!(
+        replaced.status.as_ref().unwrap().phase.as_deref(),
+        Some("Running")
+    );
+    // A main write that only touched status changed nothing: no new resourceVersion.
+    assert_eq!(rv_of(&replaced), rv_of(&p));
+    let stored = emu.store().get(&PODS, Some("default"), "p1").unwrap();
+    assert_eq!(stored["status"]["phase"], "Running");
+}
+
+#[tokio::test]
+async fn node_status_is_written_only_through_status() {
+    let (_emu, client) = setup().await;
+    let nodes: Api<Node> = Api::all(client);
+    // A node registers with its status (the kubelet's create keeps it).
+    let n: Node = serde_json::from_value(json!({
+        "metadata": {"name": "n1"},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }))
+    .unwrap();
+    let created = nodes.create(&PostParams::default(), &n).await.unwrap();
+    assert_eq!(created.status.unwrap().conditions.unwrap().len(), 1);
+    let patched = nodes
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}, "status": {"conditions": []}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.spec.unwrap().unschedulable, Some(true));
+    assert_eq!(patched.status.unwrap().conditions.unwrap().len(), 1);
+    let patched = nodes
+        .patch_status(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": false}, "status": {"conditions": [{"type": "Ready", "status": "False"}]}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.spec.unwrap().unschedulable, Some(true));
+    assert_eq!(
+        patched.status.unwrap().conditions.unwrap()[0].status,
+        "False"
+    );
+}
+
+fn fleet_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("agones.dev", "v1", "Fleet"))
+}
+
+#[tokio::test]
+async fn custom_resource_status_subresource_only_for_fleets() {
+    let (_emu, client) = setup().await;
+    let fleets: Api<DynamicObject> =
+        Api::default_namespaced_with(client.clone(), &fleet_resource());
+    let f: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "agones.dev/v1", "kind": "Fleet",
+        "metadata": {"name": "f1"},
+        "spec": {"replicas": 2},
+        "status": {"replicas": 9},
+    }))
+    .unwrap();
+    let created = fleets.create(&PostParams::default(), &f).await.unwrap();
+    assert!(
+        created.data.get("status").is_none(),
+        "a CR create drops status"
+    );
+    let patched = fleets
+        .patch(
+            "f1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 3}, "status": {"replicas": 9}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.data["spec"]["replicas"], 3);
+    assert!(patched.data.get("status").is_none());
+    // /status on a CR changes the status only: spec and metadata changes are dropped.
+    let patched = fleets
+        .patch_status(
+            "f1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}, "spec": {"replicas": 1}, "status": {"replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.data["status"]["replicas"], 3);
+    assert_eq!(patched.data["spec"]["replicas"], 3);
+    assert!(patched.labels().is_empty());
+    // GameServers have no status subresource (their CRD declares none).
+    let gs: Api<DynamicObject> = Api::default_namespaced_with(client, &gs_resource());
+    gs.create(&PostParams::default(), &gameserver("gs1"))
+        .await
+        .unwrap();
+    let s = api_err(
+        gs.patch_status(
+            "gs1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"state": "Allocated"}})),
+        )
+        .await,
+    );
+    assert_eq!(s.code, 404);
+}
+
+#[tokio::test]
+async fn custom_resource_put_needs_a_resource_version() {
+    let (emu, client) = setup().await;
+    let gs: Api<DynamicObject> = Api::default_namespaced_with(client.clone(), &gs_resource());
+    gs.create(&PostParams::default(), &gameserver("gs1"))
+        .await
+        .unwrap();
+    let mut unconditional = gs.get("gs1").await.unwrap();
+    unconditional.metadata.resource_version = None;
+    unconditional.data["status"]["state"] = json!("Allocated");
+    let s = api_err(
+        gs.replace("gs1", &PostParams::default(), &unconditional)
+            .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        s.message,
+        "GameServer.agones.dev \"gs1\" is invalid: metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+    );
+    let stored = emu
+        .store()
+        .get(&GAMESERVERS, Some("default"), "gs1")
+        .unwrap();
+    assert_eq!(stored["status"]["state"], "Ready");
+    // With the resourceVersion it goes through; core types still allow unconditional PUTs.
+    let current = gs.get("gs1").await.unwrap();
+    unconditional.metadata.resource_version = current.metadata.resource_version;
+    gs.replace("gs1", &PostParams::default(), &unconditional)
+        .await
+        .unwrap();
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    cms.create(&PostParams::default(), &cm("c1")).await.unwrap();
+    let mut c = cm("c1");
+    c.data = Some([("k".to_string(), "w".to_string())].into());
+    let replaced = cms.replace("c1", &PostParams::default(), &c).await.unwrap();
+    assert_eq!(replaced.data.unwrap()["k"], "w");
+}
+
+// ---------------------------------------------------------------- strictness: validation
+
+#[tokio::test]
+async fn labels_and_annotation_keys_are_validated() {
+    let (emu, client) = setup().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let long = "n".repeat(64);
+    let mut bad = cm("c1");
+    bad.metadata.labels = Some([("node".to_string(), long.clone())].into());
+    let s = api_err(cms.create(&PostParams::default(), &bad).await);
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        s.message,
+        format!(
+            "ConfigMap \"c1\" is invalid: metadata.labels: Invalid value: \"{long}\": must be no more than 63 characters"
+        )
+    );
+    let cause = &s.details.unwrap().causes[0];
+    assert_eq!(cause.field, "metadata.labels");
+    assert_eq!(cause.reason, "FieldValueInvalid");
+    assert!(
+        emu.store()
+            .get(&CONFIGMAPS, Some("default"), "c1")
+            .is_none()
+    );
+    // 63 characters is fine.
+    let mut ok = cm("c1");
+    ok.metadata.labels = Some([("node".to_string(), "n".repeat(63))].into());
+    cms.create(&PostParams::default(), &ok).await.unwrap();
+    // A patch that would store a bad label or key is refused and changes nothing.
+    for labels in [
+        json!({"x": "-starts-with-a-dash"}),
+        json!({"Bad_Prefix/x": "1"}),
+        json!({"a/b/c": "1"}),
+    ] {
+        let s = api_err(
+            cms.patch(
+                "c1",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": labels}})),
+            )
+            .await,
+        );
+        assert_eq!(s.code, 422, "{labels}");
+    }
+    let s = api_err(
+        cms.patch(
+            "c1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"no spaces": "x"}}})),
+        )
+        .await,
+    );
+    assert_eq!(s.code, 422);
+    let stored = cms.get("c1").await.unwrap();
+    assert_eq!(stored.labels().len(), 1);
+    // The same rules hold for custom resources (and the GameServer label selectors the
+    // agent builds from node names).
+    let gs: Api<DynamicObject> = Api::default_namespaced_with(client, &gs_resource());
+    let mut g = gameserver("gs1");
+    g.metadata.labels = Some([("lastcall.dev/node".to_string(), long)].into());
+    let s = api_err(gs.create(&PostParams::default(), &g).await);
+    assert_eq!(s.code, 422);
+    assert!(
+        s.message
+            .starts_with("GameServer.agones.dev \"gs1\" is invalid"),
+        "{}",
+        s.message
+    );
+}
+
+#[tokio::test]
+async fn duplicate_taints_are_invalid() {
+    let (_emu, client) = setup().await;
+    let nodes: Api<Node> = Api::all(client);
+    let with_taints = |taints: Value| -> Node {
+        serde_json::from_value(json!({"metadata": {"name": "n1"}, "spec": {"taints": taints}}))
+            .unwrap()
+    };
+    let s = api_err(
+        nodes
+            .create(
+                &PostParams::default(),
+                &with_taints(json!([
+                    {"key": "k", "value": "a", "effect": "NoSchedule"},
+                    {"key": "k", "value": "b", "effect": "NoSchedule"},
+                ])),
+            )
+            .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        s.message,
+        "Node \"n1\" is invalid: spec.taints[1]: Duplicate value: core.Taint{Key:\"k\", Value:\"b\", Effect:\"NoSchedule\", TimeAdded:<nil>}: taints must be unique by key and effect pair"
+    );
+    assert_eq!(s.details.unwrap().causes[0].reason, "FieldValueDuplicate");
+    // Same key, other effect: fine.
+    nodes
+        .create(
+            &PostParams::default(),
+            &with_taints(json!([
+                {"key": "k", "effect": "NoSchedule"},
+                {"key": "k", "effect": "NoExecute"},
+            ])),
+        )
+        .await
+        .unwrap();
+    // A JSON patch appending a duplicate is refused; the node keeps two taints.
+    let s = api_err(
+        nodes
+            .patch(
+                "n1",
+                &PatchParams::default(),
+                &Patch::Json::<()>(
+                    serde_json::from_value(json!([
+                        {"op": "add", "path": "/spec/taints/-", "value": {"key": "k", "value": "x", "effect": "NoExecute"}}
+                    ]))
+                    .unwrap(),
+                ),
+            )
+            .await,
+    );
+    assert_eq!(s.code, 422);
+    let s = api_err(
+        nodes
+            .patch(
+                "n1",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"taints": [{"key": "k", "effect": "Sometimes"}]}})),
+            )
+            .await,
+    );
+    assert_eq!(s.code, 422);
+    assert!(
+        s.message.contains("Unsupported value: \"Sometimes\""),
+        "{}",
+        s.message
+    );
+    let n = nodes.get("n1").await.unwrap();
+    assert_eq!(n.spec.unwrap().taints.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn pod_spec_is_immutable_but_for_what_the_server_allows() {
+    let (_emu, client) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    let mut p = pod("p1", Some("n1"), json!({}));
+    p.spec.as_mut().unwrap().tolerations = Some(vec![
+        serde_json::from_value(json!({"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30})).unwrap(),
+    ]);
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    let patch = |v: Value| {
+        let pods = pods.clone();
+        async move {
+            pods.patch("p1", &PatchParams::default(), &Patch::Merge(v))
+                .await
+        }
+    };
+    let current_tolerations = || {
+        let pods = pods.clone();
+        async move {
+            pods.get("p1")
+                .await
+                .unwrap()
+                .spec
+                .unwrap()
+                .tolerations
+                .unwrap()
+        }
+    };
+    // Allowed: an image, labels, activeDeadlineSeconds set then lowered, a toleration
+    // added, and the tolerationSeconds of an existing one.
+    patch(json!({"spec": {"containers": [{"name": "c", "image": "example:2"}]}}))
+        .await
+        .unwrap();
+    patch(json!({"metadata": {"labels": {"x": "1"}}}))
+        .await
+        .unwrap();
+    patch(json!({"spec": {"activeDeadlineSeconds": 60}}))
+        .await
+        .unwrap();
+    patch(json!({"spec": {"activeDeadlineSeconds": 30}}))
+        .await
+        .unwrap();
+    let mut tols: Vec<Value> = current_tolerations()
+        .await
+        .into_iter()
+        .map(|t| serde_json::to_value(t).unwrap())
+        .collect();
+    tols[0]["tolerationSeconds"] = json!(5);
+    tols.push(
+        json!({"key": "lastcall.dev/draining", "operator": "Exists", "effect": "NoSchedule"}),
+    );
+    patch(json!({"spec": {"tolerations": tols}})).await.unwrap();
+    assert_eq!(current_tolerations().await.len(), 4);
+
+    // Refused with 422: removing a toleration, moving the pod, raising or unsetting the
+    // deadline, changing anything else in the spec.
+    let forbidden = [
+        (
+            json!({"spec": {"tolerations": []}}),
+            "spec.tolerations: Forbidden: existing toleration can not be modified except its tolerationSeconds",
+        ),
+        (
+            json!({"spec": {"nodeName": "n2"}}),
+            "spec: Forbidden: pod updates may not change fields other than",
+        ),
+        (
+            json!({"spec": {"activeDeadlineSeconds": 90}}),
+            "spec.activeDeadlineSeconds: Invalid value: 90: must be less than or equal to previous value",
+        ),
+        (
+            json!({"spec": {"activeDeadlineSeconds": null}}),
+            "must not update from a positive integer to nil value",
+        ),
+        (
+            json!({"spec": {"terminationGracePeriodSeconds": 5}}),
+            "spec: Forbidden",
+        ),
+        (
+            json!({"spec": {"containers": [{"name": "c2", "image": "example:2"}]}}),
+            "spec: Forbidden",
+        ),
+    ];
+    for (body, expected) in forbidden {
+        let s = api_err(patch(body.clone()).await);
+        assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "{body}");
+        assert!(s.message.contains(expected), "{body}: {}", s.message);
+    }
+    let stored = pods.get("p1").await.unwrap().spec.unwrap();
+    assert_eq!(stored.node_name.as_deref(), Some("n1"));
+    assert_eq!(stored.active_deadline_seconds, Some(30));
+    assert_eq!(stored.tolerations.unwrap().len(), 4);
+}
+
+#[tokio::test]
+async fn malformed_tolerations_are_invalid() {
+    let (_emu, client) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    for (tol, expected) in [
+        (
+            json!({"key": "k", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}),
+            "effect must be 'NoExecute' when `tolerationSeconds` is set",
+        ),
+        (
+            json!({"operator": "Equal", "value": "x"}),
+            "operator must be Exists when `key` is empty",
+        ),
+        (
+            json!({"key": "k", "operator": "Exists", "value": "x"}),
+            "value must be empty when `operator` is 'Exists'",
+        ),
+    ] {
+        let mut p = pod("p1", None, json!({}));
+        p.spec.as_mut().unwrap().tolerations =
+            Some(vec![serde_json::from_value(tol.clone()).unwrap()]);
+        let s = api_err(pods.create(&PostParams::default(), &p).await);
+        assert_eq!(s.code, 422, "{tol}");
+        assert!(s.message.contains(expected), "{tol}: {}", s.message);
+    }
+}
+
+#[tokio::test]
+async fn new_pods_get_default_toleration_seconds() {
+    let (emu, client) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    let created = pods
+        .create(&PostParams::default(), &pod("plain", None, json!({})))
+        .await
+        .unwrap();
+    let tols: Vec<Value> = created
+        .spec
+        .unwrap()
+        .tolerations
+        .unwrap()
+        .into_iter()
+        .map(|t| serde_json::to_value(t).unwrap())
+        .collect();
+    assert_eq!(
+        tols,
+        vec![
+            json!({"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}),
+            json!({"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}),
+        ]
+    );
+    // A pod that already tolerates not-ready keeps its own and gets only unreachable.
+    let mut own = pod("own", None, json!({}));
+    own.spec.as_mut().unwrap().tolerations = Some(vec![serde_json::from_value(
+        json!({"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 5}),
+    )
+    .unwrap()]);
+    let created = pods.create(&PostParams::default(), &own).await.unwrap();
+    let tols = created.spec.unwrap().tolerations.unwrap();
+    assert_eq!(tols.len(), 2);
+    assert_eq!(tols[0].toleration_seconds, Some(5));
+    assert_eq!(
+        tols[1].key.as_deref(),
+        Some("node.kubernetes.io/unreachable")
+    );
+    // A blanket toleration tolerates both: nothing is added.
+    let mut blanket = pod("blanket", None, json!({}));
+    blanket.spec.as_mut().unwrap().tolerations = Some(vec![
+        serde_json::from_value(json!({"operator": "Exists"})).unwrap(),
+    ]);
+    let created = pods.create(&PostParams::default(), &blanket).await.unwrap();
+    assert_eq!(created.spec.unwrap().tolerations.unwrap().len(), 1);
+    // The control plane's own creates (the store) go through the same admission.
+    let direct = emu
+        .store()
+        .create(
+            &PODS,
+            Some("default"),
+            json!({"metadata": {"name": "direct"}, "spec": {"containers": [{"name": "c"}]}}),
+        )
+        .unwrap();
+    assert_eq!(direct["spec"]["tolerations"].as_array().unwrap().len(), 2);
+    // Only creation: other kinds are untouched.
+    assert!(
+        emu.store()
+            .get(&CONFIGMAPS, Some("default"), "plain")
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn binding_assigns_a_node_once() {
+    let (_emu, client) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    pods.create(&PostParams::default(), &pod("p1", None, json!({})))
+        .await
+        .unwrap();
+    let binding = |node: &str| json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p1"}, "target": {"kind": "Node", "name": node}});
+    let s: Status = pods
+        .create_subresource("binding", "p1", &PostParams::default(), &binding("n1"))
+        .await
+        .unwrap();
+    assert_eq!(s.code, 201);
+    let p = pods.get("p1").await.unwrap();
+    assert_eq!(p.spec.unwrap().node_name.as_deref(), Some("n1"));
+    let conds = p.status.unwrap().conditions.unwrap();
+    assert!(
+        conds
+            .iter()
+            .any(|c| c.type_ == "PodScheduled" && c.status == "True")
+    );
+    let s = api_err(
+        pods.create_subresource::<_, Status>(
+            "binding",
+            "p1",
+            &PostParams::default(),
+            &binding("n2"),
+        )
+        .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
+    assert!(
+        s.message.contains("is already assigned to node \"n1\""),
+        "{}",
+        s.message
+    );
+    let s = api_err(
+        pods.create_subresource::<_, Status>(
+            "binding",
+            "nope",
+            &PostParams::default(),
+            &binding("n2"),
+        )
+        .await,
+    );
+    assert_eq!(s.code, 404);
 }

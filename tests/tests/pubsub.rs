@@ -26,7 +26,9 @@ const DESCRIBE: &str = "DescribeGameServerInstances";
 // ---------------------------------------------------------------------------------------
 
 fn ids(prefix: &str, n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("i-{prefix}{i:04}")).collect()
+    // Realistic EC2 ids (`i-` and 17 alphanumerics), readable by their group.
+    let p: String = prefix.chars().filter(char::is_ascii_alphanumeric).collect();
+    (0..n).map(|i| format!("i-{p:0>13}{i:04}")).collect()
 }
 
 fn write_groups(path: &Path, groups: &[&str]) {
@@ -297,7 +299,7 @@ async fn groups_are_paged_and_every_instance_is_published_once_per_cycle() {
         all.extend(instances);
     }
     h.emulator
-        .set_instance_status("i-g20007", emu::InstanceStatus::Draining);
+        .set_instance_status("i-00000000000g20007", emu::InstanceStatus::Draining);
     let sub = Subscriber::start(&h.redis.url(), &all).await;
     assert!(
         !h.pubsub.health().is_ready(),
@@ -344,7 +346,7 @@ async fn groups_are_paged_and_every_instance_is_published_once_per_cycle() {
     for (channel, body) in &got {
         let msg = StatusMessage::parse(body).unwrap();
         assert_eq!(&msg.instance_id, channel);
-        let expected = if channel == "i-g20007" {
+        let expected = if channel == "i-00000000000g20007" {
             InstanceStatus::Draining
         } else {
             InstanceStatus::Active
@@ -354,13 +356,13 @@ async fn groups_are_paged_and_every_instance_is_published_once_per_cycle() {
 
     // The last value is cached with a TTL of cache-ttl-periods x period (3 x 60 s).
     let mut conn = h.redis().await;
-    let cached: Option<String> = conn.get(cache_key("i-g20007")).await.unwrap();
+    let cached: Option<String> = conn.get(cache_key("i-00000000000g20007")).await.unwrap();
     let cached = cached.expect("cache key written");
     assert_eq!(
         StatusMessage::parse(cached.as_bytes()).unwrap().status,
         InstanceStatus::Draining
     );
-    let ttl: i64 = conn.ttl(cache_key("i-g20007")).await.unwrap();
+    let ttl: i64 = conn.ttl(cache_key("i-00000000000g20007")).await.unwrap();
     assert!(ttl > 0 && ttl <= 180, "ttl {ttl}");
 
     let m = h.metrics();

@@ -174,7 +174,7 @@ fn write_status(store: &Store, fleet: &FleetView, members: &[&(GameServerView, V
         *counts.entry(field).or_default() += 1;
     }
     let uid = fleet.uid.clone();
-    let res = store.modify(&FLEETS, Some(&fleet.namespace), &fleet.name, |obj| {
+    let res = store.modify_status(&FLEETS, Some(&fleet.namespace), &fleet.name, |obj| {
         if obj.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid.as_str()) {
             return Ok(());
         }

@@ -117,7 +117,7 @@ fn register_nodes(store: &Store) {
         let Some(name) = node.pointer("/metadata/name").and_then(Value::as_str) else {
             continue;
         };
-        let res = store.modify(&NODES, None, name, |obj| {
+        let res = store.modify_status(&NODES, None, name, |obj| {
             set_ready(obj, true);
             Ok(())
         });

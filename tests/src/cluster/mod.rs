@@ -16,6 +16,7 @@ pub mod fixtures;
 pub mod fleet;
 pub mod kubelet;
 mod model;
+pub mod node_lifecycle;
 pub mod objects;
 pub mod scheduler;
 pub mod taint_manager;
@@ -63,6 +64,9 @@ pub struct ClusterConfig {
     pub tick: Duration,
     /// Where the API listens.
     pub addr: SocketAddr,
+    /// Run the node lifecycle controller's `node.kubernetes.io/unschedulable:NoSchedule`
+    /// taint for cordoned nodes (on by default, as on every real cluster).
+    pub node_lifecycle_taints: bool,
 }
 
 impl Default for ClusterConfig {
@@ -72,6 +76,7 @@ impl Default for ClusterConfig {
             history_limit: DEFAULT_HISTORY,
             tick: Duration::from_millis(50),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            node_lifecycle_taints: true,
         }
     }
 }
@@ -146,7 +151,7 @@ impl Cluster {
         let allocator = client_without_retry(&emulator, ALLOCATOR_IDENTITY)
             .await
             .map_err(ClusterError::Start)?;
-        let model = model::spawn(store, cfg.tick);
+        let model = model::spawn(store, cfg.tick, cfg.node_lifecycle_taints);
         let _stop_model = model.cancel.clone().drop_guard();
         Ok(Cluster {
             emulator,
@@ -244,9 +249,13 @@ impl Cluster {
 
     /// Sets the node's Ready condition.
     pub fn set_node_ready(&self, name: &str, ready: bool) -> Result<(), ClusterError> {
-        self.modify_node(name, "set node readiness", |obj| {
-            kubelet::set_ready(obj, ready)
-        })
+        self.store()
+            .modify_status(&NODES, None, name, |obj| {
+                kubelet::set_ready(obj, ready);
+                Ok(())
+            })
+            .map(drop)
+            .map_err(api_err("set node readiness", name))
     }
 
     fn modify_node(
@@ -361,7 +370,7 @@ impl Cluster {
     /// running one ends (`Succeeded`) and its GameServer goes Unhealthy.
     pub fn game_exit(&self, ns: &str, pod: &str) -> Result<(), ClusterError> {
         self.store()
-            .modify(&PODS, Some(ns), pod, |obj| {
+            .modify_status(&PODS, Some(ns), pod, |obj| {
                 kubelet::mark_exited(obj);
                 Ok(())
             })

@@ -1,7 +1,7 @@
 //! The control-plane loop: every controller, one level-triggered pass at a time.
 //!
-//! A pass runs the kubelets, the taint manager, the scheduler, the GameServer controller
-//! and the Fleet controller, each re-reading the store and acting on what it finds now
+//! A pass runs the node lifecycle controller (when enabled), the kubelets, the taint
+//! manager, the scheduler, the GameServer controller and the Fleet controller, each re-reading the store and acting on what it finds now
 //! (never on what changed). Passes run after every burst of store changes (the model's
 //! own writes included, until a pass finds nothing to do), on a short tick while a timer
 //! is pending (grace periods, `tolerationSeconds`), and once a second regardless.
@@ -20,7 +20,7 @@ use crate::kube::store::Store;
 
 use super::kubelet::Kubelet;
 use super::taint_manager::TaintManager;
-use super::{agones, fleet, scheduler};
+use super::{agones, fleet, node_lifecycle, scheduler};
 
 /// How often a pass runs even when nothing changed (a resync, as informers do).
 const RESYNC: Duration = Duration::from_secs(1);
@@ -40,6 +40,7 @@ pub(crate) struct Progress {
 /// The controllers and their timers.
 #[derive(Default)]
 struct Controllers {
+    node_lifecycle: bool,
     kubelet: Kubelet,
     taint_manager: TaintManager,
 }
@@ -47,6 +48,9 @@ struct Controllers {
 impl Controllers {
     /// One pass; returns whether a timer is pending.
     fn pass(&mut self, store: &Store, now: Instant) -> bool {
+        if self.node_lifecycle {
+            node_lifecycle::run(store);
+        }
         let terminating = self.kubelet.run(store, now);
         let tolerating = self.taint_manager.run(store, now);
         scheduler::run(store);
@@ -64,12 +68,12 @@ pub(crate) struct ModelTask {
 }
 
 /// Starts the loop; it runs until `cancel` fires.
-pub(crate) fn spawn(store: Store, tick: Duration) -> ModelTask {
+pub(crate) fn spawn(store: Store, tick: Duration, node_lifecycle: bool) -> ModelTask {
     let cancel = CancellationToken::new();
     let (tx, progress) = watch::channel(Progress::default());
     // Subscribe before the first pass so no change between the two is missed.
     let rx = store.subscribe();
-    let task = tokio::spawn(run(store, tick, rx, tx, cancel.clone()));
+    let task = tokio::spawn(run(store, tick, node_lifecycle, rx, tx, cancel.clone()));
     ModelTask {
         cancel,
         task,
@@ -80,11 +84,15 @@ pub(crate) fn spawn(store: Store, tick: Duration) -> ModelTask {
 async fn run(
     store: Store,
     tick: Duration,
+    node_lifecycle: bool,
     mut rx: broadcast::Receiver<std::sync::Arc<crate::kube::store::StoreEvent>>,
     progress: watch::Sender<Progress>,
     cancel: CancellationToken,
 ) {
-    let mut controllers = Controllers::default();
+    let mut controllers = Controllers {
+        node_lifecycle,
+        ..Controllers::default()
+    };
     let mut interval = tokio::time::interval(tick.max(Duration::from_millis(1)));
     interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
     loop {

@@ -1,18 +1,22 @@
 //! The scheduler: binds pending pods to nodes that can take them.
 //!
-//! A node fits a pod when it is Ready, not cordoned, every NoSchedule/NoExecute taint on
-//! it is tolerated, and its labels match the pod's nodeSelector. Among the fitting nodes
+//! A node fits a pod when it is Ready, not cordoned (or the pod tolerates
+//! `node.kubernetes.io/unschedulable:NoSchedule`, as kube-scheduler's NodeUnschedulable
+//! plugin allows: a blanket `operator: Exists` toleration does), every NoSchedule/NoExecute
+//! taint on it is tolerated, and its labels match the pod's nodeSelector. Among the fitting nodes
 //! the one with the fewest pods wins, ties broken by name, so a scenario always lands the
 //! same way. Binding also starts the pod (the kubelet start is instant in this model).
 //! A pod that fits nowhere stays Pending with `PodScheduled=False`, like the real one.
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Taint;
 use serde_json::{Value, json};
 
 use crate::kube::resources::{NODES, PODS};
-use crate::kube::store::{Store, now_rfc3339};
+use crate::kube::store::{Part, Store, now_rfc3339};
 
+use super::node_lifecycle::UNSCHEDULABLE_TAINT;
 use super::objects::{NodeInfo, PodInfo, PodPhase, TaintEffect, tolerating};
 use super::writes::{list_parsed, object_at, report, set_condition};
 
@@ -43,7 +47,7 @@ impl Unfit {
 
 /// Whether `node` can run `pod`; the first reason it cannot.
 pub fn fits(node: &NodeInfo, pod: &PodInfo) -> Result<(), Unfit> {
-    if node.unschedulable {
+    if node.unschedulable && tolerating(&pod.tolerations, &unschedulable_taint()).is_none() {
         return Err(Unfit::Cordoned);
     }
     if node.ready != Some(true) {
@@ -66,6 +70,17 @@ pub fn fits(node: &NodeInfo, pod: &PodInfo) -> Result<(), Unfit> {
         return Err(Unfit::NodeSelector);
     }
     Ok(())
+}
+
+/// The taint the NodeUnschedulable plugin checks a cordoned node's pods against,
+/// whether or not the node lifecycle controller has put it on the node yet.
+fn unschedulable_taint() -> Taint {
+    Taint {
+        key: UNSCHEDULABLE_TAINT.to_string(),
+        effect: "NoSchedule".to_string(),
+        value: None,
+        time_added: None,
+    }
 }
 
 /// The node `pod` goes to: the fitting node with the fewest pods, ties by name; otherwise
@@ -143,30 +158,29 @@ pub(crate) fn run(store: &Store) {
     }
 }
 
-/// Binds and starts the pod, unless it changed meanwhile (bound elsewhere, deleted).
+/// Binds the pod (the binding subresource) and starts it (its kubelet's status update,
+/// through `/status`), unless it changed meanwhile (bound elsewhere, deleted, replaced).
 fn bind(store: &Store, pod: &PodInfo, node: &NodeInfo) -> bool {
     let uid = pod.uid.clone();
-    let res = store.modify(&PODS, Some(&pod.namespace), &pod.name, |obj| {
-        let still_pending = obj.pointer("/metadata/uid").and_then(Value::as_str)
-            == Some(uid.as_str())
-            && obj.pointer("/metadata/deletionTimestamp").is_none()
-            && obj
-                .pointer("/spec/nodeName")
-                .and_then(Value::as_str)
-                .is_none_or(str::is_empty);
-        if !still_pending {
-            return Ok(());
-        }
-        start_on(obj, node);
-        Ok(())
+    let res = store.transaction(|t| {
+        t.bind(&pod.namespace, &pod.name, Some(&uid), &node.name)?;
+        t.modify_part(
+            &PODS,
+            Some(&pod.namespace),
+            &pod.name,
+            |obj| {
+                start_on(obj, node);
+                Ok(())
+            },
+            Part::Status,
+        )
     });
     report("bind pod", &pod.namespace, &pod.name, res)
 }
 
-/// Sets what binding plus an instant container start leave on a pod.
+/// Sets the status an instant container start leaves on a bound pod.
 fn start_on(obj: &mut Value, node: &NodeInfo) {
     let now = now_rfc3339();
-    object_at(obj, &["spec"]).insert("nodeName".into(), json!(node.name));
     let containers: Vec<String> = obj
         .pointer("/spec/containers")
         .and_then(Value::as_array)
@@ -207,7 +221,7 @@ fn start_on(obj: &mut Value, node: &NodeInfo) {
 
 fn mark_unschedulable(store: &Store, pod: &PodInfo, message: &str) {
     let uid = pod.uid.clone();
-    let res = store.modify(&PODS, Some(&pod.namespace), &pod.name, |obj| {
+    let res = store.modify_status(&PODS, Some(&pod.namespace), &pod.name, |obj| {
         if obj.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid.as_str())
             || obj
                 .pointer("/spec/nodeName")
@@ -317,6 +331,31 @@ mod tests {
         let mut labelled = node("e");
         labelled.labels.insert("pool".into(), "game".into());
         assert_eq!(fits(&labelled, &picky), Ok(()));
+
+        // A pod tolerating the unschedulable taint (or everything) may land on a cordoned node.
+        let mut daemon = pod();
+        daemon.tolerations.push(Toleration {
+            key: Some(UNSCHEDULABLE_TAINT.into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoSchedule".into()),
+            ..Default::default()
+        });
+        assert_eq!(fits(&cordoned, &daemon), Ok(()));
+        let mut blanket = pod();
+        blanket.tolerations.push(Toleration {
+            operator: Some("Exists".into()),
+            ..Default::default()
+        });
+        assert_eq!(fits(&cordoned, &blanket), Ok(()));
+        assert_eq!(fits(&tainted, &blanket), Ok(()));
+        let mut other_effect = pod();
+        other_effect.tolerations.push(Toleration {
+            key: Some(UNSCHEDULABLE_TAINT.into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoExecute".into()),
+            ..Default::default()
+        });
+        assert_eq!(fits(&cordoned, &other_effect), Err(Unfit::Cordoned));
 
         let msg = pick(&[cordoned, tainted], &BTreeMap::new(), &pod()).err();
         assert_eq!(

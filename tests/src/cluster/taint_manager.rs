@@ -99,7 +99,7 @@ impl TaintManager {
 /// Marks the pod as disrupted and deletes it gracefully, as the taint manager does.
 fn evict(store: &Store, pod: &PodInfo) {
     let uid = pod.uid.clone();
-    let marked = store.modify(&PODS, Some(&pod.namespace), &pod.name, |obj| {
+    let marked = store.modify_status(&PODS, Some(&pod.namespace), &pod.name, |obj| {
         if obj.pointer("/metadata/uid").and_then(Value::as_str) == Some(uid.as_str()) {
             set_condition(
                 obj,

@@ -74,6 +74,13 @@ fn to_json(value: Value) -> Result<serde_json::Value, DecodeError> {
     })
 }
 
+/// A reply as AWS JSON: timestamps (tag 1) become their epoch-seconds number, which is
+/// how the JSON protocols carry them. Replies are built by the emulator with text keys
+/// only, so nothing is lost.
+pub(crate) fn reply_to_json(value: &Value) -> serde_json::Value {
+    to_json(value.clone()).unwrap_or_else(|_| serde_json::json!({}))
+}
+
 /// Encodes a reply. Encoding an in-memory `Value` into a `Vec` cannot fail in practice;
 /// should it, the reply is an empty map rather than a panic inside the server.
 pub(crate) fn encode(value: &Value) -> Vec<u8> {

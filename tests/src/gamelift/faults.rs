@@ -1,4 +1,4 @@
-//! Injected trouble: latency, throttling and failures, decided before an operation runs.
+//! Injected trouble: latency, throttling, failures and hangs, decided before an operation runs.
 
 use std::time::Duration;
 
@@ -26,6 +26,8 @@ pub(crate) struct Faults {
     throttle_ratio: f64,
     throttle_next: usize,
     fail_rules: Vec<FailRule>,
+    /// (operation or `"*"`, calls left) held without an answer until released.
+    hang_rules: Vec<(String, usize)>,
     rng: StdRng,
 }
 
@@ -36,6 +38,7 @@ impl Default for Faults {
             throttle_ratio: 0.0,
             throttle_next: 0,
             fail_rules: Vec::new(),
+            hang_rules: Vec::new(),
             rng: StdRng::seed_from_u64(DEFAULT_SEED),
         }
     }
@@ -66,6 +69,30 @@ impl Faults {
                 error,
             });
         }
+    }
+
+    pub(crate) fn hang_next(&mut self, op: &str, n: usize) {
+        if n > 0 {
+            self.hang_rules.push((op.to_string(), n));
+        }
+    }
+
+    pub(crate) fn clear_hang_rules(&mut self) {
+        self.hang_rules.clear();
+    }
+
+    /// Whether this call is to be held (consumes one use of the oldest matching rule).
+    pub(crate) fn take_hang(&mut self, op: &str) -> bool {
+        let Some(rule) = self
+            .hang_rules
+            .iter_mut()
+            .find(|(o, left)| *left > 0 && (o == op || o == ANY_OP))
+        else {
+            return false;
+        };
+        rule.1 -= 1;
+        self.hang_rules.retain(|(_, left)| *left > 0);
+        true
     }
 
     /// The injected error for this call, if any: explicit failures first (oldest rule

@@ -1,5 +1,11 @@
 //! An emulated GameLift FleetIQ endpoint speaking Smithy RPC v2 CBOR, the protocol
-//! `aws-sdk-gamelift` 1.137 uses, so the real SDK client can be pointed at it.
+//! `aws-sdk-gamelift` 1.137 uses, so the real SDK client can be pointed at it, and the
+//! AWS JSON 1.1 protocol (`POST /`, `X-Amz-Target: GameLift.<Operation>`) that
+//! boto3-based tools speak, so Python tooling can run against it unchanged.
+//!
+//! Every request is checked against the service model's constraints (required members,
+//! lengths, patterns, enums) before it runs, and refused with `ValidationException`
+//! as the real service does; see [`validate`].
 //!
 //! Wire facts (checked against the SDK sources):
 //! - requests: `POST /service/GameLift/operation/<Operation>`, `content-type: application/cbor`,
@@ -18,8 +24,10 @@
 
 mod cbor;
 mod faults;
+mod json;
 mod ops;
 mod state;
+pub mod validate;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -39,6 +47,23 @@ use self::state::World;
 
 pub use self::ops::MAX_INSTANCE_IDS;
 pub use self::state::{CLAIM_DURATION, DEFAULT_PAGE_SIZE};
+
+/// A realistic, stable EC2 instance id for a test name (a node name, say), so test worlds
+/// pass the service's `^i-[0-9a-zA-Z]{17}$` pattern: the name's letters and digits,
+/// left-padded with zeros (`n1` → `i-000000000000000n1`, `node-a` → `i-000000000000nodea`),
+/// or, for a longer name, `i-0` and 16 hex digits of its FNV-1a hash.
+pub fn instance_id(name: &str) -> String {
+    let alnum: String = name.chars().filter(char::is_ascii_alphanumeric).collect();
+    if !alnum.is_empty() && alnum.len() <= 17 {
+        return format!("i-{alnum:0>17}");
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("i-0{h:016x}")
+}
 
 /// Status of an instance in a game server group, as `DescribeGameServerInstances` reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,16 +126,50 @@ pub enum Malformed {
 }
 
 #[derive(Default)]
-struct Inner {
+pub(crate) struct Inner {
     world: World,
     faults: Faults,
     journal: Vec<Call>,
     next_seq: u64,
+    gate: Arc<HangGate>,
 }
 
-type Shared = Arc<Mutex<Inner>>;
+/// Holds hung calls until released; counts them while held.
+struct HangGate {
+    release: tokio::sync::watch::Sender<u64>,
+    hung: std::sync::atomic::AtomicUsize,
+}
 
-fn lock(shared: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+impl Default for HangGate {
+    fn default() -> Self {
+        HangGate {
+            release: tokio::sync::watch::Sender::new(0),
+            hung: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+}
+
+impl HangGate {
+    /// Waits for the next release; dropping the future (the client went away) ends it too.
+    async fn hold(&self) {
+        use std::sync::atomic::Ordering;
+        struct Count<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Count<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let mut rx = self.release.subscribe();
+        self.hung.fetch_add(1, Ordering::SeqCst);
+        let _count = Count(&self.hung);
+        // The sender lives as long as the gate, so this only returns on a release.
+        let _ = rx.changed().await;
+    }
+}
+
+pub(crate) type Shared = Arc<Mutex<Inner>>;
+
+pub(crate) fn lock(shared: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
     // A panic while holding the lock leaves consistent data behind (every mutation is
     // validated first), so a poisoned lock is still usable.
     shared.lock().unwrap_or_else(|p| p.into_inner())
@@ -137,6 +196,7 @@ impl GameLiftEmulator {
         let shared: Shared = Arc::default();
         let app = Router::new()
             .route("/service/GameLift/operation/{op}", post(operation))
+            .route("/", post(json::operation))
             .fallback(not_an_operation)
             .with_state(shared.clone());
         let stop = CancellationToken::new();
@@ -173,7 +233,18 @@ impl GameLiftEmulator {
 
     /// Adds instances to a group (creating the group if needed); an instance already in the
     /// group only gets its status set.
+    ///
+    /// # Panics
+    /// If an id is not one the service accepts (`^i-[0-9a-zA-Z]{17}$`): the real service
+    /// never reports such an instance, so that is a bug in the test. [`instance_id`] makes
+    /// realistic ids.
     pub fn add_instances(&self, group: &str, ids: &[String], status: InstanceStatus) {
+        if let Some(bad) = ids.iter().find(|id| !validate::instance_id_ok(id)) {
+            panic!(
+                "add_instances: {bad:?} is not an EC2 instance id ({}); use gamelift::instance_id",
+                validate::INSTANCE_ID_PATTERN
+            );
+        }
         let mut inner = self.inner();
         inner.world.add_group(group);
         if let Some(g) = inner.world.groups.get_mut(group) {
@@ -300,6 +371,29 @@ impl GameLiftEmulator {
         );
     }
 
+    /// The next `n` calls of `op` (`"*"` for any) are accepted and never answered: the
+    /// client waits until its own timeout, or until [`release_hangs`](Self::release_hangs)
+    /// lets them be served normally. A call the client gave up on is never served (nor
+    /// journaled).
+    pub fn hang_next(&self, op: &str, n: usize) {
+        self.inner().faults.hang_next(op, n);
+    }
+
+    /// Serves every hung call now and drops the hang rules not used yet.
+    pub fn release_hangs(&self) {
+        let mut inner = self.inner();
+        inner.faults.clear_hang_rules();
+        inner.gate.release.send_modify(|g| *g += 1);
+    }
+
+    /// Calls held by [`hang_next`](Self::hang_next) right now.
+    pub fn hung_now(&self) -> usize {
+        self.inner()
+            .gate
+            .hung
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Delay before every answer.
     pub fn set_latency(&self, d: Duration) {
         self.inner().faults.latency = d;
@@ -383,28 +477,48 @@ async fn operation(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let latency = lock(&shared).faults.latency;
-    if !latency.is_zero() {
-        tokio::time::sleep(latency).await;
-    }
     let decoded = check_headers(&headers, &body).and_then(|()| {
         cbor::decode_request(&body).map_err(|e| ApiError::serialization(e.to_string()))
     });
+    let (seq, result) = run(&shared, op, decoded).await;
+    reply(seq, result)
+}
+
+/// Runs one decoded call, whatever protocol carried it: hang and latency faults first,
+/// then injected failures, then model validation, then the operation. Returns the
+/// journal sequence number and the outcome.
+pub(crate) async fn run(
+    shared: &Shared,
+    op: String,
+    decoded: Result<serde_json::Value, ApiError>,
+) -> (u64, Result<ops::Reply, ApiError>) {
+    let hang = {
+        let mut inner = lock(shared);
+        inner.faults.take_hang(&op).then(|| inner.gate.clone())
+    };
+    if let Some(gate) = hang {
+        gate.hold().await;
+    }
+    let latency = lock(shared).faults.latency;
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
     let now = SystemTime::now();
-    let mut inner = lock(&shared);
+    let mut inner = lock(shared);
     let inner = &mut *inner;
     let (input, result) = match decoded {
         Ok(input) => {
             let result = match inner.faults.take(&op) {
                 Some(injected) => Err(injected),
-                None => ops::dispatch(&mut inner.world, &op, &input, now),
+                None => validate::input(&op, &input)
+                    .and_then(|()| ops::dispatch(&mut inner.world, &op, &input, now)),
             };
             (input, result)
         }
         Err(e) => (serde_json::Value::Null, Err(e)),
     };
     let seq = record(inner, now, op, input, &result);
-    reply(seq, result)
+    (seq, result)
 }
 
 async fn not_an_operation(State(shared): State<Shared>, uri: Uri) -> Response {
@@ -423,7 +537,7 @@ async fn not_an_operation(State(shared): State<Shared>, uri: Uri) -> Response {
     reply(seq, result)
 }
 
-fn record(
+pub(crate) fn record(
     inner: &mut Inner,
     at: SystemTime,
     op: String,

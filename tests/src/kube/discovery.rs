@@ -96,6 +96,13 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
         }
         if rt.plural == "pods" && rt.group.is_empty() {
             resources.push(json!({
+                "name": "pods/binding",
+                "singularName": "",
+                "namespaced": true,
+                "kind": "Binding",
+                "verbs": ["create"],
+            }));
+            resources.push(json!({
                 "name": "pods/eviction",
                 "singularName": "",
                 "namespaced": true,

@@ -1,10 +1,13 @@
-//! Fault injection: fail or delay the next N requests that match a rule, to test how
-//! clients cope with API errors and slowness.
+//! Fault injection: fail, delay or hang the next N requests that match a rule, and deliver
+//! the events of chosen watches late, to test how clients cope with API errors, slowness,
+//! requests that never come back, and caches that lag behind the server.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 pub use axum::http::Method;
+use tokio::sync::watch;
 
 /// What a matching request gets.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -13,6 +16,11 @@ pub enum FaultAction {
     Status(u16),
     /// Wait this long, then serve the request normally.
     Delay(Duration),
+    /// Accept the request and answer nothing until [`Faults::release_hangs`] or
+    /// [`Faults::clear`] (then it is served normally), or until the client gives up and
+    /// closes the connection (then it is never served). A server that stops answering
+    /// looks like this to a client: only its own timeout ends the call.
+    Hang,
 }
 
 /// Affects the next `times` requests whose method matches (any if `None`) and whose
@@ -50,39 +58,175 @@ impl FaultRule {
             action: FaultAction::Delay(delay),
         }
     }
+
+    /// A rule hanging the next `times` matching requests (see [`FaultAction::Hang`]).
+    pub fn hang(method: Option<Method>, path_contains: &str, times: usize) -> Self {
+        FaultRule {
+            method,
+            path_contains: path_contains.to_string(),
+            times,
+            action: FaultAction::Hang,
+        }
+    }
+}
+
+/// Late delivery for the watches it matches: every line such a watch sends (events,
+/// bookmarks) reaches the client `delay` after the server produced it, in order. Matches
+/// open watches as well as later ones, and stops delaying once removed.
+///
+/// Every given criterion must match; `None` matches anything.
+#[derive(Clone, Debug)]
+pub struct WatchDelay {
+    /// Resource plural (`"pods"`, `"gameservers"`).
+    pub resource: Option<String>,
+    /// A substring of the watch's decoded `labelSelector` or `fieldSelector`
+    /// (e.g. `"spec.nodeName=n1"`, `"agones.dev/role"`).
+    pub selector_contains: Option<String>,
+    /// The caller's identity (bearer token).
+    pub identity: Option<String>,
+    pub delay: Duration,
+}
+
+impl WatchDelay {
+    /// Delays every watch of `resource` by `delay`.
+    pub fn resource(resource: &str, delay: Duration) -> Self {
+        WatchDelay {
+            resource: Some(resource.to_string()),
+            selector_contains: None,
+            identity: None,
+            delay,
+        }
+    }
+
+    /// Only watches whose label or field selector contains `s`.
+    pub fn selector(mut self, s: &str) -> Self {
+        self.selector_contains = Some(s.to_string());
+        self
+    }
+
+    /// Only watches made by `identity`.
+    pub fn identity(mut self, identity: &str) -> Self {
+        self.identity = Some(identity.to_string());
+        self
+    }
+}
+
+/// What a watch is, for matching [`WatchDelay`] rules.
+#[derive(Clone, Debug, Default)]
+pub struct WatchKey {
+    pub resource: String,
+    pub label_selector: String,
+    pub field_selector: String,
+    pub identity: Option<String>,
+}
+
+impl WatchDelay {
+    fn matches(&self, w: &WatchKey) -> bool {
+        self.resource.as_ref().is_none_or(|r| *r == w.resource)
+            && self.selector_contains.as_ref().is_none_or(|s| {
+                w.label_selector.contains(s.as_str()) || w.field_selector.contains(s.as_str())
+            })
+            && self
+                .identity
+                .as_ref()
+                .is_none_or(|i| w.identity.as_deref() == Some(i.as_str()))
+    }
+}
+
+#[derive(Default)]
+struct Rules {
+    requests: Vec<FaultRule>,
+    watch_delays: Vec<WatchDelay>,
 }
 
 /// The active fault rules. Cheap to clone.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Faults {
-    rules: Arc<Mutex<Vec<FaultRule>>>,
+    rules: Arc<Mutex<Rules>>,
+    /// Bumped to release every hung request.
+    release: Arc<watch::Sender<u64>>,
+    hung: Arc<AtomicUsize>,
+    /// Number of watch delay rules, read without the lock on every watch line.
+    watch_delays: Arc<AtomicUsize>,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            rules: Arc::default(),
+            release: Arc::new(watch::channel(0).0),
+            hung: Arc::default(),
+            watch_delays: Arc::default(),
+        }
+    }
+}
+
+/// Counts a hung request while it is held, however the hold ends.
+struct HungGuard(Arc<AtomicUsize>);
+
+impl Drop for HungGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Faults {
-    fn lock(&self) -> MutexGuard<'_, Vec<FaultRule>> {
+    fn lock(&self) -> MutexGuard<'_, Rules> {
         self.rules.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Adds a rule; rules are tried in the order added.
     pub fn inject(&self, rule: FaultRule) {
         if rule.times > 0 {
-            self.lock().push(rule);
+            self.lock().requests.push(rule);
         }
     }
 
-    /// Removes every rule.
-    pub fn clear(&self) {
-        self.lock().clear();
+    /// Adds a watch delivery delay (see [`WatchDelay`]); the first matching rule counts.
+    pub fn delay_watches(&self, rule: WatchDelay) {
+        let mut rules = self.lock();
+        rules.watch_delays.push(rule);
+        self.watch_delays
+            .store(rules.watch_delays.len(), Ordering::SeqCst);
     }
 
-    /// Rules with uses left.
+    /// Removes every watch delivery delay; lines already held keep their delay.
+    pub fn clear_watch_delays(&self) {
+        self.lock().watch_delays.clear();
+        self.watch_delays.store(0, Ordering::SeqCst);
+    }
+
+    /// Removes every rule and watch delay, and releases hung requests.
+    pub fn clear(&self) {
+        {
+            let mut rules = self.lock();
+            rules.requests.clear();
+            rules.watch_delays.clear();
+            self.watch_delays.store(0, Ordering::SeqCst);
+        }
+        self.release_hangs();
+    }
+
+    /// Lets every request held by [`FaultAction::Hang`] go on to be served.
+    pub fn release_hangs(&self) {
+        self.release.send_modify(|g| *g += 1);
+    }
+
+    /// Requests held by [`FaultAction::Hang`] right now (released or abandoned ones
+    /// no longer count).
+    pub fn hung_now(&self) -> usize {
+        self.hung.load(Ordering::SeqCst)
+    }
+
+    /// Request rules with uses left.
     pub fn pending(&self) -> usize {
-        self.lock().len()
+        self.lock().requests.len()
     }
 
     /// Consumes one use of the first rule matching this request, if any.
     pub fn take(&self, method: &Method, path_and_query: &str) -> Option<FaultAction> {
         let mut rules = self.lock();
+        let rules = &mut rules.requests;
         let i = rules.iter().position(|r| {
             r.method.as_ref().is_none_or(|m| m == method)
                 && path_and_query.contains(&r.path_contains)
@@ -93,5 +237,28 @@ impl Faults {
             rules.remove(i);
         }
         Some(action)
+    }
+
+    /// Holds the caller until [`Faults::release_hangs`]; dropping the future (the client
+    /// went away) ends the hold too.
+    pub async fn hang(&self) {
+        let mut rx = self.release.subscribe();
+        self.hung.fetch_add(1, Ordering::SeqCst);
+        let _guard = HungGuard(self.hung.clone());
+        // An error means the sender is gone, which cannot happen while `self` lives.
+        let _ = rx.changed().await;
+    }
+
+    /// The delivery delay for a watch right now (zero when no rule matches).
+    pub fn watch_delay(&self, w: &WatchKey) -> Duration {
+        if self.watch_delays.load(Ordering::SeqCst) == 0 {
+            return Duration::ZERO;
+        }
+        self.lock()
+            .watch_delays
+            .iter()
+            .find(|r| r.matches(w))
+            .map(|r| r.delay)
+            .unwrap_or(Duration::ZERO)
     }
 }

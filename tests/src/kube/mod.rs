@@ -4,10 +4,12 @@
 //! lastcall touches (see [`resources`]), with the semantics lastcall depends on:
 //! cluster-wide resourceVersions and 409 conflicts, delete preconditions, finalizers and
 //! pod grace periods, merge and JSON patches, resumable watches with 410 Gone and
-//! selector transitions, field and label selectors, and the eviction subresource with
-//! PodDisruptionBudget checks. It keeps no scheduler, kubelet or controllers: the cluster
-//! model in `crate::cluster` drives those through [`Store`]. Every request is journaled,
-//! and faults can be injected. `docs/testing/kube-emulator.md` lists what is and is not
+//! selector transitions, field and label selectors, the eviction subresource with
+//! PodDisruptionBudget checks, the main/`/status` split, 422 validation and the
+//! DefaultTolerationSeconds admission (see [`validation`]). It keeps no scheduler,
+//! kubelet or controllers: the cluster model in `crate::cluster` drives those through
+//! [`Store`]. Every request is journaled, and faults can be injected (failures, delays,
+//! hangs, late watch delivery). `docs/testing/kube-emulator.md` lists what is and is not
 //! implemented.
 
 pub mod discovery;
@@ -20,6 +22,7 @@ pub mod selectors;
 pub mod server;
 pub mod status;
 pub mod store;
+pub mod validation;
 pub mod watch;
 
 use std::net::SocketAddr;
@@ -31,11 +34,11 @@ use anyhow::Context as _;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use faults::{FaultAction, FaultRule, Faults, Method};
+pub use faults::{FaultAction, FaultRule, Faults, Method, WatchDelay, WatchKey};
 pub use journal::{Journal, JournalEntry, Traffic, Verb};
 pub use resources::ResourceType;
 pub use status::ApiError;
-pub use store::{DeleteOptions, EventKind, Store, StoreEvent, Txn};
+pub use store::{DeleteOptions, EventKind, Part, Store, StoreEvent, Txn};
 
 use server::ServerState;
 

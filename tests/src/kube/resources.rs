@@ -43,10 +43,25 @@ impl ResourceType {
         }
     }
 
-    /// Whether the real API serves a `/status` subresource for this type.
-    ///
-    /// The emulator accepts status writes through the main resource too (a documented
-    /// simplification); this only decides which `/status` paths exist and what discovery says.
+    /// `Kind` for the core group, `Kind.group` otherwise, as 422 messages name the kind.
+    pub fn qualified_kind(&self) -> String {
+        if self.group.is_empty() {
+            self.kind.to_string()
+        } else {
+            format!("{}.{}", self.kind, self.group)
+        }
+    }
+
+    /// Whether this is a custom resource (served from a CRD), which the server treats
+    /// differently: no unconditional PUT, no strategic merge patch.
+    pub fn is_custom(&self) -> bool {
+        self.group == "agones.dev"
+    }
+
+    /// Whether the real API serves a `/status` subresource for this type. Where it does,
+    /// writes to the main resource keep the stored status and writes to `/status` change
+    /// only the status (see `Store`). GameServers have none: their CRD declares no status
+    /// subresource, so status travels with the object.
     pub fn has_status_subresource(&self) -> bool {
         matches!(
             self.plural,

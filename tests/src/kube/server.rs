@@ -19,13 +19,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::discovery;
 use super::eviction;
-use super::faults::{FaultAction, Faults};
+use super::faults::{FaultAction, Faults, WatchKey};
 use super::journal::{Journal, JournalEntry, Verb};
 use super::patch::{self, PatchKind};
 use super::resources::{PODS, ResourceType};
 use super::selectors::Selectors;
 use super::status::{ApiError, success_status};
-use super::store::{DeleteOptions, Store, finalizers, meta_str};
+use super::store::{DeleteOptions, Part, Store, finalizers, meta_str};
 use super::watch::{self, WatchContext, WatchRequest, WatchStart};
 
 /// Largest request body accepted.
@@ -112,7 +112,8 @@ fn parse_route(path: &str) -> Result<Route, ApiError> {
         return Err(not_found_path());
     }
     if let Some(s) = &subresource {
-        let ok = (s == "status" && rt.has_status_subresource()) || (s == "eviction" && rt == PODS);
+        let ok = (s == "status" && rt.has_status_subresource())
+            || ((s == "eviction" || s == "binding") && rt == PODS);
         if !ok {
             return Err(not_found_path());
         }
@@ -223,8 +224,10 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
             format!("injected fault: status {code}"),
         )),
         other => {
-            if let Some(FaultAction::Delay(d)) = other {
-                tokio::time::sleep(d).await;
+            match other {
+                Some(FaultAction::Delay(d)) => tokio::time::sleep(d).await,
+                Some(FaultAction::Hang) => s.faults.hang().await,
+                _ => {}
             }
             match axum::body::to_bytes(req.into_body(), MAX_BODY).await {
                 Err(e) => Reply::from(ApiError::bad_request(&format!(
@@ -337,6 +340,12 @@ fn dispatch(
                         "the server does not allow this method on the requested resource",
                     )),
                 },
+                (Some(name), Some("binding")) => match *method {
+                    Method::POST => bind(s, ns.unwrap_or_default(), &name, &body),
+                    _ => Err(ApiError::method_not_allowed(
+                        "the server does not allow this method on the requested resource",
+                    )),
+                },
                 (Some(name), sub) => match *method {
                     Method::GET => s
                         .store
@@ -347,10 +356,13 @@ fn dispatch(
                         let obj = parse_body(&body)?;
                         Ok(Reply::Json(
                             StatusCode::OK,
-                            s.store.replace(&rt, ns, &name, obj)?,
+                            s.store
+                                .transaction(|t| t.replace_part(&rt, ns, &name, obj, part(sub)))?,
                         ))
                     }
-                    Method::PATCH => patch_object(s, &rt, ns, &name, content_type, &body),
+                    Method::PATCH => {
+                        patch_object(s, &rt, ns, &name, content_type, &body, part(sub))
+                    }
                     Method::DELETE if sub.is_none() => delete(s, &rt, ns, &name, q, &body),
                     _ => Err(ApiError::method_not_allowed(
                         "the server does not allow this method on the requested resource",
@@ -359,6 +371,38 @@ fn dispatch(
             }
         }
     }
+}
+
+/// Which part of the object a write to this subresource addresses.
+fn part(sub: Option<&str>) -> Part {
+    if sub == Some("status") {
+        Part::Status
+    } else {
+        Part::Main
+    }
+}
+
+/// `POST .../pods/{name}/binding` with a `Binding` (`target.name` is the node).
+fn bind(s: &ServerState, ns: &str, name: &str, body: &[u8]) -> Result<Reply, ApiError> {
+    let v = parse_body(body)?;
+    if let Some(kind) = v.get("kind").and_then(Value::as_str)
+        && kind != "Binding"
+    {
+        return Err(ApiError::bad_request(&format!(
+            "expected a Binding, got kind {kind:?}"
+        )));
+    }
+    let node = v
+        .pointer("/target/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| ApiError::invalid("Binding", name, "target.name: Required value"))?;
+    let uid = v.pointer("/metadata/uid").and_then(Value::as_str);
+    s.store.bind(ns, name, uid, node)?;
+    Ok(Reply::Json(
+        StatusCode::CREATED,
+        success_status(Some(201), None),
+    ))
 }
 
 fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
@@ -462,12 +506,20 @@ fn start_watch(
             "allowWatchBookmarks: Required value: allowWatchBookmarks must be set to true when sendInitialEvents is set",
         ));
     }
+    let key = WatchKey {
+        resource: rt.plural.to_string(),
+        label_selector: q.get("labelSelector").unwrap_or_default().to_string(),
+        field_selector: q.get("fieldSelector").unwrap_or_default().to_string(),
+        identity: identity.clone(),
+    };
     let ctx = WatchContext {
         store: s.store.clone(),
         journal: s.journal.clone(),
         identity,
         cancel: s.watch_token(),
         bookmark_interval: s.bookmark_interval,
+        faults: s.faults.clone(),
+        key,
     };
     let req = WatchRequest {
         rt,
@@ -499,9 +551,10 @@ fn patch_object(
     name: &str,
     content_type: &str,
     body: &[u8],
+    part: Part,
 ) -> Result<Reply, ApiError> {
     let kind = PatchKind::from_content_type(content_type)?;
-    let out = s.store.modify(rt, ns, name, |obj| {
+    let out = s.store.transaction(|t| t.modify_part(rt, ns, name, |obj| {
         let before = obj.clone();
         patch::apply(kind, rt, obj, body)?;
         if !obj.is_object() {
@@ -519,14 +572,14 @@ fn patch_object(
             let old = finalizers(&before);
             if finalizers(obj).iter().any(|f| !old.contains(f)) {
                 return Err(ApiError::invalid(
-                    rt.kind,
+                    &rt.qualified_kind(),
                     name,
                     "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted",
                 ));
             }
         }
         Ok(())
-    })?;
+    }, part))?;
     Ok(Reply::Json(StatusCode::OK, out))
 }
 

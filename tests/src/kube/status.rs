@@ -98,6 +98,41 @@ impl ApiError {
         }
     }
 
+    /// 422 Invalid listing several field errors (`field: message` each), worded as the
+    /// server joins them: one error as is, more in brackets.
+    pub fn invalid_list(kind: &str, name: &str, errs: &[String]) -> Self {
+        let mut details = resource_details(kind, name);
+        let causes: Vec<Value> = errs
+            .iter()
+            .map(|e| {
+                let (field, msg) = e.split_once(": ").unwrap_or(("", e.as_str()));
+                let reason = if msg.starts_with("Duplicate value") {
+                    "FieldValueDuplicate"
+                } else if msg.starts_with("Forbidden") {
+                    "FieldValueForbidden"
+                } else if msg.starts_with("Required value") {
+                    "FieldValueRequired"
+                } else if msg.starts_with("Unsupported value") {
+                    "FieldValueNotSupported"
+                } else {
+                    "FieldValueInvalid"
+                };
+                json!({ "reason": reason, "message": msg, "field": field })
+            })
+            .collect();
+        details["causes"] = Value::Array(causes);
+        let joined = match errs {
+            [one] => one.clone(),
+            many => format!("[{}]", many.join(", ")),
+        };
+        ApiError {
+            code: 422,
+            reason: "Invalid".into(),
+            message: format!("{kind} {name:?} is invalid: {joined}"),
+            details: Some(details),
+        }
+    }
+
     pub fn bad_request(msg: &str) -> Self {
         ApiError::new(400, msg)
     }

@@ -15,8 +15,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
-use super::resources::{PODS, ResourceType};
+use super::resources::{NODES, PODS, ResourceType};
 use super::status::ApiError;
+use super::validation;
 
 /// What happened to an object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +60,17 @@ impl StoreEvent {
             .get_or_init(|| Arc::from(self.object.to_string()))
             .clone()
     }
+}
+
+/// The part of an object a write addresses: the main resource or its `/status`.
+///
+/// On types with a status subresource ([`ResourceType::has_status_subresource`]) a main
+/// write keeps the stored status, and a status write keeps the stored spec (core types)
+/// or everything but the status (custom resources), as the real registries do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Main,
+    Status,
 }
 
 /// Options of a delete, as in `metav1.DeleteOptions`.
@@ -191,7 +203,9 @@ impl Store {
         self.transaction(|t| t.create(rt, ns, obj))
     }
 
-    /// Full update (PUT): 409 when `metadata.resourceVersion` is set and stale.
+    /// Full update (PUT) of the main resource: 409 when `metadata.resourceVersion` is set
+    /// and stale; 422 without one on a custom resource; the stored status is kept on types
+    /// with a status subresource; 422 for what fails validation.
     pub fn replace(
         &self,
         rt: &ResourceType,
@@ -202,10 +216,52 @@ impl Store {
         self.transaction(|t| t.replace(rt, ns, name, obj))
     }
 
-    /// Atomic read-modify-write. If `f` sets `metadata.resourceVersion` to anything but the
-    /// current one, 409. An unchanged object is not written (no new resourceVersion, no
-    /// event). A result with deletionTimestamp and no finalizers is removed, unless it is
-    /// a pod still in its grace period (the kubelet removes those).
+    /// Full update of `/status` (PUT): only the status changes (for core types, everything
+    /// but the spec); 409 when `metadata.resourceVersion` is set and stale.
+    pub fn replace_status(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        obj: Value,
+    ) -> Result<Value, ApiError> {
+        self.transaction(|t| t.replace_part(rt, ns, name, obj, Part::Status))
+    }
+
+    /// [`Store::modify`] through `/status`: what `f` does outside the status is dropped
+    /// (for core types, only spec changes are dropped), as a real `/status` write.
+    pub fn modify_status<F>(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        f: F,
+    ) -> Result<Value, ApiError>
+    where
+        F: FnOnce(&mut Value) -> Result<(), ApiError>,
+    {
+        self.transaction(|t| t.modify_part(rt, ns, name, f, Part::Status))
+    }
+
+    /// The pod binding subresource: sets `spec.nodeName` of a pod that has none (409 when
+    /// it is already bound, 404 when it is gone or has another `uid`), and its
+    /// `PodScheduled=True` condition.
+    pub fn bind(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: Option<&str>,
+        node: &str,
+    ) -> Result<Value, ApiError> {
+        self.transaction(|t| t.bind(ns, name, uid, node))
+    }
+
+    /// Atomic read-modify-write of the main resource (a PATCH). If `f` sets
+    /// `metadata.resourceVersion` to anything but the current one, 409. On types with a
+    /// status subresource, status changes are dropped (use [`Store::modify_status`]). The
+    /// result is validated (422) as any update. An unchanged object is not written (no new
+    /// resourceVersion, no event). A result with deletionTimestamp and no finalizers is
+    /// removed, unless it is a pod still in its grace period (the kubelet removes those).
     pub fn modify<F>(
         &self,
         rt: &ResourceType,
@@ -446,7 +502,7 @@ impl Txn<'_> {
                 Some(prefix) => self.generate_name(rt, ns.as_deref(), prefix),
                 None => {
                     return Err(ApiError::invalid(
-                        rt.kind,
+                        &rt.qualified_kind(),
                         "",
                         "metadata.name: Required value: name or generateName is required",
                     ));
@@ -470,15 +526,17 @@ impl Txn<'_> {
         meta.remove("deletionGracePeriodSeconds");
         meta.remove("resourceVersion");
         if *rt == PODS {
-            // The real server starts every pod Pending; a status in the body is kept because
-            // this emulator lets status be written through the main resource.
-            let has_status = obj
-                .get("status")
-                .is_some_and(|s| s.as_object().is_some_and(|m| !m.is_empty()));
-            if !has_status {
-                obj["status"] = json!({ "phase": "Pending" });
+            // Admission, then the pod strategy: every pod starts Pending, whatever the body says.
+            validation::default_toleration_seconds(&mut obj);
+            obj["status"] = json!({ "phase": "Pending" });
+        } else if rt.has_status_subresource() && *rt != NODES {
+            // PDBs and custom resources with a status subresource start without status;
+            // a Node keeps the status its kubelet registers it with.
+            if let Some(map) = obj.as_object_mut() {
+                map.remove("status");
             }
         }
+        validation::check(rt, &name, validation::on_create(rt, &obj))?;
         Ok(self.put(rt, ns, name, obj, None))
     }
 
@@ -500,7 +558,19 @@ impl Txn<'_> {
         rt: &ResourceType,
         ns: Option<&str>,
         name: &str,
+        obj: Value,
+    ) -> Result<Value, ApiError> {
+        self.replace_part(rt, ns, name, obj, Part::Main)
+    }
+
+    /// A PUT on the main resource or on `/status`.
+    pub fn replace_part(
+        &mut self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
         mut obj: Value,
+        part: Part,
     ) -> Result<Value, ApiError> {
         check_type(rt, &obj)?;
         if !obj.is_object() {
@@ -528,7 +598,20 @@ impl Txn<'_> {
         let current_rv = meta_str(&old, "resourceVersion")
             .unwrap_or_default()
             .to_string();
-        if let Some(body_rv) = meta_str(&obj, "resourceVersion").filter(|s| !s.is_empty())
+        let body_rv = meta_str(&obj, "resourceVersion").filter(|s| !s.is_empty());
+        if body_rv.is_none() && rt.is_custom() {
+            // Custom resources allow no unconditional update (AllowUnconditionalUpdate is
+            // false in the CRD registry's strategy).
+            return Err(ApiError::invalid_list(
+                &rt.qualified_kind(),
+                name,
+                &[
+                    "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+                        .to_string(),
+                ],
+            ));
+        }
+        if let Some(body_rv) = body_rv
             && body_rv != current_rv
         {
             return Err(stale(rt, name));
@@ -549,7 +632,7 @@ impl Txn<'_> {
             let old_f = finalizers(&old);
             if finalizers(&obj).iter().any(|f| !old_f.contains(f)) {
                 return Err(ApiError::invalid(
-                    rt.kind,
+                    &rt.qualified_kind(),
                     name,
                     "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted",
                 ));
@@ -576,7 +659,7 @@ impl Txn<'_> {
                 "resourceVersion",
             ],
         );
-        self.finish_update(rt, ns, name, old, obj)
+        self.finish_update(rt, ns, name, old, obj, part)
     }
 
     pub fn modify<F>(
@@ -585,6 +668,21 @@ impl Txn<'_> {
         ns: Option<&str>,
         name: &str,
         f: F,
+    ) -> Result<Value, ApiError>
+    where
+        F: FnOnce(&mut Value) -> Result<(), ApiError>,
+    {
+        self.modify_part(rt, ns, name, f, Part::Main)
+    }
+
+    /// A read-modify-write (PATCH) of the main resource or of `/status`.
+    pub fn modify_part<F>(
+        &mut self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        f: F,
+        part: Part,
     ) -> Result<Value, ApiError>
     where
         F: FnOnce(&mut Value) -> Result<(), ApiError>,
@@ -609,14 +707,14 @@ impl Txn<'_> {
         let new_uid = meta_str(&obj, "uid").unwrap_or_default().to_string();
         if new_uid != old_uid {
             return Err(ApiError::invalid(
-                rt.kind,
+                &rt.qualified_kind(),
                 name,
                 &format!("metadata.uid: Invalid value: {new_uid:?}: field is immutable"),
             ));
         }
         if meta_str(&obj, "name") != Some(name) {
             return Err(ApiError::invalid(
-                rt.kind,
+                &rt.qualified_kind(),
                 name,
                 "metadata.name: Invalid value: field is immutable",
             ));
@@ -635,10 +733,63 @@ impl Txn<'_> {
                 "generation",
             ],
         );
-        self.finish_update(rt, ns, name, old, obj)
+        self.finish_update(rt, ns, name, old, obj, part)
     }
 
-    /// Commits an update whose server-owned fields are already settled.
+    /// Binds a pending pod to `node` (the `pods/binding` subresource).
+    pub fn bind(
+        &mut self,
+        ns: &str,
+        name: &str,
+        uid: Option<&str>,
+        node: &str,
+    ) -> Result<Value, ApiError> {
+        let Some(old) = self.get(&PODS, Some(ns), name) else {
+            return Err(ApiError::not_found("pods", name));
+        };
+        if let Some(uid) = uid
+            && meta_str(&old, "uid") != Some(uid)
+        {
+            return Err(ApiError::not_found("pods", name));
+        }
+        if meta_str(&old, "deletionTimestamp").is_some() {
+            return Err(ApiError::conflict(
+                "pods",
+                name,
+                "pod is being deleted, cannot be assigned to a host",
+            ));
+        }
+        if let Some(bound) = old
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+        {
+            return Err(ApiError::conflict(
+                "pods",
+                name,
+                &format!("pod {name} is already assigned to node {bound:?}"),
+            ));
+        }
+        let mut obj = old.clone();
+        let Some(map) = obj.as_object_mut() else {
+            return Err(ApiError::internal("stored pod is not an object"));
+        };
+        let spec = map.entry("spec").or_insert_with(|| json!({}));
+        if let Some(spec) = spec.as_object_mut() {
+            spec.insert("nodeName".into(), json!(node));
+        }
+        set_scheduled(&mut obj);
+        Ok(self.put(
+            &PODS,
+            Some(ns.to_string()),
+            name.to_string(),
+            obj,
+            Some(old),
+        ))
+    }
+
+    /// Commits an update whose server-owned fields are already settled: applies the
+    /// main/status split, validates, then stores (or removes a finished deletion).
     fn finish_update(
         &mut self,
         rt: &ResourceType,
@@ -646,7 +797,14 @@ impl Txn<'_> {
         name: &str,
         old: Value,
         mut obj: Value,
+        part: Part,
     ) -> Result<Value, ApiError> {
+        split_status(rt, &old, &mut obj, part);
+        validation::check(
+            rt,
+            name,
+            validation::on_update(rt, &old, &obj, part == Part::Main),
+        )?;
         if obj == old {
             return Ok(old);
         }
@@ -854,6 +1012,69 @@ impl Txn<'_> {
     }
 }
 
+/// Sets `PodScheduled=True` (what a binding records), replacing an earlier
+/// `PodScheduled` condition such as the scheduler's `False`/`Unschedulable`.
+fn set_scheduled(pod: &mut Value) {
+    let cond =
+        json!({ "type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339() });
+    let Some(map) = pod.as_object_mut() else {
+        return;
+    };
+    let status = map.entry("status").or_insert_with(|| json!({}));
+    if !status.is_object() {
+        *status = json!({});
+    }
+    let Some(status) = status.as_object_mut() else {
+        return;
+    };
+    let conds = status
+        .entry("conditions")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if !conds.is_array() {
+        *conds = Value::Array(Vec::new());
+    }
+    if let Value::Array(list) = conds {
+        list.retain(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled"));
+        list.push(cond);
+    }
+}
+
+/// Applies the main/status split of a type with a status subresource: a main write keeps
+/// the stored status; a status write keeps the stored spec (and, for pods, the owner
+/// references) or, for a custom resource, everything but the status.
+fn split_status(rt: &ResourceType, old: &Value, obj: &mut Value, part: Part) {
+    if !rt.has_status_subresource() {
+        return;
+    }
+    let take = |from: &Value, to: &mut Value, key: &str| {
+        if let Some(map) = to.as_object_mut() {
+            match from.get(key) {
+                Some(v) => map.insert(key.to_string(), v.clone()),
+                None => map.remove(key),
+            };
+        }
+    };
+    match part {
+        Part::Main => take(old, obj, "status"),
+        Part::Status if rt.is_custom() => {
+            let mut kept = old.clone();
+            take(obj, &mut kept, "status");
+            *obj = kept;
+        }
+        Part::Status => {
+            take(old, obj, "spec");
+            if *rt == PODS {
+                let refs = old.pointer("/metadata/ownerReferences").cloned();
+                let meta = meta_mut(obj);
+                match refs {
+                    Some(r) => meta.insert("ownerReferences".into(), r),
+                    None => meta.remove("ownerReferences"),
+                };
+            }
+        }
+    }
+}
+
 /// 409 for a write based on an old resourceVersion, worded as the real server does.
 fn stale(rt: &ResourceType, name: &str) -> ApiError {
     ApiError::conflict(
@@ -905,7 +1126,7 @@ fn validate_name(rt: &ResourceType, name: &str) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(ApiError::invalid(
-            rt.kind,
+            &rt.qualified_kind(),
             name,
             &format!(
                 "metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"

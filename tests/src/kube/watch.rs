@@ -9,8 +9,10 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::faults::{Faults, WatchKey};
 use super::journal::Journal;
 use super::resources::ResourceType;
 use super::selectors::Selectors;
@@ -92,7 +94,19 @@ pub struct WatchContext {
     /// Ends the stream (`Emulator::drop_watches`, shutdown).
     pub cancel: CancellationToken,
     pub bookmark_interval: Duration,
+    /// Where [`super::faults::WatchDelay`] rules are looked up, for every line.
+    pub faults: Faults,
+    /// What this watch is, for matching those rules.
+    pub key: WatchKey,
 }
+
+/// Lines on their way to the client, stamped with the moment the server produced them.
+/// Bounded, so a client that does not read makes the watch fall behind the live feed
+/// and be ended, as before; a delayed watch holds up to this many lines in flight.
+type Outbox = mpsc::Sender<(Instant, Bytes)>;
+
+/// Lines a watch may hold between the store and the client.
+const OUTBOX_CAPACITY: usize = 4096;
 
 /// What a watch has to send before live events.
 enum Opening {
@@ -126,41 +140,65 @@ pub fn start(ctx: WatchContext, req: WatchRequest) -> Body {
         }
     };
     let (tx, out) = mpsc::channel::<Bytes>(256);
-    tokio::spawn(run(ctx, req, opening, rx, tx));
+    let (outbox, held) = mpsc::channel(OUTBOX_CAPACITY);
+    tokio::spawn(forward(ctx.clone(), held, tx));
+    tokio::spawn(run(ctx, req, opening, rx, outbox));
     let stream = futures::stream::unfold(out, |mut out| async move {
         out.recv().await.map(|b| (Ok::<Bytes, Infallible>(b), out))
     });
     Body::from_stream(stream)
 }
 
-/// Sends one line, counting it; false when the client has gone.
-async fn send(ctx: &WatchContext, tx: &mpsc::Sender<Bytes>, b: Bytes) -> bool {
-    let n = b.len() as u64;
-    if tx.send(b).await.is_err() {
-        return false;
+/// Queues one line for the client (waiting while the queue is full); false when the
+/// client has gone.
+async fn send(tx: &Outbox, b: Bytes) -> bool {
+    tx.send((Instant::now(), b)).await.is_ok()
+}
+
+/// Hands queued lines to the client in order, each no earlier than its production time
+/// plus the watch's current delivery delay, and counts what it sends. Ends with the
+/// producer (after draining), when the client goes, or at once when watches are dropped.
+async fn forward(
+    ctx: WatchContext,
+    mut held: mpsc::Receiver<(Instant, Bytes)>,
+    tx: mpsc::Sender<Bytes>,
+) {
+    loop {
+        let next = tokio::select! {
+            _ = ctx.cancel.cancelled() => return,
+            _ = tx.closed() => return,
+            next = held.recv() => next,
+        };
+        let Some((at, line)) = next else { return };
+        let delay = ctx.faults.watch_delay(&ctx.key);
+        if !delay.is_zero() {
+            tokio::select! {
+                _ = ctx.cancel.cancelled() => return,
+                _ = tx.closed() => return,
+                _ = tokio::time::sleep_until(at + delay) => {}
+            }
+        }
+        let n = line.len() as u64;
+        if tx.send(line).await.is_err() {
+            return;
+        }
+        ctx.journal.add_traffic(&ctx.identity, n, 1);
     }
-    ctx.journal.add_traffic(&ctx.identity, n, 1);
-    true
 }
 
 /// Sends the opening events; returns the last resourceVersion covered, or `None` when
 /// the stream is over.
-async fn send_opening(
-    ctx: &WatchContext,
-    req: &WatchRequest,
-    tx: &mpsc::Sender<Bytes>,
-    opening: Opening,
-) -> Option<u64> {
+async fn send_opening(req: &WatchRequest, tx: &Outbox, opening: Opening) -> Option<u64> {
     match opening {
         Opening::Snapshot(objs, rv) => {
             for o in objs {
-                if !send(ctx, tx, line("ADDED", &o.to_string())).await {
+                if !send(tx, line("ADDED", &o.to_string())).await {
                     return None;
                 }
             }
             if req.send_initial_events
                 && req.bookmarks
-                && !send(ctx, tx, bookmark(&req.rt, rv, true)).await
+                && !send(tx, bookmark(&req.rt, rv, true)).await
             {
                 return None;
             }
@@ -171,7 +209,7 @@ async fn send_opening(
             for ev in past {
                 last = ev.rv;
                 if let Some(kind) = translate(req, &ev)
-                    && !send(ctx, tx, line(kind, &ev.object_json())).await
+                    && !send(tx, line(kind, &ev.object_json())).await
                 {
                     return None;
                 }
@@ -179,7 +217,7 @@ async fn send_opening(
             Some(last)
         }
         Opening::Expired(status) => {
-            send(ctx, tx, line("ERROR", &status.to_string())).await;
+            send(tx, line("ERROR", &status.to_string())).await;
             None
         }
     }
@@ -190,10 +228,10 @@ async fn run(
     req: WatchRequest,
     opening: Opening,
     rx: Option<broadcast::Receiver<Arc<StoreEvent>>>,
-    tx: mpsc::Sender<Bytes>,
+    tx: Outbox,
 ) {
     let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
-    let Some(mut last_rv) = send_opening(&ctx, &req, &tx, opening).await else {
+    let Some(mut last_rv) = send_opening(&req, &tx, opening).await else {
         return;
     };
     let Some(mut rx) = rx else {
@@ -213,12 +251,12 @@ async fn run(
             _ = tx.closed() => return,
             _ = sleep_until => {
                 if req.bookmarks {
-                    send(&ctx, &tx, bookmark(&req.rt, last_rv, false)).await;
+                    send(&tx, bookmark(&req.rt, last_rv, false)).await;
                 }
                 return;
             }
             _ = ticker.tick(), if req.bookmarks => {
-                if !send(&ctx, &tx, bookmark(&req.rt, last_rv, false)).await {
+                if !send(&tx, bookmark(&req.rt, last_rv, false)).await {
                     return;
                 }
             }
@@ -229,7 +267,7 @@ async fn run(
                     }
                     last_rv = ev.rv;
                     if let Some(kind) = translate(&req, &ev)
-                        && !send(&ctx, &tx, line(kind, &ev.object_json())).await
+                        && !send(&tx, line(kind, &ev.object_json())).await
                     {
                         return;
                     }
