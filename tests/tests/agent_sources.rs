@@ -267,8 +267,11 @@ async fn gke_scheduled_maintenance_drains_from_the_lead_time() {
         ])
         .await;
     w.claimed_all().await;
-    let set = |epoch: i64| async move {
-        Api::<Node>::all(w.cluster.client())
+    let client = w.cluster.client();
+    let set = |epoch: i64| {
+        let client = client.clone();
+        async move {
+            Api::<Node>::all(client)
             .patch(
                 NODE,
                 &PatchParams::default(),
@@ -276,6 +279,7 @@ async fn gke_scheduled_maintenance_drains_from_the_lead_time() {
             )
             .await
             .unwrap();
+        }
     };
     let now = jiff::Timestamp::now().as_second();
     set(now + 3 * 3600).await;
