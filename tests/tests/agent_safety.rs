@@ -519,7 +519,10 @@ async fn a_node_name_longer_than_a_label_value_drains() {
     let long = format!("{}.compute.internal", "ip-10-0-0-1-game-pool-a".repeat(3));
     assert!(long.len() > 63);
     let cluster = Cluster::start(ClusterConfig::default()).await.unwrap();
-    cluster.add_node(NodeSpec::new(long.as_str())).unwrap();
+    // The kubelet's hostname label must be a valid label value too.
+    cluster
+        .add_node(NodeSpec::new(long.as_str()).label("kubernetes.io/hostname", "ip-10-0-0-1"))
+        .unwrap();
     cluster
         .create_fleet(FleetSpec::new("fleet", 2).grace_seconds(0))
         .unwrap();

@@ -293,7 +293,13 @@ async fn gke_scheduled_maintenance_drains_from_the_lead_time() {
         has_taint(&w.node().await, "lastcall.dev/draining").then_some(())
     })
     .await;
-    let deadline = w.allocated().annotations["lastcall.dev/drain-deadline"].clone();
+    let deadline = wait_for("deadline announced", || async {
+        w.allocated()
+            .annotations
+            .get("lastcall.dev/drain-deadline")
+            .cloned()
+    })
+    .await;
     let expected = jiff::Timestamp::from_second(now + 1800)
         .unwrap()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
