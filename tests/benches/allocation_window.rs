@@ -19,6 +19,7 @@ use lastcall_testkit::agent::{InProcessAgent, config};
 use lastcall_testkit::cluster::allocator::allocate;
 use lastcall_testkit::cluster::{AllocationRequest, Cluster, ClusterConfig, FleetSpec, NodeSpec};
 use lastcall_testkit::eventually::eventually;
+use lastcall_testkit::kube::faults::{FaultRule, Method};
 use lastcall_testkit::kube::journal::Verb;
 
 const NS: &str = "default";
@@ -31,7 +32,7 @@ struct Run {
     late: Vec<Duration>,
 }
 
-async fn run(seed: u64, selector: bool) -> anyhow::Result<Run> {
+async fn run(seed: u64, selector: bool, failing_deletes: bool) -> anyhow::Result<Run> {
     let cluster = Cluster::start(ClusterConfig {
         tick: Duration::from_millis(20),
         ..ClusterConfig::default()
@@ -41,6 +42,15 @@ async fn run(seed: u64, selector: bool) -> anyhow::Result<Run> {
     cluster.create_fleet(FleetSpec::new("fleet", SERVERS as i64).grace_seconds(0))?;
     cluster.wait_ready(NS, "fleet", SERVERS).await?;
     cluster.add_node(NodeSpec::new("n2"))?;
+    if failing_deletes {
+        // The API server refuses the first DELETEs (429 or 503 under load).
+        cluster.emulator().faults().inject(FaultRule::status(
+            Some(Method::DELETE),
+            "/gameservers/",
+            SERVERS * 2,
+            503,
+        ));
+    }
     let cfg = cluster.emulator().config_for("agent-n1").await?;
     let agent =
         InProcessAgent::start(config("n1", &["--resync-interval", "1s"]), cfg, None).await?;
@@ -135,11 +145,11 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async {
         println!("allocation window: {RUNS} interleavings per mode, {SERVERS} Ready servers, allocator looping on the node");
-        println!("| allocator | runs with an allocation after the fence | allocations after the fence | signal → such an allocation, p50 / p99 / max |");
-        println!("|---|---|---|---|");
-        for selector in [false, true] {
+        println!("| DELETEs | allocator | runs with an allocation after the fence | allocations after the fence | signal → such an allocation, p50 / p99 / max |");
+        println!("|---|---|---|---|---|");
+        for (failing, selector) in [(false, false), (false, true), (true, false), (true, true)] {
             let runs: Vec<anyhow::Result<Run>> = futures::stream::iter(0..RUNS)
-                .map(|s| run(s, selector))
+                .map(|s| run(s, selector, failing))
                 .buffer_unordered(AT_ONCE)
                 .collect()
                 .await;
@@ -152,7 +162,8 @@ fn main() -> anyhow::Result<()> {
             }
             late.sort();
             println!(
-                "| {} | {runs_with} / {RUNS} | {} | {} / {} / {} |",
+                "| {} | {} | {runs_with} / {RUNS} | {} | {} / {} / {} |",
+                if failing { "first 16 fail (503)" } else { "succeed" },
                 if selector {
                     "excludes `lastcall.dev/node-draining`"
                 } else {
