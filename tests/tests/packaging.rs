@@ -365,6 +365,31 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
     }
     assert_tolerated("lastcall.yaml", &seen_taints);
     assert_tolerated("lastcall-fleetiq.yaml", &seen_taints);
+
+    // Every Event reason the flows produced is documented.
+    let events_md = read("docs/events.md");
+    let mut reasons = BTreeSet::new();
+    for world in [&w, &w2] {
+        let (events, _) = world
+            .cluster
+            .store()
+            .list(&lastcall_testkit::kube::resources::EVENTS_K8S, None);
+        reasons.extend(
+            events
+                .iter()
+                .filter_map(|e| e["reason"].as_str().map(str::to_string)),
+        );
+    }
+    assert!(
+        reasons.len() >= 5,
+        "the flows produced too few Events: {reasons:?}"
+    );
+    for r in &reasons {
+        assert!(
+            events_md.contains(&format!("| `{r}` |")),
+            "docs/events.md does not describe the Event reason {r}"
+        );
+    }
 }
 
 /// pubsub makes no Kubernetes call, so the chart grants it nothing and mounts no token. The
@@ -884,6 +909,27 @@ async fn dashboard_and_alerts_use_only_metrics_the_binaries_export() {
         exported.contains("lastcall_pubsub_cycle_duration_seconds_bucket"),
         "{pubsub_text}"
     );
+
+    // Every family the binaries export is documented.
+    let metrics_md = read("docs/metrics.md");
+    for line in agent_text.lines().chain(pubsub_text.lines()) {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let mut parts = rest.split_whitespace();
+        let (Some(family), Some(kind)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let name = if kind == "counter" {
+            format!("{family}_total")
+        } else {
+            family.to_string()
+        };
+        assert!(
+            metrics_md.contains(&format!("| `{name}` |")),
+            "docs/metrics.md does not describe {name}"
+        );
+    }
 
     let mut unknown: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let panels = dashboard_panels();
