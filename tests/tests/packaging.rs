@@ -459,6 +459,22 @@ fn the_agent_daemonset_keeps_its_promises() {
     }
 }
 
+#[test]
+fn the_readme_links_every_doc() {
+    let readme = read("README.md");
+    let mut docs: Vec<String> = std::fs::read_dir(repo().join("docs"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("docs/{n}"))
+        .collect();
+    docs.push("charts/lastcall/README.md".into());
+    for d in docs {
+        assert!(readme.contains(&format!("]({d})")), "README.md does not link {d}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // docs/configuration.md from --help
 // ---------------------------------------------------------------------------------------
