@@ -471,7 +471,10 @@ fn the_readme_links_every_doc() {
         .collect();
     docs.push("charts/lastcall/README.md".into());
     for d in docs {
-        assert!(readme.contains(&format!("]({d})")), "README.md does not link {d}");
+        assert!(
+            readme.contains(&format!("]({d})")),
+            "README.md does not link {d}"
+        );
     }
 }
 
