@@ -58,8 +58,10 @@ for c in agent pubsub; do
   config="$(skopeo inspect --config "oci-archive:$archive")"
   user="$(printf '%s' "$config" | python3 -c 'import json,sys; print(json.load(sys.stdin)["config"].get("User",""))')"
   entry="$(printf '%s' "$config" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["config"].get("Entrypoint")))')"
-  umoci raw unpack --rootless --image "$archive:$bin:latest" "$work/$c-rootfs" >/dev/null 2>&1 \
-    || { mkdir -p "$work/oci-$c" && tar -xf "$archive" -C "$work/oci-$c" && umoci raw unpack --rootless --image "$work/oci-$c:$bin:latest" "$work/$c-rootfs"; }
+  # umoci reads an OCI layout directory: unpack the archive into one, then the rootfs.
+  mkdir -p "$work/oci-$c"
+  tar -xf "$archive" -C "$work/oci-$c"
+  umoci raw unpack --rootless --image "$work/oci-$c:$bin:latest" "$work/$c-rootfs" >/dev/null 2>&1
   uid="${user%%:*}"
   static="$(file -b "$work/$c-rootfs/$bin")"
   unpacked=$(du -sb "$work/$c-rootfs" | cut -f1)

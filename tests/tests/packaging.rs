@@ -30,7 +30,6 @@ use lastcall_testkit::cluster::GameServerState as S;
 use lastcall_testkit::eventually::wait_for;
 use lastcall_testkit::gamelift::{GameLiftEmulator, InstanceStatus as GlStatus};
 use lastcall_testkit::kube::JournalEntry;
-use lastcall_testkit::redis::RedisServer;
 use lastcall_testkit::world::{World, WorldSpec, cordoned, has_taint, subscribed};
 use serde_json::Value;
 
@@ -398,7 +397,7 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pubsub_is_granted_nothing_and_calls_nothing() {
     let w = World::start(WorldSpec::new(0, 0, 0).extra_nodes(&[])).await;
-    let run = PubsubRun::start(&w.gl, &w.redis, Some(&w.cluster)).await;
+    let run = PubsubRun::start(&w.gl, &w.redis.url(), Some(&w.cluster)).await;
     run.wait_cycle().await;
     drop(run);
     assert_eq!(
@@ -418,6 +417,89 @@ async fn pubsub_is_granted_nothing_and_calls_nothing() {
     let sa = pod["serviceAccountName"].as_str().unwrap();
     assert!(granted(&objs, sa).is_empty(), "pubsub needs no RBAC");
     assert_eq!(pod["automountServiceAccountToken"], false);
+}
+
+/// The `REDIS_URL` the chart gives both binaries for the bundled Redis (`redis://:$(REDIS_PASSWORD)@…`,
+/// expanded by the kubelet) authenticates against a Redis that requires the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_redis_url_authenticates_both_binaries() {
+    let objs = manifest("lastcall-fleetiq.yaml");
+    let env_of = |component: &str| -> String {
+        let pod = objs
+            .iter()
+            .find(|o| {
+                o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+                    == component
+            })
+            .unwrap_or_else(|| panic!("no {component} workload"));
+        let env = pod["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap();
+        let names: Vec<&str> = env.iter().filter_map(|e| e["name"].as_str()).collect();
+        let pw = names.iter().position(|n| *n == "REDIS_PASSWORD");
+        let url = names.iter().position(|n| *n == "REDIS_URL");
+        assert!(
+            pw.is_some() && pw < url,
+            "{component}: REDIS_PASSWORD must come before REDIS_URL for $(…) expansion"
+        );
+        env[url.unwrap()]["value"].as_str().unwrap().to_string()
+    };
+    let template = env_of("pubsub");
+    assert_eq!(template, env_of("agent"));
+    assert!(template.contains("$(REDIS_PASSWORD)"), "{template}");
+
+    let w = World::start(WorldSpec::new(0, 0, 0).extra_nodes(&[])).await;
+    let password = "Zq7lastcallChartPw";
+    let mut c = w.redis.client().await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg(password)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    // What the kubelet does: expand $(REDIS_PASSWORD); the Service name points here instead.
+    let host = template
+        .split('@')
+        .nth(1)
+        .expect("a host after the credentials")
+        .to_string();
+    let url = |pw: &str| {
+        template
+            .replace("$(REDIS_PASSWORD)", pw)
+            .replace(&host, &w.redis.host_port())
+    };
+
+    let pubsub = PubsubRun::start(&w.gl, &url(password), None).await;
+    pubsub.wait_cycle().await;
+    let m = pubsub.metrics().await;
+    assert_eq!(
+        lastcall_testkit::agent::metric(&m, "lastcall_pubsub_redis_up", &[]),
+        Some(1.0),
+        "{m}"
+    );
+    drop(pubsub);
+    let wrong = PubsubRun::start(&w.gl, &url("not-the-password"), None).await;
+    wrong.wait_cycle().await;
+    assert_eq!(
+        lastcall_testkit::agent::metric(&wrong.metrics().await, "lastcall_pubsub_redis_up", &[]),
+        Some(0.0),
+        "a wrong password must not pass"
+    );
+    drop(wrong);
+
+    let agent = w
+        .start_agent(&[
+            "--game-server-group".into(),
+            "g1".into(),
+            "--instance-id".into(),
+            "i-n1".into(),
+            "--redis-url".into(),
+            url(password),
+        ])
+        .await;
+    subscribed(&agent).await;
+    agent.stop().await.unwrap();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -675,7 +757,7 @@ struct PubsubRun {
 impl PubsubRun {
     async fn start(
         gl: &GameLiftEmulator,
-        redis: &RedisServer,
+        redis_url: &str,
         cluster: Option<&lastcall_testkit::cluster::Cluster>,
     ) -> PubsubRun {
         let dir = tempfile::tempdir().unwrap();
@@ -704,7 +786,7 @@ impl PubsubRun {
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .env("AWS_REGION", "us-west-2")
             .env("AWS_ENDPOINT_URL_GAMELIFT", gl.url())
-            .env("REDIS_URL", redis.url())
+            .env("REDIS_URL", redis_url)
             .args(["--config-file", groups.to_str().unwrap()])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--period", "10s", "--cycle-jitter", "0s"])
@@ -911,7 +993,7 @@ async fn dashboard_and_alerts_use_only_metrics_the_binaries_export() {
     w.finish_drain(&keep).await; // a deregistration and a drain duration
     let agent_text = agent.metrics().await;
     agent.stop().await.unwrap();
-    let pubsub = PubsubRun::start(&w.gl, &w.redis, None).await;
+    let pubsub = PubsubRun::start(&w.gl, &w.redis.url(), None).await;
     pubsub.wait_cycle().await;
     let pubsub_text = pubsub.metrics().await;
     drop(pubsub);
