@@ -8,7 +8,8 @@ PyYAML). Subcommands:
 
     manifests [--check]   render manifests/ from the chart (or fail if they drifted)
     readme [--check]      regenerate the values table in charts/lastcall/README.md
-    check                 render + lint + validate every configuration; broken fixtures must fail
+    check                 render + helm lint + yamllint + validate every configuration; broken
+                          fixtures must fail
 """
 
 from __future__ import annotations
@@ -267,12 +268,25 @@ def validate(text: str) -> tuple[bool, str]:
         os.unlink(name)
 
 
+def yamllint(text: str) -> tuple[bool, str]:
+    """yamllint (hack/yamllint.yaml) on a rendered configuration."""
+    exe = Path(sys.executable).with_name("yamllint")
+    p = subprocess.run(
+        [str(exe), "-c", str(ROOT / "hack" / "yamllint.yaml"), "-f", "parsable", "-"],
+        input=text, capture_output=True, text=True,
+    )
+    return p.returncode == 0, p.stdout + p.stderr
+
+
 def check_one(label: str, values: dict[str, Any]) -> list[str]:
     try:
         text = render(values)
     except Exception as e:  # a render or schema error is the finding itself
         return [f"{label}: render failed: {e}"]
     problems = [f"{label}: lint: {p}" for p in lint(values)]
+    ok, out = yamllint(text)
+    if not ok:
+        problems.append(f"{label}: yamllint:\n{out}")
     ok, out = validate(text)
     if not ok:
         problems.append(f"{label}: kubernetes-validate --strict -k {KUBE_VERSION}:\n{out}")
