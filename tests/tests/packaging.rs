@@ -281,27 +281,27 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
     w.finish_drain(&keep).await;
     agent.stop().await.unwrap();
 
-    let n2 = label_agent(&w, "n2", &[]).await;
-    wait_for("replacements running on n2", || async {
-        w.on("n2")
-            .iter()
-            .any(|g| g.state == Some(S::Ready))
-            .then_some(())
+    // The released servers' replacements run on n2 or n3 (wherever the scheduler put them).
+    let other = wait_for("replacements running on n2 or n3", || async {
+        ["n2", "n3"]
+            .into_iter()
+            .find(|n| w.on(n).iter().any(|g| g.state == Some(S::Ready)))
     })
     .await;
-    label_node(&w, "n2", "lastcall.dev/drain", Some("true")).await;
-    wait_for("n2 fenced by hand", || async {
-        let n = node(&w, "n2").await;
+    let by_label = label_agent(&w, other, &[]).await;
+    label_node(&w, other, "lastcall.dev/drain", Some("true")).await;
+    wait_for("fenced by hand", || async {
+        let n = node(&w, other).await;
         (cordoned(&n) && has_taint(&n, "lastcall.dev/draining")).then_some(())
     })
     .await;
-    seen_taints.extend(taints(&node(&w, "n2").await));
-    label_node(&w, "n2", "lastcall.dev/drain", None).await;
-    wait_for("n2 drain cancelled", || async {
-        (!cordoned(&node(&w, "n2").await)).then_some(())
+    seen_taints.extend(taints(&node(&w, other).await));
+    label_node(&w, other, "lastcall.dev/drain", None).await;
+    wait_for("manual drain cancelled", || async {
+        (!cordoned(&node(&w, other).await)).then_some(())
     })
     .await;
-    n2.stop().await.unwrap();
+    by_label.stop().await.unwrap();
 
     // World 2: compat mode on n1, then a dry-run Node-label drain of n2.
     let w2 = World::start(WorldSpec::new(1, 1, 0).extra_nodes(&["n2"])).await;
@@ -320,18 +320,32 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
     .await;
     seen_taints.extend(taints(&w2.node().await));
     compat.stop().await.unwrap();
+    wait_for(
+        "the released server's replacement is Ready on n2",
+        || async {
+            w2.on("n2")
+                .iter()
+                .any(|g| g.state == Some(S::Ready))
+                .then_some(())
+        },
+    )
+    .await;
     let dry = label_agent(&w2, "n2", &["--dry-run"]).await;
     label_node(&w2, "n2", "lastcall.dev/drain", Some("true")).await;
-    wait_for("dry-run drain planned", || async {
+    wait_for("dry-run release planned", || async {
         let m = dry.metrics().await;
-        lastcall_testkit::agent::metric_sum(&m, "lastcall_actions_total", &[("result", "dry_run")])
-            .gt(&0.0)
-            .then_some(())
+        lastcall_testkit::agent::metric(
+            &m,
+            "lastcall_actions_total",
+            &[("action", "release"), ("result", "dry_run")],
+        )
+        .is_some_and(|v| v >= 1.0)
+        .then_some(())
     })
     .await;
     dry.stop().await.unwrap();
 
-    let agents = ["agent-n1", "agent-n2"];
+    let agents = ["agent-n1", "agent-n2", "agent-n3"];
     let plain: BTreeSet<Permission> = used(&w.cluster.emulator().journal().entries(), &agents)
         .into_iter()
         .chain(used(
@@ -978,6 +992,15 @@ async fn dashboard_and_alerts_use_only_metrics_the_binaries_export() {
     let agent = w.agent(&[]).await;
     subscribed(&agent).await;
     w.claimed_all().await;
+    wait_for("a heartbeat", || async {
+        (lastcall_testkit::agent::metric_sum(
+            &agent.metrics().await,
+            "lastcall_heartbeats_total",
+            &[],
+        ) >= 1.0)
+            .then_some(())
+    })
+    .await;
     let keep = w.allocated();
     w.status(Status::Draining).await;
     w.fenced_and_released(&keep).await;
