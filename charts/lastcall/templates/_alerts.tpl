@@ -10,7 +10,7 @@ groups:
   - name: lastcall-agent
     rules:
       - alert: LastcallDrainTooLong
-        expr: max by (namespace, pod, node) (lastcall_drain_phase{phase=~"fencing|draining|empty|cancelling"}) == 1
+        expr: max by (namespace, pod, node) (lastcall_drain_phase{phase=~"fencing|draining|cancelling"}) == 1
         for: {{ $r.drainTooLongMinutes }}m
         labels:
           severity: warning
