@@ -219,38 +219,59 @@ async fn label_agent(w: &World, node: &str, extra: &[&str]) -> InProcessAgent {
         .unwrap()
 }
 
-/// Every taint on the node that lastcall set (or the API set for its cordon).
-fn taints(n: &Node) -> Vec<(String, String)> {
+/// Every taint on the node that lastcall set (or the API set for its cordon), as
+/// (key, value, effect).
+fn taints(n: &Node) -> Vec<(String, String, String)> {
     n.spec
         .as_ref()
         .and_then(|s| s.taints.clone())
         .unwrap_or_default()
         .into_iter()
-        .map(|t| (t.key, t.effect))
+        .map(|t| (t.key, t.value.unwrap_or_default(), t.effect))
         .collect()
 }
 
-fn tolerates(tolerations: &[Value], key: &str, effect: &str) -> bool {
+/// Kubernetes' toleration matching: an empty effect matches every effect; `Exists` with no
+/// key matches every taint; `Equal` (the default operator) needs key and value to match.
+fn tolerates(tolerations: &[Value], (key, value, effect): &(String, String, String)) -> bool {
     tolerations.iter().any(|t| {
-        let key_ok = t["key"].as_str().is_none_or(|k| k.is_empty() || k == key)
-            && (t["operator"] == "Exists" || t["key"] == key);
         let effect_ok = t["effect"]
             .as_str()
             .is_none_or(|e| e.is_empty() || e == effect);
-        key_ok && effect_ok
+        let t_key = t["key"].as_str().unwrap_or_default();
+        let matches = if t["operator"] == "Exists" {
+            t_key.is_empty() || t_key == key
+        } else {
+            t_key == key && t["value"].as_str().unwrap_or_default() == value
+        };
+        effect_ok && matches
     })
 }
 
-fn assert_tolerated(file: &str, seen: &BTreeSet<(String, String)>) {
+#[test]
+fn toleration_matching_follows_kubernetes() {
+    let t = |k: &str, v: &str, e: &str| (k.to_string(), v.to_string(), e.to_string());
+    let exists = [serde_json::json!({"key": "a", "operator": "Exists", "effect": "NoExecute"})];
+    assert!(tolerates(&exists, &t("a", "x", "NoExecute")));
+    assert!(!tolerates(&exists, &t("a", "x", "NoSchedule")));
+    assert!(!tolerates(&exists, &t("b", "x", "NoExecute")));
+    let equal = [serde_json::json!({"key": "a", "value": "x"})];
+    assert!(tolerates(&equal, &t("a", "x", "NoSchedule")));
+    assert!(!tolerates(&equal, &t("a", "y", "NoSchedule")));
+    let all = [serde_json::json!({"operator": "Exists"})];
+    assert!(tolerates(&all, &t("z", "", "NoExecute")));
+}
+
+fn assert_tolerated(file: &str, seen: &BTreeSet<(String, String, String)>) {
     let objs = manifest(file);
     let tolerations = agent_daemonset(&objs)["spec"]["template"]["spec"]["tolerations"]
         .as_array()
         .cloned()
         .unwrap_or_default();
-    for (key, effect) in seen {
+    for taint in seen {
         assert!(
-            tolerates(&tolerations, key, effect),
-            "manifests/{file}: the agent does not tolerate {key}:{effect}, which a drain sets"
+            tolerates(&tolerations, taint),
+            "manifests/{file}: the agent does not tolerate {taint:?}, which a drain sets"
         );
     }
 }
@@ -372,7 +393,7 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
         "gamelift.status/draining",
     ] {
         assert!(
-            seen_taints.iter().any(|(k, _)| k == key),
+            seen_taints.iter().any(|(k, _, _)| k == key),
             "the flows should have set {key}: {seen_taints:?}"
         );
     }
