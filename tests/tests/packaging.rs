@@ -576,6 +576,49 @@ fn the_agent_daemonset_keeps_its_promises() {
     }
 }
 
+/// What CI can check of the images without building them (the build itself is
+/// `hack/build-images.sh`, run by hand): a static musl build, an empty final stage, a
+/// non-root user, the binary as the entrypoint.
+#[test]
+fn dockerfiles_build_static_non_root_images_from_scratch() {
+    for c in ["agent", "pubsub"] {
+        let text = read(&format!("Dockerfile.{c}"));
+        let lines: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .collect();
+        let last_from = lines
+            .iter()
+            .rposition(|l| l.starts_with("FROM "))
+            .expect("a FROM");
+        let final_stage = &lines[last_from..];
+        assert_eq!(final_stage[0], "FROM scratch", "Dockerfile.{c}");
+        assert!(
+            final_stage.contains(&"USER 65532:65532"),
+            "Dockerfile.{c}: the final stage must run as 65532"
+        );
+        assert_eq!(
+            final_stage.last().copied(),
+            Some(format!("ENTRYPOINT [\"/lastcall-{c}\"]").as_str()),
+            "Dockerfile.{c}"
+        );
+        assert!(
+            !final_stage.iter().any(|l| l.starts_with("RUN ")),
+            "Dockerfile.{c}: no RUN in a stage without a shell"
+        );
+        assert!(
+            text.contains("--target x86_64-unknown-linux-musl")
+                && text.contains(&format!("--bin lastcall-{c}")),
+            "Dockerfile.{c}: the builder must produce the static musl binary"
+        );
+        assert!(
+            text.contains("ca-certificates.crt"),
+            "Dockerfile.{c}: CA bundle"
+        );
+    }
+}
+
 #[test]
 fn the_readme_links_every_doc() {
     let readme = read("README.md");
