@@ -1177,6 +1177,130 @@ async fn dashboard_and_alerts_use_only_metrics_the_binaries_export() {
     }
 }
 
+/// A real Prometheus (Debian's `prometheus`) scrapes a real agent with the shipped rule file
+/// loaded: every rule evaluates without error, a drain shows up in a query, and a rejected
+/// signal fires `LastcallSignalsRejected`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_prometheus_scrapes_the_agent_and_evaluates_the_alerts() {
+    let w = World::start(WorldSpec::new(1, 1, 0)).await;
+    let agent = w.agent(&[]).await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = format!(
+        "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+         rule_files: [{rules:?}]\n\
+         scrape_configs:\n  - job_name: lastcall\n    static_configs:\n      - targets: [\"{target}\"]\n        \
+         labels: {{namespace: lastcall, pod: lastcall-agent-x, node: n1}}\n",
+        rules = repo().join("manifests/prometheus-rules.yaml"),
+        target = agent.admin,
+    );
+    std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+    let mut prom = tokio::process::Command::new("prometheus")
+        .arg(format!(
+            "--config.file={}",
+            dir.path().join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("prometheus is needed (apt-get install prometheus): {e}"));
+    let http = reqwest::Client::new();
+    let api = |path: String| {
+        let http = http.clone();
+        async move {
+            let r = http
+                .get(format!("http://127.0.0.1:{port}/api/v1/{path}"))
+                .send()
+                .await
+                .ok()?;
+            r.json::<Value>().await.ok()
+        }
+    };
+    let query = |q: &str| {
+        api(format!(
+            "query?query={}",
+            url::form_urlencoded::byte_serialize(q.as_bytes()).collect::<String>()
+        ))
+    };
+
+    w.status(Status::Draining).await;
+    let keep = w.allocated();
+    w.fenced_and_released(&keep).await;
+    let slow = std::time::Duration::from_secs(30);
+    let step = std::time::Duration::from_millis(250);
+    lastcall_testkit::eventually::eventually("Prometheus sees the drain", slow, step, || async {
+        let v = query(r#"sum(lastcall_drain_phase{phase="draining",node="n1"})"#).await?;
+        (v["data"]["result"][0]["value"][1] == "1").then_some(())
+    })
+    .await;
+
+    // Two rejected messages, one scrape apart, so increase() over them is positive.
+    w.raw("{not json").await;
+    lastcall_testkit::eventually::eventually(
+        "Prometheus scraped the first rejection",
+        slow,
+        step,
+        || async {
+            let v = query("sum(lastcall_signals_rejected_total)").await?;
+            (v["data"]["result"][0]["value"][1] == "1").then_some(())
+        },
+    )
+    .await;
+    w.raw("{still not json").await;
+    lastcall_testkit::eventually::eventually(
+        "LastcallSignalsRejected fires",
+        slow,
+        step,
+        || async {
+            let v = api("alerts".into()).await?;
+            v["data"]["alerts"]
+                .as_array()?
+                .iter()
+                .any(|a| {
+                    a["labels"]["alertname"] == "LastcallSignalsRejected" && a["state"] == "firing"
+                })
+                .then_some(())
+        },
+    )
+    .await;
+
+    // Every rule has been evaluated, and without error.
+    let expected = alert_rules().len();
+    let health =
+        lastcall_testkit::eventually::eventually("every rule evaluated", slow, step, || async {
+            let v = api("rules".into()).await?;
+            let health: Vec<(String, String, String)> = v["data"]["groups"]
+                .as_array()?
+                .iter()
+                .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+                .map(|r| {
+                    (
+                        r["name"].as_str().unwrap_or_default().to_string(),
+                        r["health"].as_str().unwrap_or_default().to_string(),
+                        r["lastError"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+                .collect();
+            (health.len() == expected && health.iter().all(|(_, h, _)| h != "unknown"))
+                .then_some(health)
+        })
+        .await;
+    for (name, h, err) in health {
+        assert_eq!(h, "ok", "rule {name} does not evaluate: {err}");
+    }
+    prom.start_kill().ok();
+    agent.stop().await.unwrap();
+}
+
 #[test]
 fn metric_references_are_found_in_promql() {
     let refs = metric_refs(
