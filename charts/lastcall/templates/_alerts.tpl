@@ -1,0 +1,78 @@
+{{/*
+lastcall's alert rules, as Prometheus rule groups. Rendered into the PrometheusRule and, by
+hack/render-manifests.py, into manifests/prometheus-rules.yaml, which promtool checks and
+unit-tests (hack/promtool/alerts-test.yaml). Only metrics the binaries export may appear
+here: tests/tests/packaging.rs compares them with a real scrape.
+*/}}
+{{- define "lastcall.alertGroups" -}}
+{{- $r := .Values.metrics.prometheusRule -}}
+groups:
+  - name: lastcall-agent
+    rules:
+      - alert: LastcallDrainTooLong
+        expr: max by (namespace, pod, node) (lastcall_drain_phase{phase=~"fencing|draining|cancelling"}) == 1
+        for: {{ $r.drainTooLongMinutes }}m
+        labels:
+          severity: warning
+        annotations:
+          summary: "Node {{`{{ $labels.node }}`}} has been draining for more than {{ $r.drainTooLongMinutes }} minutes."
+          description: "The agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} has not finished the drain: matches are still running or a write keeps failing. See docs/operations.md, \"A drain is stuck\"."
+      - alert: LastcallMatchesAtRisk
+        expr: |-
+          (sum by (namespace, pod, node) (lastcall_game_servers{state=~"allocated|reserved|unknown"}) > 0)
+          and on (namespace, pod)
+          (max by (namespace, pod) (lastcall_drain_phase{phase=~"fencing|draining"}) == 1)
+        for: {{ $r.matchesAtRiskMinutes }}m
+        labels:
+          severity: warning
+        annotations:
+          summary: "{{`{{ $value }}`}} matches are still running on draining node {{`{{ $labels.node }}`}}."
+          description: "In-use game servers have stayed on a draining node for {{ $r.matchesAtRiskMinutes }} minutes; the node may be taken before they end. Check their drain-deadline annotation (docs/operations.md)."
+      - alert: LastcallRedisDisconnected
+        expr: (lastcall_redis_connected == 0) and on (namespace, pod) lastcall_source_up{source="fleetiq"}
+        for: 5m
+        labels:
+          severity: warning
+        annotations:
+          summary: "Agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} is not subscribed to Redis."
+          description: "FleetIQ statuses reach this node only through the GameLift fallback check while Redis is unreachable."
+      - alert: LastcallHeartbeatFailures
+        expr: sum by (namespace, pod, node) (increase(lastcall_heartbeats_total{result!~"ok|dry_run"}[10m])) >= 3
+        labels:
+          severity: warning
+        annotations:
+          summary: "FleetIQ heartbeats fail on node {{`{{ $labels.node }}`}}."
+          description: "{{`{{ $value }}`}} HEALTHY heartbeats failed in 10 minutes. FleetIQ marks an instance unhealthy when heartbeats stop; check the agent's credentials and GameLift errors (lastcall_gamelift_calls_total)."
+      - alert: LastcallSignalsRejected
+        expr: sum by (namespace, pod, node, source, reason) (increase(lastcall_signals_rejected_total[15m])) > 0
+        labels:
+          severity: info
+        annotations:
+          summary: "Agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} rejected {{`{{ $labels.source }}`}} signals ({{`{{ $labels.reason }}`}})."
+          description: "Malformed or foreign status messages change nothing but point at a misconfigured publisher or channel."
+  - name: lastcall-pubsub
+    rules:
+      - alert: LastcallPubsubStale
+        expr: time() - max by (namespace, pod) (lastcall_pubsub_last_successful_cycle_timestamp_seconds) > {{ mul $r.pubsubStaleMinutes 60 }}
+        labels:
+          severity: warning
+        annotations:
+          summary: "pubsub {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} has had no clean cycle for {{ $r.pubsubStaleMinutes }} minutes."
+          description: "Agents keep their last status and fall back to asking GameLift themselves, one call per node."
+      - alert: LastcallPubsubRedisDown
+        expr: lastcall_pubsub_redis_up == 0
+        for: 5m
+        labels:
+          severity: warning
+        annotations:
+          summary: "pubsub {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} cannot reach Redis."
+          description: "No FleetIQ status is published while Redis is down."
+      - alert: LastcallPubsubGroupErrors
+        expr: sum by (namespace, pod, group, reason) (increase(lastcall_pubsub_group_errors_total[10m])) > 0
+        for: 10m
+        labels:
+          severity: warning
+        annotations:
+          summary: "pubsub cannot poll game server group {{`{{ $labels.group }}`}} ({{`{{ $labels.reason }}`}})."
+          description: "Instances of this group get no status update; check IAM (gamelift:DescribeGameServerInstances) and the group name."
+{{- end -}}
