@@ -27,6 +27,7 @@ use lastcall_common::fleetiq::InstanceStatus as Status;
 use lastcall_testkit::agent::{InProcessAgent, config, scrape};
 use lastcall_testkit::bins::{free_port, workspace_binary};
 use lastcall_testkit::cluster::GameServerState as S;
+use lastcall_testkit::cluster::fixtures::toleration_equal;
 use lastcall_testkit::eventually::wait_for;
 use lastcall_testkit::gamelift::{GameLiftEmulator, InstanceStatus as GlStatus};
 use lastcall_testkit::kube::JournalEntry;
@@ -211,7 +212,7 @@ async fn label_agent(w: &World, node: &str, extra: &[&str]) -> InProcessAgent {
     let kube = w
         .cluster
         .emulator()
-        .client_as(&format!("agent-{node}"))
+        .config_for(&format!("agent-{node}"))
         .await
         .unwrap();
     InProcessAgent::start(config(node, &args), kube, None)
@@ -325,7 +326,17 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
     by_label.stop().await.unwrap();
 
     // World 2: compat mode on n1, then a dry-run Node-label drain of n2.
-    let w2 = World::start(WorldSpec::new(1, 1, 0).extra_nodes(&["n2"])).await;
+    // As with the original adapter, the Fleet's pods tolerate its `active` taint.
+    let w2 = World::start(
+        WorldSpec::new(1, 1, 0)
+            .extra_nodes(&["n2"])
+            .tolerate(toleration_equal(
+                "gamelift.status/active",
+                "true",
+                "NoExecute",
+            )),
+    )
+    .await;
     let compat = w2.agent(&["--compat-taints"]).await;
     subscribed(&compat).await;
     w2.claimed_all().await;
@@ -528,7 +539,7 @@ async fn the_charts_redis_url_authenticates_both_binaries() {
             "--game-server-group".into(),
             "g1".into(),
             "--instance-id".into(),
-            "i-n1".into(),
+            lastcall_testkit::world::IID.into(),
             "--redis-url".into(),
             url(password),
         ])
@@ -848,7 +859,10 @@ impl PubsubRun {
         .unwrap();
         gl.add_instances(
             "pkg-group",
-            &["i-pkg0".into(), "i-pkg1".into()],
+            &[
+                lastcall_testkit::gamelift::instance_id("pkg0"),
+                lastcall_testkit::gamelift::instance_id("pkg1"),
+            ],
             GlStatus::Draining,
         );
         let port = free_port();
