@@ -108,6 +108,19 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_DEREGISTER_SETTLE", default_value = "5s", value_parser = lastcall_common::duration::parse_duration)]
     pub deregister_settle: Duration,
 
+    /// Poll EC2 instance metadata (IMDSv2, `--imds-endpoint`) for Spot interruptions,
+    /// rebalance recommendations, scheduled events and the Auto Scaling lifecycle state.
+    #[arg(long, env = "LASTCALL_AWS_IMDS")]
+    pub aws_imds: bool,
+
+    /// How often instance metadata is polled for notices (it never leaves the node).
+    #[arg(long, env = "LASTCALL_AWS_IMDS_INTERVAL", default_value = "1s", value_parser = positive_duration)]
+    pub aws_imds_interval: Duration,
+
+    /// How long a rebalance recommendation that never escalates keeps the node draining.
+    #[arg(long, env = "LASTCALL_REBALANCE_TTL", default_value = "30m", value_parser = positive_duration)]
+    pub rebalance_ttl: Duration,
+
     /// Watch the GCE metadata server for host maintenance and preemption (GCE and GKE
     /// Standard; needs hostNetwork under Workload Identity).
     #[arg(long, env = "LASTCALL_GCE_METADATA")]

@@ -12,8 +12,9 @@ use lastcall_testkit::cluster::GameServerState as S;
 use lastcall_testkit::cluster::fixtures::taint;
 use lastcall_testkit::eventually::{eventually, wait_for};
 use lastcall_testkit::gce::GceMetadataEmulator;
+use lastcall_testkit::imds::ImdsEmulator;
 use lastcall_testkit::kube::journal::Verb;
-use lastcall_testkit::world::{NODE, World, WorldSpec, cordoned, has_taint, subscribed};
+use lastcall_testkit::world::{IID, NODE, World, WorldSpec, cordoned, has_taint, subscribed};
 
 async fn gce_agent(w: &World, gce: &GceMetadataEmulator, extra: &[&str]) -> InProcessAgent {
     let url = gce.url();
@@ -305,5 +306,126 @@ async fn gke_scheduled_maintenance_drains_from_the_lead_time() {
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string();
     assert_eq!(deadline, expected, "the window start is the deadline");
+    agent.stop().await.unwrap();
+}
+
+async fn imds_agent(w: &World, imds: &ImdsEmulator, extra: &[&str]) -> InProcessAgent {
+    let url = imds.url();
+    let mut args: Vec<&str> = vec![
+        "--aws-imds",
+        "--imds-endpoint",
+        &url,
+        "--aws-imds-interval",
+        "200ms",
+        "--resync-interval",
+        "1s",
+    ];
+    args.extend_from_slice(extra);
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    w.start_agent(&args).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_interruption_from_imds_releases_idle_servers_with_its_deadline() {
+    let w = World::start(WorldSpec::new(4, 1, 0)).await;
+    let imds = ImdsEmulator::start(IID, "ip-10-0-0-1.ec2.internal")
+        .await
+        .unwrap();
+    let agent = imds_agent(&w, &imds, &[]).await;
+    w.claimed_all().await;
+    let time = "2030-01-01T00:02:00Z";
+    imds.set_spot_action(Some(
+        serde_json::json!({"action": "terminate", "time": time}),
+    ));
+    wait_for("idle released", || async { idle_released(&w) }).await;
+    wait_for("the Spot time is the deadline", || async {
+        (w.allocated()
+            .annotations
+            .get("lastcall.dev/drain-deadline")
+            .map(String::as_str)
+            == Some(time))
+        .then_some(())
+    })
+    .await;
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imds_token_expiring_mid_drain_is_refreshed_without_falling_back_to_v1() {
+    let w = World::start(WorldSpec::new(1, 1, 0)).await;
+    let imds = ImdsEmulator::start(IID, "ip-10-0-0-1.ec2.internal")
+        .await
+        .unwrap();
+    let agent = imds_agent(&w, &imds, &["--rebalance-ttl", "1h"]).await;
+    w.claimed_all().await;
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    imds.set_rebalance(Some(serde_json::json!({"noticeTime": now})));
+    wait_for("rebalance drains", || async {
+        has_taint(&w.node().await, "lastcall.dev/draining").then_some(())
+    })
+    .await;
+    imds.expire_tokens();
+    imds.set_spot_action(Some(
+        serde_json::json!({"action": "terminate", "time": "2030-01-01T00:02:00Z"}),
+    ));
+    wait_for(
+        "the Spot notice is read after the token expired",
+        || async {
+            (w.allocated()
+                .annotations
+                .get("lastcall.dev/drain-reason")
+                .map(String::as_str)
+                == Some("preemption"))
+            .then_some(())
+        },
+    )
+    .await;
+    // No IMDSv1: every GET that was refused for its token is followed by a new token
+    // before the next successful GET.
+    let reqs = imds.requests();
+    let mut pending_401 = false;
+    for (method, path, status) in &reqs {
+        if method == "PUT" && path == "/latest/api/token" {
+            pending_401 = false;
+        } else if method == "GET" && *status == 401 {
+            pending_401 = true;
+        } else if method == "GET" && *status == 200 {
+            assert!(
+                !pending_401,
+                "a GET succeeded without a fresh token: {reqs:?}"
+            );
+        }
+    }
+    assert!(
+        reqs.iter().any(|(_, _, s)| *s == 401),
+        "the token did expire"
+    );
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebalance_that_never_escalates_clears_after_its_ttl() {
+    let w = World::start(WorldSpec::new(1, 1, 0)).await;
+    let imds = ImdsEmulator::start(IID, "ip-10-0-0-1.ec2.internal")
+        .await
+        .unwrap();
+    let agent = imds_agent(&w, &imds, &["--rebalance-ttl", "3s"]).await;
+    w.claimed_all().await;
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    imds.set_rebalance(Some(serde_json::json!({"noticeTime": now})));
+    wait_for("rebalance drains", || async {
+        let n = w.node().await;
+        (cordoned(&n) && has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    wait_for("uncordoned after the TTL", || async {
+        let n = w.node().await;
+        (!cordoned(&n) && !has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
     agent.stop().await.unwrap();
 }

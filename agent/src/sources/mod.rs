@@ -6,6 +6,7 @@
 //! source by name. Signals read from the agent's own Node are plain functions of the
 //! observed Node, evaluated on every pass.
 
+pub mod aws_imds;
 pub mod fleetiq;
 pub mod gce_metadata;
 pub mod node;
@@ -72,6 +73,7 @@ pub struct Registered {
 pub const REGISTRY: &[Registered] = &[
     Registered { source: fleetiq::SOURCE, kind: Kind::Task(fleetiq::start) },
     Registered { source: gce_metadata::SOURCE, kind: Kind::Task(gce_metadata::start) },
+    Registered { source: aws_imds::SOURCE, kind: Kind::Task(aws_imds::start) },
     Registered { source: node::MANUAL, kind: Kind::Node(node::manual) },
     Registered { source: node::KARPENTER, kind: Kind::Node(node::karpenter) },
     Registered { source: node::CLUSTER_AUTOSCALER, kind: Kind::Node(node::cluster_autoscaler) },
