@@ -207,6 +207,11 @@ impl Actuator {
 
     /// The JSON patch for a node change, guarded by a resourceVersion test.
     pub fn node_patch_ops(p: &NodePatch, has_annotations: bool) -> Value {
+        Self::node_patch_ops_with(p, has_annotations, true)
+    }
+
+    /// As `node_patch_ops`, creating the label map first when the Node has none.
+    pub fn node_patch_ops_with(p: &NodePatch, has_annotations: bool, has_labels: bool) -> Value {
         let mut ops = vec![
             json!({"op": "test", "path": "/metadata/resourceVersion", "value": p.resource_version}),
         ];
@@ -222,6 +227,12 @@ impl Actuator {
         for (k, v) in &p.set_annotations {
             ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", pointer_escape(k)), "value": v}));
         }
+        if !p.set_labels.is_empty() && !has_labels {
+            ops.push(json!({"op": "add", "path": "/metadata/labels", "value": {}}));
+        }
+        for (k, v) in &p.set_labels {
+            ops.push(json!({"op": "add", "path": format!("/metadata/labels/{}", pointer_escape(k)), "value": v}));
+        }
         for k in &p.remove_annotations {
             ops.push(json!({"op": "remove", "path": format!("/metadata/annotations/{}", pointer_escape(k))}));
         }
@@ -233,8 +244,9 @@ impl Actuator {
         &self,
         p: &NodePatch,
         has_annotations: bool,
+        has_labels: bool,
     ) -> Result<Option<Node>, ActError> {
-        let ops = Self::node_patch_ops(p, has_annotations);
+        let ops = Self::node_patch_ops_with(p, has_annotations, has_labels);
         if self.skip(
             "patch_node",
             format!("PATCH node/{} {}", self.node_name, ops),

@@ -146,6 +146,12 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_GCE_UPCOMING_INTERVAL", default_value = "60s", value_parser = positive_duration)]
     pub gce_upcoming_interval: Duration,
 
+    /// When the node is empty and pending GCE maintenance may start early
+    /// (`can_reschedule`), set `cloud.google.com/perform-maintenance=true` on the Node, once,
+    /// so GKE starts it now instead of at the window.
+    #[arg(long, env = "LASTCALL_GKE_HAND_BACK")]
+    pub gke_hand_back: bool,
+
     /// How long before a known maintenance window (GKE `scheduled-maintenance-time`, GCE
     /// upcoming maintenance) the node stops taking new matches, so matches that start
     /// before then end on their own before the window.

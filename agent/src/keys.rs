@@ -64,6 +64,10 @@ pub const ANN_NOTICE: &str = "lastcall.dev/drain-notice";
 /// Written just before `DeregisterGameServer` is sent. Present without `ANN_DEREGISTERED`,
 /// it means a crash may have cut between the call and its mark: check before calling again.
 pub const ANN_DEREGISTERING: &str = "lastcall.dev/deregistering";
+/// GKE starts pending host maintenance early when this label is `true` on the Node.
+pub const LABEL_GKE_PERFORM_MAINTENANCE: &str = "cloud.google.com/perform-maintenance";
+/// lastcall asked GKE to start maintenance early (set once, with the label, never again).
+pub const ANN_HANDED_BACK: &str = "lastcall.dev/handed-back";
 /// lastcall added the compat `gamelift.status/draining` taint; only then may a cancel remove it.
 pub const ANN_COMPAT_DRAINING: &str = "lastcall.dev/compat-draining-taint";
 

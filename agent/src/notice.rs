@@ -107,6 +107,9 @@ pub struct Notice {
     /// off the node (Karpenter's and the cluster autoscaler's own taints, a foreign cordon):
     /// then only the game-server work is done.
     pub cordon: bool,
+    /// The maintenance behind it may be started early once the node is empty (GCE
+    /// `can_reschedule`), which GKE does when asked with `cloud.google.com/perform-maintenance`.
+    pub can_start_early: bool,
     pub detail: String,
 }
 
@@ -142,6 +145,7 @@ mod tests {
             deadline: deadline.map(|s| Timestamp::from_second(s).unwrap()),
             cancellable: true,
             cordon: true,
+            can_start_early: false,
             detail: String::new(),
         }
     }

@@ -26,6 +26,8 @@ pub struct PolicyConfig {
     pub default_deadline: Duration,
     /// How long the fence must have stood before an empty node is deregistered.
     pub deregister_settle: Duration,
+    /// Ask GKE to start pending maintenance early once the node is empty.
+    pub hand_back: bool,
 }
 
 pub struct Inputs<'a> {
@@ -101,12 +103,14 @@ pub struct NodePatch {
     pub taints: Option<Vec<Taint>>,
     pub set_annotations: BTreeMap<String, String>,
     pub remove_annotations: BTreeSet<String>,
+    pub set_labels: BTreeMap<String, String>,
 }
 
 impl NodePatch {
     fn is_empty(&self) -> bool {
         self.unschedulable.is_none()
             && self.taints.is_none()
+            && self.set_labels.is_empty()
             && self.set_annotations.is_empty()
             && self.remove_annotations.is_empty()
     }
@@ -543,6 +547,27 @@ fn drain(
             set_annotations,
             ..Default::default()
         }));
+    }
+
+    if !fencing
+        && !work.busy
+        && inp.config.hand_back
+        && inp.notices.iter().any(|n| n.can_start_early)
+        && !obs.node.annotations.contains_key(keys::ANN_HANDED_BACK)
+    {
+        // Empty, and the maintenance may start now: hand the node back early, once. The
+        // annotation makes it once across restarts; the label is GKE's.
+        let mut patch = NodePatch {
+            resource_version: obs.node.resource_version.clone(),
+            ..Default::default()
+        };
+        patch
+            .set_labels
+            .insert(keys::LABEL_GKE_PERFORM_MAINTENANCE.into(), "true".into());
+        patch
+            .set_annotations
+            .insert(keys::ANN_HANDED_BACK.into(), format_ts(inp.now));
+        out.actions.push(Action::PatchNode(patch));
     }
 
     if fencing {

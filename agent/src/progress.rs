@@ -75,6 +75,7 @@ impl DrainRecord {
             deadline: self.deadline,
             cancellable: self.cancellable,
             cordon: true,
+            can_start_early: false,
             detail: format!("recorded on the Node since {}", format_ts(self.first_seen)),
         }
     }
@@ -206,6 +207,7 @@ mod tests {
             deadline: deadline.map(|d| d.parse().unwrap()),
             cancellable,
             cordon: true,
+            can_start_early: false,
             detail: String::new(),
         }
     }

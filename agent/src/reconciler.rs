@@ -519,7 +519,8 @@ impl Reconciler {
         match action {
             Action::PatchNode(p) => {
                 let has_ann = !observed.node.annotations.is_empty();
-                if let Some(n) = a.patch_node(p, has_ann).await? {
+                let has_labels = !observed.node.labels.is_empty();
+                if let Some(n) = a.patch_node(p, has_ann, has_labels).await? {
                     self.state.written_node = Some(n);
                 }
                 self.node_events(p, observed, plan);

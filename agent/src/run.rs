@@ -137,6 +137,7 @@ pub async fn run(
             deregister: config.fleetiq_enabled(),
             default_deadline: config.drain_deadline,
             deregister_settle: config.deregister_settle,
+            hand_back: config.gke_hand_back,
         },
         config.release_concurrency as usize,
         config.resync_interval,

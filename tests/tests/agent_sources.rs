@@ -429,3 +429,68 @@ async fn a_rebalance_that_never_escalates_clears_after_its_ttl() {
     .await;
     agent.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_that_can_start_early_is_handed_back_once_only_when_asked() {
+    for hand_back in [true, false] {
+        let w = World::start(WorldSpec::new(1, 1, 0)).await;
+        let gce = GceMetadataEmulator::start().await.unwrap();
+        let extra: &[&str] = if hand_back {
+            &["--gke-hand-back", "--gce-upcoming-interval", "200ms"]
+        } else {
+            &["--gce-upcoming-interval", "200ms"]
+        };
+        let agent = gce_agent(&w, &gce, extra).await;
+        w.claimed_all().await;
+        let start = jiff::Timestamp::now()
+            .checked_add(jiff::SignedDuration::from_mins(30))
+            .unwrap()
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
+        gce.set(
+            "upcoming-maintenance",
+            &serde_json::json!({"can_reschedule": "true", "maintenance_status": "PENDING", "type": "SCHEDULED", "window_start_time": start}).to_string(),
+        );
+        wait_for("drained for the window", || async {
+            has_taint(&w.node().await, "lastcall.dev/draining").then_some(())
+        })
+        .await;
+        let label = |n: &Node| {
+            n.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("cloud.google.com/perform-maintenance").cloned())
+        };
+        assert_eq!(label(&w.node().await), None, "not while a match runs");
+        let keep = w.allocated();
+        w.cluster
+            .sdk_shutdown(lastcall_testkit::world::NS, &keep.name)
+            .unwrap();
+        wait_for("node empty", || async {
+            w.on(NODE).is_empty().then_some(())
+        })
+        .await;
+        if hand_back {
+            wait_for("handed back", || async {
+                (label(&w.node().await).as_deref() == Some("true")).then_some(())
+            })
+            .await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            assert_eq!(label(&w.node().await), None, "off unless asked");
+        }
+        if hand_back {
+            // Once: the record does not move over further passes (resync is 1 s).
+            let handed = |n: &Node| {
+                n.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("lastcall.dev/handed-back").cloned())
+            };
+            let first = handed(&w.node().await).expect("recorded");
+            tokio::time::sleep(Duration::from_millis(2200)).await;
+            assert_eq!(handed(&w.node().await), Some(first));
+        }
+        agent.stop().await.unwrap();
+    }
+}

@@ -60,6 +60,7 @@ impl FleetIqView {
             deadline,
             cancellable,
             cordon: true,
+            can_start_early: false,
             detail: format!("FleetIQ InstanceStatus={status} via {:?}", self.via),
         };
         if let Some(spot) = self.spot_since {

@@ -27,6 +27,7 @@ fn cfg() -> PolicyConfig {
         deregister: true,
         default_deadline: Duration::from_secs(600),
         deregister_settle: Duration::ZERO,
+        hand_back: false,
     }
 }
 
@@ -97,6 +98,7 @@ fn draining() -> Notice {
         deadline: None,
         cancellable: true,
         cordon: true,
+        can_start_early: false,
         detail: String::new(),
     }
 }
@@ -139,6 +141,7 @@ fn simulate(obs: &Observed, actions: &[Action]) -> Observed {
                     o.node.taints = t.clone();
                 }
                 o.node.annotations.extend(p.set_annotations.clone());
+                o.node.labels.extend(p.set_labels.clone());
                 for k in &p.remove_annotations {
                     o.node.annotations.remove(k);
                 }
@@ -743,6 +746,7 @@ fn spot(deadline: &str) -> Notice {
         deadline: Some(deadline.parse().unwrap()),
         cancellable: false,
         cordon: true,
+        can_start_early: false,
         detail: String::new(),
     }
 }
@@ -1017,4 +1021,53 @@ fn a_signal_whose_source_keeps_pods_off_gets_the_game_server_work_without_a_cord
     let (after, _, phase) = converge(&o, &[], &cfg());
     assert_eq!(phase, Phase::Idle);
     assert!(!after.node.has_taint(keys::TAINT_DRAINING) && after.node.annotations.is_empty());
+}
+
+#[test]
+fn an_empty_node_is_handed_back_to_gke_once_and_only_when_asked() {
+    let mut m = draining();
+    m.source = crate::sources::gce_metadata::SOURCE;
+    m.cause = Cause::Maintenance;
+    m.deadline = Some("2026-11-30T09:00:00Z".parse().unwrap());
+    m.can_start_early = true;
+    let on = PolicyConfig {
+        hand_back: true,
+        deregister: false,
+        ..cfg()
+    };
+    let (o, acts, _) = converge(&mixed(), std::slice::from_ref(&m), &on);
+    assert!(
+        !acts
+            .iter()
+            .any(|a| matches!(a, Action::PatchNode(p) if !p.set_labels.is_empty())),
+        "not while game servers remain"
+    );
+    let mut empty = o.clone();
+    empty.game_servers.clear();
+    empty.pods.clear();
+    let (done, acts, _) = converge(&empty, std::slice::from_ref(&m), &on);
+    let handed: Vec<_> = acts
+        .iter()
+        .filter(|a| matches!(a, Action::PatchNode(p) if p.set_labels.get(keys::LABEL_GKE_PERFORM_MAINTENANCE).map(String::as_str) == Some("true")))
+        .collect();
+    assert_eq!(handed.len(), 1, "{acts:?}");
+    assert!(done.node.annotations.contains_key(keys::ANN_HANDED_BACK));
+    // Off by default; and not when the maintenance cannot start early.
+    let off = PolicyConfig {
+        deregister: false,
+        ..cfg()
+    };
+    let (_, acts, _) = converge(&empty, std::slice::from_ref(&m), &off);
+    assert!(
+        !acts
+            .iter()
+            .any(|a| matches!(a, Action::PatchNode(p) if !p.set_labels.is_empty()))
+    );
+    m.can_start_early = false;
+    let (_, acts, _) = converge(&empty, std::slice::from_ref(&m), &on);
+    assert!(
+        !acts
+            .iter()
+            .any(|a| matches!(a, Action::PatchNode(p) if !p.set_labels.is_empty()))
+    );
 }

@@ -133,6 +133,7 @@ pub fn report(view: &View, rebalance_ttl: Duration, now: Timestamp) -> Report {
         deadline,
         cancellable,
         cordon: true,
+        can_start_early: false,
         detail,
     };
     let mut out = vec![];

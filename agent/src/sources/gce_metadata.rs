@@ -171,6 +171,7 @@ pub fn report(view: &View, s: &Settings, now: Timestamp) -> Report {
         deadline,
         cancellable,
         cordon: true,
+        can_start_early: false,
         detail,
     };
     let mut out = vec![];
@@ -210,13 +211,15 @@ pub fn report(view: &View, s: &Settings, now: Timestamp) -> Report {
         } else {
             Severity::Observe
         };
-        out.push(n(
+        let mut notice = n(
             Cause::Maintenance,
             severity,
             Some(u.window_start),
             true,
             format!("upcoming maintenance {} at {}", u.status, u.window_start),
-        ));
+        );
+        notice.can_start_early = u.can_reschedule && u.status == "PENDING";
+        out.push(notice);
     }
     Report::Known(out)
 }

@@ -43,6 +43,7 @@ fn notice(
         // Every Node signal is level: when the label or taint goes, so does the notice.
         cancellable: true,
         cordon,
+        can_start_early: false,
         detail,
     }
 }
