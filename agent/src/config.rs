@@ -208,7 +208,10 @@ mod tests {
     fn bad_values_name_the_flag() {
         for (args, flag) in [
             (vec!["--redis-url", "http://x"], "--redis-url"),
-            (vec!["--redis-ca-file", "/nonexistent.pem"], "--redis-ca-file"),
+            (
+                vec!["--redis-ca-file", "/nonexistent.pem"],
+                "--redis-ca-file",
+            ),
             (vec!["--heartbeat-interval", "5m"], "--heartbeat-interval"),
             (vec!["--publish-period", "0s"], "--publish-period"),
             (vec!["--imds-endpoint", "ftp://x"], "--imds-endpoint"),

@@ -193,10 +193,14 @@ impl ErrorClass {
                 "the server closed the connection during the handshake: if this port serves TLS, use rediss://"
             }
             Self::Auth => "wrong user name or password (check the credentials in REDIS_URL)",
-            Self::Tls => "TLS failed: the server certificate is not trusted (check the CA file) or the port does not speak TLS",
+            Self::Tls => {
+                "TLS failed: the server certificate is not trusted (check the CA file) or the port does not speak TLS"
+            }
             Self::ReadOnly => "the server is a read-only replica (failover?); reconnecting",
             Self::OutOfMemory => "Redis refused the write: maxmemory reached",
-            Self::NoPermission => "the ACL user lacks a permission (needs +eval/+get/+set/+publish/+subscribe on the keys)",
+            Self::NoPermission => {
+                "the ACL user lacks a permission (needs +eval/+get/+set/+publish/+subscribe on the keys)"
+            }
             Self::Server => "Redis answered with an error",
         }
     }
@@ -289,8 +293,11 @@ mod tests {
         assert!(CaFile::parse(bad.to_str().unwrap()).is_err());
         assert!(CaFile::parse("/nonexistent/ca.pem").is_err());
         let good = dir.join("good.pem");
-        std::fs::write(&good, "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
-            .unwrap();
+        std::fs::write(
+            &good,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
         assert_eq!(CaFile::parse(good.to_str().unwrap()).unwrap().path(), good);
         let _ = std::fs::remove_dir_all(dir);
     }

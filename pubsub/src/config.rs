@@ -208,7 +208,9 @@ fn parse_rate(raw: &str) -> Result<f64, String> {
         .parse()
         .map_err(|_| format!("{raw:?} is not a number of calls per second"))?;
     if !(0.1..=10_000.0).contains(&rate) {
-        return Err(format!("{raw} must be between 0.1 and 10000 calls per second"));
+        return Err(format!(
+            "{raw} must be between 0.1 and 10000 calls per second"
+        ));
     }
     Ok(rate)
 }

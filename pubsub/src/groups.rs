@@ -55,12 +55,11 @@ struct Document {
 /// (`arn:aws:gamelift:<region>:<account>:gameservergroup/<name>`), so one group listed both
 /// ways is polled once.
 pub fn group_identity(name_or_arn: &str) -> &str {
-    if name_or_arn.starts_with("arn:") {
-        if let Some((_, name)) = name_or_arn.rsplit_once(":gameservergroup/") {
-            if !name.is_empty() {
-                return name;
-            }
-        }
+    if name_or_arn.starts_with("arn:")
+        && let Some((_, name)) = name_or_arn.rsplit_once(":gameservergroup/")
+        && !name.is_empty()
+    {
+        return name;
     }
     name_or_arn
 }
@@ -174,7 +173,8 @@ mod tests {
         );
         let arn = r#"{"GameServerGroups": ["arn:aws:gamelift:us-west-2:1:gameservergroup/g"]}"#;
         assert_eq!(parse_groups(arn.as_bytes()).unwrap().len(), 1);
-        let both = r#"{"GameServerGroups": ["g", "arn:aws:gamelift:us-west-2:1:gameservergroup/g", "h"]}"#;
+        let both =
+            r#"{"GameServerGroups": ["g", "arn:aws:gamelift:us-west-2:1:gameservergroup/g", "h"]}"#;
         assert_eq!(
             parse_groups(both.as_bytes()).unwrap(),
             vec!["g".to_string(), "h".to_string()],

@@ -424,7 +424,7 @@ impl Poller {
             i64,
         ),
         PollError,
-    > {
+    >{
         let mut backoff = Backoff::new(self.retry_base, self.retry_max);
         let mut attempts = 0u32;
         loop {
@@ -567,7 +567,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(m.status, None);
-        assert!(m.outgoing.body.ends_with(r#""InstanceStatus": "HIBERNATING"}"#));
+        assert!(
+            m.outgoing
+                .body
+                .ends_with(r#""InstanceStatus": "HIBERNATING"}"#)
+        );
     }
 
     #[test]
@@ -602,7 +606,11 @@ mod tests {
             ),
         ];
         for (entry, label) in cases {
-            assert_eq!(to_polled(&entry, 0).unwrap_err().label(), label, "{entry:?}");
+            assert_eq!(
+                to_polled(&entry, 0).unwrap_err().label(),
+                label,
+                "{entry:?}"
+            );
         }
     }
 

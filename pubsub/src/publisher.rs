@@ -162,7 +162,12 @@ impl Publisher {
             slot: tokio::sync::Mutex::new(None),
             generation: AtomicU64::new(0),
             gate: Mutex::new(Gate {
-                backoff: Backoff::new(config.redis_retry_base, config.redis_retry_max),
+                // Capped below half a period, so publishing resumes within two periods of
+                // Redis coming back.
+                backoff: Backoff::new(
+                    config.redis_retry_base,
+                    config.redis_retry_max.min(config.period / 2),
+                ),
                 retry_at: None,
                 failing: None,
             }),

@@ -14,6 +14,9 @@ use tokio::time::Instant;
 const MIN_FACTOR: f64 = 0.1;
 /// Fraction of the configured rate regained per successful call.
 const RECOVERY_STEP: f64 = 0.02;
+/// Throttles closer together than this are one signal: concurrent callers hit by the same
+/// overload halve the rate once, not once each.
+const DECREASE_SPACING: Duration = Duration::from_secs(1);
 
 /// The bucket's state at one instant.
 #[derive(Clone, Debug, PartialEq)]
@@ -25,6 +28,7 @@ pub struct Bucket {
     factor: f64,
     last: Instant,
     paused_until: Option<Instant>,
+    last_decrease: Option<Instant>,
 }
 
 impl Bucket {
@@ -37,6 +41,7 @@ impl Bucket {
             factor: 1.0,
             last: now,
             paused_until: None,
+            last_decrease: None,
         }
     }
 
@@ -60,15 +65,19 @@ impl Bucket {
             return Ok(());
         }
         let missing = 1.0 - self.tokens;
-        Err(Duration::from_secs_f64(
-            missing / (self.rate * self.factor),
-        ))
+        Err(Duration::from_secs_f64(missing / (self.rate * self.factor)))
     }
 
     /// A throttled answer: nobody calls for `pause`, then at half the current rate.
     pub fn throttled(&mut self, now: Instant, pause: Duration) {
         self.refill(now);
-        self.factor = (self.factor * 0.5).max(MIN_FACTOR);
+        if self
+            .last_decrease
+            .is_none_or(|at| now.saturating_duration_since(at) >= DECREASE_SPACING)
+        {
+            self.factor = (self.factor * 0.5).max(MIN_FACTOR);
+            self.last_decrease = Some(now);
+        }
         self.tokens = self.tokens.min(0.0);
         let until = now + pause;
         self.paused_until = Some(self.paused_until.map_or(until, |p| p.max(until)));
@@ -160,8 +169,10 @@ mod tests {
         assert_eq!(b.current_rate(), 5.0);
         let wait = b.try_take(t0 + Duration::from_millis(500)).unwrap_err();
         assert_eq!(wait, Duration::from_millis(500));
-        for _ in 0..10 {
-            b.throttled(t0, Duration::from_secs(1));
+        b.throttled(t0, Duration::from_secs(1));
+        assert_eq!(b.current_rate(), 5.0, "one decrease per second");
+        for s in 1..=10 {
+            b.throttled(t0 + Duration::from_secs(s), Duration::from_secs(1));
         }
         assert_eq!(b.current_rate(), 1.0, "floor at 10%");
         for _ in 0..100 {

@@ -336,9 +336,15 @@ impl Pubsub {
     /// therefore not ready and does not replace a working pod.
     fn set_readiness(&self, state: &CycleState, had_groups: bool, groups: usize) {
         let (ok, detail) = if !had_groups {
-            (false, "no usable groups file yet (see config_reloads)".to_string())
+            (
+                false,
+                "no usable groups file yet (see config_reloads)".to_string(),
+            )
         } else if groups == 0 {
-            (false, "the groups file lists no game server groups".to_string())
+            (
+                false,
+                "the groups file lists no game server groups".to_string(),
+            )
         } else {
             match state.last_any_publish {
                 Some(at) if at.elapsed() <= self.ready_within => {
@@ -356,10 +362,16 @@ impl Pubsub {
         self.health.set(READY_PUBLISHING, ok, detail);
     }
 
-    async fn poll_and_publish(&self, group: &str, budget: &Budget, deadline: Instant) -> GroupOutcome {
+    async fn poll_and_publish(
+        &self,
+        group: &str,
+        budget: &Budget,
+        deadline: Instant,
+    ) -> GroupOutcome {
         let poll = match tokio::time::timeout_at(
             deadline,
-            self.poller.poll_group(group, budget, &self.limiter, deadline),
+            self.poller
+                .poll_group(group, budget, &self.limiter, deadline),
         )
         .await
         {
@@ -510,7 +522,8 @@ impl Pubsub {
                 () = shutdown.cancelled() => return,
                 _ = self.run_cycle() => {}
             }
-            next = (started + self.period).max(Instant::now() + MIN_GAP) + jitter(self.cycle_jitter);
+            next =
+                (started + self.period).max(Instant::now() + MIN_GAP) + jitter(self.cycle_jitter);
         }
     }
 }

@@ -10,8 +10,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -240,7 +240,13 @@ pub async fn generate_tls(dir: &Path, name: &str) -> anyhow::Result<TlsFiles> {
         &ext,
         "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
     )?;
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
     let path = |f: &str| p(f).to_string_lossy().into_owned();
     let steps: Vec<Vec<String>> = vec![
         [
@@ -264,9 +270,21 @@ pub async fn generate_tls(dir: &Path, name: &str) -> anyhow::Result<TlsFiles> {
         .map(|s| s.to_string())
         .collect(),
         [
-            "x509", "-req", "-in", &path("server.csr"), "-CA", &path("ca.pem"), "-CAkey",
-            &path("ca.key"), "-CAcreateserial", "-out", &path("server.pem"), "-days", "2",
-            "-extfile", &path("ext.cnf"),
+            "x509",
+            "-req",
+            "-in",
+            &path("server.csr"),
+            "-CA",
+            &path("ca.pem"),
+            "-CAkey",
+            &path("ca.key"),
+            "-CAcreateserial",
+            "-out",
+            &path("server.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            &path("ext.cnf"),
         ]
         .iter()
         .map(|s| s.to_string())
@@ -304,6 +322,7 @@ pub struct TcpProxy {
     port: u16,
     upstream: Arc<AtomicU16>,
     blackhole: Arc<AtomicBool>,
+    drop_replies: Arc<AtomicBool>,
     delay_ms: Arc<AtomicU64>,
     stop: CancellationToken,
 }
@@ -322,12 +341,14 @@ impl TcpProxy {
             port,
             upstream: Arc::new(AtomicU16::new(upstream)),
             blackhole: Arc::new(AtomicBool::new(false)),
+            drop_replies: Arc::new(AtomicBool::new(false)),
             delay_ms: Arc::new(AtomicU64::new(0)),
             stop: CancellationToken::new(),
         };
-        let (up, hole, delay, stop) = (
+        let (up, hole, replies, delay, stop) = (
             proxy.upstream.clone(),
             proxy.blackhole.clone(),
+            proxy.drop_replies.clone(),
             proxy.delay_ms.clone(),
             proxy.stop.clone(),
         );
@@ -338,11 +359,17 @@ impl TcpProxy {
                     a = listener.accept() => a,
                 };
                 let Ok((client, _)) = accepted else { continue };
-                let (up, hole, delay, stop) = (up.clone(), hole.clone(), delay.clone(), stop.clone());
+                let links = Links {
+                    upstream: up.clone(),
+                    hole: hole.clone(),
+                    drop_replies: replies.clone(),
+                    delay_ms: delay.clone(),
+                };
+                let stop = stop.clone();
                 tokio::spawn(async move {
                     tokio::select! {
                         () = stop.cancelled() => {}
-                        () = serve_connection(client, up, hole, delay) => {}
+                        () = serve_connection(client, links) => {}
                     }
                 });
             }
@@ -364,18 +391,33 @@ impl TcpProxy {
         self.blackhole.store(on, Ordering::SeqCst);
     }
 
+    /// While on, requests still reach Redis but answers are lost, and connections that lost
+    /// one never answer again: the "did my write happen?" case.
+    pub fn set_drop_replies(&self, on: bool) {
+        self.drop_replies.store(on, Ordering::SeqCst);
+    }
+
     /// Delay added to every chunk the client sends, order kept.
     pub fn set_delay(&self, d: Duration) {
         self.delay_ms.store(d.as_millis() as u64, Ordering::SeqCst);
     }
 }
 
-async fn serve_connection(
-    client: TcpStream,
+/// The proxy's switches, as each connection sees them.
+struct Links {
     upstream: Arc<AtomicU16>,
     hole: Arc<AtomicBool>,
+    drop_replies: Arc<AtomicBool>,
     delay_ms: Arc<AtomicU64>,
-) {
+}
+
+async fn serve_connection(client: TcpStream, links: Links) {
+    let Links {
+        upstream,
+        hole,
+        drop_replies,
+        delay_ms,
+    } = links;
     let dead = Arc::new(AtomicBool::new(false));
     if hole.load(Ordering::SeqCst) {
         // Accepted by the kernel, never answered.
@@ -429,7 +471,7 @@ async fn serve_connection(
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            if hole.load(Ordering::SeqCst) {
+            if hole.load(Ordering::SeqCst) || drop_replies.load(Ordering::SeqCst) {
                 down_dead.store(true, Ordering::SeqCst);
             }
             if down_dead.load(Ordering::SeqCst) {
@@ -507,9 +549,15 @@ async fn launch(port: u16, dir: &Path, mode: &Mode) -> Result<Child, LaunchError
         }
     }
     if mode.acl {
-        command
-            .args(["--user", "default", "off"])
-            .args(["--user", ACL_USER, "on", &format!(">{ACL_PASSWORD}"), "~*", "&*", "+@all"]);
+        command.args(["--user", "default", "off"]).args([
+            "--user",
+            ACL_USER,
+            "on",
+            &format!(">{ACL_PASSWORD}"),
+            "~*",
+            "&*",
+            "+@all",
+        ]);
     }
     let mut child = command
         .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])

@@ -29,10 +29,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::gamelift::GameLift;
-#[cfg(test)]
-use lastcall_common::fleetiq::InstanceStatus;
 use super::view::{FleetIqView, Via};
 use crate::metrics::{Metrics, ResultLabel, SourceLabel, SourceReason, SourceStatus};
+#[cfg(test)]
+use lastcall_common::fleetiq::InstanceStatus;
 
 const SOURCE: &str = "fleetiq";
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -76,7 +76,12 @@ fn redis_failed(context: &str, e: &redis::RedisError) -> End {
 /// cannot undo a timed one: a cached value without a time never overrides a status the
 /// fallback timed; a live message without one (an older publisher) still applies, as it
 /// always did.
-pub fn may_replace(held: Option<i64>, held_via: Option<Via>, candidate: Option<i64>, via: Via) -> bool {
+pub fn may_replace(
+    held: Option<i64>,
+    held_via: Option<Via>,
+    candidate: Option<i64>,
+    via: Via,
+) -> bool {
     match (held, candidate) {
         (Some(h), Some(c)) => c >= h,
         (Some(_), None) => !(via == Via::Cache && held_via == Some(Via::Fallback)),
@@ -201,7 +206,9 @@ impl RedisSource {
         let mut polled_seen: Option<i64> = None;
         loop {
             let began = Instant::now();
-            let end = self.session(&shutdown, &mut polled_seen, &mut last_class).await;
+            let end = self
+                .session(&shutdown, &mut polled_seen, &mut last_class)
+                .await;
             self.set_up(false);
             match end {
                 End::Shutdown => return,
@@ -321,10 +328,10 @@ impl RedisSource {
                         .borrow()
                         .last_seen
                         .is_none_or(|t| t.elapsed() >= self.ping_every);
-                    if quiet {
-                        if let Err(e) = self.confirm_quiet(&mut conn, polled_seen).await {
-                            return redis_failed("checking the polled-at time", &e);
-                        }
+                    if quiet
+                        && let Err(e) = self.confirm_quiet(&mut conn, polled_seen).await
+                    {
+                        return redis_failed("checking the polled-at time", &e);
                     }
                 }
             }
@@ -359,7 +366,10 @@ impl RedisSource {
             return Ok(());
         }
         *polled_seen = Some(at);
-        debug!(message = "pubsub is quiet but alive: polled-at moved", polled_at_ms = at);
+        debug!(
+            message = "pubsub is quiet but alive: polled-at moved",
+            polled_at_ms = at
+        );
         self.metrics
             .signals
             .get_or_create(&SourceStatus {
@@ -491,9 +501,19 @@ mod tests {
     #[test]
     fn unknown_statuses_hold_a_drain() {
         let (src, rx, m) = source();
-        assert!(src.handle(br#"{"InstanceId":"i-1","InstanceStatus":"DRAINING"}"#, Via::Message));
-        assert!(!src.handle(br#"{"InstanceId":"i-1","InstanceStatus":"HIBERNATING"}"#, Via::Message));
-        assert_eq!(rx.borrow().status, Some(InstanceStatus::Draining), "held, not cancelled");
+        assert!(src.handle(
+            br#"{"InstanceId":"i-1","InstanceStatus":"DRAINING"}"#,
+            Via::Message
+        ));
+        assert!(!src.handle(
+            br#"{"InstanceId":"i-1","InstanceStatus":"HIBERNATING"}"#,
+            Via::Message
+        ));
+        assert_eq!(
+            rx.borrow().status,
+            Some(InstanceStatus::Draining),
+            "held, not cancelled"
+        );
         assert_eq!(rejected(&m, "unknown_status"), 1);
     }
 
@@ -501,24 +521,50 @@ mod tests {
     fn an_older_cache_never_overrides_the_fallback() {
         let (src, rx, m) = source();
         src.view.send_modify(|v| {
-            v.observe(InstanceStatus::Draining, Via::Fallback, jiff::Timestamp::now(), Instant::now());
+            v.observe(
+                InstanceStatus::Draining,
+                Via::Fallback,
+                jiff::Timestamp::now(),
+                Instant::now(),
+            );
             v.polled_at_ms = Some(2_000);
         });
         let active = br#"{"InstanceId":"i-1","InstanceStatus":"ACTIVE"}"#;
         assert!(!src.handle_at(active, Via::Cache, Some(1_000)));
-        assert!(!src.handle_at(active, Via::Cache, None), "an untimed cache cannot undo a timed fallback");
+        assert!(
+            !src.handle_at(active, Via::Cache, None),
+            "an untimed cache cannot undo a timed fallback"
+        );
         assert_eq!(rx.borrow().status, Some(InstanceStatus::Draining));
         assert_eq!(rejected(&m, "older_than_held"), 2);
-        assert!(src.handle_at(active, Via::Cache, Some(3_000)), "a newer poll applies");
+        assert!(
+            src.handle_at(active, Via::Cache, Some(3_000)),
+            "a newer poll applies"
+        );
         assert_eq!(rx.borrow().status, Some(InstanceStatus::Active));
     }
 
     #[test]
     fn ordering_rule() {
         assert!(may_replace(None, None, None, Via::Cache));
-        assert!(may_replace(Some(5), Some(Via::Message), Some(5), Via::Fallback));
-        assert!(!may_replace(Some(5), Some(Via::Message), Some(4), Via::Fallback));
-        assert!(may_replace(Some(5), Some(Via::Fallback), None, Via::Message));
+        assert!(may_replace(
+            Some(5),
+            Some(Via::Message),
+            Some(5),
+            Via::Fallback
+        ));
+        assert!(!may_replace(
+            Some(5),
+            Some(Via::Message),
+            Some(4),
+            Via::Fallback
+        ));
+        assert!(may_replace(
+            Some(5),
+            Some(Via::Fallback),
+            None,
+            Via::Message
+        ));
         assert!(!may_replace(Some(5), Some(Via::Fallback), None, Via::Cache));
     }
 }
