@@ -1241,7 +1241,6 @@ async fn access_denied_everywhere_is_not_ready_and_on_one_group_shows_in_its_sta
 
 struct AgentSource {
     view: watch::Receiver<FleetIqView>,
-    metrics: lastcall_agent::metrics::Metrics,
     registry: Arc<prometheus_client::registry::Registry>,
     stop: CancellationToken,
 }
@@ -1289,7 +1288,6 @@ impl AgentSource {
         }
         AgentSource {
             view: rx,
-            metrics,
             registry,
             stop,
         }
@@ -1384,7 +1382,20 @@ async fn redis_tls_with_an_acl_user_works_and_each_misconfiguration_is_classifie
     emulator.add_instances("tls", &[iid.to_string()], emu::InstanceStatus::Draining);
 
     // The good path, both binaries.
-    let pubsub = build_pubsub(&emulator, &good, &groups_file, &["--redis-ca-file", &ca]).await;
+    let pubsub = build_pubsub(
+        &emulator,
+        &good,
+        &groups_file,
+        &[
+            "--redis-ca-file",
+            &ca,
+            "--redis-retry-base",
+            "5ms",
+            "--redis-retry-max",
+            "10ms",
+        ],
+    )
+    .await;
     let r = pubsub.run_cycle().await;
     assert_eq!((r.published, r.errors), (1, 0), "{r:?}");
     let mut conn = redis.client().await.unwrap();
@@ -1392,6 +1403,51 @@ async fn redis_tls_with_an_acl_user_works_and_each_misconfiguration_is_classifie
         cached_status(&mut conn, iid).await,
         Some(InstanceStatus::Draining)
     );
+
+    // The password is rotated under pubsub and its connection dropped: the reconnect fails
+    // auth. Once the password is back, the next connection works: an auth failure never
+    // breaks the publisher for good.
+    let acl = |pass: &str| {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER")
+            .arg(ACL_USER)
+            .arg("resetpass")
+            .arg(format!(">{pass}"));
+        cmd
+    };
+    let _: String = acl("rotated").query_async(&mut conn).await.unwrap();
+    let _: redis::Value = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("USER")
+        .arg(ACL_USER)
+        .query_async(&mut conn)
+        .await
+        .unwrap_or(redis::Value::Nil);
+    let r = wait_for("pubsub sees the auth failure", || async {
+        let r = pubsub.run_cycle().await;
+        let m = Metrics::parse(&pubsub.metrics_text());
+        (counter(&m, "publish_errors", &[("reason", "auth")]) >= 1.0).then_some(r)
+    })
+    .await;
+    assert_eq!(r.published, 0);
+    let mut admin = {
+        // A connection of its own: the kill above closed the harness's.
+        let client = redis::Client::build_with_tls(
+            format!("rediss://{ACL_USER}:rotated@127.0.0.1:{port}").as_str(),
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(std::fs::read(&tls.ca_pem).unwrap()),
+            },
+        )
+        .unwrap();
+        client.get_multiplexed_async_connection().await.unwrap()
+    };
+    let _: String = acl(ACL_PASSWORD).query_async(&mut admin).await.unwrap();
+    wait_for(
+        "pubsub publishes again after the password is back",
+        || async { (pubsub.run_cycle().await.published == 1).then_some(()) },
+    )
+    .await;
     let agent = AgentSource::start(
         &good,
         Some(CaFile::parse(&ca).unwrap()),
@@ -1459,7 +1515,6 @@ async fn redis_tls_with_an_acl_user_works_and_each_misconfiguration_is_classifie
             None,
             "{reason}: a Redis error never changes the status"
         );
-        let _ = &agent.metrics;
     }
 }
 
