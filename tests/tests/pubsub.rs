@@ -1088,6 +1088,57 @@ async fn an_uncertain_write_is_published_again_when_the_status_reverts() {
     assert_eq!(status_of(&got[2].1), InstanceStatus::Active);
 }
 
+/// A Redis error on one group's batch (here an ACL that denies that group's keys) fails
+/// that group only: the next group still publishes in the same cycle. Before, the shared
+/// backoff skipped every other group's batch.
+#[tokio::test]
+async fn one_groups_redis_error_does_not_stop_the_others() {
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let mut admin = redis.client().await.unwrap();
+    let _: String = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("limited")
+        .arg("on")
+        .arg(">pw")
+        .arg("~lastcall:*:i-ok*")
+        .arg("&*")
+        .arg("+@all")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["denied", "ok"]);
+    emulator.add_instances("denied", &ids("denied", 3), emu::InstanceStatus::Active);
+    let good = ids("ok", 3);
+    emulator.add_instances("ok", &good, emu::InstanceStatus::Active);
+    let pubsub = build_pubsub(
+        &emulator,
+        &format!("redis://limited:pw@127.0.0.1:{}", redis.port()),
+        &groups_file,
+        &["--concurrency", "1"],
+    )
+    .await;
+    let sub = Subscriber::start(&redis.url(), &good).await;
+    let r = pubsub.run_cycle().await;
+    assert_eq!((r.published, r.publish_errors), (3, 1), "{r:?}");
+    sub.wait_for_count(3).await;
+    let m = Metrics::parse(&pubsub.metrics_text());
+    assert_eq!(
+        counter(&m, "publish_errors", &[("reason", "no_permission")]),
+        1.0
+    );
+    assert_eq!(counter(&m, "publish_errors", &[("reason", "backoff")]), 0.0);
+    assert_eq!(
+        m.value(
+            "lastcall_pubsub_group_failed_cycles",
+            &[("group", "denied")]
+        ),
+        1.0
+    );
+}
+
 /// 250 groups x 200 instances with half the calls throttled: the shared bucket keeps the
 /// call rate under `--api-rate`, the cycle deadline cuts what does not fit, and groups that
 /// missed a cycle go first in the next, so none misses two in a row.
