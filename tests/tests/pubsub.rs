@@ -806,6 +806,49 @@ async fn contract_published_bytes_equal_the_python_form_and_parse_in_the_agent()
 // Faults: Redis recovery, ordering, uncertain writes, rate control, health
 // ---------------------------------------------------------------------------------------
 
+/// Log lines written while it is the thread's default subscriber (tests run on one thread,
+/// so the tasks they spawn log here too).
+#[derive(Clone, Default)]
+struct LogCapture(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogCapture {
+    type Writer = LogCapture;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+impl LogCapture {
+    fn install(&self) -> tracing::subscriber::DefaultGuard {
+        tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_writer(self.clone())
+                .with_ansi(false)
+                .with_max_level(tracing::Level::DEBUG)
+                .finish(),
+        )
+    }
+
+    /// WARN lines containing every one of `parts`.
+    fn warnings(&self, parts: &[&str]) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains(" WARN ") && parts.iter().all(|p| l.contains(p)))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
 fn status_of(body: &[u8]) -> InstanceStatus {
     StatusMessage::parse(body).unwrap().status
 }
@@ -1519,6 +1562,8 @@ async fn redis_tls_with_an_acl_user_works_and_each_misconfiguration_is_classifie
         (&good, other_ca.to_str().unwrap(), "tls"),
         (&plain, &ca, "handshake"),
     ];
+    let logs = LogCapture::default();
+    let _guard = logs.install();
     for (url, ca_file, reason) in cases {
         let pubsub = build_pubsub(
             &emulator,
@@ -1545,6 +1590,23 @@ async fn redis_tls_with_an_acl_user_works_and_each_misconfiguration_is_classifie
             "{reason}"
         );
         assert!(!pubsub.health().is_ready(), "{reason}");
+        wait_for(
+            &format!("pubsub retries after a {reason} error"),
+            || async {
+                pubsub.run_cycle().await;
+                let m = Metrics::parse(&pubsub.metrics_text());
+                (counter(&m, "publish_errors", &[("reason", reason)]) >= 3.0).then_some(())
+            },
+        )
+        .await;
+        let tagged = format!("reason=\"{reason}\"");
+        let lines = logs.warnings(&["Redis round trip failed", &tagged]);
+        assert_eq!(
+            lines.len(),
+            1,
+            "{reason}: one warning line for three failures: {lines:#?}"
+        );
+        assert!(lines[0].contains("hint="), "{}", lines[0]);
 
         let agent = AgentSource::start(
             url,
@@ -1553,14 +1615,23 @@ async fn redis_tls_with_an_acl_user_works_and_each_misconfiguration_is_classifie
             Duration::from_secs(5),
             None,
         );
-        wait_for(&format!("the agent counts a {reason} error"), || async {
-            (agent.metric(
-                "lastcall_redis_errors_total",
-                &[("source", "fleetiq"), ("reason", reason)],
-            ) >= 1.0)
-                .then_some(())
-        })
+        wait_for(
+            &format!("the agent retries after a {reason} error"),
+            || async {
+                (agent.metric(
+                    "lastcall_redis_errors_total",
+                    &[("source", "fleetiq"), ("reason", reason)],
+                ) >= 3.0)
+                    .then_some(())
+            },
+        )
         .await;
+        let lines = logs.warnings(&["Redis unavailable", &tagged]);
+        assert_eq!(
+            lines.len(),
+            1,
+            "{reason}: one agent warning for three failures: {lines:#?}"
+        );
         assert_eq!(
             agent.status(),
             None,
