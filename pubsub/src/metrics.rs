@@ -66,7 +66,7 @@ pub struct Metrics {
     pub cache_writes: Counter,
     pub redis_connects: Counter,
     pub api_rate_wait_seconds: Counter<f64, AtomicU64>,
-    pub api_throttle_pauses: Counter,
+    pub api_throttle_slowdowns: Counter,
     pub group_staleness: Family<GroupLabels, Gauge<f64, AtomicU64>>,
     pub group_failed_cycles: Family<GroupLabels, Gauge>,
     pub last_publish: Gauge<f64, AtomicU64>,
@@ -99,7 +99,7 @@ impl Metrics {
             cache_writes: Counter::default(),
             redis_connects: Counter::default(),
             api_rate_wait_seconds: Counter::default(),
-            api_throttle_pauses: Counter::default(),
+            api_throttle_slowdowns: Counter::default(),
             group_staleness: Family::default(),
             group_failed_cycles: Family::default(),
             last_publish: Gauge::default(),
@@ -180,9 +180,9 @@ impl Metrics {
             m.api_rate_wait_seconds.clone(),
         );
         r.register(
-            "api_throttle_pauses",
-            "Throttled GameLift answers that paused and slowed every caller",
-            m.api_throttle_pauses.clone(),
+            "api_throttle_slowdowns",
+            "Throttled GameLift answers, each of which slowed every caller (the rate halves at most once a second)",
+            m.api_throttle_slowdowns.clone(),
         );
         r.register(
             "group_staleness_seconds",

@@ -489,8 +489,8 @@ impl Poller {
             let delay = backoff.next_delay();
             if kind == PollErrorKind::Throttled {
                 // Everyone slows down, not only this page.
-                limiter.throttled(delay);
-                self.metrics.api_throttle_pauses.inc();
+                limiter.throttled();
+                self.metrics.api_throttle_slowdowns.inc();
             }
             if Instant::now() + delay > deadline {
                 return Err(PollError {

@@ -2,8 +2,10 @@
 //!
 //! Without it, calls burst at the start of each cycle and every page backs off on its own,
 //! so a throttled account keeps being hit by the other groups. Here a throttled answer
-//! pauses every caller and halves the rate; each success wins a little of it back. The
-//! decision is a pure function of the state and the time, tested without a clock.
+//! halves the rate for every caller (at most once a second, so concurrent callers hit by the
+//! same overload count once) and empties the bucket; each success wins a little of the rate
+//! back. The throttled page itself also backs off before its retry. The decision is a pure
+//! function of the state and the time, tested without a clock.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -27,7 +29,6 @@ pub struct Bucket {
     /// Fraction of `rate` currently allowed (1.0 until throttled).
     factor: f64,
     last: Instant,
-    paused_until: Option<Instant>,
     last_decrease: Option<Instant>,
 }
 
@@ -40,7 +41,6 @@ impl Bucket {
             tokens: burst,
             factor: 1.0,
             last: now,
-            paused_until: None,
             last_decrease: None,
         }
     }
@@ -53,12 +53,6 @@ impl Bucket {
 
     /// Takes a token now, or says how long to wait before asking again.
     pub fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
-        if let Some(until) = self.paused_until {
-            if now < until {
-                return Err(until - now);
-            }
-            self.paused_until = None;
-        }
         self.refill(now);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
@@ -68,8 +62,9 @@ impl Bucket {
         Err(Duration::from_secs_f64(missing / (self.rate * self.factor)))
     }
 
-    /// A throttled answer: nobody calls for `pause`, then at half the current rate.
-    pub fn throttled(&mut self, now: Instant, pause: Duration) {
+    /// A throttled answer: everyone continues at half the current rate, from an empty
+    /// bucket.
+    pub fn throttled(&mut self, now: Instant) {
         self.refill(now);
         if self
             .last_decrease
@@ -79,8 +74,6 @@ impl Bucket {
             self.last_decrease = Some(now);
         }
         self.tokens = self.tokens.min(0.0);
-        let until = now + pause;
-        self.paused_until = Some(self.paused_until.map_or(until, |p| p.max(until)));
     }
 
     /// A successful answer wins back a little of the rate.
@@ -125,8 +118,8 @@ impl RateLimiter {
         }
     }
 
-    pub fn throttled(&self, pause: Duration) {
-        self.bucket().throttled(Instant::now(), pause);
+    pub fn throttled(&self) {
+        self.bucket().throttled(Instant::now());
     }
 
     pub fn succeeded(&self) {
@@ -162,17 +155,18 @@ mod tests {
     }
 
     #[test]
-    fn throttling_pauses_everyone_and_halves_the_rate_then_recovers() {
+    fn throttling_halves_the_rate_for_everyone_then_recovers() {
         let t0 = Instant::now();
         let mut b = Bucket::new(10.0, 5, t0);
-        b.throttled(t0, Duration::from_secs(1));
+        b.throttled(t0);
         assert_eq!(b.current_rate(), 5.0);
-        let wait = b.try_take(t0 + Duration::from_millis(500)).unwrap_err();
-        assert_eq!(wait, Duration::from_millis(500));
-        b.throttled(t0, Duration::from_secs(1));
+        // The bucket was emptied: the next token comes at the halved rate.
+        let wait = b.try_take(t0).unwrap_err();
+        assert!((wait.as_secs_f64() - 0.2).abs() < 1e-6, "{wait:?}");
+        b.throttled(t0);
         assert_eq!(b.current_rate(), 5.0, "one decrease per second");
         for s in 1..=10 {
-            b.throttled(t0 + Duration::from_secs(s), Duration::from_secs(1));
+            b.throttled(t0 + Duration::from_secs(s));
         }
         assert_eq!(b.current_rate(), 1.0, "floor at 10%");
         for _ in 0..100 {
