@@ -198,7 +198,7 @@ async fn bench() -> anyhow::Result<()> {
         instances as f64 / trips as f64
     );
     println!(
-        "| publish time, pubsub pipelined PUBLISH+SET, {pipelined_trips} round trips | {} |",
+        "| publish time, pubsub newer-only script (SET, SET, PUBLISH per instance), {pipelined_trips} round trips | {} |",
         ms(pipelined)
     );
     println!(
