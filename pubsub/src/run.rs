@@ -411,19 +411,7 @@ impl Pubsub {
                 };
             }
         };
-        // One message per instance per cycle, even if paging returned an instance twice:
-        // the later page's entry wins, being the newer answer.
-        let mut index: HashMap<String, usize> = HashMap::with_capacity(messages.len());
-        let mut unique: Vec<crate::poller::Polled> = Vec::with_capacity(messages.len());
-        for m in messages {
-            match index.get(&m.outgoing.instance_id) {
-                Some(&i) => unique[i] = m,
-                None => {
-                    index.insert(m.outgoing.instance_id.clone(), unique.len());
-                    unique.push(m);
-                }
-            }
-        }
+        let unique = dedupe_keep_last(messages);
         let mut counts: HashMap<&'static str, i64> = HashMap::new();
         for m in &unique {
             let label = m.status.map_or(UNKNOWN_STATUS, |s| s.as_str());
@@ -528,6 +516,23 @@ impl Pubsub {
     }
 }
 
+/// One entry per instance, even if paging returned an instance twice: the later page's
+/// entry wins, being the newer answer. First-seen order is kept.
+pub fn dedupe_keep_last(polled: Vec<crate::poller::Polled>) -> Vec<crate::poller::Polled> {
+    let mut index: HashMap<String, usize> = HashMap::with_capacity(polled.len());
+    let mut unique: Vec<crate::poller::Polled> = Vec::with_capacity(polled.len());
+    for m in polled {
+        match index.get(&m.outgoing.instance_id) {
+            Some(&i) => unique[i] = m,
+            None => {
+                index.insert(m.outgoing.instance_id.clone(), unique.len());
+                unique.push(m);
+            }
+        }
+    }
+    unique
+}
+
 fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -593,5 +598,43 @@ pub async fn serve(config: Config) -> Result<(), Error> {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(Error::Admin(e)),
         Err(join) => Err(Error::Admin(std::io::Error::other(join.to_string()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::poller::Polled;
+    use lastcall_common::fleetiq::InstanceStatus;
+
+    fn polled(iid: &str, status: InstanceStatus, at: i64) -> Polled {
+        Polled {
+            outgoing: Outgoing {
+                instance_id: iid.into(),
+                body: status.as_str().into(),
+                polled_at_ms: at,
+            },
+            status: Some(status),
+        }
+    }
+
+    #[test]
+    fn a_duplicate_across_pages_keeps_the_later_entry() {
+        let out = dedupe_keep_last(vec![
+            polled("i-1", InstanceStatus::Active, 1),
+            polled("i-2", InstanceStatus::Active, 1),
+            polled("i-1", InstanceStatus::Draining, 2),
+        ]);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].status, Some(InstanceStatus::Draining));
+        assert_eq!(out[0].outgoing.polled_at_ms, 2);
+        assert_eq!(out[1].outgoing.instance_id, "i-2");
+    }
+
+    #[test]
+    fn groups_that_missed_go_first_in_file_order() {
+        let groups: Vec<String> = ["a", "b", "c", "d"].map(String::from).to_vec();
+        let order = failed_first(&groups, |g| g == "c" || g == "d");
+        assert_eq!(order, ["c", "d", "a", "b"]);
     }
 }
