@@ -1391,10 +1391,14 @@ impl AgentSource {
         self.view.borrow().status
     }
 
-    fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+    fn metrics(&self) -> Metrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).unwrap();
-        Metrics::parse(&out).value(name, labels)
+        Metrics::parse(&out)
+    }
+
+    fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.metrics().value(name, labels)
     }
 }
 
@@ -1448,6 +1452,60 @@ async fn quiet_pubsub_with_publish_unchanged_false_keeps_agents_off_the_fallback
         ) >= 3.0
     );
     assert_eq!(agent.status(), Some(InstanceStatus::Active));
+}
+
+/// An ACL user allowed only to subscribe (no GET on pubsub's keys) still gets live
+/// messages: the cache and polled-at reads are skipped, the subscription is kept.
+#[tokio::test]
+async fn an_agent_allowed_only_to_subscribe_still_gets_live_messages() {
+    let redis = RedisServer::start().await.unwrap();
+    let mut admin = redis.client().await.unwrap();
+    let _: String = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("subonly")
+        .arg("on")
+        .arg(">pw")
+        .arg("resetkeys")
+        .arg("&*")
+        .arg("-@all")
+        .arg("+subscribe")
+        .arg("+ping")
+        .arg("+hello")
+        .arg("+client")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let iid = "i-sub0000";
+    let _: () = admin
+        .set(
+            cache_key(iid),
+            r#"{"InstanceId": "i-sub0000", "InstanceStatus": "ACTIVE"}"#,
+        )
+        .await
+        .unwrap();
+    let agent = AgentSource::start(
+        &format!("redis://subonly:pw@127.0.0.1:{}", redis.port()),
+        None,
+        iid,
+        Duration::from_millis(100),
+        None,
+    );
+    let body = r#"{"InstanceId": "i-sub0000", "InstanceStatus": "DRAINING"}"#;
+    wait_for("the agent receives the live message", || async {
+        let _: i64 = admin.clone().publish(iid, body).await.unwrap();
+        (agent.status() == Some(InstanceStatus::Draining)).then_some(())
+    })
+    .await;
+    assert!(
+        agent
+            .metrics()
+            .has_series("lastcall_redis_reconnects_total", &[])
+    );
+    assert_eq!(
+        agent.metric("lastcall_redis_reconnects_total", &[]),
+        0.0,
+        "the subscription was never dropped"
+    );
 }
 
 /// `rediss://user:pass@` with a CA file works end to end for pubsub and the agent, against a

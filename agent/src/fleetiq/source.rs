@@ -89,6 +89,12 @@ pub fn may_replace(
     }
 }
 
+/// The ACL forbids reading pubsub's keys: live messages still work, so this is no reason
+/// to drop the subscription.
+fn denied(e: &redis::RedisError) -> bool {
+    redis_conn::classify(e) == ErrorClass::NoPermission
+}
+
 /// Unix milliseconds now.
 fn unix_ms() -> i64 {
     jiff::Timestamp::now().as_millisecond()
@@ -286,6 +292,10 @@ impl RedisSource {
                 self.handle_at(&body, Via::Cache, polled_at);
             }
             Ok(None) => debug!(message = "no cached FleetIQ status yet"),
+            // An ACL user allowed only to subscribe still gets live messages.
+            Err(e) if denied(&e) => {
+                warn!(message = "not allowed to read the cached status; live messages only", error = %e)
+            }
             Err(e) => return redis_failed("reading the cached status", &e),
         }
         self.set_up(true);
@@ -310,6 +320,7 @@ impl RedisSource {
                         .await
                         {
                             Ok(Ok(at)) => at,
+                            Ok(Err(e)) if denied(&e) => None,
                             Ok(Err(e)) => return redis_failed("reading the polled-at time", &e),
                             Err(_) => return failed(ErrorClass::Timeout, "reading the polled-at time timed out"),
                         };
@@ -330,6 +341,7 @@ impl RedisSource {
                         .is_none_or(|t| t.elapsed() >= self.ping_every);
                     if quiet
                         && let Err(e) = self.confirm_quiet(&mut conn, polled_seen).await
+                        && !denied(&e)
                     {
                         return redis_failed("checking the polled-at time", &e);
                     }
