@@ -510,10 +510,15 @@ impl Pubsub {
                 () = shutdown.cancelled() => return,
                 _ = self.run_cycle() => {}
             }
-            next =
-                (started + self.period).max(Instant::now() + MIN_GAP) + jitter(self.cycle_jitter);
+            next = next_start(started, Instant::now(), self.period) + jitter(self.cycle_jitter);
         }
     }
+}
+
+/// When the next cycle may start: a period after this one started, but never sooner than
+/// [`MIN_GAP`] after it ended, so an overrunning cycle is not followed at once by the next.
+pub fn next_start(started: Instant, ended: Instant, period: Duration) -> Instant {
+    (started + period).max(ended + MIN_GAP)
 }
 
 /// One entry per instance, even if paging returned an instance twice: the later page's
@@ -629,6 +634,18 @@ mod tests {
         assert_eq!(out[0].status, Some(InstanceStatus::Draining));
         assert_eq!(out[0].outgoing.polled_at_ms, 2);
         assert_eq!(out[1].outgoing.instance_id, "i-2");
+    }
+
+    #[test]
+    fn an_overrun_is_not_followed_at_once_by_the_next_cycle() {
+        let t0 = Instant::now();
+        let period = Duration::from_secs(60);
+        assert_eq!(
+            next_start(t0, t0 + Duration::from_secs(5), period),
+            t0 + period
+        );
+        let overran = t0 + Duration::from_secs(75);
+        assert_eq!(next_start(t0, overran, period), overran + MIN_GAP);
     }
 
     #[test]

@@ -1826,6 +1826,45 @@ async fn binary_rejects_bad_flags_with_exit_2_and_one_line_naming_the_flag() {
     }
 }
 
+/// The real binary's `/healthz` turns 503, with the reason, once no Redis round trip has
+/// succeeded for `--liveness-timeout`, so the kubelet restarts it; `/readyz` is 503 too.
+/// Before, `/healthz` answered 200 whatever happened.
+#[tokio::test]
+async fn binary_liveness_fails_when_redis_never_answers() {
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["live-group"]);
+    emulator.add_instances("live-group", &ids("live", 2), emu::InstanceStatus::Active);
+    let port = free_port();
+    let no_redis = free_port();
+    let _child = pubsub_command(dir.path())
+        .args(["--config-file", groups_file.to_str().unwrap()])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--period", "10s", "--cycle-jitter", "0s"])
+        .args(["--liveness-timeout", "1s", "--redis-timeout", "200ms"])
+        .env("REDIS_URL", format!("127.0.0.1:{no_redis}"))
+        .env("AWS_REGION", "us-west-2")
+        .env("AWS_ENDPOINT_URL_GAMELIFT", emulator.url())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let body = wait_for("/healthz turns 503", || async {
+        let r = http.get(format!("{base}/healthz")).send().await.ok()?;
+        (r.status() == 503).then_some(())?;
+        r.text().await.ok()
+    })
+    .await;
+    assert!(body.contains("no successful Redis round trip"), "{body}");
+    let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let text = ready.text().await.unwrap();
+    assert!(text.contains("connection"), "{text}");
+}
+
 #[tokio::test]
 async fn binary_publishes_serves_metrics_and_exits_0_on_sigterm() {
     let emulator = GameLiftEmulator::start().await.unwrap();
