@@ -46,6 +46,11 @@ pub struct Config {
     #[arg(long, env = "REDIS_URL", value_parser = RedisTarget::parse)]
     pub redis_url: Option<RedisTarget>,
 
+    /// PEM file with the CA certificate(s) of the Redis server, for rediss:// URLs. Unset:
+    /// the public web roots. A missing or certificate-less file fails the flag.
+    #[arg(long, env = "REDIS_CA_FILE", value_parser = lastcall_common::redis_conn::CaFile::parse)]
+    pub redis_ca_file: Option<lastcall_common::redis_conn::CaFile>,
+
     /// AWS region for GameLift.
     #[arg(long, env = "AWS_REGION", value_parser = non_empty)]
     pub aws_region: Option<String>,
@@ -263,6 +268,10 @@ mod tests {
     fn bad_values_name_the_flag() {
         for (args, flag) in [
             (vec!["--redis-url", "http://x"], "--redis-url"),
+            (
+                vec!["--redis-ca-file", "/nonexistent.pem"],
+                "--redis-ca-file",
+            ),
             (vec!["--heartbeat-interval", "5m"], "--heartbeat-interval"),
             (vec!["--publish-period", "0s"], "--publish-period"),
             (vec!["--imds-endpoint", "ftp://x"], "--imds-endpoint"),

@@ -70,6 +70,7 @@ pub struct Metrics {
     pub fallback_checks: Family<ResultLabel, Counter>,
     pub redis_connected: Gauge,
     pub redis_reconnects: Counter,
+    pub redis_errors: Family<SourceReason, Counter>,
     pub last_message_age: Gauge<f64, AtomicU64>,
     pub source_up: Family<SourceLabel, Gauge>,
     pub source_errors: Family<SourceReason, Counter>,
@@ -101,6 +102,7 @@ impl Metrics {
             fallback_checks: Family::default(),
             redis_connected: Gauge::default(),
             redis_reconnects: Counter::default(),
+            redis_errors: Family::default(),
             last_message_age: Gauge::default(),
             source_up: Family::default(),
             source_errors: Family::default(),
@@ -169,6 +171,11 @@ impl Metrics {
             "redis_connected",
             "1 while subscribed to Redis",
             m.redis_connected.clone(),
+        );
+        r.register(
+            "redis_errors",
+            "Redis failures by reason (timeout, connection, handshake, auth, tls, readonly, ...)",
+            m.redis_errors.clone(),
         );
         r.register(
             "redis_reconnects",

@@ -342,6 +342,7 @@ impl FleetIqTask {
                 metrics: self.metrics.clone(),
                 view: self.view.clone(),
                 ping_every: self.config.redis_ping_interval,
+                ca_file: self.config.redis_ca_file.clone(),
             };
             tasks.spawn(src.run(stop.clone()));
         } else {

@@ -19,6 +19,15 @@ pub fn cache_key(instance_id: &str) -> String {
     format!("lastcall:status:{instance_id}")
 }
 
+/// Redis key beside [`cache_key`] holding when pubsub polled the cached status (Unix
+/// milliseconds, decimal). The message bytes stay exactly the original's, so ordering
+/// lives here: pubsub writes a status only if it was polled no earlier than the one held,
+/// and agents read it to tell a live-but-unchanged pubsub from a dead one, and to compare
+/// the cache with what their own GameLift fallback learned.
+pub fn polled_at_key(instance_id: &str) -> String {
+    format!("lastcall:polled_at:{instance_id}")
+}
+
 /// FleetIQ's viability verdict for one instance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum InstanceStatus {
@@ -79,6 +88,10 @@ pub enum ParseError {
     WrongType(&'static str),
     #[error("unknown InstanceStatus {0:?}")]
     UnknownStatus(String),
+    /// The same key twice (for example `InstanceStatus` ACTIVE then DRAINING). JSON parsers
+    /// disagree on which one wins, so such a message is suspicious and never acted on.
+    #[error("duplicate key {0:?}")]
+    DuplicateKey(String),
 }
 
 impl ParseError {
@@ -91,6 +104,7 @@ impl ParseError {
             Self::MissingField(_) => "missing_field",
             Self::WrongType(_) => "wrong_type",
             Self::UnknownStatus(_) => "unknown_status",
+            Self::DuplicateKey(_) => "duplicate_key",
         }
     }
 }
@@ -109,6 +123,9 @@ impl StatusMessage {
         let value: Value =
             serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
         let obj = value.as_object().ok_or(ParseError::NotObject)?;
+        if let Some(key) = first_duplicate_key(body) {
+            return Err(ParseError::DuplicateKey(trim_for_log(&key, 64)));
+        }
         let opt_str = |key: &'static str| -> Result<Option<String>, ParseError> {
             match obj.get(key) {
                 None | Some(Value::Null) => Ok(None),
@@ -133,28 +150,12 @@ impl StatusMessage {
     /// The original Python publisher's bytes: `json.dumps` of the botocore dict, i.e. model key
     /// order, `", "` and `": "` separators, absent fields omitted, non-ASCII escaped.
     pub fn to_python_json(&self) -> String {
-        let mut out = String::with_capacity(160);
-        out.push('{');
-        let mut first = true;
-        let mut field = |key: &str, value: &str| {
-            if !first {
-                out.push_str(", ");
-            }
-            first = false;
-            push_python_str(&mut out, key);
-            out.push_str(": ");
-            push_python_str(&mut out, value);
-        };
-        if let Some(v) = &self.group_name {
-            field(KEY_GROUP_NAME, v);
-        }
-        if let Some(v) = &self.group_arn {
-            field(KEY_GROUP_ARN, v);
-        }
-        field(KEY_INSTANCE_ID, &self.instance_id);
-        field(KEY_STATUS, self.status.as_str());
-        out.push('}');
-        out
+        python_json(
+            self.group_name.as_deref(),
+            self.group_arn.as_deref(),
+            &self.instance_id,
+            self.status.as_str(),
+        )
     }
 
     /// The Go port's form: compact, `null` for absent fields. Offered for consumers that
@@ -168,6 +169,66 @@ impl StatusMessage {
         })
         .to_string()
     }
+}
+
+/// The original Python publisher's bytes for any status string, including ones this
+/// version does not know: the original published whatever GameLift returned.
+pub fn python_json(
+    group_name: Option<&str>,
+    group_arn: Option<&str>,
+    instance_id: &str,
+    status: &str,
+) -> String {
+    let mut out = String::with_capacity(160);
+    out.push('{');
+    let mut first = true;
+    let mut field = |key: &str, value: &str| {
+        if !first {
+            out.push_str(", ");
+        }
+        first = false;
+        push_python_str(&mut out, key);
+        out.push_str(": ");
+        push_python_str(&mut out, value);
+    };
+    if let Some(v) = group_name {
+        field(KEY_GROUP_NAME, v);
+    }
+    if let Some(v) = group_arn {
+        field(KEY_GROUP_ARN, v);
+    }
+    field(KEY_INSTANCE_ID, instance_id);
+    field(KEY_STATUS, status);
+    out.push('}');
+    out
+}
+
+/// The first key that appears twice in the top-level object of `body`, if any.
+/// `serde_json::Value` silently keeps the last one, so this second pass looks for them.
+fn first_duplicate_key(body: &[u8]) -> Option<String> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+
+    struct Keys;
+    impl<'de> Visitor<'de> for Keys {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut seen: Vec<String> = Vec::new();
+            let mut dup = None;
+            while let Some(key) = map.next_key::<String>()? {
+                map.next_value::<IgnoredAny>()?;
+                if dup.is_none() && seen.contains(&key) {
+                    dup = Some(key.clone());
+                }
+                seen.push(key);
+            }
+            Ok(dup)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    de.deserialize_map(Keys).ok().flatten()
 }
 
 /// Writes `s` as Python's `json.dumps` would (with its default `ensure_ascii=True`).
@@ -310,6 +371,36 @@ mod tests {
         assert_eq!(
             StatusMessage::parse(&big).unwrap_err().metric_label(),
             "oversize"
+        );
+    }
+
+    #[test]
+    fn duplicate_keys_are_rejected_whichever_comes_last() {
+        for body in [
+            br#"{"InstanceId":"i-1","InstanceStatus":"ACTIVE","InstanceStatus":"DRAINING"}"#
+                .as_slice(),
+            br#"{"InstanceId":"i-1","InstanceStatus":"DRAINING","InstanceStatus":"ACTIVE"}"#,
+            br#"{"InstanceId":"i-1","InstanceId":"i-2","InstanceStatus":"ACTIVE"}"#,
+        ] {
+            let err = StatusMessage::parse(body).unwrap_err();
+            assert_eq!(err.metric_label(), "duplicate_key", "{err}");
+        }
+        // Nested duplicates are not ours to judge; distinct keys pass.
+        let ok = br#"{"InstanceId":"i-1","InstanceStatus":"ACTIVE","X":{"a":1,"a":2}}"#;
+        assert!(StatusMessage::parse(ok).is_ok());
+    }
+
+    #[test]
+    fn python_json_carries_unknown_statuses_as_is() {
+        assert_eq!(
+            python_json(Some("g"), None, "i-1", "HIBERNATING"),
+            r#"{"GameServerGroupName": "g", "InstanceId": "i-1", "InstanceStatus": "HIBERNATING"}"#
+        );
+        assert_eq!(
+            StatusMessage::parse(python_json(None, None, "i-1", "HIBERNATING").as_bytes())
+                .unwrap_err()
+                .metric_label(),
+            "unknown_status"
         );
     }
 

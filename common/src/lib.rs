@@ -9,6 +9,7 @@ pub mod backoff;
 pub mod cli;
 pub mod duration;
 pub mod fleetiq;
+pub mod redis_conn;
 pub mod redis_url;
 pub mod shutdown;
 pub mod telemetry;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 use lastcall_common::duration::parse_duration;
+use lastcall_common::redis_conn::CaFile;
 use lastcall_common::redis_url::RedisTarget;
 
 /// GameLift advises refreshing `DescribeGameServerInstances` no more than once every 10 s.
@@ -46,6 +47,12 @@ pub struct Config {
     /// or `rediss://…` for TLS.
     #[arg(long, env = "REDIS_URL", value_parser = parse_redis)]
     pub redis_url: RedisTarget,
+
+    /// PEM file with the CA certificate(s) that signed the Redis server's certificate, for
+    /// `rediss://` URLs. Unset: the public web roots. Read at start; a missing or
+    /// certificate-less file fails the flag.
+    #[arg(long, env = "REDIS_CA_FILE", value_parser = CaFile::parse)]
+    pub redis_ca_file: Option<CaFile>,
 
     /// AWS region of the game server groups. Unset: the SDK's default chain (profile, IMDS).
     #[arg(long, env = "AWS_REGION", value_parser = parse_region)]
@@ -102,6 +109,32 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_PUBSUB_API_TIMEOUT", default_value = "10s", value_parser = parse_positive)]
     pub api_timeout: Duration,
 
+    /// Most GameLift calls per second, retries included, shared by every group (a token
+    /// bucket). A throttled answer slows every caller, not only the one that saw it.
+    #[arg(long, env = "LASTCALL_PUBSUB_API_RATE", default_value_t = 20.0, value_parser = parse_rate)]
+    pub api_rate: f64,
+
+    /// Calls that may go out back to back before the rate applies.
+    #[arg(long, env = "LASTCALL_PUBSUB_API_BURST", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub api_burst: u32,
+
+    /// Time a cycle may spend polling; groups not done by then fail this cycle (reason
+    /// `deadline`) and go first in the next one. Default: the period.
+    #[arg(long, env = "LASTCALL_PUBSUB_CYCLE_DEADLINE", value_parser = parse_positive)]
+    pub cycle_deadline: Option<Duration>,
+
+    /// `/healthz` fails when no Redis round trip has succeeded for this long, so the
+    /// kubelet restarts a pod stuck on a dead connection. Default: 5 periods.
+    #[arg(long, env = "LASTCALL_PUBSUB_LIVENESS_TIMEOUT", value_parser = parse_positive)]
+    pub liveness_timeout: Option<Duration>,
+
+    /// `/readyz` requires that at least one group was published in the last this many
+    /// periods.
+    #[arg(long, env = "LASTCALL_PUBSUB_READY_PERIODS", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub ready_periods: u32,
+
     /// Most GameLift calls (retries included) in one cycle; groups left when it runs out
     /// fail for this cycle. Guards the account's API quota against a runaway loop.
     #[arg(long, env = "LASTCALL_PUBSUB_API_BUDGET", default_value_t = 2000,
@@ -137,6 +170,17 @@ impl Config {
     pub fn cache_ttl(&self) -> Duration {
         self.period.saturating_mul(self.cache_ttl_periods)
     }
+
+    /// How long a cycle may poll.
+    pub fn cycle_deadline(&self) -> Duration {
+        self.cycle_deadline.unwrap_or(self.period)
+    }
+
+    /// How long without a successful Redis round trip before `/healthz` fails.
+    pub fn liveness_timeout(&self) -> Duration {
+        self.liveness_timeout
+            .unwrap_or_else(|| self.period.saturating_mul(5))
+    }
 }
 
 fn parse_period(raw: &str) -> Result<Duration, String> {
@@ -156,6 +200,19 @@ fn parse_positive(raw: &str) -> Result<Duration, String> {
         return Err(format!("{raw} must be at least 1ms"));
     }
     Ok(d)
+}
+
+fn parse_rate(raw: &str) -> Result<f64, String> {
+    let rate: f64 = raw
+        .trim()
+        .parse()
+        .map_err(|_| format!("{raw:?} is not a number of calls per second"))?;
+    if !(0.1..=10_000.0).contains(&rate) {
+        return Err(format!(
+            "{raw} must be between 0.1 and 10000 calls per second"
+        ));
+    }
+    Ok(rate)
 }
 
 fn parse_redis(raw: &str) -> Result<RedisTarget, String> {
@@ -248,6 +305,10 @@ mod tests {
             (&["--log-level", "lastcall=[[["], "--log-level"),
             (&["--retry-base", "0s"], "--retry-base"),
             (&["--publish-unchanged=maybe"], "--publish-unchanged"),
+            (&["--api-rate", "0"], "--api-rate"),
+            (&["--api-rate", "fast"], "--api-rate"),
+            (&["--redis-ca-file", "/nonexistent.pem"], "--redis-ca-file"),
+            (&["--cycle-deadline", "0s"], "--cycle-deadline"),
         ];
         for (args, flag) in cases {
             let err = parse(args).unwrap_err();

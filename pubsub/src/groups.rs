@@ -51,7 +51,21 @@ struct Document {
     groups: Vec<String>,
 }
 
-/// Parses the file's bytes into the list of groups, in file order, duplicates dropped.
+/// The name a group is known by whether it is listed by name or by ARN
+/// (`arn:aws:gamelift:<region>:<account>:gameservergroup/<name>`), so one group listed both
+/// ways is polled once.
+pub fn group_identity(name_or_arn: &str) -> &str {
+    if name_or_arn.starts_with("arn:")
+        && let Some((_, name)) = name_or_arn.rsplit_once(":gameservergroup/")
+        && !name.is_empty()
+    {
+        return name;
+    }
+    name_or_arn
+}
+
+/// Parses the file's bytes into the list of groups, in file order, duplicates dropped
+/// (a group listed by name and by ARN is a duplicate).
 pub fn parse_groups(bytes: &[u8]) -> Result<Vec<String>, GroupsError> {
     if bytes.len() > MAX_FILE_BYTES {
         return Err(GroupsError::TooLarge(bytes.len()));
@@ -67,11 +81,24 @@ pub fn parse_groups(bytes: &[u8]) -> Result<Vec<String>, GroupsError> {
                 lastcall_common::fleetiq::trim_for_log(&name, 80),
             ));
         }
-        if !out.contains(&name) {
+        let id = group_identity(&name);
+        if !out.iter().any(|g| group_identity(g) == id) {
             out.push(name);
         }
     }
     Ok(out)
+}
+
+/// Reads at most one byte over the limit, so a huge file (a wrong mount) is refused without
+/// being read whole.
+async fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let file = tokio::fs::File::open(path).await?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .await?;
+    Ok(bytes)
 }
 
 /// The outcome of one re-read.
@@ -105,7 +132,7 @@ impl GroupsFile {
 
     /// Reads and parses the file again, keeping the last good list on any error.
     pub async fn reload(&mut self) -> Reload {
-        let result = match tokio::fs::read(&self.path).await {
+        let result = match read_bounded(&self.path).await {
             Ok(bytes) => parse_groups(&bytes),
             Err(source) => Err(GroupsError::Read {
                 path: self.path.clone(),
@@ -146,6 +173,13 @@ mod tests {
         );
         let arn = r#"{"GameServerGroups": ["arn:aws:gamelift:us-west-2:1:gameservergroup/g"]}"#;
         assert_eq!(parse_groups(arn.as_bytes()).unwrap().len(), 1);
+        let both =
+            r#"{"GameServerGroups": ["g", "arn:aws:gamelift:us-west-2:1:gameservergroup/g", "h"]}"#;
+        assert_eq!(
+            parse_groups(both.as_bytes()).unwrap(),
+            vec!["g".to_string(), "h".to_string()],
+            "a group listed by name and by ARN is polled once"
+        );
     }
 
     #[test]
@@ -169,6 +203,16 @@ mod tests {
         }
         let big = vec![b' '; MAX_FILE_BYTES + 1];
         assert_eq!(parse_groups(&big).unwrap_err().metric_label(), "too_large");
+    }
+
+    #[tokio::test]
+    async fn a_huge_file_is_refused_after_reading_one_byte_over_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleetiq.conf");
+        std::fs::write(&path, vec![b' '; 3 * MAX_FILE_BYTES]).unwrap();
+        assert_eq!(read_bounded(&path).await.unwrap().len(), MAX_FILE_BYTES + 1);
+        let r = GroupsFile::new(&path).reload().await;
+        assert_eq!(r.result.unwrap_err().metric_label(), "too_large");
     }
 
     #[tokio::test]

@@ -12,6 +12,7 @@ pub mod groups;
 pub mod metrics;
 pub mod poller;
 pub mod publisher;
+pub mod rate;
 pub mod run;
 
 pub use config::Config;

@@ -39,6 +39,11 @@ pub struct GroupReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupLabels {
+    pub group: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GroupStatusLabels {
     pub group: String,
     pub status: &'static str,
@@ -56,7 +61,15 @@ pub struct Metrics {
     pub invalid_instances: Family<ReasonLabels, Counter>,
     pub messages_published: Counter,
     pub messages_unchanged: Counter,
+    pub messages_stale: Counter,
+    pub unknown_statuses: Counter,
     pub cache_writes: Counter,
+    pub redis_connects: Counter,
+    pub api_rate_wait_seconds: Counter<f64, AtomicU64>,
+    pub api_throttle_slowdowns: Counter,
+    pub group_staleness: Family<GroupLabels, Gauge<f64, AtomicU64>>,
+    pub group_failed_cycles: Family<GroupLabels, Gauge>,
+    pub last_publish: Gauge<f64, AtomicU64>,
     pub publish_duration: Histogram,
     pub publish_errors: Family<ReasonLabels, Counter>,
     pub redis_round_trips: Family<ResultLabels, Counter>,
@@ -81,7 +94,15 @@ impl Metrics {
             invalid_instances: Family::default(),
             messages_published: Counter::default(),
             messages_unchanged: Counter::default(),
+            messages_stale: Counter::default(),
+            unknown_statuses: Counter::default(),
             cache_writes: Counter::default(),
+            redis_connects: Counter::default(),
+            api_rate_wait_seconds: Counter::default(),
+            api_throttle_slowdowns: Counter::default(),
+            group_staleness: Family::default(),
+            group_failed_cycles: Family::default(),
+            last_publish: Gauge::default(),
             publish_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             publish_errors: Family::default(),
             redis_round_trips: Family::default(),
@@ -137,6 +158,46 @@ impl Metrics {
             "messages_unchanged",
             "Statuses not published because they did not change (--publish-unchanged=false)",
             m.messages_unchanged.clone(),
+        );
+        r.register(
+            "messages_stale",
+            "Statuses not written because Redis held one polled later (another replica)",
+            m.messages_stale.clone(),
+        );
+        r.register(
+            "unknown_statuses",
+            "Instances published with an InstanceStatus this version does not know (as the original did)",
+            m.unknown_statuses.clone(),
+        );
+        r.register(
+            "redis_connects",
+            "Redis connections opened (the first, and each rebuild after a failure)",
+            m.redis_connects.clone(),
+        );
+        r.register(
+            "api_rate_wait_seconds",
+            "Time GameLift calls waited for the shared rate limiter (--api-rate)",
+            m.api_rate_wait_seconds.clone(),
+        );
+        r.register(
+            "api_throttle_slowdowns",
+            "Throttled GameLift answers, each of which slowed every caller (the rate halves at most once a second)",
+            m.api_throttle_slowdowns.clone(),
+        );
+        r.register(
+            "group_staleness_seconds",
+            "Seconds since each group's statuses were last written to Redis (since start if never)",
+            m.group_staleness.clone(),
+        );
+        r.register(
+            "group_failed_cycles",
+            "Consecutive cycles in which each group was not published",
+            m.group_failed_cycles.clone(),
+        );
+        r.register(
+            "last_publish_timestamp_seconds",
+            "Unix time at which statuses of any group were last written to Redis",
+            m.last_publish.clone(),
         );
         r.register(
             "cache_writes",
@@ -210,6 +271,15 @@ impl Metrics {
 
     /// Drops every per-group series of a group that left the config file.
     pub fn forget_group(&self, group: &str) {
+        let labels = GroupLabels {
+            group: group.to_string(),
+        };
+        self.group_staleness.remove(&labels);
+        self.group_failed_cycles.remove(&labels);
+        self.instances.remove(&GroupStatusLabels {
+            group: group.to_string(),
+            status: crate::poller::UNKNOWN_STATUS,
+        });
         for status in lastcall_common::fleetiq::InstanceStatus::ALL {
             self.instances.remove(&GroupStatusLabels {
                 group: group.to_string(),

@@ -15,11 +15,16 @@ use aws_sdk_gamelift::config::http::HttpResponse;
 use aws_sdk_gamelift::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_gamelift::types::GameServerInstance;
 use lastcall_common::backoff::Backoff;
-use lastcall_common::fleetiq::{InstanceStatus, StatusMessage, trim_for_log};
+use lastcall_common::fleetiq::{InstanceStatus, python_json, trim_for_log};
 use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::metrics::{Metrics, ReasonLabels};
+use crate::publisher::Outgoing;
+use crate::rate::RateLimiter;
+
+/// Metric label for statuses this version does not know (published as-is).
+pub const UNKNOWN_STATUS: &str = "UNKNOWN";
 
 /// Builds the GameLift client the way production runs it: region and endpoint from the
 /// config, credentials from the SDK's default chain unless `credentials` is given (tests),
@@ -65,11 +70,12 @@ pub enum PollErrorKind {
     MalformedResponse,
     PaginationLoop,
     BudgetExhausted,
+    Deadline,
     Other,
 }
 
 impl PollErrorKind {
-    pub const ALL: [PollErrorKind; 12] = [
+    pub const ALL: [PollErrorKind; 13] = [
         Self::Throttled,
         Self::ServerError,
         Self::Timeout,
@@ -81,6 +87,7 @@ impl PollErrorKind {
         Self::MalformedResponse,
         Self::PaginationLoop,
         Self::BudgetExhausted,
+        Self::Deadline,
         Self::Other,
     ];
 
@@ -97,6 +104,7 @@ impl PollErrorKind {
             Self::MalformedResponse => "malformed_response",
             Self::PaginationLoop => "pagination_loop",
             Self::BudgetExhausted => "budget_exhausted",
+            Self::Deadline => "deadline",
             Self::Other => "other",
         }
     }
@@ -190,7 +198,8 @@ pub enum InvalidInstance {
     MissingInstanceId,
     InvalidInstanceId(String),
     MissingStatus,
-    UnknownStatus(String),
+    /// A status string that could not be a GameLift enum value (empty, long, odd bytes).
+    InvalidStatus(String),
 }
 
 impl InvalidInstance {
@@ -199,14 +208,23 @@ impl InvalidInstance {
             Self::MissingInstanceId => "missing_instance_id",
             Self::InvalidInstanceId(_) => "invalid_instance_id",
             Self::MissingStatus => "missing_status",
-            Self::UnknownStatus(_) => "unknown_status",
+            Self::InvalidStatus(_) => "invalid_status",
         }
     }
 }
 
+/// One instance as polled: what to publish, and its status if this version knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Polled {
+    pub outgoing: Outgoing,
+    /// `None` for a status this version does not know; it is published as-is all the same,
+    /// as the original did, and agents hold on it.
+    pub status: Option<InstanceStatus>,
+}
+
 /// Parses one entry of GameLift's answer into the message published for it, keeping the
 /// fields exactly as GameLift returned them (that is what the original published).
-pub fn to_message(inst: &GameServerInstance) -> Result<StatusMessage, InvalidInstance> {
+pub fn to_polled(inst: &GameServerInstance, polled_at_ms: i64) -> Result<Polled, InvalidInstance> {
     let instance_id = inst
         .instance_id()
         .filter(|s| !s.is_empty())
@@ -224,15 +242,37 @@ pub fn to_message(inst: &GameServerInstance) -> Result<StatusMessage, InvalidIns
     }
     let raw_status = inst
         .instance_status()
-        .ok_or(InvalidInstance::MissingStatus)?;
-    let status = InstanceStatus::parse(raw_status.as_str())
-        .ok_or_else(|| InvalidInstance::UnknownStatus(trim_for_log(raw_status.as_str(), 64)))?;
-    Ok(StatusMessage {
-        group_name: inst.game_server_group_name().map(str::to_string),
-        group_arn: inst.game_server_group_arn().map(str::to_string),
-        instance_id: instance_id.to_string(),
-        status,
+        .ok_or(InvalidInstance::MissingStatus)?
+        .as_str();
+    let plausible = !raw_status.is_empty()
+        && raw_status.len() <= 64
+        && raw_status
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+    if !plausible {
+        return Err(InvalidInstance::InvalidStatus(trim_for_log(raw_status, 64)));
+    }
+    Ok(Polled {
+        outgoing: Outgoing {
+            instance_id: instance_id.to_string(),
+            body: python_json(
+                inst.game_server_group_name(),
+                inst.game_server_group_arn(),
+                instance_id,
+                raw_status,
+            ),
+            polled_at_ms,
+        },
+        status: InstanceStatus::parse(raw_status),
     })
+}
+
+/// Unix milliseconds now.
+pub fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
 }
 
 /// Calls left in the current cycle (retries included).
@@ -264,7 +304,7 @@ pub struct PollStats {
 #[derive(Debug)]
 pub struct GroupPoll {
     pub stats: PollStats,
-    pub result: Result<Vec<StatusMessage>, PollError>,
+    pub result: Result<Vec<Polled>, PollError>,
 }
 
 /// Most invalid entries logged one by one per group and cycle; the rest are summarised.
@@ -293,14 +333,20 @@ impl Poller {
 
     /// Every instance of `group`, following `NextToken` to the end. Entries GameLift
     /// answered badly are counted, logged and skipped; the rest of the group is kept.
-    pub async fn poll_group(&self, group: &str, budget: &Budget) -> GroupPoll {
+    pub async fn poll_group(
+        &self,
+        group: &str,
+        budget: &Budget,
+        limiter: &RateLimiter,
+        deadline: Instant,
+    ) -> GroupPoll {
         let mut stats = PollStats::default();
         let mut messages = Vec::new();
         let mut seen_tokens: Vec<String> = Vec::new();
         let mut token: Option<String> = None;
         loop {
-            let page = match self
-                .describe_page(group, token.clone(), budget, &mut stats)
+            let (page, polled_at_ms) = match self
+                .describe_page(group, token.clone(), budget, limiter, deadline, &mut stats)
                 .await
             {
                 Ok(page) => page,
@@ -313,7 +359,7 @@ impl Poller {
             };
             stats.pages += 1;
             for inst in page.game_server_instances() {
-                match to_message(inst) {
+                match to_polled(inst, polled_at_ms) {
                     Ok(m) => messages.push(m),
                     Err(invalid) => self.skip_invalid(group, &invalid, &mut stats),
                 }
@@ -369,9 +415,16 @@ impl Poller {
         group: &str,
         token: Option<String>,
         budget: &Budget,
+        limiter: &RateLimiter,
+        deadline: Instant,
         stats: &mut PollStats,
-    ) -> Result<aws_sdk_gamelift::operation::describe_game_server_instances::DescribeGameServerInstancesOutput, PollError>
-    {
+    ) -> Result<
+        (
+            aws_sdk_gamelift::operation::describe_game_server_instances::DescribeGameServerInstancesOutput,
+            i64,
+        ),
+        PollError,
+    >{
         let mut backoff = Backoff::new(self.retry_base, self.retry_max);
         let mut attempts = 0u32;
         loop {
@@ -382,9 +435,29 @@ impl Poller {
                     message: "the cycle's API budget (--api-budget) is used up".into(),
                 });
             }
+            match limiter.acquire(deadline).await {
+                Ok(waited) => {
+                    self.metrics
+                        .api_rate_wait_seconds
+                        .inc_by(waited.as_secs_f64());
+                }
+                Err(waited) => {
+                    self.metrics
+                        .api_rate_wait_seconds
+                        .inc_by(waited.as_secs_f64());
+                    return Err(PollError {
+                        kind: PollErrorKind::Deadline,
+                        attempts,
+                        message: "the cycle deadline (--cycle-deadline) passed while waiting for the API rate limit".into(),
+                    });
+                }
+            }
             attempts += 1;
             stats.api_calls += 1;
             let started = Instant::now();
+            // The answer reflects GameLift at some moment after this: the status is at
+            // least this fresh, which is what ordering between replicas needs.
+            let sent_at_ms = unix_ms();
             let sent = self
                 .client
                 .describe_game_server_instances()
@@ -398,7 +471,8 @@ impl Poller {
             let err = match sent {
                 Ok(out) => {
                     self.metrics.api_call("ok");
-                    return Ok(out);
+                    limiter.succeeded();
+                    return Ok((out, sent_at_ms));
                 }
                 Err(err) => err,
             };
@@ -413,6 +487,18 @@ impl Poller {
                 });
             }
             let delay = backoff.next_delay();
+            if kind == PollErrorKind::Throttled {
+                // Everyone slows down, not only this page.
+                limiter.throttled();
+                self.metrics.api_throttle_slowdowns.inc();
+            }
+            if Instant::now() + delay > deadline {
+                return Err(PollError {
+                    kind: PollErrorKind::Deadline,
+                    attempts,
+                    message: format!("the cycle deadline passes before the next retry ({message})"),
+                });
+            }
             stats.retries += 1;
             Metrics::reason(&self.metrics.api_retries, kind.label());
             self.metrics
@@ -448,15 +534,17 @@ mod tests {
 
     #[test]
     fn converts_entries_keeping_gamelift_fields() {
-        let m = to_message(
+        let m = to_polled(
             &inst()
                 .instance_status(GameServerInstanceStatus::Draining)
                 .build(),
+            7,
         )
         .unwrap();
-        assert_eq!(m.status, InstanceStatus::Draining);
+        assert_eq!(m.status, Some(InstanceStatus::Draining));
+        assert_eq!(m.outgoing.polled_at_ms, 7);
         assert_eq!(
-            m.to_python_json(),
+            m.outgoing.body,
             r#"{"GameServerGroupName": "g", "GameServerGroupArn": "arn:aws:gamelift:us-west-2:1:gameservergroup/g", "InstanceId": "i-1", "InstanceStatus": "DRAINING"}"#
         );
         let bare = GameServerInstance::builder()
@@ -464,8 +552,25 @@ mod tests {
             .instance_status(GameServerInstanceStatus::Active)
             .build();
         assert_eq!(
-            to_message(&bare).unwrap().to_python_json(),
+            to_polled(&bare, 0).unwrap().outgoing.body,
             r#"{"InstanceId": "i-2", "InstanceStatus": "ACTIVE"}"#
+        );
+    }
+
+    #[test]
+    fn unknown_statuses_are_published_as_is() {
+        let m = to_polled(
+            &inst()
+                .instance_status(GameServerInstanceStatus::from("HIBERNATING"))
+                .build(),
+            0,
+        )
+        .unwrap();
+        assert_eq!(m.status, None);
+        assert!(
+            m.outgoing
+                .body
+                .ends_with(r#""InstanceStatus": "HIBERNATING"}"#)
         );
     }
 
@@ -475,9 +580,9 @@ mod tests {
             (inst().build(), "missing_status"),
             (
                 inst()
-                    .instance_status(GameServerInstanceStatus::from("EXPLODING"))
+                    .instance_status(GameServerInstanceStatus::from("exploding now"))
                     .build(),
-                "unknown_status",
+                "invalid_status",
             ),
             (
                 GameServerInstance::builder()
@@ -501,7 +606,11 @@ mod tests {
             ),
         ];
         for (entry, label) in cases {
-            assert_eq!(to_message(&entry).unwrap_err().label(), label, "{entry:?}");
+            assert_eq!(
+                to_polled(&entry, 0).unwrap_err().label(),
+                label,
+                "{entry:?}"
+            );
         }
     }
 

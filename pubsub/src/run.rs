@@ -4,11 +4,13 @@
 //! each group's statuses as soon as that group's pages are in. Nothing in a cycle can end the
 //! process: every failure is a value in the [`CycleReport`], a metric and a log line.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::get;
 use futures::StreamExt;
 use lastcall_common::admin::{self, Health};
 use lastcall_common::backoff::jitter;
@@ -19,12 +21,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::groups::{GroupsFile, Reload};
-use crate::metrics::{GroupReasonLabels, GroupStatusLabels, Metrics};
-use crate::poller::{Budget, Poller};
-use crate::publisher::{PublishReport, Publisher, READY_REDIS};
+use crate::metrics::{GroupLabels, GroupReasonLabels, GroupStatusLabels, Metrics};
+use crate::poller::{Budget, Poller, UNKNOWN_STATUS};
+use crate::publisher::{Outgoing, PublishReport, Publisher, READY_REDIS};
+use crate::rate::RateLimiter;
 
-/// Name of the readiness check set once a cycle has completed.
-pub const READY_FIRST_CYCLE: &str = "first_cycle";
+/// Name of the readiness check that some group was published recently.
+pub const READY_PUBLISHING: &str = "publishing";
+
+/// Shortest pause between the end of an overrunning cycle and the next one, so an overrun
+/// never turns into back-to-back polling.
+const MIN_GAP: Duration = Duration::from_secs(1);
 
 /// Errors that stop the process at start.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +71,10 @@ pub struct CycleReport {
     pub published: u64,
     /// Statuses not published because unchanged.
     pub unchanged: u64,
+    /// Statuses dropped because Redis held one polled later (another replica).
+    pub stale: u64,
+    /// Groups whose statuses were written this cycle.
+    pub groups_published: usize,
     /// Cache keys written.
     pub cached: u64,
     /// Redis round trips attempted (pipelines and pings).
@@ -77,18 +88,41 @@ pub struct CycleReport {
     pub duration: Duration,
 }
 
+/// What is remembered about one group between cycles.
+#[derive(Clone, Copy, Debug, Default)]
+struct GroupTrack {
+    last_publish: Option<Instant>,
+    failed_cycles: u32,
+}
+
 /// Cycle-to-cycle state, touched only by the cycle that holds the lock.
 #[derive(Debug)]
 struct CycleState {
     groups_file: GroupsFile,
     /// Groups that have per-group metric series, to drop them when a group is removed.
     metric_groups: Vec<String>,
+    groups: HashMap<String, GroupTrack>,
+    last_any_publish: Option<Instant>,
+}
+
+/// Puts groups that were not published last cycle first, keeping file order otherwise, so
+/// a budget or deadline that runs out never starves the same groups every cycle.
+pub fn failed_first(groups: &[String], failed_last: impl Fn(&str) -> bool) -> Vec<String> {
+    let (mut first, rest): (Vec<String>, Vec<String>) =
+        groups.iter().cloned().partition(|g| failed_last(g));
+    first.extend(rest);
+    first
 }
 
 /// The pubsub service: one GameLift poller, one Redis publisher, their metrics and health.
 pub struct Pubsub {
     poller: Poller,
     publisher: Publisher,
+    limiter: RateLimiter,
+    started: Instant,
+    cycle_deadline: Duration,
+    ready_within: Duration,
+    liveness_timeout: Duration,
     metrics: Metrics,
     registry: Arc<Registry>,
     health: Health,
@@ -114,12 +148,17 @@ impl Pubsub {
     pub fn new(config: &Config, gamelift: aws_sdk_gamelift::Client) -> Result<Self, Error> {
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
-        let health = Health::new(&[READY_REDIS, READY_FIRST_CYCLE]);
+        let health = Health::new(&[READY_REDIS, READY_PUBLISHING]);
         let publisher =
             Publisher::new(config, metrics.clone(), health.clone()).map_err(Error::Redis)?;
         Ok(Self {
             poller: Poller::new(gamelift, config, metrics.clone()),
             publisher,
+            limiter: RateLimiter::new(config.api_rate, config.api_burst),
+            started: Instant::now(),
+            cycle_deadline: config.cycle_deadline(),
+            ready_within: config.period.saturating_mul(config.ready_periods),
+            liveness_timeout: config.liveness_timeout(),
             metrics,
             registry: Arc::new(registry),
             health,
@@ -130,13 +169,45 @@ impl Pubsub {
             state: tokio::sync::Mutex::new(CycleState {
                 groups_file: GroupsFile::new(&config.config_file),
                 metric_groups: Vec::new(),
+                groups: HashMap::new(),
+                last_any_publish: None,
             }),
         })
     }
 
-    /// `/metrics`, `/healthz` and `/readyz` for this service.
-    pub fn admin_router(&self) -> Router {
-        admin::router(self.registry.clone(), self.health.clone())
+    /// `/metrics`, `/healthz` and `/readyz` for this service. `/healthz` is pubsub's own:
+    /// it fails when no Redis round trip has succeeded for `--liveness-timeout`, so the
+    /// kubelet restarts a process stuck on a dead connection or a hung cycle.
+    pub fn admin_router(self: &Arc<Self>) -> Router {
+        let me = self.clone();
+        Router::new()
+            .route(
+                "/healthz",
+                get(move || {
+                    let me = me.clone();
+                    async move {
+                        let since = me.publisher.since_last_success();
+                        if me.is_live() {
+                            (StatusCode::OK, "ok\n".to_string())
+                        } else {
+                            (
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                format!(
+                                    "no successful Redis round trip for {}s (liveness timeout {}s)\n",
+                                    since.as_secs(),
+                                    me.liveness_timeout.as_secs()
+                                ),
+                            )
+                        }
+                    }
+                }),
+            )
+            .fallback_service(admin::router(self.registry.clone(), self.health.clone()))
+    }
+
+    /// Whether a Redis round trip succeeded within `--liveness-timeout`.
+    pub fn is_live(&self) -> bool {
+        self.publisher.since_last_success() <= self.liveness_timeout
     }
 
     pub fn health(&self) -> &Health {
@@ -184,12 +255,20 @@ impl Pubsub {
         report.groups = groups.len();
 
         let budget = Budget::new(self.api_budget);
+        let deadline = started + self.cycle_deadline;
+        let order = failed_first(&groups, |g| {
+            state.groups.get(g).is_some_and(|t| t.failed_cycles > 0)
+        });
         let mut seen: HashSet<String> = HashSet::new();
-        let mut outcomes = futures::stream::iter(groups.iter())
-            .map(|group| self.poll_and_publish(group, &budget))
+        let mut outcomes = futures::stream::iter(order.iter())
+            .map(|group| self.poll_and_publish(group, &budget, deadline))
             .buffer_unordered(self.concurrency);
         let mut publish = PublishReport::default();
+        let mut published_groups: HashSet<String> = HashSet::new();
         while let Some(outcome) = outcomes.next().await {
+            if !outcome.failed && outcome.publish.errors == 0 {
+                published_groups.insert(outcome.group.clone());
+            }
             report.api_calls += outcome.stats.api_calls;
             report.pages += outcome.stats.pages;
             report.api_retries += outcome.stats.retries;
@@ -209,18 +288,103 @@ impl Pubsub {
         }
         report.published = publish.published;
         report.unchanged = publish.unchanged;
+        report.stale = publish.stale;
+        report.groups_published = published_groups.len();
         report.cached = publish.cached;
         report.redis_round_trips = publish.round_trips;
         report.publish_errors = publish.errors;
         report.errors =
             report.groups_failed as u64 + report.publish_errors + u64::from(report.config_error);
         report.duration = started.elapsed();
-        self.finish_cycle(&report, had_groups);
+        self.track_groups(&mut state, &groups, &published_groups);
+        self.set_readiness(&state, had_groups, groups.len());
+        self.finish_cycle(&report);
         report
     }
 
-    async fn poll_and_publish(&self, group: &str, budget: &Budget) -> GroupOutcome {
-        let poll = self.poller.poll_group(group, budget).await;
+    /// Per-group staleness and consecutive failures, for metrics and the next cycle's order.
+    fn track_groups(&self, state: &mut CycleState, groups: &[String], published: &HashSet<String>) {
+        let now = Instant::now();
+        for g in groups {
+            let track = state.groups.entry(g.clone()).or_default();
+            if published.contains(g) {
+                track.last_publish = Some(now);
+                track.failed_cycles = 0;
+                state.last_any_publish = Some(now);
+            } else {
+                track.failed_cycles = track.failed_cycles.saturating_add(1);
+            }
+            let since = track.last_publish.unwrap_or(self.started);
+            let labels = GroupLabels { group: g.clone() };
+            self.metrics
+                .group_staleness
+                .get_or_create(&labels)
+                .set(now.saturating_duration_since(since).as_secs_f64());
+            self.metrics
+                .group_failed_cycles
+                .get_or_create(&labels)
+                .set(i64::from(track.failed_cycles));
+        }
+        state.groups.retain(|g, _| groups.contains(g));
+        if !published.is_empty() {
+            self.metrics.last_publish.set(unix_now());
+        }
+    }
+
+    /// Ready means: a usable, non-empty groups file, and some group published within
+    /// `--ready-periods` periods. A rollout with broken IAM (every group failing) is
+    /// therefore not ready and does not replace a working pod.
+    fn set_readiness(&self, state: &CycleState, had_groups: bool, groups: usize) {
+        let (ok, detail) = if !had_groups {
+            (
+                false,
+                "no usable groups file yet (see config_reloads)".to_string(),
+            )
+        } else if groups == 0 {
+            (
+                false,
+                "the groups file lists no game server groups".to_string(),
+            )
+        } else {
+            match state.last_any_publish {
+                Some(at) if at.elapsed() <= self.ready_within => {
+                    (true, "a group was published recently".to_string())
+                }
+                _ => (
+                    false,
+                    format!(
+                        "no group published in the last {}s: every group is failing (see group_errors)",
+                        self.ready_within.as_secs()
+                    ),
+                ),
+            }
+        };
+        self.health.set(READY_PUBLISHING, ok, detail);
+    }
+
+    async fn poll_and_publish(
+        &self,
+        group: &str,
+        budget: &Budget,
+        deadline: Instant,
+    ) -> GroupOutcome {
+        let poll = match tokio::time::timeout_at(
+            deadline,
+            self.poller
+                .poll_group(group, budget, &self.limiter, deadline),
+        )
+        .await
+        {
+            Ok(poll) => poll,
+            Err(_) => crate::poller::GroupPoll {
+                stats: crate::poller::PollStats::default(),
+                result: Err(crate::poller::PollError {
+                    kind: crate::poller::PollErrorKind::Deadline,
+                    attempts: 0,
+                    message: "the cycle deadline (--cycle-deadline) passed during the poll".into(),
+                }),
+            },
+        };
         let messages = match poll.result {
             Ok(messages) => messages,
             Err(e) => {
@@ -239,6 +403,7 @@ impl Pubsub {
                     error = %e.message
                 );
                 return GroupOutcome {
+                    group: group.to_string(),
                     stats: poll.stats,
                     failed: true,
                     instance_ids: Vec::new(),
@@ -246,27 +411,41 @@ impl Pubsub {
                 };
             }
         };
-        // One message per instance per cycle, even if paging returned an instance twice.
-        let mut unique = HashSet::with_capacity(messages.len());
-        let messages: Vec<_> = messages
-            .into_iter()
-            .filter(|m| unique.insert(m.instance_id.clone()))
-            .collect();
-        for status in lastcall_common::fleetiq::InstanceStatus::ALL {
-            let n = messages.iter().filter(|m| m.status == status).count();
+        let unique = dedupe_keep_last(messages);
+        let mut counts: HashMap<&'static str, i64> = HashMap::new();
+        for m in &unique {
+            let label = m.status.map_or(UNKNOWN_STATUS, |s| s.as_str());
+            *counts.entry(label).or_default() += 1;
+        }
+        let unknown = counts.get(UNKNOWN_STATUS).copied().unwrap_or(0);
+        if unknown > 0 {
+            self.metrics.unknown_statuses.inc_by(unknown as u64);
+            tracing::warn!(
+                message = "publishing instance statuses this version does not know, as-is",
+                group,
+                instances = unknown
+            );
+        }
+        let labels = lastcall_common::fleetiq::InstanceStatus::ALL
+            .iter()
+            .map(|s| s.as_str())
+            .chain([UNKNOWN_STATUS]);
+        for status in labels {
             self.metrics
                 .instances
                 .get_or_create(&GroupStatusLabels {
                     group: group.to_string(),
-                    status: status.as_str(),
+                    status,
                 })
-                .set(n as i64);
+                .set(counts.get(status).copied().unwrap_or(0));
         }
-        let publish = self.publisher.publish(&messages).await;
+        let outgoing: Vec<Outgoing> = unique.into_iter().map(|p| p.outgoing).collect();
+        let publish = self.publisher.publish(&outgoing).await;
         GroupOutcome {
+            group: group.to_string(),
             stats: poll.stats,
             failed: false,
-            instance_ids: unique.into_iter().collect(),
+            instance_ids: outgoing.into_iter().map(|o| o.instance_id).collect(),
             publish,
         }
     }
@@ -286,7 +465,7 @@ impl Pubsub {
         }
     }
 
-    fn finish_cycle(&self, report: &CycleReport, had_groups: bool) {
+    fn finish_cycle(&self, report: &CycleReport) {
         self.metrics
             .cycle_duration
             .observe(report.duration.as_secs_f64());
@@ -295,17 +474,7 @@ impl Pubsub {
             if report.errors == 0 { "ok" } else { "error" },
         );
         if report.errors == 0 {
-            let now = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_secs_f64())
-                .unwrap_or_default();
-            self.metrics.last_successful_cycle.set(now);
-        }
-        // A cycle counts as completed when it had a list of groups to poll; per-group
-        // failures are in `errors` and do not make the service unready.
-        if had_groups {
-            self.health
-                .set(READY_FIRST_CYCLE, true, "a cycle has completed");
+            self.metrics.last_successful_cycle.set(unix_now());
         }
         tracing::info!(
             message = "cycle done",
@@ -314,8 +483,10 @@ impl Pubsub {
             api_calls = report.api_calls,
             instances = report.instances,
             invalid_instances = report.invalid_instances,
+            groups_published = report.groups_published,
             published = report.published,
             unchanged = report.unchanged,
+            stale = report.stale,
             redis_round_trips = report.redis_round_trips,
             publish_errors = report.publish_errors,
             config_error = report.config_error,
@@ -324,8 +495,9 @@ impl Pubsub {
     }
 
     /// Repeats cycles until `shutdown` is cancelled. Each cycle starts `period` plus a random
-    /// `0..cycle_jitter` after the previous one started (so never sooner than `period`), or
-    /// right after it if a cycle overran.
+    /// `0..cycle_jitter` after the previous one started (so never sooner than `period`), and
+    /// at least a second after the previous one ended, so an overrun never becomes
+    /// back-to-back polling.
     pub async fn run(&self, shutdown: CancellationToken) {
         let mut next = Instant::now() + jitter(self.cycle_jitter);
         loop {
@@ -338,13 +510,44 @@ impl Pubsub {
                 () = shutdown.cancelled() => return,
                 _ = self.run_cycle() => {}
             }
-            next = started + self.period + jitter(self.cycle_jitter);
+            next = next_start(started, Instant::now(), self.period) + jitter(self.cycle_jitter);
         }
     }
 }
 
+/// When the next cycle may start: a period after this one started, but never sooner than
+/// [`MIN_GAP`] after it ended, so an overrunning cycle is not followed at once by the next.
+pub fn next_start(started: Instant, ended: Instant, period: Duration) -> Instant {
+    (started + period).max(ended + MIN_GAP)
+}
+
+/// One entry per instance, even if paging returned an instance twice: the later page's
+/// entry wins, being the newer answer. First-seen order is kept.
+pub fn dedupe_keep_last(polled: Vec<crate::poller::Polled>) -> Vec<crate::poller::Polled> {
+    let mut index: HashMap<String, usize> = HashMap::with_capacity(polled.len());
+    let mut unique: Vec<crate::poller::Polled> = Vec::with_capacity(polled.len());
+    for m in polled {
+        match index.get(&m.outgoing.instance_id) {
+            Some(&i) => unique[i] = m,
+            None => {
+                index.insert(m.outgoing.instance_id.clone(), unique.len());
+                unique.push(m);
+            }
+        }
+    }
+    unique
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
+}
+
 /// One group's share of a cycle.
 struct GroupOutcome {
+    group: String,
     stats: crate::poller::PollStats,
     failed: bool,
     instance_ids: Vec<String>,
@@ -374,7 +577,7 @@ pub async fn serve(config: Config) -> Result<(), Error> {
             source,
         })?;
     let gamelift = crate::poller::gamelift_client(&config, None).await;
-    let pubsub = Pubsub::new(&config, gamelift)?;
+    let pubsub = Arc::new(Pubsub::new(&config, gamelift)?);
     let mut admin = tokio::spawn(admin::serve(
         listener,
         pubsub.admin_router(),
@@ -400,5 +603,55 @@ pub async fn serve(config: Config) -> Result<(), Error> {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(Error::Admin(e)),
         Err(join) => Err(Error::Admin(std::io::Error::other(join.to_string()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::poller::Polled;
+    use lastcall_common::fleetiq::InstanceStatus;
+
+    fn polled(iid: &str, status: InstanceStatus, at: i64) -> Polled {
+        Polled {
+            outgoing: Outgoing {
+                instance_id: iid.into(),
+                body: status.as_str().into(),
+                polled_at_ms: at,
+            },
+            status: Some(status),
+        }
+    }
+
+    #[test]
+    fn a_duplicate_across_pages_keeps_the_later_entry() {
+        let out = dedupe_keep_last(vec![
+            polled("i-1", InstanceStatus::Active, 1),
+            polled("i-2", InstanceStatus::Active, 1),
+            polled("i-1", InstanceStatus::Draining, 2),
+        ]);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].status, Some(InstanceStatus::Draining));
+        assert_eq!(out[0].outgoing.polled_at_ms, 2);
+        assert_eq!(out[1].outgoing.instance_id, "i-2");
+    }
+
+    #[test]
+    fn an_overrun_is_not_followed_at_once_by_the_next_cycle() {
+        let t0 = Instant::now();
+        let period = Duration::from_secs(60);
+        assert_eq!(
+            next_start(t0, t0 + Duration::from_secs(5), period),
+            t0 + period
+        );
+        let overran = t0 + Duration::from_secs(75);
+        assert_eq!(next_start(t0, overran, period), overran + MIN_GAP);
+    }
+
+    #[test]
+    fn groups_that_missed_go_first_in_file_order() {
+        let groups: Vec<String> = ["a", "b", "c", "d"].map(String::from).to_vec();
+        let order = failed_first(&groups, |g| g == "c" || g == "d");
+        assert_eq!(order, ["c", "d", "a", "b"]);
     }
 }

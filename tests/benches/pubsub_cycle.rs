@@ -1,4 +1,5 @@
-//! pubsub cycle at 10,000 instances across 50 groups.
+//! pubsub cycle at 10,000 instances across 50 groups, then at 50,000 instances across 250
+//! groups with and without 30% of GameLift calls throttled.
 //!
 //! Run: `cargo bench -p lastcall-testkit --bench pubsub_cycle`
 //!
@@ -13,7 +14,7 @@ use clap::Parser;
 use lastcall_common::admin::Health;
 use lastcall_common::fleetiq::{InstanceStatus, StatusMessage};
 use lastcall_pubsub::metrics::Metrics;
-use lastcall_pubsub::publisher::Publisher;
+use lastcall_pubsub::publisher::{Outgoing, Publisher};
 use lastcall_pubsub::{Config, Pubsub, gamelift_client};
 use lastcall_testkit::gamelift::{self as emu, DEFAULT_PAGE_SIZE, GameLiftEmulator};
 use lastcall_testkit::redis::RedisServer;
@@ -73,6 +74,10 @@ async fn bench() -> anyhow::Result<()> {
         &emulator.url(),
         "--cycle-jitter",
         "0s",
+        // Above what the emulator can answer, so the figure is pubsub's own work; at the
+        // default 20 calls/s these 100 pages take 5 s by design.
+        "--api-rate",
+        LARGE_RATE,
     ])?;
     let credentials = aws_sdk_gamelift::config::Credentials::new(
         "AKIDBENCH",
@@ -110,16 +115,23 @@ async fn bench() -> anyhow::Result<()> {
     let p99 = durations[((durations.len() as f64 * 0.99).ceil() as usize).saturating_sub(1)];
 
     // The same 10,000 messages, published two ways on the same Redis.
-    let messages: Vec<Vec<StatusMessage>> = (0..GROUPS)
+    let messages: Vec<Vec<Outgoing>> = (0..GROUPS)
         .map(|g| {
             let name = group_name(g);
             instance_ids(g)
                 .into_iter()
-                .map(|iid| StatusMessage {
-                    group_name: Some(name.clone()),
-                    group_arn: Some(GameLiftEmulator::group_arn(&name)),
-                    instance_id: iid,
-                    status: InstanceStatus::Active,
+                .map(|iid| {
+                    let m = StatusMessage {
+                        group_name: Some(name.clone()),
+                        group_arn: Some(GameLiftEmulator::group_arn(&name)),
+                        instance_id: iid,
+                        status: InstanceStatus::Active,
+                    };
+                    Outgoing {
+                        body: m.to_python_json(),
+                        instance_id: m.instance_id,
+                        polled_at_ms: 1,
+                    }
                 })
                 .collect()
         })
@@ -131,7 +143,7 @@ async fn bench() -> anyhow::Result<()> {
         for m in messages.iter().flatten() {
             let _: i64 = redis::cmd("PUBLISH")
                 .arg(&m.instance_id)
-                .arg(m.to_python_json())
+                .arg(&m.body)
                 .query_async(&mut conn)
                 .await?;
         }
@@ -186,7 +198,7 @@ async fn bench() -> anyhow::Result<()> {
         instances as f64 / trips as f64
     );
     println!(
-        "| publish time, pubsub pipelined PUBLISH+SET, {pipelined_trips} round trips | {} |",
+        "| publish time, pubsub newer-only script (SET, SET, PUBLISH per instance), {pipelined_trips} round trips | {} |",
         ms(pipelined)
     );
     println!(
@@ -208,6 +220,112 @@ async fn bench() -> anyhow::Result<()> {
         calls as usize == min_pages,
         "API calls {calls} != minimum pages {min_pages}"
     );
+    large(&emulator, &redis).await?;
+    Ok(())
+}
+
+const LARGE_GROUPS: usize = 250;
+const LARGE_CYCLES: usize = 3;
+/// High enough that the emulator, not the bucket, sets the pace: this measures pubsub's
+/// own work. At the default `--api-rate 20` the same 500 pages take 25 s by design.
+const LARGE_RATE: &str = "2000";
+
+/// 250 groups x 200 instances, with and without 30% throttling.
+async fn large(emulator: &GameLiftEmulator, redis: &RedisServer) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let groups_file = dir.path().join("fleetiq.conf");
+    let names: Vec<String> = (0..LARGE_GROUPS).map(|g| format!("large-{g:03}")).collect();
+    std::fs::write(
+        &groups_file,
+        serde_json::json!({ "GameServerGroups": names }).to_string(),
+    )?;
+    for (g, name) in names.iter().enumerate() {
+        let ids: Vec<String> = (0..PER_GROUP)
+            .map(|i| format!("i-l{g:03}{i:013x}"))
+            .collect();
+        emulator.add_instances(name, &ids, emu::InstanceStatus::Active);
+    }
+    let instances = LARGE_GROUPS * PER_GROUP;
+    let min_pages = LARGE_GROUPS * PER_GROUP.div_ceil(DEFAULT_PAGE_SIZE);
+    println!(
+        "pubsub cycle: {instances} instances, {LARGE_GROUPS} groups, --api-rate {LARGE_RATE}, {LARGE_CYCLES} cycles each"
+    );
+    println!();
+    println!(
+        "| throttled | cycle time, median | cycle time, max | API calls / cycle (median) | minimum pages | throttled calls / cycle | groups failed / cycle (max) | effective call rate |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for ratio in [0.0, 0.3] {
+        let config = Config::try_parse_from([
+            "lastcall-pubsub",
+            "--redis-url",
+            &redis.host_port(),
+            "--config-file",
+            groups_file.to_str().unwrap_or_default(),
+            "--aws-region",
+            "us-west-2",
+            "--gamelift-endpoint",
+            &emulator.url(),
+            "--cycle-jitter",
+            "0s",
+            "--api-rate",
+            LARGE_RATE,
+            "--api-budget",
+            "100000",
+            "--retry-base",
+            "50ms",
+            "--retry-max",
+            "1s",
+            "--api-max-attempts",
+            "10",
+        ])?;
+        let credentials = aws_sdk_gamelift::config::Credentials::new(
+            "AKIDBENCH",
+            "bench-secret",
+            None,
+            None,
+            "bench",
+        );
+        let pubsub = Pubsub::new(&config, gamelift_client(&config, Some(credentials)).await)?;
+        emulator.set_seed(11);
+        emulator.set_throttle_ratio(0.0);
+        pubsub.run_cycle().await; // warm-up
+        emulator.set_throttle_ratio(ratio);
+        let mut durations = Vec::new();
+        let mut calls = Vec::new();
+        let mut throttled = Vec::new();
+        let mut failed = 0;
+        for _ in 0..LARGE_CYCLES {
+            emulator.clear_calls();
+            let report = pubsub.run_cycle().await;
+            durations.push(report.duration);
+            calls.push(report.api_calls);
+            throttled.push(
+                emulator
+                    .calls()
+                    .iter()
+                    .filter(|c| c.outcome == "ThrottlingException")
+                    .count(),
+            );
+            failed = failed.max(report.groups_failed);
+        }
+        durations.sort();
+        calls.sort();
+        throttled.sort();
+        let median = durations[durations.len() / 2];
+        let max = durations[durations.len() - 1];
+        let c = calls[calls.len() / 2];
+        println!(
+            "| {:.0}% | {:.0} ms | {:.0} ms | {c} | {min_pages} | {} | {failed} | {:.0}/s |",
+            ratio * 100.0,
+            median.as_secs_f64() * 1000.0,
+            max.as_secs_f64() * 1000.0,
+            throttled[throttled.len() / 2],
+            c as f64 / median.as_secs_f64(),
+        );
+    }
+    emulator.set_throttle_ratio(0.0);
+    println!();
     Ok(())
 }
 

@@ -2,14 +2,23 @@
 //! persistence. It never touches a system Redis on 6379.
 //!
 //! The process can be killed and restarted on the same port, which is how tests take
-//! Redis away from a subscriber and give it back.
+//! Redis away from a subscriber and give it back. It can also serve TLS only, with a
+//! certificate generated for the test by the `openssl` CLI, and an ACL user instead of the
+//! passwordless default user ([`RedisServer::start_secure`]); be made a replica
+//! ([`RedisServer::replica_of`]); and be reached through a [`TcpProxy`] that can delay,
+//! blackhole or redirect traffic.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
 
 /// How long a fresh server gets to answer PING.
 const READY_WITHIN: Duration = Duration::from_secs(10);
@@ -31,11 +40,35 @@ enum LaunchError {
     Other(#[from] anyhow::Error),
 }
 
+/// TLS files generated for one test: a CA, and a server certificate it signed for
+/// `127.0.0.1`.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub ca_pem: PathBuf,
+    pub cert_pem: PathBuf,
+    pub key_pem: PathBuf,
+}
+
+/// The ACL user of a secure server.
+pub const ACL_USER: &str = "lastcall";
+/// Its password.
+pub const ACL_PASSWORD: &str = "s3cret-pw";
+
+/// How a server is launched.
+#[derive(Clone, Debug, Default)]
+struct Mode {
+    /// Serve TLS only (no plain-text port) with these files.
+    tls: Option<TlsFiles>,
+    /// Disable the default user and require [`ACL_USER`] / [`ACL_PASSWORD`].
+    acl: bool,
+}
+
 /// A running (or killed) private Redis server. Dropping it kills the process.
 pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    mode: Mode,
 }
 
 impl Drop for RedisServer {
@@ -49,6 +82,30 @@ impl Drop for RedisServer {
 impl RedisServer {
     /// Starts `redis-server` on a free port and waits until it answers PING.
     pub async fn start() -> anyhow::Result<RedisServer> {
+        Self::start_mode(Mode::default()).await
+    }
+
+    /// Starts a server that speaks TLS only (certificate from a CA generated here) and
+    /// accepts only the ACL user [`ACL_USER`] with [`ACL_PASSWORD`].
+    pub async fn start_secure() -> anyhow::Result<RedisServer> {
+        let dir = tempfile::Builder::new()
+            .prefix("lastcall-tls-")
+            .tempdir()
+            .context("creating a temp dir for TLS files")?;
+        let tls = generate_tls(dir.path(), "server").await?;
+        // Keep the files with the server's own directory.
+        let mut server = Self::start_mode(Mode {
+            tls: Some(tls),
+            acl: true,
+        })
+        .await?;
+        let keep = std::mem::replace(&mut server.dir, dir);
+        // The server's log dir is not needed after start; the TLS dir must outlive it.
+        drop(keep);
+        Ok(server)
+    }
+
+    async fn start_mode(mode: Mode) -> anyhow::Result<RedisServer> {
         which_redis_server()?;
         let dir = tempfile::Builder::new()
             .prefix("lastcall-redis-")
@@ -57,12 +114,13 @@ impl RedisServer {
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
             let port = free_port()?;
-            match launch(port, &dir.path().to_path_buf()).await {
+            match launch(port, dir.path(), &mode).await {
                 Ok(child) => {
                     return Ok(RedisServer {
                         port,
                         dir,
                         child: Some(child),
+                        mode,
                     });
                 }
                 // Someone took the port between our probe and redis' bind: pick another.
@@ -80,9 +138,14 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:P`
+    /// `redis://127.0.0.1:P`, or for a secure server `rediss://user:password@127.0.0.1:P`.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        server_url(self.port, &self.mode)
+    }
+
+    /// The TLS files of a secure server.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.mode.tls.as_ref()
     }
 
     /// `127.0.0.1:P`, the `REDIS_URL` form the original adapter expects.
@@ -106,7 +169,7 @@ impl RedisServer {
         let dir = self.dir.path().to_path_buf();
         let deadline = tokio::time::Instant::now() + REBIND_WITHIN;
         loop {
-            match launch(self.port, &dir).await {
+            match launch(self.port, &dir, &self.mode).await {
                 Ok(child) => {
                     self.child = Some(child);
                     return Ok(());
@@ -127,8 +190,318 @@ impl RedisServer {
 
     /// A fresh multiplexed connection to this server.
     pub async fn client(&self) -> anyhow::Result<::redis::aio::MultiplexedConnection> {
-        let client = ::redis::Client::open(self.url())?;
+        let client = open_client(self.port, &self.mode)?;
         Ok(client.get_multiplexed_async_connection().await?)
+    }
+
+    /// `REPLICAOF 127.0.0.1 <primary>`: from now on writes answer `READONLY`, as after a
+    /// managed-Redis failover. `None` makes it a primary again.
+    pub async fn replica_of(&self, primary: Option<u16>) -> anyhow::Result<()> {
+        let mut conn = self.client().await?;
+        let mut cmd = ::redis::cmd("REPLICAOF");
+        match primary {
+            Some(port) => cmd.arg("127.0.0.1").arg(port),
+            None => cmd.arg("NO").arg("ONE"),
+        };
+        let _: String = cmd.query_async(&mut conn).await?;
+        Ok(())
+    }
+}
+
+fn server_url(port: u16, mode: &Mode) -> String {
+    match (&mode.tls, mode.acl) {
+        (Some(_), true) => format!("rediss://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{port}"),
+        (Some(_), false) => format!("rediss://127.0.0.1:{port}"),
+        (None, true) => format!("redis://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{port}"),
+        (None, false) => format!("redis://127.0.0.1:{port}"),
+    }
+}
+
+fn open_client(port: u16, mode: &Mode) -> anyhow::Result<::redis::Client> {
+    let url = server_url(port, mode);
+    Ok(match &mode.tls {
+        Some(tls) => ::redis::Client::build_with_tls(
+            url.as_str(),
+            ::redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(std::fs::read(&tls.ca_pem)?),
+            },
+        )?,
+        None => ::redis::Client::open(url)?,
+    })
+}
+
+/// Generates a CA and a server certificate for `127.0.0.1` signed by it, with the
+/// `openssl` CLI, into `dir`. `name` keeps several sets apart in one directory.
+pub async fn generate_tls(dir: &Path, name: &str) -> anyhow::Result<TlsFiles> {
+    let p = |f: &str| dir.join(format!("{name}-{f}"));
+    let ext = p("ext.cnf");
+    std::fs::write(
+        &ext,
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )?;
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let path = |f: &str| p(f).to_string_lossy().into_owned();
+    let steps: Vec<Vec<String>> = vec![
+        [
+            &["req", "-x509"][..],
+            &ec[..],
+            &["-keyout", &path("ca.key"), "-out", &path("ca.pem")],
+            &["-days", "2", "-subj", "/CN=lastcall test CA"],
+        ]
+        .concat()
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        [
+            &["req"][..],
+            &ec[..],
+            &["-keyout", &path("server.key"), "-out", &path("server.csr")],
+            &["-subj", "/CN=127.0.0.1"],
+        ]
+        .concat()
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        [
+            "x509",
+            "-req",
+            "-in",
+            &path("server.csr"),
+            "-CA",
+            &path("ca.pem"),
+            "-CAkey",
+            &path("ca.key"),
+            "-CAcreateserial",
+            "-out",
+            &path("server.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            &path("ext.cnf"),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+    ];
+    for args in steps {
+        let out = Command::new("openssl")
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .context("running openssl (apt-get install -y openssl)")?;
+        if !out.status.success() {
+            bail!(
+                "openssl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    Ok(TlsFiles {
+        ca_pem: p("ca.pem"),
+        cert_pem: p("server.pem"),
+        key_pem: p("server.key"),
+    })
+}
+
+/// A TCP proxy on 127.0.0.1 in front of a Redis port. It can delay what the client sends
+/// (a slow path between one publisher and Redis), blackhole everything (a half-open
+/// connection: bytes vanish, nothing is closed, and connections that saw the blackhole never
+/// carry data again, like a socket whose NAT state was lost), and switch its upstream (a
+/// failover behind a stable DNS name: new connections reach the new server, old ones stay
+/// where they were).
+pub struct TcpProxy {
+    port: u16,
+    upstream: Arc<AtomicU16>,
+    blackhole: Arc<AtomicBool>,
+    drop_replies: Arc<AtomicBool>,
+    delay_ms: Arc<AtomicU64>,
+    stop: CancellationToken,
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl TcpProxy {
+    pub async fn start(upstream: u16) -> anyhow::Result<TcpProxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let proxy = TcpProxy {
+            port,
+            upstream: Arc::new(AtomicU16::new(upstream)),
+            blackhole: Arc::new(AtomicBool::new(false)),
+            drop_replies: Arc::new(AtomicBool::new(false)),
+            delay_ms: Arc::new(AtomicU64::new(0)),
+            stop: CancellationToken::new(),
+        };
+        let (up, hole, replies, delay, stop) = (
+            proxy.upstream.clone(),
+            proxy.blackhole.clone(),
+            proxy.drop_replies.clone(),
+            proxy.delay_ms.clone(),
+            proxy.stop.clone(),
+        );
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    () = stop.cancelled() => return,
+                    a = listener.accept() => a,
+                };
+                let Ok((client, _)) = accepted else { continue };
+                let links = Links {
+                    upstream: up.clone(),
+                    hole: hole.clone(),
+                    drop_replies: replies.clone(),
+                    delay_ms: delay.clone(),
+                };
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = stop.cancelled() => {}
+                        () = serve_connection(client, links) => {}
+                    }
+                });
+            }
+        });
+        Ok(proxy)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Where new connections go from now on.
+    pub fn set_upstream(&self, port: u16) {
+        self.upstream.store(port, Ordering::SeqCst);
+    }
+
+    /// Starts or ends the blackhole.
+    pub fn set_blackhole(&self, on: bool) {
+        self.blackhole.store(on, Ordering::SeqCst);
+    }
+
+    /// While on, requests still reach Redis but answers are lost, and connections that lost
+    /// one never answer again: the "did my write happen?" case.
+    pub fn set_drop_replies(&self, on: bool) {
+        self.drop_replies.store(on, Ordering::SeqCst);
+    }
+
+    /// Delay added to every chunk the client sends, order kept.
+    pub fn set_delay(&self, d: Duration) {
+        self.delay_ms.store(d.as_millis() as u64, Ordering::SeqCst);
+    }
+}
+
+/// The proxy's switches, as each connection sees them.
+struct Links {
+    upstream: Arc<AtomicU16>,
+    hole: Arc<AtomicBool>,
+    drop_replies: Arc<AtomicBool>,
+    delay_ms: Arc<AtomicU64>,
+}
+
+async fn serve_connection(client: TcpStream, links: Links) {
+    let Links {
+        upstream,
+        hole,
+        drop_replies,
+        delay_ms,
+    } = links;
+    let dead = Arc::new(AtomicBool::new(false));
+    if hole.load(Ordering::SeqCst) {
+        // Accepted by the kernel, never answered.
+        swallow(client).await;
+        return;
+    }
+    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream.load(Ordering::SeqCst))).await
+    else {
+        return;
+    };
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let up_dead = dead.clone();
+    let up_hole = hole.clone();
+    let reader = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match cr.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if up_hole.load(Ordering::SeqCst) {
+                up_dead.store(true, Ordering::SeqCst);
+            }
+            if up_dead.load(Ordering::SeqCst) {
+                continue;
+            }
+            let due = tokio::time::Instant::now()
+                + Duration::from_millis(delay_ms.load(Ordering::SeqCst));
+            if tx.send((due, buf[..n].to_vec())).is_err() {
+                return;
+            }
+        }
+    };
+    let writer = async move {
+        while let Some((due, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if sw.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+        // The client closed: close towards the server too.
+        let _ = sw.shutdown().await;
+    };
+    let down_dead = dead.clone();
+    let back = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match sr.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if hole.load(Ordering::SeqCst) || drop_replies.load(Ordering::SeqCst) {
+                down_dead.store(true, Ordering::SeqCst);
+            }
+            if down_dead.load(Ordering::SeqCst) {
+                continue;
+            }
+            if cw.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        // A dead connection stays open and silent, as a half-open socket does.
+        if down_dead.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        let _ = cw.shutdown().await;
+    };
+    tokio::join!(
+        async {
+            tokio::join!(reader, writer);
+        },
+        back
+    );
+}
+
+/// Reads and drops everything until the peer goes away.
+async fn swallow(mut s: TcpStream) {
+    let mut buf = vec![0u8; 4096];
+    while let Ok(n) = s.read(&mut buf).await {
+        if n == 0 {
+            return;
+        }
     }
 }
 
@@ -154,13 +527,39 @@ fn log_path(dir: &std::path::Path, port: u16) -> PathBuf {
 }
 
 /// Spawns redis-server on `port` and waits for PING; an early exit is reported with the log.
-async fn launch(port: u16, dir: &PathBuf) -> Result<Child, LaunchError> {
+async fn launch(port: u16, dir: &Path, mode: &Mode) -> Result<Child, LaunchError> {
     let log = log_path(dir, port);
     // Each launch gets a fresh log, so an error shows this attempt's reason.
     let _ = std::fs::remove_file(&log);
-    let mut child = Command::new("redis-server")
-        .arg("--port")
-        .arg(port.to_string())
+    let mut command = Command::new("redis-server");
+    match &mode.tls {
+        Some(tls) => {
+            command
+                .args(["--port", "0", "--tls-port", &port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(&tls.cert_pem)
+                .arg("--tls-key-file")
+                .arg(&tls.key_pem)
+                .arg("--tls-ca-cert-file")
+                .arg(&tls.ca_pem)
+                .args(["--tls-auth-clients", "no"]);
+        }
+        None => {
+            command.arg("--port").arg(port.to_string());
+        }
+    }
+    if mode.acl {
+        command.args(["--user", "default", "off"]).args([
+            "--user",
+            ACL_USER,
+            "on",
+            &format!(">{ACL_PASSWORD}"),
+            "~*",
+            "&*",
+            "+@all",
+        ]);
+    }
+    let mut child = command
         .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
         .arg("--dir")
         .arg(dir)
@@ -173,7 +572,7 @@ async fn launch(port: u16, dir: &PathBuf) -> Result<Child, LaunchError> {
         .kill_on_drop(true)
         .spawn()
         .context("spawning redis-server")?;
-    let url = format!("redis://127.0.0.1:{port}");
+    let client = open_client(port, mode).map_err(LaunchError::Other)?;
     let deadline = tokio::time::Instant::now() + READY_WITHIN;
     loop {
         if let Some(status) = child.try_wait().context("polling redis-server")? {
@@ -186,7 +585,7 @@ async fn launch(port: u16, dir: &PathBuf) -> Result<Child, LaunchError> {
         }
         // Check the answer comes from our process: if our bind failed, another server may
         // hold the port and answer PING before our child's exit is noticed.
-        if child.id().is_some() && serving_pid(&url).await == child.id() {
+        if child.id().is_some() && serving_pid(&client).await == child.id() {
             return Ok(child);
         }
         if tokio::time::Instant::now() >= deadline {
@@ -201,8 +600,7 @@ async fn launch(port: u16, dir: &PathBuf) -> Result<Child, LaunchError> {
 }
 
 /// The pid of the server answering on `url`, once it answers PING.
-async fn serving_pid(url: &str) -> Option<u32> {
-    let client = ::redis::Client::open(url).ok()?;
+async fn serving_pid(client: &::redis::Client) -> Option<u32> {
     let mut conn = client.get_multiplexed_async_connection().await.ok()?;
     let pong: String = ::redis::cmd("PING").query_async(&mut conn).await.ok()?;
     if pong != "PONG" {

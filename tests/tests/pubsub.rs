@@ -12,12 +12,20 @@ use std::time::Duration;
 
 use clap::Parser;
 use futures::StreamExt;
+use lastcall_agent::fleetiq::gamelift::GameLift;
+use lastcall_agent::fleetiq::source::{RedisSource, run_fallback};
+use lastcall_agent::fleetiq::view::FleetIqView;
+use lastcall_common::fleetiq::polled_at_key;
 use lastcall_common::fleetiq::{InstanceStatus, StatusMessage, cache_key};
+use lastcall_common::redis_conn::CaFile;
+use lastcall_common::redis_url::RedisTarget;
 use lastcall_pubsub::{Config, CycleReport, Pubsub, gamelift_client};
 use lastcall_testkit::eventually::{eventually, wait_for};
 use lastcall_testkit::gamelift::{self as emu, GameLiftEmulator, Malformed};
-use lastcall_testkit::redis::RedisServer;
+use lastcall_testkit::redis::{RedisServer, TcpProxy};
 use redis::AsyncCommands;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 const DESCRIBE: &str = "DescribeGameServerInstances";
 
@@ -608,17 +616,21 @@ async fn malformed_answers_and_unknown_groups_are_counted_and_skipped() {
     let good = ids("good", 45);
     let sub = Subscriber::start(&h.redis.url(), &good).await;
 
+    let bad = ids("bad-status", 45);
+    let sub_bad = Subscriber::start(&h.redis.url(), &bad[..1]).await;
+
     let report = h.cycle().await;
     assert_eq!(
         report.groups_failed, 1,
         "only the unknown group fails: {report:?}"
     );
     assert_eq!(
-        report.invalid_instances, 9,
-        "first entry of each of 3 pages in 3 groups"
+        report.invalid_instances, 6,
+        "first entry of each of 3 pages in 2 groups"
     );
-    assert_eq!(report.instances, 45 + 3 * 42);
-    assert_eq!(report.published, 45 + 3 * 42);
+    // Unknown statuses are published as-is, as the original did.
+    assert_eq!(report.instances, 2 * 45 + 2 * 42);
+    assert_eq!(report.published, 2 * 45 + 2 * 42);
 
     let got = sub.wait_for_count(45).await;
     assert_eq!(
@@ -626,18 +638,31 @@ async fn malformed_answers_and_unknown_groups_are_counted_and_skipped() {
         45,
         "the good group is fully published"
     );
+    let got = sub_bad.wait_for_count(1).await;
+    assert!(
+        String::from_utf8_lossy(&got[0].1).ends_with(r#""InstanceStatus": "EXPLODING"}"#),
+        "{got:?}"
+    );
 
     let mut conn = h.redis().await;
-    for g in ["bad-status", "no-status"] {
-        let group = ids(g, 45);
-        for (i, iid) in group.iter().enumerate() {
-            let cached: Option<String> = conn.get(cache_key(iid)).await.unwrap();
-            let corrupted = i % 20 == 0;
-            assert_eq!(cached.is_none(), corrupted, "{iid}");
-        }
+    for (i, iid) in bad.iter().enumerate() {
+        let cached: Option<String> = conn.get(cache_key(iid)).await.unwrap();
+        assert!(cached.is_some(), "{iid}: {i}");
+    }
+    for (i, iid) in ids("no-status", 45).iter().enumerate() {
+        let cached: Option<String> = conn.get(cache_key(iid)).await.unwrap();
+        assert_eq!(cached.is_none(), i % 20 == 0, "{iid}");
     }
     let m = h.metrics();
-    for reason in ["unknown_status", "missing_instance_id", "missing_status"] {
+    assert_eq!(counter(&m, "unknown_statuses", &[]), 3.0);
+    assert_eq!(
+        m.value(
+            "lastcall_pubsub_instances",
+            &[("group", "bad-status"), ("status", "UNKNOWN")]
+        ),
+        3.0
+    );
+    for reason in ["missing_instance_id", "missing_status"] {
         assert_eq!(
             counter(&m, "invalid_instances", &[("reason", reason)]),
             3.0,
@@ -780,6 +805,902 @@ async fn contract_published_bytes_equal_the_python_form_and_parse_in_the_agent()
 }
 
 // ---------------------------------------------------------------------------------------
+// Faults: Redis recovery, ordering, uncertain writes, rate control, health
+// ---------------------------------------------------------------------------------------
+
+/// Log lines written while it is the thread's default subscriber (tests run on one thread,
+/// so the tasks they spawn log here too).
+#[derive(Clone, Default)]
+struct LogCapture(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogCapture {
+    type Writer = LogCapture;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+impl LogCapture {
+    fn install(&self) -> tracing::subscriber::DefaultGuard {
+        tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_writer(self.clone())
+                .with_ansi(false)
+                .with_max_level(tracing::Level::DEBUG)
+                .finish(),
+        )
+    }
+
+    /// WARN lines containing every one of `parts`.
+    fn warnings(&self, parts: &[&str]) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains(" WARN ") && parts.iter().all(|p| l.contains(p)))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+fn status_of(body: &[u8]) -> InstanceStatus {
+    StatusMessage::parse(body).unwrap().status
+}
+
+async fn cached_status(
+    conn: &mut redis::aio::MultiplexedConnection,
+    iid: &str,
+) -> Option<InstanceStatus> {
+    let body: Option<Vec<u8>> = conn.get(cache_key(iid)).await.unwrap();
+    body.map(|b| status_of(&b))
+}
+
+/// A half-open Redis (blackholed by a proxy) times out, the connection is rebuilt, liveness
+/// fails while it lasts, and publishing resumes within two cycles after it heals. Before,
+/// the manager kept the dead connection and `/healthz` stayed 200.
+#[tokio::test]
+async fn blackholed_redis_fails_liveness_and_publishing_resumes_within_two_cycles() {
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let proxy = TcpProxy::start(redis.port()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["b1"]);
+    let instances = ids("b1", 5);
+    emulator.add_instances("b1", &instances, emu::InstanceStatus::Active);
+    let pubsub = build_pubsub(
+        &emulator,
+        &format!("127.0.0.1:{}", proxy.port()),
+        &groups_file,
+        &[
+            "--redis-timeout",
+            "300ms",
+            "--redis-retry-base",
+            "5ms",
+            "--redis-retry-max",
+            "20ms",
+            "--liveness-timeout",
+            "1s",
+        ],
+    )
+    .await;
+    let r = pubsub.run_cycle().await;
+    assert_eq!((r.published, r.errors), (5, 0));
+    assert!(pubsub.is_live());
+
+    proxy.set_blackhole(true);
+    eventually(
+        "liveness fails while Redis is blackholed",
+        Duration::from_secs(20),
+        Duration::from_millis(10),
+        || async {
+            let r = pubsub.run_cycle().await;
+            assert_eq!(r.published, 0, "nothing can be published: {r:?}");
+            (!pubsub.is_live()).then_some(())
+        },
+    )
+    .await;
+    let m = Metrics::parse(&pubsub.metrics_text());
+    assert!(counter(&m, "publish_errors", &[("reason", "timeout")]) >= 1.0);
+
+    proxy.set_blackhole(false);
+    let sub = Subscriber::start(&redis.url(), &instances).await;
+    // A period passes between cycles (longer than the connect backoff, which is capped
+    // below half a period).
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let first = pubsub.run_cycle().await;
+    let second = if first.published == 5 {
+        first.clone()
+    } else {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        pubsub.run_cycle().await
+    };
+    assert_eq!(
+        second.published, 5,
+        "within two cycles of the heal: {first:?} then {second:?}"
+    );
+    sub.wait_for_count(5).await;
+    assert!(pubsub.is_live());
+    let m = Metrics::parse(&pubsub.metrics_text());
+    assert!(
+        counter(&m, "redis_connects", &[]) >= 2.0,
+        "the connection was rebuilt"
+    );
+}
+
+/// A failover: the server pubsub is connected to becomes a replica (SET answers READONLY)
+/// and the name now points at the new primary. pubsub notices, reconnects, and publishes
+/// on the new primary. Before, the manager kept writing to the replica forever.
+#[tokio::test]
+async fn replicaof_failover_is_noticed_and_publishing_moves_to_the_new_primary() {
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let old = RedisServer::start().await.unwrap();
+    let new = RedisServer::start().await.unwrap();
+    let proxy = TcpProxy::start(old.port()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["f1"]);
+    let instances = ids("f1", 4);
+    emulator.add_instances("f1", &instances, emu::InstanceStatus::Active);
+    let pubsub = build_pubsub(
+        &emulator,
+        &format!("127.0.0.1:{}", proxy.port()),
+        &groups_file,
+        &["--redis-retry-base", "5ms", "--redis-retry-max", "20ms"],
+    )
+    .await;
+    assert_eq!(pubsub.run_cycle().await.published, 4);
+
+    // The old primary follows the new one; the stable name now leads to the new primary.
+    old.replica_of(Some(new.port())).await.unwrap();
+    proxy.set_upstream(new.port());
+    emulator.set_instance_status(&instances[0], emu::InstanceStatus::Draining);
+    let sub = Subscriber::start(&new.url(), &instances).await;
+    let r = pubsub.run_cycle().await;
+    assert_eq!(r.published, 0, "the replica refuses the write: {r:?}");
+    let m = Metrics::parse(&pubsub.metrics_text());
+    assert_eq!(
+        counter(&m, "publish_errors", &[("reason", "readonly")]),
+        1.0
+    );
+
+    let r = pubsub.run_cycle().await;
+    assert_eq!((r.published, r.errors), (4, 0), "{r:?}");
+    let got = sub.wait_for_count(4).await;
+    assert_eq!(per_channel(&got).len(), 4);
+    let mut conn = new.client().await.unwrap();
+    assert_eq!(
+        cached_status(&mut conn, &instances[0]).await,
+        Some(InstanceStatus::Draining)
+    );
+}
+
+/// Two publishers (a rolling update), one whose path to Redis is slow: its older ACTIVE
+/// arrives after the other's newer DRAINING and is dropped, atomically, so no subscriber
+/// sees ACTIVE after DRAINING and the cache keeps DRAINING. Before, the last writer won.
+#[tokio::test]
+async fn a_delayed_replica_never_publishes_an_older_status_over_a_newer_one() {
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let slow_path = TcpProxy::start(redis.port()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["o1"]);
+    let instances = ids("o1", 3);
+    emulator.add_instances("o1", &instances, emu::InstanceStatus::Active);
+    let slow = build_pubsub(
+        &emulator,
+        &format!("127.0.0.1:{}", slow_path.port()),
+        &groups_file,
+        &[],
+    )
+    .await;
+    let fast = build_pubsub(&emulator, &redis.host_port(), &groups_file, &[]).await;
+    // Connect the slow one first, so only its publish is delayed.
+    slow.run_cycle().await;
+    let sub = Subscriber::start(&redis.url(), &instances).await;
+    let mut conn = redis.client().await.unwrap();
+    let _: () = conn
+        .del(instances.iter().map(|i| cache_key(i)).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let _: () = conn
+        .del(
+            instances
+                .iter()
+                .map(|i| polled_at_key(i))
+                .collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+
+    slow_path.set_delay(Duration::from_millis(1500));
+    emulator.clear_calls();
+    let newer = async {
+        wait_for("the slow replica has polled", || async {
+            (emulator.count(DESCRIBE) >= 1).then_some(())
+        })
+        .await;
+        for iid in &instances {
+            emulator.set_instance_status(iid, emu::InstanceStatus::Draining);
+        }
+        fast.run_cycle().await
+    };
+    let (slow_report, fast_report) = tokio::join!(slow.run_cycle(), newer);
+    assert_eq!(fast_report.published, 3);
+    let r = slow_report;
+    assert_eq!(
+        (r.published, r.stale),
+        (0, 3),
+        "the older poll is dropped: {r:?}"
+    );
+    for iid in &instances {
+        let at: Option<i64> = conn.get(polled_at_key(iid)).await.unwrap();
+        assert!(at.is_some(), "the polled-at time sits beside the cache key");
+    }
+
+    // A marker after everything, so the subscriber has seen all that was published.
+    let _: i64 = conn.publish(&instances[0], "marker").await.unwrap();
+    let got = wait_for("marker", || async {
+        let got = sub.received();
+        got.iter().any(|(_, b)| b == b"marker").then_some(got)
+    })
+    .await;
+    for iid in &instances {
+        let seq: Vec<InstanceStatus> = got
+            .iter()
+            .filter(|(c, b)| c == iid && b != b"marker")
+            .map(|(_, b)| status_of(b))
+            .collect();
+        assert_eq!(seq, vec![InstanceStatus::Draining], "{iid}");
+        assert_eq!(
+            cached_status(&mut conn, iid).await,
+            Some(InstanceStatus::Draining)
+        );
+    }
+    let m = Metrics::parse(&slow.metrics_text());
+    assert_eq!(counter(&m, "messages_stale", &[]), 3.0);
+}
+
+/// A write whose answer was lost did publish DRAINING; when the status reverts to ACTIVE,
+/// the revert is published even with `--publish-unchanged=false`. Before, the last-published
+/// map still said ACTIVE and suppressed it.
+#[tokio::test]
+async fn an_uncertain_write_is_published_again_when_the_status_reverts() {
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let proxy = TcpProxy::start(redis.port()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["w1"]);
+    let iid = "i-w10000".to_string();
+    emulator.add_instances(
+        "w1",
+        std::slice::from_ref(&iid),
+        emu::InstanceStatus::Active,
+    );
+    let pubsub = build_pubsub(
+        &emulator,
+        &format!("127.0.0.1:{}", proxy.port()),
+        &groups_file,
+        &[
+            "--publish-unchanged=false",
+            "--redis-timeout",
+            "300ms",
+            "--redis-retry-base",
+            "5ms",
+            "--redis-retry-max",
+            "10ms",
+        ],
+    )
+    .await;
+    let sub = Subscriber::start(&redis.url(), std::slice::from_ref(&iid)).await;
+    assert_eq!(pubsub.run_cycle().await.published, 1);
+    sub.wait_for_count(1).await;
+
+    emulator.set_instance_status(&iid, emu::InstanceStatus::Draining);
+    proxy.set_drop_replies(true);
+    let r = pubsub.run_cycle().await;
+    assert_eq!(
+        (r.published, r.publish_errors),
+        (0, 1),
+        "the answer was lost: {r:?}"
+    );
+    let got = sub.wait_for_count(2).await;
+    assert_eq!(
+        status_of(&got[1].1),
+        InstanceStatus::Draining,
+        "yet it was delivered"
+    );
+
+    proxy.set_drop_replies(false);
+    emulator.set_instance_status(&iid, emu::InstanceStatus::Active);
+    let r = wait_for("the revert is published", || async {
+        let r = pubsub.run_cycle().await;
+        (r.publish_errors == 0).then_some(r)
+    })
+    .await;
+    assert_eq!(r.published, 1, "{r:?}");
+    let got = sub.wait_for_count(3).await;
+    assert_eq!(status_of(&got[2].1), InstanceStatus::Active);
+}
+
+/// A Redis error on one group's batch (here an ACL that denies that group's keys) fails
+/// that group only: the next group still publishes in the same cycle. Before, the shared
+/// backoff skipped every other group's batch.
+#[tokio::test]
+async fn one_groups_redis_error_does_not_stop_the_others() {
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let mut admin = redis.client().await.unwrap();
+    let _: String = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("limited")
+        .arg("on")
+        .arg(">pw")
+        .arg("~lastcall:*:i-ok*")
+        .arg("&*")
+        .arg("+@all")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["denied", "ok"]);
+    emulator.add_instances("denied", &ids("denied", 3), emu::InstanceStatus::Active);
+    let good = ids("ok", 3);
+    emulator.add_instances("ok", &good, emu::InstanceStatus::Active);
+    let pubsub = build_pubsub(
+        &emulator,
+        &format!("redis://limited:pw@127.0.0.1:{}", redis.port()),
+        &groups_file,
+        &["--concurrency", "1"],
+    )
+    .await;
+    let sub = Subscriber::start(&redis.url(), &good).await;
+    let r = pubsub.run_cycle().await;
+    assert_eq!((r.published, r.publish_errors), (3, 1), "{r:?}");
+    sub.wait_for_count(3).await;
+    let m = Metrics::parse(&pubsub.metrics_text());
+    assert_eq!(
+        counter(&m, "publish_errors", &[("reason", "no_permission")]),
+        1.0
+    );
+    assert_eq!(counter(&m, "publish_errors", &[("reason", "backoff")]), 0.0);
+    assert_eq!(
+        m.value(
+            "lastcall_pubsub_group_failed_cycles",
+            &[("group", "denied")]
+        ),
+        1.0
+    );
+}
+
+/// 250 groups x 200 instances with half the calls throttled: the shared bucket keeps the
+/// call rate under `--api-rate`, the cycle deadline cuts what does not fit, and groups that
+/// missed a cycle go first in the next, so none misses two in a row.
+#[tokio::test]
+async fn throttling_at_250_groups_stays_under_the_rate_and_no_group_misses_twice() {
+    const GROUPS: usize = 250;
+    let names: Vec<String> = (0..GROUPS).map(|g| format!("q{g:03}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let h = Harness::start(
+        &refs,
+        &[
+            "--api-rate",
+            "200",
+            "--api-burst",
+            "5",
+            "--cycle-deadline",
+            "4s",
+            "--retry-base",
+            "2ms",
+            "--retry-max",
+            "10ms",
+            "--api-max-attempts",
+            "20",
+            "--concurrency",
+            "8",
+        ],
+    )
+    .await;
+    for (g, name) in names.iter().enumerate() {
+        let instances: Vec<String> = (0..200).map(|i| format!("i-{g:03}{i:05}")).collect();
+        h.emulator
+            .add_instances(name, &instances, emu::InstanceStatus::Active);
+    }
+    h.emulator.set_seed(7);
+    h.emulator.set_throttle_ratio(0.5);
+
+    let mut missed_before: std::collections::HashSet<String> = Default::default();
+    let mut any_missed = false;
+    for cycle in 0..3 {
+        let r = h.cycle().await;
+        let m = h.metrics();
+        let missed: std::collections::HashSet<String> = names
+            .iter()
+            .filter(|g| {
+                m.value(
+                    "lastcall_pubsub_group_failed_cycles",
+                    &[("group", g.as_str())],
+                ) > 0.0
+            })
+            .cloned()
+            .collect();
+        // Groups that missed go first, so they all fit whenever this cycle published at least
+        // as many groups as missed the last one (always, unless the machine is far slower
+        // than the rate allows).
+        let fits = r.groups_published >= missed_before.len();
+        for g in missed.iter().filter(|_| fits) {
+            assert!(
+                !missed_before.contains(g),
+                "cycle {cycle}: {g} missed two cycles in a row ({r:?})"
+            );
+            assert_eq!(
+                m.value(
+                    "lastcall_pubsub_group_failed_cycles",
+                    &[("group", g.as_str())]
+                ),
+                1.0
+            );
+        }
+        any_missed |= !missed.is_empty();
+        missed_before = missed;
+    }
+    assert!(
+        any_missed,
+        "the deadline should have cut some groups (else the test proves nothing)"
+    );
+    let calls = h.emulator.calls();
+    let first = calls.first().unwrap().at;
+    let last = calls.last().unwrap().at;
+    let span = last.duration_since(first).unwrap().as_secs_f64();
+    let rate = (calls.len() - 1) as f64 / span;
+    // The bucket allows its burst at once and the configured rate after that.
+    assert!(
+        (calls.len() - 1) as f64 <= 200.0 * span + 5.0 * 3.0 + 1.0,
+        "{} calls in {span:.2}s = {rate:.1}/s over the configured 200/s",
+        calls.len()
+    );
+    let throttled = calls
+        .iter()
+        .filter(|c| c.outcome == "ThrottlingException")
+        .count();
+    assert!(
+        throttled > calls.len() / 3,
+        "half the calls are throttled: {throttled}/{}",
+        calls.len()
+    );
+}
+
+/// AccessDenied on every group: not ready (a rollout with broken IAM must not replace a
+/// working pod). On one group only: ready, and that group's staleness and failed-cycle
+/// gauges show it. An empty group list is not ready either. Before, any completed cycle
+/// made the pod ready.
+#[tokio::test]
+async fn access_denied_everywhere_is_not_ready_and_on_one_group_shows_in_its_staleness() {
+    let h = Harness::start(&["a1", "a2"], &["--concurrency", "1"]).await;
+    h.emulator
+        .add_instances("a1", &ids("a1", 2), emu::InstanceStatus::Active);
+    h.emulator
+        .add_instances("a2", &ids("a2", 2), emu::InstanceStatus::Active);
+
+    h.emulator
+        .fail_next_with(DESCRIBE, 2, 400, "AccessDeniedException");
+    let r = h.cycle().await;
+    assert_eq!(r.groups_failed, 2, "{r:?}");
+    assert!(
+        !h.pubsub.health().is_ready(),
+        "every group failing is not ready"
+    );
+
+    h.emulator
+        .fail_next_with(DESCRIBE, 1, 400, "AccessDeniedException");
+    let r = h.cycle().await;
+    assert_eq!((r.groups_failed, r.groups_published), (1, 1), "{r:?}");
+    assert!(h.pubsub.health().is_ready(), "one group published is ready");
+    let m = h.metrics();
+    let stale = |g: &str| m.value("lastcall_pubsub_group_staleness_seconds", &[("group", g)]);
+    let failed = |g: &str| m.value("lastcall_pubsub_group_failed_cycles", &[("group", g)]);
+    assert_eq!((failed("a1"), failed("a2")), (2.0, 0.0));
+    assert!(
+        stale("a1") > stale("a2"),
+        "a1 {} vs a2 {}",
+        stale("a1"),
+        stale("a2")
+    );
+    assert_eq!(
+        counter(
+            &m,
+            "group_errors",
+            &[("group", "a1"), ("reason", "unauthorized")]
+        ),
+        2.0
+    );
+
+    write_groups(&h.groups_file, &[]);
+    h.cycle().await;
+    assert!(!h.pubsub.health().is_ready(), "no groups is not ready");
+}
+
+// ---------------------------------------------------------------------------------------
+// With the agent's FleetIQ source
+// ---------------------------------------------------------------------------------------
+
+struct AgentSource {
+    view: watch::Receiver<FleetIqView>,
+    registry: Arc<prometheus_client::registry::Registry>,
+    stop: CancellationToken,
+}
+
+impl Drop for AgentSource {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl AgentSource {
+    /// The agent's Redis source (and, with `fallback`, its GameLift fallback), as the agent
+    /// runs them, for instance `iid`.
+    fn start(
+        url: &str,
+        ca: Option<CaFile>,
+        iid: &str,
+        ping_every: Duration,
+        fallback: Option<(&GameLiftEmulator, Duration)>,
+    ) -> AgentSource {
+        let (metrics, registry) = lastcall_agent::metrics::Metrics::new();
+        let (tx, rx) = watch::channel(FleetIqView::default());
+        let stop = CancellationToken::new();
+        let src = RedisSource {
+            target: RedisTarget::parse(url).unwrap(),
+            channel: iid.to_string(),
+            instance_id: iid.to_string(),
+            metrics: metrics.clone(),
+            view: tx.clone(),
+            ping_every,
+            ca_file: ca,
+        };
+        tokio::spawn(src.run(stop.clone()));
+        if let Some((emulator, stale_after)) = fallback {
+            let client = aws_sdk_gamelift::Client::from_conf(emulator.sdk_config_builder().build());
+            let gl = GameLift::new(client, "g".into(), iid.into(), iid.into(), metrics.clone());
+            tokio::spawn(run_fallback(
+                gl,
+                tx,
+                stale_after,
+                Duration::from_millis(50),
+                metrics.clone(),
+                stop.clone(),
+            ));
+        }
+        AgentSource {
+            view: rx,
+            registry,
+            stop,
+        }
+    }
+
+    fn status(&self) -> Option<InstanceStatus> {
+        self.view.borrow().status
+    }
+
+    fn metrics(&self) -> Metrics {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).unwrap();
+        Metrics::parse(&out)
+    }
+
+    fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.metrics().value(name, labels)
+    }
+}
+
+/// With `--publish-unchanged=false` nothing is published while nothing changes. The agent
+/// reads the polled-at key when a keep-alive period passes quietly, sees pubsub is alive,
+/// and never falls back to GameLift. Before, every agent fell back once the stale time
+/// passed: about 83 requests a second at 5,000 nodes.
+#[tokio::test]
+async fn quiet_pubsub_with_publish_unchanged_false_keeps_agents_off_the_fallback() {
+    let h = Harness::start(&["p1"], &["--publish-unchanged=false"]).await;
+    let iid = "i-p10000";
+    h.emulator
+        .add_instances("p1", &[iid.to_string()], emu::InstanceStatus::Active);
+    assert_eq!(h.cycle().await.published, 1);
+    let agent = AgentSource::start(
+        &h.redis.url(),
+        None,
+        iid,
+        Duration::from_millis(100),
+        Some((&h.emulator, Duration::from_millis(600))),
+    );
+    wait_for("the agent read the cache", || async {
+        agent.status().map(|_| ())
+    })
+    .await;
+    h.emulator.clear_calls();
+    // Ten quiet periods, each far longer than the agent's stale time in total.
+    for _ in 0..10 {
+        let r = h.cycle().await;
+        assert_eq!((r.published, r.unchanged), (0, 1));
+        tokio::time::sleep(Duration::from_millis(250)).await; // the period, not a sync
+    }
+    let agent_calls = h
+        .emulator
+        .calls()
+        .iter()
+        .filter(|c| !c.input["InstanceIds"].is_null())
+        .count();
+    assert_eq!(
+        agent_calls, 0,
+        "no fallback to GameLift while pubsub is alive"
+    );
+    assert_eq!(
+        agent.metric("lastcall_fallback_checks_total", &[("result", "ok")]),
+        0.0
+    );
+    assert!(
+        agent.metric(
+            "lastcall_signals_total",
+            &[("source", "fleetiq"), ("status", "confirmed")]
+        ) >= 3.0
+    );
+    assert_eq!(agent.status(), Some(InstanceStatus::Active));
+}
+
+/// An ACL user allowed only to subscribe (no GET on pubsub's keys) still gets live
+/// messages: the cache and polled-at reads are skipped, the subscription is kept.
+#[tokio::test]
+async fn an_agent_allowed_only_to_subscribe_still_gets_live_messages() {
+    let redis = RedisServer::start().await.unwrap();
+    let mut admin = redis.client().await.unwrap();
+    let _: String = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("subonly")
+        .arg("on")
+        .arg(">pw")
+        .arg("resetkeys")
+        .arg("&*")
+        .arg("-@all")
+        .arg("+subscribe")
+        .arg("+ping")
+        .arg("+hello")
+        .arg("+client")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let iid = "i-sub0000";
+    let _: () = admin
+        .set(
+            cache_key(iid),
+            r#"{"InstanceId": "i-sub0000", "InstanceStatus": "ACTIVE"}"#,
+        )
+        .await
+        .unwrap();
+    let agent = AgentSource::start(
+        &format!("redis://subonly:pw@127.0.0.1:{}", redis.port()),
+        None,
+        iid,
+        Duration::from_millis(100),
+        None,
+    );
+    let body = r#"{"InstanceId": "i-sub0000", "InstanceStatus": "DRAINING"}"#;
+    wait_for("the agent receives the live message", || async {
+        let _: i64 = admin.clone().publish(iid, body).await.unwrap();
+        (agent.status() == Some(InstanceStatus::Draining)).then_some(())
+    })
+    .await;
+    assert!(
+        agent
+            .metrics()
+            .has_series("lastcall_redis_reconnects_total", &[])
+    );
+    assert_eq!(
+        agent.metric("lastcall_redis_reconnects_total", &[]),
+        0.0,
+        "the subscription was never dropped"
+    );
+}
+
+/// `rediss://user:pass@` with a CA file works end to end for pubsub and the agent, against a
+/// TLS-only `redis-server` with an ACL user and a certificate made for this test. A wrong
+/// password, an untrusted certificate and a plain-text URL against the TLS port each give a
+/// counted, classified error, with no crash and no status change.
+#[tokio::test]
+async fn redis_tls_with_an_acl_user_works_and_each_misconfiguration_is_classified() {
+    use lastcall_testkit::redis::{ACL_PASSWORD, ACL_USER, generate_tls};
+    let redis = RedisServer::start_secure().await.unwrap();
+    let tls = redis.tls().unwrap().clone();
+    let ca = tls.ca_pem.to_str().unwrap().to_string();
+    let other_dir = tempfile::tempdir().unwrap();
+    let other_ca = generate_tls(other_dir.path(), "other")
+        .await
+        .unwrap()
+        .ca_pem;
+    let port = redis.port();
+    let good = format!("rediss://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{port}");
+    let iid = "i-tls0000";
+
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["tls"]);
+    emulator.add_instances("tls", &[iid.to_string()], emu::InstanceStatus::Draining);
+
+    // The good path, both binaries.
+    let pubsub = build_pubsub(
+        &emulator,
+        &good,
+        &groups_file,
+        &[
+            "--redis-ca-file",
+            &ca,
+            "--redis-retry-base",
+            "5ms",
+            "--redis-retry-max",
+            "10ms",
+        ],
+    )
+    .await;
+    let r = pubsub.run_cycle().await;
+    assert_eq!((r.published, r.errors), (1, 0), "{r:?}");
+    let mut conn = redis.client().await.unwrap();
+    assert_eq!(
+        cached_status(&mut conn, iid).await,
+        Some(InstanceStatus::Draining)
+    );
+
+    // The password is rotated under pubsub and its connection dropped: the reconnect fails
+    // auth. Once the password is back, the next connection works: an auth failure never
+    // breaks the publisher for good.
+    let acl = |pass: &str| {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER")
+            .arg(ACL_USER)
+            .arg("resetpass")
+            .arg(format!(">{pass}"));
+        cmd
+    };
+    let _: String = acl("rotated").query_async(&mut conn).await.unwrap();
+    let _: redis::Value = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("USER")
+        .arg(ACL_USER)
+        .query_async(&mut conn)
+        .await
+        .unwrap_or(redis::Value::Nil);
+    let r = wait_for("pubsub sees the auth failure", || async {
+        let r = pubsub.run_cycle().await;
+        let m = Metrics::parse(&pubsub.metrics_text());
+        (counter(&m, "publish_errors", &[("reason", "auth")]) >= 1.0).then_some(r)
+    })
+    .await;
+    assert_eq!(r.published, 0);
+    let mut admin = {
+        // A connection of its own: the kill above closed the harness's.
+        let client = redis::Client::build_with_tls(
+            format!("rediss://{ACL_USER}:rotated@127.0.0.1:{port}").as_str(),
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(std::fs::read(&tls.ca_pem).unwrap()),
+            },
+        )
+        .unwrap();
+        client.get_multiplexed_async_connection().await.unwrap()
+    };
+    let _: String = acl(ACL_PASSWORD).query_async(&mut admin).await.unwrap();
+    wait_for(
+        "pubsub publishes again after the password is back",
+        || async { (pubsub.run_cycle().await.published == 1).then_some(()) },
+    )
+    .await;
+    let agent = AgentSource::start(
+        &good,
+        Some(CaFile::parse(&ca).unwrap()),
+        iid,
+        Duration::from_secs(5),
+        None,
+    );
+    wait_for("the agent reads the status over TLS", || async {
+        (agent.status() == Some(InstanceStatus::Draining)).then_some(())
+    })
+    .await;
+    drop(agent);
+
+    let bad_password = format!("rediss://{ACL_USER}:wrong@127.0.0.1:{port}");
+    let plain = format!("redis://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{port}");
+    let cases: [(&str, &str, &str); 3] = [
+        (&bad_password, &ca, "auth"),
+        (&good, other_ca.to_str().unwrap(), "tls"),
+        (&plain, &ca, "handshake"),
+    ];
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    for (url, ca_file, reason) in cases {
+        let pubsub = build_pubsub(
+            &emulator,
+            url,
+            &groups_file,
+            &[
+                "--redis-ca-file",
+                ca_file,
+                "--redis-timeout",
+                "1s",
+                "--redis-retry-base",
+                "5ms",
+                "--redis-retry-max",
+                "10ms",
+            ],
+        )
+        .await;
+        let r = pubsub.run_cycle().await;
+        assert_eq!((r.published, r.publish_errors), (0, 1), "{reason}: {r:?}");
+        let m = Metrics::parse(&pubsub.metrics_text());
+        assert_eq!(
+            counter(&m, "publish_errors", &[("reason", reason)]),
+            1.0,
+            "{reason}"
+        );
+        assert!(!pubsub.health().is_ready(), "{reason}");
+        wait_for(
+            &format!("pubsub retries after a {reason} error"),
+            || async {
+                pubsub.run_cycle().await;
+                let m = Metrics::parse(&pubsub.metrics_text());
+                (counter(&m, "publish_errors", &[("reason", reason)]) >= 3.0).then_some(())
+            },
+        )
+        .await;
+        let tagged = format!("reason=\"{reason}\"");
+        let lines = logs.warnings(&["Redis round trip failed", &tagged]);
+        assert_eq!(
+            lines.len(),
+            1,
+            "{reason}: one warning line for three failures: {lines:#?}"
+        );
+        assert!(lines[0].contains("hint="), "{}", lines[0]);
+
+        let agent = AgentSource::start(
+            url,
+            Some(CaFile::parse(ca_file).unwrap()),
+            iid,
+            Duration::from_secs(5),
+            None,
+        );
+        wait_for(
+            &format!("the agent retries after a {reason} error"),
+            || async {
+                (agent.metric(
+                    "lastcall_redis_errors_total",
+                    &[("source", "fleetiq"), ("reason", reason)],
+                ) >= 3.0)
+                    .then_some(())
+            },
+        )
+        .await;
+        let lines = logs.warnings(&["Redis unavailable", &tagged]);
+        assert_eq!(
+            lines.len(),
+            1,
+            "{reason}: one agent warning for three failures: {lines:#?}"
+        );
+        assert_eq!(
+            agent.status(),
+            None,
+            "{reason}: a Redis error never changes the status"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // The binary
 // ---------------------------------------------------------------------------------------
 
@@ -898,6 +1819,13 @@ async fn binary_rejects_bad_flags_with_exit_2_and_one_line_naming_the_flag() {
         "--retry-base",
         "--retry-max",
         "--log-level",
+        "--api-rate",
+        "--api-burst",
+        "--cycle-deadline",
+        "--liveness-timeout",
+        "--ready-periods",
+        "--redis-ca-file",
+        "REDIS_CA_FILE",
         "FLEETIQ_CONFIG",
         "REDIS_URL",
         "AWS_REGION",
@@ -905,6 +1833,45 @@ async fn binary_rejects_bad_flags_with_exit_2_and_one_line_naming_the_flag() {
     ] {
         assert!(help.contains(flag), "--help does not document {flag}");
     }
+}
+
+/// The real binary's `/healthz` turns 503, with the reason, once no Redis round trip has
+/// succeeded for `--liveness-timeout`, so the kubelet restarts it; `/readyz` is 503 too.
+/// Before, `/healthz` answered 200 whatever happened.
+#[tokio::test]
+async fn binary_liveness_fails_when_redis_never_answers() {
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["live-group"]);
+    emulator.add_instances("live-group", &ids("live", 2), emu::InstanceStatus::Active);
+    let port = free_port();
+    let no_redis = free_port();
+    let _child = pubsub_command(dir.path())
+        .args(["--config-file", groups_file.to_str().unwrap()])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--period", "10s", "--cycle-jitter", "0s"])
+        .args(["--liveness-timeout", "1s", "--redis-timeout", "200ms"])
+        .env("REDIS_URL", format!("127.0.0.1:{no_redis}"))
+        .env("AWS_REGION", "us-west-2")
+        .env("AWS_ENDPOINT_URL_GAMELIFT", emulator.url())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let body = wait_for("/healthz turns 503", || async {
+        let r = http.get(format!("{base}/healthz")).send().await.ok()?;
+        (r.status() == 503).then_some(())?;
+        r.text().await.ok()
+    })
+    .await;
+    assert!(body.contains("no successful Redis round trip"), "{body}");
+    let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let text = ready.text().await.unwrap();
+    assert!(text.contains("connection"), "{text}");
 }
 
 #[tokio::test]

@@ -2,13 +2,26 @@
 //! every (re)subscribe, and fall back to asking GameLift when Redis goes quiet.
 //!
 //! A dropped connection keeps the last view (it never turns into "all clear"), is counted,
-//! and is retried with jittered backoff. A bad message changes nothing.
+//! and is retried with jittered backoff. A bad message changes nothing: malformed, duplicate
+//! keys (suspicious), another instance, or a status this version does not know (held, never
+//! read as a cancel).
+//!
+//! Ordering: every status carries when it was polled, if known (pubsub keeps it beside the
+//! cache key; the fallback uses the time it sent its own call). A status older than the one
+//! held is ignored, so a cached or delayed Redis value never overrides what the fallback
+//! learned later, and a slow fallback never overrides a newer Redis value.
+//!
+//! Quiet is not dead: with `--publish-unchanged=false` pubsub publishes nothing while nothing
+//! changes. When a keep-alive period passes without a message, the source reads the
+//! polled-at key; if pubsub has polled this instance since, the status is confirmed and the
+//! GameLift fallback stays idle.
 
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use lastcall_common::backoff::Backoff;
-use lastcall_common::fleetiq::{StatusMessage, cache_key, trim_for_log};
+use lastcall_common::fleetiq::{ParseError, StatusMessage, cache_key, polled_at_key, trim_for_log};
+use lastcall_common::redis_conn::{self, CaFile, ErrorClass};
 use lastcall_common::redis_url::RedisTarget;
 use redis::AsyncCommands;
 use tokio::sync::watch;
@@ -18,6 +31,8 @@ use tracing::{debug, info, warn};
 use super::gamelift::GameLift;
 use super::view::{FleetIqView, Via};
 use crate::metrics::{Metrics, ResultLabel, SourceLabel, SourceReason, SourceStatus};
+#[cfg(test)]
+use lastcall_common::fleetiq::InstanceStatus;
 
 const SOURCE: &str = "fleetiq";
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -36,16 +51,63 @@ pub struct RedisSource {
     /// Keep-alive period. While subscribed, Redis answers PING with `["pong", ""]`, so any
     /// reply counts as alive.
     pub ping_every: Duration,
+    /// CA bundle for `rediss://` (`--redis-ca-file`).
+    pub ca_file: Option<CaFile>,
 }
 
 enum End {
     Shutdown,
-    Disconnected(String),
+    Failed { class: ErrorClass, error: String },
+}
+
+fn failed(class: ErrorClass, error: impl Into<String>) -> End {
+    End::Failed {
+        class,
+        error: error.into(),
+    }
+}
+
+fn redis_failed(context: &str, e: &redis::RedisError) -> End {
+    failed(redis_conn::classify(e), format!("{context}: {e}"))
+}
+
+/// The ordering rule shared by Redis and the fallback: may a status polled at `candidate`
+/// replace the one held, polled at `held`? Unknown times are trusted only where they
+/// cannot undo a timed one: a cached value without a time never overrides a status the
+/// fallback timed; a live message without one (an older publisher) still applies, as it
+/// always did.
+pub fn may_replace(
+    held: Option<i64>,
+    held_via: Option<Via>,
+    candidate: Option<i64>,
+    via: Via,
+) -> bool {
+    match (held, candidate) {
+        (Some(h), Some(c)) => c >= h,
+        (Some(_), None) => !(via == Via::Cache && held_via == Some(Via::Fallback)),
+        (None, _) => true,
+    }
+}
+
+/// The ACL forbids reading pubsub's keys: live messages still work, so this is no reason
+/// to drop the subscription.
+fn denied(e: &redis::RedisError) -> bool {
+    redis_conn::classify(e) == ErrorClass::NoPermission
+}
+
+/// Unix milliseconds now.
+fn unix_ms() -> i64 {
+    jiff::Timestamp::now().as_millisecond()
 }
 
 impl RedisSource {
     /// Applies one message body. Returns whether it changed the view.
     pub fn handle(&self, body: &[u8], via: Via) -> bool {
+        self.handle_at(body, via, None)
+    }
+
+    /// Applies one message body polled at `polled_at_ms` (if known), newer-only.
+    pub fn handle_at(&self, body: &[u8], via: Via, polled_at_ms: Option<i64>) -> bool {
         let m = &self.metrics;
         match StatusMessage::parse(body) {
             Err(e) => {
@@ -55,11 +117,24 @@ impl RedisSource {
                         reason: e.metric_label(),
                     })
                     .inc();
-                warn!(
-                    message = "rejected FleetIQ status message",
-                    error = %e,
-                    payload = %trim_for_log(&String::from_utf8_lossy(body), 256),
-                );
+                let payload = trim_for_log(&String::from_utf8_lossy(body), 256);
+                match e {
+                    ParseError::UnknownStatus(_) => warn!(
+                        message = "FleetIQ status this version does not know; holding the current status",
+                        error = %e,
+                        %payload,
+                    ),
+                    ParseError::DuplicateKey(_) => warn!(
+                        message = "suspicious FleetIQ status message with a duplicate key; ignored",
+                        error = %e,
+                        %payload,
+                    ),
+                    _ => warn!(
+                        message = "rejected FleetIQ status message",
+                        error = %e,
+                        %payload,
+                    ),
+                }
                 false
             }
             Ok(msg) if msg.instance_id != self.instance_id => {
@@ -84,10 +159,31 @@ impl RedisSource {
                     })
                     .inc();
                 let mut changed = false;
+                let mut older = false;
                 self.view.send_modify(|v| {
+                    if !may_replace(v.polled_at_ms, v.via, polled_at_ms, via) {
+                        older = true;
+                        return;
+                    }
                     changed = v.status != Some(msg.status);
                     v.observe(msg.status, via, jiff::Timestamp::now(), Instant::now());
+                    v.polled_at_ms = polled_at_ms;
                 });
+                if older {
+                    m.signals_rejected
+                        .get_or_create(&SourceReason {
+                            source: SOURCE,
+                            reason: "older_than_held",
+                        })
+                        .inc();
+                    info!(
+                        message = "ignored a FleetIQ status older than the one held",
+                        status = %msg.status,
+                        via = ?via,
+                        polled_at_ms = ?polled_at_ms,
+                    );
+                    return false;
+                }
                 if changed {
                     info!(message = "FleetIQ status changed", status = %msg.status, via = ?via);
                 } else {
@@ -106,27 +202,55 @@ impl RedisSource {
             .set(i64::from(up));
     }
 
-    /// Runs until `shutdown`; never returns early on Redis errors.
+    /// Runs until `shutdown`; never returns early on Redis errors. A wrong password, an
+    /// untrusted certificate or a TLS mismatch is logged once as one line naming the cause
+    /// (repeats of the same cause are debug), counted, and retried with backoff: the last
+    /// status is kept, so a Redis problem never drains or un-drains the node.
     pub async fn run(self, shutdown: CancellationToken) {
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
+        let mut last_class: Option<ErrorClass> = None;
+        let mut polled_seen: Option<i64> = None;
         loop {
             let began = Instant::now();
-            let end = self.session(&shutdown).await;
+            let end = self
+                .session(&shutdown, &mut polled_seen, &mut last_class)
+                .await;
             self.set_up(false);
             match end {
                 End::Shutdown => return,
-                End::Disconnected(why) => {
+                End::Failed { class, error } => {
                     if began.elapsed() > HEALTHY_SESSION {
                         backoff.reset();
                     }
                     let delay = backoff.next_delay();
                     self.metrics.redis_reconnects.inc();
-                    warn!(
-                        message = "Redis subscription lost; keeping the last status and retrying",
-                        error = %why,
-                        retry_in_ms = delay.as_millis() as u64,
-                        redis = %self.target,
-                    );
+                    self.metrics
+                        .redis_errors
+                        .get_or_create(&SourceReason {
+                            source: SOURCE,
+                            reason: class.label(),
+                        })
+                        .inc();
+                    let retry_in_ms = delay.as_millis() as u64;
+                    let hint = class.hint(self.target.is_tls());
+                    if last_class != Some(class) {
+                        warn!(
+                            message = "Redis unavailable; keeping the last FleetIQ status and retrying",
+                            reason = class.label(),
+                            hint,
+                            error = %trim_for_log(&error, 300),
+                            retry_in_ms,
+                            redis = %self.target,
+                        );
+                    } else {
+                        debug!(
+                            message = "Redis still unavailable",
+                            reason = class.label(),
+                            error = %trim_for_log(&error, 300),
+                            retry_in_ms,
+                        );
+                    }
+                    last_class = Some(class);
                     tokio::select! {
                         () = shutdown.cancelled() => return,
                         () = tokio::time::sleep(delay) => {}
@@ -136,38 +260,48 @@ impl RedisSource {
         }
     }
 
-    async fn session(&self, shutdown: &CancellationToken) -> End {
-        let client = match self.target.client() {
+    async fn session(
+        &self,
+        shutdown: &CancellationToken,
+        polled_seen: &mut Option<i64>,
+        last_class: &mut Option<ErrorClass>,
+    ) -> End {
+        let client = match redis_conn::client(&self.target, self.ca_file.as_ref()) {
             Ok(c) => c,
-            Err(e) => return End::Disconnected(e.to_string()),
+            Err(e) => return redis_failed("Redis client", &e),
         };
         let pubsub = match tokio::time::timeout(IO_TIMEOUT, client.get_async_pubsub()).await {
             Ok(Ok(p)) => p,
-            Ok(Err(e)) => return End::Disconnected(e.to_string()),
-            Err(_) => return End::Disconnected("connect timed out".into()),
+            Ok(Err(e)) => return redis_failed("connect", &e),
+            Err(_) => return failed(ErrorClass::Timeout, "connect timed out"),
         };
         let (mut sink, mut stream) = pubsub.split();
         match tokio::time::timeout(IO_TIMEOUT, sink.subscribe(&self.channel)).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return End::Disconnected(format!("SUBSCRIBE: {e}")),
-            Err(_) => return End::Disconnected("SUBSCRIBE timed out".into()),
+            Ok(Err(e)) => return redis_failed("SUBSCRIBE", &e),
+            Err(_) => return failed(ErrorClass::Timeout, "SUBSCRIBE timed out"),
         }
         // Subscribed first, then read the cache: nothing published in between is missed.
-        match tokio::time::timeout(IO_TIMEOUT, client.get_multiplexed_async_connection()).await {
-            Ok(Ok(mut conn)) => match conn
-                .get::<_, Option<Vec<u8>>>(cache_key(&self.instance_id))
-                .await
-            {
-                Ok(Some(body)) => {
-                    self.handle(&body, Via::Cache);
-                }
-                Ok(None) => debug!(message = "no cached FleetIQ status yet"),
-                Err(e) => warn!(message = "reading the cached status failed", error = %e),
-            },
-            Ok(Err(e)) => warn!(message = "reading the cached status failed", error = %e),
-            Err(_) => warn!(message = "reading the cached status timed out"),
+        let mut conn = match redis_conn::connect(&client, IO_TIMEOUT).await {
+            Ok(conn) => conn,
+            Err(e) => return redis_failed("connect for the cached status", &e),
+        };
+        match self.read_cache(&mut conn).await {
+            Ok(Some((body, polled_at))) => {
+                *polled_seen = polled_at.or(*polled_seen);
+                self.handle_at(&body, Via::Cache, polled_at);
+            }
+            Ok(None) => debug!(message = "no cached FleetIQ status yet"),
+            // An ACL user allowed only to subscribe still gets live messages.
+            Err(e) if denied(&e) => {
+                warn!(message = "not allowed to read the cached status; live messages only", error = %e)
+            }
+            Err(e) => return redis_failed("reading the cached status", &e),
         }
         self.set_up(true);
+        if last_class.take().is_some() {
+            info!(message = "Redis reachable again", channel = %self.channel, redis = %self.target);
+        }
         info!(message = "subscribed to FleetIQ status", channel = %self.channel, redis = %self.target);
         let mut ping = tokio::time::interval(self.ping_every);
         ping.tick().await;
@@ -175,18 +309,95 @@ impl RedisSource {
             tokio::select! {
                 () = shutdown.cancelled() => return End::Shutdown,
                 msg = stream.next() => match msg {
-                    None => return End::Disconnected("connection closed".into()),
-                    Some(m) => { self.handle(m.get_payload_bytes(), Via::Message); }
+                    None => return failed(ErrorClass::Connection, "connection closed"),
+                    Some(m) => {
+                        // The message's bytes are the original's; its polled-at time is
+                        // beside the cache key (written before the PUBLISH).
+                        let polled_at = match tokio::time::timeout(
+                            IO_TIMEOUT,
+                            conn.get::<_, Option<i64>>(polled_at_key(&self.instance_id)),
+                        )
+                        .await
+                        {
+                            Ok(Ok(at)) => at,
+                            Ok(Err(e)) if denied(&e) => None,
+                            Ok(Err(e)) => return redis_failed("reading the polled-at time", &e),
+                            Err(_) => return failed(ErrorClass::Timeout, "reading the polled-at time timed out"),
+                        };
+                        *polled_seen = polled_at.or(*polled_seen);
+                        self.handle_at(m.get_payload_bytes(), Via::Message, polled_at);
+                    }
                 },
                 _ = ping.tick() => {
                     match tokio::time::timeout(IO_TIMEOUT, sink.ping::<redis::Value>()).await {
                         Ok(Ok(_)) => {}
-                        Ok(Err(e)) => return End::Disconnected(format!("PING: {e}")),
-                        Err(_) => return End::Disconnected("PING timed out".into()),
+                        Ok(Err(e)) => return redis_failed("PING", &e),
+                        Err(_) => return failed(ErrorClass::Timeout, "PING timed out"),
+                    }
+                    let quiet = self
+                        .view
+                        .borrow()
+                        .last_seen
+                        .is_none_or(|t| t.elapsed() >= self.ping_every);
+                    if quiet
+                        && let Err(e) = self.confirm_quiet(&mut conn, polled_seen).await
+                        && !denied(&e)
+                    {
+                        return redis_failed("checking the polled-at time", &e);
                     }
                 }
             }
         }
+    }
+
+    /// The cached status and its polled-at time, in one round trip.
+    async fn read_cache(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+    ) -> redis::RedisResult<Option<(Vec<u8>, Option<i64>)>> {
+        let (body, at): (Option<Vec<u8>>, Option<i64>) = redis::cmd("MGET")
+            .arg(cache_key(&self.instance_id))
+            .arg(polled_at_key(&self.instance_id))
+            .query_async(conn)
+            .await?;
+        Ok(body.map(|b| (b, at)))
+    }
+
+    /// No message for a keep-alive period: if pubsub polled this instance since we last
+    /// looked, it is alive and merely quiet (`--publish-unchanged=false`), so the cached
+    /// status is applied (newer-only) and the view counts as fresh.
+    async fn confirm_quiet(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+        polled_seen: &mut Option<i64>,
+    ) -> redis::RedisResult<()> {
+        let Some((body, Some(at))) = self.read_cache(conn).await? else {
+            return Ok(());
+        };
+        if polled_seen.is_some_and(|seen| at <= seen) {
+            return Ok(());
+        }
+        *polled_seen = Some(at);
+        debug!(
+            message = "pubsub is quiet but alive: polled-at moved",
+            polled_at_ms = at
+        );
+        self.metrics
+            .signals
+            .get_or_create(&SourceStatus {
+                source: SOURCE,
+                status: "confirmed",
+            })
+            .inc();
+        if !self.handle_at(&body, Via::Cache, Some(at)) {
+            // Older than what the fallback learned, or unchanged: either way pubsub is alive.
+            self.view.send_modify(|v| {
+                if v.status.is_some() {
+                    v.last_seen = Some(Instant::now());
+                }
+            });
+        }
+        Ok(())
     }
 }
 
@@ -209,6 +420,7 @@ pub async fn run_fallback(
         if last.elapsed() < stale_after {
             continue;
         }
+        let sent_at_ms = unix_ms();
         match gamelift.describe_own_status().await {
             Ok(Some(status)) => {
                 metrics
@@ -222,15 +434,24 @@ pub async fn run_fallback(
                         status: status.as_str(),
                     })
                     .inc();
-                info!(message = "Redis is quiet; status read from GameLift", status = %status);
+                let mut applied = false;
                 view.send_modify(|v| {
-                    v.observe(
-                        status,
-                        Via::Fallback,
-                        jiff::Timestamp::now(),
-                        Instant::now(),
-                    )
+                    if may_replace(v.polled_at_ms, v.via, Some(sent_at_ms), Via::Fallback) {
+                        applied = true;
+                        v.observe(
+                            status,
+                            Via::Fallback,
+                            jiff::Timestamp::now(),
+                            Instant::now(),
+                        );
+                        v.polled_at_ms = Some(sent_at_ms);
+                    }
                 });
+                if applied {
+                    info!(message = "Redis is quiet; status read from GameLift", status = %status);
+                } else {
+                    info!(message = "GameLift answer older than the status held; ignored", status = %status);
+                }
             }
             Ok(None) => {
                 metrics
@@ -249,5 +470,113 @@ pub async fn run_fallback(
                 warn!(message = "GameLift fallback check failed", error = %e);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source() -> (RedisSource, watch::Receiver<FleetIqView>, Metrics) {
+        let (metrics, _registry) = Metrics::new();
+        let (tx, rx) = watch::channel(FleetIqView::default());
+        let src = RedisSource {
+            target: RedisTarget::parse("127.0.0.1:1").unwrap(),
+            channel: "i-1".into(),
+            instance_id: "i-1".into(),
+            metrics: metrics.clone(),
+            view: tx,
+            ping_every: PING_EVERY,
+            ca_file: None,
+        };
+        (src, rx, metrics)
+    }
+
+    fn rejected(m: &Metrics, reason: &'static str) -> u64 {
+        m.signals_rejected
+            .get_or_create(&SourceReason {
+                source: SOURCE,
+                reason,
+            })
+            .get()
+    }
+
+    #[test]
+    fn duplicate_keys_are_suspicious_and_never_drain() {
+        let (src, rx, m) = source();
+        let body = br#"{"InstanceId":"i-1","InstanceStatus":"ACTIVE","InstanceStatus":"DRAINING"}"#;
+        assert!(!src.handle(body, Via::Message));
+        assert_eq!(rx.borrow().status, None);
+        assert_eq!(rejected(&m, "duplicate_key"), 1);
+    }
+
+    #[test]
+    fn unknown_statuses_hold_a_drain() {
+        let (src, rx, m) = source();
+        assert!(src.handle(
+            br#"{"InstanceId":"i-1","InstanceStatus":"DRAINING"}"#,
+            Via::Message
+        ));
+        assert!(!src.handle(
+            br#"{"InstanceId":"i-1","InstanceStatus":"HIBERNATING"}"#,
+            Via::Message
+        ));
+        assert_eq!(
+            rx.borrow().status,
+            Some(InstanceStatus::Draining),
+            "held, not cancelled"
+        );
+        assert_eq!(rejected(&m, "unknown_status"), 1);
+    }
+
+    #[test]
+    fn an_older_cache_never_overrides_the_fallback() {
+        let (src, rx, m) = source();
+        src.view.send_modify(|v| {
+            v.observe(
+                InstanceStatus::Draining,
+                Via::Fallback,
+                jiff::Timestamp::now(),
+                Instant::now(),
+            );
+            v.polled_at_ms = Some(2_000);
+        });
+        let active = br#"{"InstanceId":"i-1","InstanceStatus":"ACTIVE"}"#;
+        assert!(!src.handle_at(active, Via::Cache, Some(1_000)));
+        assert!(
+            !src.handle_at(active, Via::Cache, None),
+            "an untimed cache cannot undo a timed fallback"
+        );
+        assert_eq!(rx.borrow().status, Some(InstanceStatus::Draining));
+        assert_eq!(rejected(&m, "older_than_held"), 2);
+        assert!(
+            src.handle_at(active, Via::Cache, Some(3_000)),
+            "a newer poll applies"
+        );
+        assert_eq!(rx.borrow().status, Some(InstanceStatus::Active));
+    }
+
+    #[test]
+    fn ordering_rule() {
+        assert!(may_replace(None, None, None, Via::Cache));
+        assert!(may_replace(
+            Some(5),
+            Some(Via::Message),
+            Some(5),
+            Via::Fallback
+        ));
+        assert!(!may_replace(
+            Some(5),
+            Some(Via::Message),
+            Some(4),
+            Via::Fallback
+        ));
+        assert!(may_replace(
+            Some(5),
+            Some(Via::Fallback),
+            None,
+            Via::Message
+        ));
+        assert!(!may_replace(Some(5), Some(Via::Fallback), None, Via::Cache));
     }
 }

@@ -27,6 +27,9 @@ pub struct FleetIqView {
     pub last_seen: Option<Instant>,
     /// When the current status first arrived (wall clock, for deadlines; monotonic, for latency).
     pub since: Option<(Timestamp, Instant)>,
+    /// When the current status was polled (Unix ms), if known: pubsub's polled-at time for
+    /// Redis values, the call's send time for the fallback. Newer-only ordering uses it.
+    pub polled_at_ms: Option<i64>,
     /// When SPOT_TERMINATING was first seen. A Spot interruption cannot be withdrawn, so the
     /// Terminate notice stays even if a later message says otherwise.
     pub spot_since: Option<Timestamp>,

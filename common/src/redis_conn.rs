@@ -1,0 +1,310 @@
+//! One way to open Redis connections for both binaries: TLS with an optional CA file, TCP
+//! keepalive and a user timeout, and one classification of Redis errors.
+//!
+//! Why keepalive and a user timeout: a half-open socket (node replaced, NAT state lost, no
+//! RST) otherwise times out on every round trip until the kernel gives up, about 15
+//! minutes later. Why one classification: each binary must decide the same way whether an
+//! error means "rebuild the connection" (timeout, READONLY after a failover, auth) and must
+//! log it as one clear line with a bounded metric label.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use redis::io::tcp::{TcpSettings, socket2::TcpKeepalive};
+use redis::{ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind};
+
+use crate::redis_url::RedisTarget;
+
+/// Idle time before the first keepalive probe, and the gap between probes.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(15);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_PROBES: u32 = 3;
+/// Unacknowledged data older than this kills the socket (Linux `TCP_USER_TIMEOUT`).
+const USER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Largest CA file accepted; a bundle of a few hundred certificates fits easily.
+const MAX_CA_BYTES: u64 = 4 * 1024 * 1024;
+
+/// A PEM CA bundle read and checked at start, so a wrong path fails the flag, not a
+/// reconnect loop.
+#[derive(Clone)]
+pub struct CaFile {
+    path: PathBuf,
+    pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for CaFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CaFile({})", self.path.display())
+    }
+}
+
+impl CaFile {
+    /// Reads `path`; for use as a clap value parser.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let path = PathBuf::from(raw.trim());
+        let meta = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if meta.len() > MAX_CA_BYTES {
+            return Err(format!(
+                "{}: {} bytes is over the {MAX_CA_BYTES}-byte limit",
+                path.display(),
+                meta.len()
+            ));
+        }
+        let pem = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if !pem
+            .windows(b"-----BEGIN CERTIFICATE-----".len())
+            .any(|w| w == b"-----BEGIN CERTIFICATE-----")
+        {
+            return Err(format!(
+                "{}: no PEM certificate (-----BEGIN CERTIFICATE-----) in the file",
+                path.display()
+            ));
+        }
+        Ok(Self { path, pem })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Socket options every Redis connection gets.
+pub fn tcp_settings() -> TcpSettings {
+    TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(
+            TcpKeepalive::new()
+                .with_time(KEEPALIVE_IDLE)
+                .with_interval(KEEPALIVE_INTERVAL)
+                .with_retries(KEEPALIVE_PROBES),
+        )
+        .set_user_timeout(USER_TIMEOUT)
+}
+
+/// Builds the client for `target`: keepalive always, the CA file's roots for `rediss://`
+/// when given (the system's web roots otherwise). No I/O.
+pub fn client(target: &RedisTarget, ca: Option<&CaFile>) -> redis::RedisResult<redis::Client> {
+    let info = target
+        .url()
+        .into_connection_info()?
+        .set_tcp_settings(tcp_settings());
+    match ca {
+        Some(ca) if target.is_tls() => redis::Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.pem.clone()),
+            },
+        ),
+        _ => redis::Client::open(info),
+    }
+}
+
+/// Opens a multiplexed connection with both timeouts set.
+pub async fn connect(
+    client: &redis::Client,
+    timeout: Duration,
+) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    // The library's own timeout covers the TCP connect; the outer one also bounds a TLS or
+    // AUTH handshake that a blackholed peer never answers.
+    match tokio::time::timeout(
+        timeout.saturating_mul(2),
+        client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "connecting to Redis timed out",
+        ))),
+    }
+}
+
+/// What kind of Redis failure happened. Labels are fixed, for metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    Timeout,
+    Connection,
+    /// The server closed the connection during the handshake: most often `redis://` against
+    /// a TLS port.
+    Handshake,
+    Auth,
+    Tls,
+    /// Writing to a replica: the server we reach is no longer the primary.
+    ReadOnly,
+    OutOfMemory,
+    NoPermission,
+    Server,
+}
+
+impl ErrorClass {
+    pub const ALL: [ErrorClass; 9] = [
+        Self::Timeout,
+        Self::Connection,
+        Self::Handshake,
+        Self::Auth,
+        Self::Tls,
+        Self::ReadOnly,
+        Self::OutOfMemory,
+        Self::NoPermission,
+        Self::Server,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::Connection => "connection",
+            Self::Handshake => "handshake",
+            Self::Auth => "auth",
+            Self::Tls => "tls",
+            Self::ReadOnly => "readonly",
+            Self::OutOfMemory => "oom",
+            Self::NoPermission => "no_permission",
+            Self::Server => "server",
+        }
+    }
+
+    /// Whether the connection must be thrown away and opened again. A timed-out or
+    /// read-only connection would fail the same way forever.
+    pub fn needs_new_connection(self) -> bool {
+        matches!(
+            self,
+            Self::Timeout
+                | Self::Connection
+                | Self::Handshake
+                | Self::Auth
+                | Self::Tls
+                | Self::ReadOnly
+        )
+    }
+
+    /// A hint for the one log line, saying what the operator should check.
+    pub fn hint(self, tls: bool) -> &'static str {
+        match self {
+            Self::Timeout => "no answer in time: network path, firewall or an overloaded server",
+            Self::Connection => "cannot reach Redis: address, port or the server is down",
+            Self::Handshake if tls => "the server closed the connection during the handshake",
+            Self::Handshake => {
+                "the server closed the connection during the handshake: if this port serves TLS, use rediss://"
+            }
+            Self::Auth => "wrong user name or password (check the credentials in REDIS_URL)",
+            Self::Tls => {
+                "TLS failed: the server certificate is not trusted (check the CA file) or the port does not speak TLS"
+            }
+            Self::ReadOnly => "the server is a read-only replica (failover?); reconnecting",
+            Self::OutOfMemory => "Redis refused the write: maxmemory reached",
+            Self::NoPermission => {
+                "the ACL user lacks a permission (needs +eval/+get/+set/+publish/+subscribe on the keys)"
+            }
+            Self::Server => "Redis answered with an error",
+        }
+    }
+}
+
+/// Classifies `err` into a fixed [`ErrorClass`].
+pub fn classify(err: &RedisError) -> ErrorClass {
+    let text = format!("{err:?} {err}").to_ascii_lowercase();
+    match err.kind() {
+        ErrorKind::AuthenticationFailed => return ErrorClass::Auth,
+        ErrorKind::Server(ServerErrorKind::ReadOnly) => return ErrorClass::ReadOnly,
+        ErrorKind::Server(ServerErrorKind::NoPerm) => return ErrorClass::NoPermission,
+        _ => {}
+    }
+    let code = err.code().unwrap_or_default();
+    if code == "WRONGPASS" || code == "NOAUTH" || text.contains("wrongpass") {
+        return ErrorClass::Auth;
+    }
+    if code == "OOM" {
+        return ErrorClass::OutOfMemory;
+    }
+    if code == "READONLY" {
+        return ErrorClass::ReadOnly;
+    }
+    if text.contains("certificate")
+        || text.contains("invalidcertificate")
+        || text.contains("unknownissuer")
+        || text.contains("tls")
+        || text.contains("invalidcontenttype")
+        || text.contains("corrupt message")
+    {
+        return ErrorClass::Tls;
+    }
+    if err.is_timeout() || text.contains("timed out") {
+        return ErrorClass::Timeout;
+    }
+    if err.is_connection_refusal() {
+        return ErrorClass::Connection;
+    }
+    if err.is_connection_dropped()
+        || text.contains("connection closed")
+        || text.contains("unexpected end")
+        || text.contains("eof")
+    {
+        return ErrorClass::Handshake;
+    }
+    if err.is_io_error() {
+        return ErrorClass::Connection;
+    }
+    ErrorClass::Server
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_server_and_io_errors() {
+        let io = |kind, msg: &str| RedisError::from(std::io::Error::new(kind, msg.to_string()));
+        assert_eq!(
+            classify(&io(std::io::ErrorKind::TimedOut, "timed out")),
+            ErrorClass::Timeout
+        );
+        assert_eq!(
+            classify(&io(std::io::ErrorKind::ConnectionRefused, "refused")),
+            ErrorClass::Connection
+        );
+        assert_eq!(
+            classify(&io(
+                std::io::ErrorKind::InvalidData,
+                "invalid peer certificate: UnknownIssuer"
+            )),
+            ErrorClass::Tls
+        );
+        let server = |code: &str| {
+            redis::make_extension_error(code.to_string(), Some("injected".to_string()))
+        };
+        assert_eq!(classify(&server("WRONGPASS")), ErrorClass::Auth);
+        assert_eq!(classify(&server("OOM")), ErrorClass::OutOfMemory);
+        assert_eq!(classify(&server("SOMETHING")), ErrorClass::Server);
+        assert!(ErrorClass::ReadOnly.needs_new_connection());
+        assert!(!ErrorClass::OutOfMemory.needs_new_connection());
+    }
+
+    #[test]
+    fn ca_file_must_hold_a_certificate() {
+        let dir = tempfile_dir();
+        let bad = dir.join("bad.pem");
+        std::fs::write(&bad, "not a cert").unwrap();
+        assert!(CaFile::parse(bad.to_str().unwrap()).is_err());
+        assert!(CaFile::parse("/nonexistent/ca.pem").is_err());
+        let good = dir.join("good.pem");
+        std::fs::write(
+            &good,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        assert_eq!(CaFile::parse(good.to_str().unwrap()).unwrap().path(), good);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    fn tempfile_dir() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("lastcall-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+}
