@@ -353,7 +353,11 @@ impl Actuator {
             "labels": {keys::LABEL_NODE_DRAINING: null},
             "annotations": {keys::ANN_GS_DEADLINE: null, keys::ANN_GS_REASON: null}
         }});
-        self.merge_gs(&gs.namespace, &gs.name, body).await
+        match self.merge_gs(&gs.namespace, &gs.name, body).await {
+            // Gone meanwhile: nothing of ours is left on it.
+            Err(e) if api_code(&e) == Some(404) => Ok(None),
+            other => other,
+        }
     }
 
     /// Releases a server that is not in use: with `label_first`, labels it (so allocators

@@ -223,8 +223,15 @@ impl Reconciler {
             .iter()
             .map(|o| (gs_key(o), (**o).clone()))
             .collect();
+        let released = &self.state.released;
         self.state.written_gs.retain(|key, (written, at)| {
-            let fresh = at.elapsed() < WRITTEN_TTL;
+            // A server we deleted never comes back from our own earlier write.
+            let deleted = written
+                .metadata
+                .uid
+                .as_ref()
+                .is_some_and(|u| released.contains(u));
+            let fresh = at.elapsed() < WRITTEN_TTL && !deleted;
             let newer = objs
                 .get(key)
                 .is_none_or(|w| rv_of(&written.metadata) > rv_of(&w.metadata));

@@ -595,3 +595,29 @@ async fn a_409_without_a_change_behind_it_never_strands_an_idle_server() {
     );
     agent.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_servers_are_not_written_again_after_a_cancel() {
+    let w = World::start(WorldSpec::new(3, 1, 0)).await;
+    let agent = w.agent(&[]).await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    w.status(Status::Draining).await;
+    let keep = w.allocated();
+    w.fenced_and_released(&keep).await;
+    w.status(Status::Active).await;
+    wait_for("cancelled", || async {
+        let n = w.node().await;
+        (!cordoned(&n) && !has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let j = w.cluster.emulator().journal();
+    let ghosts = j.count(|r| {
+        r.identity.as_deref() == Some("agent-n1")
+            && r.resource.as_deref() == Some("gameservers")
+            && r.status == 404
+    });
+    assert_eq!(ghosts, 0, "writes to servers the agent itself deleted");
+    agent.stop().await.unwrap();
+}
