@@ -65,6 +65,8 @@ const RELEASE_CONCURRENCY: usize = 8;
 
 const DEREG_NODES: usize = 24;
 const DEREG_TARGET: Duration = Duration::from_secs(1);
+/// The agent's default `--deregister-settle`, plus a margin.
+const DEREG_SETTLE: Duration = Duration::from_millis(5500);
 
 const LOAD_NODES: usize = 50;
 const LOAD_PER_NODE: usize = 20;
@@ -832,6 +834,10 @@ async fn bench_deregister() -> anyhow::Result<()> {
     .await?;
     quiet(cluster.store(), Duration::from_millis(200)).await?;
     ensure!(gl.count("DeregisterGameServer") == 0, "deregistered early");
+    // Matches last minutes, not seconds: let the fence outlive the agent's default
+    // --deregister-settle (5 s), so the figure is the reaction to the last game's end, not
+    // the deliberate settle after a fence.
+    tokio::time::sleep(DEREG_SETTLE).await;
 
     let mut latencies = Vec::new();
     for (node, iid) in nodes.iter().zip(&iids) {

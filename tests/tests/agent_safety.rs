@@ -598,13 +598,20 @@ async fn a_409_without_a_change_behind_it_never_strands_an_idle_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn released_servers_are_not_written_again_after_a_cancel() {
-    let w = World::start(WorldSpec::new(3, 1, 0)).await;
+    let w = World::start(WorldSpec::new(8, 1, 0).grace_seconds(0)).await;
     let agent = w.agent(&[]).await;
     subscribed(&agent).await;
     w.claimed_all().await;
     w.status(Status::Draining).await;
-    let keep = w.allocated();
-    w.fenced_and_released(&keep).await;
+    // Cancel right as the releases land, while the deleted servers may still be in the
+    // agent's cache: the drain-then-cancel cycle of a flapping signal.
+    wait_for("released", || async {
+        w.on(NODE)
+            .iter()
+            .all(|g| g.deleting || g.state == Some(S::Allocated))
+            .then_some(())
+    })
+    .await;
     w.status(Status::Active).await;
     wait_for("cancelled", || async {
         let n = w.node().await;
