@@ -7,7 +7,9 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -387,7 +389,6 @@ impl Reconciler {
             let since = self
                 .board
                 .last_change()
-                .map(tokio::time::Instant::into_std)
                 .filter(|t| self.state.last_quiet.is_none_or(|q| *t > q));
             self.state.fence_clock = Some(since.unwrap_or_else(Instant::now));
         }

@@ -1,7 +1,9 @@
 //! Wiring: builds every part, supervises every task, and shuts down cleanly.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;

@@ -16,7 +16,9 @@
 //! polled-at key; if pubsub has polled this instance since, the status is confirmed and the
 //! GameLift fallback stays idle.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::StreamExt;
 use lastcall_common::backoff::Backoff;

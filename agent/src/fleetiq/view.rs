@@ -1,6 +1,6 @@
 //! The FleetIQ source's current view of this instance, and its translation into a notice.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use jiff::Timestamp;
 use lastcall_common::fleetiq::InstanceStatus;
