@@ -6,11 +6,13 @@
 
 pub mod actuator;
 pub mod config;
+pub mod drain_timing;
 pub mod fleetiq;
 pub mod keys;
 pub mod metrics;
 pub mod notice;
 pub mod observed;
+pub mod own_writes;
 pub mod policy;
 pub mod progress;
 pub mod reconciler;

@@ -104,6 +104,27 @@ pub struct NodePatch {
     pub set_annotations: BTreeMap<String, String>,
     pub remove_annotations: BTreeSet<String>,
     pub set_labels: BTreeMap<String, String>,
+    /// What this write means, announced as Node Events once it succeeds.
+    pub events: Vec<NodeEvent>,
+}
+
+/// Node-level moments of a drain, each an Event reason. Decided here, with the step that
+/// causes it, rather than decoded from the patch afterwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeEvent {
+    DrainStarted,
+    NodeFenced,
+    DrainCancelled,
+}
+
+impl NodeEvent {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::DrainStarted => "DrainStarted",
+            Self::NodeFenced => "NodeFenced",
+            Self::DrainCancelled => "DrainCancelled",
+        }
+    }
 }
 
 impl NodePatch {
@@ -380,6 +401,12 @@ fn fence_patch(
                 .insert(keys::ANN_NOTICE.into(), record.to_annotation());
         }
     }
+    if patch.set_annotations.contains_key(keys::ANN_STARTED) {
+        patch.events.push(NodeEvent::DrainStarted);
+    }
+    if patch.unschedulable == Some(true) || patch.taints.is_some() {
+        patch.events.push(NodeEvent::NodeFenced);
+    }
     (!patch.is_empty()).then_some(patch)
 }
 
@@ -623,6 +650,9 @@ fn cancel(inp: &Inputs<'_>, progress: &Progress, actions: &mut Vec<Action>) {
         if node.annotations.contains_key(k) {
             patch.remove_annotations.insert(k.to_string());
         }
+    }
+    if patch.remove_annotations.contains(keys::ANN_STARTED) {
+        patch.events.push(NodeEvent::DrainCancelled);
     }
     if !patch.is_empty() {
         actions.push(Action::PatchNode(patch));

@@ -5,7 +5,7 @@
 //! releases we just made) so that a watch that lags behind our own writes does not cause a
 //! repeated action.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,9 +21,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::actuator::{ActError, Actuator, Release, ReleaseOutcome};
+use crate::drain_timing::DrainTiming;
 use crate::keys;
 use crate::metrics::{ActionResult, Metrics, PhaseLabel, ResultLabel, StateLabel};
 use crate::observed::{GameServerView, NodeView, Observed, PodView};
+use crate::own_writes::OwnWrites;
 use crate::policy::{self, Action, GsRef, Phase, Plan, PolicyConfig};
 use crate::progress::Progress;
 use crate::sources::NoticeBoard;
@@ -43,27 +45,14 @@ pub struct Reconciler {
     pub resync: Duration,
     pub trigger: Arc<Notify>,
     state: LocalState,
+    own: OwnWrites,
+    timing: DrainTiming,
 }
 
 #[derive(Default)]
 struct LocalState {
-    /// The Node as our last successful patch returned it (newer than the watch, briefly).
-    written_node: Option<Node>,
-    /// GameServers already deleted (or found gone), by uid: never send their delete again
-    /// while the watch catches up.
-    released: HashSet<String>,
     /// Warnings already sent as Events by this process.
     warned: HashSet<policy::Warning>,
-    /// GameServers as our own patches returned them (or, in dry-run mode, as read directly,
-    /// since the ownership label cannot be written), until the watch catches up. Entries
-    /// expire after `WRITTEN_TTL`, so a server deleted meanwhile can never linger.
-    written_gs: HashMap<(String, String), (DynamicObject, Instant)>,
-    /// When the current drain signal was first acted on, until fenced (latency metric).
-    fence_clock: Option<Instant>,
-    fenced_recorded: bool,
-    drain_recorded: bool,
-    /// The last pass without a drain signal.
-    last_quiet: Option<Instant>,
     last_phase: Option<Phase>,
 }
 
@@ -78,27 +67,6 @@ enum Pass {
 
 /// Pause before re-planning after a conflict, so a lagging watch cannot make us spin.
 const CONFLICT_PAUSE: Duration = Duration::from_millis(100);
-
-/// How long a written GameServer stands in for the watch's copy.
-const WRITTEN_TTL: Duration = Duration::from_secs(5);
-
-fn rv_of(meta: &kube::api::ObjectMeta) -> u64 {
-    meta.resource_version
-        .as_deref()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-fn rv_num(n: &Node) -> u64 {
-    rv_of(&n.metadata)
-}
-
-fn gs_key(o: &DynamicObject) -> (String, String) {
-    (
-        o.metadata.namespace.clone().unwrap_or_default(),
-        o.metadata.name.clone().unwrap_or_default(),
-    )
-}
 
 impl Reconciler {
     #[allow(clippy::too_many_arguments)]
@@ -126,6 +94,8 @@ impl Reconciler {
             resync,
             trigger,
             state: LocalState::default(),
+            own: OwnWrites::default(),
+            timing: DrainTiming::default(),
         }
     }
 
@@ -181,14 +151,7 @@ impl Reconciler {
             .into_iter()
             .find(|n| n.metadata.name.as_deref() == Some(self.node_name.as_str()))
             .map(|n| (*n).clone());
-        match (watched, self.state.written_node.take()) {
-            (Some(w), Some(ours)) if rv_num(&ours) > rv_num(&w) => {
-                self.state.written_node = Some(ours.clone());
-                Some(ours)
-            }
-            (Some(w), _) => Some(w),
-            (None, ours) => ours,
-        }
+        self.own.node(watched)
     }
 
     fn observe(&mut self) -> Result<Observed, String> {
@@ -208,6 +171,16 @@ impl Reconciler {
             })
             .collect();
         let game_servers = self.game_servers();
+        // The pod of a server we deleted is on its way out: never claimed again.
+        let mut pods = pods;
+        for p in &mut pods {
+            if p.gameserver
+                .as_deref()
+                .is_some_and(|g| self.own.released_name(&p.namespace, g))
+            {
+                p.deleting = true;
+            }
+        }
 
         Ok(Observed {
             node,
@@ -218,35 +191,22 @@ impl Reconciler {
 
     /// This node's GameServers: the watch's copies, overlaid with our own newer writes.
     fn game_servers(&mut self) -> Vec<GameServerView> {
-        let mut objs: BTreeMap<(String, String), DynamicObject> = self
+        let watched: Vec<DynamicObject> = self
             .stores
             .gameservers
             .state()
             .iter()
-            .map(|o| (gs_key(o), (**o).clone()))
+            .map(|o| (**o).clone())
             .collect();
-        let released = &self.state.released;
-        self.state.written_gs.retain(|key, (written, at)| {
-            // A server we deleted never comes back from our own earlier write.
-            let deleted = written
-                .metadata
-                .uid
-                .as_ref()
-                .is_some_and(|u| released.contains(u));
-            let fresh = at.elapsed() < WRITTEN_TTL && !deleted;
-            let newer = objs
-                .get(key)
-                .is_none_or(|w| rv_of(&written.metadata) > rv_of(&w.metadata));
-            if fresh && newer {
-                objs.insert(key.clone(), written.clone());
-            }
-            fresh && newer
-        });
+        let objs = self.own.gameservers(watched, Instant::now());
         let mut out = vec![];
-        for obj in objs.values() {
+        for obj in &objs {
             match GameServerView::from_dynamic(obj) {
                 // Only servers actually on this node, whatever their label says.
-                Ok(gs) if gs.node_name.as_deref().is_none_or(|n| n == self.node_name) => {
+                Ok(mut gs) if gs.node_name.as_deref().is_none_or(|n| n == self.node_name) => {
+                    // One we deleted is on its way out, whatever a lagging watch shows: it
+                    // is not claimed, labelled or unprotected again.
+                    gs.deleting |= self.own.is_released(&gs.uid);
                     out.push(gs)
                 }
                 Ok(_) => {}
@@ -258,9 +218,7 @@ impl Reconciler {
 
     fn remember(&mut self, obj: Option<DynamicObject>) {
         if let Some(o) = obj {
-            self.state
-                .written_gs
-                .insert(gs_key(&o), (o, Instant::now()));
+            self.own.wrote_gameserver(o, Instant::now());
         }
     }
 
@@ -332,9 +290,19 @@ impl Reconciler {
             .iter()
             .map(|g| g.uid.as_str())
             .collect();
-        self.state
-            .released
-            .retain(|uid| live.contains(uid.as_str()));
+        let watched: HashSet<String> = self
+            .stores
+            .gameservers
+            .state()
+            .iter()
+            .filter_map(|o| o.metadata.uid.clone())
+            .collect();
+        let pods: HashSet<(String, String)> = observed
+            .pods
+            .iter()
+            .filter_map(|p| Some((p.namespace.clone(), p.gameserver.clone()?)))
+            .collect();
+        self.own.forget_released(&live, &watched, &pods);
         let now = jiff::Timestamp::now();
         let notices = self.board.notices(&observed.node, now);
         let unknown = self.board.unknown();
@@ -382,24 +350,8 @@ impl Reconciler {
             }
         }
         self.record_gauges(&plan, &observed);
-        if plan.driver.is_some() && self.state.fence_clock.is_none() && !self.state.fenced_recorded
-        {
-            // A task source's change that came after the last quiet pass is when the signal
-            // arrived; a Node signal arrives with the watch event that woke this pass.
-            let since = self
-                .board
-                .last_change()
-                .filter(|t| self.state.last_quiet.is_none_or(|q| *t > q));
-            self.state.fence_clock = Some(since.unwrap_or_else(Instant::now));
-        }
-        if plan.driver.is_none() {
-            self.state.last_quiet = Some(Instant::now());
-        }
-        if plan.driver.is_none() && matches!(plan.phase, Phase::Idle | Phase::Cancelling) {
-            self.state.fence_clock = None;
-            self.state.fenced_recorded = false;
-            self.state.drain_recorded = false;
-        }
+        self.timing
+            .planned(&plan, self.board.last_change(), Instant::now());
 
         let result = self.apply(&plan, &observed).await;
         let label = match &result {
@@ -413,7 +365,9 @@ impl Reconciler {
             .inc();
         match result {
             Ok(applied) => {
-                self.after_success(&plan, &observed);
+                let progress = Progress::from_annotations(&observed.node.annotations);
+                self.timing
+                    .applied(&plan, &progress, &self.metrics, Instant::now());
                 Ok(if applied > 0 {
                     Pass::Again
                 } else {
@@ -422,48 +376,16 @@ impl Reconciler {
             }
             Err(ActError::Conflict(e)) => {
                 debug!(message = "conflict; re-planning on fresh state", error = %e);
-                self.state.written_node = None;
+                self.own.forget_node();
                 if let Ok(n) = kube::Api::<Node>::all(self.actuator.client())
                     .get(&self.node_name)
                     .await
                 {
-                    self.state.written_node = Some(n);
+                    self.own.wrote_node(n);
                 }
                 Ok(Pass::Conflicted)
             }
             Err(e) => Err(e.to_string()),
-        }
-    }
-
-    /// Latency and duration metrics, once per drain. A pass that succeeded applied its
-    /// whole plan, so once the plan is past fencing (or was the fencing pass itself), the node
-    /// is fenced and every Ready server released.
-    fn after_success(&mut self, plan: &Plan, observed: &Observed) {
-        let fenced = matches!(
-            plan.phase,
-            Phase::Fencing | Phase::Draining | Phase::Empty | Phase::Deregistered
-        );
-        if plan.driver.is_some() && fenced && !self.state.fenced_recorded {
-            if let Some(t0) = self.state.fence_clock.take() {
-                let secs = t0.elapsed().as_secs_f64();
-                self.metrics.signal_to_fence.observe(secs);
-                info!(
-                    message = "node fenced and idle servers released",
-                    seconds = secs
-                );
-            }
-            self.state.fenced_recorded = true;
-        }
-        if matches!(plan.phase, Phase::Empty | Phase::Deregistered) && !self.state.drain_recorded {
-            let p = Progress::from_annotations(&observed.node.annotations);
-            if let Some(start) = p.started.filter(|s| *s > jiff::Timestamp::UNIX_EPOCH) {
-                let secs = jiff::Timestamp::now()
-                    .duration_since(start)
-                    .as_secs_f64()
-                    .max(0.0);
-                self.metrics.drain_duration.observe(secs);
-            }
-            self.state.drain_recorded = true;
         }
     }
 
@@ -529,9 +451,9 @@ impl Reconciler {
                 let has_ann = !observed.node.annotations.is_empty();
                 let has_labels = !observed.node.labels.is_empty();
                 if let Some(n) = a.patch_node(p, has_ann, has_labels).await? {
-                    self.state.written_node = Some(n);
+                    self.own.wrote_node(n);
                 }
-                self.node_events(p, observed, plan);
+                self.node_events(p, plan);
                 Ok(true)
             }
             Action::ClaimGameServer { namespace, name } => {
@@ -580,7 +502,7 @@ impl Reconciler {
                     .annotations
                     .contains_key(keys::ANN_DEREGISTERING);
                 if let Some(n) = a.deregister(intent).await? {
-                    self.state.written_node = Some(n);
+                    self.own.wrote_node(n);
                 }
                 info!(message = "node empty; deregistered from FleetIQ");
                 a.event(
@@ -597,7 +519,7 @@ impl Reconciler {
     }
 
     /// Logs and Events for a Node write that started, fenced or cancelled a drain.
-    fn node_events(&self, p: &policy::NodePatch, observed: &Observed, plan: &Plan) {
+    fn node_events(&self, p: &policy::NodePatch, plan: &Plan) {
         let a = &self.actuator;
         let why = plan
             .driver
@@ -605,43 +527,21 @@ impl Reconciler {
             .map(|d| format!("{} ({})", d.cause.as_str(), d.source.as_str()));
         let why = why.unwrap_or_else(|| "signal cleared".into());
         let node_ref = a.node_ref();
-        let adds_taint = p
-            .taints
-            .as_ref()
-            .is_some_and(|t| t.iter().any(|t| t.key == keys::TAINT_DRAINING))
-            && !observed.node.has_taint(keys::TAINT_DRAINING);
-        if p.set_annotations.contains_key(keys::ANN_STARTED) {
-            info!(message = "drain started", reason = %why);
-            a.queue_event(
-                &node_ref,
-                "DrainStarted",
-                format!("Drain started: {why}"),
-                false,
-            );
-        }
-        if p.unschedulable == Some(true) || adds_taint {
-            info!(
-                message = "node fenced",
-                cordoned = p.unschedulable == Some(true)
-            );
-            a.queue_event(
-                &node_ref,
-                "NodeFenced",
-                "Cordoned and tainted; no new game servers land here".into(),
-                false,
-            );
-        }
-        if p.remove_annotations.contains(keys::ANN_STARTED) {
-            info!(
-                message = "drain cancelled",
-                uncordoned = p.unschedulable == Some(false)
-            );
-            a.queue_event(
-                &node_ref,
-                "DrainCancelled",
-                "Signal cleared before the node was empty; undid lastcall's changes".into(),
-                false,
-            );
+        for e in &p.events {
+            let note = match e {
+                policy::NodeEvent::DrainStarted => format!("Drain started: {why}"),
+                policy::NodeEvent::NodeFenced if p.unschedulable == Some(true) => {
+                    "Cordoned and tainted; no new game servers land here".into()
+                }
+                policy::NodeEvent::NodeFenced => {
+                    "Tainted (already kept from new pods); no new game servers land here".into()
+                }
+                policy::NodeEvent::DrainCancelled => {
+                    "Signal cleared before the node was empty; undid lastcall's changes".into()
+                }
+            };
+            info!(message = "node event", reason = e.reason(), note = %note);
+            a.queue_event(&node_ref, e.reason(), note, false);
         }
     }
 
@@ -649,7 +549,7 @@ impl Reconciler {
     async fn release_batch(&mut self, batch: Vec<(GsRef, bool)>) -> (usize, Option<ActError>) {
         let todo: Vec<(GsRef, bool)> = batch
             .into_iter()
-            .filter(|(g, _)| !self.state.released.contains(&g.uid))
+            .filter(|(g, _)| !self.own.is_released(&g.uid))
             .collect();
         let actuator = self.actuator.clone();
         let results: Vec<(GsRef, ReleaseOutcome)> = futures::stream::iter(todo)
@@ -688,7 +588,7 @@ impl Reconciler {
             match r {
                 Ok(Release::Deleted) => {
                     applied += 1;
-                    self.state.released.insert(gs.uid.clone());
+                    self.own.released(&gs.uid, &gs.namespace, &gs.name);
                     info!(message = "released idle game server", namespace = %gs.namespace, name = %gs.name);
                     self.actuator
                         .event(
@@ -715,7 +615,7 @@ impl Reconciler {
                         .await;
                 }
                 Ok(Release::Gone) => {
-                    self.state.released.insert(gs.uid.clone());
+                    self.own.released(&gs.uid, &gs.namespace, &gs.name);
                 }
                 Err(e) => {
                     warn!(message = "release failed; retrying with backoff", namespace = %gs.namespace, name = %gs.name, error = %e);

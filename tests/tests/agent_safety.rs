@@ -625,6 +625,14 @@ async fn released_servers_are_not_written_again_after_a_cancel() {
             && r.resource.as_deref() == Some("gameservers")
             && r.status == 404
     });
-    assert_eq!(ghosts, 0, "writes to servers the agent itself deleted");
+    assert_eq!(
+        ghosts,
+        0,
+        "writes to servers the agent itself deleted: {:?}",
+        j.filter(|r| r.identity.as_deref() == Some("agent-n1") && r.status == 404)
+            .iter()
+            .map(|r| (r.seq, r.verb.as_str(), r.name.clone()))
+            .collect::<Vec<_>>()
+    );
     agent.stop().await.unwrap();
 }

@@ -1071,3 +1071,24 @@ fn an_empty_node_is_handed_back_to_gke_once_and_only_when_asked() {
             .any(|a| matches!(a, Action::PatchNode(p) if !p.set_labels.is_empty()))
     );
 }
+
+#[test]
+fn node_events_come_with_the_steps_that_cause_them() {
+    let events = |acts: &[Action]| -> Vec<NodeEvent> {
+        acts.iter()
+            .filter_map(|a| match a {
+                Action::PatchNode(p) => Some(p.events.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    };
+    let (drained, acts, _) = converge(&mixed(), &[draining()], &cfg());
+    assert_eq!(
+        events(&acts),
+        [NodeEvent::DrainStarted, NodeEvent::NodeFenced],
+        "once each, with the fence"
+    );
+    let (_, acts, _) = converge(&drained, &[], &cfg());
+    assert_eq!(events(&acts), [NodeEvent::DrainCancelled]);
+}
