@@ -69,7 +69,8 @@ async fn gce_terminate_fences_from_the_hanging_get_and_none_restores_the_node() 
         .skip(reads_before)
         .filter(|(k, _, _)| k == "maintenance-event")
         .count();
-    assert!(event_reads <= 1, "{event_reads} reads after the change");
+    // (One new hanging GET after the answer; a second only if a 2 s wait timed out just then.)
+    assert!(event_reads <= 2, "{event_reads} reads after the change");
     assert!(
         gce.requests().iter().all(|(_, flavor, _)| *flavor),
         "Metadata-Flavor always sent"
