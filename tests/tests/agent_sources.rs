@@ -139,13 +139,16 @@ async fn gce_preemption_releases_every_idle_server_at_once() {
         || async { idle_released(&w) },
     )
     .await;
-    let keep = w.allocated();
-    assert_eq!(
-        keep.annotations
+    // The match is told why; that write follows the releases.
+    wait_for("the match is told why", || async {
+        (w.allocated()
+            .annotations
             .get("lastcall.dev/drain-reason")
-            .map(String::as_str),
-        Some("preemption")
-    );
+            .map(String::as_str)
+            == Some("preemption"))
+        .then_some(())
+    })
+    .await;
     // The deletes went out together: no delete waited for another to be answered.
     let j = w.cluster.emulator().journal();
     let deletes = j.filter(|r| r.verb == Verb::Delete && r.identity.as_deref() == Some("agent-n1"));
