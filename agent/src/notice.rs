@@ -114,6 +114,29 @@ pub struct Notice {
 }
 
 impl Notice {
+    /// A notice as most sources say it: lastcall cordons, nothing starts early. The id is
+    /// `<source>:<cause>`, one notice per cause and source.
+    pub fn new(
+        source: Source,
+        cause: Cause,
+        severity: Severity,
+        deadline: Option<Timestamp>,
+        cancellable: bool,
+        detail: String,
+    ) -> Self {
+        Self {
+            source,
+            id: format!("{}:{}", source.as_str(), cause.as_str()),
+            cause,
+            severity,
+            deadline,
+            cancellable,
+            cordon: true,
+            can_start_early: false,
+            detail,
+        }
+    }
+
     /// The notice that should drive the drain: highest severity, then earliest deadline.
     pub fn strongest(notices: &[Notice]) -> Option<&Notice> {
         notices

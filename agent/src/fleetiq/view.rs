@@ -56,15 +56,15 @@ impl FleetIqView {
     pub fn notice(&self, instance_id: &str) -> Option<Notice> {
         let (since, _) = self.since?;
         let base = |cause, severity, deadline, cancellable, status: InstanceStatus| Notice {
-            source: crate::sources::fleetiq::SOURCE,
             id: format!("{instance_id}:{status}"),
-            cause,
-            severity,
-            deadline,
-            cancellable,
-            cordon: true,
-            can_start_early: false,
-            detail: format!("FleetIQ InstanceStatus={status} via {:?}", self.via),
+            ..Notice::new(
+                crate::sources::fleetiq::SOURCE,
+                cause,
+                severity,
+                deadline,
+                cancellable,
+                format!("FleetIQ InstanceStatus={status} via {:?}", self.via),
+            )
         };
         if let Some(spot) = self.spot_since {
             let s = InstanceStatus::SpotTerminating;

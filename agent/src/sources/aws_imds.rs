@@ -125,16 +125,8 @@ pub fn report(view: &View, rebalance_ttl: Duration, now: Timestamp) -> Report {
     ) else {
         return Report::Unknown;
     };
-    let n = |cause, severity, deadline, cancellable, detail: String| Notice {
-        source: SOURCE,
-        id: format!("imds:{cause:?}"),
-        cause,
-        severity,
-        deadline,
-        cancellable,
-        cordon: true,
-        can_start_early: false,
-        detail,
+    let n = |cause, severity, deadline, cancellable, detail: String| {
+        Notice::new(SOURCE, cause, severity, deadline, cancellable, detail)
     };
     let mut out = vec![];
     if let Some(t) = spot {
@@ -263,22 +255,21 @@ pub fn start(ctx: SourceContext) -> Option<BoxFuture<'static, ()>> {
                     })
                     .set(i64::from(ok));
                 let r = report(&view, ttl, Timestamp::now());
-                out.send_if_modified(|cur| {
-                    let changed = *cur != r;
-                    if changed && let Report::Known(n) = &r {
-                        for notice in n {
-                            metrics
-                                .signals
-                                .get_or_create(&SourceStatus {
-                                    source: SOURCE.as_str(),
-                                    status: notice.cause.as_str(),
-                                })
-                                .inc();
-                        }
+                let counted: Vec<&'static str> = match &r {
+                    Report::Known(n) => n.iter().map(|n| n.cause.as_str()).collect(),
+                    Report::Unknown => vec![],
+                };
+                if super::publish(&out, r) {
+                    for status in counted {
+                        metrics
+                            .signals
+                            .get_or_create(&SourceStatus {
+                                source: SOURCE.as_str(),
+                                status,
+                            })
+                            .inc();
                     }
-                    *cur = r;
-                    changed
-                });
+                }
             }
         }
         .boxed(),

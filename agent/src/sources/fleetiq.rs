@@ -39,11 +39,7 @@ pub fn start(ctx: SourceContext) -> Option<BoxFuture<'static, ()>> {
             loop {
                 let id = instance_id.borrow().clone().unwrap_or_default();
                 let r = report(&view.borrow(), &id);
-                out.send_if_modified(|cur| {
-                    let changed = *cur != r;
-                    *cur = r;
-                    changed
-                });
+                super::publish(&out, r);
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     c = view.changed() => if c.is_err() { shutdown.cancelled().await; return; },

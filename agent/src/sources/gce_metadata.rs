@@ -163,16 +163,8 @@ pub fn report(view: &View, s: &Settings, now: Timestamp) -> Report {
     else {
         return Report::Unknown;
     };
-    let n = |cause, severity, deadline, cancellable, detail: String| Notice {
-        source: SOURCE,
-        id: format!("gce:{cause:?}"),
-        cause,
-        severity,
-        deadline,
-        cancellable,
-        cordon: true,
-        can_start_early: false,
-        detail,
+    let n = |cause, severity, deadline, cancellable, detail: String| {
+        Notice::new(SOURCE, cause, severity, deadline, cancellable, detail)
     };
     let mut out = vec![];
     if *preempted {
@@ -320,11 +312,7 @@ impl Gce {
     fn publish(&self) {
         let view = self.view.lock().map(|v| v.clone()).unwrap_or_default();
         let r = report(&view, &self.settings, Timestamp::now());
-        self.out.send_if_modified(|cur| {
-            let changed = *cur != r;
-            *cur = r;
-            changed
-        });
+        super::publish(&self.out, r);
     }
 
     fn error(&self, reason: &'static str) {

@@ -178,6 +178,15 @@ impl NoticeBoard {
     }
 }
 
+/// Publishes a source's current report; `true` when it changed (only then are readers woken).
+pub fn publish(out: &watch::Sender<Report>, report: Report) -> bool {
+    out.send_if_modified(|cur| {
+        let changed = *cur != report;
+        *cur = report;
+        changed
+    })
+}
+
 /// Starts every configured task source and returns the board that reads them.
 pub fn start_all(
     make: impl Fn(watch::Sender<Report>) -> SourceContext,

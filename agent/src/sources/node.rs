@@ -34,17 +34,10 @@ fn notice(
     cordon: bool,
     detail: String,
 ) -> Notice {
+    // Every Node signal is level: when the label or taint goes, so does the notice.
     Notice {
-        source,
-        id: format!("node:{}", source.as_str()),
-        cause,
-        severity,
-        deadline,
-        // Every Node signal is level: when the label or taint goes, so does the notice.
-        cancellable: true,
         cordon,
-        can_start_early: false,
-        detail,
+        ..Notice::new(source, cause, severity, deadline, true, detail)
     }
 }
 
