@@ -6,20 +6,17 @@
 //! patches that touch only lastcall's own keys. In dry-run mode every mutating call is
 //! logged, counted and recorded instead of sent — the same code path up to the wire.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use crate::observed::{GameServerView, GsState};
-use std::sync::{Arc, Mutex, OnceLock};
-
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::{Value, json};
-use tracing::{info, warn};
+use tracing::warn;
 
-use crate::fleetiq::gamelift::{GameLift, GameLiftError};
+use crate::dry_run::DryRun;
+use crate::fleetiq::gamelift::GameLiftError;
+use crate::fleetiq::integration::FleetIq;
 use crate::keys;
-use crate::metrics::{ActionResult, Metrics, ResultLabel};
+use crate::metrics::{Metrics, ResultLabel};
 use crate::observed::gameserver_resource;
 use crate::policy::{GsRef, NodePatch, compat_toleration};
 use crate::progress::format_ts;
@@ -52,9 +49,6 @@ impl ActError {
     }
 }
 
-/// Dry-run calls kept for inspection; beyond this they are still skipped, just not recorded.
-const MAX_RECORDED: usize = 10_000;
-
 /// Result of a release: label (optionally), then a preconditioned GameServer delete.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Release {
@@ -76,16 +70,12 @@ pub struct ReleaseOutcome {
 pub struct Actuator {
     client: kube::Client,
     node_name: String,
-    dry_run: bool,
-    gamelift: Arc<OnceLock<GameLift>>,
+    dry_run: DryRun,
+    /// The FleetIQ integration: the GameLift client and the deregistered state live there.
+    fleetiq: FleetIq,
     metrics: Metrics,
     /// Events go to a background publisher so they never delay a fence or a release.
     events: tokio::sync::mpsc::Sender<(ObjectReference, Event)>,
-    deregistered: Arc<AtomicBool>,
-    /// Serialises every FleetIQ lifecycle call, so none can follow (or overtake) the
-    /// deregistration: each call checks `deregistered` while holding it.
-    lifecycle: Arc<tokio::sync::Mutex<()>>,
-    recorded: Arc<Mutex<Vec<String>>>,
 }
 
 /// Publishes queued Events one by one; the queue is bounded so a slow API cannot grow it.
@@ -128,6 +118,7 @@ fn pointer_escape(key: &str) -> String {
 
 impl Actuator {
     pub fn new(client: kube::Client, node_name: String, dry_run: bool, metrics: Metrics) -> Self {
+        let dry_run = DryRun::new(dry_run, metrics.clone());
         let reporter = Reporter {
             controller: "lastcall-agent".into(),
             instance: Some(node_name.clone()),
@@ -136,12 +127,9 @@ impl Actuator {
             events: spawn_event_publisher(Recorder::new(client.clone(), reporter), metrics.clone()),
             client,
             node_name,
+            fleetiq: FleetIq::new(dry_run.clone(), metrics.clone()),
             dry_run,
-            gamelift: Arc::new(OnceLock::new()),
             metrics,
-            deregistered: Arc::new(AtomicBool::new(false)),
-            lifecycle: Arc::new(tokio::sync::Mutex::new(())),
-            recorded: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
@@ -149,52 +137,22 @@ impl Actuator {
         self.client.clone()
     }
 
-    pub fn gamelift(&self) -> Option<&GameLift> {
-        self.gamelift.get()
-    }
-
-    /// FleetIQ becomes available once the instance id is known (IMDS may be slow); until
-    /// then GameLift actions are no-ops and deregistration waits.
-    pub fn set_gamelift(&self, gl: GameLift) {
-        let _ = self.gamelift.set(gl);
+    /// The FleetIQ integration (its client is set once the instance id is known).
+    pub fn fleetiq(&self) -> &FleetIq {
+        &self.fleetiq
     }
 
     pub fn is_dry_run(&self) -> bool {
-        self.dry_run
+        self.dry_run.enabled()
     }
 
     /// What dry-run mode would have sent, in order.
     pub fn recorded(&self) -> Vec<String> {
-        self.recorded.lock().map(|r| r.clone()).unwrap_or_default()
+        self.dry_run.recorded()
     }
 
-    /// True once this node's game server is deregistered (heartbeats stop).
-    pub fn deregistered_flag(&self) -> Arc<AtomicBool> {
-        self.deregistered.clone()
-    }
-
-    /// In dry-run mode, records `what` and returns true: the caller must not send. A call
-    /// already recorded is not logged or counted again (each pass re-plans the same calls,
-    /// since nothing changes).
     fn skip(&self, kind: &'static str, what: String) -> bool {
-        if !self.dry_run {
-            return false;
-        }
-        if let Ok(mut r) = self.recorded.lock()
-            && r.len() < MAX_RECORDED
-            && !r.contains(&what)
-        {
-            info!(message = "dry run: not sending", call = %what);
-            self.metrics
-                .actions
-                .get_or_create(&ActionResult {
-                    action: kind,
-                    result: "dry_run",
-                })
-                .inc();
-            r.push(what);
-        }
-        true
+        self.dry_run.skip(kind, what)
     }
 
     fn nodes(&self) -> Api<Node> {
@@ -316,7 +274,7 @@ impl Actuator {
         ns: &str,
         name: &str,
     ) -> Result<Option<DynamicObject>, ActError> {
-        if self.dry_run {
+        if self.is_dry_run() {
             return Ok(self.gameservers(ns).get_opt(name).await?);
         }
         let body = json!({"metadata": {"labels": {keys::LABEL_NODE: keys::node_label_value(&self.node_name)}}});
@@ -360,52 +318,14 @@ impl Actuator {
         }
     }
 
-    /// Releases a server that is not in use: with `label_first`, labels it (so allocators
-    /// that exclude the label stop picking it) and deletes the version that write returned;
-    /// otherwise deletes the version we saw. Either way the delete is preconditioned on uid
-    /// and resourceVersion, so an allocation that wins the race is never deleted.
-    pub async fn release(&self, gs: &GsRef, label_first: bool) -> ReleaseOutcome {
-        let mut target = gs.clone();
-        let mut newest = None;
-        if label_first {
-            match self.label_draining(gs).await {
-                Ok(Some(obj)) => match GameServerView::from_dynamic(&obj) {
-                    Ok(v) if v.uid != gs.uid || v.deleting => {
-                        return ReleaseOutcome {
-                            result: Ok(Release::Gone),
-                            newest: None,
-                        };
-                    }
-                    Ok(v) if !(v.state == GsState::Ready || v.state.is_before_ready()) => {
-                        return ReleaseOutcome {
-                            result: Ok(Release::Conflict),
-                            newest: Some(obj),
-                        };
-                    }
-                    Ok(v) => {
-                        target.resource_version = v.resource_version;
-                        newest = Some(obj);
-                    }
-                    Err(e) => {
-                        return ReleaseOutcome {
-                            result: Err(ActError::Invalid(e.to_string())),
-                            newest: None,
-                        };
-                    }
-                },
-                Ok(None) => {}
-                Err(e) if api_code(&e) == Some(404) => {
-                    return ReleaseOutcome {
-                        result: Ok(Release::Gone),
-                        newest: None,
-                    };
-                }
-                // A failing label write must not hold up the delete itself.
-                Err(e) => {
-                    warn!(message = "labelling a game server before release failed; deleting it anyway", namespace = %gs.namespace, name = %gs.name, error = %e)
-                }
-            }
-        }
+    /// Releases a server that is not in use: deletes the version we saw, preconditioned on
+    /// uid and resourceVersion, so an allocation that wins the race is never deleted. The
+    /// delete is the one write on the happy path. When it fails (a 5xx, a timeout), the
+    /// server is labelled `lastcall.dev/node-draining` before the retry, so allocators that
+    /// exclude the label stop picking it while deletes fail.
+    pub async fn release(&self, gs: &GsRef) -> ReleaseOutcome {
+        let target = gs.clone();
+        let newest = None;
         let result = self.delete_exactly(&target).await;
         match result {
             Ok(Release::Conflict) => {
@@ -442,7 +362,27 @@ impl Actuator {
                     },
                 }
             }
+            Err(e) => {
+                let newest = self.label_after_failed_delete(gs).await;
+                ReleaseOutcome {
+                    result: Err(e),
+                    newest,
+                }
+            }
             result => ReleaseOutcome { result, newest },
+        }
+    }
+
+    /// After a failed delete: the label that keeps exclusion-selector allocators away while
+    /// the delete is retried. Its answer is the version the retry deletes. Best effort.
+    async fn label_after_failed_delete(&self, gs: &GsRef) -> Option<DynamicObject> {
+        match self.label_draining(gs).await {
+            Ok(Some(obj)) if obj.metadata.uid.as_deref() == Some(gs.uid.as_str()) => Some(obj),
+            Ok(_) => None,
+            Err(e) => {
+                warn!(message = "labelling a game server whose delete failed also failed", namespace = %gs.namespace, name = %gs.name, error = %e);
+                None
+            }
         }
     }
 
@@ -504,92 +444,16 @@ impl Actuator {
         }
     }
 
-    /// `DeregisterGameServer` (NotFound means already done), then the mark on the Node that
-    /// makes it once-only across restarts. The intent is written to the Node before the
-    /// call; when a crash may have cut between call and mark (`intent_recorded`), GameLift
-    /// is asked first, so the call is never sent twice.
-    pub async fn deregister(&self, intent_recorded: bool) -> Result<Option<Node>, ActError> {
-        let Some(gl) = self.gamelift.get() else {
+    /// Deregisters through the FleetIQ integration (once; it asks GameLift first, so a
+    /// restart that cut between an earlier call and its record never sends it twice), then
+    /// writes the Node record that makes it once-only across restarts.
+    pub async fn deregister(&self) -> Result<Option<Node>, ActError> {
+        if self.fleetiq.client().is_none() {
             return Err(ActError::NotReady);
-        };
-        let _serial = self.lifecycle.lock().await;
-        // Once GameLift has answered, only the Node mark may still be missing: never call
-        // DeregisterGameServer a second time just because that write failed.
-        let done = self.deregistered.load(Ordering::SeqCst);
-        if !done
-            && !self.skip(
-                "deregister",
-                format!(
-                    "GameLift DeregisterGameServer {}/{}",
-                    gl.group, gl.game_server_id
-                ),
-            )
-        {
-            let count = |result: &'static str| {
-                self.metrics
-                    .deregistrations
-                    .get_or_create(&ResultLabel { result })
-                    .inc();
-            };
-            let still_registered = if intent_recorded {
-                gl.is_registered().await?
-            } else {
-                self.annotate_node(keys::ANN_DEREGISTERING, &format_ts(jiff::Timestamp::now()))
-                    .await?;
-                true
-            };
-            if !still_registered {
-                count("already");
-                info!(message = "an earlier deregistration went through; not calling again");
-            } else {
-                match gl.deregister().await {
-                    Ok(()) => count("ok"),
-                    Err(GameLiftError::NotFound(m)) => {
-                        count("not_found");
-                        info!(message = "game server already deregistered", detail = %m);
-                    }
-                    Err(e) => {
-                        count(e.metric_label());
-                        return Err(e.into());
-                    }
-                }
-            }
         }
-        self.deregistered.store(true, Ordering::SeqCst);
+        self.fleetiq.deregister().await?;
         self.annotate_node(keys::ANN_DEREGISTERED, &format_ts(jiff::Timestamp::now()))
             .await
-    }
-
-    /// `--deregister-on-exit`: the original adapter's behaviour on SIGTERM. Serialised with
-    /// the other lifecycle calls and never repeated; not recorded on the Node, so the next
-    /// agent on this node registers again, as the original did. `Ok(false)`: nothing sent.
-    pub async fn deregister_on_exit(&self) -> Result<bool, GameLiftError> {
-        let Some(gl) = self.gamelift.get() else {
-            warn!(message = "deregister on exit skipped: FleetIQ never became ready");
-            return Ok(false);
-        };
-        let _serial = self.lifecycle.lock().await;
-        if self.deregistered.load(Ordering::SeqCst) {
-            return Ok(false);
-        }
-        if self.skip(
-            "deregister",
-            format!(
-                "GameLift DeregisterGameServer {}/{} (on exit)",
-                gl.group, gl.game_server_id
-            ),
-        ) {
-            return Ok(false);
-        }
-        let r = match gl.deregister().await {
-            Ok(()) => Ok(true),
-            Err(GameLiftError::NotFound(_)) => Ok(false),
-            Err(e) => Err(e),
-        };
-        if r.is_ok() {
-            self.deregistered.store(true, Ordering::SeqCst);
-        }
-        r
     }
 
     /// Queues a Kubernetes Event about `target`; failures are counted, never fatal.
@@ -646,65 +510,6 @@ impl Actuator {
             uid: Some(gs.uid.clone()),
             ..ObjectReference::default()
         }
-    }
-
-    // GameLift lifecycle calls, so dry-run covers them too. Each holds the lifecycle lock
-    // and gives up once the server is deregistered: a registration still in flight when the
-    // drain deregisters can never land after it.
-
-    async fn lifecycle_call<F, Fut>(
-        &self,
-        kind: &'static str,
-        what: &str,
-        f: F,
-    ) -> Result<(), GameLiftError>
-    where
-        F: FnOnce(GameLift) -> Fut,
-        Fut: std::future::Future<Output = Result<(), GameLiftError>>,
-    {
-        let Some(gl) = self.gamelift.get().cloned() else {
-            return Ok(());
-        };
-        let _serial = self.lifecycle.lock().await;
-        if self.deregistered.load(Ordering::SeqCst) {
-            return Err(GameLiftError::Deregistered);
-        }
-        if self.skip(kind, format!("GameLift {what} {}", gl.game_server_id)) {
-            return Ok(());
-        }
-        f(gl).await
-    }
-
-    pub async fn gl_register(&self) -> Result<(), GameLiftError> {
-        self.lifecycle_call("gamelift_register", "RegisterGameServer", |gl| async move {
-            gl.register().await
-        })
-        .await
-    }
-
-    pub async fn gl_claim(&self) -> Result<(), GameLiftError> {
-        self.lifecycle_call("gamelift_claim", "ClaimGameServer", |gl| async move {
-            gl.claim().await
-        })
-        .await
-    }
-
-    pub async fn gl_heartbeat(&self) -> Result<(), GameLiftError> {
-        self.lifecycle_call(
-            "gamelift_heartbeat",
-            "UpdateGameServer HEALTHY",
-            |gl| async move { gl.heartbeat().await },
-        )
-        .await
-    }
-
-    pub async fn gl_utilized(&self) -> Result<(), GameLiftError> {
-        self.lifecycle_call(
-            "gamelift_utilized",
-            "UpdateGameServer UTILIZED",
-            |gl| async move { gl.set_utilized().await },
-        )
-        .await
     }
 }
 

@@ -61,9 +61,6 @@ pub const ANN_REGISTERED: &str = "lastcall.dev/registered";
 /// seen) as JSON, so a restarted agent decides exactly as before: a Spot interruption stays
 /// final and its deadline does not move.
 pub const ANN_NOTICE: &str = "lastcall.dev/drain-notice";
-/// Written just before `DeregisterGameServer` is sent. Present without `ANN_DEREGISTERED`,
-/// it means a crash may have cut between the call and its mark: check before calling again.
-pub const ANN_DEREGISTERING: &str = "lastcall.dev/deregistering";
 /// GKE starts pending host maintenance early when this label is `true` on the Node.
 pub const LABEL_GKE_PERFORM_MAINTENANCE: &str = "cloud.google.com/perform-maintenance";
 /// lastcall asked GKE to start maintenance early (set once, with the label, never again).

@@ -6,7 +6,9 @@
 
 pub mod actuator;
 pub mod config;
+pub mod drain_events;
 pub mod drain_timing;
+pub mod dry_run;
 pub mod fleetiq;
 pub mod keys;
 pub mod metrics;

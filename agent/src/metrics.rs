@@ -50,6 +50,13 @@ pub struct OperationResult {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct NoticeLabels {
+    pub source: &'static str,
+    pub cause: &'static str,
+    pub severity: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabel {
     pub source: &'static str,
@@ -58,6 +65,7 @@ pub struct SourceLabel {
 #[derive(Clone)]
 pub struct Metrics {
     pub signals: Family<SourceStatus, Counter>,
+    pub notices: Family<NoticeLabels, Gauge>,
     pub signals_rejected: Family<SourceReason, Counter>,
     pub phase: Family<PhaseLabel, Gauge>,
     pub game_servers: Family<StateLabel, Gauge>,
@@ -88,6 +96,7 @@ impl Metrics {
         ];
         let m = Self {
             signals: Family::default(),
+            notices: Family::default(),
             signals_rejected: Family::default(),
             phase: Family::default(),
             game_servers: Family::default(),
@@ -186,6 +195,11 @@ impl Metrics {
             "fleetiq_last_message_age_seconds",
             "Seconds since the last valid status message (any path)",
             m.last_message_age.clone(),
+        );
+        r.register(
+            "source_notices",
+            "Notices each source currently gives, by source, cause and severity (merged into one drain per node)",
+            m.notices.clone(),
         );
         r.register(
             "source_up",

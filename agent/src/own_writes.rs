@@ -36,6 +36,8 @@ pub struct OwnWrites {
     gameservers: HashMap<(String, String), (DynamicObject, Instant)>,
     /// GameServers deleted (or found gone): uid → (namespace, name).
     released: HashMap<String, (String, String)>,
+    /// GameServers the watch showed at the last look: uid → (namespace, name).
+    watched: HashMap<String, (String, String)>,
 }
 
 impl OwnWrites {
@@ -88,6 +90,18 @@ impl OwnWrites {
         self.gameservers.insert(key(&obj), (obj, now));
     }
 
+    /// Notes the GameServers the watch shows now. One that vanished since the last look was
+    /// deleted (its match ended, or anyone deleted it): its pod, still shutting down, must
+    /// not be claimed again (each claim would be a write answered 404).
+    pub fn watched_now(&mut self, now: HashMap<String, (String, String)>) {
+        for (uid, key) in self.watched.drain() {
+            if !now.contains_key(&uid) {
+                self.released.entry(uid).or_insert(key);
+            }
+        }
+        self.watched = now;
+    }
+
     pub fn released(&mut self, uid: &str, namespace: &str, name: &str) {
         self.released
             .insert(uid.to_string(), (namespace.to_string(), name.to_string()));
@@ -133,6 +147,27 @@ mod tests {
 
     fn rvs(v: &[DynamicObject]) -> Vec<u64> {
         v.iter().map(|o| rv_of(&o.metadata)).collect()
+    }
+
+    #[test]
+    fn a_server_that_left_the_watch_is_gone_until_its_pod_is() {
+        let mut w = OwnWrites::default();
+        let one = |uid: &str, name: &str| {
+            HashMap::from([(uid.to_string(), ("default".to_string(), name.to_string()))])
+        };
+        w.watched_now(one("u1", "a"));
+        assert!(!w.released_name("default", "a"), "still watched");
+        w.watched_now(HashMap::new());
+        assert!(w.released_name("default", "a"), "vanished from the watch");
+        assert!(w.is_released("u1"));
+        let pod = HashSet::from([("default".to_string(), "a".to_string())]);
+        w.forget_released(&HashSet::new(), &HashSet::new(), &pod);
+        assert!(w.is_released("u1"), "its pod is still there");
+        w.forget_released(&HashSet::new(), &HashSet::new(), &HashSet::new());
+        assert!(!w.is_released("u1"));
+        // A server never watched (a late pod's) is not gone: it may still be claimed.
+        w.watched_now(HashMap::new());
+        assert!(!w.released_name("default", "b"));
     }
 
     #[test]

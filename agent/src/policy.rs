@@ -145,10 +145,11 @@ pub enum Action {
     /// label-filtered watch sees it.
     ClaimGameServer { namespace: String, name: String },
     /// Delete a GameServer that is not in use, preconditioned on uid and resourceVersion.
-    /// With `label_first`, put the `lastcall.dev/node-draining` label on it first, and
-    /// delete the version that write returned: allocators that exclude the label stop
-    /// picking it within one round trip, even while DELETEs fail.
-    Release { gs: GsRef, label_first: bool },
+    /// The delete is itself the fence (allocators skip a server being deleted), so it is
+    /// the one write; only when it fails does the actuator label the server
+    /// `lastcall.dev/node-draining`, so allocators that exclude the label stop picking it
+    /// while the delete is retried.
+    Release { gs: GsRef },
     /// Label an in-use GameServer `lastcall.dev/node-draining` and annotate it with the
     /// drain deadline and reason, in one write.
     Protect {
@@ -480,18 +481,16 @@ fn game_server_work(
             continue;
         }
         let r = GsRef::of(gs);
-        let labelled = gs.labels.get(keys::LABEL_NODE_DRAINING).map(String::as_str) == Some("true");
         if gs.state == GsState::Ready || gs.state.is_before_ready() {
             // Not in use, so deleting it (preconditioned on what we saw) ends no match. A
             // server that is not Ready yet cannot be allocated, and one stuck before Ready
             // would otherwise keep the node busy forever.
             busy = true;
-            releases.push(Action::Release {
-                gs: r,
-                label_first: gs.state == GsState::Ready && !labelled,
-            });
+            releases.push(Action::Release { gs: r });
         } else if gs.state.is_in_use() {
             busy = true;
+            let labelled =
+                gs.labels.get(keys::LABEL_NODE_DRAINING).map(String::as_str) == Some("true");
             if !labelled
                 || gs
                     .annotations

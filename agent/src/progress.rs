@@ -119,8 +119,6 @@ pub struct Progress {
     /// lastcall cordoned the node (it was schedulable before), so a cancel may uncordon it.
     pub cordoned_by_us: bool,
     pub deregistered: Option<Timestamp>,
-    /// `DeregisterGameServer` may have been sent (intent written before the call).
-    pub deregistering: bool,
     pub registered: Option<Timestamp>,
     pub record: Recorded,
     /// lastcall added the compat draining taint.
@@ -143,7 +141,6 @@ impl Progress {
                 ann.contains_key(keys::ANN_DEREGISTERED)
                     .then_some(Timestamp::UNIX_EPOCH)
             }),
-            deregistering: ann.contains_key(keys::ANN_DEREGISTERING),
             registered: ts(keys::ANN_REGISTERED),
             record: match ann.get(keys::ANN_NOTICE) {
                 None => Recorded::Absent,

@@ -21,9 +21,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::actuator::{ActError, Actuator, Release, ReleaseOutcome};
+use crate::drain_events::PassLog;
 use crate::drain_timing::DrainTiming;
-use crate::keys;
-use crate::metrics::{ActionResult, Metrics, PhaseLabel, ResultLabel, StateLabel};
+use crate::metrics::{ActionResult, Metrics, NoticeLabels, PhaseLabel, ResultLabel, StateLabel};
 use crate::observed::{GameServerView, NodeView, Observed, PodView};
 use crate::own_writes::OwnWrites;
 use crate::policy::{self, Action, GsRef, Phase, Plan, PolicyConfig};
@@ -54,6 +54,8 @@ struct LocalState {
     /// Warnings already sent as Events by this process.
     warned: HashSet<policy::Warning>,
     last_phase: Option<Phase>,
+    /// Label sets of `lastcall_source_notices` set so far, so one that clears goes to 0.
+    notice_labels: std::collections::BTreeSet<NoticeLabels>,
 }
 
 enum Pass {
@@ -198,6 +200,15 @@ impl Reconciler {
             .iter()
             .map(|o| (**o).clone())
             .collect();
+        self.own.watched_now(
+            watched
+                .iter()
+                .filter_map(|o| {
+                    let m = &o.metadata;
+                    Some((m.uid.clone()?, (m.namespace.clone()?, m.name.clone()?)))
+                })
+                .collect(),
+        );
         let objs = self.own.gameservers(watched, Instant::now());
         let mut out = vec![];
         for obj in &objs {
@@ -219,6 +230,29 @@ impl Reconciler {
     fn remember(&mut self, obj: Option<DynamicObject>) {
         if let Some(o) = obj {
             self.own.wrote_gameserver(o, Instant::now());
+        }
+    }
+
+    /// Each source's current notices, by cause and severity: several sources for one node
+    /// give one drain, but each still shows what it says.
+    fn record_notices(&mut self, notices: &[crate::notice::Notice]) {
+        let mut now: BTreeMap<NoticeLabels, i64> = BTreeMap::new();
+        for n in notices {
+            *now.entry(NoticeLabels {
+                source: n.source.as_str(),
+                cause: n.cause.as_str(),
+                severity: n.severity.as_str(),
+            })
+            .or_default() += 1;
+        }
+        for l in &self.state.notice_labels {
+            if !now.contains_key(l) {
+                self.metrics.notices.get_or_create(l).set(0);
+            }
+        }
+        for (l, v) in now {
+            self.metrics.notices.get_or_create(&l).set(v);
+            self.state.notice_labels.insert(l);
         }
     }
 
@@ -305,6 +339,7 @@ impl Reconciler {
         self.own.forget_released(&live, &watched, &pods);
         let now = jiff::Timestamp::now();
         let notices = self.board.notices(&observed.node, now);
+        self.record_notices(&notices);
         let unknown = self.board.unknown();
         let mut plan = policy::plan(&policy::Inputs {
             notices: &notices,
@@ -393,6 +428,32 @@ impl Reconciler {
     /// fails, nothing after it runs. Consecutive releases run concurrently. Returns how many
     /// actions changed something.
     async fn apply(&mut self, plan: &Plan, observed: &Observed) -> Result<usize, ActError> {
+        let mut log = PassLog::default();
+        let result = self.apply_steps(plan, observed, &mut log).await;
+        self.tell(plan, &log);
+        result
+    }
+
+    /// One Event for the pass, on the Node, telling each step that succeeded.
+    fn tell(&self, plan: &Plan, log: &PassLog) {
+        let why = plan
+            .driver
+            .as_ref()
+            .map(|d| format!("{} ({})", d.cause.as_str(), d.source.as_str()))
+            .unwrap_or_else(|| "signal cleared".into());
+        if let Some((reason, note)) = log.event(&why) {
+            info!(message = "drain event", reason, note = %note);
+            self.actuator
+                .queue_event(&self.actuator.node_ref(), reason, note, false);
+        }
+    }
+
+    async fn apply_steps(
+        &mut self,
+        plan: &Plan,
+        observed: &Observed,
+        log: &mut PassLog,
+    ) -> Result<usize, ActError> {
         let mut applied = 0;
         let mut first_error: Option<ActError> = None;
         let mut i = 0;
@@ -400,11 +461,11 @@ impl Reconciler {
             let action = &plan.actions[i];
             if let Action::Release { .. } = action {
                 let mut batch = vec![];
-                while let Some(Action::Release { gs, label_first }) = plan.actions.get(i) {
-                    batch.push((gs.clone(), *label_first));
+                while let Some(Action::Release { gs }) = plan.actions.get(i) {
+                    batch.push(gs.clone());
                     i += 1;
                 }
-                let (done, failed) = self.release_batch(batch).await;
+                let (done, failed) = self.release_batch(batch, log).await;
                 applied += done;
                 if let Some(e) = failed {
                     first_error.get_or_insert(e);
@@ -412,7 +473,7 @@ impl Reconciler {
                 continue;
             }
             i += 1;
-            match self.apply_one(action, observed, plan).await {
+            match self.apply_one(action, observed, log).await {
                 Ok(true) => {
                     applied += 1;
                     self.count(action, "ok");
@@ -443,7 +504,7 @@ impl Reconciler {
         &mut self,
         action: &Action,
         observed: &Observed,
-        plan: &Plan,
+        log: &mut PassLog,
     ) -> Result<bool, ActError> {
         let a = self.actuator.clone();
         match action {
@@ -453,7 +514,8 @@ impl Reconciler {
                 if let Some(n) = a.patch_node(p, has_ann, has_labels).await? {
                     self.own.wrote_node(n);
                 }
-                self.node_events(p, plan);
+                log.node.extend(p.events.iter().copied());
+                log.cordoned |= p.unschedulable == Some(true);
                 Ok(true)
             }
             Action::ClaimGameServer { namespace, name } => {
@@ -470,13 +532,8 @@ impl Reconciler {
             } => {
                 let obj = a.protect(gs, deadline, reason).await?;
                 self.remember(obj);
-                a.event(
-                    &Actuator::gs_ref(gs),
-                    "GameServerProtected",
-                    format!("Node is draining ({reason}); this match may run until {deadline}"),
-                    false,
-                )
-                .await;
+                log.protected.push(format!("{}/{}", gs.namespace, gs.name));
+                log.deadline = Some((deadline.clone(), reason.clone()));
                 Ok(true)
             }
             Action::Unprotect { gs } => {
@@ -497,66 +554,33 @@ impl Reconciler {
                     .map(|()| true)
             }
             Action::Deregister => {
-                let intent = observed
-                    .node
-                    .annotations
-                    .contains_key(keys::ANN_DEREGISTERING);
-                if let Some(n) = a.deregister(intent).await? {
+                if let Some(n) = a.deregister().await? {
                     self.own.wrote_node(n);
                 }
                 info!(message = "node empty; deregistered from FleetIQ");
-                a.event(
-                    &a.node_ref(),
-                    "Deregistered",
-                    "No game servers in use; deregistered from FleetIQ".into(),
-                    false,
-                )
-                .await;
+                log.deregistered = true;
                 Ok(true)
             }
             Action::Release { .. } => Ok(false),
         }
     }
 
-    /// Logs and Events for a Node write that started, fenced or cancelled a drain.
-    fn node_events(&self, p: &policy::NodePatch, plan: &Plan) {
-        let a = &self.actuator;
-        let why = plan
-            .driver
-            .as_ref()
-            .map(|d| format!("{} ({})", d.cause.as_str(), d.source.as_str()));
-        let why = why.unwrap_or_else(|| "signal cleared".into());
-        let node_ref = a.node_ref();
-        for e in &p.events {
-            let note = match e {
-                policy::NodeEvent::DrainStarted => format!("Drain started: {why}"),
-                policy::NodeEvent::NodeFenced if p.unschedulable == Some(true) => {
-                    "Cordoned and tainted; no new game servers land here".into()
-                }
-                policy::NodeEvent::NodeFenced => {
-                    "Tainted (already kept from new pods); no new game servers land here".into()
-                }
-                policy::NodeEvent::DrainCancelled => {
-                    "Signal cleared before the node was empty; undid lastcall's changes".into()
-                }
-            };
-            info!(message = "node event", reason = e.reason(), note = %note);
-            a.queue_event(&node_ref, e.reason(), note, false);
-        }
-    }
-
     /// Releases concurrently. Returns how many changed something, and the first failure.
-    async fn release_batch(&mut self, batch: Vec<(GsRef, bool)>) -> (usize, Option<ActError>) {
-        let todo: Vec<(GsRef, bool)> = batch
+    async fn release_batch(
+        &mut self,
+        batch: Vec<GsRef>,
+        log: &mut PassLog,
+    ) -> (usize, Option<ActError>) {
+        let todo: Vec<GsRef> = batch
             .into_iter()
-            .filter(|(g, _)| !self.own.is_released(&g.uid))
+            .filter(|g| !self.own.is_released(&g.uid))
             .collect();
         let actuator = self.actuator.clone();
         let results: Vec<(GsRef, ReleaseOutcome)> = futures::stream::iter(todo)
-            .map(|(gs, label_first)| {
+            .map(|gs| {
                 let a = actuator.clone();
                 async move {
-                    let r = a.release(&gs, label_first).await;
+                    let r = a.release(&gs).await;
                     (gs, r)
                 }
             })
@@ -578,41 +602,20 @@ impl Reconciler {
                 .releases
                 .get_or_create(&ResultLabel { result: label })
                 .inc();
-            self.count(
-                &Action::Release {
-                    gs: gs.clone(),
-                    label_first: false,
-                },
-                label,
-            );
+            self.count(&Action::Release { gs: gs.clone() }, label);
             match r {
                 Ok(Release::Deleted) => {
                     applied += 1;
                     self.own.released(&gs.uid, &gs.namespace, &gs.name);
                     info!(message = "released idle game server", namespace = %gs.namespace, name = %gs.name);
-                    self.actuator
-                        .event(
-                            &Actuator::gs_ref(&gs),
-                            "GameServerReleased",
-                            "Idle on a draining node; deleted so its Fleet replaces it elsewhere"
-                                .into(),
-                            false,
-                        )
-                        .await;
+                    log.released.push(format!("{}/{}", gs.namespace, gs.name));
                 }
                 Ok(Release::Conflict) => {
                     // The newer version is remembered: the next plan protects it (allocated)
                     // or releases exactly that version.
                     applied += 1;
                     info!(message = "game server changed before release (allocated?); re-planning", namespace = %gs.namespace, name = %gs.name);
-                    self.actuator
-                        .event(
-                            &Actuator::gs_ref(&gs),
-                            "ReleaseSkipped",
-                            "Changed while being released (allocation won?); re-checked".into(),
-                            false,
-                        )
-                        .await;
+                    log.skipped.push(format!("{}/{}", gs.namespace, gs.name));
                 }
                 Ok(Release::Gone) => {
                     self.own.released(&gs.uid, &gs.namespace, &gs.name);
@@ -626,11 +629,13 @@ impl Reconciler {
         (applied, failed)
     }
 
-    /// Re-reads this node's pods and GameServers straight from the API server (a consistent
-    /// LIST), for decisions that cannot be undone.
+    /// Re-reads this node's pods straight from the API server (a consistent LIST), for
+    /// decisions that cannot be undone. Pods are what runs here: a match has a pod, a pod
+    /// the watches have not shown yet keeps the node busy (and gets its GameServer claimed),
+    /// and a GameServer without a pod on this node runs nothing here. One LIST, not two.
     async fn confirm(&mut self, watched: &Observed) -> Result<Observed, kube::Error> {
-        let client = self.actuator.client();
-        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(client.clone());
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::all(self.actuator.client());
         let lp =
             kube::api::ListParams::default().fields(&format!("spec.nodeName={}", self.node_name));
         let pods = pods
@@ -640,24 +645,9 @@ impl Reconciler {
             .iter()
             .filter_map(|p| PodView::from_pod(p).ok())
             .collect();
-        let gs_api: kube::Api<DynamicObject> =
-            kube::Api::all_with(client, &crate::observed::gameserver_resource());
-        let lp = kube::api::ListParams::default().labels(&format!(
-            "{}={}",
-            keys::LABEL_NODE,
-            keys::node_label_value(&self.node_name)
-        ));
-        let game_servers = gs_api
-            .list(&lp)
-            .await?
-            .items
-            .iter()
-            .filter_map(|o| GameServerView::from_dynamic(o).ok())
-            .filter(|g| g.node_name.as_deref().is_none_or(|n| n == self.node_name))
-            .collect();
         Ok(Observed {
             node: watched.node.clone(),
-            game_servers,
+            game_servers: watched.game_servers.clone(),
             pods,
         })
     }

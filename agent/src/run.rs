@@ -34,6 +34,9 @@ pub struct Overrides {
     pub gamelift: Option<aws_sdk_gamelift::Client>,
     /// Receives the bound admin address (when listening on port 0).
     pub bound: Option<tokio::sync::oneshot::Sender<std::net::SocketAddr>>,
+    /// Sources registered in-process, after [`sources::REGISTRY`]'s: a source added by a
+    /// test or an embedder is its module plus one line here.
+    pub sources: Vec<sources::Registered>,
 }
 
 /// How long shutdown may take before remaining tasks are abandoned (SIGTERM → exit < 5 s).
@@ -96,7 +99,13 @@ pub async fn run(
         view: view_rx.clone(),
         instance_id: iid_rx.clone(),
     });
+    let registry: Vec<sources::Registered> = sources::REGISTRY
+        .iter()
+        .chain(overrides.sources.iter())
+        .copied()
+        .collect();
     let (board, source_tasks) = sources::start_all(
+        &registry,
         |out| sources::SourceContext {
             config: shared_config.clone(),
             metrics: metrics.clone(),
@@ -201,7 +210,7 @@ pub async fn run(
     }
 
     if config.deregister_on_exit && failure.is_none() {
-        match tokio::time::timeout(SHUTDOWN_GRACE, actuator.deregister_on_exit()).await {
+        match tokio::time::timeout(SHUTDOWN_GRACE, actuator.fleetiq().deregister_on_exit()).await {
             Ok(Ok(true)) => info!(message = "deregistered on exit (--deregister-on-exit)"),
             Ok(Ok(false)) => info!(message = "deregister on exit: nothing to do"),
             Ok(Err(e)) => warn!(message = "deregister on exit failed", error = %e),
@@ -302,14 +311,14 @@ impl FleetIqTask {
             .clone()
             .unwrap_or_else(|| iid.clone());
         let gl = GameLift::new(sdk, group, gsid, iid.clone(), self.metrics.clone());
-        self.actuator.set_gamelift(gl.clone());
+        self.actuator.fleetiq().connect(gl.clone());
 
         let mut tasks = JoinSet::new();
         let nodes: kube::Api<Node> = kube::Api::all(self.client.clone());
         let a = self.actuator.clone();
         let (s, node_name) = (stop.clone(), self.config.node_name.clone());
         let heartbeat = lifecycle::heartbeat_loop(
-            self.actuator.clone(),
+            self.actuator.fleetiq().clone(),
             self.config.heartbeat_interval,
             self.config.failure_threshold,
             self.metrics.clone(),

@@ -36,12 +36,23 @@ impl InProcessAgent {
         kube: kube::Config,
         gamelift: Option<aws_sdk_gamelift::Client>,
     ) -> anyhow::Result<Self> {
+        Self::start_with_sources(config, kube, gamelift, vec![]).await
+    }
+
+    /// As [`Self::start`], with sources registered in-process after the built-in ones.
+    pub async fn start_with_sources(
+        config: Config,
+        kube: kube::Config,
+        gamelift: Option<aws_sdk_gamelift::Client>,
+        sources: Vec<lastcall_agent::sources::Registered>,
+    ) -> anyhow::Result<Self> {
         let shutdown = CancellationToken::new();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let overrides = Overrides {
             kube: Some(kube),
             gamelift,
             bound: Some(tx),
+            sources,
         };
         let handle = tokio::spawn(run(config, overrides, shutdown.clone()));
         let admin = rx

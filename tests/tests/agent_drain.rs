@@ -121,24 +121,44 @@ async fn draining_fences_releases_protects_and_deregisters_once() {
         metric(&m, "lastcall_drain_phase", &[("phase", "deregistered")]),
         Some(1.0)
     );
-    // Events were published on the Node.
-    let reasons: BTreeSet<String> = w
+    // Events were published on the Node: one per pass, each telling its steps.
+    let events: Vec<(String, String)> = w
         .cluster
         .store()
         .list(&lastcall_testkit::kube::resources::EVENTS_K8S, None)
         .0
         .iter()
-        .filter_map(|e| e.get("reason").and_then(|r| r.as_str()).map(str::to_string))
+        .filter(|e| e.pointer("/regarding/kind").and_then(|k| k.as_str()) == Some("Node"))
+        .filter_map(|e| {
+            Some((
+                e.get("reason")?.as_str()?.to_string(),
+                e.get("note")?.as_str()?.to_string(),
+            ))
+        })
         .collect();
-    for r in [
-        "DrainStarted",
-        "NodeFenced",
-        "GameServerReleased",
-        "GameServerProtected",
-        "Deregistered",
+    let note_of = |reason: &str| {
+        events
+            .iter()
+            .find(|(r, _)| r == reason)
+            .map(|(_, n)| n.clone())
+            .unwrap_or_else(|| panic!("missing Event {reason}: {events:?}"))
+    };
+    let started = note_of("DrainStarted");
+    for want in [
+        "viability (fleetiq)",
+        "Cordoned and tainted",
+        "Released 3 idle game server(s)",
+        "Protecting 3 game server(s) in use (viability)",
     ] {
-        assert!(reasons.contains(r), "missing Event {r}: {reasons:?}");
+        assert!(started.contains(want), "{want:?} not in {started:?}");
     }
+    for (name, _) in &in_use {
+        assert!(
+            started.contains(name.as_str()),
+            "{name} not named in {started:?}"
+        );
+    }
+    assert!(note_of("Deregistered").contains("deregistered from FleetIQ"));
     agent.stop().await.unwrap();
     assert_eq!(
         w.gl.count("DeregisterGameServer"),

@@ -70,6 +70,7 @@ async fn failed_deletes_leave_ready_servers_labelled_and_are_retried_with_backof
     let agent = w.agent(&[]).await;
     subscribed(&agent).await;
     w.claimed_all().await;
+    let in_use = w.allocated().name;
     w.cluster.emulator().faults().inject(FaultRule::status(
         Some(Method::DELETE),
         "/gameservers/",
@@ -115,21 +116,40 @@ async fn failed_deletes_leave_ready_servers_labelled_and_are_retried_with_backof
     // The faults are cleared as soon as the labels are seen; some DELETEs may not have been
     // sent by then.
     assert!(failed >= 1, "the deletes did fail meanwhile");
-    // The labels came before any DELETE: within one round trip of the fence.
+    // One write per server while the API is healthy: a label only follows a failed DELETE
+    // of that same server, as the next write to it.
     let entries = j.filter(|r| r.identity.as_deref() == Some("agent-n1"));
     let fence = entries
         .iter()
         .position(|r| r.verb == Verb::Patch && r.resource.as_deref() == Some("nodes"))
         .expect("fence");
-    let first_delete = entries
+    let after = &entries[fence + 1..];
+    let labels: Vec<usize> = after
         .iter()
-        .position(|r| r.verb == Verb::Delete)
-        .expect("a delete");
-    let labels_between = entries[fence + 1..first_delete]
-        .iter()
-        .filter(|r| r.verb == Verb::Patch && r.resource.as_deref() == Some("gameservers"))
-        .count();
-    assert!(labels_between >= 1, "{entries:#?}");
+        .enumerate()
+        .filter(|(_, r)| {
+            r.verb == Verb::Patch
+                && r.resource.as_deref() == Some("gameservers")
+                && r.name.as_deref() != Some(in_use.as_str())
+        })
+        .map(|(i, _)| i)
+        .collect();
+    assert!(!labels.is_empty(), "{entries:#?}");
+    for i in labels {
+        let name = &after[i].name;
+        let previous = after[..i]
+            .iter()
+            .rev()
+            .find(|r| r.resource.as_deref() == Some("gameservers") && &r.name == name)
+            .unwrap_or_else(|| {
+                panic!("a label of {name:?} with no DELETE before it: {entries:#?}")
+            });
+        assert_eq!(
+            (previous.verb.as_str(), previous.status),
+            ("delete", 503),
+            "{name:?} was labelled without a failed DELETE before it"
+        );
+    }
     agent.stop().await.unwrap();
 }
 
@@ -378,9 +398,10 @@ async fn a_crash_between_deregistration_and_its_mark_never_deregisters_twice() {
     .await;
     w.gl.set_latency(Duration::from_millis(400));
     w.status(Status::Draining).await;
-    wait_for("intent recorded", || async {
-        annotation(&w.node().await, "lastcall.dev/deregistering").map(|_| ())
-    })
+    wait_for(
+        "deregistration under way (GameLift asked first)",
+        || async { (w.gl.count("DescribeGameServer") >= 1).then_some(()) },
+    )
     .await;
     // The mark that would follow the call never lands.
     w.cluster.emulator().faults().inject(FaultRule::status(
@@ -405,8 +426,9 @@ async fn a_crash_between_deregistration_and_its_mark_never_deregisters_twice() {
     .await;
     assert_eq!(w.gl.count("DeregisterGameServer"), 1, "{:?}", w.gl.calls());
     assert!(
-        w.gl.count("DescribeGameServer") >= 1,
-        "checked before calling again"
+        w.gl.count("DescribeGameServer") >= 2,
+        "checked before calling again: {:?}",
+        w.gl.calls()
     );
     agent.stop().await.unwrap();
 }

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::gamelift::GameLiftError;
+use super::integration::FleetIq;
 use crate::actuator::Actuator;
 use crate::keys;
 use crate::metrics::{Metrics, ResultLabel};
@@ -31,7 +32,7 @@ pub const HEALTH_REGISTRATION: &str = "fleetiq_registration";
 async fn retry<F, Fut>(
     what: &str,
     shutdown: &CancellationToken,
-    stop: &AtomicBool,
+    fleetiq: &FleetIq,
     mut f: F,
 ) -> Option<()>
 where
@@ -40,7 +41,7 @@ where
 {
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(60));
     loop {
-        if stop.load(Ordering::SeqCst) {
+        if fleetiq.is_deregistered() {
             info!(
                 message = "deregistered meanwhile; start-up stops",
                 step = what
@@ -109,27 +110,27 @@ pub async fn start_up(
     let Some(progress) = read_progress(&nodes, node_name, shutdown).await else {
         return;
     };
+    let fleetiq = actuator.fleetiq();
     if progress.deregistered.is_some() {
-        actuator.deregistered_flag().store(true, Ordering::SeqCst);
+        fleetiq.deregistered_earlier();
         info!(message = "game server was deregistered earlier; not registering or heartbeating");
         return;
     }
-    let stop = actuator.deregistered_flag();
     if progress.is_draining() {
         info!(message = "node is draining; not registering or claiming again");
         return;
     }
     loop {
-        if retry("RegisterGameServer", shutdown, &stop, || {
-            actuator.gl_register()
+        if retry("RegisterGameServer", shutdown, fleetiq, || {
+            fleetiq.register()
         })
         .await
         .is_none()
         {
             return;
         }
-        if retry("UpdateGameServer HEALTHY", shutdown, &stop, || {
-            actuator.gl_heartbeat()
+        if retry("UpdateGameServer HEALTHY", shutdown, fleetiq, || {
+            fleetiq.heartbeat()
         })
         .await
         .is_none()
@@ -137,9 +138,9 @@ pub async fn start_up(
             return;
         }
         // Claim can say NotFound if registration was lost meanwhile: start over.
-        let lost = std::sync::atomic::AtomicBool::new(false);
-        let claimed = retry("ClaimGameServer", shutdown, &stop, || {
-            let f = actuator.gl_claim();
+        let lost = AtomicBool::new(false);
+        let claimed = retry("ClaimGameServer", shutdown, fleetiq, || {
+            let f = fleetiq.claim();
             let lost = &lost;
             async move {
                 match f.await {
@@ -161,8 +162,8 @@ pub async fn start_up(
         }
         warn!(message = "game server not found while claiming; registering again");
     }
-    if retry("UpdateGameServer UTILIZED", shutdown, &stop, || {
-        actuator.gl_utilized()
+    if retry("UpdateGameServer UTILIZED", shutdown, fleetiq, || {
+        fleetiq.utilized()
     })
     .await
     .is_none()
@@ -180,14 +181,13 @@ pub async fn start_up(
 
 /// HEALTHY every `interval` until shutdown or deregistration.
 pub async fn heartbeat_loop(
-    actuator: Actuator,
+    fleetiq: FleetIq,
     interval: Duration,
     failure_threshold: u32,
     metrics: Metrics,
     health: Health,
     shutdown: CancellationToken,
 ) {
-    let stop = actuator.deregistered_flag();
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failures = 0u32;
@@ -197,12 +197,12 @@ pub async fn heartbeat_loop(
             () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if stop.load(Ordering::SeqCst) {
+        if fleetiq.is_deregistered() {
             health.set(HEALTH_HEARTBEAT, true, "deregistered; heartbeats stopped");
             info!(message = "deregistered; heartbeats stop");
             return;
         }
-        let result = actuator.gl_heartbeat().await;
+        let result = fleetiq.heartbeat().await;
         if matches!(result, Err(GameLiftError::Deregistered)) {
             health.set(HEALTH_HEARTBEAT, true, "deregistered; heartbeats stopped");
             info!(message = "deregistered; heartbeats stop");

@@ -3,6 +3,7 @@
 
 pub mod gamelift;
 pub mod imds;
+pub mod integration;
 pub mod lifecycle;
 pub mod source;
 pub mod view;

@@ -300,10 +300,7 @@ fn draining_fences_first_then_releases_ready_and_protects_in_use() {
         .actions
         .iter()
         .filter_map(|a| match a {
-            Action::Release { gs, label_first } => {
-                assert!(label_first, "a Ready server is labelled before its delete");
-                Some(gs.name.as_str())
-            }
+            Action::Release { gs } => Some(gs.name.as_str()),
             _ => None,
         })
         .collect();
@@ -415,7 +412,7 @@ fn servers_stuck_before_ready_are_released_so_the_node_can_empty() {
         let o = observed(vec![gs("c1", state.clone())]);
         let p = run(&o, &[draining()], &cfg());
         assert!(
-            p.actions.iter().any(|a| matches!(a, Action::Release { gs, label_first: false } if gs.name == "c1" && gs.resource_version == "10")),
+            p.actions.iter().any(|a| matches!(a, Action::Release { gs } if gs.name == "c1" && gs.resource_version == "10")),
             "{state:?}: {:?}",
             p.actions
         );
@@ -824,7 +821,7 @@ fn a_fenced_node_releases_idle_servers_during_a_hold_and_after_deregistration() 
     assert!(
         held.actions
             .iter()
-            .any(|a| matches!(a, Action::Release { gs, label_first: true } if gs.name == "late")),
+            .any(|a| matches!(a, Action::Release { gs } if gs.name == "late")),
         "{:?}",
         held.actions
     );

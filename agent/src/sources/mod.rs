@@ -58,11 +58,14 @@ pub struct SourceContext {
 /// Starts a task source; `None` when it is not configured on this node.
 pub type StartTask = fn(SourceContext) -> Option<BoxFuture<'static, ()>>;
 
+#[derive(Clone, Copy)]
 pub enum Kind {
     Node(NodeSignal),
     Task(StartTask),
 }
 
+/// One registry line: a source's name and how it runs.
+#[derive(Clone, Copy)]
 pub struct Registered {
     pub source: Source,
     pub kind: Kind,
@@ -100,10 +103,10 @@ pub struct NoticeBoard {
 }
 
 impl NoticeBoard {
-    pub fn new(node_config: NodeSignalConfig) -> Self {
+    pub fn new(registry: &[Registered], node_config: NodeSignalConfig) -> Self {
         Self {
             tasks: vec![],
-            node_signals: REGISTRY
+            node_signals: registry
                 .iter()
                 .filter_map(|r| match r.kind {
                     Kind::Node(f) => Some((r.source, f)),
@@ -187,16 +190,18 @@ pub fn publish(out: &watch::Sender<Report>, report: Report) -> bool {
     })
 }
 
-/// Starts every configured task source and returns the board that reads them.
+/// Starts every configured task source of `registry` (normally [`REGISTRY`], plus any a
+/// test or an embedder registers in-process) and returns the board that reads them.
 pub fn start_all(
+    registry: &[Registered],
     make: impl Fn(watch::Sender<Report>) -> SourceContext,
     node_config: NodeSignalConfig,
     trigger: Arc<Notify>,
     shutdown: CancellationToken,
 ) -> (NoticeBoard, Vec<(Source, BoxFuture<'static, ()>)>) {
-    let mut board = NoticeBoard::new(node_config);
+    let mut board = NoticeBoard::new(registry, node_config);
     let mut tasks = vec![];
-    for r in REGISTRY {
+    for r in registry {
         if let Kind::Task(start) = r.kind {
             let (tx, rx) = watch::channel(Report::Unknown);
             if let Some(task) = start(make(tx)) {
