@@ -7,6 +7,7 @@
 pub mod actuator;
 pub mod config;
 pub mod drain_timing;
+pub mod eviction;
 pub mod fleetiq;
 pub mod keys;
 pub mod metrics;
