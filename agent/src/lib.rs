@@ -9,6 +9,7 @@ pub mod config;
 pub mod drain_events;
 pub mod drain_timing;
 pub mod dry_run;
+pub mod eviction;
 pub mod fleetiq;
 pub mod keys;
 pub mod metrics;

@@ -4,11 +4,14 @@
 //! explicit `Unknown` variants that policy treats conservatively.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint, Toleration};
 use kube::api::DynamicObject;
 use kube::discovery::ApiResource;
 
+use crate::eviction::EvictionSafe;
 use crate::keys;
 
 /// Agones' GameServer API, addressed dynamically so unknown fields never break parsing.
@@ -148,6 +151,8 @@ pub struct GameServerView {
     pub node_name: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
+    /// The `eviction.safe` Agones enforces (status, else spec; absent is `Never`).
+    pub eviction_safe: EvictionSafe,
 }
 
 impl GameServerView {
@@ -172,6 +177,7 @@ impl GameServerView {
             node_name: str_at("nodeName").map(str::to_string),
             labels: meta.labels.clone().unwrap_or_default(),
             annotations: meta.annotations.clone().unwrap_or_default(),
+            eviction_safe: EvictionSafe::of_gameserver(&obj.data),
         })
     }
 
@@ -193,7 +199,14 @@ pub struct PodView {
     pub gameserver: Option<String>,
     pub tolerations: Vec<Toleration>,
     pub deleting: bool,
+    /// When a terminating pod is killed: its `deletionTimestamp` (request + grace).
+    pub deletion_timestamp: Option<Timestamp>,
+    /// `spec.terminationGracePeriodSeconds`; Kubernetes' 30 s when absent or invalid.
+    pub termination_grace: Duration,
 }
+
+/// The grace period Kubernetes gives a pod that does not set one.
+pub const DEFAULT_TERMINATION_GRACE: Duration = Duration::from_secs(30);
 
 impl PodView {
     pub fn from_pod(pod: &Pod) -> Result<Self, ObserveError> {
@@ -224,6 +237,13 @@ impl PodView {
                 .and_then(|s| s.tolerations.clone())
                 .unwrap_or_default(),
             deleting: meta.deletion_timestamp.is_some(),
+            deletion_timestamp: meta.deletion_timestamp.as_ref().map(|t| t.0),
+            termination_grace: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
+                .and_then(|s| u64::try_from(s).ok())
+                .map_or(DEFAULT_TERMINATION_GRACE, Duration::from_secs),
         })
     }
 }

@@ -55,6 +55,7 @@ fn gs(name: &str, state: GsState) -> GameServerView {
         node_name: Some("n1".into()),
         labels,
         annotations: BTreeMap::new(),
+        eviction_safe: crate::eviction::EvictionSafe::Never,
     }
 }
 
@@ -66,6 +67,8 @@ fn pod_for(g: &GameServerView) -> PodView {
         gameserver: Some(g.name.clone()),
         tolerations: vec![],
         deleting: false,
+        deletion_timestamp: None,
+        termination_grace: crate::observed::DEFAULT_TERMINATION_GRACE,
     }
 }
 
