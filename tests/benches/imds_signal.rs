@@ -75,9 +75,10 @@ async fn round(i: usize) -> anyhow::Result<(Duration, Duration)> {
         Duration::from_secs(20),
         Duration::from_millis(10),
         || async {
-            let claimed = cluster.game_servers().iter().all(|g| {
-                g.labels.get("lastcall.dev/node").map(String::as_str) == Some("n1")
-            });
+            let claimed = cluster
+                .game_servers()
+                .iter()
+                .all(|g| g.labels.get("lastcall.dev/node").map(String::as_str) == Some("n1"));
             (claimed && imds.requests().len() >= 2).then_some(())
         },
     )

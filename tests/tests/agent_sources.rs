@@ -498,3 +498,56 @@ async fn maintenance_that_can_start_early_is_handed_back_once_only_when_asked() 
         agent.stop().await.unwrap();
     }
 }
+
+async fn label_n1(w: &World, value: Option<&str>) {
+    let nodes: Api<Node> = Api::all(w.cluster.client());
+    nodes
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &serde_json::json!({"metadata": {"labels": {"lastcall.dev/drain": value}}}),
+            ),
+        )
+        .await
+        .expect("label n1");
+}
+
+/// Scenario 8: the manual label drains the node; removing it mid-drain cancels the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manual_label_drains_and_removing_it_mid_drain_cancels() {
+    let w = World::start(WorldSpec::new(2, 1, 0).extra_nodes(&["n2"])).await;
+    let agent = w.start_agent(&[]).await;
+    w.claimed_all().await;
+    let keep = w.allocated();
+    label_n1(&w, Some("true")).await;
+    w.fenced_and_released(&keep).await;
+    assert_eq!(
+        w.allocated()
+            .annotations
+            .get("lastcall.dev/drain-reason")
+            .map(String::as_str),
+        Some("manual")
+    );
+    // Mid-drain: the match is still running when the operator changes their mind.
+    label_n1(&w, None).await;
+    wait_for("drain cancelled and the node restored", || async {
+        let n = w.node().await;
+        let g = w.allocated();
+        (!cordoned(&n)
+            && !has_taint(&n, "lastcall.dev/draining")
+            && !g.annotations.contains_key("lastcall.dev/drain-deadline")
+            && !g.labels.contains_key("lastcall.dev/node-draining"))
+        .then_some(())
+    })
+    .await;
+    let g = w.allocated();
+    assert_eq!(g.uid, keep.uid, "the match ran on");
+    assert!(!g.deleting);
+    let m = agent.metrics().await;
+    assert_eq!(
+        metric(&m, "lastcall_drain_phase", &[("phase", "idle")]),
+        Some(1.0)
+    );
+    agent.stop().await.unwrap();
+}
