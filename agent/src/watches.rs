@@ -68,6 +68,34 @@ where
     })
 }
 
+// The caches keep only what `observed` reads: a Node's status (its image list alone can be
+// tens of kB), a pod's containers and volumes, a GameServer's pod template and every object's
+// managed fields would otherwise be most of the agent's memory, for nothing.
+
+fn slim_node(n: &mut Node) {
+    n.metadata.managed_fields = None;
+    n.status = None;
+}
+
+fn slim_pod(p: &mut Pod) {
+    p.metadata.managed_fields = None;
+    p.status = None;
+    if let Some(spec) = p.spec.as_mut() {
+        spec.containers = Vec::new();
+        spec.init_containers = None;
+        spec.ephemeral_containers = None;
+        spec.volumes = None;
+        spec.affinity = None;
+    }
+}
+
+fn slim_gameserver(o: &mut DynamicObject) {
+    o.metadata.managed_fields = None;
+    if let Some(spec) = o.data.get_mut("spec").and_then(|s| s.as_object_mut()) {
+        spec.remove("template");
+    }
+}
+
 /// Starts the three watches; every change pokes `trigger`.
 pub fn spawn(
     client: kube::Client,
@@ -84,6 +112,7 @@ pub fn spawn(
         watcher::Config::default().fields(&format!("metadata.name={node_name}")),
     )
     .default_backoff()
+    .modify(slim_node)
     .reflect(w);
     handles.push(drive(
         s,
@@ -100,6 +129,7 @@ pub fn spawn(
         watcher::Config::default().fields(&format!("spec.nodeName={node_name}")),
     )
     .default_backoff()
+    .modify(slim_pod)
     .reflect(w);
     handles.push(drive(
         s,
@@ -122,6 +152,7 @@ pub fn spawn(
         )),
     )
     .default_backoff()
+    .modify(slim_gameserver)
     .reflect(w);
     handles.push(drive(s, "gameserver", trigger, metrics, shutdown));
 
@@ -133,4 +164,47 @@ pub fn spawn(
         },
         handles,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observed::{GameServerView, PodView};
+
+    #[test]
+    fn slimming_keeps_everything_observed_reads() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "default", "resourceVersion": "7",
+                "labels": {"agones.dev/role": "gameserver", "agones.dev/gameserver": "gs"},
+                "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"nodeName": "n1", "terminationGracePeriodSeconds": 90,
+                "tolerations": [{"key": "k", "operator": "Exists"}],
+                "containers": [{"name": "game", "image": "x"}]},
+            "status": {"phase": "Running"}
+        }))
+        .expect("pod");
+        let mut slim = pod.clone();
+        slim_pod(&mut slim);
+        assert!(slim.status.is_none() && slim.metadata.managed_fields.is_none());
+        assert_eq!(
+            PodView::from_pod(&slim).expect("view"),
+            PodView::from_pod(&pod).expect("view")
+        );
+
+        let gs: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "agones.dev/v1", "kind": "GameServer",
+            "metadata": {"name": "gs", "namespace": "default", "uid": "u", "resourceVersion": "3",
+                "labels": {"lastcall.dev/node": "n1"}, "managedFields": [{"manager": "agones"}]},
+            "spec": {"eviction": {"safe": "OnUpgrade"}, "template": {"spec": {"containers": []}}},
+            "status": {"state": "Allocated", "nodeName": "n1", "eviction": {"safe": "OnUpgrade"}}
+        }))
+        .expect("gs");
+        let mut slim = gs.clone();
+        slim_gameserver(&mut slim);
+        assert!(slim.data["spec"].get("template").is_none());
+        assert_eq!(
+            GameServerView::from_dynamic(&slim).expect("view"),
+            GameServerView::from_dynamic(&gs).expect("view")
+        );
+    }
 }

@@ -43,6 +43,8 @@ use lastcall_testkit::cluster::{
     GameServerView, NodeSpec,
 };
 use lastcall_testkit::gamelift::{GameLiftEmulator, InstanceStatus};
+use lastcall_testkit::gce::GceMetadataEmulator;
+use lastcall_testkit::imds::ImdsEmulator;
 use lastcall_testkit::kube::resources::GAMESERVERS;
 use lastcall_testkit::kube::{Store, Traffic, Verb};
 use lastcall_testkit::redis::RedisServer;
@@ -1512,6 +1514,11 @@ async fn bench_memory() -> anyhow::Result<()> {
     gl.add_instances(GROUP, &[iid_of("m1")], InstanceStatus::Active);
     let redis = RedisServer::start().await?;
     let mut publisher = Publisher::new(&redis).await?;
+    // Every source on: FleetIQ (Redis + GameLift), GCE metadata, AWS IMDS, the Node signals.
+    let gce = GceMetadataEmulator::start().await?;
+    let gce_url = gce.url();
+    let imds = ImdsEmulator::start(&iid_of("m1"), "ip-10-0-0-1.ec2.internal").await?;
+    let imds_url = imds.url();
     let kubeconfig = dir.path().join("agent.kubeconfig");
     cluster
         .emulator()
@@ -1541,6 +1548,12 @@ async fn bench_memory() -> anyhow::Result<()> {
             &gl_url,
             "--aws-region",
             "us-west-2",
+            "--gce-metadata",
+            "--gce-metadata-endpoint",
+            &gce_url,
+            "--aws-imds",
+            "--imds-endpoint",
+            &imds_url,
         ],
     )
     .spawn()?;
