@@ -412,6 +412,52 @@ impl Actuator {
         }
     }
 
+    /// Starts a game-server pod's own graceful termination: a `policy/v1` Eviction posted by
+    /// hand (kube 5's `evict` drops delete options), preconditioned on the pod's uid, with no
+    /// grace override, so the game gets SIGTERM and its whole grace period. A PDB refusal
+    /// (429: Agones' 0% budget for `Never`) falls back to a preconditioned DELETE, which
+    /// starts the same graceful termination: the node dies at the deadline whatever the
+    /// budget says, and policy only asks when ending is permitted. `Ok(false)`: gone already.
+    pub async fn end_gracefully(&self, ns: &str, pod: &str, uid: &str) -> Result<bool, ActError> {
+        if self.skip(
+            "end_gracefully",
+            format!("POST pods/{ns}/{pod}/eviction preconditions uid={uid}"),
+        ) {
+            return Ok(true);
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let eviction = json!({
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": ns},
+            "deleteOptions": {"preconditions": {"uid": uid}}
+        });
+        let pp = kube::api::PostParams::default();
+        match pods
+            .create_subresource::<Value, Value>("eviction", pod, &pp, &eviction)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+            Err(kube::Error::Api(s)) if s.code == 429 => {
+                warn!(message = "eviction refused by a PodDisruptionBudget; deleting the pod gracefully, as the node dies at the deadline anyway", namespace = %ns, pod = %pod);
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: Some(uid.to_string()),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match pods.delete(pod, &dp).await {
+                    Ok(_) => Ok(true),
+                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Compat mode: adds the original draining toleration, guarded by the pod's resourceVersion.
     pub async fn tolerate(
         &self,

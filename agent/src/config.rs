@@ -168,6 +168,14 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_DRAIN_ON_FOREIGN_CORDON")]
     pub drain_on_foreign_cordon: bool,
 
+    /// At a Terminate deadline, also end gracefully the matches whose `eviction.safe` does
+    /// not permit it (`Never`, or `OnUpgrade` under an autoscaler): their pods get SIGTERM
+    /// at `deadline − terminationGracePeriodSeconds`, so the game has its whole grace
+    /// period instead of dying with the VM. Off: lastcall never ends such a match; it warns
+    /// (`MatchesAtRisk` Event, `lastcall_matches_at_risk`).
+    #[arg(long, env = "LASTCALL_GRACEFUL_TERMINATION")]
+    pub graceful_termination: bool,
+
     /// Ready game servers deleted at once while releasing.
     #[arg(long, env = "LASTCALL_RELEASE_CONCURRENCY", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub release_concurrency: u32,

@@ -26,6 +26,8 @@ pub struct PassLog {
     /// Servers that got (or had moved) their deadline, with it and the reason.
     pub protected: Vec<String>,
     pub deadline: Option<(String, String)>,
+    /// Game-server pods whose graceful termination lastcall started before a deadline.
+    pub ended: Vec<String>,
     pub deregistered: bool,
 }
 
@@ -37,9 +39,11 @@ pub const REASONS: &[&str] = &[
     "GameServersReleased",
     "GameServersProtected",
     "ReleaseSkipped",
+    "MatchesEnded",
     "Deregistered",
     // Policy's warnings (`policy::Warning`), sent once per process.
     "CompatTaintSkipped",
+    "MatchesAtRisk",
 ];
 
 fn names(list: &[String]) -> String {
@@ -100,6 +104,14 @@ impl PassLog {
                 "Protecting {} game server(s) in use{until}: {}.",
                 self.protected.len(),
                 names(&self.protected)
+            ));
+        }
+        if !self.ended.is_empty() {
+            reason.get_or_insert("MatchesEnded");
+            parts.push(format!(
+                "Started the graceful termination of {} match(es) so each gets its whole grace period before the node's deadline: {}.",
+                self.ended.len(),
+                names(&self.ended)
             ));
         }
         if !self.skipped.is_empty() {

@@ -66,6 +66,7 @@ pub struct SourceLabel {
 pub struct Metrics {
     pub signals: Family<SourceStatus, Counter>,
     pub notices: Family<NoticeLabels, Gauge>,
+    pub matches_at_risk: Gauge,
     pub signals_rejected: Family<SourceReason, Counter>,
     pub phase: Family<PhaseLabel, Gauge>,
     pub game_servers: Family<StateLabel, Gauge>,
@@ -97,6 +98,7 @@ impl Metrics {
         let m = Self {
             signals: Family::default(),
             notices: Family::default(),
+            matches_at_risk: Gauge::default(),
             signals_rejected: Family::default(),
             phase: Family::default(),
             game_servers: Family::default(),
@@ -200,6 +202,11 @@ impl Metrics {
             "source_notices",
             "Notices each source currently gives, by source, cause and severity (merged into one drain per node)",
             m.notices.clone(),
+        );
+        r.register(
+            "matches_at_risk",
+            "In-use game servers whose match may not end before the node's Terminate deadline and that lastcall may not end early (eviction.safe)",
+            m.matches_at_risk.clone(),
         );
         r.register(
             "source_up",

@@ -194,6 +194,8 @@ impl GameServerView {
 pub struct PodView {
     pub namespace: String,
     pub name: String,
+    /// Preconditions a graceful termination on exactly this pod.
+    pub uid: String,
     pub resource_version: String,
     /// The GameServer this pod runs, when it is an Agones game-server pod.
     pub gameserver: Option<String>,
@@ -220,6 +222,7 @@ impl PodView {
         Ok(Self {
             namespace: meta.namespace.clone().ok_or(missing("namespace"))?,
             name: meta.name.clone().ok_or(missing("name"))?,
+            uid: meta.uid.clone().unwrap_or_default(),
             resource_version: meta
                 .resource_version
                 .clone()

@@ -11,6 +11,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Taint, Toleration};
 
+use crate::eviction::{self, EvictionConfig, Pressure, Subject, Verdict};
 use crate::keys;
 use crate::notice::{Cause, Notice, Source};
 use crate::observed::{GameServerView, GsState, Observed};
@@ -28,6 +29,9 @@ pub struct PolicyConfig {
     pub deregister_settle: Duration,
     /// Ask GKE to start pending maintenance early once the node is empty.
     pub hand_back: bool,
+    /// Hard deadlines: also end gracefully the matches whose `eviction.safe` does not permit
+    /// it, at `deadline − terminationGracePeriodSeconds` (see `eviction`).
+    pub eviction: EvictionConfig,
 }
 
 pub struct Inputs<'a> {
@@ -159,6 +163,16 @@ pub enum Action {
     },
     /// Remove lastcall's drain label and annotations from a GameServer.
     Unprotect { gs: GsRef },
+    /// Start a game-server pod's own graceful termination (SIGTERM, then its full grace
+    /// period) because the node dies at a Terminate deadline and `eviction.safe` (or the
+    /// operator) permits ending the match: the Eviction API, preconditioned on the pod's
+    /// uid. A PDB refusal (Agones' 0% budget for `Never`) falls back to a preconditioned
+    /// pod DELETE: the VM takes the pod at the deadline whatever the budget says.
+    EndGracefully {
+        namespace: String,
+        pod: String,
+        uid: String,
+    },
     /// Compat mode: add the original draining toleration to an in-use GameServer's pod.
     Tolerate {
         namespace: String,
@@ -179,6 +193,7 @@ impl Action {
             Self::Protect { .. } => "protect",
             Self::Unprotect { .. } => "unprotect",
             Self::Tolerate { .. } => "tolerate",
+            Self::EndGracefully { .. } => "end_gracefully",
             Self::Deregister => "deregister",
         }
     }
@@ -196,6 +211,9 @@ pub struct Plan {
     pub wake_at: Option<Timestamp>,
     /// What lastcall chose not to do, for the operator (Warning Events, once each).
     pub warnings: Vec<Warning>,
+    /// In-use servers whose match may not end before the Terminate deadline (the "matches
+    /// at risk" gauge).
+    pub at_risk: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -244,6 +262,7 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         driver: driver.clone(),
         wake_at: None,
         warnings: vec![],
+        at_risk: 0,
     };
     // A game-server pod whose GameServer we cannot see yet may host a match: until it is
     // claimed and seen, the node is not empty and nothing may be tainted NoExecute.
@@ -259,7 +278,16 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         }
         if fenced {
             let (deadline, reason) = announced(inp, &progress, driver.as_ref());
-            game_server_work(inp, &deadline, &reason, unseen_servers, &mut out.actions);
+            let p = pressure(&progress, driver.as_ref());
+            let work = game_server_work(
+                inp,
+                &deadline,
+                &reason,
+                p.as_ref(),
+                unseen_servers,
+                &mut out.actions,
+            );
+            note_work(&work, &deadline, &mut out);
         }
         Phase::Deregistered
     } else if let Some(n) = &driver {
@@ -269,7 +297,16 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         // drain exactly as it is, but keep the node from taking new matches.
         if fenced {
             let (deadline, reason) = announced(inp, &progress, None);
-            game_server_work(inp, &deadline, &reason, unseen_servers, &mut out.actions);
+            let p = pressure(&progress, None);
+            let work = game_server_work(
+                inp,
+                &deadline,
+                &reason,
+                p.as_ref(),
+                unseen_servers,
+                &mut out.actions,
+            );
+            note_work(&work, &deadline, &mut out);
         }
         Phase::Draining
     } else if progress.started.is_some() {
@@ -287,7 +324,28 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
             Phase::Idle
         }
     };
+    remove_terminating_from_allocation(inp, &mut out.actions);
     out
+}
+
+/// A Ready (or not yet Ready) GameServer whose pod is already terminating (SIGTERM'd while
+/// starting, evicted, its node going) is deleted with its preconditions at once, in every
+/// phase: Agones would still hand it to an allocator, and the match would start on a pod
+/// that is dying.
+fn remove_terminating_from_allocation(inp: &Inputs<'_>, actions: &mut Vec<Action>) {
+    let obs = inp.observed;
+    for gs in &obs.game_servers {
+        let pod = obs.pods.iter().find(|p| {
+            p.namespace == gs.namespace && p.gameserver.as_deref() == Some(gs.name.as_str())
+        });
+        let v = eviction::verdict(&Subject::of(gs, pod), None, &inp.config.eviction, inp.now);
+        let planned = actions
+            .iter()
+            .any(|a| matches!(a, Action::Release { gs: g } if g.uid == gs.uid));
+        if v == Verdict::RemoveFromAllocation && !planned {
+            actions.push(Action::Release { gs: GsRef::of(gs) });
+        }
+    }
 }
 
 /// A restarted agent holds a drain while the source that started it is unknown. Other
@@ -448,6 +506,46 @@ struct Work {
     busy: bool,
     /// Every in-use pod tolerates the compat draining taint.
     all_in_use_tolerate: bool,
+    /// In-use servers whose match may not end before the Terminate deadline.
+    at_risk: usize,
+    /// The earliest graceful termination still to start.
+    wake_at: Option<Timestamp>,
+}
+
+/// What presses on the node for hard deadlines: the driving notice (or, while a drain is
+/// held, the recorded one), with the deadline tightened by the record's. Never the
+/// configured default deadline: an invented deadline must not end a match.
+fn pressure(progress: &Progress, driver: Option<&Notice>) -> Option<Pressure> {
+    let recorded = match &progress.record {
+        Recorded::Valid(r) => Some(r.as_notice()),
+        _ => None,
+    };
+    let notice = driver.or(recorded.as_ref())?;
+    let mut p = Pressure::of(notice);
+    if let Some(r) = &recorded
+        && let Some(d) = r.deadline
+        && r.severity == notice.severity
+    {
+        p.deadline = Some(p.deadline.map_or(d, |x| x.min(d)));
+    }
+    Some(p)
+}
+
+/// Folds a plan's game-server work into it: the gauge, the warning, the wake-up.
+fn note_work(work: &Work, deadline: &str, out: &mut Plan) {
+    out.at_risk = work.at_risk;
+    if work.at_risk > 0 {
+        out.warnings.push(Warning {
+            reason: "MatchesAtRisk",
+            note: format!(
+                "{} match(es) in use may not end before the node goes at {deadline}; eviction.safe does not let lastcall end them early (see docs/eviction.md)",
+                work.at_risk
+            ),
+        });
+    }
+    if let Some(at) = work.wake_at {
+        out.wake_at = Some(out.wake_at.map_or(at, |w| w.min(at)));
+    }
 }
 
 /// Releases idle and not-yet-ready servers, and labels and protects in-use ones.
@@ -457,19 +555,28 @@ fn game_server_work(
     inp: &Inputs<'_>,
     deadline: &str,
     reason: &str,
+    pressure: Option<&Pressure>,
     unseen_servers: usize,
     actions: &mut Vec<Action>,
 ) -> Work {
     let obs = inp.observed;
     let mut busy = unseen_servers > 0;
     let mut all_in_use_tolerate = unseen_servers == 0;
+    let mut at_risk = 0;
+    let mut wake_at: Option<Timestamp> = None;
     let mut releases = vec![];
     let mut in_use = vec![];
+    let mut endings = vec![];
     let pods: BTreeMap<(&str, &str), &crate::observed::PodView> = obs
         .pods
         .iter()
         .map(|p| ((p.namespace.as_str(), p.name.as_str()), p))
         .collect();
+    let pod_of = |gs: &crate::observed::GameServerView| {
+        obs.pods.iter().find(|p| {
+            p.namespace == gs.namespace && p.gameserver.as_deref() == Some(gs.name.as_str())
+        })
+    };
     let compat_draining = taint(keys::COMPAT_TAINT_DRAINING, "true", "NoExecute");
     for gs in &obs.game_servers {
         if gs.deleting
@@ -505,6 +612,25 @@ fn game_server_work(
                     reason: reason.to_string(),
                 });
             }
+            let pod = pod_of(gs);
+            let v = eviction::verdict(
+                &Subject::of(gs, pod),
+                pressure,
+                &inp.config.eviction,
+                inp.now,
+            );
+            at_risk += usize::from(v.at_risk());
+            if let (Verdict::EndGracefully { at, .. }, Some(pod)) = (v, pod) {
+                if at <= inp.now {
+                    endings.push(Action::EndGracefully {
+                        namespace: pod.namespace.clone(),
+                        pod: pod.name.clone(),
+                        uid: pod.uid.clone(),
+                    });
+                } else {
+                    wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
+                }
+            }
             if inp.config.compat_taints {
                 match pods.get(&(gs.namespace.as_str(), gs.name.as_str())) {
                     Some(pod) if !tolerates(&pod.tolerations, &compat_draining) => {
@@ -529,9 +655,13 @@ fn game_server_work(
     }
     actions.extend(releases);
     actions.extend(in_use);
+    // After the protect writes, so the game has read its deadline when SIGTERM comes.
+    actions.extend(endings);
     Work {
         busy,
         all_in_use_tolerate,
+        at_risk,
+        wake_at,
     }
 }
 
@@ -549,7 +679,16 @@ fn drain(
         out.actions.push(Action::PatchNode(p));
     }
     let (deadline, reason) = announced(inp, progress, Some(driver));
-    let work = game_server_work(inp, &deadline, &reason, unseen_servers, &mut out.actions);
+    let p = pressure(progress, Some(driver));
+    let work = game_server_work(
+        inp,
+        &deadline,
+        &reason,
+        p.as_ref(),
+        unseen_servers,
+        &mut out.actions,
+    );
+    note_work(&work, &deadline, out);
 
     if inp.config.compat_taints
         && !fencing

@@ -257,6 +257,7 @@ impl Reconciler {
     }
 
     fn record_gauges(&mut self, plan: &Plan, observed: &Observed) {
+        self.metrics.matches_at_risk.set(plan.at_risk as i64);
         for p in Phase::ALL {
             let v = i64::from(p == plan.phase);
             self.metrics
@@ -552,6 +553,18 @@ impl Reconciler {
                 a.tolerate(namespace, pod, resource_version, has)
                     .await
                     .map(|()| true)
+            }
+            Action::EndGracefully {
+                namespace,
+                pod,
+                uid,
+            } => {
+                let started = a.end_gracefully(namespace, pod, uid).await?;
+                if started {
+                    info!(message = "started a match's graceful termination before the node's deadline", namespace = %namespace, pod = %pod);
+                    log.ended.push(format!("{namespace}/{pod}"));
+                }
+                Ok(started)
             }
             Action::Deregister => {
                 if let Some(n) = a.deregister().await? {

@@ -149,6 +149,9 @@ pub async fn run(
             default_deadline: config.drain_deadline,
             deregister_settle: config.deregister_settle,
             hand_back: config.gke_hand_back,
+            eviction: crate::eviction::EvictionConfig {
+                graceful_termination: config.graceful_termination,
+            },
         },
         config.release_concurrency as usize,
         config.resync_interval,

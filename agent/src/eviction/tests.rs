@@ -542,6 +542,7 @@ fn pod_of(gs: &GameServerView) -> PodView {
     PodView {
         namespace: gs.namespace.clone(),
         name: gs.name.clone(),
+        uid: format!("pod-{}", gs.uid),
         resource_version: "20".into(),
         gameserver: Some(gs.name.clone()),
         tolerations: vec![],

@@ -28,6 +28,7 @@ fn cfg() -> PolicyConfig {
         default_deadline: Duration::from_secs(600),
         deregister_settle: Duration::ZERO,
         hand_back: false,
+        eviction: Default::default(),
     }
 }
 
@@ -63,6 +64,7 @@ fn pod_for(g: &GameServerView) -> PodView {
     PodView {
         namespace: g.namespace.clone(),
         name: g.name.clone(),
+        uid: format!("pod-{}", g.uid),
         resource_version: "20".into(),
         gameserver: Some(g.name.clone()),
         tolerations: vec![],
@@ -195,6 +197,12 @@ fn simulate(obs: &Observed, actions: &[Action]) -> Observed {
             Action::Tolerate { pod, .. } => {
                 let p = o.pods.iter_mut().find(|p| &p.name == pod).unwrap();
                 p.tolerations.push(compat_toleration());
+            }
+            Action::EndGracefully { pod, uid, .. } => {
+                let p = o.pods.iter_mut().find(|p| &p.name == pod).unwrap();
+                assert_eq!(&p.uid, uid, "preconditioned on the pod's uid");
+                p.deleting = true;
+                p.deletion_timestamp = Some(now());
             }
             Action::Deregister => {
                 o.node
@@ -1091,4 +1099,111 @@ fn node_events_come_with_the_steps_that_cause_them() {
     );
     let (_, acts, _) = converge(&drained, &[], &cfg());
     assert_eq!(events(&acts), [NodeEvent::DrainCancelled]);
+}
+
+fn terminate_at(cause: Cause, deadline: Timestamp) -> Notice {
+    Notice::new(
+        fleetiq::SOURCE,
+        cause,
+        Severity::Terminate,
+        Some(deadline),
+        false,
+        String::new(),
+    )
+}
+
+/// Applies plans until nothing is left to do (the fence, then the game-server work).
+fn settle(mut o: Observed, notices: &[Notice], config: &PolicyConfig) -> (Observed, Plan) {
+    for _ in 0..5 {
+        let p = run(&o, notices, config);
+        if p.actions.is_empty() {
+            return (o, p);
+        }
+        o = simulate(&o, &p.actions);
+    }
+    panic!("did not settle");
+}
+
+#[test]
+fn a_terminate_deadline_ends_permitted_matches_at_deadline_minus_grace_and_warns_for_the_rest() {
+    let grace = crate::observed::DEFAULT_TERMINATION_GRACE.as_secs() as i64;
+    let mut always = gs("always", GsState::Allocated);
+    always.eviction_safe = crate::eviction::EvictionSafe::Always;
+    let never = gs("never", GsState::Allocated);
+    let o = observed(vec![always, never]);
+
+    // Far from the deadline: both protected, nothing ended yet, a wake-up at deadline − grace.
+    let deadline = now() + jiff::SignedDuration::from_secs(600);
+    let notice = terminate_at(Cause::Maintenance, deadline);
+    let (o, p) = settle(o, std::slice::from_ref(&notice), &cfg());
+    assert!(o.pods.iter().all(|p| !p.deleting), "nothing ended early");
+    assert_eq!(
+        p.wake_at,
+        Some(deadline - jiff::SignedDuration::from_secs(grace))
+    );
+    assert_eq!(p.at_risk, 1, "Never cannot be ended: at risk");
+    assert!(p.warnings.iter().any(|w| w.reason == "MatchesAtRisk"));
+
+    // Within the grace period of the deadline: the permitted one gets SIGTERM, after its
+    // deadline annotation; the Never one is still never touched.
+    let deadline = now() + jiff::SignedDuration::from_secs(grace - 5);
+    let notice = terminate_at(Cause::Maintenance, deadline);
+    let p = run(&o, std::slice::from_ref(&notice), &cfg());
+    let ended: Vec<&str> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::EndGracefully { pod, .. } => Some(pod.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ended, ["always"]);
+    let protect_at = p
+        .actions
+        .iter()
+        .position(|a| matches!(a, Action::Protect { gs, .. } if gs.name == "always"));
+    let end_at = p
+        .actions
+        .iter()
+        .position(|a| matches!(a, Action::EndGracefully { .. }));
+    assert!(protect_at < end_at, "{:?}", p.actions);
+
+    // OnUpgrade does not permit an autoscaler's scale-down, Never permits nothing; the
+    // operator's switch ends both gracefully.
+    let mut on_upgrade = gs("upgrade", GsState::Allocated);
+    on_upgrade.eviction_safe = crate::eviction::EvictionSafe::OnUpgrade;
+    let o = observed(vec![on_upgrade, gs("never", GsState::Allocated)]);
+    let soon = terminate_at(Cause::ScaleDown, deadline);
+    let (o2, p) = settle(o.clone(), std::slice::from_ref(&soon), &cfg());
+    assert!(o2.pods.iter().all(|p| !p.deleting), "{:?}", p.actions);
+    assert_eq!(p.at_risk, 2);
+    let mut opted = cfg();
+    opted.eviction.graceful_termination = true;
+    let (o3, p) = settle(o, std::slice::from_ref(&soon), &opted);
+    assert!(o3.pods.iter().all(|p| p.deleting), "{:?}", p.actions);
+    assert_eq!(p.at_risk, 0);
+}
+
+#[test]
+fn a_ready_server_whose_pod_is_terminating_is_released_even_without_a_drain() {
+    let mut o = observed(vec![
+        gs("dying", GsState::Ready),
+        gs("fine", GsState::Ready),
+    ]);
+    o.pods[0].deleting = true;
+    o.pods[0].deletion_timestamp = Some(now());
+    let p = run(&o, &[], &cfg());
+    assert_eq!(p.phase, Phase::Idle);
+    let released: Vec<&str> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Release { gs } => Some(gs.name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(released, ["dying"]);
+    // Once deleted, nothing more.
+    let o = simulate(&o, &p.actions);
+    assert!(run(&o, &[], &cfg()).actions.is_empty());
 }
