@@ -377,6 +377,25 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
     .await;
     dry.stop().await.unwrap();
 
+    // World 3: a Spot interruption (deadline 2 min) on a node whose match needs a 200 s
+    // grace period, with --graceful-termination: the match's graceful termination starts
+    // at once; Agones' PDB refuses the eviction of a `Never` pod, so the pod is deleted.
+    let w3 = World::start(WorldSpec::new(0, 1, 0).grace_seconds(200)).await;
+    let hard = w3.agent(&["--graceful-termination"]).await;
+    subscribed(&hard).await;
+    w3.claimed_all().await;
+    w3.status(Status::SpotTerminating).await;
+    wait_for("the match's pod is terminating", || async {
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::all(w3.cluster.client());
+        let list = pods.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|p| p.metadata.deletion_timestamp.is_some())
+            .then_some(())
+    })
+    .await;
+    hard.stop().await.unwrap();
+
     let agents = ["agent-n1", "agent-n2", "agent-n3"];
     let plain: BTreeSet<Permission> = used(&w.cluster.emulator().journal().entries(), &agents)
         .into_iter()
@@ -384,6 +403,7 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
             &w2.cluster.emulator().journal().entries(),
             &["agent-n2"],
         ))
+        .chain(used(&w3.cluster.emulator().journal().entries(), &agents))
         .collect();
     let all: BTreeSet<Permission> = plain
         .iter()
