@@ -1,0 +1,214 @@
+//! Hard deadlines end to end: `eviction.safe` × cause on an emulated node with a Terminate
+//! deadline, checked against the emulator's journal: which game-server pods got their
+//! graceful termination (SIGTERM), and when, relative to `deadline − grace` and the deadline.
+//!
+//! One node, three Allocated servers of three Fleets (`Never`, `OnUpgrade`, `Always`), a
+//! 2 s termination grace period, and a test-only source (`support/scripted.rs`) that says
+//! "Terminate at now + 5 s" with the cause under test. Markers in the journal (requests made
+//! by the test as `clock`) at `deadline − grace − 100 ms` and at the deadline order the
+//! agent's requests against those moments without reading clocks across processes.
+
+#[path = "support/scripted.rs"]
+mod scripted;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use lastcall_agent::notice::{Cause, Notice, Severity};
+use lastcall_testkit::agent::{InProcessAgent, config, metric};
+use lastcall_testkit::cluster::{
+    AllocationRequest, Cluster, ClusterConfig, EvictionSafe, FleetSpec, NodeSpec,
+};
+use lastcall_testkit::eventually::wait_for;
+use lastcall_testkit::kube::journal::{JournalEntry, Verb};
+
+const GRACE: i64 = 2;
+const LEAD: i64 = 5;
+
+struct Case {
+    cause: Cause,
+    graceful_termination: bool,
+    /// The Fleets whose match must get its graceful termination.
+    ended: &'static [&'static str],
+}
+
+/// The agent's requests that started a pod's graceful termination, by pod name.
+fn sigterms(entries: &[JournalEntry]) -> BTreeMap<String, Vec<&JournalEntry>> {
+    let mut out: BTreeMap<String, Vec<&JournalEntry>> = BTreeMap::new();
+    for e in entries.iter().filter(|e| {
+        e.identity.as_deref() == Some("agent-n1")
+            && e.resource.as_deref() == Some("pods")
+            && (e.subresource.as_deref() == Some("eviction") || e.verb == Verb::Delete)
+    }) {
+        out.entry(e.name.clone().unwrap_or_default())
+            .or_default()
+            .push(e);
+    }
+    out
+}
+
+/// A GET of a pod that does not exist: a request in the journal, and nothing else.
+async fn marker(clock: &Api<Pod>, name: &str) {
+    let _ = clock.get_opt(name).await;
+}
+
+async fn run(case: &Case) {
+    let cluster = Cluster::start(ClusterConfig::default())
+        .await
+        .expect("cluster");
+    cluster.add_node(NodeSpec::new("n1")).expect("n1");
+    let fleets = [
+        ("never", EvictionSafe::Never),
+        ("upgrade", EvictionSafe::OnUpgrade),
+        ("always", EvictionSafe::Always),
+    ];
+    for (name, safe) in fleets {
+        cluster
+            .create_fleet(
+                FleetSpec::new(name, 1)
+                    .eviction_safe(safe)
+                    .grace_seconds(GRACE),
+            )
+            .expect("fleet");
+        cluster.wait_ready("default", name, 1).await.expect("ready");
+        cluster
+            .allocate(&AllocationRequest::fleet("default", name))
+            .await
+            .expect("allocate")
+            .expect("an allocated server");
+    }
+    let fleet_of: BTreeMap<String, String> = cluster
+        .game_servers()
+        .into_iter()
+        .filter_map(|g| Some((g.name.clone(), g.labels.get("agones.dev/fleet")?.clone())))
+        .collect();
+    let mut flags = vec!["--resync-interval", "1s"];
+    if case.graceful_termination {
+        flags.push("--graceful-termination");
+    }
+    let kube = cluster
+        .emulator()
+        .config_for("agent-n1")
+        .await
+        .expect("client");
+    let agent =
+        InProcessAgent::start_with_sources(config("n1", &flags), kube, None, vec![scripted::LINE])
+            .await
+            .expect("agent");
+    wait_for("claimed", || async {
+        cluster
+            .game_servers()
+            .iter()
+            .all(|g| g.labels.get("lastcall.dev/node").map(String::as_str) == Some("n1"))
+            .then_some(())
+    })
+    .await;
+    let clock: Api<Pod> = Api::namespaced(
+        cluster.emulator().client_as("clock").await.expect("clock"),
+        "default",
+    );
+
+    let start = tokio::time::Instant::now();
+    let deadline = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(LEAD);
+    scripted::say(vec![Notice::new(
+        scripted::SOURCE,
+        case.cause,
+        Severity::Terminate,
+        Some(deadline),
+        false,
+        "the test's hard deadline".into(),
+    )]);
+    let at = start + Duration::from_secs((LEAD - GRACE) as u64);
+    tokio::time::sleep_until(at - Duration::from_millis(100)).await;
+    marker(&clock, "marker-grace").await;
+    tokio::time::sleep_until(start + Duration::from_secs(LEAD as u64)).await;
+    marker(&clock, "marker-deadline").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let m = agent.metrics().await;
+    agent.stop().await.expect("clean stop");
+    scripted::say(vec![]);
+
+    let entries = cluster.emulator().journal().entries();
+    let seq_of = |name: &str| {
+        entries
+            .iter()
+            .find(|e| e.identity.as_deref() == Some("clock") && e.name.as_deref() == Some(name))
+            .map(|e| e.seq)
+            .unwrap_or_else(|| panic!("no {name} in the journal"))
+    };
+    let (grace_mark, deadline_mark) = (seq_of("marker-grace"), seq_of("marker-deadline"));
+    let terms = sigterms(&entries);
+    let ended: BTreeSet<&str> = terms
+        .iter()
+        .filter(|(_, reqs)| reqs.iter().any(|r| r.status < 300))
+        .map(|(pod, _)| fleet_of[pod].as_str())
+        .collect();
+    let want: BTreeSet<&str> = case.ended.iter().copied().collect();
+    assert_eq!(
+        ended, want,
+        "{:?}, --graceful-termination {}: {terms:#?}",
+        case.cause, case.graceful_termination
+    );
+    for (pod, reqs) in &terms {
+        for r in reqs {
+            assert!(
+                r.seq > grace_mark,
+                "{pod}: graceful termination started before deadline − grace ({:?})",
+                case.cause
+            );
+            assert!(
+                r.seq < deadline_mark,
+                "{pod}: graceful termination started only after the deadline ({:?})",
+                case.cause
+            );
+        }
+    }
+    // The pods lastcall ended really are terminating; the others are untouched.
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    for p in pods.list(&Default::default()).await.expect("pods").items {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let Some(fleet) = fleet_of.get(&name) else {
+            continue;
+        };
+        assert_eq!(
+            p.metadata.deletion_timestamp.is_some(),
+            want.contains(fleet.as_str()),
+            "{fleet}'s pod"
+        );
+    }
+    // A `Never` match that may not be ended counts as at risk.
+    let at_risk = 3 - want.len();
+    assert_eq!(
+        metric(&m, "lastcall_matches_at_risk", &[]),
+        Some(at_risk as f64),
+        "{:?}",
+        case.cause
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_safe_by_cause_decides_which_matches_get_sigterm_and_when() {
+    // One test, run in order: the scripted source is process-wide.
+    for case in [
+        Case {
+            cause: Cause::Maintenance,
+            graceful_termination: false,
+            ended: &["upgrade", "always"],
+        },
+        Case {
+            cause: Cause::ScaleDown,
+            graceful_termination: false,
+            ended: &["always"],
+        },
+        Case {
+            cause: Cause::ScaleDown,
+            graceful_termination: true,
+            ended: &["never", "upgrade", "always"],
+        },
+    ] {
+        run(&case).await;
+    }
+}
