@@ -5,7 +5,9 @@
 //! which imports nothing from lastcall; they are re-exported here under their old paths.
 #![forbid(unsafe_code)]
 
-pub use lastcall_emulators::{bins, cluster, eventually, gamelift, gce, imds, kube, redis};
+pub use lastcall_emulators::{
+    bins, cluster, eventually, gamelift, gce, imds, kube, net, process, redis,
+};
 
 pub mod agent;
 pub mod demo;

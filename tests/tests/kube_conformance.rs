@@ -17,6 +17,7 @@ use lastcall_testkit::bins::workspace_binary;
 use lastcall_testkit::eventually::wait_for;
 use lastcall_testkit::kube::resources::{CONFIGMAPS, EVENTS_K8S, GAMESERVERS, NODES, PODS};
 use lastcall_testkit::kube::{Emulator, FaultAction, FaultRule, Method, Options, Store, Verb};
+use lastcall_testkit::process::signal;
 use serde_json::{Value, json};
 
 async fn setup() -> (Emulator, Client) {
@@ -1736,12 +1737,7 @@ async fn binary_writes_a_kubeconfig_serves_and_exits_zero_on_sigterm() {
             .items
             .is_empty()
     );
-    let pid = child.id().unwrap();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    signal(child.id().unwrap(), "TERM").await.unwrap();
     let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
         .await
         .expect("the emulator exits after SIGTERM")

@@ -16,4 +16,6 @@ pub mod gamelift;
 pub mod gce;
 pub mod imds;
 pub mod kube;
+pub mod net;
+pub mod process;
 pub mod redis;
