@@ -86,16 +86,7 @@ impl ImdsEmulator {
             requests: Vec::new(),
         }));
         let app = Router::new().fallback(handle).with_state(shared.clone());
-        let stop = CancellationToken::new();
-        let stopped = stop.clone().cancelled_owned();
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(stopped)
-                .await
-            {
-                tracing::warn!(error = %e, "imds emulator server ended");
-            }
-        });
+        let (stop, _) = crate::net::serve(listener, app, "the IMDS emulator");
         Ok(ImdsEmulator { addr, shared, stop })
     }
 

@@ -1,4 +1,7 @@
-//! Ports for processes and servers a test starts.
+//! Ports for processes and servers a test starts, and serving an emulator's router.
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 /// A TCP port on 127.0.0.1 the kernel considers free right now: racy by nature, so only for
 /// a server that binds it at once (a child process told `--port`, `--listen`).
@@ -14,6 +17,27 @@ pub fn try_free_port() -> std::io::Result<u16> {
 /// If no ephemeral port can be bound on 127.0.0.1.
 pub fn free_port() -> u16 {
     try_free_port().unwrap_or_else(|e| panic!("binding an ephemeral port on 127.0.0.1: {e}"))
+}
+
+/// Serves `app` on `listener` until the returned token is cancelled. The shutdown is
+/// graceful: requests in flight are still answered, as when a real server is stopped. A
+/// server that ends with an error is logged under `what`.
+pub fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    what: &'static str,
+) -> (CancellationToken, JoinHandle<()>) {
+    let stop = CancellationToken::new();
+    let stopped = stop.clone().cancelled_owned();
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(stopped)
+            .await
+        {
+            tracing::warn!(error = %e, "{what} ended");
+        }
+    });
+    (stop, task)
 }
 
 #[cfg(test)]
