@@ -28,7 +28,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, anyhow, bail, ensure};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions};
@@ -36,17 +36,20 @@ use kube::runtime::watcher;
 use lastcall_agent::keys;
 use lastcall_common::fleetiq::{InstanceStatus as Status, StatusMessage, cache_key};
 use lastcall_testkit::agent::{InProcessAgent, config, metric, scrape};
-use lastcall_testkit::bins::{free_port, workspace_binary};
+use lastcall_testkit::bins::workspace_binary;
 use lastcall_testkit::cluster::allocator::gameserver_resource;
 use lastcall_testkit::cluster::{
     AllocationRequest, Cluster, ClusterConfig, FleetSpec, GameServerSpec, GameServerState as S,
     GameServerView, NodeSpec,
 };
+use lastcall_testkit::eventually::try_eventually;
 use lastcall_testkit::gamelift::{GameLiftEmulator, InstanceStatus};
 use lastcall_testkit::gce::GceMetadataEmulator;
 use lastcall_testkit::imds::ImdsEmulator;
 use lastcall_testkit::kube::resources::GAMESERVERS;
 use lastcall_testkit::kube::{Store, Traffic, Verb};
+use lastcall_testkit::net::free_port;
+use lastcall_testkit::process::signal;
 use lastcall_testkit::redis::RedisServer;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
@@ -180,23 +183,14 @@ fn ratio(a: Duration, b: Duration) -> f64 {
     a.as_secs_f64() / b.as_secs_f64().max(1e-9)
 }
 
-/// Polls a synchronous condition every `every` until it returns `Some` or `within` passes.
+/// [`try_eventually`] for a synchronous condition.
 async fn until<T>(
     what: &str,
     within: Duration,
     every: Duration,
     mut cond: impl FnMut() -> Option<T>,
 ) -> anyhow::Result<T> {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = cond() {
-            return Ok(v);
-        }
-        if Instant::now() >= deadline {
-            bail!("timed out after {within:?} waiting for {what}");
-        }
-        tokio::time::sleep(every).await;
-    }
+    Ok(try_eventually(what, within, every, || std::future::ready(cond())).await?)
 }
 
 /// Waits until the store's resourceVersion has not moved for `quiet` (nobody is writing).
@@ -323,13 +317,21 @@ async fn start_agent(
 }
 
 async fn wait_subscribed(agent: &InProcessAgent) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while metric(&agent.metrics().await, "lastcall_redis_connected", &[]) != Some(1.0) {
-        if Instant::now() >= deadline {
-            bail!("agent did not subscribe to Redis within 20 s");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    subscribed(agent.admin).await
+}
+
+/// Waits until the agent behind `admin` reports its Redis subscription.
+async fn subscribed(admin: std::net::SocketAddr) -> anyhow::Result<()> {
+    try_eventually(
+        "the agent subscribes to Redis",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || async {
+            (metric(&scrape(admin).await, "lastcall_redis_connected", &[]) == Some(1.0))
+                .then_some(())
+        },
+    )
+    .await?;
     Ok(())
 }
 
@@ -1425,35 +1427,40 @@ fn agent_command(bin: &Path, kubeconfig: &Path, args: &[&str]) -> Command {
 
 async fn wait_admin(port: u16, child: &mut Child) -> anyhow::Result<()> {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while scrape(addr).await.is_empty() {
-        if let Some(status) = child.try_wait()? {
-            bail!("lastcall-agent exited early: {status}");
-        }
-        if Instant::now() >= deadline {
-            bail!("lastcall-agent admin listener not up within 20 s");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(())
+    try_eventually(
+        "the lastcall-agent admin listener is up",
+        Duration::from_secs(20),
+        Duration::from_millis(10),
+        || {
+            let exited = child.try_wait();
+            async move {
+                match exited {
+                    Ok(None) => (!scrape(addr).await.is_empty()).then_some(Ok(())),
+                    Ok(Some(status)) => Some(Err(anyhow!("lastcall-agent exited early: {status}"))),
+                    Err(e) => Some(Err(e.into())),
+                }
+            }
+        },
+    )
+    .await?
 }
 
 /// SIGTERM, then wait (up to 10 s) for a clean exit.
 async fn terminate(child: &mut Child) -> anyhow::Result<std::process::ExitStatus> {
-    let sent = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()?;
-    ensure!(sent.success(), "kill -TERM failed");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(status) = child.try_wait()? {
-            return Ok(status);
-        }
-        if Instant::now() >= deadline {
+    signal(child.id(), "TERM").await?;
+    let exited = try_eventually(
+        "lastcall-agent exits within 10 s of SIGTERM",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || std::future::ready(child.try_wait().transpose()),
+    )
+    .await;
+    match exited {
+        Ok(status) => Ok(status?),
+        Err(e) => {
             child.kill()?;
-            bail!("lastcall-agent did not exit within 10 s of SIGTERM");
+            Err(e.into())
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -1560,12 +1567,7 @@ async fn bench_memory() -> anyhow::Result<()> {
     let pid = child.id();
     let run = async {
         wait_admin(admin, &mut child).await?;
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], admin));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while metric(&scrape(addr).await, "lastcall_redis_connected", &[]) != Some(1.0) {
-            ensure!(Instant::now() < deadline, "agent binary did not subscribe");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        subscribed(std::net::SocketAddr::from(([127, 0, 0, 1], admin))).await?;
         until(
             "registered and claimed",
             Duration::from_secs(20),

@@ -30,7 +30,10 @@ use crate::cluster::{
     AllocationRequest, Cluster, ClusterConfig, ClusterError, FleetSpec, GameServerState as S,
     GameServerView, NodeSpec,
 };
+use crate::eventually::{TimedOut, try_eventually};
 use crate::gamelift::{GameLiftEmulator, InstanceStatus};
+use crate::net::try_free_port;
+use crate::process;
 use crate::redis::RedisServer;
 
 /// The cluster's nodes; each gets one agent and one FleetIQ instance `i-<node>`.
@@ -286,7 +289,7 @@ impl World {
 
     async fn start_world(&mut self) -> Result<(), DemoError> {
         heading(1, "Start the emulated world");
-        if !redis_server_on_path() {
+        if !process::on_path("redis-server") {
             return Err(DemoError::RedisMissing);
         }
         let within = self.opts.timeout;
@@ -1057,24 +1060,17 @@ async fn until<T>(
 }
 
 /// Checks `check` every [`POLL_EVERY`] until it answers, for things outside the store.
-async fn poll<T, F, Fut>(expected: &str, within: Duration, mut check: F) -> Result<T, DemoError>
+async fn poll<T, F, Fut>(expected: &str, within: Duration, check: F) -> Result<T, DemoError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = check().await {
-            return Ok(v);
-        }
-        if Instant::now() >= deadline {
-            return Err(DemoError::Timeout {
-                expected: expected.to_string(),
-                within,
-            });
-        }
-        tokio::time::sleep(POLL_EVERY).await;
-    }
+    try_eventually(expected, within, POLL_EVERY, check)
+        .await
+        .map_err(|TimedOut { what, within }| DemoError::Timeout {
+            expected: what,
+            within,
+        })
 }
 
 fn http_client() -> Result<reqwest::Client, DemoError> {
@@ -1121,17 +1117,8 @@ async fn watch_channel(
 
 // ---- processes --------------------------------------------------------------------------
 
-fn redis_server_on_path() -> bool {
-    std::env::var_os("PATH").is_some_and(|paths| {
-        std::env::split_paths(&paths).any(|p| p.join("redis-server").is_file())
-    })
-}
-
 fn free_port() -> Result<u16, DemoError> {
-    std::net::TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(setup("finding a free port on 127.0.0.1"))
+    try_free_port().map_err(setup("finding a free port on 127.0.0.1"))
 }
 
 async fn build(package: &'static str, bin: &'static str) -> Result<PathBuf, DemoError> {
@@ -1264,17 +1251,6 @@ impl std::fmt::Display for StopReport {
     }
 }
 
-async fn signal(sig: &str, pid: u32) -> bool {
-    Command::new("kill")
-        .args([format!("-{sig}"), pid.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .await
-        .is_ok_and(|s| s.success())
-}
-
 /// SIGTERM, then wait (bounded) for the exit; SIGKILL if it does not come.
 async fn stop(p: &Process) -> StopReport {
     p.stopping.cancel();
@@ -1288,7 +1264,7 @@ async fn stop(p: &Process) -> StopReport {
         };
     }
     let started = Instant::now();
-    if !signal("TERM", p.pid).await {
+    if process::signal(p.pid, "TERM").await.is_err() {
         return StopReport {
             text: format!("could not send SIGTERM to pid {}", p.pid),
             clean: false,
@@ -1316,7 +1292,7 @@ async fn stop(p: &Process) -> StopReport {
             clean: false,
         },
         Err(_) => {
-            signal("KILL", p.pid).await;
+            let _ = process::signal(p.pid, "KILL").await;
             StopReport {
                 text: format!(
                     "did not exit within {}s of SIGTERM; killed",

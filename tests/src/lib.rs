@@ -1,17 +1,14 @@
-//! lastcall's test kit: faithful stand-ins for the systems lastcall talks to.
+//! lastcall's test kit: the agent run in-process, whole test worlds, the demo, and the
+//! end-to-end scenarios and benchmarks under `tests/tests` and `tests/benches`.
 //!
-//! Real clients (`kube::Client`, `aws-sdk-gamelift`, `reqwest`, `redis`) talk to
-//! these emulators over real HTTP / TCP, so what is tested is the production code path.
+//! The emulators and the shared helpers live in `lastcall-emulators` (`tests/emulators`),
+//! which imports nothing from lastcall; they are re-exported here under their old paths.
 #![forbid(unsafe_code)]
 
+pub use lastcall_emulators::{
+    bins, cluster, eventually, gamelift, gce, imds, kube, net, process, redis,
+};
+
 pub mod agent;
-pub mod bins;
-pub mod cluster;
 pub mod demo;
-pub mod eventually;
-pub mod gamelift;
-pub mod gce;
-pub mod imds;
-pub mod kube;
-pub mod redis;
 pub mod world;

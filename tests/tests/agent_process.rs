@@ -17,8 +17,9 @@ use lastcall_common::fleetiq::InstanceStatus as Status;
 use lastcall_testkit::agent::{metric, metric_sum, scrape};
 use lastcall_testkit::bins::workspace_binary;
 use lastcall_testkit::cluster::GameServerState as S;
-use lastcall_testkit::eventually::{eventually, wait_for};
+use lastcall_testkit::eventually::wait_for;
 use lastcall_testkit::kube::{FaultRule, Method};
+use lastcall_testkit::process::{exited_within, signal};
 use lastcall_testkit::world::{GROUP, IID, NS, WorldSpec};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
@@ -227,28 +228,18 @@ impl AgentProcess {
 
     /// Sends a signal with `kill(1)`, as a kubelet or an operator would.
     async fn signal(&self, sig: &str) {
-        let pid = self.child.id().expect("the process is running").to_string();
-        let status = Command::new("kill")
-            .args([format!("-{sig}"), pid])
-            .status()
-            .await
-            .unwrap();
-        assert!(status.success(), "kill -{sig} failed");
+        let pid = self.child.id().expect("the process is running");
+        signal(pid, sig).await.unwrap();
     }
 
     /// The exit status, which must come within [`EXIT_WITHIN`].
     async fn exit_status(&mut self, after: &str) -> ExitStatus {
-        let child = &mut self.child;
-        eventually(
-            &format!("lastcall-agent exits after {after}"),
-            EXIT_WITHIN,
-            Duration::from_millis(20),
-            || {
-                let s = child.try_wait().unwrap();
-                async move { s }
-            },
-        )
-        .await
+        exited_within(&mut self.child, EXIT_WITHIN)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| {
+                panic!("lastcall-agent did not exit within {EXIT_WITHIN:?} after {after}")
+            })
     }
 
     /// SIGKILL: a crash, with no chance to clean up.

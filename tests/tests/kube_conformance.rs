@@ -13,9 +13,11 @@ use kube::api::{
 };
 use kube::core::{GroupVersionKind, Status};
 use kube::{Client, ResourceExt};
+use lastcall_testkit::bins::workspace_binary;
 use lastcall_testkit::eventually::wait_for;
 use lastcall_testkit::kube::resources::{CONFIGMAPS, EVENTS_K8S, GAMESERVERS, NODES, PODS};
 use lastcall_testkit::kube::{Emulator, FaultAction, FaultRule, Method, Options, Store, Verb};
+use lastcall_testkit::process::signal;
 use serde_json::{Value, json};
 
 async fn setup() -> (Emulator, Client) {
@@ -1706,7 +1708,8 @@ async fn store_modify_is_atomic_and_skips_no_ops() {
 async fn binary_writes_a_kubeconfig_serves_and_exits_zero_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig.yaml");
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lastcall-kube-emulator"))
+    let bin = workspace_binary("lastcall-emulators", "lastcall-kube-emulator");
+    let child = tokio::process::Command::new(bin)
         .args(["--listen", "127.0.0.1:0", "--kubeconfig-out"])
         .arg(&kubeconfig)
         .stdout(std::process::Stdio::piped())
@@ -1734,12 +1737,7 @@ async fn binary_writes_a_kubeconfig_serves_and_exits_zero_on_sigterm() {
             .items
             .is_empty()
     );
-    let pid = child.id().unwrap();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    signal(child.id().unwrap(), "TERM").await.unwrap();
     let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
         .await
         .expect("the emulator exits after SIGTERM")

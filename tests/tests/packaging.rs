@@ -25,12 +25,13 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use lastcall_common::fleetiq::InstanceStatus as Status;
 use lastcall_testkit::agent::{InProcessAgent, config, scrape};
-use lastcall_testkit::bins::{free_port, workspace_binary};
+use lastcall_testkit::bins::workspace_binary;
 use lastcall_testkit::cluster::GameServerState as S;
 use lastcall_testkit::cluster::fixtures::toleration_equal;
 use lastcall_testkit::eventually::wait_for;
 use lastcall_testkit::gamelift::{GameLiftEmulator, InstanceStatus as GlStatus};
 use lastcall_testkit::kube::JournalEntry;
+use lastcall_testkit::net::free_port;
 use lastcall_testkit::world::{World, WorldSpec, cordoned, has_taint, subscribed};
 use serde_json::Value;
 

@@ -20,8 +20,11 @@ use lastcall_common::fleetiq::{InstanceStatus, StatusMessage, cache_key};
 use lastcall_common::redis_conn::CaFile;
 use lastcall_common::redis_url::RedisTarget;
 use lastcall_pubsub::{Config, CycleReport, Pubsub, gamelift_client};
+use lastcall_testkit::bins::workspace_binary;
 use lastcall_testkit::eventually::{eventually, wait_for};
 use lastcall_testkit::gamelift::{self as emu, GameLiftEmulator, Malformed};
+use lastcall_testkit::net::free_port;
+use lastcall_testkit::process::{exited_within, signal};
 use lastcall_testkit::redis::{RedisServer, TcpProxy};
 use redis::AsyncCommands;
 use tokio::sync::watch;
@@ -1707,50 +1710,11 @@ async fn redis_tls_with_an_acl_user_works_and_each_misconfiguration_is_classifie
 // The binary
 // ---------------------------------------------------------------------------------------
 
-/// The `lastcall-pubsub` binary, built on first use. A bin of another workspace crate is
-/// not built for this test target, so it is built here with the same cargo and target dir
-/// (a no-op when up to date), and found next to this test's `deps/` directory.
-fn pubsub_binary() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().unwrap();
-            let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let mut cmd = std::process::Command::new(cargo);
-            cmd.args(["build", "-p", "lastcall-pubsub", "--bin", "lastcall-pubsub"])
-                .current_dir(env!("CARGO_MANIFEST_DIR"));
-            if profile_dir.file_name().is_some_and(|n| n == "release") {
-                cmd.arg("--release");
-            }
-            if let (None, Some(target)) =
-                (std::env::var_os("CARGO_TARGET_DIR"), profile_dir.parent())
-            {
-                cmd.env("CARGO_TARGET_DIR", target);
-            }
-            let status = cmd
-                .status()
-                .expect("running cargo build for lastcall-pubsub");
-            assert!(status.success(), "cargo build -p lastcall-pubsub failed");
-            let bin = profile_dir.join("lastcall-pubsub");
-            assert!(bin.is_file(), "{} missing after the build", bin.display());
-            bin
-        })
-        .clone()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A command for the binary with a clean environment: nothing from the developer's shell
 /// (REDIS_URL, AWS_*, RUST_LOG) leaks in.
 fn pubsub_command(home: &Path) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(pubsub_binary());
+    let mut cmd =
+        tokio::process::Command::new(workspace_binary("lastcall-pubsub", "lastcall-pubsub"));
     cmd.env_clear()
         .env("HOME", home)
         .env("AWS_ACCESS_KEY_ID", "AKIDPUBSUBTEST")
@@ -1933,22 +1897,10 @@ async fn binary_publishes_serves_metrics_and_exits_0_on_sigterm() {
         3.0
     );
 
-    let pid = child.id().unwrap().to_string();
-    let kill = tokio::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
+    signal(child.id().unwrap(), "TERM").await.unwrap();
+    let status = exited_within(&mut child, Duration::from_secs(5))
         .await
-        .unwrap();
-    assert!(kill.success());
-    let status = eventually(
-        "exit after SIGTERM",
-        Duration::from_secs(5),
-        Duration::from_millis(20),
-        || {
-            let status = child.try_wait().unwrap();
-            async move { status }
-        },
-    )
-    .await;
+        .unwrap()
+        .expect("exit after SIGTERM within 5s");
     assert_eq!(status.code(), Some(0), "clean exit on SIGTERM");
 }

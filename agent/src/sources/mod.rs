@@ -10,6 +10,8 @@ pub mod aws_imds;
 pub mod fleetiq;
 pub mod gce_metadata;
 pub mod node;
+#[cfg(test)]
+mod test_support;
 
 use std::sync::Arc;
 

@@ -89,14 +89,6 @@ fn profile_dir(exe: &Path) -> Option<PathBuf> {
     }
 }
 
-/// A free TCP port on 127.0.0.1 (racy by nature; fine for tests that bind it at once).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("binding an ephemeral port")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -73,19 +73,13 @@ impl GceMetadataEmulator {
     }
 
     fn serve(&self, listener: tokio::net::TcpListener) {
-        let stop = CancellationToken::new();
         let app = axum::Router::new()
             .route(
                 "/computeMetadata/v1/instance/{*key}",
                 axum::routing::get(get),
             )
             .with_state(self.shared.clone());
-        let s = stop.clone();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { s.cancelled().await })
-                .await;
-        });
+        let (stop, _) = crate::net::serve(listener, app, "the GCE metadata emulator");
         *self.serving.lock().unwrap_or_else(|e| e.into_inner()) = Some(stop);
     }
 

@@ -199,16 +199,7 @@ impl GameLiftEmulator {
             .route("/", post(json::operation))
             .fallback(not_an_operation)
             .with_state(shared.clone());
-        let stop = CancellationToken::new();
-        let stopped = stop.clone().cancelled_owned();
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(stopped)
-                .await
-            {
-                tracing::warn!(error = %e, "gamelift emulator server ended");
-            }
-        });
+        let (stop, _) = crate::net::serve(listener, app, "the GameLift emulator");
         Ok(GameLiftEmulator { addr, shared, stop })
     }
 

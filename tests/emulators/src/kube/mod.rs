@@ -106,15 +106,7 @@ impl Emulator {
         let app = axum::Router::new()
             .fallback(server::handle)
             .with_state(state.clone());
-        let stop = CancellationToken::new();
-        let stopped = stop.clone();
-        let task = tokio::spawn(async move {
-            let serve = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stopped.cancelled().await });
-            if let Err(e) = serve.await {
-                tracing::error!(error = %e, "Kubernetes API emulator stopped");
-            }
-        });
+        let (stop, task) = crate::net::serve(listener, app, "the Kubernetes API emulator");
         Ok(Emulator {
             state,
             addr,

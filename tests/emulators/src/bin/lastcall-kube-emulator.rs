@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::Parser;
-use lastcall_testkit::kube::{DEFAULT_HISTORY, Emulator, Store};
+use lastcall_emulators::kube::{DEFAULT_HISTORY, Emulator, Store};
 use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Parser, Debug)]

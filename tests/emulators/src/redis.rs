@@ -20,6 +20,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
+use crate::net::try_free_port;
+
 /// How long a fresh server gets to answer PING.
 const READY_WITHIN: Duration = Duration::from_secs(10);
 /// How long `restart` keeps retrying when the port is not yet free.
@@ -113,7 +115,7 @@ impl RedisServer {
             .context("creating a temp dir for redis-server")?;
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
-            let port = free_port()?;
+            let port = try_free_port().context("probing for a free port")?;
             match launch(port, dir.path(), &mode).await {
                 Ok(child) => {
                     return Ok(RedisServer {
@@ -506,20 +508,10 @@ async fn swallow(mut s: TcpStream) {
 }
 
 fn which_redis_server() -> anyhow::Result<()> {
-    let found = std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|p| p.join("redis-server").is_file()))
-        .unwrap_or(false);
-    if !found {
+    if !crate::process::on_path("redis-server") {
         bail!("redis-server is not on PATH; install it with `apt-get install -y redis-server`");
     }
     Ok(())
-}
-
-/// A port the kernel considers free right now.
-fn free_port() -> anyhow::Result<u16> {
-    let listener =
-        std::net::TcpListener::bind(("127.0.0.1", 0)).context("probing for a free port")?;
-    Ok(listener.local_addr()?.port())
 }
 
 fn log_path(dir: &std::path::Path, port: u16) -> PathBuf {

@@ -67,7 +67,7 @@ impl ImdsEmulator {
         // EC2 only ever reports ids of this form; a test world with another is unrealistic.
         anyhow::ensure!(
             crate::gamelift::validate::instance_id_ok(instance_id),
-            "{instance_id:?} is not an EC2 instance id ({}); use lastcall_testkit::gamelift::instance_id",
+            "{instance_id:?} is not an EC2 instance id ({}); use lastcall_emulators::gamelift::instance_id",
             crate::gamelift::validate::INSTANCE_ID_PATTERN
         );
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
@@ -86,16 +86,7 @@ impl ImdsEmulator {
             requests: Vec::new(),
         }));
         let app = Router::new().fallback(handle).with_state(shared.clone());
-        let stop = CancellationToken::new();
-        let stopped = stop.clone().cancelled_owned();
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(stopped)
-                .await
-            {
-                tracing::warn!(error = %e, "imds emulator server ended");
-            }
-        });
+        let (stop, _) = crate::net::serve(listener, app, "the IMDS emulator");
         Ok(ImdsEmulator { addr, shared, stop })
     }
 

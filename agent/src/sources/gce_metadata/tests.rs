@@ -1,0 +1,304 @@
+//! The parsers and the notice table, then the source itself against the GCE metadata
+//! emulator over real HTTP: hanging GETs, 503 blips and an unreachable server.
+
+use lastcall_emulators::eventually::wait_for;
+use lastcall_emulators::gce::GceMetadataEmulator;
+
+use super::*;
+use crate::sources::test_support::{Started, start_source};
+
+fn settings() -> Settings {
+    Settings {
+        endpoint: String::new(),
+        wait_timeout: Duration::from_secs(60),
+        preemption_notice: Duration::from_secs(30),
+        terminate_notice: Duration::from_secs(3600),
+        upcoming_interval: Duration::from_secs(60),
+        maintenance_lead: Duration::from_secs(3600),
+    }
+}
+
+fn t(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+
+#[test]
+fn event_values_are_classified_and_unknown_ones_are_terminate() {
+    assert_eq!(parse_event("NONE\n"), MaintenanceEvent::None);
+    assert_eq!(
+        parse_event("MIGRATE_ON_HOST_MAINTENANCE"),
+        MaintenanceEvent::Migrate
+    );
+    assert!(matches!(
+        parse_event("TERMINATE_ON_HOST_MAINTENANCE"),
+        MaintenanceEvent::Terminate(_)
+    ));
+    assert!(matches!(
+        parse_event("SHUTDOWN_ON_HOST_MAINTENANCE"),
+        MaintenanceEvent::Terminate(_)
+    ));
+    assert_eq!(parse_preempted("TRUE"), Ok(true));
+    assert!(parse_preempted("maybe").is_err());
+}
+
+#[test]
+fn upcoming_accepts_every_known_shape_and_rejects_garbage() {
+    let notice = r#"{"can_reschedule":"true","latest_window_start_time":"2024-12-01T19:00:01Z","maintenance_reasons":["PLANNED_UPDATE"],"maintenance_status":"PENDING","type":"SCHEDULED","window_end_time":"2024-12-01T21:00:01Z","window_start_time":"2024-12-01T19:00:01Z"}"#;
+    let u = parse_upcoming(200, notice).unwrap().unwrap();
+    assert_eq!(
+        (u.window_start, u.status.as_str(), u.can_reschedule),
+        (t("2024-12-01T19:00:01Z"), "PENDING", true)
+    );
+    let wrapped = format!(r#"{{"Upcoming maintenance": {notice}}}"#);
+    assert_eq!(parse_upcoming(200, &wrapped).unwrap(), Some(u));
+    for none in [
+        "",
+        "NONE",
+        "{ }",
+        r#"{"error": "no notifications have been received yet, try again later"}"#,
+    ] {
+        assert_eq!(parse_upcoming(200, none), Ok(None), "{none}");
+    }
+    assert_eq!(parse_upcoming(404, "Not Found"), Ok(None));
+    for bad in [
+        "<html>",
+        "[1]",
+        r#"{"maintenance_status":"PENDING"}"#,
+        r#"{"window_start_time":"soon"}"#,
+    ] {
+        assert!(parse_upcoming(200, bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn notices_follow_the_table() {
+    let s = settings();
+    let now = t("2026-12-01T00:00:00Z");
+    assert_eq!(report(&View::default(), &s, now), Report::Unknown);
+    let mut v = View {
+        event: Some((MaintenanceEvent::None, now)),
+        preempted: Some((false, now)),
+        upcoming: None,
+    };
+    assert_eq!(report(&v, &s, now), Report::Known(vec![]));
+    v.event = Some((MaintenanceEvent::Migrate, now));
+    let Report::Known(n) = report(&v, &s, now) else {
+        panic!()
+    };
+    assert_eq!(n[0].severity, Severity::Observe, "migration never drains");
+    v.event = Some((parse_event("TERMINATE_ON_HOST_MAINTENANCE"), now));
+    let Report::Known(n) = report(&v, &s, now) else {
+        panic!()
+    };
+    assert_eq!(
+        (n[0].severity, n[0].cancellable, n[0].deadline),
+        (Severity::Terminate, true, Some(t("2026-12-01T01:00:00Z")))
+    );
+    v.event = Some((MaintenanceEvent::None, now));
+    v.preempted = Some((true, now));
+    let Report::Known(n) = report(&v, &s, now) else {
+        panic!()
+    };
+    assert_eq!(
+        (n[0].cause, n[0].cancellable, n[0].deadline),
+        (Cause::Preemption, false, Some(t("2026-12-01T00:00:30Z")))
+    );
+    v.preempted = Some((false, now));
+    v.upcoming = Some(Upcoming {
+        window_start: t("2026-12-01T05:00:00Z"),
+        status: "PENDING".into(),
+        can_reschedule: true,
+    });
+    let Report::Known(n) = report(&v, &s, now) else {
+        panic!()
+    };
+    assert_eq!(n[0].severity, Severity::Observe, "before the lead");
+    let Report::Known(n) = report(&v, &s, t("2026-12-01T04:00:00Z")) else {
+        panic!()
+    };
+    assert_eq!(
+        (n[0].severity, n[0].deadline),
+        (Severity::Drain, Some(t("2026-12-01T05:00:00Z")))
+    );
+}
+
+// ---- the source against the emulator ---------------------------------------------------
+
+const EVENT: &str = "maintenance-event";
+const TERMINATE: &str = "TERMINATE_ON_HOST_MAINTENANCE";
+
+/// The source on `emu`, with 2 s hanging GETs and a 200 ms upcoming-maintenance poll.
+fn start_on(emu: &GceMetadataEmulator) -> Started {
+    let url = emu.url();
+    start_source(
+        SOURCE,
+        start,
+        &[
+            "--gce-metadata",
+            "--gce-metadata-endpoint",
+            &url,
+            "--gce-wait-timeout",
+            "2s",
+            "--gce-upcoming-interval",
+            "200ms",
+        ],
+    )
+}
+
+/// Requests for `key` so far that were (`true`) or were not hanging GETs.
+fn reads(emu: &GceMetadataEmulator, key: &str, hanging: bool) -> usize {
+    emu.requests()
+        .iter()
+        .filter(|(k, _, wait)| k == key && *wait == hanging)
+        .count()
+}
+
+/// `at + d`, for deadline bounds.
+fn after(at: Timestamp, d: SignedDuration) -> Timestamp {
+    at.checked_add(d).unwrap()
+}
+
+#[tokio::test]
+async fn a_terminate_maintenance_event_arrives_on_the_hanging_get_as_a_terminate_notice() {
+    let emu = GceMetadataEmulator::start().await.unwrap();
+    let src = start_on(&emu);
+    src.wait_for_notices("both keys read, nothing pending", |n| n.is_empty())
+        .await;
+    wait_for("a hanging GET on maintenance-event", || async {
+        (reads(&emu, EVENT, true) > 0).then_some(())
+    })
+    .await;
+    let before = Timestamp::now();
+    emu.set(EVENT, TERMINATE);
+    let n = src
+        .wait_for_notices("the maintenance notice", |n| !n.is_empty())
+        .await;
+    let seen = Timestamp::now();
+    assert_eq!(n.len(), 1, "{n:?}");
+    assert_eq!(
+        (n[0].source, n[0].cause, n[0].severity, n[0].cancellable),
+        (SOURCE, Cause::Maintenance, Severity::Terminate, true)
+    );
+    assert_eq!(n[0].detail, format!("{EVENT}={TERMINATE}"));
+    // The deadline is --gce-terminate-notice (1 h) from when the event was seen.
+    let hour = SignedDuration::from_hours(1);
+    let deadline = n[0].deadline.expect("a deadline");
+    assert!(
+        after(before, hour) <= deadline && deadline <= after(seen, hour),
+        "{deadline} is not an hour after {before}..{seen}"
+    );
+    assert_eq!(
+        reads(&emu, EVENT, false),
+        1,
+        "only the first read is plain: the change came on the hanging GET already open"
+    );
+    assert!(
+        emu.requests().iter().all(|(_, flavor, _)| *flavor),
+        "Metadata-Flavor: Google on every request"
+    );
+    assert_eq!(src.signals("terminate"), 1);
+    emu.set(EVENT, "NONE");
+    src.wait_for_notices("the event withdrawn by the server", |n| n.is_empty())
+        .await;
+}
+
+#[tokio::test]
+async fn preempted_is_a_final_terminate_notice_thirty_seconds_out() {
+    let emu = GceMetadataEmulator::start().await.unwrap();
+    let src = start_on(&emu);
+    src.wait_for_notices("both keys read, nothing pending", |n| n.is_empty())
+        .await;
+    let before = Timestamp::now();
+    emu.set("preempted", "TRUE");
+    let n = src
+        .wait_for_notices("the preemption notice", |n| !n.is_empty())
+        .await;
+    let seen = Timestamp::now();
+    assert_eq!(n.len(), 1, "{n:?}");
+    assert_eq!(
+        (n[0].cause, n[0].severity, n[0].cancellable),
+        (Cause::Preemption, Severity::Terminate, false)
+    );
+    let notice = SignedDuration::from_secs(30);
+    let deadline = n[0].deadline.expect("a deadline");
+    assert!(
+        after(before, notice) <= deadline && deadline <= after(seen, notice),
+        "{deadline} is not 30 s after {before}..{seen}"
+    );
+}
+
+#[tokio::test]
+async fn server_errors_never_clear_what_was_seen_and_only_the_server_clears_it() {
+    let emu = GceMetadataEmulator::start().await.unwrap();
+    emu.set(EVENT, TERMINATE);
+    emu.set(
+        "upcoming-maintenance",
+        r#"{"maintenance_status":"PENDING","window_start_time":"2099-01-01T00:00:00Z","can_reschedule":"false"}"#,
+    );
+    let src = start_on(&emu);
+    let seen = src
+        .wait_for_notices("the event and the upcoming window", |n| n.len() == 2)
+        .await;
+    let published = src.reports().len();
+    let mark = emu.requests().len();
+    // 503s on both paths: the upcoming-maintenance poll, and the event's next read (a
+    // write of the same value wakes its hanging GET, which answers before the blips).
+    emu.fail_next(6);
+    emu.set(EVENT, TERMINATE);
+    wait_for("six 503s counted", || async {
+        (src.errors("server_error") >= 6).then_some(())
+    })
+    .await;
+    // The six requests after the mark got the 503s; once a later event read and two later
+    // polls were made, every failure has been handled.
+    wait_for("both paths past the blips", || async {
+        let later = emu.requests().split_off(mark + 6);
+        let polls = later.iter().filter(|(k, _, _)| k == "upcoming-maintenance");
+        let events = later.iter().filter(|(k, _, _)| k == EVENT);
+        (polls.count() >= 2 && events.count() >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(src.errors("server_error"), 6);
+    assert_eq!(
+        src.reports().len(),
+        published,
+        "a 503 published a report: {:?}",
+        src.reports()
+    );
+    assert_eq!(src.current(), Report::Known(seen));
+    assert_eq!(src.signals("none"), 0, "an error was read as NONE");
+    // What the server says does clear them.
+    emu.remove("upcoming-maintenance");
+    let n = src
+        .wait_for_notices("the window gone (404)", |n| n.len() == 1)
+        .await;
+    assert_eq!(n[0].severity, Severity::Terminate);
+    emu.set(EVENT, "NONE");
+    src.wait_for_notices("the event withdrawn", |n| n.is_empty())
+        .await;
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_reported_down_and_the_notice_stands() {
+    let emu = GceMetadataEmulator::start().await.unwrap();
+    emu.set(EVENT, TERMINATE);
+    let src = start_on(&emu);
+    let seen = src
+        .wait_for_notices("the maintenance notice", |n| n.len() == 1)
+        .await;
+    assert_eq!(src.up(), 1);
+    let published = src.reports().len();
+    emu.set_unreachable(true).await.unwrap();
+    wait_for("the server reported down", || async {
+        (src.up() == 0).then_some(())
+    })
+    .await;
+    assert!(src.errors("unreachable") >= 3);
+    emu.set_unreachable(false).await.unwrap();
+    wait_for("the server reported up again", || async {
+        (src.up() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(src.reports().len(), published, "{:?}", src.reports());
+    assert_eq!(src.current(), Report::Known(seen));
+}
