@@ -458,6 +458,32 @@ impl Actuator {
         }
     }
 
+    /// Autoscaler cooperation: one merge patch of a pod's annotations, touching only `changes`
+    /// (`None` removes). Returns the patched pod (`None`: gone, or a dry run).
+    pub async fn annotate_pod(
+        &self,
+        ns: &str,
+        pod: &str,
+        changes: &crate::cooperation::Changes,
+    ) -> Result<Option<Pod>, ActError> {
+        if self.skip(
+            "annotate_pod",
+            format!("PATCH pods/{ns}/{pod} annotations {changes:?}"),
+        ) {
+            return Ok(None);
+        }
+        let body = json!({"metadata": {"annotations": changes}});
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        match pods
+            .patch(pod, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+        {
+            Ok(p) => Ok(Some(p)),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Compat mode: adds the original draining toleration, guarded by the pod's resourceVersion.
     pub async fn tolerate(
         &self,

@@ -176,6 +176,19 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_GRACEFUL_TERMINATION")]
     pub graceful_termination: bool,
 
+    /// Keep `karpenter.sh/do-not-disrupt` and `cluster-autoscaler.kubernetes.io/safe-to-evict`
+    /// on this node's game-server pods so autoscalers may take a node holding only idle
+    /// servers (`in-use`), or none (`all`), and never one holding a match. A Node label
+    /// `lastcall.dev/autoscaler-cooperation` overrides it per node pool. See
+    /// docs/autoscalers.md.
+    #[arg(
+        long,
+        env = "LASTCALL_AUTOSCALER_COOPERATION",
+        value_enum,
+        default_value = "off"
+    )]
+    pub autoscaler_cooperation: crate::cooperation::Mode,
+
     /// Ready game servers deleted at once while releasing.
     #[arg(long, env = "LASTCALL_RELEASE_CONCURRENCY", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub release_concurrency: u32,

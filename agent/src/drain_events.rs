@@ -44,6 +44,7 @@ pub const REASONS: &[&str] = &[
     // Policy's warnings (`policy::Warning`), sent once per process.
     "CompatTaintSkipped",
     "MatchesAtRisk",
+    "CooperationLabelInvalid",
 ];
 
 fn names(list: &[String]) -> String {

@@ -6,6 +6,7 @@
 
 pub mod actuator;
 pub mod config;
+pub mod cooperation;
 pub mod drain_events;
 pub mod drain_timing;
 pub mod dry_run;

@@ -3,7 +3,7 @@
 //! Nothing downstream compares raw strings such as `"Allocated"`; unknown values become
 //! explicit `Unknown` variants that policy treats conservatively.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -153,6 +153,9 @@ pub struct GameServerView {
     pub annotations: BTreeMap<String, String>,
     /// The `eviction.safe` Agones enforces (status, else spec; absent is `Never`).
     pub eviction_safe: EvictionSafe,
+    /// Annotation keys the user set in the pod template (`spec.template.metadata`): values
+    /// lastcall never touches on the pod.
+    pub template_annotations: BTreeSet<String>,
 }
 
 impl GameServerView {
@@ -178,6 +181,12 @@ impl GameServerView {
             labels: meta.labels.clone().unwrap_or_default(),
             annotations: meta.annotations.clone().unwrap_or_default(),
             eviction_safe: EvictionSafe::of_gameserver(&obj.data),
+            template_annotations: obj
+                .data
+                .pointer("/spec/template/metadata/annotations")
+                .and_then(|a| a.as_object())
+                .map(|a| a.keys().cloned().collect())
+                .unwrap_or_default(),
         })
     }
 
@@ -199,6 +208,7 @@ pub struct PodView {
     pub resource_version: String,
     /// The GameServer this pod runs, when it is an Agones game-server pod.
     pub gameserver: Option<String>,
+    pub annotations: BTreeMap<String, String>,
     pub tolerations: Vec<Toleration>,
     pub deleting: bool,
     /// When a terminating pod is killed: its `deletionTimestamp` (request + grace).
@@ -234,6 +244,7 @@ impl PodView {
             } else {
                 None
             },
+            annotations: meta.annotations.clone().unwrap_or_default(),
             tolerations: pod
                 .spec
                 .as_ref()

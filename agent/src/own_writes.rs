@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DynamicObject, ObjectMeta};
 use tokio::time::Instant;
 
@@ -38,6 +38,8 @@ pub struct OwnWrites {
     released: HashMap<String, (String, String)>,
     /// GameServers the watch showed at the last look: uid → (namespace, name).
     watched: HashMap<String, (String, String)>,
+    /// Pods as our own annotation patches returned them, until the watch catches up.
+    pods: HashMap<(String, String), (Pod, Instant)>,
 }
 
 impl OwnWrites {
@@ -88,6 +90,38 @@ impl OwnWrites {
 
     pub fn wrote_gameserver(&mut self, obj: DynamicObject, now: Instant) {
         self.gameservers.insert(key(&obj), (obj, now));
+    }
+
+    /// The watched pods, overlaid with our own newer writes (same rules as GameServers).
+    pub fn pods(&mut self, watched: Vec<Pod>, now: Instant) -> Vec<Pod> {
+        let pkey = |p: &Pod| {
+            (
+                p.metadata.namespace.clone().unwrap_or_default(),
+                p.metadata.name.clone().unwrap_or_default(),
+            )
+        };
+        let mut objs: BTreeMap<(String, String), Pod> =
+            watched.into_iter().map(|p| (pkey(&p), p)).collect();
+        self.pods.retain(|k, (written, at)| {
+            let fresh = now.saturating_duration_since(*at) < WRITTEN_TTL;
+            // Only over a watched copy: a pod that left the watch is gone.
+            let newer = objs
+                .get(k)
+                .is_some_and(|w| rv_of(&written.metadata) > rv_of(&w.metadata));
+            if fresh && newer {
+                objs.insert(k.clone(), written.clone());
+            }
+            fresh && newer
+        });
+        objs.into_values().collect()
+    }
+
+    pub fn wrote_pod(&mut self, pod: Pod, now: Instant) {
+        let k = (
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        self.pods.insert(k, (pod, now));
     }
 
     /// Notes the GameServers the watch shows now. One that vanished since the last look was

@@ -11,6 +11,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Taint, Toleration};
 
+use crate::cooperation;
 use crate::eviction::{self, EvictionConfig, Pressure, Subject, Verdict};
 use crate::keys;
 use crate::notice::{Cause, Notice, Source};
@@ -32,6 +33,8 @@ pub struct PolicyConfig {
     /// Hard deadlines: also end gracefully the matches whose `eviction.safe` does not permit
     /// it, at `deadline − terminationGracePeriodSeconds` (see `eviction`).
     pub eviction: EvictionConfig,
+    /// Autoscaler cooperation by default (a Node label may override it per node pool).
+    pub cooperation: cooperation::Mode,
 }
 
 pub struct Inputs<'a> {
@@ -173,6 +176,13 @@ pub enum Action {
         pod: String,
         uid: String,
     },
+    /// Autoscaler cooperation: set (`Some`) or remove (`None`) annotations on a game-server
+    /// pod, in one merge patch touching only those keys (see `cooperation`).
+    AnnotatePod {
+        namespace: String,
+        pod: String,
+        changes: cooperation::Changes,
+    },
     /// Compat mode: add the original draining toleration to an in-use GameServer's pod.
     Tolerate {
         namespace: String,
@@ -194,6 +204,7 @@ impl Action {
             Self::Unprotect { .. } => "unprotect",
             Self::Tolerate { .. } => "tolerate",
             Self::EndGracefully { .. } => "end_gracefully",
+            Self::AnnotatePod { .. } => "annotate_pod",
             Self::Deregister => "deregister",
         }
     }
@@ -325,7 +336,49 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         }
     };
     remove_terminating_from_allocation(inp, &mut out.actions);
+    cooperate(inp, &mut out);
     out
+}
+
+/// Autoscaler cooperation: the annotations each game-server pod on this node should carry
+/// for its server's state (see `cooperation`). One patch per pod that needs one; none when
+/// the mode is off and lastcall never wrote any.
+fn cooperate(inp: &Inputs<'_>, out: &mut Plan) {
+    let obs = inp.observed;
+    let mode = match cooperation::Mode::for_node(&obs.node.labels, inp.config.cooperation) {
+        Ok(m) => m,
+        Err(bad) => {
+            out.warnings.push(Warning {
+                reason: "CooperationLabelInvalid",
+                note: format!(
+                    "Node label {}={bad:?} is not off, in-use or all; using --autoscaler-cooperation={}",
+                    cooperation::LABEL_MODE,
+                    inp.config.cooperation.as_str()
+                ),
+            });
+            inp.config.cooperation
+        }
+    };
+    for gs in &obs.game_servers {
+        if gs.deleting {
+            continue;
+        }
+        let Some(pod) = obs.pods.iter().find(|p| {
+            p.namespace == gs.namespace
+                && p.gameserver.as_deref() == Some(gs.name.as_str())
+                && !p.deleting
+        }) else {
+            continue;
+        };
+        let changes = cooperation::desired(gs, pod, mode);
+        if !changes.is_empty() {
+            out.actions.push(Action::AnnotatePod {
+                namespace: pod.namespace.clone(),
+                pod: pod.name.clone(),
+                changes,
+            });
+        }
+    }
 }
 
 /// A Ready (or not yet Ready) GameServer whose pod is already terminating (SIGTERM'd while

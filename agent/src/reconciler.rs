@@ -161,10 +161,16 @@ impl Reconciler {
             .current_node()
             .ok_or_else(|| format!("Node {} not found", self.node_name))?;
         let node = NodeView::from_node(&node).map_err(|e| e.to_string())?;
-        let pods: Vec<PodView> = self
+        let watched: Vec<k8s_openapi::api::core::v1::Pod> = self
             .stores
             .pods
             .state()
+            .iter()
+            .map(|p| (**p).clone())
+            .collect();
+        let pods: Vec<PodView> = self
+            .own
+            .pods(watched, Instant::now())
             .iter()
             .filter_map(|p| {
                 PodView::from_pod(p)
@@ -553,6 +559,18 @@ impl Reconciler {
                 a.tolerate(namespace, pod, resource_version, has)
                     .await
                     .map(|()| true)
+            }
+            Action::AnnotatePod {
+                namespace,
+                pod,
+                changes,
+            } => {
+                let written = a.annotate_pod(namespace, pod, changes).await?;
+                let wrote = written.is_some();
+                if let Some(p) = written {
+                    self.own.wrote_pod(p, Instant::now());
+                }
+                Ok(wrote)
             }
             Action::EndGracefully {
                 namespace,

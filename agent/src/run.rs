@@ -152,6 +152,7 @@ pub async fn run(
             eviction: crate::eviction::EvictionConfig {
                 graceful_termination: config.graceful_termination,
             },
+            cooperation: config.autoscaler_cooperation,
         },
         config.release_concurrency as usize,
         config.resync_interval,

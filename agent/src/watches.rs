@@ -91,8 +91,14 @@ fn slim_pod(p: &mut Pod) {
 
 fn slim_gameserver(o: &mut DynamicObject) {
     o.metadata.managed_fields = None;
-    if let Some(spec) = o.data.get_mut("spec").and_then(|s| s.as_object_mut()) {
-        spec.remove("template");
+    // The pod template's spec is most of a GameServer; its annotations say which values
+    // the user set (never touched by autoscaler cooperation).
+    if let Some(template) = o
+        .data
+        .pointer_mut("/spec/template")
+        .and_then(|t| t.as_object_mut())
+    {
+        template.remove("spec");
     }
 }
 
@@ -195,13 +201,15 @@ mod tests {
             "apiVersion": "agones.dev/v1", "kind": "GameServer",
             "metadata": {"name": "gs", "namespace": "default", "uid": "u", "resourceVersion": "3",
                 "labels": {"lastcall.dev/node": "n1"}, "managedFields": [{"manager": "agones"}]},
-            "spec": {"eviction": {"safe": "OnUpgrade"}, "template": {"spec": {"containers": []}}},
+            "spec": {"eviction": {"safe": "OnUpgrade"}, "template": {
+                "metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}},
+                "spec": {"containers": []}}},
             "status": {"state": "Allocated", "nodeName": "n1", "eviction": {"safe": "OnUpgrade"}}
         }))
         .expect("gs");
         let mut slim = gs.clone();
         slim_gameserver(&mut slim);
-        assert!(slim.data["spec"].get("template").is_none());
+        assert!(slim.data.pointer("/spec/template/spec").is_none());
         assert_eq!(
             GameServerView::from_dynamic(&slim).expect("view"),
             GameServerView::from_dynamic(&gs).expect("view")

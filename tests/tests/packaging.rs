@@ -287,7 +287,7 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
 
     // World 1: FleetIQ drain with a cancel in the middle, then a Node-label drain of n2.
     let w = World::start(WorldSpec::new(2, 1, 0).extra_nodes(&["n2", "n3"])).await;
-    let agent = w.agent(&[]).await;
+    let agent = w.agent(&["--autoscaler-cooperation", "in-use"]).await;
     subscribed(&agent).await;
     w.claimed_all().await;
     let keep = w.allocated();
@@ -411,9 +411,14 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
         .cloned()
         .chain(used(&w2.cluster.emulator().journal().entries(), &agents))
         .collect();
+    let pod_patch: Permission = ("patch".into(), String::new(), "pods".into(), String::new());
     assert!(
-        all.len() > plain.len(),
-        "compat mode must need something more (the pod toleration patch)"
+        used(&w2.cluster.emulator().journal().entries(), &["agent-n1"]).contains(&pod_patch),
+        "compat mode patches pods (the toleration)"
+    );
+    assert!(
+        plain.contains(&pod_patch),
+        "autoscaler cooperation patches pods (the annotations)"
     );
     assert_rbac_matches("lastcall.yaml", &plain);
     assert_rbac_matches("lastcall-fleetiq.yaml", &all);

@@ -535,6 +535,7 @@ fn view(name: &str, state: GsState, safe: EvictionSafe) -> GameServerView {
         labels: BTreeMap::new(),
         annotations: BTreeMap::new(),
         eviction_safe: safe,
+        template_annotations: Default::default(),
     }
 }
 
@@ -545,6 +546,7 @@ fn pod_of(gs: &GameServerView) -> PodView {
         uid: format!("pod-{}", gs.uid),
         resource_version: "20".into(),
         gameserver: Some(gs.name.clone()),
+        annotations: Default::default(),
         tolerations: vec![],
         deleting: false,
         deletion_timestamp: None,

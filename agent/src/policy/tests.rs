@@ -29,6 +29,7 @@ fn cfg() -> PolicyConfig {
         deregister_settle: Duration::ZERO,
         hand_back: false,
         eviction: Default::default(),
+        cooperation: Default::default(),
     }
 }
 
@@ -57,6 +58,7 @@ fn gs(name: &str, state: GsState) -> GameServerView {
         labels,
         annotations: BTreeMap::new(),
         eviction_safe: crate::eviction::EvictionSafe::Never,
+        template_annotations: Default::default(),
     }
 }
 
@@ -67,6 +69,7 @@ fn pod_for(g: &GameServerView) -> PodView {
         uid: format!("pod-{}", g.uid),
         resource_version: "20".into(),
         gameserver: Some(g.name.clone()),
+        annotations: BTreeMap::new(),
         tolerations: vec![],
         deleting: false,
         deletion_timestamp: None,
@@ -197,6 +200,15 @@ fn simulate(obs: &Observed, actions: &[Action]) -> Observed {
             Action::Tolerate { pod, .. } => {
                 let p = o.pods.iter_mut().find(|p| &p.name == pod).unwrap();
                 p.tolerations.push(compat_toleration());
+            }
+            Action::AnnotatePod { pod, changes, .. } => {
+                let p = o.pods.iter_mut().find(|p| &p.name == pod).unwrap();
+                for (k, v) in changes {
+                    match v {
+                        Some(v) => p.annotations.insert(k.clone(), v.clone()),
+                        None => p.annotations.remove(k),
+                    };
+                }
             }
             Action::EndGracefully { pod, uid, .. } => {
                 let p = o.pods.iter_mut().find(|p| &p.name == pod).unwrap();
