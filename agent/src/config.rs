@@ -189,6 +189,18 @@ pub struct Config {
     )]
     pub autoscaler_cooperation: crate::cooperation::Mode,
 
+    /// Release pacing: while draining, keep at least this many Ready servers in each Fleet
+    /// (cluster-wide, from the Fleet's status, this node's included) when releasing this
+    /// node's idle ones; the rest wait for replacements to become Ready elsewhere. 0 = off.
+    /// A Terminate deadline overrides it. Needs `get` on Agones Fleets.
+    #[arg(long, env = "LASTCALL_RELEASE_FLOOR", default_value_t = 0)]
+    pub release_floor: u32,
+
+    /// Release pacing: at most one Ready server of each Fleet released per this interval
+    /// (e.g. `500ms`); 0 = no limit. A Terminate deadline overrides it.
+    #[arg(long, env = "LASTCALL_RELEASE_INTERVAL", default_value = "0s", value_parser = lastcall_common::duration::parse_duration)]
+    pub release_interval: Duration,
+
     /// Ready game servers deleted at once while releasing.
     #[arg(long, env = "LASTCALL_RELEASE_CONCURRENCY", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub release_concurrency: u32,

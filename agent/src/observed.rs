@@ -25,6 +25,17 @@ pub fn gameserver_resource() -> ApiResource {
     }
 }
 
+/// Agones Fleets: read (one GET per Fleet with servers here) only for release pacing.
+pub fn fleet_resource() -> ApiResource {
+    ApiResource {
+        group: "agones.dev".into(),
+        version: "v1".into(),
+        api_version: "agones.dev/v1".into(),
+        kind: "Fleet".into(),
+        plural: "fleets".into(),
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ObserveError {
     #[error("{kind} has no {field}")]
@@ -268,6 +279,18 @@ pub struct Observed {
     pub node: NodeView,
     pub game_servers: Vec<GameServerView>,
     pub pods: Vec<PodView>,
+    /// What release pacing knows of each Fleet with servers here (empty when pacing is off).
+    pub fleets: BTreeMap<(String, String), FleetFacts>,
+}
+
+/// A Fleet, as release pacing sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetFacts {
+    /// `status.readyReplicas`, cluster-wide (this node's Ready servers included); `None`
+    /// when it could not be read.
+    pub ready: Option<i64>,
+    /// When this agent last released one of the Fleet's Ready servers.
+    pub last_release: Option<Timestamp>,
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Taint, Toleration};
 use crate::cooperation;
 use crate::eviction::{self, EvictionConfig, Pressure, Subject, Verdict};
 use crate::keys;
-use crate::notice::{Cause, Notice, Source};
+use crate::notice::{Cause, Notice, Severity, Source};
 use crate::observed::{GameServerView, GsState, Observed};
 use crate::progress::{DrainRecord, Progress, Recorded, format_ts};
 
@@ -35,6 +35,26 @@ pub struct PolicyConfig {
     pub eviction: EvictionConfig,
     /// Autoscaler cooperation by default (a Node label may override it per node pool).
     pub cooperation: cooperation::Mode,
+    /// Release pacing per Fleet (off by default).
+    pub pacing: Pacing,
+}
+
+/// Release pacing: idle servers leave a draining node per Fleet at a bounded rate, and never
+/// so fast that the Fleet's Ready count falls below a floor. A Terminate deadline overrides
+/// it: everything goes at once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pacing {
+    /// The Fleet's Ready servers (cluster-wide, from its status) that must remain after a
+    /// release; 0 = no floor.
+    pub floor: u32,
+    /// At most one Ready server of a Fleet released per this interval; zero = no limit.
+    pub interval: Duration,
+}
+
+impl Pacing {
+    pub fn is_on(&self) -> bool {
+        self.floor > 0 || !self.interval.is_zero()
+    }
 }
 
 pub struct Inputs<'a> {
@@ -706,6 +726,7 @@ fn game_server_work(
     if obs.pods.iter().any(|p| p.gameserver.is_some()) {
         busy = true;
     }
+    let releases = pace(inp, pressure, releases, &mut wake_at);
     actions.extend(releases);
     actions.extend(in_use);
     // After the protect writes, so the game has read its deadline when SIGTERM comes.
@@ -716,6 +737,115 @@ fn game_server_work(
         at_risk,
         wake_at,
     }
+}
+
+/// How long a Fleet held back by the floor waits before its status is read again.
+const FLOOR_RECHECK: jiff::SignedDuration = jiff::SignedDuration::from_secs(1);
+
+fn wake(wake_at: &mut Option<Timestamp>, at: Timestamp) {
+    *wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
+}
+
+/// Release pacing (see [`Pacing`]) on this pass's releases. Only Ready servers are paced:
+/// they are the Fleet's capacity. One not Ready yet, or whose pod is already terminating,
+/// goes at once; so does everything under a Terminate notice.
+fn pace(
+    inp: &Inputs<'_>,
+    pressure: Option<&Pressure>,
+    releases: Vec<Action>,
+    wake_at: &mut Option<Timestamp>,
+) -> Vec<Action> {
+    if !inp.config.pacing.is_on() || pressure.is_some_and(|p| p.severity == Severity::Terminate) {
+        return releases;
+    }
+    let obs = inp.observed;
+    let mut budget: BTreeMap<(String, String), i64> = BTreeMap::new();
+    let mut out = vec![];
+    for a in releases {
+        let paced = match &a {
+            Action::Release { gs } => obs
+                .game_servers
+                .iter()
+                .find(|g| g.uid == gs.uid)
+                .filter(|g| g.state == GsState::Ready)
+                .filter(|g| {
+                    !obs.pods.iter().any(|p| {
+                        p.namespace == g.namespace
+                            && p.gameserver.as_deref() == Some(g.name.as_str())
+                            && p.deleting
+                    })
+                })
+                .and_then(|g| Some((g.namespace.clone(), g.fleet()?.to_string()))),
+            _ => None,
+        };
+        let Some(fleet) = paced else {
+            out.push(a);
+            continue;
+        };
+        let left = budget
+            .entry(fleet.clone())
+            .or_insert_with(|| fleet_budget(inp, &fleet, wake_at));
+        if *left > 0 {
+            *left -= 1;
+            out.push(a);
+        }
+    }
+    out
+}
+
+/// How many of a Fleet's Ready servers this pass may release.
+fn fleet_budget(
+    inp: &Inputs<'_>,
+    (ns, fleet): &(String, String),
+    wake_at: &mut Option<Timestamp>,
+) -> i64 {
+    let pacing = inp.config.pacing;
+    let facts = inp
+        .observed
+        .fleets
+        .get(&(ns.clone(), fleet.clone()))
+        .cloned()
+        .unwrap_or_default();
+    let mut budget = i64::MAX;
+    if let Ok(interval) = jiff::SignedDuration::try_from(pacing.interval)
+        && !interval.is_zero()
+    {
+        if let Some(next) = facts
+            .last_release
+            .and_then(|l| l.checked_add(interval).ok())
+            && next > inp.now
+        {
+            wake(wake_at, next);
+            return 0;
+        }
+        budget = 1;
+    }
+    if pacing.floor > 0 {
+        // Servers this node already released may still count as Ready in the Fleet's status.
+        let leaving_here = inp
+            .observed
+            .game_servers
+            .iter()
+            .filter(|g| {
+                g.deleting
+                    && g.state == GsState::Ready
+                    && &g.namespace == ns
+                    && g.fleet() == Some(fleet.as_str())
+            })
+            .count() as i64;
+        let spare = match facts.ready {
+            Some(ready) => ready - leaving_here - i64::from(pacing.floor),
+            // Unknown: hold (the Fleet's capacity is what the floor protects), and look again.
+            None => 0,
+        };
+        if spare <= 0 {
+            if let Some(t) = inp.now.checked_add(FLOOR_RECHECK).ok() {
+                wake(wake_at, t);
+            }
+        }
+        budget = budget.min(spare.max(0));
+    }
+    budget
 }
 
 fn drain(

@@ -56,7 +56,27 @@ struct LocalState {
     last_phase: Option<Phase>,
     /// Label sets of `lastcall_source_notices` set so far, so one that clears goes to 0.
     notice_labels: std::collections::BTreeSet<NoticeLabels>,
+    /// Release pacing: when each Fleet last had a Ready server released here.
+    last_release: BTreeMap<(String, String), jiff::Timestamp>,
+    /// Release pacing: what was last read of each Fleet, and releases it may not show yet.
+    fleet_reads: BTreeMap<(String, String), FleetRead>,
 }
+
+/// Release pacing's view of one Fleet's status.
+struct FleetRead {
+    ready: Option<i64>,
+    resource_version: Option<String>,
+    at: Instant,
+    /// Ready servers this agent released since the status it last saw was written: the
+    /// Fleet's controller may not have counted them yet, so they are subtracted.
+    pending: i64,
+    /// The resourceVersion the pending releases were made against: a status written after
+    /// them has another one.
+    pending_rv: Option<String>,
+}
+
+/// How long a Fleet's Ready count is reused before it is read again.
+const FLEET_READ_TTL: Duration = Duration::from_millis(500);
 
 enum Pass {
     /// Nothing more to do until something changes, or until the given moment.
@@ -194,7 +214,76 @@ impl Reconciler {
             node,
             game_servers,
             pods,
+            fleets: BTreeMap::new(),
         })
+    }
+
+    /// Release pacing only: what it knows of each Fleet with Ready servers here (one GET
+    /// per Fleet, reused for `FLEET_READ_TTL`). A failed read is `None`, which holds that
+    /// Fleet's releases: never a guess.
+    async fn fleet_facts(&mut self, observed: &mut Observed) {
+        if !self.config.pacing.is_on() {
+            return;
+        }
+        let fleets: std::collections::BTreeSet<(String, String)> = observed
+            .game_servers
+            .iter()
+            .filter(|g| g.state == crate::observed::GsState::Ready)
+            .filter_map(|g| Some((g.namespace.clone(), g.fleet()?.to_string())))
+            .collect();
+        for key in fleets {
+            let now = Instant::now();
+            let fresh = self
+                .state
+                .fleet_reads
+                .get(&key)
+                .is_some_and(|r| now.saturating_duration_since(r.at) < FLEET_READ_TTL);
+            if !fresh {
+                let api: kube::Api<DynamicObject> = kube::Api::namespaced_with(
+                    self.actuator.client(),
+                    &key.0,
+                    &crate::observed::fleet_resource(),
+                );
+                let (ready, rv) = match api.get(&key.1).await {
+                    Ok(f) => (
+                        f.data
+                            .pointer("/status/readyReplicas")
+                            .and_then(|v| v.as_i64()),
+                        f.metadata.resource_version.clone(),
+                    ),
+                    Err(e) => {
+                        warn!(message = "reading a Fleet for release pacing failed; holding its releases", namespace = %key.0, fleet = %key.1, error = %e);
+                        (None, None)
+                    }
+                };
+                let read = self
+                    .state
+                    .fleet_reads
+                    .entry(key.clone())
+                    .or_insert(FleetRead {
+                        ready: None,
+                        resource_version: None,
+                        at: now,
+                        pending: 0,
+                        pending_rv: None,
+                    });
+                // A status written after our releases counts them.
+                if rv.is_some() && rv != read.pending_rv {
+                    read.pending = 0;
+                }
+                read.ready = ready;
+                read.resource_version = rv;
+                read.at = now;
+            }
+            let read = &self.state.fleet_reads[&key];
+            observed.fleets.insert(
+                key.clone(),
+                crate::observed::FleetFacts {
+                    ready: read.ready.map(|r| r - read.pending),
+                    last_release: self.state.last_release.get(&key).copied(),
+                },
+            );
+        }
     }
 
     /// This node's GameServers: the watch's copies, overlaid with our own newer writes.
@@ -315,7 +404,7 @@ impl Reconciler {
     }
 
     async fn pass(&mut self) -> Result<Pass, String> {
-        let observed = match self.observe() {
+        let mut observed = match self.observe() {
             Ok(o) => o,
             Err(e) => {
                 self.metrics
@@ -325,6 +414,7 @@ impl Reconciler {
                 return Err(e);
             }
         };
+        self.fleet_facts(&mut observed).await;
         // Forget releases of servers that are gone: the set stays O(servers on this node).
         let live: HashSet<&str> = observed
             .game_servers
@@ -472,7 +562,7 @@ impl Reconciler {
                     batch.push(gs.clone());
                     i += 1;
                 }
-                let (done, failed) = self.release_batch(batch, log).await;
+                let (done, failed) = self.release_batch(batch, observed, log).await;
                 applied += done;
                 if let Some(e) = failed {
                     first_error.get_or_insert(e);
@@ -600,6 +690,7 @@ impl Reconciler {
     async fn release_batch(
         &mut self,
         batch: Vec<GsRef>,
+        observed: &Observed,
         log: &mut PassLog,
     ) -> (usize, Option<ActError>) {
         let todo: Vec<GsRef> = batch
@@ -636,6 +727,23 @@ impl Reconciler {
             self.count(&Action::Release { gs: gs.clone() }, label);
             match r {
                 Ok(Release::Deleted) => {
+                    if let Some(fleet) = observed
+                        .game_servers
+                        .iter()
+                        .find(|g| g.uid == gs.uid)
+                        .and_then(|g| g.fleet())
+                    {
+                        let key = (gs.namespace.clone(), fleet.to_string());
+                        self.state
+                            .last_release
+                            .insert(key.clone(), jiff::Timestamp::now());
+                        if let Some(read) = self.state.fleet_reads.get_mut(&key) {
+                            read.pending += 1;
+                            read.pending_rv = read.resource_version.clone();
+                            // Read again before the next decision.
+                            read.at = Instant::now() - FLEET_READ_TTL;
+                        }
+                    }
                     applied += 1;
                     self.own.released(&gs.uid, &gs.namespace, &gs.name);
                     info!(message = "released idle game server", namespace = %gs.namespace, name = %gs.name);
@@ -680,6 +788,7 @@ impl Reconciler {
             node: watched.node.clone(),
             game_servers: watched.game_servers.clone(),
             pods,
+            fleets: watched.fleets.clone(),
         })
     }
 }

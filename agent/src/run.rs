@@ -153,6 +153,10 @@ pub async fn run(
                 graceful_termination: config.graceful_termination,
             },
             cooperation: config.autoscaler_cooperation,
+            pacing: crate::policy::Pacing {
+                floor: config.release_floor,
+                interval: config.release_interval,
+            },
         },
         config.release_concurrency as usize,
         config.resync_interval,

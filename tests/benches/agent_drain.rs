@@ -1498,6 +1498,8 @@ async fn bench_memory() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle_rss = proc_kb(child.id(), "VmRSS")?;
     let idle_hwm = proc_kb(child.id(), "VmHWM")?;
+    let idle_anon = proc_kb(child.id(), "RssAnon")?;
+    let idle_file = proc_kb(child.id(), "RssFile")?;
     terminate(&mut child).await?;
 
     // A full drain of a node with MEM_READY Ready + MEM_ALLOCATED Allocated servers.
@@ -1625,9 +1627,11 @@ async fn bench_memory() -> anyhow::Result<()> {
     .await;
     let hwm = proc_kb(pid, "VmHWM");
     let rss_end = proc_kb(pid, "VmRSS");
+    let anon_end = proc_kb(pid, "RssAnon");
+    let file_end = proc_kb(pid, "RssFile");
     let status = terminate(&mut child).await?;
     let before_drain = run?;
-    let (hwm, rss_end) = (hwm?, rss_end?);
+    let (hwm, rss_end, anon_end, file_end) = (hwm?, rss_end?, anon_end?, file_end?);
     ensure!(status.success(), "lastcall-agent exited with {status}");
 
     println!();
@@ -1654,6 +1658,13 @@ async fn bench_memory() -> anyhow::Result<()> {
     println!(
         "| same run: VmRSS after deregistration | {} |",
         mib(rss_end)
+    );
+    println!(
+        "| of which anonymous (heap, stacks) / file-backed (the binary's pages) | {} / {} (idle: {} / {}) |",
+        mib(anon_end),
+        mib(file_end),
+        mib(idle_anon),
+        mib(idle_file)
     );
     println!(
         "| same run: peak RSS (VmHWM) through the whole drain | {} |",

@@ -30,6 +30,7 @@ fn cfg() -> PolicyConfig {
         hand_back: false,
         eviction: Default::default(),
         cooperation: Default::default(),
+        pacing: Default::default(),
     }
 }
 
@@ -83,6 +84,7 @@ fn observed(gss: Vec<GameServerView>) -> Observed {
         node: node(),
         game_servers: gss,
         pods,
+        fleets: BTreeMap::new(),
     }
 }
 
@@ -1218,4 +1220,85 @@ fn a_ready_server_whose_pod_is_terminating_is_released_even_without_a_drain() {
     // Once deleted, nothing more.
     let o = simulate(&o, &p.actions);
     assert!(run(&o, &[], &cfg()).actions.is_empty());
+}
+
+fn fleet_servers(n: usize) -> Observed {
+    let mut o = observed(
+        (0..n)
+            .map(|i| {
+                let mut g = gs(&format!("r{i}"), GsState::Ready);
+                g.labels.insert(keys::AGONES_FLEET.into(), "f".into());
+                g
+            })
+            .collect(),
+    );
+    o.node
+        .taints
+        .push(taint(keys::TAINT_DRAINING, "fleetiq", "NoSchedule"));
+    o.node.unschedulable = true;
+    o
+}
+
+fn released(p: &Plan) -> usize {
+    p.actions
+        .iter()
+        .filter(|a| matches!(a, Action::Release { .. }))
+        .count()
+}
+
+#[test]
+fn pacing_keeps_the_fleet_above_its_floor_and_a_terminate_deadline_overrides_it() {
+    let mut c = cfg();
+    c.pacing.floor = 4;
+    let mut o = fleet_servers(10);
+    let key = ("default".to_string(), "f".to_string());
+    // The Fleet has 10 Ready, all here: 6 may go.
+    o.fleets.insert(
+        key.clone(),
+        crate::observed::FleetFacts {
+            ready: Some(10),
+            last_release: None,
+        },
+    );
+    assert_eq!(released(&run(&o, &[draining()], &c)), 6);
+    // Unknown Ready count: hold, and look again soon.
+    o.fleets.get_mut(&key).unwrap().ready = None;
+    let p = run(&o, &[draining()], &c);
+    assert_eq!(released(&p), 0);
+    assert!(p.wake_at.is_some());
+    assert!(
+        !p.actions.contains(&Action::Deregister) && p.phase != Phase::Empty,
+        "held servers keep the node busy"
+    );
+    // Servers already released here still count in the status until they are gone.
+    o.fleets.get_mut(&key).unwrap().ready = Some(10);
+    for g in o.game_servers.iter_mut().take(6) {
+        g.deleting = true;
+    }
+    assert_eq!(released(&run(&o, &[draining()], &c)), 0);
+    // A Terminate deadline: everything at once.
+    let spot = terminate_at(
+        Cause::Preemption,
+        now() + jiff::SignedDuration::from_secs(120),
+    );
+    assert_eq!(released(&run(&o, std::slice::from_ref(&spot), &c)), 4);
+}
+
+#[test]
+fn pacing_releases_one_server_per_fleet_per_interval() {
+    let mut c = cfg();
+    c.pacing.interval = Duration::from_secs(2);
+    let mut o = fleet_servers(3);
+    let key = ("default".to_string(), "f".to_string());
+    assert_eq!(released(&run(&o, &[draining()], &c)), 1);
+    o.fleets.insert(
+        key,
+        crate::observed::FleetFacts {
+            ready: None,
+            last_release: Some(now() - jiff::SignedDuration::from_secs(1)),
+        },
+    );
+    let p = run(&o, &[draining()], &c);
+    assert_eq!(released(&p), 0);
+    assert_eq!(p.wake_at, Some(now() + jiff::SignedDuration::from_secs(1)));
 }

@@ -1,0 +1,223 @@
+//! Seed 003's rare case, raced against an allocator: a game-server pod is deleted (SIGTERM'd
+//! while its GameServer is Ready) on a node that is not draining. Agones keeps such a
+//! GameServer Ready, and allocatable, until the pod is gone; the agent deletes the GameServer
+//! with its preconditions as soon as it sees the pod terminating.
+//!
+//! Over many interleavings, ordered by the emulator's journal: every such GameServer that was
+//! not allocated first is deleted by the agent; none is allocated after the agent's delete;
+//! one allocated in the window before the agent saw the pod is never deleted by the agent (its
+//! preconditions fail). The window itself (allocations between the pod's deletion and the
+//! agent's delete) is counted and reported.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::DeleteParams;
+use lastcall_testkit::agent::{InProcessAgent, config};
+use lastcall_testkit::cluster::{
+    AllocationRequest, Cluster, ClusterConfig, FleetSpec, GameServerState as S, NodeSpec,
+};
+use lastcall_testkit::eventually::eventually;
+use lastcall_testkit::kube::journal::Verb;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+const NS: &str = "default";
+const INTERLEAVINGS: u64 = 40;
+const AT_ONCE: usize = 4;
+
+#[derive(Debug, Default)]
+struct Outcome {
+    deleted_pods: usize,
+    removed_by_agent: usize,
+    allocated_in_window: usize,
+}
+
+async fn interleaving(seed: u64) -> Outcome {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let servers: usize = rng.random_range(4..=8);
+    let pace_us: u64 = rng.random_range(0..=4000);
+    let cluster = Cluster::start(ClusterConfig {
+        tick: Duration::from_millis(20),
+        ..ClusterConfig::default()
+    })
+    .await
+    .expect("cluster");
+    cluster.add_node(NodeSpec::new("n1")).expect("n1");
+    // Long grace: the pod stays terminating (and its GameServer Ready) for the whole run.
+    cluster
+        .create_fleet(FleetSpec::new("fleet", servers as i64).grace_seconds(60))
+        .expect("fleet");
+    cluster
+        .wait_ready(NS, "fleet", servers)
+        .await
+        .expect("ready");
+    let kube = cluster
+        .emulator()
+        .config_for("agent-n1")
+        .await
+        .expect("client");
+    let agent = InProcessAgent::start(config("n1", &["--resync-interval", "1s"]), kube, None)
+        .await
+        .expect("agent");
+    eventually(
+        &format!("seed {seed}: agent claims its servers"),
+        Duration::from_secs(20),
+        Duration::from_millis(5),
+        || async {
+            cluster
+                .game_servers()
+                .iter()
+                .all(|g| g.labels.contains_key("lastcall.dev/node"))
+                .then_some(())
+        },
+    )
+    .await;
+
+    let victims: Vec<String> = {
+        let mut names: Vec<String> = cluster
+            .game_servers()
+            .into_iter()
+            .filter(|g| g.state == Some(S::Ready))
+            .map(|g| g.name)
+            .collect();
+        names.sort();
+        let k = rng.random_range(1..=names.len().min(3));
+        names.into_iter().take(k).collect()
+    };
+    let kubectl: Api<Pod> = Api::namespaced(
+        cluster
+            .emulator()
+            .client_as("kubectl")
+            .await
+            .expect("kubectl"),
+        NS,
+    );
+    let alloc_client = cluster
+        .client_without_retry("agones-allocator")
+        .await
+        .expect("allocator client");
+    let allocator = async {
+        let req = AllocationRequest::fleet(NS, "fleet").max_tries(3);
+        for _ in 0..servers {
+            let _ = lastcall_testkit::cluster::allocator::allocate(&alloc_client, &req).await;
+            tokio::time::sleep(Duration::from_micros(pace_us)).await;
+        }
+    };
+    let deleter = async {
+        tokio::time::sleep(Duration::from_micros(rng.random_range(0..=3000))).await;
+        for v in &victims {
+            kubectl
+                .delete(v, &DeleteParams::default())
+                .await
+                .expect("delete pod");
+        }
+    };
+    tokio::join!(allocator, deleter);
+    // Let the agent see and act.
+    eventually(
+        &format!("seed {seed}: every victim allocated or being deleted"),
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        || async {
+            let gs: BTreeMap<String, _> = cluster
+                .game_servers()
+                .into_iter()
+                .map(|g| (g.name.clone(), g))
+                .collect();
+            victims
+                .iter()
+                .all(|v| {
+                    gs.get(v)
+                        .is_none_or(|g| g.deleting || g.state != Some(S::Ready))
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    agent.stop().await.expect("clean stop");
+
+    let entries = cluster.emulator().journal().entries();
+    let mut out = Outcome {
+        deleted_pods: victims.len(),
+        ..Outcome::default()
+    };
+    for v in &victims {
+        let named = |e: &&lastcall_testkit::kube::journal::JournalEntry| {
+            e.name.as_deref() == Some(v.as_str())
+        };
+        let pod_deleted = entries
+            .iter()
+            .filter(named)
+            .find(|e| {
+                e.identity.as_deref() == Some("kubectl") && e.verb == Verb::Delete && e.status < 300
+            })
+            .map(|e| e.seq)
+            .expect("pod deleted");
+        let agent_delete = entries
+            .iter()
+            .filter(named)
+            .find(|e| {
+                e.identity.as_deref() == Some("agent-n1")
+                    && e.verb == Verb::Delete
+                    && e.resource.as_deref() == Some("gameservers")
+                    && e.status < 300
+            })
+            .map(|e| e.seq);
+        let allocations: Vec<u64> = entries
+            .iter()
+            .filter(named)
+            .filter(|e| {
+                e.identity.as_deref() == Some("agones-allocator")
+                    && e.verb == Verb::Update
+                    && e.status < 300
+            })
+            .map(|e| e.seq)
+            .collect();
+        match agent_delete {
+            Some(d) => {
+                out.removed_by_agent += 1;
+                assert!(
+                    allocations.iter().all(|a| *a < d),
+                    "seed {seed}: {v} allocated after the agent deleted it"
+                );
+                assert!(
+                    allocations.iter().all(|a| *a < pod_deleted),
+                    "seed {seed}: the agent deleted {v} although it was allocated after its pod's deletion"
+                );
+            }
+            None => assert!(
+                !allocations.is_empty(),
+                "seed {seed}: {v} was neither allocated nor removed from allocation"
+            ),
+        }
+        out.allocated_in_window += allocations.iter().filter(|a| **a > pod_deleted).count();
+    }
+    cluster.shutdown().await;
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_server_whose_pod_is_deleted_is_removed_from_allocation() {
+    let outcomes: Vec<Outcome> = futures::stream::iter(0..INTERLEAVINGS)
+        .map(interleaving)
+        .buffer_unordered(AT_ONCE)
+        .collect()
+        .await;
+    let deleted: usize = outcomes.iter().map(|o| o.deleted_pods).sum();
+    let removed: usize = outcomes.iter().map(|o| o.removed_by_agent).sum();
+    let window: usize = outcomes.iter().map(|o| o.allocated_in_window).sum();
+    eprintln!(
+        "{INTERLEAVINGS} interleavings: {deleted} pods deleted while Ready, {removed} GameServers removed by the agent, {window} allocated in the window before the agent saw the pod"
+    );
+    assert!(
+        removed > 0,
+        "the agent removed none: the race was not exercised"
+    );
+    assert!(
+        removed + window >= deleted,
+        "every victim was removed or allocated"
+    );
+}
