@@ -838,10 +838,10 @@ fn fleet_budget(
             // Unknown: hold (the Fleet's capacity is what the floor protects), and look again.
             None => 0,
         };
-        if spare <= 0 {
-            if let Some(t) = inp.now.checked_add(FLOOR_RECHECK).ok() {
-                wake(wake_at, t);
-            }
+        if spare <= 0
+            && let Ok(t) = inp.now.checked_add(FLOOR_RECHECK)
+        {
+            wake(wake_at, t);
         }
         budget = budget.min(spare.max(0));
     }
