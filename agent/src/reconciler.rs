@@ -445,7 +445,6 @@ impl Reconciler {
             config: &self.config,
             now,
         });
-        let mut observed = observed;
         if plan.actions.contains(&Action::Deregister) && !self.actuator.is_dry_run() {
             // The watch caches can lag behind a pod bound just before the fence. Handing the
             // node back is final, so "empty" is confirmed on a fresh, consistent read.
