@@ -245,7 +245,7 @@ impl Config {
         let Some(addr) = self.webhook_listen else {
             return Ok(None);
         };
-        if addr == self.listen {
+        if addr == self.listen && addr.port() != 0 {
             return Err(ConfigError::SameListener(addr));
         }
         let max = self

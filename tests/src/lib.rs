@@ -14,4 +14,5 @@ pub mod gce;
 pub mod imds;
 pub mod kube;
 pub mod redis;
+pub mod webhook;
 pub mod world;
