@@ -709,3 +709,189 @@ async fn every_webhook_metric_is_documented() {
     }
     assert!(seen >= 8, "{text}");
 }
+
+/// The real binary with a clean environment.
+fn pubsub_command(bin: &std::path::Path, home: &std::path::Path) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.env_clear()
+        .env("HOME", home)
+        .env("AWS_ACCESS_KEY_ID", "AKIDWEBHOOKTEST")
+        .env("AWS_SECRET_ACCESS_KEY", "webhook-test-secret")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_REGION", "us-west-2")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+#[tokio::test]
+async fn binary_serves_the_webhook_and_refuses_bad_webhook_flags_in_one_line() {
+    let bin = tokio::task::spawn_blocking(|| {
+        lastcall_testkit::bins::workspace_binary("lastcall-pubsub", "lastcall-pubsub")
+    })
+    .await
+    .unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let tls = generate_tls(home.path(), "bin").await.unwrap();
+    let cert = tls.cert_pem.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--webhook-listen", "127.0.0.1:8000"],
+            "--webhook-max-replicas",
+        ),
+        (
+            &[
+                "--webhook-listen",
+                "127.0.0.1:8000",
+                "--webhook-max-replicas",
+                "3",
+            ],
+            "--webhook-max-replicas",
+        ),
+        (&["--webhook-buffer", "200%"], "--webhook-buffer"),
+        (
+            &["--webhook-drain-state-max-age", "5s"],
+            "--webhook-drain-state-max-age",
+        ),
+        (
+            &[
+                "--webhook-listen",
+                "127.0.0.1:8000",
+                "--webhook-max-replicas",
+                "9",
+                "--webhook-tls-cert",
+                cert,
+            ],
+            "--webhook-tls-key",
+        ),
+    ];
+    for (args, flag) in cases {
+        let out = pubsub_command(&bin, home.path())
+            .args(["--redis-url", "cache:6379"])
+            .args(*args)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<_> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {stderr:?}");
+        assert!(
+            lines[0].contains(flag),
+            "{args:?}: {stderr:?} does not name {flag}"
+        );
+    }
+    let help = pubsub_command(&bin, home.path())
+        .arg("--help")
+        .output()
+        .await
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in [
+        "--webhook-listen",
+        "--webhook-tls-cert",
+        "--webhook-tls-key",
+        "--webhook-buffer",
+        "--webhook-min-replicas",
+        "--webhook-max-replicas",
+        "--webhook-drain-state-max-age",
+        "--webhook-redis-timeout",
+        "LASTCALL_PUBSUB_WEBHOOK_LISTEN",
+    ] {
+        assert!(help.contains(flag), "--help does not document {flag}");
+    }
+
+    // Served over HTTPS by the binary, next to an admin port whose /metrics shows it.
+    let redis = RedisServer::start().await.unwrap();
+    let (admin, port) = (
+        lastcall_testkit::bins::free_port(),
+        lastcall_testkit::bins::free_port(),
+    );
+    let mut child = pubsub_command(&bin, home.path())
+        .args([
+            "--config-file",
+            "/nonexistent/fleetiq.conf",
+            "--period",
+            "10s",
+        ])
+        .args(["--listen", &format!("127.0.0.1:{admin}")])
+        .args(["--webhook-listen", &format!("127.0.0.1:{port}")])
+        .args([
+            "--webhook-max-replicas",
+            "50",
+            "--webhook-buffer",
+            "10%",
+            "--webhook-min-replicas",
+            "2",
+        ])
+        .args([
+            "--webhook-tls-cert",
+            cert,
+            "--webhook-tls-key",
+            tls.key_pem.to_str().unwrap(),
+        ])
+        .env("REDIS_URL", redis.host_port())
+        .env("AWS_ENDPOINT_URL_GAMELIFT", "http://127.0.0.1:9")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&tls.ca_pem).unwrap()).unwrap();
+    let client = reqwest::Client::builder()
+        .tls_certs_only([ca])
+        .timeout(AGONES_TIMEOUT)
+        .build()
+        .unwrap();
+    let url = format!("https://127.0.0.1:{port}/scale");
+    let body = wait_for("the binary's webhook answers", || async {
+        let r = client
+            .post(&url)
+            .body(agones_review("bin-uid", NS, FLEET, status(20, 18), &[]))
+            .send()
+            .await
+            .ok()?;
+        (r.status() == 200).then_some(())?;
+        r.text().await.ok()
+    })
+    .await;
+    // ceil(18 × 100 / 90) = 20, + 6 Ready on the draining node.
+    assert_eq!(
+        parse_response(body.as_bytes()),
+        Some(("bin-uid".into(), true, 26))
+    );
+    let metrics = reqwest::get(format!("http://127.0.0.1:{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "lastcall_pubsub_webhook_requests_total",
+            &[("result", "scale_up")]
+        ),
+        1.0,
+        "{metrics}"
+    );
+
+    let pid = child.id().unwrap().to_string();
+    let kill = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(kill.success());
+    let status = lastcall_testkit::eventually::eventually(
+        "exit after SIGTERM",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || {
+            let status = child.try_wait().unwrap();
+            async move { status }
+        },
+    )
+    .await;
+    assert_eq!(status.code(), Some(0), "clean exit on SIGTERM");
+}
