@@ -181,8 +181,8 @@ pub struct Config {
     )]
     pub webhook_listen: Option<SocketAddr>,
 
-    /// PEM certificate (chain) the webhook serves HTTPS with; re-read when the file
-    /// changes. Unset: plain HTTP. Needs `--webhook-tls-key`.
+    /// PEM certificate (chain) the webhook serves HTTPS with; checked every 30s and
+    /// reloaded when it changes (rotation). Unset: plain HTTP. Needs `--webhook-tls-key`.
     #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_TLS_CERT",
           requires_all = ["webhook_tls_key", "webhook_listen"], value_parser = tls::parse_cert_file)]
     pub webhook_tls_cert: Option<PathBuf>,
