@@ -59,7 +59,7 @@ pub struct Webhook {
     metrics: WebhookMetrics,
 }
 
-/// An answer: the status and body, and what to log.
+/// An answer: the status and body.
 struct Answer {
     status: StatusCode,
     body: Vec<u8>,
