@@ -10,9 +10,16 @@ use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
+use lastcall_common::drain_state;
 use lastcall_common::duration::parse_duration;
 use lastcall_common::redis_conn::CaFile;
 use lastcall_common::redis_url::RedisTarget;
+
+use crate::webhook::{
+    self,
+    policy::{self, Buffer, Policy, PolicyError},
+    tls,
+};
 
 /// GameLift advises refreshing `DescribeGameServerInstances` no more than once every 10 s.
 pub const MIN_PERIOD: Duration = Duration::from_secs(10);
@@ -163,6 +170,56 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_PUBSUB_LOG_LEVEL", default_value = "info",
           value_parser = lastcall_common::telemetry::parse_level)]
     pub log_level: String,
+
+    /// Address of the FleetAutoscaler webhook (`POST /scale` or `POST /`), e.g.
+    /// `0.0.0.0:8000` (the port Agones calls on a `service:` webhook by default). Unset: no
+    /// webhook. Needs `--webhook-max-replicas`.
+    #[arg(
+        long,
+        env = "LASTCALL_PUBSUB_WEBHOOK_LISTEN",
+        requires = "webhook_max_replicas"
+    )]
+    pub webhook_listen: Option<SocketAddr>,
+
+    /// PEM certificate (chain) the webhook serves HTTPS with; checked every 30s and
+    /// reloaded when it changes (rotation). Unset: plain HTTP. Needs `--webhook-tls-key`.
+    #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_TLS_CERT",
+          requires_all = ["webhook_tls_key", "webhook_listen"], value_parser = tls::parse_cert_file)]
+    pub webhook_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of `--webhook-tls-cert` (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_TLS_KEY", requires = "webhook_tls_cert",
+          value_parser = tls::parse_key_file)]
+    pub webhook_tls_key: Option<PathBuf>,
+
+    /// Ready servers to keep, as Agones' Buffer `bufferSize`: a count (`5`) or a share of
+    /// the Fleet (`10%`, 1–99%). Draining nodes' Ready servers come on top.
+    #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_BUFFER", default_value = "5",
+          value_parser = parse_buffer)]
+    pub webhook_buffer: Buffer,
+
+    /// Smallest Fleet size the webhook asks for (0: none; at least 1 with a percentage
+    /// buffer, and at least the buffer with a count, as Agones' Buffer policy requires).
+    #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_MIN_REPLICAS", default_value_t = 0,
+          value_parser = parse_replicas)]
+    pub webhook_min_replicas: u32,
+
+    /// Largest Fleet size the webhook asks for, extra replacements included: a hard cap.
+    /// Required with `--webhook-listen`.
+    #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_MAX_REPLICAS", value_parser = parse_replicas)]
+    pub webhook_max_replicas: Option<u32>,
+
+    /// A node's drain state older than this counts as zero extra (its agent stopped
+    /// refreshing it). At least 60s: agents refresh every 30s.
+    #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_DRAIN_STATE_MAX_AGE", default_value = "2m",
+          value_parser = parse_max_age)]
+    pub webhook_drain_state_max_age: Duration,
+
+    /// Longest a webhook answer waits for Redis; after that it answers with zero extra
+    /// (Agones gives up after 15s).
+    #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_REDIS_TIMEOUT", default_value = "500ms",
+          value_parser = parse_webhook_timeout)]
+    pub webhook_redis_timeout: Duration,
 }
 
 impl Config {
@@ -181,6 +238,73 @@ impl Config {
         self.liveness_timeout
             .unwrap_or_else(|| self.period.saturating_mul(5))
     }
+
+    /// The webhook's settings, checked together (Agones' Buffer policy rules, distinct
+    /// listeners); `None` when the webhook is off.
+    pub fn webhook_settings(&self) -> Result<Option<webhook::Settings>, ConfigError> {
+        let Some(addr) = self.webhook_listen else {
+            return Ok(None);
+        };
+        if addr == self.listen && addr.port() != 0 {
+            return Err(ConfigError::SameListener(addr));
+        }
+        let max = self
+            .webhook_max_replicas
+            .ok_or(ConfigError::MissingMaxReplicas)?;
+        let policy = Policy::new(self.webhook_buffer, self.webhook_min_replicas, max)
+            .map_err(ConfigError::Policy)?;
+        Ok(Some(webhook::Settings {
+            policy,
+            redis_timeout: self.webhook_redis_timeout,
+            drain_state_max_age: self.webhook_drain_state_max_age,
+        }))
+    }
+
+    /// Checks what clap cannot check flag by flag.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.webhook_settings().map(|_| ())
+    }
+}
+
+/// Settings that are valid one by one but not together. Each message names the flags.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--webhook-buffer, --webhook-min-replicas, --webhook-max-replicas: {0}")]
+    Policy(#[source] PolicyError),
+    #[error("--webhook-listen needs --webhook-max-replicas")]
+    MissingMaxReplicas,
+    #[error("--webhook-listen {0} is also --listen: the webhook needs its own port")]
+    SameListener(SocketAddr),
+}
+
+fn parse_buffer(raw: &str) -> Result<Buffer, String> {
+    raw.parse::<Buffer>().map_err(|e| e.to_string())
+}
+
+fn parse_replicas(raw: &str) -> Result<u32, String> {
+    policy::parse_replicas(raw).map_err(|e| e.to_string())
+}
+
+fn parse_max_age(raw: &str) -> Result<Duration, String> {
+    let d = parse_duration(raw)?;
+    let floor = drain_state::REFRESH_EVERY.saturating_mul(2);
+    if d < floor {
+        return Err(format!(
+            "{raw} is below {}s, twice the agents' refresh period",
+            floor.as_secs()
+        ));
+    }
+    Ok(d)
+}
+
+fn parse_webhook_timeout(raw: &str) -> Result<Duration, String> {
+    let d = parse_positive(raw)?;
+    if d > Duration::from_secs(10) {
+        return Err(format!(
+            "{raw} is over 10s: Agones gives up on a webhook after 15s"
+        ));
+    }
+    Ok(d)
 }
 
 fn parse_period(raw: &str) -> Result<Duration, String> {
@@ -309,6 +433,30 @@ mod tests {
             (&["--api-rate", "fast"], "--api-rate"),
             (&["--redis-ca-file", "/nonexistent.pem"], "--redis-ca-file"),
             (&["--cycle-deadline", "0s"], "--cycle-deadline"),
+            (&["--webhook-buffer", "0"], "--webhook-buffer"),
+            (&["--webhook-buffer", "100%"], "--webhook-buffer"),
+            (&["--webhook-buffer", "five"], "--webhook-buffer"),
+            (&["--webhook-min-replicas=-1"], "--webhook-min-replicas"),
+            (
+                &["--webhook-max-replicas", "2147483648"],
+                "--webhook-max-replicas",
+            ),
+            (
+                &["--webhook-drain-state-max-age", "10s"],
+                "--webhook-drain-state-max-age",
+            ),
+            (
+                &["--webhook-redis-timeout", "30s"],
+                "--webhook-redis-timeout",
+            ),
+            (
+                &["--webhook-tls-cert", "/nonexistent.pem"],
+                "--webhook-tls-cert",
+            ),
+            (
+                &["--webhook-tls-key", "/nonexistent.pem"],
+                "--webhook-tls-key",
+            ),
         ];
         for (args, flag) in cases {
             let err = parse(args).unwrap_err();
@@ -327,6 +475,78 @@ mod tests {
         let err = Config::try_parse_from(["lastcall-pubsub"]).unwrap_err();
         let line = lastcall_common::cli::one_line(&err.render().to_string());
         assert!(line.contains("--redis-url"), "{line}");
+    }
+
+    #[test]
+    fn webhook_is_off_by_default_and_its_flags_are_checked_together() {
+        assert!(parse(&[]).unwrap().webhook_settings().unwrap().is_none());
+        let on = parse(&[
+            "--webhook-listen",
+            "127.0.0.1:8000",
+            "--webhook-max-replicas",
+            "50",
+        ])
+        .unwrap();
+        let s = on.webhook_settings().unwrap().unwrap();
+        assert_eq!(s.policy, Policy::new(Buffer::Absolute(5), 0, 50).unwrap());
+        assert_eq!(s.drain_state_max_age, Duration::from_secs(120));
+        assert_eq!(s.redis_timeout, Duration::from_millis(500));
+
+        // Flags that need each other.
+        for args in [
+            &["--webhook-listen", "127.0.0.1:8000"][..],
+            &[
+                "--webhook-listen",
+                "127.0.0.1:8000",
+                "--webhook-max-replicas",
+                "5",
+                "--webhook-tls-cert",
+                "Cargo.toml",
+            ],
+        ] {
+            let err = parse(args).unwrap_err();
+            let line = lastcall_common::cli::one_line(&err.render().to_string());
+            assert!(line.contains("--webhook-"), "{args:?}: {line}");
+        }
+        // Valid one by one, not together: one line naming the flags.
+        let cases: &[&[&str]] = &[
+            &["--webhook-max-replicas", "3"],
+            &[
+                "--webhook-min-replicas",
+                "20",
+                "--webhook-max-replicas",
+                "10",
+            ],
+            &[
+                "--webhook-min-replicas",
+                "2",
+                "--webhook-max-replicas",
+                "10",
+            ],
+            &["--webhook-buffer", "10%", "--webhook-max-replicas", "10"],
+            &["--webhook-max-replicas", "10", "--listen", "127.0.0.1:8000"],
+        ];
+        for extra in cases {
+            let mut args = vec!["--webhook-listen", "127.0.0.1:8000"];
+            args.extend_from_slice(extra);
+            let err = parse(&args).unwrap().validate().unwrap_err().to_string();
+            assert!(
+                err.contains("--webhook-") && !err.contains('\n'),
+                "{extra:?}: {err}"
+            );
+        }
+        let pct = parse(&[
+            "--webhook-listen",
+            "127.0.0.1:8000",
+            "--webhook-buffer",
+            "10%",
+            "--webhook-min-replicas",
+            "1",
+            "--webhook-max-replicas",
+            "10",
+        ])
+        .unwrap();
+        assert!(pct.validate().is_ok());
     }
 
     #[test]

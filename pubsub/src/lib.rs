@@ -4,7 +4,9 @@
 //!
 //! Layers, each usable on its own: [`config`] (flags and env), [`groups`] (the groups file),
 //! [`poller`] (GameLift paging and backoff), [`publisher`] (pipelined Redis writes),
-//! [`metrics`], and [`run`] (the cycle, the loop and the process).
+//! [`metrics`], and [`run`] (the cycle, the loop and the process). [`webhook`] serves
+//! Agones' FleetAutoscaler webhook: the Buffer policy plus the Ready servers that draining
+//! nodes are about to lose, read from the drain state agents publish.
 #![forbid(unsafe_code)]
 
 pub mod config;
@@ -14,6 +16,7 @@ pub mod poller;
 pub mod publisher;
 pub mod rate;
 pub mod run;
+pub mod webhook;
 
 pub use config::Config;
 pub use poller::gamelift_client;

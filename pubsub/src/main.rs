@@ -12,6 +12,10 @@ async fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return ExitCode::from(lastcall_common::cli::report_parse_error(&e)),
     };
+    if let Err(e) = config.validate() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     if let Err(e) = lastcall_common::telemetry::init(&config.log_level) {
         eprintln!("error: {e}");
         return ExitCode::from(2);

@@ -294,3 +294,107 @@ impl Metrics {
         }
     }
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BoundLabels {
+    pub bound: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: &'static str,
+}
+
+/// Metrics of the FleetAutoscaler webhook, registered only when it is enabled. Names are
+/// `lastcall_pubsub_webhook_*`; every label value comes from a fixed set.
+#[derive(Clone, Debug)]
+pub struct WebhookMetrics {
+    pub requests: Family<ResultLabels, Counter>,
+    pub rejected: Family<ReasonLabels, Counter>,
+    pub request_duration: Histogram,
+    pub extra_replicas: Counter,
+    pub clamped: Family<BoundLabels, Counter>,
+    pub drain_state_reads: Family<ResultLabels, Counter>,
+    pub drain_state_read_duration: Histogram,
+    pub drain_state_nodes: Family<StateLabels, Gauge>,
+    pub drain_state_skipped: Family<ReasonLabels, Counter>,
+    pub drain_state_pruned: Counter,
+    pub tls_reloads: Family<ResultLabels, Counter>,
+}
+
+impl WebhookMetrics {
+    /// Creates the metrics and registers them under `lastcall_pubsub_webhook_` in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            requests: Family::default(),
+            rejected: Family::default(),
+            // 100 µs to about 3 s: a healthy answer is well under a millisecond.
+            request_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            extra_replicas: Counter::default(),
+            clamped: Family::default(),
+            drain_state_reads: Family::default(),
+            drain_state_read_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            drain_state_nodes: Family::default(),
+            drain_state_skipped: Family::default(),
+            drain_state_pruned: Counter::default(),
+            tls_reloads: Family::default(),
+        };
+        let r = registry.sub_registry_with_prefix("lastcall_pubsub_webhook");
+        r.register(
+            "requests",
+            "FleetAutoscaleReviews answered, by result (scale_up, scale_down, unchanged, rejected)",
+            m.requests.clone(),
+        );
+        r.register(
+            "rejected",
+            "FleetAutoscaleReviews refused with 400, by reason",
+            m.rejected.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Time from a review's arrival to its answer",
+            m.request_duration.clone(),
+        );
+        r.register(
+            "extra_replicas",
+            "Replicas added to answers for Ready servers on draining nodes",
+            m.extra_replicas.clone(),
+        );
+        r.register(
+            "clamped",
+            "Answers changed by the min or max replicas bound",
+            m.clamped.clone(),
+        );
+        r.register(
+            "drain_state_reads",
+            "Reads of the drain state from Redis, by result (ok, backoff, or an error class)",
+            m.drain_state_reads.clone(),
+        );
+        r.register(
+            "drain_state_read_duration_seconds",
+            "Duration of one drain state read (connect included)",
+            m.drain_state_read_duration.clone(),
+        );
+        r.register(
+            "drain_state_nodes",
+            "Entries in the drain state at the last read, by state (fresh, stale, malformed)",
+            m.drain_state_nodes.clone(),
+        );
+        r.register(
+            "drain_state_skipped",
+            "Drain state entries that did not count, per read, by reason",
+            m.drain_state_skipped.clone(),
+        );
+        r.register(
+            "drain_state_pruned",
+            "Long-dead drain state entries deleted",
+            m.drain_state_pruned.clone(),
+        );
+        r.register(
+            "tls_reloads",
+            "Reloads of the webhook's TLS certificate and key after the files changed, by result",
+            m.tls_reloads.clone(),
+        );
+        m
+    }
+}

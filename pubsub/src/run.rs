@@ -21,10 +21,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::groups::{GroupsFile, Reload};
+use crate::metrics::WebhookMetrics;
 use crate::metrics::{GroupLabels, GroupReasonLabels, GroupStatusLabels, Metrics};
 use crate::poller::{Budget, Poller, UNKNOWN_STATUS};
 use crate::publisher::{Outgoing, PublishReport, Publisher, READY_REDIS};
 use crate::rate::RateLimiter;
+use crate::webhook::Webhook;
+use crate::webhook::drain::DrainReader;
+use crate::webhook::tls::ReloadingCert;
+use lastcall_common::redis_conn;
 
 /// Name of the readiness check that some group was published recently.
 pub const READY_PUBLISHING: &str = "publishing";
@@ -48,6 +53,12 @@ pub enum Error {
     Signals(#[source] std::io::Error),
     #[error("admin HTTP server failed: {0}")]
     Admin(#[source] std::io::Error),
+    #[error("{0}")]
+    Config(#[source] crate::config::ConfigError),
+    #[error("webhook TLS files: {0}")]
+    WebhookTls(#[source] crate::webhook::tls::TlsError),
+    #[error("{0}")]
+    Webhook(#[source] crate::webhook::ServeError),
 }
 
 /// What one cycle did. Counts are for this cycle only.
@@ -131,6 +142,7 @@ pub struct Pubsub {
     concurrency: usize,
     api_budget: u32,
     state: tokio::sync::Mutex<CycleState>,
+    webhook: Option<Arc<Webhook>>,
 }
 
 impl std::fmt::Debug for Pubsub {
@@ -151,6 +163,23 @@ impl Pubsub {
         let health = Health::new(&[READY_REDIS, READY_PUBLISHING]);
         let publisher =
             Publisher::new(config, metrics.clone(), health.clone()).map_err(Error::Redis)?;
+        let webhook = match config.webhook_settings().map_err(Error::Config)? {
+            None => None,
+            Some(settings) => {
+                let metrics = WebhookMetrics::register(&mut registry);
+                // Its own connection: a slow publish batch never delays an answer.
+                let client = redis_conn::client(&config.redis_url, config.redis_ca_file.as_ref())
+                    .map_err(Error::Redis)?;
+                let reader = DrainReader::new(
+                    client,
+                    config.redis_url.is_tls(),
+                    settings.redis_timeout,
+                    settings.drain_state_max_age,
+                    metrics.clone(),
+                );
+                Some(Arc::new(Webhook::new(settings.policy, reader, metrics)))
+            }
+        };
         Ok(Self {
             poller: Poller::new(gamelift, config, metrics.clone()),
             publisher,
@@ -172,7 +201,14 @@ impl Pubsub {
                 groups: HashMap::new(),
                 last_any_publish: None,
             }),
+            webhook,
         })
+    }
+
+    /// The FleetAutoscaler webhook, when `--webhook-listen` is set; serve it with
+    /// [`crate::webhook::serve`].
+    pub fn webhook(&self) -> Option<&Arc<Webhook>> {
+        self.webhook.as_ref()
     }
 
     /// `/metrics`, `/healthz` and `/readyz` for this service. `/healthz` is pubsub's own:
@@ -576,6 +612,20 @@ pub async fn serve(config: Config) -> Result<(), Error> {
             addr: config.listen,
             source,
         })?;
+    let webhook_listener = match config.webhook_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| Error::Bind { addr, source })?,
+        ),
+        None => None,
+    };
+    let webhook_tls = match (&config.webhook_tls_cert, &config.webhook_tls_key) {
+        (Some(cert), Some(key)) => Some(Arc::new(
+            ReloadingCert::load(cert, key).map_err(Error::WebhookTls)?,
+        )),
+        _ => None,
+    };
     let gamelift = crate::poller::gamelift_client(&config, None).await;
     let pubsub = Arc::new(Pubsub::new(&config, gamelift)?);
     let mut admin = tokio::spawn(admin::serve(
@@ -583,10 +633,45 @@ pub async fn serve(config: Config) -> Result<(), Error> {
         pubsub.admin_router(),
         shutdown.clone(),
     ));
+    let mut webhook = match (pubsub.webhook(), webhook_listener) {
+        (Some(w), Some(listener)) => {
+            tracing::info!(
+                message = "FleetAutoscaler webhook listening",
+                addr = %config.webhook_listen.map(|a| a.to_string()).unwrap_or_default(),
+                tls = webhook_tls.is_some(),
+                buffer = %w.policy().buffer(),
+                min_replicas = w.policy().min(),
+                max_replicas = w.policy().max(),
+                drain_state_max_age_s = config.webhook_drain_state_max_age.as_secs(),
+            );
+            Some(tokio::spawn(crate::webhook::serve(
+                listener,
+                w.clone(),
+                webhook_tls,
+                shutdown.clone(),
+            )))
+        }
+        _ => None,
+    };
+    let webhook_ended = async {
+        match webhook.as_mut() {
+            Some(task) => task.await,
+            None => std::future::pending().await,
+        }
+    };
 
     let admin_result = tokio::select! {
         () = pubsub.run(shutdown.clone()) => None,
         r = &mut admin => Some(r),
+        r = webhook_ended => {
+            shutdown.cancel();
+            let _ = signals.await;
+            return match r {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(Error::Webhook(e)),
+                Err(join) => Err(Error::Webhook(crate::webhook::ServeError::Io(std::io::Error::other(join.to_string())))),
+            };
+        }
     };
     shutdown.cancel();
     let admin_result = match admin_result {

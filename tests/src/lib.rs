@@ -11,4 +11,5 @@ pub use lastcall_emulators::{
 
 pub mod agent;
 pub mod demo;
+pub mod webhook;
 pub mod world;

@@ -287,7 +287,9 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
 
     // World 1: FleetIQ drain with a cancel in the middle, then a Node-label drain of n2.
     let w = World::start(WorldSpec::new(2, 1, 0).extra_nodes(&["n2", "n3"])).await;
-    let agent = w.agent(&["--autoscaler-cooperation", "in-use"]).await;
+    let agent = w
+        .agent(&["--autoscaler-cooperation", "in-use", "--release-floor", "1"])
+        .await;
     subscribed(&agent).await;
     w.claimed_all().await;
     let keep = w.allocated();

@@ -1,0 +1,485 @@
+//! Drain state: what each draining node tells the FleetAutoscaler webhook, through Redis.
+//!
+//! A Fleet's Ready servers on a draining node still count as Ready in the Fleet's status,
+//! but no player will land on them and the agent is about to delete them. The webhook adds
+//! them to the buffer so their replacements start before that capacity disappears. This
+//! module is the one definition of that contract; the agent writes it, pubsub reads it.
+//!
+//! **Format.** One Redis hash, [`KEY`] (`lastcall:drain-state`): field = the node name,
+//! value = the JSON of a [`NodeDrainState`]:
+//!
+//! ```json
+//! {"node":"gke-pool-1-abcd","updated_at_ms":1767225600000,
+//!  "fleets":[{"namespace":"default","name":"simple-game","ready":6,"allocated":3}]}
+//! ```
+//!
+//! Reading is one `HGETALL`, O(draining nodes): a node that is not draining has no field.
+//! Unknown JSON keys are ignored, so the format can grow without breaking older readers.
+//!
+//! **Writer's duties (the agent).** While the node drains, [`publish`] the current counts
+//! whenever they change and at least every [`REFRESH_EVERY`], so `updated_at_ms` stays
+//! fresh; [`clear`] the field when the drain ends or is cancelled. An entry older than the
+//! reader's max age counts as zero, so a dead agent's entry stops inflating the buffer on
+//! its own; readers [`prune`] entries far older than that.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+/// The Redis hash holding one field per draining node.
+pub const KEY: &str = "lastcall:drain-state";
+
+/// Largest entry a reader accepts. A node with a few hundred Fleets fits in a few KiB.
+pub const MAX_ENTRY_BYTES: usize = 64 * 1024;
+
+/// How often a writer refreshes its entry while draining, even when nothing changed.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(30);
+
+/// Readers delete entries older than this many max ages: long dead, not merely late.
+pub const PRUNE_AFTER_MAX_AGES: u32 = 10;
+
+/// Longest node, namespace or Fleet name accepted (Kubernetes names are at most 253).
+const MAX_NAME_BYTES: usize = 253;
+
+/// One draining node's game servers, per Fleet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeDrainState {
+    /// The Node's name; also the hash field.
+    pub node: String,
+    /// When the writer computed these counts (Unix milliseconds, the writer's wall clock).
+    pub updated_at_ms: i64,
+    /// Fleets with game servers on this node; each Fleet at most once.
+    pub fleets: Vec<FleetOnNode>,
+}
+
+/// One Fleet's game servers on a draining node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetOnNode {
+    /// The Fleet's namespace.
+    pub namespace: String,
+    /// The Fleet's name (the `agones.dev/fleet` label of its GameServers).
+    pub name: String,
+    /// Ready GameServers of this Fleet on the node: capacity about to disappear.
+    pub ready: u32,
+    /// Allocated GameServers of this Fleet on the node (informational).
+    pub allocated: u32,
+}
+
+/// Why an entry is unusable. Each variant has a fixed metric label.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EntryError {
+    #[error("entry is {0} bytes, over the {MAX_ENTRY_BYTES}-byte limit")]
+    Oversize(usize),
+    #[error("node field or value is not UTF-8")]
+    NotUtf8,
+    #[error("entry is not a drain state: {0}")]
+    Json(String),
+    #[error("field {field:?} holds the state of node {node:?}")]
+    NodeMismatch { field: String, node: String },
+    #[error("{0}")]
+    InvalidName(String),
+    #[error("fleet {namespace}/{name} is listed twice")]
+    DuplicateFleet { namespace: String, name: String },
+}
+
+impl EntryError {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Oversize(_) => "oversize",
+            Self::NotUtf8 => "not_utf8",
+            Self::Json(_) => "invalid_json",
+            Self::NodeMismatch { .. } => "node_mismatch",
+            Self::InvalidName(_) => "invalid_name",
+            Self::DuplicateFleet { .. } => "duplicate_fleet",
+        }
+    }
+}
+
+/// Errors of [`publish`].
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The state would be rejected by every reader, so it is not written.
+    #[error("refusing to publish an invalid drain state: {0}")]
+    Invalid(#[source] EntryError),
+    #[error("writing the drain state to Redis: {0}")]
+    Redis(#[source] redis::RedisError),
+}
+
+fn check_name(what: &str, value: &str) -> Result<(), EntryError> {
+    if value.is_empty() || value.len() > MAX_NAME_BYTES || value.chars().any(char::is_control) {
+        return Err(EntryError::InvalidName(format!(
+            "{what} {:?} is empty, longer than {MAX_NAME_BYTES} bytes or has control characters",
+            crate::fleetiq::trim_for_log(value, 64)
+        )));
+    }
+    Ok(())
+}
+
+impl NodeDrainState {
+    /// The rules every reader applies; writers check them before writing.
+    pub fn validate(&self) -> Result<(), EntryError> {
+        check_name("node", &self.node)?;
+        let mut seen: Vec<(&str, &str)> = Vec::with_capacity(self.fleets.len());
+        for f in &self.fleets {
+            check_name("fleet namespace", &f.namespace)?;
+            check_name("fleet name", &f.name)?;
+            let key = (f.namespace.as_str(), f.name.as_str());
+            if seen.contains(&key) {
+                return Err(EntryError::DuplicateFleet {
+                    namespace: f.namespace.clone(),
+                    name: f.name.clone(),
+                });
+            }
+            seen.push(key);
+        }
+        Ok(())
+    }
+
+    /// The hash value: compact JSON.
+    pub fn to_json(&self) -> String {
+        // Serialising plain strings and integers cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Decodes the value of hash field `field`, with every reader-side check.
+    pub fn parse(field: &[u8], value: &[u8]) -> Result<Self, EntryError> {
+        if value.len() > MAX_ENTRY_BYTES {
+            return Err(EntryError::Oversize(value.len()));
+        }
+        let field = std::str::from_utf8(field).map_err(|_| EntryError::NotUtf8)?;
+        let state: NodeDrainState = serde_json::from_slice(value)
+            .map_err(|e| EntryError::Json(crate::fleetiq::trim_for_log(&e.to_string(), 200)))?;
+        if state.node != field {
+            return Err(EntryError::NodeMismatch {
+                field: crate::fleetiq::trim_for_log(field, 64),
+                node: crate::fleetiq::trim_for_log(&state.node, 64),
+            });
+        }
+        state.validate()?;
+        Ok(state)
+    }
+}
+
+/// Why an entry did not count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Skip {
+    Malformed(EntryError),
+    /// Older than the max age: its writer stopped refreshing it.
+    Stale {
+        age_ms: i64,
+    },
+    /// Dated more than the max age ahead of the reader's clock: a writer clock far off
+    /// would otherwise keep its entry fresh forever.
+    Future {
+        ahead_ms: i64,
+    },
+}
+
+impl Skip {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Malformed(e) => e.metric_label(),
+            Self::Stale { .. } => "stale",
+            Self::Future { .. } => "future",
+        }
+    }
+}
+
+/// An entry that did not count, with its raw value for a compare-and-delete [`prune`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    /// The hash field, lossily decoded for logs.
+    pub node: String,
+    pub field: Vec<u8>,
+    pub value: Vec<u8>,
+    pub why: Skip,
+}
+
+/// The drain state as of one read: extra Ready per Fleet from fresh entries only.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// namespace → Fleet name → Ready servers on draining nodes.
+    ready: HashMap<String, HashMap<String, u64>>,
+    /// Entries that counted.
+    pub fresh_nodes: usize,
+    /// Entries that did not, and why.
+    pub skipped: Vec<Skipped>,
+}
+
+impl Snapshot {
+    /// Builds the snapshot from raw hash entries: pure, so staleness is testable with any
+    /// `now_ms`. An entry is fresh when `|now − updated_at| ≤ max_age`.
+    pub fn from_entries(entries: Vec<(Vec<u8>, Vec<u8>)>, now_ms: i64, max_age: Duration) -> Self {
+        let max_age_ms = i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX);
+        let mut snap = Snapshot::default();
+        for (field, value) in entries {
+            let why = match NodeDrainState::parse(&field, &value) {
+                Err(e) => Skip::Malformed(e),
+                Ok(state) => {
+                    let age_ms = now_ms.saturating_sub(state.updated_at_ms);
+                    if age_ms > max_age_ms {
+                        Skip::Stale { age_ms }
+                    } else if age_ms < max_age_ms.saturating_neg() {
+                        Skip::Future {
+                            ahead_ms: age_ms.saturating_neg(),
+                        }
+                    } else {
+                        snap.fresh_nodes += 1;
+                        for f in state.fleets {
+                            *snap
+                                .ready
+                                .entry(f.namespace)
+                                .or_default()
+                                .entry(f.name)
+                                .or_default() += u64::from(f.ready);
+                        }
+                        continue;
+                    }
+                }
+            };
+            snap.skipped.push(Skipped {
+                node: String::from_utf8_lossy(&field).into_owned(),
+                field,
+                value,
+                why,
+            });
+        }
+        snap
+    }
+
+    /// Ready servers of Fleet `namespace/name` on freshly reported draining nodes.
+    pub fn extra_ready(&self, namespace: &str, name: &str) -> u64 {
+        self.ready
+            .get(namespace)
+            .and_then(|fleets| fleets.get(name))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Stale entries old enough to delete: more than [`PRUNE_AFTER_MAX_AGES`] max ages.
+    pub fn prunable(&self, max_age: Duration) -> impl Iterator<Item = &Skipped> {
+        let limit = i64::try_from(max_age.saturating_mul(PRUNE_AFTER_MAX_AGES).as_millis())
+            .unwrap_or(i64::MAX);
+        self.skipped
+            .iter()
+            .filter(move |s| matches!(s.why, Skip::Stale { age_ms } if age_ms > limit))
+    }
+}
+
+/// Unix milliseconds of `t` (0 before the epoch): the clock `updated_at_ms` is read against.
+pub fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Writes (replaces) `state` as its node's field of [`KEY`].
+pub async fn publish<C>(conn: &mut C, state: &NodeDrainState) -> Result<(), PublishError>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    state.validate().map_err(PublishError::Invalid)?;
+    redis::cmd("HSET")
+        .arg(KEY)
+        .arg(&state.node)
+        .arg(state.to_json())
+        .query_async::<i64>(conn)
+        .await
+        .map(|_| ())
+        .map_err(PublishError::Redis)
+}
+
+/// Removes `node`'s field: its drain ended or was cancelled. Returns whether it existed.
+pub async fn clear<C>(conn: &mut C, node: &str) -> redis::RedisResult<bool>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    redis::cmd("HDEL")
+        .arg(KEY)
+        .arg(node)
+        .query_async::<i64>(conn)
+        .await
+        .map(|n| n > 0)
+}
+
+/// Reads every entry in one `HGETALL` and keeps the fresh ones (see
+/// [`Snapshot::from_entries`]). A malformed entry never fails the read.
+pub async fn read_all<C>(
+    conn: &mut C,
+    now_ms: i64,
+    max_age: Duration,
+) -> redis::RedisResult<Snapshot>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    // Raw bytes, so one entry that is not UTF-8 is skipped instead of failing the read.
+    let entries: Vec<(Vec<u8>, Vec<u8>)> = redis::cmd("HGETALL").arg(KEY).query_async(conn).await?;
+    Ok(Snapshot::from_entries(entries, now_ms, max_age))
+}
+
+/// Deletes `field` only if it still holds `value`, so a writer that refreshed its entry in
+/// the meantime keeps it. Returns whether it was deleted.
+pub async fn prune<C>(conn: &mut C, field: &[u8], value: &[u8]) -> redis::RedisResult<bool>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    const COMPARE_AND_DELETE: &str = r"
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+";
+    redis::Script::new(COMPARE_AND_DELETE)
+        .key(KEY)
+        .arg(field)
+        .arg(value)
+        .invoke_async::<i64>(conn)
+        .await
+        .map(|n| n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: Duration = Duration::from_secs(60);
+
+    fn state(node: &str, at: i64, fleets: &[(&str, &str, u32, u32)]) -> NodeDrainState {
+        NodeDrainState {
+            node: node.into(),
+            updated_at_ms: at,
+            fleets: fleets
+                .iter()
+                .map(|&(namespace, name, ready, allocated)| FleetOnNode {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                    ready,
+                    allocated,
+                })
+                .collect(),
+        }
+    }
+
+    fn entry(s: &NodeDrainState) -> (Vec<u8>, Vec<u8>) {
+        (s.node.clone().into_bytes(), s.to_json().into_bytes())
+    }
+
+    #[test]
+    fn the_wire_form_is_stable() {
+        let s = state(
+            "node-a",
+            1_767_225_600_000,
+            &[("default", "simple-game", 6, 3)],
+        );
+        assert_eq!(
+            s.to_json(),
+            r#"{"node":"node-a","updated_at_ms":1767225600000,"fleets":[{"namespace":"default","name":"simple-game","ready":6,"allocated":3}]}"#
+        );
+        assert_eq!(
+            NodeDrainState::parse(b"node-a", s.to_json().as_bytes()),
+            Ok(s)
+        );
+        // Unknown keys (a newer writer) are accepted.
+        let newer = br#"{"node":"n","updated_at_ms":1,"fleets":[],"cause":"preemption"}"#;
+        assert!(NodeDrainState::parse(b"n", newer).is_ok());
+    }
+
+    #[test]
+    fn fresh_entries_add_up_per_fleet_across_nodes() {
+        let now = 1_000_000;
+        let snap = Snapshot::from_entries(
+            vec![
+                entry(&state(
+                    "a",
+                    now - 5_000,
+                    &[("ns", "f", 4, 1), ("ns", "g", 2, 0)],
+                )),
+                entry(&state("b", now, &[("ns", "f", 2, 0), ("other", "f", 7, 0)])),
+            ],
+            now,
+            MIN,
+        );
+        assert_eq!(snap.fresh_nodes, 2);
+        assert_eq!(snap.extra_ready("ns", "f"), 6);
+        assert_eq!(snap.extra_ready("ns", "g"), 2);
+        assert_eq!(snap.extra_ready("other", "f"), 7);
+        assert_eq!(snap.extra_ready("ns", "missing"), 0);
+        assert!(snap.skipped.is_empty());
+    }
+
+    #[test]
+    fn stale_future_and_malformed_entries_count_zero() {
+        let now = 10_000_000;
+        let ok = state("ok", now - 60_000, &[("ns", "f", 1, 0)]); // exactly max age: fresh
+        let stale = state("stale", now - 60_001, &[("ns", "f", 10, 0)]);
+        let ahead = state("ahead", now + 60_001, &[("ns", "f", 100, 0)]);
+        let dup = state("dup", now, &[("ns", "f", 1, 0), ("ns", "f", 1, 0)]);
+        let cases: Vec<(Vec<u8>, Vec<u8>)> = vec![
+            entry(&ok),
+            entry(&stale),
+            entry(&ahead),
+            entry(&dup),
+            (b"bad".to_vec(), b"{not json".to_vec()),
+            (b"neg".to_vec(), br#"{"node":"neg","updated_at_ms":1,"fleets":[{"namespace":"ns","name":"f","ready":-1,"allocated":0}]}"#.to_vec()),
+            (b"other".to_vec(), ok.to_json().into_bytes()),
+            (vec![0xff, 0xfe], b"{}".to_vec()),
+            (b"big".to_vec(), vec![b' '; MAX_ENTRY_BYTES + 1]),
+            (b"empty".to_vec(), br#"{"node":"empty","updated_at_ms":1,"fleets":[{"namespace":"","name":"f","ready":1,"allocated":0}]}"#.to_vec()),
+        ];
+        let snap = Snapshot::from_entries(cases, now, MIN);
+        assert_eq!(snap.fresh_nodes, 1);
+        assert_eq!(snap.extra_ready("ns", "f"), 1);
+        let labels: Vec<(&str, &str)> = snap
+            .skipped
+            .iter()
+            .map(|s| (s.node.as_str(), s.why.metric_label()))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("stale", "stale"),
+                ("ahead", "future"),
+                ("dup", "duplicate_fleet"),
+                ("bad", "invalid_json"),
+                ("neg", "invalid_json"),
+                ("other", "node_mismatch"),
+                ("\u{fffd}\u{fffd}", "not_utf8"),
+                ("big", "oversize"),
+                ("empty", "invalid_name"),
+            ]
+        );
+    }
+
+    #[test]
+    fn only_long_dead_entries_are_prunable() {
+        let now = 100_000_000;
+        let snap = Snapshot::from_entries(
+            vec![
+                entry(&state("late", now - 2 * 60_000, &[])),
+                entry(&state("dead", now - 11 * 60_000, &[])),
+                (b"bad".to_vec(), b"x".to_vec()),
+            ],
+            now,
+            MIN,
+        );
+        let prunable: Vec<&str> = snap.prunable(MIN).map(|s| s.node.as_str()).collect();
+        assert_eq!(prunable, ["dead"], "malformed entries are never deleted");
+    }
+
+    #[test]
+    fn writers_cannot_publish_what_readers_reject() {
+        assert!(state("", 1, &[]).validate().is_err());
+        assert!(state("n", 1, &[("ns", "", 1, 0)]).validate().is_err());
+        assert!(
+            state("n", 1, &[("ns", "f", 1, 0), ("ns", "f", 2, 0)])
+                .validate()
+                .is_err()
+        );
+        assert!(
+            state("n", 1, &[("ns", "f", 1, 0), ("ns2", "f", 2, 0)])
+                .validate()
+                .is_ok()
+        );
+    }
+}

@@ -1,0 +1,285 @@
+//! Reads the drain state for the webhook, never slowly and never fatally.
+//!
+//! Each answer reads Redis once (`HGETALL`, O(draining nodes)), so it reflects the state at
+//! the time of the question. The read is bounded by `--webhook-redis-timeout`; on any
+//! failure the answer counts zero extra, and reads back off for a while, so a dead or
+//! blackholed Redis costs one timeout per backoff step, not one per request. The connection
+//! is the webhook's own: a slow publish batch never delays an answer.
+
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use lastcall_common::backoff::Backoff;
+use lastcall_common::drain_state::{self, Skip, Snapshot};
+use lastcall_common::fleetiq::trim_for_log;
+use lastcall_common::redis_conn::{self, ErrorClass};
+use redis::aio::MultiplexedConnection;
+use tokio::time::Instant;
+
+use crate::metrics::{Metrics, ReasonLabels, StateLabels, WebhookMetrics};
+
+/// Backoff after a failed read: short, so drain state is used again soon after Redis
+/// returns (Agones asks every 30 s by default).
+const RETRY_BASE: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(10);
+/// At most one prune pass, and one warning about bad entries, per this period.
+const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(60);
+
+/// Extra Ready servers for one Fleet, or why none could be read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    Read(u64),
+    /// Counted as zero; the label says why (`backoff`, `timeout`, an error class).
+    Unavailable(&'static str),
+}
+
+impl Lookup {
+    pub fn extra(self) -> u64 {
+        match self {
+            Self::Read(n) => n,
+            Self::Unavailable(_) => 0,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Gate {
+    backoff: Backoff,
+    retry_at: Option<Instant>,
+    failing: Option<&'static str>,
+}
+
+/// The webhook's view of `lastcall:drain-state`.
+pub struct DrainReader {
+    client: redis::Client,
+    tls: bool,
+    timeout: Duration,
+    max_age: Duration,
+    slot: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    gate: Mutex<Gate>,
+    last_prune: Mutex<Option<Instant>>,
+    last_warning: Mutex<Option<Instant>>,
+    metrics: WebhookMetrics,
+}
+
+impl std::fmt::Debug for DrainReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DrainReader")
+            .field("timeout", &self.timeout)
+            .field("max_age", &self.max_age)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DrainReader {
+    /// No I/O: the first question connects.
+    pub fn new(
+        client: redis::Client,
+        tls: bool,
+        timeout: Duration,
+        max_age: Duration,
+        metrics: WebhookMetrics,
+    ) -> Self {
+        Self {
+            client,
+            tls,
+            timeout,
+            max_age,
+            slot: tokio::sync::Mutex::new(None),
+            gate: Mutex::new(Gate {
+                backoff: Backoff::new(RETRY_BASE, RETRY_MAX),
+                retry_at: None,
+                failing: None,
+            }),
+            last_prune: Mutex::new(None),
+            last_warning: Mutex::new(None),
+            metrics,
+        }
+    }
+
+    /// Ready servers of Fleet `namespace/name` on draining nodes, within the timeout.
+    pub async fn extra_ready(&self, namespace: &str, name: &str) -> Lookup {
+        if self.backing_off() {
+            Metrics::result(&self.metrics.drain_state_reads, "backoff");
+            return Lookup::Unavailable("backoff");
+        }
+        let started = Instant::now();
+        let read = tokio::time::timeout(self.timeout, self.read()).await;
+        self.metrics
+            .drain_state_read_duration
+            .observe(started.elapsed().as_secs_f64());
+        match read {
+            Ok(Ok((snap, conn))) => {
+                self.read_ok(&snap, conn);
+                Lookup::Read(snap.extra_ready(namespace, name))
+            }
+            Ok(Err(e)) => {
+                let class = redis_conn::classify(&e);
+                if class.needs_new_connection() {
+                    self.forget_connection();
+                }
+                self.read_failed(class.label(), class.hint(self.tls), &e.to_string());
+                Lookup::Unavailable(class.label())
+            }
+            Err(_) => {
+                // A connection that did not answer in time is not trusted again.
+                self.forget_connection();
+                let label = ErrorClass::Timeout.label();
+                self.read_failed(
+                    label,
+                    ErrorClass::Timeout.hint(self.tls),
+                    "no answer within --webhook-redis-timeout",
+                );
+                Lookup::Unavailable(label)
+            }
+        }
+    }
+
+    async fn read(&self) -> redis::RedisResult<(Snapshot, MultiplexedConnection)> {
+        let mut conn = {
+            let mut slot = self.slot.lock().await;
+            match slot.as_ref() {
+                Some(c) => c.clone(),
+                None => {
+                    let c = redis_conn::connect(&self.client, self.timeout).await?;
+                    *slot = Some(c.clone());
+                    c
+                }
+            }
+        };
+        let now_ms = drain_state::unix_ms(SystemTime::now());
+        let snap = drain_state::read_all(&mut conn, now_ms, self.max_age).await?;
+        Ok((snap, conn))
+    }
+
+    /// Drops the shared connection so the next read opens a new one. Never waits: if
+    /// another request holds the slot it is connecting, and the slot is empty anyway.
+    fn forget_connection(&self) {
+        if let Ok(mut slot) = self.slot.try_lock() {
+            *slot = None;
+        }
+    }
+
+    fn backing_off(&self) -> bool {
+        let gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        gate.retry_at.is_some_and(|at| Instant::now() < at)
+    }
+
+    fn read_ok(&self, snap: &Snapshot, conn: MultiplexedConnection) {
+        Metrics::result(&self.metrics.drain_state_reads, "ok");
+        let recovered = {
+            let mut gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+            gate.backoff.reset();
+            gate.retry_at = None;
+            gate.failing.take()
+        };
+        if let Some(after) = recovered {
+            tracing::info!(message = "drain state readable again", after);
+        }
+        let (mut stale, mut malformed) = (0i64, 0i64);
+        for s in &snap.skipped {
+            self.metrics
+                .drain_state_skipped
+                .get_or_create(&ReasonLabels {
+                    reason: s.why.metric_label(),
+                })
+                .inc();
+            match s.why {
+                Skip::Malformed(_) => malformed += 1,
+                Skip::Stale { .. } | Skip::Future { .. } => stale += 1,
+            }
+        }
+        let nodes = &self.metrics.drain_state_nodes;
+        nodes
+            .get_or_create(&StateLabels { state: "fresh" })
+            .set(snap.fresh_nodes as i64);
+        nodes
+            .get_or_create(&StateLabels { state: "stale" })
+            .set(stale);
+        nodes
+            .get_or_create(&StateLabels { state: "malformed" })
+            .set(malformed);
+        if !snap.skipped.is_empty() && due(&self.last_warning) {
+            let first: Vec<String> = snap
+                .skipped
+                .iter()
+                .filter(|s| matches!(s.why, Skip::Malformed(_) | Skip::Future { .. }))
+                .take(5)
+                .map(|s| match &s.why {
+                    Skip::Malformed(e) => format!("{}: {e}", trim_for_log(&s.node, 64)),
+                    other => format!("{}: {}", trim_for_log(&s.node, 64), other.metric_label()),
+                })
+                .collect();
+            if !first.is_empty() {
+                tracing::warn!(
+                    message = "drain state entries skipped (counted as zero extra)",
+                    malformed,
+                    stale,
+                    first = ?first
+                );
+            }
+        }
+        self.prune(snap, conn);
+    }
+
+    /// Deletes long-dead entries in the background, at most once per housekeeping period.
+    fn prune(&self, snap: &Snapshot, mut conn: MultiplexedConnection) {
+        let dead: Vec<(String, Vec<u8>, Vec<u8>)> = snap
+            .prunable(self.max_age)
+            .map(|s| (s.node.clone(), s.field.clone(), s.value.clone()))
+            .collect();
+        if dead.is_empty() || !due(&self.last_prune) {
+            return;
+        }
+        let pruned = self.metrics.drain_state_pruned.clone();
+        let timeout = self.timeout;
+        tokio::spawn(async move {
+            for (node, field, value) in dead {
+                match tokio::time::timeout(timeout, drain_state::prune(&mut conn, &field, &value))
+                    .await
+                {
+                    Ok(Ok(true)) => {
+                        pruned.inc();
+                        tracing::info!(message = "pruned a long-dead drain state entry", node = %trim_for_log(&node, 64));
+                    }
+                    Ok(Ok(false)) => {}
+                    Ok(Err(e)) => {
+                        tracing::debug!(message = "pruning drain state failed", error = %e);
+                        return;
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+    }
+
+    fn read_failed(&self, reason: &'static str, hint: &'static str, error: &str) {
+        Metrics::result(&self.metrics.drain_state_reads, reason);
+        let (first, retry_in) = {
+            let mut gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+            let first = gate.failing != Some(reason);
+            gate.failing = Some(reason);
+            let delay = gate.backoff.next_delay();
+            gate.retry_at = Some(Instant::now() + delay);
+            (first, delay)
+        };
+        let error = trim_for_log(error, 300);
+        let retry_in_ms = retry_in.as_millis() as u64;
+        if first {
+            tracing::warn!(message = "cannot read the drain state; answering with zero extra", reason, hint, retry_in_ms, error = %error);
+        } else {
+            tracing::debug!(message = "drain state still unreadable", reason, retry_in_ms, error = %error);
+        }
+    }
+}
+
+/// Whether `every` has passed since `last`; if so, marks now.
+fn due(last: &Mutex<Option<Instant>>) -> bool {
+    let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+    let now = Instant::now();
+    if last.is_some_and(|at| now.duration_since(at) < HOUSEKEEPING_EVERY) {
+        return false;
+    }
+    *last = Some(now);
+    true
+}

@@ -1,0 +1,189 @@
+//! The pubsub FleetAutoscaler webhook, served in-process on loopback for tests and
+//! benchmarks, and `FleetAutoscaleReview` bodies in the shapes Agones sends.
+//!
+//! The server is the production one: `Pubsub::new` builds the webhook from parsed flags
+//! and `lastcall_pubsub::webhook::serve` serves it (HTTP, or HTTPS with the given files).
+//! GameLift is never called: no cycle runs.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use lastcall_pubsub::webhook::tls::ReloadingCert;
+use lastcall_pubsub::{Config, Pubsub};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::redis::TlsFiles;
+
+/// A Fleet's status as Agones reports it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FleetStatus {
+    pub replicas: i64,
+    pub ready: i64,
+    pub reserved: i64,
+    pub allocated: i64,
+}
+
+/// A review body as Agones' controller marshals it: no `apiVersion`/`kind`,
+/// `"response": null`, the full `FleetStatus` (players, counters and lists included), the
+/// Fleet's labels and `annotations`.
+pub fn agones_review(
+    uid: &str,
+    namespace: &str,
+    name: &str,
+    status: FleetStatus,
+    annotations: &[(&str, &str)],
+) -> String {
+    let annotations: serde_json::Map<String, serde_json::Value> = annotations
+        .iter()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+        .collect();
+    serde_json::json!({
+        "request": {
+            "uid": uid,
+            "name": name,
+            "namespace": namespace,
+            "status": {
+                "replicas": status.replicas,
+                "readyReplicas": status.ready,
+                "reservedReplicas": status.reserved,
+                "allocatedReplicas": status.allocated,
+                "players": {"count": 0, "capacity": 0},
+                "counters": {"rooms": {"allocatedCount": 1, "allocatedCapacity": 4, "count": 2, "capacity": 8}},
+                "lists": {"players": {"allocatedCount": 0, "allocatedCapacity": 0, "count": 0, "capacity": 10}}
+            },
+            "labels": {"app.kubernetes.io/name": name},
+            "annotations": annotations,
+        },
+        "response": null,
+    })
+    .to_string()
+}
+
+/// The same review in the documented typed form: `apiVersion` and `kind` set, only the
+/// four counts.
+pub fn typed_review(uid: &str, namespace: &str, name: &str, status: FleetStatus) -> String {
+    serde_json::json!({
+        "apiVersion": "autoscaling.agones.dev/v1",
+        "kind": "FleetAutoscaleReview",
+        "request": {
+            "uid": uid,
+            "name": name,
+            "namespace": namespace,
+            "status": {
+                "replicas": status.replicas,
+                "readyReplicas": status.ready,
+                "reservedReplicas": status.reserved,
+                "allocatedReplicas": status.allocated,
+            },
+        },
+    })
+    .to_string()
+}
+
+/// A running webhook. Dropping it stops the server.
+pub struct WebhookServer {
+    pub pubsub: Arc<Pubsub>,
+    addr: std::net::SocketAddr,
+    tls: bool,
+    shutdown: CancellationToken,
+}
+
+impl Drop for WebhookServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl WebhookServer {
+    /// Starts the webhook against `redis_url` with `extra` pubsub flags
+    /// (`--webhook-max-replicas` is required), serving HTTPS when `tls` is given.
+    pub async fn start(
+        redis_url: &str,
+        extra: &[&str],
+        tls: Option<&TlsFiles>,
+    ) -> anyhow::Result<WebhookServer> {
+        let mut argv: Vec<String> = [
+            "lastcall-pubsub",
+            "--redis-url",
+            redis_url,
+            "--config-file",
+            "/nonexistent/fleetiq.conf",
+            "--aws-region",
+            "us-west-2",
+            "--gamelift-endpoint",
+            "http://127.0.0.1:9",
+            "--listen",
+            "127.0.0.1:0",
+            "--webhook-listen",
+            "127.0.0.1:0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if let Some(tls) = tls {
+            argv.push("--webhook-tls-cert".into());
+            argv.push(path_str(&tls.cert_pem)?);
+            argv.push("--webhook-tls-key".into());
+            argv.push(path_str(&tls.key_pem)?);
+        }
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        let config = Config::try_parse_from(argv)?;
+        config.validate()?;
+        let credentials = aws_sdk_gamelift::config::Credentials::new(
+            "AKIDWEBHOOKTEST",
+            "webhook-test-secret",
+            None,
+            None,
+            "webhook-tests",
+        );
+        let gamelift = lastcall_pubsub::gamelift_client(&config, Some(credentials)).await;
+        let pubsub = Arc::new(Pubsub::new(&config, gamelift)?);
+        let webhook = pubsub
+            .webhook()
+            .context("the webhook is configured")?
+            .clone();
+        let cert = match (&config.webhook_tls_cert, &config.webhook_tls_key) {
+            (Some(c), Some(k)) => Some(Arc::new(ReloadingCert::load(c, k)?)),
+            _ => None,
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shutdown = CancellationToken::new();
+        tokio::spawn(lastcall_pubsub::webhook::serve(
+            listener,
+            webhook,
+            cert,
+            shutdown.clone(),
+        ));
+        Ok(WebhookServer {
+            pubsub,
+            addr,
+            tls: tls.is_some(),
+            shutdown,
+        })
+    }
+
+    /// `http://127.0.0.1:P/scale` (or `https://`).
+    pub fn url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}/scale", self.addr)
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// The process's metrics, as `/metrics` serves them.
+    pub fn metrics_text(&self) -> String {
+        self.pubsub.metrics_text()
+    }
+}
+
+fn path_str(p: &Path) -> anyhow::Result<String> {
+    p.to_str()
+        .map(str::to_string)
+        .context("temp paths are UTF-8")
+}

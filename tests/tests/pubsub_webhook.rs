@@ -1,0 +1,897 @@
+//! The FleetAutoscaler webhook end to end: real HTTP(S) to the production server code,
+//! drain state published with `lastcall_common::drain_state` into a real `redis-server`,
+//! bodies in the shapes Agones sends. No assertion here is about time; the one client
+//! timeout is Agones' own contract (it gives up after 15 s).
+
+use std::time::{Duration, SystemTime};
+
+use lastcall_common::drain_state::{self, FleetOnNode, NodeDrainState};
+use lastcall_pubsub::webhook::review::parse_response;
+use lastcall_testkit::agent::metric_sum;
+use lastcall_testkit::eventually::wait_for;
+use lastcall_testkit::redis::{RedisServer, TcpProxy, generate_tls};
+use lastcall_testkit::webhook::{FleetStatus, WebhookServer, agones_review, typed_review};
+
+/// Agones' webhook client timeout, less a margin: an answer later than this is no answer.
+const AGONES_TIMEOUT: Duration = Duration::from_secs(14);
+
+const NS: &str = "default";
+const FLEET: &str = "simple-game";
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(AGONES_TIMEOUT)
+        .build()
+        .unwrap()
+}
+
+/// Posts `body` and returns the status and the body text.
+async fn post(client: &reqwest::Client, url: &str, body: String) -> (u16, String) {
+    let r = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("an answer within Agones' timeout");
+    let status = r.status().as_u16();
+    (status, r.text().await.unwrap())
+}
+
+/// Asks for `status` of Fleet `NS/FLEET` and returns `(scale, replicas)`, checking the
+/// answer is a 200 echoing the uid.
+async fn ask(client: &reqwest::Client, url: &str, status: FleetStatus) -> (bool, i64) {
+    ask_fleet(client, url, NS, FLEET, status, &[]).await
+}
+
+async fn ask_fleet(
+    client: &reqwest::Client,
+    url: &str,
+    namespace: &str,
+    name: &str,
+    status: FleetStatus,
+    annotations: &[(&str, &str)],
+) -> (bool, i64) {
+    let uid = format!("uid-{}", rand::random::<u64>());
+    let (code, body) = post(
+        client,
+        url,
+        agones_review(&uid, namespace, name, status, annotations),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let (echoed, scale, replicas) = parse_response(body.as_bytes()).expect("a response");
+    assert_eq!(echoed, uid, "the uid is echoed");
+    (scale, replicas)
+}
+
+fn status(replicas: i64, allocated: i64) -> FleetStatus {
+    FleetStatus {
+        replicas,
+        ready: replicas - allocated,
+        reserved: 0,
+        allocated,
+    }
+}
+
+fn now_ms() -> i64 {
+    drain_state::unix_ms(SystemTime::now())
+}
+
+fn draining(node: &str, at_ms: i64, fleets: &[(&str, &str, u32, u32)]) -> NodeDrainState {
+    NodeDrainState {
+        node: node.into(),
+        updated_at_ms: at_ms,
+        fleets: fleets
+            .iter()
+            .map(|&(namespace, name, ready, allocated)| FleetOnNode {
+                namespace: namespace.into(),
+                name: name.into(),
+                ready,
+                allocated,
+            })
+            .collect(),
+    }
+}
+
+async fn publish(redis: &RedisServer, state: &NodeDrainState) {
+    let mut conn = redis.client().await.unwrap();
+    drain_state::publish(&mut conn, state).await.unwrap();
+}
+
+fn m(server: &WebhookServer, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric_sum(&server.metrics_text(), name, labels)
+}
+
+#[tokio::test]
+async fn agones_shaped_reviews_get_the_buffer_with_the_uid_echoed() {
+    let redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap();
+    let client = http();
+
+    // Agones' wire form: 7 allocated + buffer 5 = 12.
+    assert_eq!(ask(&client, &hook.url(), status(10, 7)).await, (true, 12));
+    // Already there: no scaling.
+    assert_eq!(ask(&client, &hook.url(), status(12, 7)).await, (false, 12));
+    // Zero allocated: the buffer alone.
+    assert_eq!(ask(&client, &hook.url(), status(0, 0)).await, (true, 5));
+
+    // The documented typed form, on `/` (a `service:` webhook without a path).
+    let root = hook.url().trim_end_matches("scale").to_string();
+    let (code, body) = post(
+        &client,
+        &root,
+        typed_review("u-typed", NS, FLEET, status(3, 1)),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        parse_response(body.as_bytes()),
+        Some(("u-typed".into(), true, 6))
+    );
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["kind"], "FleetAutoscaleReview");
+    assert_eq!(v["apiVersion"], "autoscaling.agones.dev/v1");
+
+    let text = hook.metrics_text();
+    assert_eq!(
+        metric_sum(
+            &text,
+            "lastcall_pubsub_webhook_requests_total",
+            &[("result", "scale_up")]
+        ),
+        3.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric_sum(
+            &text,
+            "lastcall_pubsub_webhook_requests_total",
+            &[("result", "unchanged")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(
+            &text,
+            "lastcall_pubsub_webhook_drain_state_reads_total",
+            &[("result", "ok")]
+        ),
+        4.0
+    );
+    assert_eq!(
+        metric_sum(
+            &text,
+            "lastcall_pubsub_webhook_request_duration_seconds_count",
+            &[]
+        ),
+        4.0
+    );
+}
+
+#[tokio::test]
+async fn a_draining_node_adds_exactly_its_ready_servers_of_that_fleet() {
+    let redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap();
+    let client = http();
+    let fleet = status(20, 14);
+    let (_, plain) = ask(&client, &hook.url(), fleet).await;
+    assert_eq!(plain, 19, "14 allocated + 5");
+
+    // node-a drains 6 Ready (and 2 Allocated) servers of this Fleet, and servers of other
+    // Fleets, one with the same name in another namespace.
+    publish(
+        &redis,
+        &draining(
+            "node-a",
+            now_ms(),
+            &[
+                (NS, FLEET, 6, 2),
+                (NS, "other-game", 4, 0),
+                ("staging", FLEET, 9, 0),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(ask(&client, &hook.url(), fleet).await, (true, plain + 6));
+    // The other Fleets get their own extra, and only theirs.
+    assert_eq!(
+        ask_fleet(&client, &hook.url(), "staging", FLEET, fleet, &[]).await,
+        (true, plain + 9)
+    );
+
+    // A second draining node adds up; a republish replaces, never accumulates.
+    publish(&redis, &draining("node-b", now_ms(), &[(NS, FLEET, 3, 0)])).await;
+    publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 1)])).await;
+    assert_eq!(ask(&client, &hook.url(), fleet).await.1, plain + 9);
+
+    // Drains end: the extra goes away.
+    let mut conn = redis.client().await.unwrap();
+    assert!(drain_state::clear(&mut conn, "node-a").await.unwrap());
+    assert!(drain_state::clear(&mut conn, "node-b").await.unwrap());
+    assert!(!drain_state::clear(&mut conn, "node-b").await.unwrap());
+    assert_eq!(ask(&client, &hook.url(), fleet).await.1, plain);
+
+    assert_eq!(
+        m(&hook, "lastcall_pubsub_webhook_extra_replicas_total", &[]),
+        6.0 + 9.0 + 9.0
+    );
+    assert_eq!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_drain_state_nodes",
+            &[("state", "fresh")]
+        ),
+        0.0,
+        "the gauge follows the last read"
+    );
+}
+
+#[tokio::test]
+async fn min_and_max_bound_the_answer_extra_included() {
+    let redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(
+        &redis.host_port(),
+        &[
+            "--webhook-min-replicas",
+            "10",
+            "--webhook-max-replicas",
+            "30",
+        ],
+        None,
+    )
+    .await
+    .unwrap();
+    let client = http();
+    // Zero allocated: min.
+    assert_eq!(ask(&client, &hook.url(), status(4, 0)).await, (true, 10));
+    publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
+    // 0 + 5 + 6 = 11: above min, so all of it.
+    assert_eq!(ask(&client, &hook.url(), status(10, 0)).await, (true, 11));
+    // 22 + 5 + 6 = 33: capped at max.
+    assert_eq!(ask(&client, &hook.url(), status(27, 22)).await, (true, 30));
+    assert_eq!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_clamped_total",
+            &[("bound", "min")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_clamped_total",
+            &[("bound", "max")]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn stale_future_and_malformed_drain_state_counts_zero_and_dead_entries_are_pruned() {
+    let redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(
+        &redis.host_port(),
+        &[
+            "--webhook-max-replicas",
+            "100",
+            "--webhook-drain-state-max-age",
+            "2m",
+        ],
+        None,
+    )
+    .await
+    .unwrap();
+    let client = http();
+    let fleet = status(10, 10);
+    let now = now_ms();
+    // Late (3 min), long dead (1 h > 10 × 2 min), 10 min in the future, and garbage.
+    publish(
+        &redis,
+        &draining("late", now - 3 * 60_000, &[(NS, FLEET, 6, 0)]),
+    )
+    .await;
+    publish(
+        &redis,
+        &draining("dead", now - 3_600_000, &[(NS, FLEET, 6, 0)]),
+    )
+    .await;
+    publish(
+        &redis,
+        &draining("ahead", now + 600_000, &[(NS, FLEET, 6, 0)]),
+    )
+    .await;
+    let mut conn = redis.client().await.unwrap();
+    let _: i64 = redis::cmd("HSET")
+        .arg(drain_state::KEY)
+        .arg("garbage")
+        .arg("{\"node\":\"garbage\",\"fleets\":7}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("HSET")
+        .arg(drain_state::KEY)
+        .arg(&b"\xff\xfe"[..])
+        .arg("{}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        ask(&client, &hook.url(), fleet).await,
+        (true, 15),
+        "zero extra"
+    );
+
+    // One fresh entry still counts beside them.
+    publish(&redis, &draining("fresh", now_ms(), &[(NS, FLEET, 2, 0)])).await;
+    assert_eq!(ask(&client, &hook.url(), fleet).await, (true, 17));
+
+    for (reason, per_read) in [
+        ("stale", 2.0),
+        ("future", 1.0),
+        ("invalid_json", 1.0),
+        ("not_utf8", 1.0),
+    ] {
+        assert!(
+            m(
+                &hook,
+                "lastcall_pubsub_webhook_drain_state_skipped_total",
+                &[("reason", reason)]
+            ) >= per_read,
+            "{reason}: {}",
+            hook.metrics_text()
+        );
+    }
+    // The long-dead entry is deleted; the merely late and the malformed ones are kept.
+    wait_for("the dead entry is pruned", || async {
+        let mut conn = redis.client().await.ok()?;
+        let exists: bool = redis::cmd("HEXISTS")
+            .arg(drain_state::KEY)
+            .arg("dead")
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        (!exists).then_some(())
+    })
+    .await;
+    let fields: Vec<Vec<u8>> = redis::cmd("HKEYS")
+        .arg(drain_state::KEY)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        fields.len(),
+        5,
+        "late, ahead, garbage, non-UTF-8 and fresh remain"
+    );
+    assert_eq!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_drain_state_pruned_total",
+            &[]
+        ),
+        1.0
+    );
+    assert_eq!(ask(&client, &hook.url(), fleet).await.1, 17);
+    assert_eq!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_drain_state_nodes",
+            &[("state", "malformed")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_drain_state_nodes",
+            &[("state", "stale")]
+        ),
+        2.0
+    );
+}
+
+#[tokio::test]
+async fn redis_down_still_answers_200_with_the_plain_buffer() {
+    let mut redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(
+        &redis.host_port(),
+        &[
+            "--webhook-max-replicas",
+            "100",
+            "--webhook-redis-timeout",
+            "200ms",
+        ],
+        None,
+    )
+    .await
+    .unwrap();
+    let client = http();
+    publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
+    assert_eq!(ask(&client, &hook.url(), status(10, 5)).await, (true, 16));
+
+    redis.kill().await;
+    for _ in 0..5 {
+        assert_eq!(
+            ask(&client, &hook.url(), status(16, 5)).await,
+            (true, 10),
+            "plain buffer"
+        );
+    }
+    let text = hook.metrics_text();
+    let failed = metric_sum(
+        &text,
+        "lastcall_pubsub_webhook_drain_state_reads_total",
+        &[],
+    ) - metric_sum(
+        &text,
+        "lastcall_pubsub_webhook_drain_state_reads_total",
+        &[("result", "ok")],
+    );
+    assert_eq!(failed, 5.0, "{text}");
+    assert!(
+        metric_sum(
+            &text,
+            "lastcall_pubsub_webhook_drain_state_reads_total",
+            &[("result", "backoff")]
+        ) >= 1.0,
+        "later reads skip Redis while backing off: {text}"
+    );
+
+    // Redis back (empty, no persistence): the drain state is used again once republished.
+    redis.restart().await.unwrap();
+    publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
+    wait_for("the webhook reads the drain state again", || async {
+        (ask(&client, &hook.url(), status(10, 5)).await.1 == 16).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn blackholed_redis_is_bounded_by_the_timeout_and_answers_the_plain_buffer() {
+    let redis = RedisServer::start().await.unwrap();
+    let proxy = TcpProxy::start(redis.port()).await.unwrap();
+    let hook = WebhookServer::start(
+        &format!("127.0.0.1:{}", proxy.port()),
+        &[
+            "--webhook-max-replicas",
+            "100",
+            "--webhook-redis-timeout",
+            "200ms",
+        ],
+        None,
+    )
+    .await
+    .unwrap();
+    let client = http();
+    publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
+    assert_eq!(ask(&client, &hook.url(), status(10, 5)).await.1, 16);
+
+    // Bytes vanish, nothing is closed: only the webhook's own timeout can end the read.
+    proxy.set_blackhole(true);
+    assert_eq!(ask(&client, &hook.url(), status(10, 5)).await, (false, 10));
+    assert_eq!(ask(&client, &hook.url(), status(10, 5)).await, (false, 10));
+    let text = hook.metrics_text();
+    let reads = |result| {
+        metric_sum(
+            &text,
+            "lastcall_pubsub_webhook_drain_state_reads_total",
+            &[("result", result)],
+        )
+    };
+    assert!(reads("timeout") >= 1.0, "{text}");
+    assert_eq!(
+        reads("timeout") + reads("backoff"),
+        2.0,
+        "a timeout, then backoff: {text}"
+    );
+
+    proxy.set_blackhole(false);
+    wait_for("a new connection reads the drain state", || async {
+        (ask(&client, &hook.url(), status(10, 5)).await.1 == 16).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_reviews_get_400_with_the_reason_and_never_stop_the_server() {
+    let redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap();
+    let client = http();
+    let ok = status(1, 0);
+    let cases: Vec<(String, &str, &str)> = vec![
+        (
+            "{not json".into(),
+            "not a FleetAutoscaleReview",
+            "invalid_json",
+        ),
+        ("".into(), "not a FleetAutoscaleReview", "invalid_json"),
+        ("{}".into(), "request is missing", "missing_field"),
+        (
+            typed_review("u", NS, FLEET, ok).replace("FleetAutoscaleReview", "AdmissionReview"),
+            "kind is \"AdmissionReview\"",
+            "wrong_kind",
+        ),
+        (
+            agones_review("", NS, FLEET, ok, &[]),
+            "request.uid is missing",
+            "missing_field",
+        ),
+        (
+            agones_review(
+                "u",
+                NS,
+                FLEET,
+                FleetStatus {
+                    replicas: 3,
+                    allocated: -2,
+                    ..FleetStatus::default()
+                },
+                &[],
+            ),
+            "request.status.allocatedReplicas is -2",
+            "bad_count",
+        ),
+        (
+            agones_review(
+                "u",
+                NS,
+                FLEET,
+                ok,
+                &[("lastcall.dev/autoscaler-buffer", "lots")],
+            ),
+            "annotation lastcall.dev/autoscaler-buffer=\"lots\"",
+            "bad_override",
+        ),
+        (
+            agones_review(
+                "u",
+                NS,
+                FLEET,
+                ok,
+                &[("lastcall.dev/autoscaler-max-replicas", "2")],
+            ),
+            "max replicas 2 is below the buffer 5",
+            "bad_override",
+        ),
+    ];
+    for (body, message, reason) in &cases {
+        let (code, text) = post(&client, &hook.url(), body.clone()).await;
+        assert_eq!(code, 400, "{body}: {text}");
+        assert!(text.contains(message), "{body}: {text}");
+        assert!(
+            m(
+                &hook,
+                "lastcall_pubsub_webhook_rejected_total",
+                &[("reason", reason)]
+            ) >= 1.0,
+            "{reason}"
+        );
+    }
+    let (code, text) = post(
+        &client,
+        &format!("{}?min=-1", hook.url()),
+        agones_review("u", NS, FLEET, ok, &[]),
+    )
+    .await;
+    assert_eq!(code, 400);
+    assert!(text.contains("query parameter min=\"-1\""), "{text}");
+
+    // Wrong method, wrong path: refused by the router.
+    assert_eq!(client.get(hook.url()).send().await.unwrap().status(), 405);
+    assert_eq!(
+        post(&client, &hook.url().replace("/scale", "/nope"), "{}".into())
+            .await
+            .0,
+        404
+    );
+
+    // Still answering.
+    assert_eq!(ask(&client, &hook.url(), status(1, 0)).await, (true, 5));
+    assert_eq!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_requests_total",
+            &[("result", "rejected")]
+        ),
+        (cases.len() + 1) as f64
+    );
+}
+
+#[tokio::test]
+async fn fleet_annotations_and_query_parameters_override_the_flags() {
+    let redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap();
+    let client = http();
+    let fleet = status(10, 9);
+    // 30% of the Fleet Ready: ceil(9 × 100 / 70) = 13.
+    let pct = [
+        ("lastcall.dev/autoscaler-buffer", "30%"),
+        ("lastcall.dev/autoscaler-min-replicas", "1"),
+    ];
+    assert_eq!(
+        ask_fleet(&client, &hook.url(), NS, FLEET, fleet, &pct).await,
+        (true, 13)
+    );
+    // The query wins over the annotations: buffer 2, min 0, max 10.
+    let url = format!("{}?buffer=2&min=0&max=10", hook.url());
+    assert_eq!(
+        ask_fleet(&client, &url, NS, FLEET, fleet, &pct).await,
+        (false, 10)
+    );
+    // Drain extra comes on top of an overridden buffer too.
+    publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
+    let url = format!("{}?buffer=10%25&min=2&max=100", hook.url());
+    // ceil(9 × 100 / 90) = 10, + 6.
+    assert_eq!(
+        ask_fleet(&client, &url, NS, FLEET, fleet, &[]).await,
+        (true, 16)
+    );
+}
+
+#[tokio::test]
+async fn https_answers_with_a_certificate_the_caller_trusts() {
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tls = generate_tls(dir.path(), "webhook").await.unwrap();
+    let hook = WebhookServer::start(
+        &redis.host_port(),
+        &["--webhook-max-replicas", "100"],
+        Some(&tls),
+    )
+    .await
+    .unwrap();
+    assert!(hook.url().starts_with("https://"));
+    // As Agones with `caBundle`: trust exactly that CA.
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&tls.ca_pem).unwrap()).unwrap();
+    let client = reqwest::Client::builder()
+        .tls_certs_only([ca])
+        .timeout(AGONES_TIMEOUT)
+        .build()
+        .unwrap();
+    publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
+    assert_eq!(ask(&client, &hook.url(), status(10, 5)).await, (true, 16));
+    // Several requests on one kept-alive connection.
+    assert_eq!(ask(&client, &hook.url(), status(16, 5)).await, (false, 16));
+
+    // A client that does not trust the CA is refused in the handshake; plain HTTP on the
+    // HTTPS port gets no answer; the server keeps serving.
+    let untrusting = reqwest::Client::builder()
+        .timeout(AGONES_TIMEOUT)
+        .build()
+        .unwrap();
+    assert!(untrusting.post(hook.url()).body("{}").send().await.is_err());
+    let plain = hook.url().replace("https://", "http://");
+    assert!(http().post(plain).body("{}").send().await.is_err());
+    assert_eq!(ask(&client, &hook.url(), status(16, 5)).await, (false, 16));
+}
+
+#[tokio::test]
+async fn every_webhook_metric_is_documented() {
+    let redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap();
+    let client = http();
+    publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
+    ask(&client, &hook.url(), status(1, 0)).await;
+    post(&client, &hook.url(), "{".into()).await;
+    let text = hook.metrics_text();
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md"))
+        .unwrap();
+    let mut seen = 0;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE lastcall_pubsub_webhook_") else {
+            continue;
+        };
+        let mut parts = rest.split_whitespace();
+        let (Some(family), Some(kind)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let name = format!(
+            "lastcall_pubsub_webhook_{family}{}",
+            if kind == "counter" { "_total" } else { "" }
+        );
+        assert!(
+            docs.contains(&format!("| `{name}` |")),
+            "docs/metrics.md does not describe {name}"
+        );
+        seen += 1;
+    }
+    assert!(seen >= 8, "{text}");
+}
+
+/// The real binary with a clean environment.
+fn pubsub_command(bin: &std::path::Path, home: &std::path::Path) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.env_clear()
+        .env("HOME", home)
+        .env("AWS_ACCESS_KEY_ID", "AKIDWEBHOOKTEST")
+        .env("AWS_SECRET_ACCESS_KEY", "webhook-test-secret")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_REGION", "us-west-2")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+#[tokio::test]
+async fn binary_serves_the_webhook_and_refuses_bad_webhook_flags_in_one_line() {
+    let bin = tokio::task::spawn_blocking(|| {
+        lastcall_testkit::bins::workspace_binary("lastcall-pubsub", "lastcall-pubsub")
+    })
+    .await
+    .unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let tls = generate_tls(home.path(), "bin").await.unwrap();
+    let cert = tls.cert_pem.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--webhook-listen", "127.0.0.1:8000"],
+            "--webhook-max-replicas",
+        ),
+        (
+            &[
+                "--webhook-listen",
+                "127.0.0.1:8000",
+                "--webhook-max-replicas",
+                "3",
+            ],
+            "--webhook-max-replicas",
+        ),
+        (&["--webhook-buffer", "200%"], "--webhook-buffer"),
+        (
+            &["--webhook-drain-state-max-age", "5s"],
+            "--webhook-drain-state-max-age",
+        ),
+        (
+            &[
+                "--webhook-listen",
+                "127.0.0.1:8000",
+                "--webhook-max-replicas",
+                "9",
+                "--webhook-tls-cert",
+                cert,
+            ],
+            "--webhook-tls-key",
+        ),
+    ];
+    for (args, flag) in cases {
+        let out = pubsub_command(&bin, home.path())
+            .args(["--redis-url", "cache:6379"])
+            .args(*args)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<_> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {stderr:?}");
+        assert!(
+            lines[0].contains(flag),
+            "{args:?}: {stderr:?} does not name {flag}"
+        );
+    }
+    let help = pubsub_command(&bin, home.path())
+        .arg("--help")
+        .output()
+        .await
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in [
+        "--webhook-listen",
+        "--webhook-tls-cert",
+        "--webhook-tls-key",
+        "--webhook-buffer",
+        "--webhook-min-replicas",
+        "--webhook-max-replicas",
+        "--webhook-drain-state-max-age",
+        "--webhook-redis-timeout",
+        "LASTCALL_PUBSUB_WEBHOOK_LISTEN",
+    ] {
+        assert!(help.contains(flag), "--help does not document {flag}");
+    }
+
+    // Served over HTTPS by the binary, next to an admin port whose /metrics shows it.
+    let redis = RedisServer::start().await.unwrap();
+    let (admin, port) = (
+        lastcall_testkit::net::free_port(),
+        lastcall_testkit::net::free_port(),
+    );
+    let mut child = pubsub_command(&bin, home.path())
+        .args([
+            "--config-file",
+            "/nonexistent/fleetiq.conf",
+            "--period",
+            "10s",
+        ])
+        .args(["--listen", &format!("127.0.0.1:{admin}")])
+        .args(["--webhook-listen", &format!("127.0.0.1:{port}")])
+        .args([
+            "--webhook-max-replicas",
+            "50",
+            "--webhook-buffer",
+            "10%",
+            "--webhook-min-replicas",
+            "2",
+        ])
+        .args([
+            "--webhook-tls-cert",
+            cert,
+            "--webhook-tls-key",
+            tls.key_pem.to_str().unwrap(),
+        ])
+        .env("REDIS_URL", redis.host_port())
+        .env("AWS_ENDPOINT_URL_GAMELIFT", "http://127.0.0.1:9")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&tls.ca_pem).unwrap()).unwrap();
+    let client = reqwest::Client::builder()
+        .tls_certs_only([ca])
+        .timeout(AGONES_TIMEOUT)
+        .build()
+        .unwrap();
+    let url = format!("https://127.0.0.1:{port}/scale");
+    let body = wait_for("the binary's webhook answers", || async {
+        let r = client
+            .post(&url)
+            .body(agones_review("bin-uid", NS, FLEET, status(20, 18), &[]))
+            .send()
+            .await
+            .ok()?;
+        (r.status() == 200).then_some(())?;
+        r.text().await.ok()
+    })
+    .await;
+    // ceil(18 × 100 / 90) = 20, + 6 Ready on the draining node.
+    assert_eq!(
+        parse_response(body.as_bytes()),
+        Some(("bin-uid".into(), true, 26))
+    );
+    let metrics = reqwest::get(format!("http://127.0.0.1:{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "lastcall_pubsub_webhook_requests_total",
+            &[("result", "scale_up")]
+        ),
+        1.0,
+        "{metrics}"
+    );
+
+    let pid = child.id().unwrap().to_string();
+    let kill = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(kill.success());
+    let status = lastcall_testkit::eventually::eventually(
+        "exit after SIGTERM",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || {
+            let status = child.try_wait().unwrap();
+            async move { status }
+        },
+    )
+    .await;
+    assert_eq!(status.code(), Some(0), "clean exit on SIGTERM");
+}
