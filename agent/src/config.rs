@@ -189,6 +189,12 @@ pub struct Config {
     )]
     pub autoscaler_cooperation: crate::cooperation::Mode,
 
+    /// Publish this node's drain state (per Fleet, Ready and Allocated servers while it
+    /// drains) to the Redis of `--redis-url`, for pubsub's FleetAutoscaler webhook
+    /// (docs/webhook.md). Works with or without FleetIQ.
+    #[arg(long, env = "LASTCALL_PUBLISH_DRAIN_STATE", requires = "redis_url")]
+    pub publish_drain_state: bool,
+
     /// Release pacing: while draining, keep at least this many Ready servers in each Fleet
     /// (cluster-wide, from the Fleet's status, this node's included) when releasing this
     /// node's idle ones; the rest wait for replacements to become Ready elsewhere. 0 = off.

@@ -8,6 +8,7 @@ pub mod actuator;
 pub mod config;
 pub mod cooperation;
 pub mod drain_events;
+pub mod drain_state;
 pub mod drain_timing;
 pub mod dry_run;
 pub mod eviction;

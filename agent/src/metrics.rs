@@ -67,6 +67,7 @@ pub struct Metrics {
     pub signals: Family<SourceStatus, Counter>,
     pub notices: Family<NoticeLabels, Gauge>,
     pub matches_at_risk: Gauge,
+    pub drain_state: Family<ResultLabel, Counter>,
     pub signals_rejected: Family<SourceReason, Counter>,
     pub phase: Family<PhaseLabel, Gauge>,
     pub game_servers: Family<StateLabel, Gauge>,
@@ -99,6 +100,7 @@ impl Metrics {
             signals: Family::default(),
             notices: Family::default(),
             matches_at_risk: Gauge::default(),
+            drain_state: Family::default(),
             signals_rejected: Family::default(),
             phase: Family::default(),
             game_servers: Family::default(),
@@ -207,6 +209,11 @@ impl Metrics {
             "matches_at_risk",
             "In-use game servers whose match may not end before the node's Terminate deadline and that lastcall may not end early (eviction.safe)",
             m.matches_at_risk.clone(),
+        );
+        r.register(
+            "drain_state_writes",
+            "Writes of this node's drain state to Redis for the FleetAutoscaler webhook, by result",
+            m.drain_state.clone(),
         );
         r.register(
             "source_up",

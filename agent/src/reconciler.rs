@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::DynamicObject;
 use lastcall_common::admin::Health;
 use lastcall_common::backoff::Backoff;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -44,6 +44,8 @@ pub struct Reconciler {
     pub release_concurrency: usize,
     pub resync: Duration,
     pub trigger: Arc<Notify>,
+    /// This node's drain state for the FleetAutoscaler webhook (see `drain_state`).
+    pub drain_state: watch::Sender<crate::drain_state::Counts>,
     state: LocalState,
     own: OwnWrites,
     timing: DrainTiming,
@@ -118,6 +120,7 @@ impl Reconciler {
             state: LocalState::default(),
             own: OwnWrites::default(),
             timing: DrainTiming::default(),
+            drain_state: watch::channel(None).0,
         }
     }
 
@@ -353,6 +356,12 @@ impl Reconciler {
 
     fn record_gauges(&mut self, plan: &Plan, observed: &Observed) {
         self.metrics.matches_at_risk.set(plan.at_risk as i64);
+        let counts = crate::drain_state::counts(plan.phase, observed);
+        self.drain_state.send_if_modified(|cur| {
+            let changed = *cur != counts;
+            *cur = counts;
+            changed
+        });
         for p in Phase::ALL {
             let v = i64::from(p == plan.phase);
             self.metrics

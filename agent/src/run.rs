@@ -162,6 +162,22 @@ pub async fn run(
         config.resync_interval,
         trigger,
     );
+    if config.publish_drain_state
+        && let Some(target) = config.redis_url.clone()
+    {
+        let publisher = crate::drain_state::Publisher {
+            target,
+            ca: config.redis_ca_file.clone(),
+            node: config.node_name.clone(),
+            counts: reconciler.drain_state.subscribe(),
+            metrics: metrics.clone(),
+        };
+        let s = stop.clone();
+        tasks.spawn(async move {
+            publisher.run(s).await;
+            "drain_state"
+        });
+    }
     let s = stop.clone();
     tasks.spawn(async move {
         reconciler.run(s).await;
