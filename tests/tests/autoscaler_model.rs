@@ -78,7 +78,13 @@ fn evictions_by(c: &Cluster, identity: &str) -> Vec<(String, u16)> {
 }
 
 /// Mutating requests by `identity` on `resource`/`name` with `verb`.
-fn writes(c: &Cluster, identity: &str, verb: Verb, resource: &str, name: &str) -> Vec<JournalEntry> {
+fn writes(
+    c: &Cluster,
+    identity: &str,
+    verb: Verb,
+    resource: &str,
+    name: &str,
+) -> Vec<JournalEntry> {
     requests_of(c, identity)
         .into_iter()
         .filter(|e| {
@@ -174,13 +180,7 @@ async fn ca_refuses_game_servers_without_safe_to_evict_true_and_disabled_nodes()
     let c = cluster(&["n1"]).await;
     // Agones' default (Never) and OnUpgrade both write safe-to-evict "false"; the pod's
     // GameServer owner blocks before that annotation is even read (rule order).
-    let servers = fleet_on(
-        &c,
-        "n1",
-        None,
-        FleetSpec::new("never", 1).grace_seconds(0),
-    )
-    .await;
+    let servers = fleet_on(&c, "n1", None, FleetSpec::new("never", 1).grace_seconds(0)).await;
     let on_upgrade = fleet_on(
         &c,
         "n1",
@@ -209,14 +209,21 @@ async fn ca_refuses_game_servers_without_safe_to_evict_true_and_disabled_nodes()
             .patch(
                 pod,
                 &PatchParams::default(),
-                &Patch::Merge(json!({ "metadata": { "annotations": { keys::CA_SAFE_TO_EVICT: null } } })),
+                &Patch::Merge(
+                    json!({ "metadata": { "annotations": { keys::CA_SAFE_TO_EVICT: null } } }),
+                ),
             )
             .await
             .unwrap();
     }
     let outcome = autoscaler.scale_down("n1").await.unwrap();
     assert!(
-        matches!(outcome, ca::Outcome::Refused { why: Blocker::NotReplicated { .. } }),
+        matches!(
+            outcome,
+            ca::Outcome::Refused {
+                why: Blocker::NotReplicated { .. }
+            }
+        ),
         "{outcome:?}"
     );
 
@@ -235,7 +242,10 @@ async fn ca_refuses_game_servers_without_safe_to_evict_true_and_disabled_nodes()
         .into_iter()
         .filter(|e| e.verb.is_mutating())
         .collect();
-    assert!(mutating.is_empty(), "a refusal writes nothing: {mutating:?}");
+    assert!(
+        mutating.is_empty(),
+        "a refusal writes nothing: {mutating:?}"
+    );
     c.shutdown().await;
 }
 
@@ -289,7 +299,10 @@ async fn ca_takes_a_node_whose_pods_all_say_safe_to_evict_true() {
 
     // The Fleet replaced its servers on the remaining node.
     let ready = c.wait_ready(NS, "arena", 2).await.unwrap();
-    assert!(ready.iter().all(|g| g.node.as_deref() == Some("n2")), "{ready:?}");
+    assert!(
+        ready.iter().all(|g| g.node.as_deref() == Some("n2")),
+        "{ready:?}"
+    );
     c.shutdown().await;
 }
 
@@ -312,12 +325,18 @@ async fn ca_aborts_at_the_recheck_when_a_pod_turns_false_after_the_taint() {
     annotate_pod(&c, &servers[1], keys::CA_SAFE_TO_EVICT, "false").await;
 
     let outcome = run.await.unwrap();
-    assert!(
-        matches!(&outcome, ca::Outcome::Aborted { why: Blocker::NotReplicated { pod, .. } } if *pod == key(&servers[1])),
-        "{outcome:?}"
-    );
+    let ca::Outcome::Aborted {
+        why: Blocker::NotReplicated { pod, .. },
+    } = &outcome
+    else {
+        panic!("expected an abort at the re-check, got {outcome:?}");
+    };
+    assert_eq!(pod, &key(&servers[1]));
     let node = c.node("n1").expect("the node stays");
-    assert!(taint_of(&node, ak::CA_TO_BE_DELETED_TAINT).is_none(), "untainted");
+    assert!(
+        taint_of(&node, ak::CA_TO_BE_DELETED_TAINT).is_none(),
+        "untainted"
+    );
     assert!(!cordoned(&node), "uncordoned");
     assert!(evictions_by(&c, CLUSTER_AUTOSCALER_IDENTITY).is_empty());
     assert_eq!(
@@ -343,7 +362,10 @@ async fn ca_gives_up_after_max_pod_eviction_time_under_the_agones_pdb_and_untain
     let pod = &servers[0];
     let stored = c.pod(NS, pod).unwrap();
     assert_eq!(
-        stored.pointer(&format!("/metadata/labels/{}", keys::SAFE_TO_EVICT_LABEL.replace('/', "~1"))),
+        stored.pointer(&format!(
+            "/metadata/labels/{}",
+            keys::SAFE_TO_EVICT_LABEL.replace('/', "~1")
+        )),
         Some(&json!("false"))
     );
     // "true" passes CA's pick (that rule runs before the PDB rule); the API's PDB check
@@ -362,13 +384,21 @@ async fn ca_gives_up_after_max_pod_eviction_time_under_the_agones_pdb_and_untain
     );
     let evictions = evictions_by(&c, CLUSTER_AUTOSCALER_IDENTITY);
     assert!(evictions.len() >= 2, "retried: {evictions:?}");
-    assert!(evictions.iter().all(|(p, s)| p == pod && *s == 429), "{evictions:?}");
+    assert!(
+        evictions.iter().all(|(p, s)| p == pod && *s == 429),
+        "{evictions:?}"
+    );
     let node = c.node("n1").expect("the node stays");
     assert!(taint_of(&node, ak::CA_TO_BE_DELETED_TAINT).is_none());
     assert!(!cordoned(&node));
     assert!(writes(&c, CLUSTER_AUTOSCALER_IDENTITY, Verb::Delete, "nodes", "n1").is_empty());
     assert_eq!(warnings(&c, "n1", ca::SCALE_DOWN_FAILED).await.len(), 1);
-    assert!(c.pod(NS, pod).unwrap().pointer("/metadata/deletionTimestamp").is_none());
+    assert!(
+        c.pod(NS, pod)
+            .unwrap()
+            .pointer("/metadata/deletionTimestamp")
+            .is_none()
+    );
     c.shutdown().await;
 }
 
@@ -414,13 +444,16 @@ async fn ca_evicts_a_server_allocated_after_the_taint_when_nobody_protects_it() 
     assert!(allocation.seq < eviction.seq);
     let name = servers[0].as_str();
     let cr = &c;
-    wait_for("the allocated server to end Unhealthy or gone", || async move {
-        match cr.game_server(NS, name) {
-            None => Some(()),
-            Some(g) if g.state == Some(GameServerState::Unhealthy) => Some(()),
-            Some(_) => None,
-        }
-    })
+    wait_for(
+        "the allocated server to end Unhealthy or gone",
+        || async move {
+            match cr.game_server(NS, name) {
+                None => Some(()),
+                Some(g) if g.state == Some(GameServerState::Unhealthy) => Some(()),
+                Some(_) => None,
+            }
+        },
+    )
     .await;
     c.shutdown().await;
 }
@@ -430,10 +463,14 @@ async fn ca_evicts_a_server_allocated_after_the_taint_when_nobody_protects_it() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn karpenter_graceful_methods_refuse_do_not_disrupt_and_exhausted_pdbs() {
     let c = Cluster::start(ClusterConfig::default()).await.unwrap();
-    c.add_node(NodeSpec::new("dnd").label("pool", "dnd")).unwrap();
-    c.add_node(NodeSpec::new("pdb").label("pool", "pdb")).unwrap();
-    c.add_node(NodeSpec::new("held").label("pool", "held")).unwrap();
-    c.add_node(NodeSpec::new("busy").label("pool", "busy")).unwrap();
+    c.add_node(NodeSpec::new("dnd").label("pool", "dnd"))
+        .unwrap();
+    c.add_node(NodeSpec::new("pdb").label("pool", "pdb"))
+        .unwrap();
+    c.add_node(NodeSpec::new("held").label("pool", "held"))
+        .unwrap();
+    c.add_node(NodeSpec::new("busy").label("pool", "busy"))
+        .unwrap();
     c.create_game_server(
         GameServerSpec::new("in-a-match")
             .node_selector("pool", "dnd")
@@ -491,7 +528,10 @@ async fn karpenter_graceful_methods_refuse_do_not_disrupt_and_exhausted_pdbs() {
         .into_iter()
         .filter(|e| e.verb.is_mutating())
         .collect();
-    assert!(mutating.is_empty(), "a refusal writes nothing: {mutating:?}");
+    assert!(
+        mutating.is_empty(),
+        "a refusal writes nothing: {mutating:?}"
+    );
     c.shutdown().await;
 }
 
@@ -514,7 +554,10 @@ async fn karpenter_consolidation_takes_a_node_of_ready_servers() {
     assert_eq!(taint["effect"], "NoSchedule");
     assert!(taint.get("value").is_none_or(Value::is_null));
     assert_eq!(
-        tainted.pointer(&format!("/metadata/labels/{}", ak::EXCLUDE_FROM_LB_LABEL.replace('/', "~1"))),
+        tainted.pointer(&format!(
+            "/metadata/labels/{}",
+            ak::EXCLUDE_FROM_LB_LABEL.replace('/', "~1")
+        )),
         Some(&json!("karpenter"))
     );
     assert!(!cordoned(&tainted), "Karpenter does not cordon");
@@ -545,7 +588,10 @@ async fn karpenter_consolidation_takes_a_node_of_ready_servers() {
     evicted.sort();
     assert_eq!(evicted, expected, "each queued pod evicted once");
     assert!(evictions.iter().all(|(_, s)| *s == 201));
-    assert_eq!(writes(&c, KARPENTER_IDENTITY, Verb::Delete, "nodes", "n1").len(), 1);
+    assert_eq!(
+        writes(&c, KARPENTER_IDENTITY, Verb::Delete, "nodes", "n1").len(),
+        1
+    );
     c.shutdown().await;
 }
 
@@ -662,7 +708,10 @@ async fn karpenter_without_tgp_keeps_the_node_tainted_and_waiting() {
         }
     );
     let node = c.node("n1").expect("the node stays");
-    assert!(taint_of(&node, ak::KARPENTER_DISRUPTED_TAINT).is_some(), "still tainted");
+    assert!(
+        taint_of(&node, ak::KARPENTER_DISRUPTED_TAINT).is_some(),
+        "still tainted"
+    );
     assert!(evictions_by(&c, KARPENTER_IDENTITY).is_empty());
     assert_eq!(
         c.game_server(NS, "match").and_then(|g| g.state),
@@ -695,11 +744,17 @@ async fn karpenter_with_tgp_deletes_remaining_pods_at_deadline_minus_grace() {
             .wait_until(&format!("{name} terminating"), DEFAULT_WAIT, |c| {
                 c.pod(NS, name)
                     .filter(|p| p.pointer("/metadata/deletionTimestamp").is_some())
-                    .and_then(|p| p.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64))
+                    .and_then(|p| {
+                        p.pointer("/metadata/deletionGracePeriodSeconds")
+                            .and_then(Value::as_i64)
+                    })
             })
             .await
             .unwrap();
-        assert!((0..2).contains(&grace), "{name}: grace {grace} is the time left, under its own 2 s");
+        assert!(
+            (0..2).contains(&grace),
+            "{name}: grace {grace} is the time left, under its own 2 s"
+        );
     }
     let outcome = run.await.unwrap();
     let karpenter::Outcome::NodeDeleted { deleted, .. } = &outcome else {
@@ -723,8 +778,14 @@ async fn karpenter_with_tgp_deletes_remaining_pods_at_deadline_minus_grace() {
         .iter()
         .filter(|e| e.subresource.as_deref() == Some("eviction"))
         .collect();
-    assert!(evictions.iter().all(|e| e.name.as_deref() == Some("never")), "{evictions:?}");
-    assert!(evictions.iter().any(|e| e.status == 429), "the PDB-protected pod was tried");
+    assert!(
+        evictions.iter().all(|e| e.name.as_deref() == Some("never")),
+        "{evictions:?}"
+    );
+    assert!(
+        evictions.iter().any(|e| e.status == 429),
+        "the PDB-protected pod was tried"
+    );
     for e in &evictions {
         assert!(e.status == 429 || e.seq > never_deleted, "{e:?}");
     }

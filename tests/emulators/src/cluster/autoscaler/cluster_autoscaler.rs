@@ -41,35 +41,35 @@ pub const SCALE_DOWN_FAILED: &str = "ScaleDownFailed";
 /// Owner kinds CA counts as "replicated" (`rules/replicated/rule.go`).
 const REPLICATED_KINDS: [&str; 4] = ["ReplicaSet", "ReplicationController", "Job", "StatefulSet"];
 
-/// CA's flags that the scale-down of one node reads; defaults are CA's (in brackets in
-/// `docs/autoscalers.md` §6).
+/// CA's flags that the scale-down of one node reads; the defaults are CA's
+/// (`docs/autoscalers.md` §6).
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// `--node-delete-delay-after-taint` [5 s]: from the taint to the re-check.
+    /// `--node-delete-delay-after-taint` (default 5 s): from the taint to the re-check.
     pub delete_delay_after_taint: Duration,
-    /// `--cordon-node-before-terminating` [true]: also set `spec.unschedulable` with the
+    /// `--cordon-node-before-terminating` (default true): also set `spec.unschedulable` with the
     /// taint, and clear it when the taint comes off.
     pub cordon_node_before_terminating: bool,
-    /// How long a taint (or untaint) `PUT` is retried on 409 [5 s] (`utils/taints`).
+    /// How long a taint (or untaint) `PUT` is retried on 409 (default 5 s, `utils/taints`).
     pub taint_conflict_deadline: Duration,
-    /// Pause between those retries [750 ms].
+    /// Pause between those retries (default 750 ms).
     pub taint_conflict_retry: Duration,
-    /// `--max-graceful-termination-sec` [600]: cap on each eviction's grace period.
+    /// `--max-graceful-termination-sec` (default 600): cap on each eviction's grace period.
     pub max_graceful_termination_secs: i64,
-    /// Pause between attempts at a refused eviction [10 s].
+    /// Pause between attempts at a refused eviction (default 10 s).
     pub eviction_retry: Duration,
-    /// `--max-pod-eviction-time` [2 min]: how long a refused eviction is retried.
+    /// `--max-pod-eviction-time` (default 2 min): how long a refused eviction is retried.
     pub max_pod_eviction_time: Duration,
-    /// How often the wait for evicted pods checks [5 s].
+    /// How often the wait for evicted pods checks (default 5 s).
     pub pod_wait_poll: Duration,
-    /// Added to the longest grace period for that wait [30 s].
+    /// Added to the longest grace period for that wait (default 30 s).
     pub pod_eviction_headroom: Duration,
-    /// `--skip-nodes-with-custom-controller-pods` [true]: a pod whose controller is not a
+    /// `--skip-nodes-with-custom-controller-pods` (default true): a pod whose controller is not a
     /// ReplicaSet, ReplicationController, Job or StatefulSet blocks (Agones' GameServer).
     pub skip_nodes_with_custom_controller_pods: bool,
-    /// `--skip-nodes-with-system-pods` [true]: non-DaemonSet `kube-system` pods block.
+    /// `--skip-nodes-with-system-pods` (default true): non-DaemonSet `kube-system` pods block.
     pub skip_nodes_with_system_pods: bool,
-    /// `--skip-nodes-with-local-storage` [true]: `emptyDir` and `hostPath` volumes block.
+    /// `--skip-nodes-with-local-storage` (default true): `emptyDir` and `hostPath` volumes block.
     pub skip_nodes_with_local_storage: bool,
 }
 

@@ -69,27 +69,28 @@ impl Method {
     }
 }
 
-/// Karpenter's timings for one disruption; defaults are Karpenter's (in brackets in
-/// `docs/autoscalers.md` §6) except `give_up_after`, which only the model has.
+/// Karpenter's timings for one disruption; the defaults are Karpenter's
+/// (`docs/autoscalers.md` §6) except `give_up_after`, which only the model has.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Consolidation's wait before re-validating its candidates [15 s].
+    /// Consolidation's wait before re-validating its candidates (default 15 s).
     pub validation: Duration,
-    /// From the taint to the replacement being ready [5 s].
+    /// From the taint to the replacement being ready (default 5 s).
     pub replacement_ready: Duration,
     /// The replacement fails to launch: the taint comes off and nothing else happens.
     pub fail_replacement: bool,
-    /// The NodeClaim's `terminationGracePeriod` [none].
+    /// The NodeClaim's `terminationGracePeriod` (default none).
     pub termination_grace_period: Option<Duration>,
-    /// Time between drain passes [1 s].
+    /// Time between drain passes (default 1 s).
     pub drain_interval: Duration,
-    /// First retry delay of a refused eviction [100 ms]; doubles up to the max.
+    /// First retry delay of a refused eviction (default 100 ms); doubles up to the max.
     pub eviction_backoff_min: Duration,
-    /// Longest retry delay of a refused eviction [10 s].
+    /// Longest retry delay of a refused eviction (default 10 s).
     pub eviction_backoff_max: Duration,
-    /// A terminating pod stops being waited for this long after its deletionTimestamp [1 min].
+    /// A terminating pod stops being waited for this long after its deletionTimestamp
+    /// (default 1 min).
     pub stuck_terminating_after: Duration,
-    /// Model only: stop waiting for the drain after this long [60 s] and report
+    /// Model only: stop waiting for the drain after this long (default 60 s) and report
     /// [`Outcome::Waiting`] (Karpenter itself waits forever without a TGP).
     pub give_up_after: Duration,
 }
