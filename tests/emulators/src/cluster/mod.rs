@@ -6,12 +6,15 @@
 //! cordon, taints and nodeSelector; the NoExecute taint manager; kubelets that end pods
 //! after their grace period or when the game exits; the Agones GameServer and Fleet
 //! controllers. The allocator goes over HTTP with a `kube::Client`, like the real one, so
-//! tests can race allocations against lastcall. Tests drive the model through the methods
+//! tests can race allocations against lastcall. Two node autoscalers, Cluster Autoscaler
+//! and Karpenter ([`autoscaler`]), are off unless a test creates one and asks it to take a
+//! node; they too go over HTTP with their own identity. Tests drive the model through the methods
 //! here (nodes, Fleets, SDK calls, game exits) and wait on its state with bounded waits.
 //! `docs/testing/cluster-model.md` lists what is modelled and what is not.
 
 pub mod agones;
 pub mod allocator;
+pub mod autoscaler;
 pub mod fixtures;
 pub mod fleet;
 pub mod kubelet;
@@ -190,6 +193,30 @@ impl Cluster {
         client_without_retry(&self.emulator, identity)
             .await
             .map_err(ClusterError::Start)
+    }
+
+    /// A modelled Cluster Autoscaler acting as `cluster-autoscaler` (see
+    /// [`autoscaler::cluster_autoscaler`]); it does nothing until asked to scale a node down.
+    pub async fn cluster_autoscaler(
+        &self,
+        cfg: autoscaler::cluster_autoscaler::Config,
+    ) -> Result<autoscaler::ClusterAutoscaler, ClusterError> {
+        let client = self
+            .client_without_retry(autoscaler::CLUSTER_AUTOSCALER_IDENTITY)
+            .await?;
+        Ok(autoscaler::ClusterAutoscaler::new(client, cfg))
+    }
+
+    /// A modelled Karpenter acting as `karpenter` (see [`autoscaler::karpenter`]); it does
+    /// nothing until asked to disrupt a node.
+    pub async fn karpenter(
+        &self,
+        cfg: autoscaler::karpenter::Config,
+    ) -> Result<autoscaler::Karpenter, ClusterError> {
+        let client = self
+            .client_without_retry(autoscaler::KARPENTER_IDENTITY)
+            .await?;
+        Ok(autoscaler::Karpenter::new(client, cfg))
     }
 
     // ---- nodes -----------------------------------------------------------------------

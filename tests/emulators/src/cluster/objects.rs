@@ -347,7 +347,7 @@ pub enum PodPhase {
 }
 
 impl PodPhase {
-    fn parse(s: Option<&str>) -> PodPhase {
+    pub(crate) fn parse(s: Option<&str>) -> PodPhase {
         match s {
             None | Some("Pending") => PodPhase::Pending,
             Some("Running") => PodPhase::Running,
