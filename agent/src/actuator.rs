@@ -224,6 +224,23 @@ impl Actuator {
         {
             Ok(n) => Ok(Some(n)),
             Err(e) if is_conflict(&e) => Err(ActError::Conflict(e.to_string())),
+            // A failed `test` op answers 422, like a validation error. If the Node moved on
+            // since we read it, it was our resourceVersion guard: re-plan on fresh state at
+            // once. Otherwise the write itself is refused: an error, retried with backoff.
+            Err(kube::Error::Api(s)) if s.code == 422 => {
+                match self.nodes().get(&self.node_name).await {
+                    Ok(n)
+                        if n.metadata.resource_version.as_deref()
+                            != Some(p.resource_version.as_str()) =>
+                    {
+                        Err(ActError::Conflict(format!(
+                            "the Node changed since it was read ({})",
+                            s.message
+                        )))
+                    }
+                    _ => Err(kube::Error::Api(s).into()),
+                }
+            }
             Err(e) => Err(e.into()),
         }
     }

@@ -202,10 +202,15 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_RELEASE_FLOOR", default_value_t = 0)]
     pub release_floor: u32,
 
-    /// Release pacing: at most one Ready server of each Fleet released per this interval
-    /// (e.g. `500ms`); 0 = no limit. A Terminate deadline overrides it.
+    /// Release pacing: at most `--release-batch` Ready servers of each Fleet released per
+    /// this interval (e.g. `500ms`); 0 = no limit. A Terminate deadline overrides it.
     #[arg(long, env = "LASTCALL_RELEASE_INTERVAL", default_value = "0s", value_parser = lastcall_common::duration::parse_duration)]
     pub release_interval: Duration,
+
+    /// Release pacing: how many Ready servers of one Fleet each `--release-interval` releases
+    /// (the per-Fleet concurrency; `--release-concurrency` bounds all Fleets together).
+    #[arg(long, env = "LASTCALL_RELEASE_BATCH", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub release_batch: u32,
 
     /// Ready game servers deleted at once while releasing.
     #[arg(long, env = "LASTCALL_RELEASE_CONCURRENCY", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]

@@ -47,8 +47,10 @@ pub struct Pacing {
     /// The Fleet's Ready servers (cluster-wide, from its status) that must remain after a
     /// release; 0 = no floor.
     pub floor: u32,
-    /// At most one Ready server of a Fleet released per this interval; zero = no limit.
+    /// At most `batch` Ready servers of a Fleet released per this interval; zero = no limit.
     pub interval: Duration,
+    /// How many of a Fleet's Ready servers one interval releases (at least 1).
+    pub batch: u32,
 }
 
 impl Pacing {
@@ -818,7 +820,7 @@ fn fleet_budget(
             wake(wake_at, next);
             return 0;
         }
-        budget = 1;
+        budget = i64::from(pacing.batch.max(1));
     }
     if pacing.floor > 0 {
         // Servers this node already released may still count as Ready in the Fleet's status.

@@ -156,6 +156,7 @@ pub async fn run(
             pacing: crate::policy::Pacing {
                 floor: config.release_floor,
                 interval: config.release_interval,
+                batch: config.release_batch,
             },
         },
         config.release_concurrency as usize,

@@ -1291,6 +1291,8 @@ fn pacing_releases_one_server_per_fleet_per_interval() {
     let mut o = fleet_servers(3);
     let key = ("default".to_string(), "f".to_string());
     assert_eq!(released(&run(&o, &[draining()], &c)), 1);
+    c.pacing.batch = 2;
+    assert_eq!(released(&run(&o, &[draining()], &c)), 2, "two per interval");
     o.fleets.insert(
         key,
         crate::observed::FleetFacts {
