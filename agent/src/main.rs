@@ -18,8 +18,9 @@ fn main() -> ExitCode {
         eprintln!("lastcall-agent: {e}");
         return ExitCode::from(2);
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: the agent's work is a few requests per drain, and every worker thread costs
+    // resident memory (its stack, its malloc arena) on each of thousands of nodes.
+    let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
