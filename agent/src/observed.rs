@@ -286,9 +286,10 @@ pub struct Observed {
 /// A Fleet, as release pacing sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FleetFacts {
-    /// `status.readyReplicas`, cluster-wide (this node's Ready servers included); `None`
-    /// when it could not be read.
-    pub ready: Option<i64>,
+    /// The Fleet's Ready servers on other nodes, at least: `status.readyReplicas` minus the
+    /// most Ready servers this node held while that status may have been written (see the
+    /// reconciler). `None` when the Fleet could not be read.
+    pub ready_elsewhere: Option<i64>,
     /// When this agent last released one of the Fleet's Ready servers.
     pub last_release: Option<Timestamp>,
 }

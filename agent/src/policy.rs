@@ -823,20 +823,20 @@ fn fleet_budget(
         budget = i64::from(pacing.batch.max(1));
     }
     if pacing.floor > 0 {
-        // Servers this node already released may still count as Ready in the Fleet's status.
-        let leaving_here = inp
+        // Keep here what the floor needs beyond the Ready servers elsewhere.
+        let here = inp
             .observed
             .game_servers
             .iter()
             .filter(|g| {
-                g.deleting
+                !g.deleting
                     && g.state == GsState::Ready
                     && &g.namespace == ns
                     && g.fleet() == Some(fleet.as_str())
             })
             .count() as i64;
-        let spare = match facts.ready {
-            Some(ready) => ready - leaving_here - i64::from(pacing.floor),
+        let spare = match facts.ready_elsewhere {
+            Some(elsewhere) => here - (i64::from(pacing.floor) - elsewhere).max(0),
             // Unknown: hold (the Fleet's capacity is what the floor protects), and look again.
             None => 0,
         };

@@ -67,15 +67,16 @@ struct LocalState {
 /// Release pacing's view of one Fleet's status.
 struct FleetRead {
     ready: Option<i64>,
-    resource_version: Option<String>,
     at: Instant,
-    /// Ready servers this agent released since the status it last saw was written: the
-    /// Fleet's controller may not have counted them yet, so they are subtracted.
-    pending: i64,
-    /// The resourceVersion the pending releases were made against: a status written after
-    /// them has another one.
-    pending_rv: Option<String>,
+    /// This node's Ready servers of the Fleet, as seen on each pass within `STATUS_LAG`: the
+    /// status may have been written at any of those moments, so the most of them is what it
+    /// may still count as Ready here.
+    here: std::collections::VecDeque<(Instant, i64)>,
 }
+
+/// How stale a Fleet's status may be (the Agones controller rewrites it within about a
+/// second of a change). Releases count against the floor until then.
+const STATUS_LAG: Duration = Duration::from_secs(5);
 
 /// How long a Fleet's Ready count is reused before it is read again.
 const FLEET_READ_TTL: Duration = Duration::from_millis(500);
@@ -236,6 +237,16 @@ impl Reconciler {
             .collect();
         for key in fleets {
             let now = Instant::now();
+            let here = observed
+                .game_servers
+                .iter()
+                .filter(|g| {
+                    !g.deleting
+                        && g.state == crate::observed::GsState::Ready
+                        && g.namespace == key.0
+                        && g.fleet() == Some(key.1.as_str())
+                })
+                .count() as i64;
             let fresh = self
                 .state
                 .fleet_reads
@@ -247,16 +258,14 @@ impl Reconciler {
                     &key.0,
                     &crate::observed::fleet_resource(),
                 );
-                let (ready, rv) = match api.get(&key.1).await {
-                    Ok(f) => (
-                        f.data
-                            .pointer("/status/readyReplicas")
-                            .and_then(|v| v.as_i64()),
-                        f.metadata.resource_version.clone(),
-                    ),
+                let ready = match api.get(&key.1).await {
+                    Ok(f) => f
+                        .data
+                        .pointer("/status/readyReplicas")
+                        .and_then(|v| v.as_i64()),
                     Err(e) => {
                         warn!(message = "reading a Fleet for release pacing failed; holding its releases", namespace = %key.0, fleet = %key.1, error = %e);
-                        (None, None)
+                        None
                     }
                 };
                 let read = self
@@ -265,24 +274,29 @@ impl Reconciler {
                     .entry(key.clone())
                     .or_insert(FleetRead {
                         ready: None,
-                        resource_version: None,
                         at: now,
-                        pending: 0,
-                        pending_rv: None,
+                        here: Default::default(),
                     });
-                // A status written after our releases counts them.
-                if rv.is_some() && rv != read.pending_rv {
-                    read.pending = 0;
-                }
                 read.ready = ready;
-                read.resource_version = rv;
                 read.at = now;
             }
-            let read = &self.state.fleet_reads[&key];
+            let Some(read) = self.state.fleet_reads.get_mut(&key) else {
+                continue;
+            };
+            read.here.push_back((now, here));
+            while read.here.len() > 1
+                && read
+                    .here
+                    .front()
+                    .is_some_and(|(t, _)| now.saturating_duration_since(*t) > STATUS_LAG)
+            {
+                read.here.pop_front();
+            }
+            let most_here = read.here.iter().map(|(_, h)| *h).max().unwrap_or(here);
             observed.fleets.insert(
                 key.clone(),
                 crate::observed::FleetFacts {
-                    ready: read.ready.map(|r| r - read.pending),
+                    ready_elsewhere: read.ready.map(|r| r - most_here),
                     last_release: self.state.last_release.get(&key).copied(),
                 },
             );
@@ -742,15 +756,7 @@ impl Reconciler {
                         .and_then(|g| g.fleet())
                     {
                         let key = (gs.namespace.clone(), fleet.to_string());
-                        self.state
-                            .last_release
-                            .insert(key.clone(), jiff::Timestamp::now());
-                        if let Some(read) = self.state.fleet_reads.get_mut(&key) {
-                            read.pending += 1;
-                            read.pending_rv = read.resource_version.clone();
-                            // Read again before the next decision.
-                            read.at = Instant::now() - FLEET_READ_TTL;
-                        }
+                        self.state.last_release.insert(key, jiff::Timestamp::now());
                     }
                     applied += 1;
                     self.own.released(&gs.uid, &gs.namespace, &gs.name);

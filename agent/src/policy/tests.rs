@@ -1252,17 +1252,20 @@ fn pacing_keeps_the_fleet_above_its_floor_and_a_terminate_deadline_overrides_it(
     c.pacing.floor = 4;
     let mut o = fleet_servers(10);
     let key = ("default".to_string(), "f".to_string());
-    // The Fleet has 10 Ready, all here: 6 may go.
+    // None Ready elsewhere: 6 of the 10 here may go, 4 stay.
     o.fleets.insert(
         key.clone(),
         crate::observed::FleetFacts {
-            ready: Some(10),
+            ready_elsewhere: Some(0),
             last_release: None,
         },
     );
     assert_eq!(released(&run(&o, &[draining()], &c)), 6);
-    // Unknown Ready count: hold, and look again soon.
-    o.fleets.get_mut(&key).unwrap().ready = None;
+    // 3 elsewhere: only 1 must stay.
+    o.fleets.get_mut(&key).unwrap().ready_elsewhere = Some(3);
+    assert_eq!(released(&run(&o, &[draining()], &c)), 9);
+    // Unknown: hold, and look again soon.
+    o.fleets.get_mut(&key).unwrap().ready_elsewhere = None;
     let p = run(&o, &[draining()], &c);
     assert_eq!(released(&p), 0);
     assert!(p.wake_at.is_some());
@@ -1270,8 +1273,8 @@ fn pacing_keeps_the_fleet_above_its_floor_and_a_terminate_deadline_overrides_it(
         !p.actions.contains(&Action::Deregister) && p.phase != Phase::Empty,
         "held servers keep the node busy"
     );
-    // Servers already released here still count in the status until they are gone.
-    o.fleets.get_mut(&key).unwrap().ready = Some(10);
+    // 6 already released (being deleted), none Ready elsewhere yet: the 4 left stay.
+    o.fleets.get_mut(&key).unwrap().ready_elsewhere = Some(0);
     for g in o.game_servers.iter_mut().take(6) {
         g.deleting = true;
     }
@@ -1296,7 +1299,7 @@ fn pacing_releases_one_server_per_fleet_per_interval() {
     o.fleets.insert(
         key,
         crate::observed::FleetFacts {
-            ready: None,
+            ready_elsewhere: None,
             last_release: Some(now() - jiff::SignedDuration::from_secs(1)),
         },
     );
