@@ -79,7 +79,9 @@ async fn interleaving(who: Who, seed: u64) -> Outcome {
     let servers: usize = rng.random_range(2..=5);
     // Some runs have no allocator at all, so the node can be taken.
     let allocating = rng.random_bool(0.6);
-    let start_ms: u64 = rng.random_range(0..=25);
+    // Negative: the allocator starts first (an allocation that wins before the autoscaler
+    // looks); positive: it starts after (racing the taint and the agent's releases).
+    let start_ms: i64 = rng.random_range(-15..=25);
     let pace_ms: u64 = rng.random_range(1..=15);
     let cluster = Cluster::start(ClusterConfig {
         tick: Duration::from_millis(20),
@@ -142,7 +144,7 @@ async fn interleaving(who: Who, seed: u64) -> Outcome {
         if !allocating {
             return won;
         }
-        tokio::time::sleep(Duration::from_millis(start_ms)).await;
+        tokio::time::sleep(Duration::from_millis(start_ms.max(0) as u64)).await;
         let req = AllocationRequest::fleet(NS, "fleet")
             .on_node("n1")
             .max_tries(2);
@@ -161,6 +163,9 @@ async fn interleaving(who: Who, seed: u64) -> Outcome {
         Who::Karpenter => KARPENTER_IDENTITY,
     };
     let take = async {
+        if start_ms < 0 {
+            tokio::time::sleep(Duration::from_millis(start_ms.unsigned_abs())).await;
+        }
         match who {
             Who::ClusterAutoscaler => {
                 let a = cluster.cluster_autoscaler(fast_ca()).await.expect("CA");
