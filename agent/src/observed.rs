@@ -283,6 +283,28 @@ pub struct Observed {
     pub fleets: BTreeMap<(String, String), FleetFacts>,
 }
 
+impl Observed {
+    /// The pod running `gs` on this node, if the pod watch shows it.
+    pub fn pod_of(&self, gs: &GameServerView) -> Option<&PodView> {
+        self.pods.iter().find(|p| {
+            p.namespace == gs.namespace && p.gameserver.as_deref() == Some(gs.name.as_str())
+        })
+    }
+
+    /// This node's Ready servers of Fleet `namespace/fleet` that are not being deleted.
+    pub fn ready_here(&self, namespace: &str, fleet: &str) -> i64 {
+        self.game_servers
+            .iter()
+            .filter(|g| {
+                !g.deleting
+                    && g.state == GsState::Ready
+                    && g.namespace == namespace
+                    && g.fleet() == Some(fleet)
+            })
+            .count() as i64
+    }
+}
+
 /// A Fleet, as release pacing sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FleetFacts {

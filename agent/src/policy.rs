@@ -310,17 +310,7 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
             out.actions.push(Action::PatchNode(p));
         }
         if fenced {
-            let (deadline, reason) = announced(inp, &progress, driver.as_ref());
-            let p = pressure(&progress, driver.as_ref());
-            let work = game_server_work(
-                inp,
-                &deadline,
-                &reason,
-                p.as_ref(),
-                unseen_servers,
-                &mut out.actions,
-            );
-            note_work(&work, &deadline, &mut out);
+            fenced_work(inp, &progress, driver.as_ref(), unseen_servers, &mut out);
         }
         Phase::Deregistered
     } else if let Some(n) = &driver {
@@ -329,17 +319,7 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         // The source that started this drain has not reported since a restart: keep the
         // drain exactly as it is, but keep the node from taking new matches.
         if fenced {
-            let (deadline, reason) = announced(inp, &progress, None);
-            let p = pressure(&progress, None);
-            let work = game_server_work(
-                inp,
-                &deadline,
-                &reason,
-                p.as_ref(),
-                unseen_servers,
-                &mut out.actions,
-            );
-            note_work(&work, &deadline, &mut out);
+            fenced_work(inp, &progress, None, unseen_servers, &mut out);
         }
         Phase::Draining
     } else if progress.started.is_some() {
@@ -385,11 +365,7 @@ fn cooperate(inp: &Inputs<'_>, out: &mut Plan) {
         if gs.deleting {
             continue;
         }
-        let Some(pod) = obs.pods.iter().find(|p| {
-            p.namespace == gs.namespace
-                && p.gameserver.as_deref() == Some(gs.name.as_str())
-                && !p.deleting
-        }) else {
+        let Some(pod) = obs.pod_of(gs).filter(|p| !p.deleting) else {
             continue;
         };
         let changes = cooperation::desired(gs, pod, mode);
@@ -410,10 +386,12 @@ fn cooperate(inp: &Inputs<'_>, out: &mut Plan) {
 fn remove_terminating_from_allocation(inp: &Inputs<'_>, actions: &mut Vec<Action>) {
     let obs = inp.observed;
     for gs in &obs.game_servers {
-        let pod = obs.pods.iter().find(|p| {
-            p.namespace == gs.namespace && p.gameserver.as_deref() == Some(gs.name.as_str())
-        });
-        let v = eviction::verdict(&Subject::of(gs, pod), None, &inp.config.eviction, inp.now);
+        let v = eviction::verdict(
+            &Subject::of(gs, obs.pod_of(gs)),
+            None,
+            &inp.config.eviction,
+            inp.now,
+        );
         let planned = actions
             .iter()
             .any(|a| matches!(a, Action::Release { gs: g } if g.uid == gs.uid));
@@ -581,8 +559,6 @@ struct Work {
     busy: bool,
     /// Every in-use pod tolerates the compat draining taint.
     all_in_use_tolerate: bool,
-    /// In-use servers whose match may not end before the Terminate deadline.
-    at_risk: usize,
     /// The earliest graceful termination still to start.
     wake_at: Option<Timestamp>,
 }
@@ -606,15 +582,45 @@ fn pressure(progress: &Progress, driver: Option<&Notice>) -> Option<Pressure> {
     Some(p)
 }
 
+/// The game-server work on a fenced node, for the notice driving it (or the recorded one),
+/// folded into the plan: its actions, the at-risk gauge and warning, the wake-up.
+fn fenced_work(
+    inp: &Inputs<'_>,
+    progress: &Progress,
+    driver: Option<&Notice>,
+    unseen_servers: usize,
+    out: &mut Plan,
+) -> Work {
+    let (deadline, reason) = announced(inp, progress, driver);
+    let p = pressure(progress, driver);
+    let work = game_server_work(
+        inp,
+        &deadline,
+        &reason,
+        p.as_ref(),
+        unseen_servers,
+        &mut out.actions,
+    );
+    let at_risk = eviction::matches_at_risk(
+        &inp.observed.game_servers,
+        &inp.observed.pods,
+        p.as_ref(),
+        &inp.config.eviction,
+        inp.now,
+    );
+    note_work(&work, at_risk, &deadline, out);
+    work
+}
+
 /// Folds a plan's game-server work into it: the gauge, the warning, the wake-up.
-fn note_work(work: &Work, deadline: &str, out: &mut Plan) {
-    out.at_risk = work.at_risk;
-    if work.at_risk > 0 {
+fn note_work(work: &Work, at_risk: usize, deadline: &str, out: &mut Plan) {
+    out.at_risk = at_risk;
+    if at_risk > 0 {
         out.warnings.push(Warning {
             reason: "MatchesAtRisk",
             note: format!(
                 "{} match(es) in use may not end before the node goes at {deadline}; eviction.safe does not let lastcall end them early (see docs/eviction.md)",
-                work.at_risk
+                at_risk
             ),
         });
     }
@@ -637,7 +643,6 @@ fn game_server_work(
     let obs = inp.observed;
     let mut busy = unseen_servers > 0;
     let mut all_in_use_tolerate = unseen_servers == 0;
-    let mut at_risk = 0;
     let mut wake_at: Option<Timestamp> = None;
     let mut releases = vec![];
     let mut in_use = vec![];
@@ -647,11 +652,6 @@ fn game_server_work(
         .iter()
         .map(|p| ((p.namespace.as_str(), p.name.as_str()), p))
         .collect();
-    let pod_of = |gs: &crate::observed::GameServerView| {
-        obs.pods.iter().find(|p| {
-            p.namespace == gs.namespace && p.gameserver.as_deref() == Some(gs.name.as_str())
-        })
-    };
     let compat_draining = taint(keys::COMPAT_TAINT_DRAINING, "true", "NoExecute");
     for gs in &obs.game_servers {
         if gs.deleting
@@ -687,14 +687,13 @@ fn game_server_work(
                     reason: reason.to_string(),
                 });
             }
-            let pod = pod_of(gs);
+            let pod = obs.pod_of(gs);
             let v = eviction::verdict(
                 &Subject::of(gs, pod),
                 pressure,
                 &inp.config.eviction,
                 inp.now,
             );
-            at_risk += usize::from(v.at_risk());
             if let (Verdict::EndGracefully { at, .. }, Some(pod)) = (v, pod) {
                 if at <= inp.now {
                     endings.push(Action::EndGracefully {
@@ -736,7 +735,6 @@ fn game_server_work(
     Work {
         busy,
         all_in_use_tolerate,
-        at_risk,
         wake_at,
     }
 }
@@ -770,13 +768,7 @@ fn pace(
                 .iter()
                 .find(|g| g.uid == gs.uid)
                 .filter(|g| g.state == GsState::Ready)
-                .filter(|g| {
-                    !obs.pods.iter().any(|p| {
-                        p.namespace == g.namespace
-                            && p.gameserver.as_deref() == Some(g.name.as_str())
-                            && p.deleting
-                    })
-                })
+                .filter(|g| obs.pod_of(g).is_none_or(|p| !p.deleting))
                 .and_then(|g| Some((g.namespace.clone(), g.fleet()?.to_string()))),
             _ => None,
         };
@@ -824,17 +816,7 @@ fn fleet_budget(
     }
     if pacing.floor > 0 {
         // Keep here what the floor needs beyond the Ready servers elsewhere.
-        let here = inp
-            .observed
-            .game_servers
-            .iter()
-            .filter(|g| {
-                !g.deleting
-                    && g.state == GsState::Ready
-                    && &g.namespace == ns
-                    && g.fleet() == Some(fleet.as_str())
-            })
-            .count() as i64;
+        let here = inp.observed.ready_here(ns, fleet);
         let spare = match facts.ready_elsewhere {
             Some(elsewhere) => here - (i64::from(pacing.floor) - elsewhere).max(0),
             // Unknown: hold (the Fleet's capacity is what the floor protects), and look again.
@@ -863,17 +845,7 @@ fn drain(
     if let Some(p) = fence {
         out.actions.push(Action::PatchNode(p));
     }
-    let (deadline, reason) = announced(inp, progress, Some(driver));
-    let p = pressure(progress, Some(driver));
-    let work = game_server_work(
-        inp,
-        &deadline,
-        &reason,
-        p.as_ref(),
-        unseen_servers,
-        &mut out.actions,
-    );
-    note_work(&work, &deadline, out);
+    let work = fenced_work(inp, progress, Some(driver), unseen_servers, out);
 
     if inp.config.compat_taints
         && !fencing

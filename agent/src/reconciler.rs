@@ -237,16 +237,7 @@ impl Reconciler {
             .collect();
         for key in fleets {
             let now = Instant::now();
-            let here = observed
-                .game_servers
-                .iter()
-                .filter(|g| {
-                    !g.deleting
-                        && g.state == crate::observed::GsState::Ready
-                        && g.namespace == key.0
-                        && g.fleet() == Some(key.1.as_str())
-                })
-                .count() as i64;
+            let here = observed.ready_here(&key.0, &key.1);
             let fresh = self
                 .state
                 .fleet_reads

@@ -14,21 +14,13 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use lastcall_testkit::agent::{InProcessAgent, config};
+use lastcall_testkit::bench::{ms, percentile};
 use lastcall_testkit::cluster::{AllocationRequest, Cluster, ClusterConfig, FleetSpec, NodeSpec};
 use lastcall_testkit::eventually::eventually;
 
 const SERVERS: usize = 10;
 const ROUNDS: usize = 100;
 const DND: &str = "karpenter.sh/do-not-disrupt";
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1e3)
-}
 
 fn dnd(cluster: &Cluster, name: &str) -> Option<bool> {
     let p = cluster.pod("default", name)?;
@@ -101,15 +93,15 @@ fn main() -> anyhow::Result<()> {
             until(&cluster, &name, v == "true").await;
             bare.push(t0.elapsed());
         }
-        let (on50, on99) = (pct(&mut on, 0.5), pct(&mut on, 0.99));
-        let (off50, off99) = (pct(&mut off, 0.5), pct(&mut off, 0.99));
-        let (b50, b99) = (pct(&mut bare, 0.5), pct(&mut bare, 0.99));
+        let (on50, on99) = (percentile(&mut on, 0.5), percentile(&mut on, 0.99));
+        let (off50, off99) = (percentile(&mut off, 0.5), percentile(&mut off, 0.99));
+        let (b50, b99) = (percentile(&mut bare, 0.5), percentile(&mut bare, 0.99));
         println!("Autoscaler cooperation, {ROUNDS} allocations and returns on a node of {SERVERS} servers");
         println!("| measure | p50 | p99 |");
         println!("|---|---|---|");
-        println!("| allocation answered → `do-not-disrupt: \"true\"` on its pod | {} | {} |", ms(on50), ms(on99));
-        println!("| SDK `Ready()` (back to the pool) → `do-not-disrupt` removed | {} | {} |", ms(off50), ms(off99));
-        println!("| baseline: a bare client's annotation patch, request → store | {} | {} |", ms(b50), ms(b99));
+        println!("| allocation answered → `do-not-disrupt: \"true\"` on its pod | {} | {} |", ms(on50, 2), ms(on99, 2));
+        println!("| SDK `Ready()` (back to the pool) → `do-not-disrupt` removed | {} | {} |", ms(off50, 2), ms(off99, 2));
+        println!("| baseline: a bare client's annotation patch, request → store | {} | {} |", ms(b50, 2), ms(b99, 2));
         println!(
             "| ratio allocation → annotation / bare patch | {:.1}x | {:.1}x |",
             on50.as_secs_f64() / b50.as_secs_f64().max(1e-9),

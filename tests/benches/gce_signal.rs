@@ -12,21 +12,13 @@
 use std::time::{Duration, Instant};
 
 use lastcall_testkit::agent::{InProcessAgent, config};
+use lastcall_testkit::bench::{ms, percentile};
 use lastcall_testkit::cluster::{Cluster, ClusterConfig, FleetSpec, NodeSpec};
 use lastcall_testkit::eventually::eventually;
 use lastcall_testkit::gce::GceMetadataEmulator;
 
 const ROUNDS: usize = 20;
 const POLL: Duration = Duration::from_secs(2);
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1e3)
-}
 
 async fn round(i: usize) -> anyhow::Result<(Duration, Duration)> {
     let cluster = Cluster::start(ClusterConfig::default()).await?;
@@ -126,20 +118,23 @@ fn main() -> anyhow::Result<()> {
             hanging.push(h);
             polled.push(p);
         }
-        let (h50, h99) = (pct(&mut hanging, 0.5), pct(&mut hanging, 0.99));
-        let (p50, p99) = (pct(&mut polled, 0.5), pct(&mut polled, 0.99));
+        let (h50, h99) = (
+            percentile(&mut hanging, 0.5),
+            percentile(&mut hanging, 0.99),
+        );
+        let (p50, p99) = (percentile(&mut polled, 0.5), percentile(&mut polled, 0.99));
         println!("GCE maintenance-event → fence, {ROUNDS} rounds");
         println!("| measure | p50 | p99 |");
         println!("|---|---|---|");
         println!(
             "| lastcall, hanging GET: change → taint in the store | {} | {} |",
-            ms(h50),
-            ms(h99)
+            ms(h50, 1),
+            ms(h99, 1)
         );
         println!(
             "| baseline, 2 s poll: change → value read (before any work) | {} | {} |",
-            ms(p50),
-            ms(p99)
+            ms(p50, 1),
+            ms(p99, 1)
         );
         println!(
             "| ratio poll / hanging GET | {:.0}x | {:.0}x |",

@@ -13,6 +13,7 @@
 use std::time::{Duration, Instant};
 
 use lastcall_testkit::agent::{InProcessAgent, config};
+use lastcall_testkit::bench::{ms, percentile};
 use lastcall_testkit::cluster::{
     AllocationRequest, Cluster, ClusterConfig, FleetSpec, GameServerState as S, NodeSpec,
 };
@@ -22,15 +23,6 @@ use lastcall_testkit::imds::ImdsEmulator;
 const ROUNDS: usize = 20;
 const READY: usize = 8;
 const POLL: Duration = Duration::from_secs(1);
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1e3)
-}
 
 async fn poll_once(http: &reqwest::Client, url: &str) -> Option<bool> {
     let token = http
@@ -138,24 +130,24 @@ fn main() -> anyhow::Result<()> {
             released.push(r);
             polled.push(p);
         }
-        let (r50, r99) = (pct(&mut released, 0.5), pct(&mut released, 0.99));
-        let (p50, p99) = (pct(&mut polled, 0.5), pct(&mut polled, 0.99));
+        let (r50, r99) = (percentile(&mut released, 0.5), percentile(&mut released, 0.99));
+        let (p50, p99) = (percentile(&mut polled, 0.5), percentile(&mut polled, 0.99));
         println!("IMDS Spot instance-action → every Ready server released, {ROUNDS} rounds, {READY} Ready + 1 Allocated");
         println!("| measure | p50 | p99 |");
         println!("|---|---|---|");
         println!(
             "| lastcall (1 s IMDS poll): notice → all {READY} Ready servers deleting | {} | {} |",
-            ms(r50),
-            ms(r99)
+            ms(r50, 1),
+            ms(r99, 1)
         );
         println!(
             "| baseline, a bare 1 s IMDSv2 poller: notice → notice read (before any work) | {} | {} |",
-            ms(p50),
-            ms(p99)
+            ms(p50, 1),
+            ms(p99, 1)
         );
         println!(
             "| lastcall's work after the read, p50 (difference) | {} | |",
-            ms(r50.saturating_sub(p50))
+            ms(r50.saturating_sub(p50), 1)
         );
         anyhow::Ok(())
     })

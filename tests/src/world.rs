@@ -287,3 +287,57 @@ pub fn cordoned(n: &Node) -> bool {
         .and_then(|s| s.unschedulable)
         .unwrap_or(false)
 }
+
+/// A node `n1` for the race scenarios: `servers` Ready servers of Fleet `fleet` whose pods
+/// have `grace_seconds` of grace, a 20 ms cluster tick, a spare node `n2` when `spare`, and
+/// n1's agent with `flags`, started as the binary starts it. Returns once the agent has
+/// claimed every server.
+pub async fn race_node(
+    seed: u64,
+    servers: usize,
+    grace_seconds: i64,
+    spare: bool,
+    flags: &[&str],
+) -> (Cluster, InProcessAgent) {
+    let cluster = Cluster::start(ClusterConfig {
+        tick: std::time::Duration::from_millis(20),
+        ..ClusterConfig::default()
+    })
+    .await
+    .expect("cluster");
+    cluster.add_node(NodeSpec::new(NODE)).expect("n1");
+    cluster
+        .create_fleet(FleetSpec::new(FLEET, servers as i64).grace_seconds(grace_seconds))
+        .expect("fleet");
+    cluster.wait_ready(NS, FLEET, servers).await.expect("ready");
+    if spare {
+        cluster.add_node(NodeSpec::new("n2")).expect("n2");
+    }
+    let kube = cluster
+        .emulator()
+        .config_for("agent-n1")
+        .await
+        .expect("client");
+    let agent = InProcessAgent::start(config(NODE, flags), kube, None)
+        .await
+        .expect("agent");
+    crate::eventually::eventually(
+        &format!("seed {seed}: agent claims its servers"),
+        std::time::Duration::from_secs(20),
+        std::time::Duration::from_millis(5),
+        || async {
+            let gs = cluster.game_servers();
+            let on_n1: Vec<_> = gs
+                .iter()
+                .filter(|g| g.node.as_deref() == Some(NODE))
+                .collect();
+            (on_n1.len() == servers
+                && on_n1
+                    .iter()
+                    .all(|g| g.labels.contains_key("lastcall.dev/node")))
+            .then_some(())
+        },
+    )
+    .await;
+    (cluster, agent)
+}

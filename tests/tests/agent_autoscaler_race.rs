@@ -19,16 +19,13 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures::StreamExt;
-use lastcall_testkit::agent::{InProcessAgent, config};
 use lastcall_testkit::cluster::autoscaler::cluster_autoscaler as ca;
 use lastcall_testkit::cluster::autoscaler::karpenter::{self, Method};
 use lastcall_testkit::cluster::autoscaler::{CLUSTER_AUTOSCALER_IDENTITY, KARPENTER_IDENTITY};
-use lastcall_testkit::cluster::{
-    ALLOCATOR_IDENTITY, AllocationRequest, Cluster, ClusterConfig, FleetSpec, GameServerState as S,
-    NodeSpec,
-};
+use lastcall_testkit::cluster::{ALLOCATOR_IDENTITY, AllocationRequest, GameServerState as S};
 use lastcall_testkit::eventually::eventually;
 use lastcall_testkit::kube::Verb;
+use lastcall_testkit::world::race_node;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 const NS: &str = "default";
@@ -83,41 +80,19 @@ async fn interleaving(who: Who, seed: u64) -> Outcome {
     // looks); positive: it starts after (racing the taint and the agent's releases).
     let start_ms: i64 = rng.random_range(-15..=25);
     let pace_ms: u64 = rng.random_range(1..=15);
-    let cluster = Cluster::start(ClusterConfig {
-        tick: Duration::from_millis(20),
-        ..ClusterConfig::default()
-    })
-    .await
-    .expect("cluster");
-    cluster.add_node(NodeSpec::new("n1")).expect("n1");
-    cluster
-        .create_fleet(FleetSpec::new("fleet", servers as i64).grace_seconds(0))
-        .expect("fleet");
-    cluster
-        .wait_ready(NS, "fleet", servers)
-        .await
-        .expect("ready");
-    cluster.add_node(NodeSpec::new("n2")).expect("n2");
-    let kube = cluster
-        .emulator()
-        .config_for("agent-n1")
-        .await
-        .expect("client");
-    let agent = InProcessAgent::start(
-        config(
-            "n1",
-            &[
-                "--autoscaler-cooperation",
-                "in-use",
-                "--resync-interval",
-                "1s",
-            ],
-        ),
-        kube,
-        None,
+    let (cluster, agent) = race_node(
+        seed,
+        servers,
+        0,
+        true,
+        &[
+            "--autoscaler-cooperation",
+            "in-use",
+            "--resync-interval",
+            "1s",
+        ],
     )
-    .await
-    .expect("agent");
+    .await;
     // The agent has offered every idle pod to autoscalers.
     eventually(
         &format!("seed {seed}: idle pods offered"),

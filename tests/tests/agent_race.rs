@@ -17,13 +17,11 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use lastcall_testkit::agent::{InProcessAgent, config};
-use lastcall_testkit::cluster::{
-    AllocationRequest, Cluster, ClusterConfig, FleetSpec, GameServerState as S, NodeSpec,
-};
+use lastcall_testkit::cluster::{AllocationRequest, GameServerState as S};
 use lastcall_testkit::eventually::eventually;
 use lastcall_testkit::kube::faults::{FaultRule, Method};
 use lastcall_testkit::kube::journal::Verb;
+use lastcall_testkit::world::race_node;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 const NS: &str = "default";
@@ -57,19 +55,7 @@ async fn interleaving(seed: u64) -> Outcome {
     };
     let failure_status: u16 = if rng.random_bool(0.5) { 429 } else { 503 };
 
-    let cluster = Cluster::start(ClusterConfig {
-        tick: Duration::from_millis(20),
-        ..ClusterConfig::default()
-    })
-    .await
-    .unwrap();
-    cluster.add_node(NodeSpec::new("n1")).unwrap();
-    cluster
-        .create_fleet(FleetSpec::new("fleet", servers as i64).grace_seconds(0))
-        .unwrap();
-    cluster.wait_ready(NS, "fleet", servers).await.unwrap();
-    cluster.add_node(NodeSpec::new("n2")).unwrap();
-
+    let (cluster, agent) = race_node(seed, servers, 0, true, &["--resync-interval", "1s"]).await;
     if delete_failures > 0 {
         cluster.emulator().faults().inject(FaultRule::status(
             Some(Method::DELETE),
@@ -78,28 +64,6 @@ async fn interleaving(seed: u64) -> Outcome {
             failure_status,
         ));
     }
-    let kube = cluster.emulator().config_for("agent-n1").await.unwrap();
-    let agent = InProcessAgent::start(config("n1", &["--resync-interval", "1s"]), kube, None)
-        .await
-        .unwrap();
-    eventually(
-        &format!("seed {seed}: agent claims its servers"),
-        Duration::from_secs(20),
-        Duration::from_millis(5),
-        || async {
-            let gs = cluster.game_servers();
-            let on_n1: Vec<_> = gs
-                .iter()
-                .filter(|g| g.node.as_deref() == Some("n1"))
-                .collect();
-            (on_n1.len() == servers
-                && on_n1
-                    .iter()
-                    .all(|g| g.labels.contains_key("lastcall.dev/node")))
-            .then_some(())
-        },
-    )
-    .await;
 
     // The allocator targets n1's Ready servers for the whole drain.
     let alloc_client = cluster

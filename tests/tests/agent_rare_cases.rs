@@ -16,12 +16,10 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::DeleteParams;
-use lastcall_testkit::agent::{InProcessAgent, config};
-use lastcall_testkit::cluster::{
-    AllocationRequest, Cluster, ClusterConfig, FleetSpec, GameServerState as S, NodeSpec,
-};
+use lastcall_testkit::cluster::{AllocationRequest, GameServerState as S};
 use lastcall_testkit::eventually::eventually;
 use lastcall_testkit::kube::journal::Verb;
+use lastcall_testkit::world::race_node;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 const NS: &str = "default";
@@ -41,42 +39,8 @@ async fn interleaving(seed: u64) -> Outcome {
     let mut rng = StdRng::seed_from_u64(seed);
     let servers: usize = rng.random_range(4..=8);
     let pace_us: u64 = rng.random_range(0..=4000);
-    let cluster = Cluster::start(ClusterConfig {
-        tick: Duration::from_millis(20),
-        ..ClusterConfig::default()
-    })
-    .await
-    .expect("cluster");
-    cluster.add_node(NodeSpec::new("n1")).expect("n1");
     // Long grace: the pod stays terminating (and its GameServer Ready) for the whole run.
-    cluster
-        .create_fleet(FleetSpec::new("fleet", servers as i64).grace_seconds(60))
-        .expect("fleet");
-    cluster
-        .wait_ready(NS, "fleet", servers)
-        .await
-        .expect("ready");
-    let kube = cluster
-        .emulator()
-        .config_for("agent-n1")
-        .await
-        .expect("client");
-    let agent = InProcessAgent::start(config("n1", &["--resync-interval", "1s"]), kube, None)
-        .await
-        .expect("agent");
-    eventually(
-        &format!("seed {seed}: agent claims its servers"),
-        Duration::from_secs(20),
-        Duration::from_millis(5),
-        || async {
-            cluster
-                .game_servers()
-                .iter()
-                .all(|g| g.labels.contains_key("lastcall.dev/node"))
-                .then_some(())
-        },
-    )
-    .await;
+    let (cluster, agent) = race_node(seed, servers, 60, false, &["--resync-interval", "1s"]).await;
 
     let victims: Vec<String> = {
         let mut names: Vec<String> = cluster
