@@ -45,6 +45,7 @@ pub const REASONS: &[&str] = &[
     "CompatTaintSkipped",
     "MatchesAtRisk",
     "CooperationLabelInvalid",
+    "EvictionSafeUnknown",
 ];
 
 fn names(list: &[String]) -> String {

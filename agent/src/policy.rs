@@ -339,7 +339,24 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
     };
     remove_terminating_from_allocation(inp, &mut out.actions);
     cooperate(inp, &mut out);
+    warn_unknown_eviction_safe(inp.observed, &mut out.warnings);
     out
+}
+
+/// An `eviction.safe` value this version does not know is treated as `Never` (the most
+/// protective), and said once to the operator: never a guess that ends a match.
+fn warn_unknown_eviction_safe(obs: &Observed, warnings: &mut Vec<Warning>) {
+    for gs in &obs.game_servers {
+        if let eviction::EvictionSafe::Unknown(raw) = &gs.eviction_safe {
+            warnings.push(Warning {
+                reason: "EvictionSafeUnknown",
+                note: format!(
+                    "GameServer {}/{} has eviction.safe {raw:?}, which lastcall does not know; treated as Never (never ended early)",
+                    gs.namespace, gs.name
+                ),
+            });
+        }
+    }
 }
 
 /// Autoscaler cooperation: the annotations each game-server pod on this node should carry

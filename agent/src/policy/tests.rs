@@ -1199,6 +1199,27 @@ fn a_terminate_deadline_ends_permitted_matches_at_deadline_minus_grace_and_warns
 }
 
 #[test]
+fn an_unknown_eviction_safe_is_never_ended_early_and_is_reported() {
+    let mut weird = gs("weird", GsState::Allocated);
+    weird.eviction_safe = crate::eviction::EvictionSafe::Unknown("Sometimes".into());
+    let o = observed(vec![weird]);
+    let notice = terminate_at(
+        Cause::Maintenance,
+        now() + jiff::SignedDuration::from_secs(5),
+    );
+    let (o, p) = settle(o, std::slice::from_ref(&notice), &cfg());
+    assert!(o.pods.iter().all(|p| !p.deleting), "treated as Never");
+    assert_eq!(p.at_risk, 1);
+    assert!(
+        p.warnings
+            .iter()
+            .any(|w| w.reason == "EvictionSafeUnknown" && w.note.contains("Sometimes")),
+        "{:?}",
+        p.warnings
+    );
+}
+
+#[test]
 fn a_ready_server_whose_pod_is_terminating_is_released_even_without_a_drain() {
     let mut o = observed(vec![
         gs("dying", GsState::Ready),
