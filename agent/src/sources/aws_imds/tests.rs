@@ -422,7 +422,12 @@ async fn scheduled_events_are_read_by_what_happens_to_a_running_process() {
                 "NotBefore": far, "NotAfter": far, "State": state}])
     };
     // A reboot ends every process on the node: a Terminate, so matches get their grace.
-    for code in ["instance-reboot", "system-reboot", "instance-stop", "instance-retirement"] {
+    for code in [
+        "instance-reboot",
+        "system-reboot",
+        "instance-stop",
+        "instance-retirement",
+    ] {
         emu.set_scheduled_events(one(code, "active"));
         let n = src
             .wait_for_notices(code, |n| n.iter().any(|n| n.detail.contains(code)))
