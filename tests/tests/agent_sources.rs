@@ -434,6 +434,60 @@ async fn a_rebalance_that_never_escalates_clears_after_its_ttl() {
     agent.stop().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_holds_a_gce_maintenance_drain_while_upcoming_maintenance_says_nothing_definite()
+{
+    let w = World::start(WorldSpec::new(1, 1, 0)).await;
+    let gce = GceMetadataEmulator::start().await.unwrap();
+    let start = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_mins(30))
+        .unwrap()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    gce.set(
+        "upcoming-maintenance",
+        &serde_json::json!({"can_reschedule": "false", "maintenance_status": "PENDING", "type": "SCHEDULED", "window_start_time": start}).to_string(),
+    );
+    let extra = ["--gce-upcoming-interval", "200ms"];
+    let agent = gce_agent(&w, &gce, &extra).await;
+    w.claimed_all().await;
+    wait_for("drained for the window", || async {
+        let n = w.node().await;
+        (cordoned(&n) && has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    agent.stop().await.unwrap();
+    // After the restart the metadata server answers `{ }`: nothing definite, not "all clear".
+    gce.set("upcoming-maintenance", "{ }");
+    let polls = |gce: &GceMetadataEmulator| {
+        gce.requests()
+            .iter()
+            .filter(|(k, _, _)| k == "upcoming-maintenance")
+            .count()
+    };
+    let before = polls(&gce);
+    let agent = gce_agent(&w, &gce, &extra).await;
+    wait_for(
+        "five upcoming-maintenance polls after the restart",
+        || async { (polls(&gce) >= before + 5).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1200)).await; // a resync pass after them
+    let n = w.node().await;
+    assert!(
+        cordoned(&n) && has_taint(&n, "lastcall.dev/draining"),
+        "the drain was cancelled on an answer that says nothing"
+    );
+    // A definite answer (404: nothing defined) cancels it.
+    gce.remove("upcoming-maintenance");
+    wait_for("cancelled and restored", || async {
+        let n = w.node().await;
+        (!cordoned(&n) && !has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    agent.stop().await.unwrap();
+}
+
 /// An AWS `NotBefore` (`21 Jan 2019 09:00:43 GMT`) `secs` from now, and its RFC 3339 form.
 fn aws_time(secs: i64) -> (String, String) {
     let t = jiff::Timestamp::now()
