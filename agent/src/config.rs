@@ -157,8 +157,36 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_GKE_HAND_BACK")]
     pub gke_hand_back: bool,
 
+    /// Poll Azure Scheduled Events (instance metadata) for this VM's freezes, reboots,
+    /// redeploys, Spot evictions and scale-set terminations (AKS and other Azure VMs).
+    #[arg(long, env = "LASTCALL_AZURE_EVENTS")]
+    pub azure_events: bool,
+
+    /// Azure instance metadata endpoint.
+    #[arg(long, env = "LASTCALL_AZURE_METADATA_ENDPOINT", default_value = "http://169.254.169.254", value_parser = http_url)]
+    pub azure_metadata_endpoint: String,
+
+    /// How often Azure Scheduled Events are polled (the endpoint never leaves the node).
+    #[arg(long, env = "LASTCALL_AZURE_EVENTS_INTERVAL", default_value = "1s", value_parser = positive_duration)]
+    pub azure_events_interval: Duration,
+
+    /// This VM's name as Scheduled Events list it in `Resources` (on AKS the scale-set
+    /// instance name, not the Kubernetes node name). Default: read from instance metadata
+    /// (`compute/name`).
+    #[arg(long, env = "LASTCALL_AZURE_VM_NAME", value_parser = non_empty)]
+    pub azure_vm_name: Option<String>,
+
+    /// Approve (start now) this VM's pending Scheduled Events once the node is empty, so
+    /// a reboot, redeploy or termination does not wait for its NotBefore.
+    #[arg(
+        long,
+        env = "LASTCALL_AZURE_APPROVE_WHEN_EMPTY",
+        requires = "azure_events"
+    )]
+    pub azure_approve_when_empty: bool,
+
     /// How long before a known maintenance window (GKE `scheduled-maintenance-time`, GCE
-    /// upcoming maintenance) the node stops taking new matches, so matches that start
+    /// upcoming maintenance, AWS `system-maintenance`) the node stops taking new matches, so matches that start
     /// before then end on their own before the window.
     #[arg(long, env = "LASTCALL_MAINTENANCE_LEAD", default_value = "1h", value_parser = lastcall_common::duration::parse_duration)]
     pub maintenance_lead: Duration,

@@ -1,5 +1,5 @@
-//! Every signal family through the one reconciler: GCE metadata (against its emulator),
-//! Node signals (Karpenter, cluster autoscaler, GKE labels, manual), and several at once.
+//! Every signal family through the one reconciler: GCE metadata, AWS IMDS and Azure
+//! Scheduled Events (against their emulators), Node signals (Karpenter, cluster autoscaler, GKE labels, manual), and several at once.
 
 use std::time::Duration;
 
@@ -431,6 +431,211 @@ async fn a_rebalance_that_never_escalates_clears_after_its_ttl() {
         (!cordoned(&n) && !has_taint(&n, "lastcall.dev/draining")).then_some(())
     })
     .await;
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_holds_a_gce_maintenance_drain_while_upcoming_maintenance_says_nothing_definite()
+{
+    let w = World::start(WorldSpec::new(1, 1, 0)).await;
+    let gce = GceMetadataEmulator::start().await.unwrap();
+    let start = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_mins(30))
+        .unwrap()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    gce.set(
+        "upcoming-maintenance",
+        &serde_json::json!({"can_reschedule": "false", "maintenance_status": "PENDING", "type": "SCHEDULED", "window_start_time": start}).to_string(),
+    );
+    let extra = ["--gce-upcoming-interval", "200ms"];
+    let agent = gce_agent(&w, &gce, &extra).await;
+    w.claimed_all().await;
+    wait_for("drained for the window", || async {
+        let n = w.node().await;
+        (cordoned(&n) && has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    agent.stop().await.unwrap();
+    // After the restart the metadata server answers `{ }`: nothing definite, not "all clear".
+    gce.set("upcoming-maintenance", "{ }");
+    let polls = |gce: &GceMetadataEmulator| {
+        gce.requests()
+            .iter()
+            .filter(|(k, _, _)| k == "upcoming-maintenance")
+            .count()
+    };
+    let before = polls(&gce);
+    let agent = gce_agent(&w, &gce, &extra).await;
+    wait_for(
+        "five upcoming-maintenance polls after the restart",
+        || async { (polls(&gce) >= before + 5).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1200)).await; // a resync pass after them
+    let n = w.node().await;
+    assert!(
+        cordoned(&n) && has_taint(&n, "lastcall.dev/draining"),
+        "the drain was cancelled on an answer that says nothing"
+    );
+    // A definite answer (404: nothing defined) cancels it.
+    gce.remove("upcoming-maintenance");
+    wait_for("cancelled and restored", || async {
+        let n = w.node().await;
+        (!cordoned(&n) && !has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    agent.stop().await.unwrap();
+}
+
+/// An AWS `NotBefore` (`21 Jan 2019 09:00:43 GMT`) `secs` from now, and its RFC 3339 form.
+fn aws_time(secs: i64) -> (String, String) {
+    let t = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_secs(secs))
+        .unwrap();
+    (
+        t.strftime("%d %b %Y %H:%M:%S GMT").to_string(),
+        t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+    )
+}
+
+fn source_notices(m: &str, source: &str, severity: &str) -> Option<f64> {
+    metric(
+        m,
+        "lastcall_source_notices",
+        &[
+            ("source", source),
+            ("cause", "maintenance"),
+            ("severity", severity),
+        ],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aws_reboot_is_a_terminate_for_matches_and_system_maintenance_never_fences_early() {
+    let w = World::start(WorldSpec::new(2, 1, 0)).await;
+    let imds = ImdsEmulator::start(IID, "ip-10-0-0-1.ec2.internal")
+        .await
+        .unwrap();
+    let agent = imds_agent(&w, &imds, &[]).await;
+    w.claimed_all().await;
+    // Network maintenance three hours out (the lead is one hour): nothing is stopped, so
+    // the node keeps taking matches and no match is told to end.
+    let (far, _) = aws_time(3 * 3600);
+    imds.set_scheduled_events(serde_json::json!([{
+        "Code": "system-maintenance", "Description": "scheduled network maintenance",
+        "EventId": "instance-event-0d59937288b749b32", "NotBefore": far,
+        "NotAfter": far, "State": "active"
+    }]));
+    wait_for("the maintenance observed", || async {
+        let m = agent.metrics().await;
+        (source_notices(&m, "aws_imds", "observe") == Some(1.0)).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let n = w.node().await;
+    assert!(
+        !cordoned(&n) && !has_taint(&n, "lastcall.dev/draining"),
+        "fenced for maintenance that stops nothing"
+    );
+    // A system reboot kills every process on the node: a Terminate at NotBefore.
+    let (soon, soon_rfc3339) = aws_time(1800);
+    imds.set_scheduled_events(serde_json::json!([{
+        "Code": "system-reboot", "Description": "scheduled reboot",
+        "EventId": "instance-event-0a1b2c3d4e5f60718", "NotBefore": soon,
+        "NotAfter": soon, "State": "active"
+    }]));
+    wait_for("idle released", || async { idle_released(&w) }).await;
+    wait_for("the reboot time is the match's deadline", || async {
+        (w.allocated()
+            .annotations
+            .get("lastcall.dev/drain-deadline")
+            .map(String::as_str)
+            == Some(soon_rfc3339.as_str()))
+        .then_some(())
+    })
+    .await;
+    let m = agent.metrics().await;
+    assert_eq!(
+        source_notices(&m, "aws_imds", "terminate"),
+        Some(1.0),
+        "a reboot is not a plain drain"
+    );
+    // Completed after the fact: the drain is cancelled.
+    imds.set_scheduled_events(serde_json::json!([{
+        "Code": "system-reboot", "Description": "[Completed] scheduled reboot",
+        "EventId": "instance-event-0a1b2c3d4e5f60718", "NotBefore": soon,
+        "NotAfter": soon, "State": "completed"
+    }]));
+    wait_for("cancelled and restored", || async {
+        let n = w.node().await;
+        (!cordoned(&n) && !has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_azure_reboot_drains_and_is_approved_only_once_the_node_is_empty() {
+    use lastcall_emulators::azure::{AzureMetadataEmulator, event};
+    let w = World::start(WorldSpec::new(2, 1, 0)).await;
+    let vm = "aks-games-12345678-vmss_0";
+    let azure = AzureMetadataEmulator::start(vm).await.unwrap();
+    let url = azure.url();
+    let args: Vec<String> = [
+        "--azure-events",
+        "--azure-metadata-endpoint",
+        &url,
+        "--azure-events-interval",
+        "200ms",
+        "--azure-approve-when-empty",
+        "--resync-interval",
+        "1s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let agent = w.start_agent(&args).await;
+    w.claimed_all().await;
+    azure.set_events(vec![event(
+        "reboot-1",
+        "Reboot",
+        vm,
+        "Tue, 01 Jan 2030 01:00:00 GMT",
+    )]);
+    wait_for("fenced and idle released", || async {
+        let n = w.node().await;
+        (cordoned(&n) && has_taint(&n, "lastcall.dev/draining"))
+            .then_some(())
+            .and_then(|()| idle_released(&w))
+    })
+    .await;
+    wait_for("NotBefore is the match's deadline", || async {
+        (w.allocated()
+            .annotations
+            .get("lastcall.dev/drain-deadline")
+            .map(String::as_str)
+            == Some("2030-01-01T01:00:00Z"))
+        .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(azure.approvals().is_empty(), "approved while a match runs");
+    let keep = w.allocated();
+    w.cluster
+        .sdk_shutdown(lastcall_testkit::world::NS, &keep.name)
+        .unwrap();
+    wait_for("node empty", || async {
+        w.on(NODE).is_empty().then_some(())
+    })
+    .await;
+    wait_for("approved", || async {
+        (!azure.approvals().is_empty()).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(azure.approvals(), ["reboot-1"], "once");
+    assert!(azure.requests().iter().all(|r| r.metadata_header));
     agent.stop().await.unwrap();
 }
 

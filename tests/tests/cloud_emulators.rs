@@ -1418,3 +1418,93 @@ async fn imds_refuses_unrealistic_instance_ids() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn azure_scheduled_events_need_the_metadata_header_and_record_approvals() {
+    use lastcall_emulators::azure::{AzureMetadataEmulator, event};
+    let vm = "aks-games-12345678-vmss_3";
+    let emu = AzureMetadataEmulator::start(vm).await.unwrap();
+    let http = reqwest::Client::new();
+    let url = format!(
+        "{}/metadata/scheduledevents?api-version=2020-07-01",
+        emu.url()
+    );
+    let get = |url: String, header: bool| {
+        let mut r = http.get(url);
+        if header {
+            r = r.header("Metadata", "true");
+        }
+        async move {
+            let r = r.send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap())
+        }
+    };
+    // Without `Metadata: true` or an api-version: 400 with a JSON error.
+    let (status, body) = get(url.clone(), false).await;
+    assert_eq!(status, 400);
+    assert!(body.contains("metadata header"), "{body}");
+    let (status, _) = get(format!("{}/metadata/scheduledevents", emu.url()), true).await;
+    assert_eq!(status, 400);
+    // The document: the incarnation grows with every change.
+    let (status, body) = get(url.clone(), true).await;
+    assert_eq!(status, 200);
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        doc,
+        serde_json::json!({"DocumentIncarnation": 1, "Events": []})
+    );
+    emu.set_events(vec![event(
+        "e1",
+        "Reboot",
+        vm,
+        "Mon, 19 Sep 2016 18:29:47 GMT",
+    )]);
+    let doc: serde_json::Value = serde_json::from_str(&get(url.clone(), true).await.1).unwrap();
+    assert_eq!(doc["DocumentIncarnation"], 2);
+    assert_eq!(doc["Events"][0]["EventStatus"], "Scheduled");
+    assert_eq!(doc["Events"][0]["Resources"][0], vm);
+    // The VM's own name.
+    let (status, name) = get(
+        format!(
+            "{}/metadata/instance/compute/name?api-version=2021-02-01&format=text",
+            emu.url()
+        ),
+        true,
+    )
+    .await;
+    assert_eq!((status, name.as_str()), (200, vm));
+    // Approval: recorded, and the event starts (NotBefore empties).
+    let post = |body: serde_json::Value| {
+        http.post(url.clone())
+            .header("Metadata", "true")
+            .json(&body)
+            .send()
+    };
+    let r = post(serde_json::json!({"StartRequests": [{"EventId": "nope"}]}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "an unknown EventId");
+    let r = post(serde_json::json!({"StartRequests": [{"EventId": "e1"}]}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(emu.approvals(), ["e1"]);
+    let doc: serde_json::Value = serde_json::from_str(&get(url.clone(), true).await.1).unwrap();
+    assert_eq!(doc["DocumentIncarnation"], 3);
+    assert_eq!(doc["Events"][0]["EventStatus"], "Started");
+    assert_eq!(doc["Events"][0]["NotBefore"], "");
+    // Injected faults: error statuses, a garbled body, connection refused.
+    emu.fail_next(1, 503);
+    assert_eq!(get(url.clone(), true).await.0, 503);
+    emu.set_garbled(Some("<html>"));
+    assert_eq!(get(url.clone(), true).await, (200, "<html>".to_string()));
+    emu.set_garbled(None);
+    emu.set_unreachable(true).await.unwrap();
+    assert!(http.get(url.clone()).send().await.is_err());
+    emu.set_unreachable(false).await.unwrap();
+    assert_eq!(get(url.clone(), true).await.0, 200);
+    let journal = emu.requests();
+    assert!(!journal[0].metadata_header && journal[0].status == 400);
+    assert_eq!(journal.iter().filter(|r| r.method == "POST").count(), 2);
+}

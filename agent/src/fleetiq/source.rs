@@ -102,6 +102,15 @@ fn unix_ms() -> i64 {
     jiff::Timestamp::now().as_millisecond()
 }
 
+/// When a status was first seen: when it was polled, if known (pubsub polls a whole period
+/// before an agent may hear of it, and a Spot deadline counts from the poll), never later
+/// than `now` (a clock ahead of ours is clamped).
+pub fn first_sight(polled_at_ms: Option<i64>, now: jiff::Timestamp) -> jiff::Timestamp {
+    polled_at_ms
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .map_or(now, |polled| polled.min(now))
+}
+
 impl RedisSource {
     /// Applies one message body. Returns whether it changed the view.
     pub fn handle(&self, body: &[u8], via: Via) -> bool {
@@ -168,7 +177,8 @@ impl RedisSource {
                         return;
                     }
                     changed = v.status != Some(msg.status);
-                    v.observe(msg.status, via, jiff::Timestamp::now(), Instant::now());
+                    let seen = first_sight(polled_at_ms, jiff::Timestamp::now());
+                    v.observe(msg.status, via, seen, Instant::now());
                     v.polled_at_ms = polled_at_ms;
                 });
                 if older {
@@ -443,7 +453,7 @@ pub async fn run_fallback(
                         v.observe(
                             status,
                             Via::Fallback,
-                            jiff::Timestamp::now(),
+                            first_sight(Some(sent_at_ms), jiff::Timestamp::now()),
                             Instant::now(),
                         );
                         v.polled_at_ms = Some(sent_at_ms);
@@ -556,6 +566,40 @@ mod tests {
             "a newer poll applies"
         );
         assert_eq!(rx.borrow().status, Some(InstanceStatus::Active));
+    }
+
+    #[test]
+    fn a_spot_deadline_counts_from_when_pubsub_polled_it() {
+        let spot = br#"{"InstanceId":"i-1","InstanceStatus":"SPOT_TERMINATING"}"#;
+        let deadline = |polled_at_ms: Option<i64>| {
+            let (src, rx, _) = source();
+            let before = jiff::Timestamp::now();
+            assert!(src.handle_at(spot, Via::Message, polled_at_ms));
+            let after = jiff::Timestamp::now();
+            let n = rx.borrow().notice("i-1").expect("a Spot notice");
+            (before, n.deadline.expect("a deadline"), after)
+        };
+        let two_min = jiff::SignedDuration::from_secs(120);
+        // Polled 50 s before it reached us (a 60 s publish period): 70 s left, not 120.
+        let polled =
+            jiff::Timestamp::from_millisecond(jiff::Timestamp::now().as_millisecond() - 50_000)
+                .unwrap();
+        let (_, d, _) = deadline(Some(polled.as_millisecond()));
+        assert_eq!(d, polled.checked_add(two_min).unwrap());
+        // A polled-at time ahead of our clock is clamped: never later than receipt + 2 min.
+        let ahead = jiff::Timestamp::now()
+            .checked_add(jiff::SignedDuration::from_secs(600))
+            .unwrap();
+        let (before, d, after) = deadline(Some(ahead.as_millisecond()));
+        assert!(
+            before.checked_add(two_min).unwrap() <= d && d <= after.checked_add(two_min).unwrap(),
+            "{d}"
+        );
+        // Unknown (an older pubsub): when it arrived.
+        let (before, d, after) = deadline(None);
+        assert!(
+            before.checked_add(two_min).unwrap() <= d && d <= after.checked_add(two_min).unwrap()
+        );
     }
 
     #[test]

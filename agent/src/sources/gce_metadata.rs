@@ -4,7 +4,10 @@
 //! hanging GET (`wait_for_change` with `last_etag` always passed, `timeout_sec` below the
 //! client timeout), after one plain read at start so an event already pending is acted on.
 //! `instance/upcoming-maintenance?alt=json` is polled. An error never means `NONE`: the last
-//! view is kept, retried with capped backoff. A metadata server that cannot be reached (GKE
+//! view is kept, retried with capped backoff. Neither does an unreadable answer: an empty
+//! body, a value this version does not know, or an upcoming-maintenance `NONE`, `{}` or
+//! error object is rejected (counted, logged) and the last reading stands; with none yet
+//! the source stays unknown, so a drain it started is held, never cancelled. A metadata server that cannot be reached (GKE
 //! Workload Identity without hostNetwork, Autopilot) is reported once as degraded, with a
 //! metric and a `/readyz` detail; the other sources go on.
 
@@ -36,28 +39,56 @@ const KEY_UPCOMING: &str = "upcoming-maintenance";
 const UNREACHABLE_AFTER: u32 = 3;
 
 /// What `instance/maintenance-event` says.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MaintenanceEvent {
     None,
     /// Live migration: the VM survives. Observed, never drained.
     Migrate,
-    /// The VM will be stopped (`TERMINATE_ON_HOST_MAINTENANCE`, or any other value: the
-    /// docs show older names, so an unknown value is treated as the worse case).
-    Terminate(String),
+    /// `TERMINATE_ON_HOST_MAINTENANCE`: the VM will be stopped.
+    Terminate,
 }
 
-pub fn parse_event(body: &str) -> MaintenanceEvent {
-    match body.trim() {
-        "NONE" => MaintenanceEvent::None,
-        "MIGRATE_ON_HOST_MAINTENANCE" => MaintenanceEvent::Migrate,
-        other => MaintenanceEvent::Terminate(other.chars().take(64).collect()),
+impl MaintenanceEvent {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "NONE",
+            Self::Migrate => "MIGRATE_ON_HOST_MAINTENANCE",
+            Self::Terminate => "TERMINATE_ON_HOST_MAINTENANCE",
+        }
     }
 }
 
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+fn trimmed(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
+/// The three documented values; anything else (an empty body included) is not read as any
+/// of them: it is rejected, and the last reading stands.
+pub fn parse_event(body: &str) -> Result<MaintenanceEvent, ParseError> {
+    match body.trim() {
+        "NONE" => Ok(MaintenanceEvent::None),
+        "MIGRATE_ON_HOST_MAINTENANCE" => Ok(MaintenanceEvent::Migrate),
+        "TERMINATE_ON_HOST_MAINTENANCE" => Ok(MaintenanceEvent::Terminate),
+        "" => Err(ParseError::Empty(KEY_EVENT)),
+        other => Err(ParseError::Event(trimmed(other))),
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ParseError {
+    #[error("{0} answered an empty body")]
+    Empty(&'static str),
+    #[error(
+        "maintenance-event {0:?} is not NONE, MIGRATE_ON_HOST_MAINTENANCE or TERMINATE_ON_HOST_MAINTENANCE"
+    )]
+    Event(String),
     #[error("preempted is neither TRUE nor FALSE: {0:?}")]
     Preempted(String),
+    /// Empty, `NONE`, `{}` or an error object: nothing definite either way.
+    #[error("upcoming-maintenance says nothing definite ({0})")]
+    UpcomingUnknown(String),
+    #[error("upcoming-maintenance {field} {value:?} is not a value this version knows")]
+    UpcomingValue { field: &'static str, value: String },
     #[error("upcoming-maintenance is not a notice: {0}")]
     Upcoming(String),
 }
@@ -65,7 +96,10 @@ pub enum ParseError {
 impl ParseError {
     pub fn metric_label(&self) -> &'static str {
         match self {
+            Self::Empty(_) => "empty",
+            Self::Event(_) | Self::UpcomingValue { .. } => "unknown_value",
             Self::Preempted(_) => "bad_preempted",
+            Self::UpcomingUnknown(_) => "upcoming_unknown",
             Self::Upcoming(_) => "bad_upcoming",
         }
     }
@@ -75,7 +109,29 @@ pub fn parse_preempted(body: &str) -> Result<bool, ParseError> {
     match body.trim() {
         "TRUE" => Ok(true),
         "FALSE" => Ok(false),
-        other => Err(ParseError::Preempted(other.chars().take(64).collect())),
+        "" => Err(ParseError::Empty(KEY_PREEMPTED)),
+        other => Err(ParseError::Preempted(trimmed(other))),
+    }
+}
+
+/// `maintenance_status` of a notice that is still to come or under way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpcomingStatus {
+    /// Scheduled; may be started early when `can_reschedule`.
+    Pending,
+    /// Under way: the VM is being stopped.
+    Ongoing,
+    /// The documented `UNKNOWN`: a window is announced, its state is not.
+    Unknown,
+}
+
+impl UpcomingStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "PENDING",
+            Self::Ongoing => "ONGOING",
+            Self::Unknown => "UNKNOWN",
+        }
     }
 }
 
@@ -83,21 +139,23 @@ pub fn parse_preempted(body: &str) -> Result<bool, ParseError> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Upcoming {
     pub window_start: Timestamp,
-    /// `PENDING`, `ONGOING`, …
-    pub status: String,
+    pub status: UpcomingStatus,
     /// The maintenance may be started early (GKE hand-back).
     pub can_reschedule: bool,
 }
 
-/// `Ok(None)`: nothing known to be scheduled (404, `NONE`, `{}`, an error body); only a 200
-/// with a parseable notice is a notice. Anything else is rejected, never acted on.
+/// `Ok(None)`: nothing is scheduled, said positively (404: the key is not defined, or
+/// `maintenance_status: COMPLETE`). `Ok(Some)`: a notice. Anything else is an error and
+/// never changes what was known: an empty body, `NONE`, `{}` or an error object say nothing
+/// definite (`UpcomingUnknown`), and a field value this version does not know is rejected,
+/// never guessed.
 pub fn parse_upcoming(status: u16, body: &str) -> Result<Option<Upcoming>, ParseError> {
     if status == 404 {
         return Ok(None);
     }
     let t = body.trim();
     if t.is_empty() || t == "NONE" {
-        return Ok(None);
+        return Err(ParseError::UpcomingUnknown(format!("{t:?}")));
     }
     let v: serde_json::Value =
         serde_json::from_str(t).map_err(|e| ParseError::Upcoming(e.to_string()))?;
@@ -109,27 +167,43 @@ pub fn parse_upcoming(status: u16, body: &str) -> Result<Option<Upcoming>, Parse
         Some(inner) => inner,
         None => obj,
     };
-    if obj.is_empty() || obj.contains_key("error") {
-        return Ok(None);
+    if obj.is_empty() {
+        return Err(ParseError::UpcomingUnknown("{}".into()));
+    }
+    if let Some(e) = obj.get("error") {
+        return Err(ParseError::UpcomingUnknown(trimmed(&e.to_string())));
     }
     let text = |k: &str| obj.get(k).and_then(|x| x.as_str());
+    let value = |field: &'static str, v: Option<&str>| ParseError::UpcomingValue {
+        field,
+        value: v.map_or_else(|| "<missing>".into(), trimmed),
+    };
+    let status = match text("maintenance_status") {
+        Some("PENDING") => UpcomingStatus::Pending,
+        Some("ONGOING") => UpcomingStatus::Ongoing,
+        Some("UNKNOWN") => UpcomingStatus::Unknown,
+        Some("COMPLETE") => return Ok(None),
+        other => return Err(value("maintenance_status", other)),
+    };
+    match text("type") {
+        None | Some("SCHEDULED" | "UNSCHEDULED" | "MULTIPLE" | "UNKNOWN_TYPE") => {}
+        other => return Err(value("type", other)),
+    }
+    // `can_reschedule` is a string on the metadata server, a bool in the Compute API.
+    let can_reschedule = match obj.get("can_reschedule") {
+        None => false,
+        Some(serde_json::Value::Bool(b)) => *b,
+        Some(serde_json::Value::String(s)) if s.eq_ignore_ascii_case("true") => true,
+        Some(serde_json::Value::String(s)) if s.eq_ignore_ascii_case("false") => false,
+        Some(other) => return Err(value("can_reschedule", Some(&other.to_string()))),
+    };
     let start = text("window_start_time")
         .ok_or_else(|| ParseError::Upcoming("no window_start_time".into()))?
         .parse::<Timestamp>()
         .map_err(|e| ParseError::Upcoming(format!("window_start_time: {e}")))?;
-    let status = text("maintenance_status").unwrap_or("UNKNOWN").to_string();
-    if status == "COMPLETE" {
-        return Ok(None);
-    }
-    // `can_reschedule` is a string on the metadata server, a bool in the Compute API.
-    let can_reschedule = match obj.get("can_reschedule") {
-        Some(serde_json::Value::String(s)) => s.eq_ignore_ascii_case("true"),
-        Some(serde_json::Value::Bool(b)) => *b,
-        _ => false,
-    };
     Ok(Some(Upcoming {
         window_start: start,
-        status: status.chars().take(32).collect(),
+        status,
         can_reschedule,
     }))
 }
@@ -150,14 +224,18 @@ pub struct Settings {
 pub struct View {
     pub event: Option<(MaintenanceEvent, Timestamp)>,
     pub preempted: Option<(bool, Timestamp)>,
-    pub upcoming: Option<Upcoming>,
+    /// `None` until upcoming-maintenance has said something definite; then `Some(None)`
+    /// for "nothing scheduled".
+    pub upcoming: Option<Option<Upcoming>>,
 }
 
 fn plus(t: Timestamp, d: Duration) -> Option<Timestamp> {
     t.checked_add(SignedDuration::try_from(d).ok()?).ok()
 }
 
-/// The notices of a view: unknown until both watched keys have been read once.
+/// The notices of a view: unknown until both watched keys have been read once, and, while
+/// upcoming-maintenance has said nothing definite, unknown unless another key asks for a
+/// drain (a pending window may be behind it: an unreadable answer is never "all clear").
 pub fn report(view: &View, s: &Settings, now: Timestamp) -> Report {
     let (Some((event, event_at)), Some((preempted, preempted_at))) = (&view.event, &view.preempted)
     else {
@@ -185,18 +263,25 @@ pub fn report(view: &View, s: &Settings, now: Timestamp) -> Report {
             true,
             "MIGRATE_ON_HOST_MAINTENANCE (live migration; the VM survives)".into(),
         )),
-        MaintenanceEvent::Terminate(v) => out.push(n(
+        MaintenanceEvent::Terminate => out.push(n(
             Cause::Maintenance,
             Severity::Terminate,
             plus(*event_at, s.terminate_notice),
             true,
-            format!("maintenance-event={v}"),
+            format!("maintenance-event={}", event.as_str()),
         )),
     }
-    if let Some(u) = &view.upcoming {
+    let Some(upcoming) = &view.upcoming else {
+        return if out.iter().any(|n| n.severity >= Severity::Drain) {
+            Report::Known(out)
+        } else {
+            Report::Unknown
+        };
+    };
+    if let Some(u) = upcoming {
         let lead = SignedDuration::try_from(s.maintenance_lead).unwrap_or_default();
         let from = u.window_start.checked_sub(lead).unwrap_or(u.window_start);
-        let severity = if u.status == "ONGOING" {
+        let severity = if u.status == UpcomingStatus::Ongoing {
             Severity::Terminate
         } else if now >= from {
             Severity::Drain
@@ -208,9 +293,13 @@ pub fn report(view: &View, s: &Settings, now: Timestamp) -> Report {
             severity,
             Some(u.window_start),
             true,
-            format!("upcoming maintenance {} at {}", u.status, u.window_start),
+            format!(
+                "upcoming maintenance {} at {}",
+                u.status.as_str(),
+                u.window_start
+            ),
         );
-        notice.can_start_early = u.can_reschedule && u.status == "PENDING";
+        notice.can_start_early = u.can_reschedule && u.status == UpcomingStatus::Pending;
         out.push(notice);
     }
     Report::Known(out)
@@ -356,32 +445,34 @@ impl Gce {
         let now = Timestamp::now();
         let status = {
             let Ok(mut v) = self.view.lock() else { return };
-            match key {
-                KEY_EVENT => {
-                    let e = parse_event(body);
-                    let label = match &e {
-                        MaintenanceEvent::None => "none",
-                        MaintenanceEvent::Migrate => "migrate",
-                        MaintenanceEvent::Terminate(_) => "terminate",
-                    };
-                    if v.event.as_ref().map(|(old, _)| old) != Some(&e) {
+            let read = if key == KEY_EVENT {
+                parse_event(body).map(|e| {
+                    if v.event.map(|(old, _)| old) != Some(e) {
                         v.event = Some((e, now));
                     }
-                    label
+                    match e {
+                        MaintenanceEvent::None => "none",
+                        MaintenanceEvent::Migrate => "migrate",
+                        MaintenanceEvent::Terminate => "terminate",
+                    }
+                })
+            } else {
+                parse_preempted(body).map(|p| {
+                    if v.preempted.map(|(old, _)| old) != Some(p) {
+                        v.preempted = Some((p, now));
+                    }
+                    if p { "preempted" } else { "not_preempted" }
+                })
+            };
+            match read {
+                Ok(status) => status,
+                Err(e) => {
+                    drop(v);
+                    // Unreadable is unknown: the last reading stands (none yet: the source
+                    // stays unknown, which holds a drain it started).
+                    self.reject(&e);
+                    return;
                 }
-                _ => match parse_preempted(body) {
-                    Ok(p) => {
-                        if v.preempted.map(|(old, _)| old) != Some(p) {
-                            v.preempted = Some((p, now));
-                        }
-                        if p { "preempted" } else { "not_preempted" }
-                    }
-                    Err(e) => {
-                        drop(v);
-                        self.reject(&e);
-                        return;
-                    }
-                },
             }
         };
         self.metrics
@@ -402,7 +493,7 @@ impl Gce {
                 reason: e.metric_label(),
             })
             .inc();
-        warn!(message = "rejected GCE metadata value", error = %e);
+        warn!(message = "rejected GCE metadata value; the last reading stands", error = %e);
     }
 
     /// One key: a plain read, then hanging GETs that always pass the last ETag.
@@ -471,17 +562,31 @@ impl Gce {
 
     async fn poll_upcoming(self, shutdown: CancellationToken) {
         let url = format!("{}?alt=json", self.url(KEY_UPCOMING));
+        // An unchanged answer is not read again: a steady `{}` is counted once, not per poll.
+        let mut last: Option<(u16, String)> = None;
         loop {
-            match self.fetch(&url).await {
-                Ok(Fetched::Value { body, .. }) => self.upcoming(200, &body),
-                Ok(Fetched::Status(404, body)) => self.upcoming(404, &body),
+            let answer = match self.fetch(&url).await {
+                Ok(Fetched::Value { body, .. }) => Some((200, body)),
+                Ok(Fetched::Status(404, body)) => Some((404, body)),
                 // Any other answer is unknown, never "cleared": keep the last view.
-                Ok(Fetched::Status(code, _)) => self.error(if code >= 500 {
-                    "server_error"
-                } else {
-                    "client_error"
-                }),
-                Err(_) => self.error("unreachable"),
+                Ok(Fetched::Status(code, _)) => {
+                    self.error(if code >= 500 {
+                        "server_error"
+                    } else {
+                        "client_error"
+                    });
+                    None
+                }
+                Err(_) => {
+                    self.error("unreachable");
+                    None
+                }
+            };
+            if let Some(a) = answer
+                && last.as_ref() != Some(&a)
+            {
+                self.upcoming(a.0, &a.1);
+                last = Some(a);
             }
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -494,7 +599,7 @@ impl Gce {
         match parse_upcoming(status, body) {
             Ok(u) => {
                 if let Ok(mut v) = self.view.lock() {
-                    v.upcoming = u;
+                    v.upcoming = Some(u);
                 }
                 self.publish();
             }

@@ -7,6 +7,7 @@
 //! observed Node, evaluated on every pass.
 
 pub mod aws_imds;
+pub mod azure_events;
 pub mod fleetiq;
 pub mod gce_metadata;
 pub mod node;
@@ -79,6 +80,7 @@ pub const REGISTRY: &[Registered] = &[
     Registered { source: fleetiq::SOURCE, kind: Kind::Task(fleetiq::start) },
     Registered { source: gce_metadata::SOURCE, kind: Kind::Task(gce_metadata::start) },
     Registered { source: aws_imds::SOURCE, kind: Kind::Task(aws_imds::start) },
+    Registered { source: azure_events::SOURCE, kind: Kind::Task(azure_events::start) },
     Registered { source: node::MANUAL, kind: Kind::Node(node::manual) },
     Registered { source: node::KARPENTER, kind: Kind::Node(node::karpenter) },
     Registered { source: node::CLUSTER_AUTOSCALER, kind: Kind::Node(node::cluster_autoscaler) },

@@ -110,6 +110,23 @@ impl Started {
             .get()
     }
 
+    /// The process metrics the source was given (to read any series, or to stand in for
+    /// what other parts of the agent publish).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// `lastcall_signals_rejected_total{source, reason}`.
+    pub fn rejected(&self, reason: &'static str) -> u64 {
+        self.metrics
+            .signals_rejected
+            .get_or_create(&SourceReason {
+                source: self.source.as_str(),
+                reason,
+            })
+            .get()
+    }
+
     /// `lastcall_source_errors_total{source, reason}`.
     pub fn errors(&self, reason: &'static str) -> u64 {
         self.metrics

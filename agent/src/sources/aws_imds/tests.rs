@@ -12,6 +12,33 @@ fn t(s: &str) -> Timestamp {
     s.parse().unwrap()
 }
 
+fn settings() -> Settings {
+    Settings {
+        rebalance_ttl: Duration::from_secs(1800),
+        maintenance_lead: Duration::from_secs(3600),
+    }
+}
+
+/// Every key read once with nothing pending.
+fn empty_view(now: Timestamp) -> View {
+    let mut v = View::default();
+    for key in [SPOT, REBALANCE, SCHEDULED, LIFECYCLE] {
+        assert_eq!(apply(&mut v, key, None, now), vec![]);
+    }
+    v
+}
+
+fn event(code: &str, state: &str, description: &str) -> serde_json::Value {
+    json!({
+        "Code": code,
+        "Description": description,
+        "EventId": format!("instance-event-{code}"),
+        "NotBefore": "21 Jan 2027 09:00:43 GMT",
+        "NotAfter": "21 Jan 2027 09:17:23 GMT",
+        "State": state,
+    })
+}
+
 #[test]
 fn parses_every_notice_and_rejects_garbage() {
     assert_eq!(
@@ -25,39 +52,186 @@ fn parses_every_notice_and_rejects_garbage() {
         Ok(t("2026-12-01T08:00:00Z"))
     );
     let s = parse_scheduled(
-        r#"[{"NotBefore": "21 Jan 2027 09:00:43 GMT", "Code": "system-reboot", "State": "active"},
-                {"NotBefore": "22 Jan 2027 09:00:43 GMT", "Code": "instance-stop", "State": "canceled"}]"#,
+        &json!([
+            event("system-reboot", "active", "scheduled reboot"),
+            event("instance-stop", "canceled", "[Canceled] scheduled stop"),
+        ])
+        .to_string(),
     )
     .unwrap();
     assert_eq!(
         s,
-        vec![Scheduled {
-            code: "system-reboot".into(),
-            not_before: t("2027-01-21T09:00:43Z")
-        }]
+        vec![
+            Entry::Active(Scheduled {
+                id: "instance-event-system-reboot".into(),
+                code: Code::SystemReboot,
+                not_before: t("2027-01-21T09:00:43Z")
+            }),
+            Entry::Finished {
+                id: "instance-event-instance-stop".into()
+            }
+        ]
     );
-    assert!(parse_scheduled(r#"[{"NotBefore": "soon", "Code": "x"}]"#).is_err());
+    let Entry::Unknown { error, .. } =
+        &parse_scheduled(r#"[{"NotBefore": "soon", "Code": "instance-stop", "State": "active"}]"#)
+            .unwrap()[0]
+    else {
+        panic!("a bad NotBefore is not an event")
+    };
+    assert_eq!(error.reason, "invalid");
     assert!(parse_scheduled("{}").is_err());
+}
+
+/// What each documented code and state means for a running match, one row each.
+#[test]
+fn each_scheduled_code_is_classified_by_what_happens_to_a_running_process() {
+    let now = t("2027-01-21T06:00:00Z"); // three hours before NotBefore
+    let near = t("2027-01-21T08:30:00Z"); // inside the one-hour lead
+    let nb = Some(t("2027-01-21T09:00:43Z"));
+    use Severity::{Drain, Observe, Terminate};
+    // code, state, description, severity now, severity inside the lead
+    type Row<'a> = (&'a str, &'a str, &'a str, Option<(Severity, Severity)>);
+    let rows: &[Row<'_>] = &[
+        (
+            "instance-stop",
+            "active",
+            "The instance is running on degraded hardware",
+            Some((Terminate, Terminate)),
+        ),
+        (
+            "instance-retirement",
+            "active",
+            "The instance is running on degraded hardware",
+            Some((Terminate, Terminate)),
+        ),
+        (
+            "instance-reboot",
+            "active",
+            "scheduled reboot",
+            Some((Terminate, Terminate)),
+        ),
+        (
+            "system-reboot",
+            "active",
+            "scheduled reboot",
+            Some((Terminate, Terminate)),
+        ),
+        (
+            "system-maintenance",
+            "active",
+            "scheduled network maintenance",
+            Some((Observe, Drain)),
+        ),
+        (
+            "instance-stop",
+            "completed",
+            "[Completed] The instance is running on degraded hardware",
+            None,
+        ),
+        (
+            "system-reboot",
+            "canceled",
+            "[Canceled] scheduled reboot",
+            None,
+        ),
+        // Described after the fact, whatever State says.
+        (
+            "instance-reboot",
+            "active",
+            "[Completed] scheduled reboot",
+            None,
+        ),
+        (
+            "instance-retirement",
+            "active",
+            "[Canceled] retirement",
+            None,
+        ),
+    ];
+    for (code, state, description, want) in rows {
+        let mut v = empty_view(now);
+        let body = json!([event(code, state, description)]).to_string();
+        assert_eq!(
+            apply(&mut v, SCHEDULED, Some(&body), now),
+            vec![],
+            "{code} {state}"
+        );
+        let notices = |at| match report(&v, &settings(), at) {
+            Report::Known(n) => n,
+            Report::Unknown => panic!("{code}: unknown"),
+        };
+        let (now_n, near_n) = (notices(now), notices(near));
+        match want {
+            None => assert!(
+                now_n.is_empty() && near_n.is_empty(),
+                "{code} {state} {description}: {now_n:?}"
+            ),
+            Some((sev_now, sev_near)) => {
+                assert_eq!(now_n.len(), 1, "{code}");
+                let n = &now_n[0];
+                assert_eq!(
+                    (n.cause, n.severity, n.deadline, n.cancellable),
+                    (Cause::Maintenance, *sev_now, nb, true),
+                    "{code} {state}"
+                );
+                assert_eq!(near_n[0].severity, *sev_near, "{code} near the window");
+                assert!(n.detail.contains(code), "{}", n.detail);
+            }
+        }
+    }
+}
+
+#[test]
+fn an_unknown_code_or_state_is_rejected_and_neither_drains_nor_clears() {
+    let now = t("2027-01-21T06:00:00Z");
+    let mut v = empty_view(now);
+    for (code, state, reason) in [
+        ("instance-explode", "active", "unknown_code"),
+        ("instance-stop", "pending", "unknown_state"),
+    ] {
+        let body = json!([event(code, state, "x")]).to_string();
+        let rejected = apply(&mut v, SCHEDULED, Some(&body), now);
+        assert_eq!(rejected.len(), 1, "{code} {state}: counted");
+        assert_eq!(rejected[0].reason, reason);
+        assert_eq!(
+            report(&v, &settings(), now),
+            Report::Known(vec![]),
+            "never a drain"
+        );
+    }
+    // An event already read keeps its reading when its state turns into one this version
+    // does not know: unknown is not "cleared".
+    let stop = json!([event("instance-stop", "active", "x")]).to_string();
+    assert_eq!(apply(&mut v, SCHEDULED, Some(&stop), now), vec![]);
+    let before = report(&v, &settings(), now);
+    let odd = json!([event("instance-stop", "in-progress", "x")]).to_string();
+    assert_eq!(apply(&mut v, SCHEDULED, Some(&odd), now).len(), 1);
+    assert_eq!(report(&v, &settings(), now), before);
+    let Report::Known(n) = before else { panic!() };
+    assert_eq!(n[0].severity, Severity::Terminate);
+    // Completed: gone.
+    let done = json!([event("instance-stop", "completed", "[Completed] x")]).to_string();
+    assert_eq!(apply(&mut v, SCHEDULED, Some(&done), now), vec![]);
+    assert_eq!(report(&v, &settings(), now), Report::Known(vec![]));
 }
 
 #[test]
 fn notices_follow_the_table() {
     let now = t("2026-12-01T08:00:00Z");
-    let ttl = Duration::from_secs(1800);
-    let mut v = View::default();
-    assert_eq!(report(&v, ttl, now), Report::Unknown);
-    for key in [SPOT, REBALANCE, SCHEDULED, LIFECYCLE] {
-        apply(&mut v, key, None, now).unwrap();
-    }
-    assert_eq!(report(&v, ttl, now), Report::Known(vec![]));
-    apply(
-        &mut v,
-        REBALANCE,
-        Some(r#"{"noticeTime": "2026-12-01T08:00:00Z"}"#),
-        now,
-    )
-    .unwrap();
-    let Report::Known(n) = report(&v, ttl, now) else {
+    let s = settings();
+    assert_eq!(report(&View::default(), &s, now), Report::Unknown);
+    let mut v = empty_view(now);
+    assert_eq!(report(&v, &s, now), Report::Known(vec![]));
+    assert_eq!(
+        apply(
+            &mut v,
+            REBALANCE,
+            Some(r#"{"noticeTime": "2026-12-01T08:00:00Z"}"#),
+            now,
+        ),
+        vec![]
+    );
+    let Report::Known(n) = report(&v, &s, now) else {
         panic!()
     };
     assert_eq!(
@@ -65,7 +239,7 @@ fn notices_follow_the_table() {
         (Cause::Rebalance, Severity::Drain, true)
     );
     assert_eq!(
-        report(&v, ttl, t("2026-12-01T08:30:00Z")),
+        report(&v, &s, t("2026-12-01T08:30:00Z")),
         Report::Known(vec![]),
         "expires after its TTL"
     );
@@ -74,22 +248,21 @@ fn notices_follow_the_table() {
         SPOT,
         Some(r#"{"action": "terminate", "time": "2026-12-01T08:02:00Z"}"#),
         now,
-    )
-    .unwrap();
-    let Report::Known(n) = report(&v, ttl, now) else {
+    );
+    let Report::Known(n) = report(&v, &s, now) else {
         panic!()
     };
     assert_eq!(
         (n[0].severity, n[0].cancellable, n[0].deadline),
         (Severity::Terminate, false, Some(t("2026-12-01T08:02:00Z")))
     );
-    assert!(apply(&mut v, SPOT, Some("garbage"), now).is_err());
+    assert_eq!(apply(&mut v, SPOT, Some("garbage"), now).len(), 1);
     assert!(
         v.spot.is_some_and(|s| s.is_some()),
         "garbage changes nothing"
     );
-    apply(&mut v, LIFECYCLE, Some("Terminated"), now).unwrap();
-    let Report::Known(n) = report(&v, ttl, now) else {
+    apply(&mut v, LIFECYCLE, Some("Terminated"), now);
+    let Report::Known(n) = report(&v, &s, now) else {
         panic!()
     };
     assert!(
@@ -226,4 +399,59 @@ async fn server_errors_never_clear_the_spot_notice() {
     emu.set_spot_action(None);
     src.wait_for_notices("no notice after a 404", |n| n.is_empty())
         .await;
+}
+
+/// `NotBefore` in IMDS's form, `secs` from now.
+fn not_before_in(secs: i64) -> String {
+    Timestamp::now()
+        .checked_add(SignedDuration::from_secs(secs))
+        .unwrap()
+        .strftime("%d %b %Y %H:%M:%S GMT")
+        .to_string()
+}
+
+#[tokio::test]
+async fn scheduled_events_are_read_by_what_happens_to_a_running_process() {
+    let emu = imds().await;
+    let src = start_on(&emu);
+    src.wait_for_notices("every key read, nothing pending", |n| n.is_empty())
+        .await;
+    let far = not_before_in(3 * 3600);
+    let one = |code: &str, state: &str| {
+        json!([{"Code": code, "Description": "scheduled", "EventId": "instance-event-1",
+                "NotBefore": far, "NotAfter": far, "State": state}])
+    };
+    // A reboot ends every process on the node: a Terminate, so matches get their grace.
+    for code in [
+        "instance-reboot",
+        "system-reboot",
+        "instance-stop",
+        "instance-retirement",
+    ] {
+        emu.set_scheduled_events(one(code, "active"));
+        let n = src
+            .wait_for_notices(code, |n| n.iter().any(|n| n.detail.contains(code)))
+            .await;
+        assert_eq!(n[0].severity, Severity::Terminate, "{code}");
+    }
+    // Network or power maintenance stops nothing: never a Terminate, and three hours out
+    // (the lead is one hour) not even a drain.
+    emu.set_scheduled_events(one("system-maintenance", "active"));
+    let n = src
+        .wait_for_notices("system-maintenance", |n| {
+            n.iter().any(|n| n.detail.contains("system-maintenance"))
+        })
+        .await;
+    assert_eq!(n[0].severity, Severity::Observe);
+    // A code this version does not know: rejected and counted, never a drain.
+    emu.set_scheduled_events(json!([]));
+    src.wait_for_notices("cleared", |n| n.is_empty()).await;
+    emu.set_scheduled_events(one("instance-explode", "active"));
+    wait_for("the unknown code counted", || async {
+        (src.rejected("unknown_code") >= 1).then_some(())
+    })
+    .await;
+    requests_past(&emu, emu.requests().len(), 8).await;
+    assert_eq!(src.current(), Report::Known(vec![]));
+    assert_eq!(src.rejected("unknown_code"), 1, "once, not per poll");
 }

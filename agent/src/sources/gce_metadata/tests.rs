@@ -23,22 +23,28 @@ fn t(s: &str) -> Timestamp {
 }
 
 #[test]
-fn event_values_are_classified_and_unknown_ones_are_terminate() {
-    assert_eq!(parse_event("NONE\n"), MaintenanceEvent::None);
+fn event_values_are_classified_and_unknown_ones_are_rejected() {
+    assert_eq!(parse_event("NONE\n"), Ok(MaintenanceEvent::None));
     assert_eq!(
         parse_event("MIGRATE_ON_HOST_MAINTENANCE"),
-        MaintenanceEvent::Migrate
+        Ok(MaintenanceEvent::Migrate)
     );
-    assert!(matches!(
-        parse_event("TERMINATE_ON_HOST_MAINTENANCE"),
-        MaintenanceEvent::Terminate(_)
-    ));
-    assert!(matches!(
-        parse_event("SHUTDOWN_ON_HOST_MAINTENANCE"),
-        MaintenanceEvent::Terminate(_)
-    ));
+    assert_eq!(
+        parse_event(" TERMINATE_ON_HOST_MAINTENANCE\n"),
+        Ok(MaintenanceEvent::Terminate)
+    );
+    for (body, label) in [
+        ("", "empty"),
+        ("  \n", "empty"),
+        ("SHUTDOWN_ON_HOST_MAINTENANCE", "unknown_value"),
+        ("<html>", "unknown_value"),
+    ] {
+        let e = parse_event(body).unwrap_err();
+        assert_eq!(e.metric_label(), label, "{body:?}");
+    }
     assert_eq!(parse_preempted("TRUE"), Ok(true));
     assert!(parse_preempted("maybe").is_err());
+    assert_eq!(parse_preempted("").unwrap_err().metric_label(), "empty");
 }
 
 #[test]
@@ -46,28 +52,66 @@ fn upcoming_accepts_every_known_shape_and_rejects_garbage() {
     let notice = r#"{"can_reschedule":"true","latest_window_start_time":"2024-12-01T19:00:01Z","maintenance_reasons":["PLANNED_UPDATE"],"maintenance_status":"PENDING","type":"SCHEDULED","window_end_time":"2024-12-01T21:00:01Z","window_start_time":"2024-12-01T19:00:01Z"}"#;
     let u = parse_upcoming(200, notice).unwrap().unwrap();
     assert_eq!(
-        (u.window_start, u.status.as_str(), u.can_reschedule),
-        (t("2024-12-01T19:00:01Z"), "PENDING", true)
+        (u.window_start, u.status, u.can_reschedule),
+        (t("2024-12-01T19:00:01Z"), UpcomingStatus::Pending, true)
     );
     let wrapped = format!(r#"{{"Upcoming maintenance": {notice}}}"#);
     assert_eq!(parse_upcoming(200, &wrapped).unwrap(), Some(u));
-    for none in [
+    // Only 404 and COMPLETE say "nothing scheduled".
+    assert_eq!(parse_upcoming(404, "Not Found"), Ok(None));
+    assert_eq!(
+        parse_upcoming(
+            200,
+            r#"{"maintenance_status":"COMPLETE","window_start_time":"2024-12-01T19:00:01Z"}"#
+        ),
+        Ok(None)
+    );
+    // Nothing definite: never read as "nothing scheduled".
+    for unknown in [
         "",
         "NONE",
         "{ }",
+        r#"{"Upcoming maintenance": {}}"#,
         r#"{"error": "no notifications have been received yet, try again later"}"#,
     ] {
-        assert_eq!(parse_upcoming(200, none), Ok(None), "{none}");
+        assert_eq!(
+            parse_upcoming(200, unknown).map_err(|e| e.metric_label()),
+            Err("upcoming_unknown"),
+            "{unknown}"
+        );
     }
-    assert_eq!(parse_upcoming(404, "Not Found"), Ok(None));
+    // Values this version does not know: rejected, never guessed.
+    for odd in [
+        r#"{"maintenance_status":"POSTPONED","window_start_time":"2024-12-01T19:00:01Z"}"#,
+        r#"{"maintenance_status":"PENDING","type":"SURPRISE","window_start_time":"2024-12-01T19:00:01Z"}"#,
+        r#"{"maintenance_status":"PENDING","can_reschedule":"maybe","window_start_time":"2024-12-01T19:00:01Z"}"#,
+        r#"{"window_start_time":"2024-12-01T19:00:01Z"}"#,
+    ] {
+        assert_eq!(
+            parse_upcoming(200, odd).map_err(|e| e.metric_label()),
+            Err("unknown_value"),
+            "{odd}"
+        );
+    }
     for bad in [
         "<html>",
         "[1]",
         r#"{"maintenance_status":"PENDING"}"#,
-        r#"{"window_start_time":"soon"}"#,
+        r#"{"maintenance_status":"PENDING","window_start_time":"soon"}"#,
     ] {
-        assert!(parse_upcoming(200, bad).is_err(), "{bad}");
+        assert_eq!(
+            parse_upcoming(200, bad).map_err(|e| e.metric_label()),
+            Err("bad_upcoming"),
+            "{bad}"
+        );
     }
+    let ongoing = parse_upcoming(
+        200,
+        r#"{"maintenance_status":"ONGOING","type":"UNSCHEDULED","can_reschedule":false,"window_start_time":"2024-12-01T19:00:01Z"}"#,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(ongoing.status, UpcomingStatus::Ongoing);
 }
 
 #[test]
@@ -80,13 +124,19 @@ fn notices_follow_the_table() {
         preempted: Some((false, now)),
         upcoming: None,
     };
+    assert_eq!(
+        report(&v, &s, now),
+        Report::Unknown,
+        "nothing definite from upcoming-maintenance yet, and nothing asks for a drain"
+    );
+    v.upcoming = Some(None);
     assert_eq!(report(&v, &s, now), Report::Known(vec![]));
     v.event = Some((MaintenanceEvent::Migrate, now));
     let Report::Known(n) = report(&v, &s, now) else {
         panic!()
     };
     assert_eq!(n[0].severity, Severity::Observe, "migration never drains");
-    v.event = Some((parse_event("TERMINATE_ON_HOST_MAINTENANCE"), now));
+    v.event = Some((MaintenanceEvent::Terminate, now));
     let Report::Known(n) = report(&v, &s, now) else {
         panic!()
     };
@@ -104,11 +154,11 @@ fn notices_follow_the_table() {
         (Cause::Preemption, false, Some(t("2026-12-01T00:00:30Z")))
     );
     v.preempted = Some((false, now));
-    v.upcoming = Some(Upcoming {
+    v.upcoming = Some(Some(Upcoming {
         window_start: t("2026-12-01T05:00:00Z"),
-        status: "PENDING".into(),
+        status: UpcomingStatus::Pending,
         can_reschedule: true,
-    });
+    }));
     let Report::Known(n) = report(&v, &s, now) else {
         panic!()
     };
@@ -301,4 +351,113 @@ async fn an_unreachable_server_is_reported_down_and_the_notice_stands() {
     .await;
     assert_eq!(src.reports().len(), published, "{:?}", src.reports());
     assert_eq!(src.current(), Report::Known(seen));
+}
+
+#[test]
+fn a_drain_asked_by_another_key_stands_while_upcoming_is_unknown() {
+    let s = settings();
+    let now = t("2026-12-01T00:00:00Z");
+    let v = View {
+        event: Some((MaintenanceEvent::Terminate, now)),
+        preempted: Some((false, now)),
+        upcoming: None,
+    };
+    let Report::Known(n) = report(&v, &s, now) else {
+        panic!("a terminate event is a notice whatever upcoming-maintenance says")
+    };
+    assert_eq!(n[0].severity, Severity::Terminate);
+}
+
+const UPCOMING: &str = "upcoming-maintenance";
+const PENDING: &str = r#"{"maintenance_status":"PENDING","type":"SCHEDULED","window_start_time":"2099-01-01T00:00:00Z","can_reschedule":"false"}"#;
+
+/// Waits until `n` more upcoming-maintenance polls than `since` were answered.
+async fn upcoming_polls_past(emu: &GceMetadataEmulator, since: usize, n: usize) {
+    wait_for(&format!("{n} more upcoming-maintenance polls"), || async {
+        let polls = emu
+            .requests()
+            .iter()
+            .filter(|(k, _, _)| k == UPCOMING)
+            .count();
+        (polls >= since + n).then_some(())
+    })
+    .await;
+}
+
+fn upcoming_polls(emu: &GceMetadataEmulator) -> usize {
+    emu.requests()
+        .iter()
+        .filter(|(k, _, _)| k == UPCOMING)
+        .count()
+}
+
+#[tokio::test]
+async fn an_unreadable_upcoming_answer_never_drops_a_pending_window() {
+    let emu = GceMetadataEmulator::start().await.unwrap();
+    emu.set(UPCOMING, PENDING);
+    let src = start_on(&emu);
+    let seen = src
+        .wait_for_notices("the pending window", |n| n.len() == 1)
+        .await;
+    assert_eq!(seen[0].deadline, Some(t("2099-01-01T00:00:00Z")));
+    let published = src.reports().len();
+    for (i, unknown) in [
+        "{ }",
+        "NONE",
+        "",
+        r#"{"error": "no notifications have been received yet, try again later"}"#,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        emu.set(UPCOMING, unknown);
+        upcoming_polls_past(&emu, upcoming_polls(&emu), 2).await;
+        assert_eq!(src.current(), Report::Known(seen.clone()), "{unknown:?}");
+        assert_eq!(
+            src.rejected("upcoming_unknown"),
+            i as u64 + 1,
+            "{unknown:?}"
+        );
+    }
+    assert_eq!(src.reports().len(), published, "{:?}", src.reports());
+    // A value this version does not know is rejected too, and the window stands.
+    emu.set(UPCOMING, &PENDING.replace("PENDING", "POSTPONED"));
+    upcoming_polls_past(&emu, upcoming_polls(&emu), 2).await;
+    assert_eq!(src.rejected("unknown_value"), 1);
+    assert_eq!(src.current(), Report::Known(seen));
+    // COMPLETE clears it.
+    emu.set(UPCOMING, &PENDING.replace("PENDING", "COMPLETE"));
+    src.wait_for_notices("the window complete", |n| n.is_empty())
+        .await;
+}
+
+#[tokio::test]
+async fn an_unknown_answer_at_start_leaves_the_source_unknown_never_clear() {
+    let emu = GceMetadataEmulator::start().await.unwrap();
+    emu.set(UPCOMING, "{ }");
+    emu.set(EVENT, "");
+    let src = start_on(&emu);
+    upcoming_polls_past(&emu, 0, 3).await;
+    wait_for("the empty event body rejected", || async {
+        (src.rejected("empty") >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        src.reports(),
+        vec![Report::Unknown],
+        "an empty maintenance-event is not TERMINATE, and `{{}}` is not all clear"
+    );
+    assert_eq!(src.signals("terminate"), 0);
+    // A value this version does not know is not TERMINATE either.
+    emu.set(EVENT, "SHUTDOWN_ON_HOST_MAINTENANCE");
+    wait_for("the unknown value rejected", || async {
+        (src.rejected("unknown_value") >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(src.current(), Report::Unknown);
+    // Definite answers make it known.
+    emu.set(EVENT, "NONE");
+    emu.remove(UPCOMING);
+    src.wait_for_notices("nothing pending, said positively", |n| n.is_empty())
+        .await;
 }
