@@ -6,7 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub use lastcall_emulators::{
-    bins, cluster, eventually, gamelift, gce, imds, kube, net, process, redis,
+    autoscaling, bins, cluster, eventually, gamelift, gce, imds, kube, net, process, redis,
 };
 
 pub mod agent;
