@@ -10,6 +10,7 @@ pub use lastcall_emulators::{
 };
 
 pub mod agent;
+pub mod asg;
 pub mod bench;
 pub mod demo;
 pub mod webhook;

@@ -10,106 +10,12 @@
 
 use std::time::Duration;
 
-use lastcall_testkit::agent::{InProcessAgent, config, metric};
-use lastcall_testkit::autoscaling::{AutoScalingEmulator, Happening, Hook, LifecycleState};
-use lastcall_testkit::cluster::{
-    AllocationRequest, Cluster, ClusterConfig, FleetSpec, GameServerState, NodeSpec,
-};
+use lastcall_testkit::agent::metric;
+use lastcall_testkit::asg::{HEARTBEAT_TIMEOUT, I, agent, first, terminate, world};
+use lastcall_testkit::autoscaling::{Happening, LifecycleState};
+use lastcall_testkit::cluster::GameServerState;
 use lastcall_testkit::eventually::wait_for;
-use lastcall_testkit::imds::ImdsEmulator;
 use tokio::time::Instant;
-
-const I: &str = "i-0a1b2c3d4e5f60718";
-const GROUP: &str = "game-nodes";
-const HEARTBEAT_TIMEOUT: u64 = 2;
-
-struct World {
-    cluster: Cluster,
-    imds: ImdsEmulator,
-    asg: AutoScalingEmulator,
-    /// The allocated server (its match).
-    playing: String,
-}
-
-async fn world() -> World {
-    let cluster = Cluster::start(ClusterConfig::default())
-        .await
-        .expect("cluster");
-    cluster.add_node(NodeSpec::new("n1")).expect("n1");
-    cluster
-        // A released idle server's pod ends within a second of its SIGTERM.
-        .create_fleet(FleetSpec::new("arena", 2).grace_seconds(1))
-        .expect("fleet");
-    cluster
-        .wait_ready("default", "arena", 2)
-        .await
-        .expect("ready");
-    let playing = cluster
-        .allocate(&AllocationRequest::fleet("default", "arena"))
-        .await
-        .expect("allocate")
-        .expect("an allocated server");
-    let imds = ImdsEmulator::start(I, "n1").await.expect("imds");
-    imds.set_target_lifecycle_state(Some("InService"));
-    let asg = AutoScalingEmulator::start().await.expect("asg");
-    asg.add_group(
-        GROUP,
-        vec![Hook::terminating("lastcall", HEARTBEAT_TIMEOUT)],
-    );
-    asg.add_instance(GROUP, I);
-    World {
-        cluster,
-        imds,
-        asg,
-        playing: playing.name,
-    }
-}
-
-async fn agent(w: &World) -> InProcessAgent {
-    let (imds, asg) = (w.imds.url(), w.asg.url());
-    let flags = [
-        "--resync-interval",
-        "1s",
-        "--asg-lifecycle",
-        "--asg-interval",
-        "200ms",
-        "--imds-endpoint",
-        &imds,
-        "--asg-endpoint",
-        &asg,
-        "--aws-region",
-        "us-west-2",
-        "--instance-id",
-        I,
-    ];
-    let kube = w
-        .cluster
-        .emulator()
-        .config_for("agent-n1")
-        .await
-        .expect("client");
-    InProcessAgent::start(config("n1", &flags), kube, None)
-        .await
-        .expect("agent")
-}
-
-fn first(
-    j: &[lastcall_testkit::autoscaling::Entry],
-    want: impl Fn(&Happening) -> bool,
-) -> Option<Instant> {
-    j.iter().find(|e| want(&e.happening)).map(|e| e.at)
-}
-
-/// The group starts terminating the instance; returns when the agent has fenced the node.
-async fn terminate(w: &World) {
-    w.asg.begin_termination(I).expect("terminating");
-    w.imds.set_target_lifecycle_state(Some("Terminated"));
-    wait_for("the node fenced", || async {
-        let node = w.cluster.node("n1")?;
-        (node["spec"]["unschedulable"] == true).then_some(())
-    })
-    .await;
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_match_outliving_the_hook_timeout_keeps_the_instance_and_the_hook_completes_once_it_ends()
