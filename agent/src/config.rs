@@ -126,6 +126,29 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_REBALANCE_TTL", default_value = "30m", value_parser = positive_duration)]
     pub rebalance_ttl: Duration,
 
+    /// Hold the instance through an EC2 Auto Scaling termination lifecycle hook: when the
+    /// group parks it in `Terminating:Wait`, announce the wait's end to games, keep it with
+    /// `RecordLifecycleActionHeartbeat` while matches run, and complete the action
+    /// (`CONTINUE`) once the node is empty. Reads IMDS (`--imds-endpoint`).
+    #[arg(long, env = "LASTCALL_ASG_LIFECYCLE")]
+    pub asg_lifecycle: bool,
+
+    /// Auto Scaling group of this instance. Default: discovered (DescribeAutoScalingInstances).
+    #[arg(long, env = "LASTCALL_ASG_GROUP_NAME", value_parser = non_empty)]
+    pub asg_group_name: Option<String>,
+
+    /// Termination lifecycle hook to complete. Default: the group's only termination hook.
+    #[arg(long, env = "LASTCALL_ASG_HOOK_NAME", value_parser = non_empty)]
+    pub asg_hook_name: Option<String>,
+
+    /// How often instance metadata is read for the Auto Scaling target lifecycle state.
+    #[arg(long, env = "LASTCALL_ASG_INTERVAL", default_value = "5s", value_parser = positive_duration)]
+    pub asg_interval: Duration,
+
+    /// Auto Scaling endpoint override (tests, VPC endpoints).
+    #[arg(long, env = "AWS_ENDPOINT_URL_AUTO_SCALING", value_parser = http_url)]
+    pub asg_endpoint: Option<String>,
+
     /// Watch the GCE metadata server for host maintenance and preemption (GCE and GKE
     /// Standard; needs hostNetwork under Workload Identity).
     #[arg(long, env = "LASTCALL_GCE_METADATA")]

@@ -77,6 +77,7 @@ pub struct Metrics {
     pub heartbeats: Family<ResultLabel, Counter>,
     pub deregistrations: Family<ResultLabel, Counter>,
     pub gamelift_calls: Family<OperationResult, Counter>,
+    pub asg_calls: Family<OperationResult, Counter>,
     pub fallback_checks: Family<ResultLabel, Counter>,
     pub redis_connected: Gauge,
     pub redis_reconnects: Counter,
@@ -112,6 +113,7 @@ impl Metrics {
             heartbeats: Family::default(),
             deregistrations: Family::default(),
             gamelift_calls: Family::default(),
+            asg_calls: Family::default(),
             fallback_checks: Family::default(),
             redis_connected: Gauge::default(),
             redis_reconnects: Counter::default(),
@@ -174,6 +176,11 @@ impl Metrics {
             "gamelift_calls",
             "GameLift API calls, by operation and result",
             m.gamelift_calls.clone(),
+        );
+        r.register(
+            "asg_lifecycle_calls",
+            "EC2 Auto Scaling lifecycle-hook calls, by operation and result",
+            m.asg_calls.clone(),
         );
         r.register(
             "fleetiq_fallback_checks",

@@ -249,6 +249,18 @@ pub struct Plan {
     pub at_risk: usize,
 }
 
+impl Plan {
+    /// The node is empty and every hand-off that must come first is done (FleetIQ
+    /// deregistration where it is on): a platform waiting for the node may have it now.
+    pub fn is_handed_off(&self, config: &PolicyConfig) -> bool {
+        match self.phase {
+            Phase::Deregistered => true,
+            Phase::Empty => !config.deregister,
+            _ => false,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Warning {
     pub reason: &'static str,

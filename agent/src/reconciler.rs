@@ -46,6 +46,8 @@ pub struct Reconciler {
     pub trigger: Arc<Notify>,
     /// This node's drain state for the FleetAutoscaler webhook (see `drain_state`).
     pub drain_state: watch::Sender<crate::drain_state::Counts>,
+    /// Whether the node is empty and handed off (see `sources::SourceContext::node_empty`).
+    pub node_empty: watch::Sender<bool>,
     state: LocalState,
     own: OwnWrites,
     timing: DrainTiming,
@@ -122,6 +124,7 @@ impl Reconciler {
             own: OwnWrites::default(),
             timing: DrainTiming::default(),
             drain_state: watch::channel(None).0,
+            node_empty: watch::channel(false).0,
         }
     }
 
@@ -510,6 +513,10 @@ impl Reconciler {
             .inc();
         match result {
             Ok(applied) => {
+                let empty =
+                    applied == 0 && !self.actuator.is_dry_run() && plan.is_handed_off(&self.config);
+                self.node_empty
+                    .send_if_modified(|v| std::mem::replace(v, empty) != empty);
                 let progress = Progress::from_annotations(&observed.node.annotations);
                 self.timing
                     .applied(&plan, &progress, &self.metrics, Instant::now());

@@ -37,6 +37,9 @@ pub struct Overrides {
     /// Sources registered in-process, after [`sources::REGISTRY`]'s: a source added by a
     /// test or an embedder is its module plus one line here.
     pub sources: Vec<sources::Registered>,
+    /// Credentials for the AWS clients sources build (the Auto Scaling lifecycle source);
+    /// `None`: the default AWS chain, as in production.
+    pub aws_credentials: Option<aws_sdk_autoscaling::config::Credentials>,
 }
 
 /// How long shutdown may take before remaining tasks are abandoned (SIGTERM → exit < 5 s).
@@ -104,6 +107,7 @@ pub async fn run(
         .chain(overrides.sources.iter())
         .copied()
         .collect();
+    let (empty_tx, empty_rx) = watch::channel(false);
     let (board, source_tasks) = sources::start_all(
         &registry,
         |out| sources::SourceContext {
@@ -112,6 +116,8 @@ pub async fn run(
             health: health.clone(),
             out,
             fleetiq: fleetiq_inputs.clone(),
+            node_empty: empty_rx.clone(),
+            aws_credentials: overrides.aws_credentials.clone(),
             shutdown: stop.clone(),
         },
         sources::NodeSignalConfig {
@@ -136,7 +142,7 @@ pub async fn run(
         metrics.clone(),
     );
 
-    let reconciler = Reconciler::new(
+    let mut reconciler = Reconciler::new(
         config.node_name.clone(),
         stores,
         board,
@@ -163,6 +169,7 @@ pub async fn run(
         config.resync_interval,
         trigger,
     );
+    reconciler.node_empty = empty_tx;
     if config.publish_drain_state
         && let Some(target) = config.redis_url.clone()
     {

@@ -53,6 +53,7 @@ impl InProcessAgent {
             gamelift,
             bound: Some(tx),
             sources,
+            aws_credentials: Some(test_credentials()),
         };
         let handle = tokio::spawn(run(config, overrides, shutdown.clone()));
         let admin = rx
@@ -81,6 +82,18 @@ impl InProcessAgent {
     pub fn abort(self) {
         self.handle.abort();
     }
+}
+
+/// The static credentials in-process agents sign AWS requests with (the emulators check
+/// that a request is signed, not by whom).
+pub fn test_credentials() -> aws_sdk_autoscaling::config::Credentials {
+    aws_sdk_autoscaling::config::Credentials::new(
+        "AKIDLASTCALLTEST",
+        "lastcall-test-secret",
+        None,
+        None,
+        "lastcall-testkit",
+    )
 }
 
 /// GETs `/metrics` from an admin listener.

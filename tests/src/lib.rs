@@ -6,10 +6,11 @@
 #![forbid(unsafe_code)]
 
 pub use lastcall_emulators::{
-    bins, cluster, eventually, gamelift, gce, imds, kube, net, process, redis,
+    autoscaling, bins, cluster, eventually, gamelift, gce, imds, kube, net, process, redis,
 };
 
 pub mod agent;
+pub mod asg;
 pub mod bench;
 pub mod demo;
 pub mod webhook;

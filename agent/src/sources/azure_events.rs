@@ -37,7 +37,7 @@ use lastcall_common::backoff::Backoff;
 use tracing::{debug, info, warn};
 
 use super::{Report, SourceContext};
-use crate::metrics::{ActionResult, Metrics, PhaseLabel, SourceLabel, SourceReason, SourceStatus};
+use crate::metrics::{ActionResult, Metrics, SourceLabel, SourceReason, SourceStatus};
 use crate::notice::{Cause, Notice, Severity, Source};
 
 pub const SOURCE: Source = Source("azure_events");
@@ -366,16 +366,6 @@ pub fn to_approve(view: &View, approved: &BTreeSet<String>) -> Vec<String> {
         .collect()
 }
 
-/// Whether the agent's last pass found the node fenced and empty (the reconciler publishes
-/// its phase; this source only reads it).
-fn node_empty(metrics: &Metrics) -> bool {
-    metrics
-        .phase
-        .get_or_create(&PhaseLabel { phase: "empty" })
-        .get()
-        == 1
-}
-
 pub fn start(ctx: SourceContext) -> Option<BoxFuture<'static, ()>> {
     let c = &ctx.config;
     if !c.azure_events {
@@ -403,7 +393,7 @@ pub fn start(ctx: SourceContext) -> Option<BoxFuture<'static, ()>> {
         c.azure_events_interval,
         c.azure_approve_when_empty,
     );
-    let (out, shutdown) = (ctx.out, ctx.shutdown);
+    let (out, shutdown, empty) = (ctx.out, ctx.shutdown, ctx.node_empty);
     Some(
         async move {
             let vm = match vm_flag {
@@ -455,7 +445,7 @@ pub fn start(ctx: SourceContext) -> Option<BoxFuture<'static, ()>> {
                             .inc();
                     }
                 }
-                if approve && node_empty(&azure.metrics) {
+                if approve && *empty.borrow() {
                     for id in to_approve(&view, &approved) {
                         if azure.approve(&id).await {
                             approved.insert(id);

@@ -6,6 +6,7 @@
 //! source by name. Signals read from the agent's own Node are plain functions of the
 //! observed Node, evaluated on every pass.
 
+pub mod asg_lifecycle;
 pub mod aws_imds;
 pub mod azure_events;
 pub mod fleetiq;
@@ -55,6 +56,13 @@ pub struct SourceContext {
     pub out: watch::Sender<Report>,
     /// The FleetIQ integration's view of this instance, when FleetIQ is on.
     pub fleetiq: Option<fleetiq::Inputs>,
+    /// `true` once this agent's node is empty and every hand-off before it is done (FleetIQ
+    /// deregistered where it is on): a source whose platform waits for the node (a
+    /// lifecycle hook, an approvable event) may then let it go, once. Published by the
+    /// reconciler; a source honours `--dry-run` itself (counts, never sends).
+    pub node_empty: watch::Receiver<bool>,
+    /// Credentials for AWS clients a source builds; `None`: the default chain.
+    pub aws_credentials: Option<aws_sdk_autoscaling::config::Credentials>,
     pub shutdown: CancellationToken,
 }
 
@@ -81,6 +89,7 @@ pub const REGISTRY: &[Registered] = &[
     Registered { source: gce_metadata::SOURCE, kind: Kind::Task(gce_metadata::start) },
     Registered { source: aws_imds::SOURCE, kind: Kind::Task(aws_imds::start) },
     Registered { source: azure_events::SOURCE, kind: Kind::Task(azure_events::start) },
+    Registered { source: asg_lifecycle::SOURCE, kind: Kind::Task(asg_lifecycle::start) },
     Registered { source: node::MANUAL, kind: Kind::Node(node::manual) },
     Registered { source: node::KARPENTER, kind: Kind::Node(node::karpenter) },
     Registered { source: node::CLUSTER_AUTOSCALER, kind: Kind::Node(node::cluster_autoscaler) },

@@ -56,17 +56,38 @@ pub fn manual(node: &NodeView, _: &NodeSignalConfig, _: Timestamp) -> Option<Not
     })
 }
 
-/// Karpenter is taking the node; it keeps new pods off itself.
+/// Karpenter's deadline for a node it is terminating: when its `terminationGracePeriod`
+/// runs out it deletes every pod left (each at `deadline − the pod's grace`) and the instance.
+pub const ANN_KARPENTER_TERMINATION: &str = "karpenter.sh/nodeclaim-termination-timestamp";
+
+/// Karpenter is taking the node; it keeps new pods off itself. With a
+/// `terminationGracePeriod` it also says when the node goes, and then it is a Terminate with
+/// that deadline; without one it waits for the pods, and it is a plain drain.
 pub fn karpenter(node: &NodeView, _: &NodeSignalConfig, _: Timestamp) -> Option<Notice> {
-    node.has_taint(TAINT_KARPENTER).then(|| {
-        notice(
+    if !node.has_taint(TAINT_KARPENTER) {
+        return None;
+    }
+    let deadline = node
+        .annotations
+        .get(ANN_KARPENTER_TERMINATION)
+        .and_then(|v| v.parse::<Timestamp>().ok());
+    Some(match deadline {
+        Some(d) => notice(
+            KARPENTER,
+            Cause::ScaleDown,
+            Severity::Terminate,
+            Some(d),
+            false,
+            format!("taint {TAINT_KARPENTER}; {ANN_KARPENTER_TERMINATION} {d}"),
+        ),
+        None => notice(
             KARPENTER,
             Cause::ScaleDown,
             Severity::Drain,
             None,
             false,
             format!("taint {TAINT_KARPENTER}"),
-        )
+        ),
     })
 }
 
@@ -211,6 +232,32 @@ mod tests {
         n.taints = vec![taint(TAINT_CLUSTER_AUTOSCALER)];
         assert!(cluster_autoscaler(&n, &cfg(), t(0)).is_some_and(|c| !c.cordon));
         assert_eq!(karpenter(&n, &cfg(), t(0)), None);
+    }
+
+    #[test]
+    fn karpenter_s_termination_timestamp_is_the_deadline() {
+        let mut n = node();
+        n.annotations.insert(
+            ANN_KARPENTER_TERMINATION.into(),
+            "2026-12-02T10:00:00Z".into(),
+        );
+        // The annotation alone (no taint) is not a signal.
+        assert_eq!(karpenter(&n, &cfg(), t(0)), None);
+        n.taints.push(taint(TAINT_KARPENTER));
+        let k = karpenter(&n, &cfg(), t(0)).unwrap();
+        assert_eq!(
+            (k.severity, k.deadline, k.cordon),
+            (
+                Severity::Terminate,
+                Some("2026-12-02T10:00:00Z".parse().unwrap()),
+                false
+            )
+        );
+        // Unreadable: never an invented deadline, still a drain.
+        n.annotations
+            .insert(ANN_KARPENTER_TERMINATION.into(), "tomorrow".into());
+        let k = karpenter(&n, &cfg(), t(0)).unwrap();
+        assert_eq!((k.severity, k.deadline), (Severity::Drain, None));
     }
 
     #[test]

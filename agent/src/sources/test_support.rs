@@ -20,6 +20,8 @@ pub struct Started {
     metrics: Metrics,
     reports: Arc<Mutex<Vec<Report>>>,
     shutdown: CancellationToken,
+    /// What the reconciler would say: the node is empty and handed off.
+    pub node_empty: watch::Sender<bool>,
 }
 
 impl Drop for Started {
@@ -42,12 +44,21 @@ pub fn start_source(source: Source, start: StartTask, args: &[&str]) -> Started 
     let (metrics, _) = Metrics::new();
     let (out, mut rx) = watch::channel(Report::Unknown);
     let shutdown = CancellationToken::new();
+    let (node_empty, empty_rx) = watch::channel(false);
     let task = start(SourceContext {
         config: Arc::new(config),
         metrics: metrics.clone(),
         health: Health::new(&[]),
         out,
         fleetiq: None,
+        node_empty: empty_rx,
+        aws_credentials: Some(aws_sdk_autoscaling::config::Credentials::new(
+            "AKIDLASTCALLTEST",
+            "lastcall-test-secret",
+            None,
+            None,
+            "lastcall-tests",
+        )),
         shutdown: shutdown.clone(),
     })
     .unwrap_or_else(|| panic!("{} did not start for {args:?}", source.as_str()));
@@ -67,6 +78,7 @@ pub fn start_source(source: Source, start: StartTask, args: &[&str]) -> Started 
         metrics,
         reports,
         shutdown,
+        node_empty,
     }
 }
 
@@ -135,6 +147,14 @@ impl Started {
                 source: self.source.as_str(),
                 reason,
             })
+            .get()
+    }
+
+    /// `lastcall_asg_lifecycle_calls_total{operation, result}`.
+    pub fn asg_calls(&self, operation: &'static str, result: &'static str) -> u64 {
+        self.metrics
+            .asg_calls
+            .get_or_create(&crate::metrics::OperationResult { operation, result })
             .get()
     }
 

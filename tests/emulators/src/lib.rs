@@ -9,6 +9,7 @@
 //! the parsing or the assumptions of the code it is there to check.
 #![forbid(unsafe_code)]
 
+pub mod autoscaling;
 pub mod azure;
 pub mod bins;
 pub mod cluster;

@@ -352,17 +352,9 @@ async fn pending_events_are_approved_once_the_node_is_empty_and_only_then() {
     ]);
     let src = start_on(&emu, &["--azure-approve-when-empty"]);
     src.wait_for_notices("both events", |n| n.len() == 2).await;
-    let phase = |p: &'static str, v: i64| {
-        src.metrics()
-            .phase
-            .get_or_create(&PhaseLabel { phase: p })
-            .set(v);
-    };
-    phase("draining", 1);
     reads_past(&emu, event_reads(&emu), 3).await;
     assert!(emu.approvals().is_empty(), "a match may still be running");
-    phase("draining", 0);
-    phase("empty", 1);
+    src.node_empty.send_replace(true);
     wait_for("the reboot approved", || async {
         (!emu.approvals().is_empty()).then_some(())
     })
@@ -409,10 +401,7 @@ async fn a_dry_run_counts_the_approval_and_sends_nothing() {
     emu.set_events(vec![event("reboot", "Reboot", VM, LATER)]);
     let src = start_on(&emu, &["--azure-approve-when-empty", "--dry-run"]);
     src.wait_for_notices("the reboot", |n| n.len() == 1).await;
-    src.metrics()
-        .phase
-        .get_or_create(&PhaseLabel { phase: "empty" })
-        .set(1);
+    src.node_empty.send_replace(true);
     wait_for("counted as a dry run", || async {
         let c = src
             .metrics()

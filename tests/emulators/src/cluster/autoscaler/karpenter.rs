@@ -266,6 +266,16 @@ async fn blocker(
 async fn terminate(kube: &Kube, cfg: &Config, node: &str) -> Result<Outcome, Error> {
     let start = Instant::now();
     let deadline = cfg.termination_grace_period.map(|tgp| start + tgp);
+    if let Some(tgp) = cfg.termination_grace_period {
+        // Karpenter writes the node's deadline where the node's agents can read it.
+        let at = k8s_openapi::jiff::Timestamp::now()
+            .checked_add(k8s_openapi::jiff::SignedDuration::try_from(tgp).unwrap_or_default())
+            .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
+        let patch = json!({ "metadata": { "annotations": {
+            TERMINATION_TIMESTAMP_ANNOTATION: at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+        } } });
+        kube.patch_node(node, &Patch::Merge(patch)).await?;
+    }
     let give_up = start + cfg.give_up_after;
     let evicted: Arc<Mutex<Vec<String>>> = Arc::default();
     // Dropped on return, which stops whatever the queue is still retrying.
@@ -382,6 +392,9 @@ async fn evict(kube: Kube, cfg: Config, pod: PodFacts, evicted: Arc<Mutex<Vec<St
 /// Adds (or removes) `karpenter.sh/disrupted:NoSchedule`, with the exclude-from-load-
 /// balancers label when adding: a strategic merge patch carrying the whole taint list, only
 /// when something changes (`terminator.go` `Taint`).
+/// Karpenter's annotation on a node it terminates with a TGP: when the TGP runs out.
+pub const TERMINATION_TIMESTAMP_ANNOTATION: &str = "karpenter.sh/nodeclaim-termination-timestamp";
+
 async fn set_taint(kube: &Kube, node: &str, taint: bool) -> Result<(), Error> {
     let current = kube.node(node).await?;
     let has = has_taint(&current, KARPENTER_DISRUPTED_TAINT, "NoSchedule");

@@ -1,0 +1,287 @@
+use std::time::Duration;
+
+use lastcall_emulators::autoscaling::{AutoScalingEmulator, Happening, Hook, LifecycleState};
+use lastcall_emulators::eventually::wait_for;
+use lastcall_emulators::imds::ImdsEmulator;
+
+use super::*;
+use crate::sources::test_support::start_source;
+
+const I: &str = "i-0123456789abcdef0";
+const GROUP: &str = "game-nodes";
+
+fn hook(name: &str, transition: &str, hb: u64) -> HookInfo {
+    HookInfo {
+        name: name.into(),
+        transition: transition.into(),
+        heartbeat_timeout: Duration::from_secs(hb),
+        global_timeout: None,
+    }
+}
+
+#[test]
+fn the_termination_hook_is_the_named_or_the_only_one() {
+    let launch = hook("warm", "autoscaling:EC2_INSTANCE_LAUNCHING", 60);
+    let a = hook("a", TERMINATING, 60);
+    let b = hook("b", TERMINATING, 300);
+    type Case<'a> = (Vec<HookInfo>, Option<&'a str>, Result<&'a str, PickError>);
+    let cases: Vec<Case> = vec![
+        (vec![launch.clone(), a.clone()], None, Ok("a")),
+        (vec![a.clone(), b.clone()], Some("b"), Ok("b")),
+        (
+            vec![launch.clone()],
+            None,
+            Err(PickError::NoTerminationHook),
+        ),
+        (vec![], None, Err(PickError::NoTerminationHook)),
+        (
+            vec![a.clone(), b.clone()],
+            None,
+            Err(PickError::Ambiguous("a, b".into())),
+        ),
+        // A launch hook of that name is not a termination hook.
+        (
+            vec![launch.clone(), a.clone()],
+            Some("warm"),
+            Err(PickError::NotFound("warm".into())),
+        ),
+    ];
+    for (hooks, wanted, want) in cases {
+        let got = pick_hook(&hooks, wanted).map(|h| h.name);
+        assert_eq!(got, want.map(str::to_string), "{hooks:?} {wanted:?}");
+    }
+}
+
+#[test]
+fn the_wait_ends_at_the_cap_unless_heartbeats_are_refused() {
+    let t0: Timestamp = "2026-12-01T10:00:00Z".parse().unwrap();
+    let mut h = Hold::new(
+        GROUP.into(),
+        hook("h", TERMINATING, 300),
+        t0,
+        Duration::from_secs(5),
+    );
+    // 100 × 300 s, counted from the latest the wait can have begun.
+    let began: Timestamp = "2026-12-01T09:59:55Z".parse().unwrap();
+    assert_eq!(h.began, began);
+    assert_eq!(h.cap, began + SignedDuration::from_secs(30_000));
+    assert_eq!(h.expires, began + SignedDuration::from_secs(300));
+    assert_eq!(h.deadline(), h.cap);
+    assert_eq!(h.heartbeat_every(), Duration::from_secs(100));
+    let n = h.notice();
+    assert_eq!(
+        (
+            n.cause,
+            n.severity,
+            n.deadline,
+            n.cancellable,
+            n.can_start_early
+        ),
+        (
+            Cause::ScaleDown,
+            Severity::Terminate,
+            Some(h.cap),
+            false,
+            false
+        )
+    );
+
+    let t1 = t0 + SignedDuration::from_secs(200);
+    h.heartbeat_accepted(t1);
+    assert_eq!(h.expires, t1 + SignedDuration::from_secs(300));
+    assert_eq!(
+        h.deadline(),
+        h.cap,
+        "heartbeats do not move the announced end"
+    );
+
+    // Refused: the instance goes at the heartbeat timeout, and a later success does not
+    // move that back.
+    h.heartbeats_denied = true;
+    let denied_end = h.expires;
+    assert_eq!(h.deadline(), denied_end);
+    h.heartbeat_accepted(t1 + SignedDuration::from_secs(100));
+    assert_eq!(h.deadline(), denied_end);
+    assert!(h.notice().detail.contains("AccessDenied"));
+}
+
+#[test]
+fn the_global_timeout_is_capped_at_48_hours() {
+    assert_eq!(
+        hook("h", TERMINATING, 7_200).global_timeout(),
+        Duration::from_secs(172_800)
+    );
+    let mut told = hook("h", TERMINATING, 30);
+    told.global_timeout = Some(Duration::from_secs(1_000));
+    assert_eq!(told.global_timeout(), Duration::from_secs(1_000));
+    told.global_timeout = Some(Duration::from_secs(999_999));
+    assert_eq!(told.global_timeout(), Duration::from_secs(172_800));
+}
+
+struct World {
+    imds: ImdsEmulator,
+    asg: AutoScalingEmulator,
+}
+
+async fn world(heartbeat_secs: u64) -> World {
+    let imds = ImdsEmulator::start(I, "ip-10-0-0-1.ec2.internal")
+        .await
+        .unwrap();
+    imds.set_target_lifecycle_state(Some("InService"));
+    let asg = AutoScalingEmulator::start().await.unwrap();
+    asg.add_group(GROUP, vec![Hook::terminating("lastcall", heartbeat_secs)]);
+    asg.add_instance(GROUP, I);
+    World { imds, asg }
+}
+
+fn start(w: &World) -> crate::sources::test_support::Started {
+    start_source(
+        SOURCE,
+        super::start,
+        &[
+            "--asg-lifecycle",
+            "--asg-interval",
+            "100ms",
+            "--imds-endpoint",
+            &w.imds.url(),
+            "--asg-endpoint",
+            &w.asg.url(),
+            "--aws-region",
+            "us-west-2",
+        ],
+    )
+}
+
+#[tokio::test]
+async fn in_service_is_known_and_costs_no_auto_scaling_call() {
+    let w = world(60).await;
+    let s = start(&w);
+    s.wait_for_notices("in service", <[Notice]>::is_empty).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(s.current(), Report::Known(vec![]));
+    assert!(w.asg.journal().is_empty(), "{:?}", w.asg.journal());
+}
+
+#[tokio::test]
+async fn a_match_outliving_the_heartbeat_timeout_keeps_the_instance_until_the_node_is_empty() {
+    let w = world(2).await;
+    let s = start(&w);
+    s.wait_for_notices("in service", <[Notice]>::is_empty).await;
+    w.asg.begin_termination(I).unwrap();
+    w.imds.set_target_lifecycle_state(Some("Terminated"));
+    let n = s
+        .wait_for_notices("the hold", |n| n.iter().any(|n| n.deadline.is_some()))
+        .await;
+    // The announced end is the cap: 100 × 2 s from (about) now.
+    let deadline = n[0].deadline.unwrap();
+    let cap = Timestamp::now() + SignedDuration::from_secs(200);
+    assert!(
+        deadline <= cap && deadline > cap - SignedDuration::from_secs(10),
+        "{deadline} vs {cap}"
+    );
+    // Three heartbeat timeouts later the instance is still waiting, held by heartbeats.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        w.asg.lifecycle_state(I),
+        Some(LifecycleState::TerminatingWait)
+    );
+    let beats = w
+        .asg
+        .journal()
+        .iter()
+        .filter(|e| e.happening == Happening::HeartbeatRecorded)
+        .count();
+    assert!(beats >= 4, "{beats} heartbeats in 6 s with a 2 s timeout");
+    // The node empties: the action is completed, once.
+    s.node_empty.send_replace(true);
+    wait_for("completed", || async {
+        (w.asg.lifecycle_state(I) == Some(LifecycleState::Terminated)).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let j = w.asg.journal();
+    let completions: Vec<_> = j
+        .iter()
+        .filter(|e| matches!(e.happening, Happening::Completed { .. }))
+        .collect();
+    assert_eq!(completions.len(), 1, "{j:?}");
+    assert!(
+        !j.iter()
+            .any(|e| matches!(e.happening, Happening::TimedOut { .. }))
+    );
+    assert_eq!(w.asg.calls("CompleteLifecycleAction"), 1);
+    assert_eq!(s.asg_calls("CompleteLifecycleAction", "ok"), 1);
+}
+
+#[tokio::test]
+async fn denied_heartbeats_announce_the_hook_timeout_and_never_crash() {
+    let w = world(3).await;
+    w.asg
+        .fail("RecordLifecycleActionHeartbeat", "AccessDenied", 403, None);
+    let s = start(&w);
+    s.wait_for_notices("in service", <[Notice]>::is_empty).await;
+    w.asg.begin_termination(I).unwrap();
+    w.imds.set_target_lifecycle_state(Some("Terminated"));
+    let n = s
+        .wait_for_notices("the denied hold", |n| {
+            n.iter().any(|n| n.detail.contains("AccessDenied"))
+        })
+        .await;
+    // The instance goes at the heartbeat timeout, not the cap.
+    let deadline = n[0].deadline.unwrap();
+    assert!(
+        deadline <= Timestamp::now() + SignedDuration::from_secs(3),
+        "{deadline}"
+    );
+    assert!(s.errors("access_denied") >= 1);
+    assert!(s.asg_calls("RecordLifecycleActionHeartbeat", "access_denied") >= 1);
+    // The source is still running: once the node is empty it completes.
+    w.asg.clear_faults();
+    s.node_empty.send_replace(true);
+    wait_for("completed after the denial", || async {
+        (w.asg.calls("CompleteLifecycleAction") == 1).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unreadable_metadata_is_unknown_never_in_service() {
+    let w = world(60).await;
+    w.imds.fail_next(1_000_000, 500);
+    let s = start(&w);
+    wait_for("IMDS errors counted", || async {
+        (s.errors("imds") + s.errors("instance_id") >= 2).then_some(())
+    })
+    .await;
+    assert!(
+        s.reports().iter().all(|r| *r == Report::Unknown),
+        "{:?}",
+        s.reports()
+    );
+    assert_eq!(s.up(), 0);
+}
+
+#[tokio::test]
+async fn an_action_completed_before_a_restart_is_not_completed_again() {
+    let w = world(60).await;
+    w.asg.begin_termination(I).unwrap();
+    w.imds.set_target_lifecycle_state(Some("Terminated"));
+    let first = start(&w);
+    first
+        .wait_for_notices("the hold", |n| n.iter().any(|n| n.deadline.is_some()))
+        .await;
+    first.node_empty.send_replace(true);
+    wait_for("completed", || async {
+        (w.asg.calls("CompleteLifecycleAction") == 1).then_some(())
+    })
+    .await;
+    drop(first);
+    // A restarted agent on the same (still running) instance: the group no longer lists it
+    // as waiting, so there is nothing to heartbeat or complete.
+    let second = start(&w);
+    second.node_empty.send_replace(true);
+    second.wait_for_notices("leaving", |n| !n.is_empty()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(w.asg.calls("CompleteLifecycleAction"), 1);
+    assert_eq!(second.asg_calls("RecordLifecycleActionHeartbeat", "ok"), 0);
+}
