@@ -7,10 +7,8 @@ use futures::future::BoxFuture;
 use tokio::sync::watch;
 
 use super::{Report, SourceContext};
+pub use crate::fleetiq::view::SOURCE;
 use crate::fleetiq::view::FleetIqView;
-use crate::notice::Source;
-
-pub const SOURCE: Source = Source("fleetiq");
 
 /// What the FleetIQ integration hands the source.
 #[derive(Clone)]
