@@ -452,10 +452,12 @@ pub fn kube_client(
     metrics: &Metrics,
 ) -> anyhow::Result<kube::Client> {
     cfg.default_retry = false;
-    cfg.connect_timeout = Some(request_timeout);
-    cfg.write_timeout = Some(request_timeout);
-    // A response body that stops arriving after its headers fails too.
-    cfg.read_timeout = Some(request_timeout);
+    // The deadline layer ends a request without headers first (and counts it); these bound
+    // the rest, e.g. a response body that stops arriving after its headers.
+    let socket = request_timeout.saturating_mul(2);
+    cfg.connect_timeout = Some(socket);
+    cfg.write_timeout = Some(socket);
+    cfg.read_timeout = Some(socket);
     cfg.reset_reader_on_write = true;
     let builder = kube::client::ClientBuilder::try_from(cfg)
         .context("building the Kubernetes client")?;
