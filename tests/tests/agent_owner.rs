@@ -146,6 +146,37 @@ async fn a_crash_between_deregistration_and_its_record_is_final() {
     second.stop().await.unwrap();
 }
 
+/// The agent dies after the Deregister, before its record, while the node still drains:
+/// the next agent asks GameLift before its first heartbeat, so not one lifecycle call
+/// follows the deregistration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_crash_no_heartbeat_follows_the_deregistration() {
+    let w = World::start(WorldSpec::new(1, 1, 0)).await;
+    let first = w.agent(&[]).await;
+    subscribed(&first).await;
+    w.claimed_all().await;
+    registered(&w).await;
+    deregister_without_record(&w).await;
+    first.abort();
+    w.cluster.emulator().faults().clear();
+
+    let second = w.agent(&[]).await;
+    subscribed(&second).await;
+    wait_for("deregistration recorded on the Node", || async {
+        annotation(&w.node().await, "lastcall.dev/deregistered").map(|_| ())
+    })
+    .await;
+    // Heartbeats run every second: give several a chance to be (wrongly) sent.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert_eq!(
+        lifecycle_after_deregister(&w.gl.calls()),
+        Vec::<String>::new(),
+        "no lifecycle call after Deregister"
+    );
+    assert_eq!(w.gl.count("DeregisterGameServer"), 1);
+    second.stop().await.unwrap();
+}
+
 // ---------------------------------------------------------------------------------------
 // Two agents on one node
 // ---------------------------------------------------------------------------------------
