@@ -70,7 +70,10 @@ pub enum Claim {
 
 /// Reads the owner annotation. An unreadable value names nobody: it is taken over.
 pub fn claim(annotations: &BTreeMap<String, String>, me: &PodId) -> Claim {
-    match annotations.get(keys::ANN_OWNER).and_then(|v| PodId::parse(v)) {
+    match annotations
+        .get(keys::ANN_OWNER)
+        .and_then(|v| PodId::parse(v))
+    {
         None => Claim::Free,
         Some(p) if p == *me => Claim::Mine,
         Some(p) => Claim::Other(p),

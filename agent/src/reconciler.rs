@@ -576,7 +576,9 @@ impl Reconciler {
         match fleetiq.still_registered().await {
             Ok(true) => Ok(false),
             Ok(false) => {
-                warn!(message = "not cancelling: GameLift no longer has this game server, so it was deregistered; the node stays fenced");
+                warn!(
+                    message = "not cancelling: GameLift no longer has this game server, so it was deregistered; the node stays fenced"
+                );
                 fleetiq.deregistered_earlier();
                 Ok(true)
             }

@@ -19,13 +19,13 @@ use crate::config::Config;
 use crate::fleetiq::gamelift::{self, GameLift};
 use crate::fleetiq::imds::Imds;
 use crate::fleetiq::lifecycle::{self, HEALTH_REGISTRATION};
-use crate::owner::{self, Owner, Ownership, PodId};
-use crate::request_deadline::RequestDeadline;
 use crate::fleetiq::source::{RedisSource, run_fallback};
 use crate::fleetiq::view::FleetIqView;
 use crate::metrics::Metrics;
+use crate::owner::{self, Owner, Ownership, PodId};
 use crate::policy::PolicyConfig;
 use crate::reconciler::{HEALTH_KUBE, Reconciler};
+use crate::request_deadline::RequestDeadline;
 use crate::{sources, watches};
 
 /// Pre-built clients, for running the agent in-process (tests, the demo).
@@ -399,11 +399,12 @@ impl Running {
         self.tasks.abort_all();
         let node = self.config.node_name.clone();
         let owner = match &self.identity {
-            Some(me) => {
-                tokio::time::timeout(HANDOVER_GRACE, owner::still_owner(&self.actuator, &node, me))
-                    .await
-                    .unwrap_or(false)
-            }
+            Some(me) => tokio::time::timeout(
+                HANDOVER_GRACE,
+                owner::still_owner(&self.actuator, &node, me),
+            )
+            .await
+            .unwrap_or(false),
             None => true,
         };
         if self.config.deregister_on_exit && clean {
@@ -459,8 +460,8 @@ pub fn kube_client(
     cfg.write_timeout = Some(socket);
     cfg.read_timeout = Some(socket);
     cfg.reset_reader_on_write = true;
-    let builder = kube::client::ClientBuilder::try_from(cfg)
-        .context("building the Kubernetes client")?;
+    let builder =
+        kube::client::ClientBuilder::try_from(cfg).context("building the Kubernetes client")?;
     Ok(builder
         .with_layer(&RequestDeadline::new(request_timeout, metrics.clone()))
         .build())
@@ -519,7 +520,8 @@ async fn lifecycle_task(
             false,
             "registering and claiming in FleetIQ",
         );
-        let heartbeat = lifecycle::start_up(&actuator, nodes.clone(), &config.node_name, &stop).await;
+        let heartbeat =
+            lifecycle::start_up(&actuator, nodes.clone(), &config.node_name, &stop).await;
         health.set(HEALTH_REGISTRATION, true, "start-up done");
         if heartbeat {
             lifecycle::heartbeat_loop(

@@ -107,7 +107,10 @@ async fn a_signal_that_clears_after_deregistration_never_uncordons() {
     assert!(cordoned(&n), "a deregistered node is never uncordoned");
     assert!(has_taint(&n, "lastcall.dev/draining"));
     assert_eq!(w.gl.count("DeregisterGameServer"), 1);
-    assert_eq!(lifecycle_after_deregister(&w.gl.calls()), Vec::<String>::new());
+    assert_eq!(
+        lifecycle_after_deregister(&w.gl.calls()),
+        Vec::<String>::new()
+    );
     agent.stop().await.unwrap();
 }
 
@@ -217,12 +220,7 @@ async fn pod_agent(w: &World, pod: &str, uid: &str, extra: &[&str]) -> InProcess
     );
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let kube = w
-        .cluster
-        .emulator()
-        .config_for(pod)
-        .await
-        .expect("client");
+    let kube = w.cluster.emulator().config_for(pod).await.expect("client");
     InProcessAgent::start(config(NODE, &args), kube, Some(w.gl.sdk_client().await))
         .await
         .expect("agent")
@@ -283,7 +281,10 @@ async fn two_agents_on_one_node_act_as_one_through_a_drain() {
     w.finish_drain(&keep).await;
     assert_eq!(w.gl.count("RegisterGameServer"), 1, "one registration");
     assert_eq!(w.gl.count("ClaimGameServer"), 1, "one claim");
-    assert_eq!(lifecycle_after_deregister(&w.gl.calls()), Vec::<String>::new());
+    assert_eq!(
+        lifecycle_after_deregister(&w.gl.calls()),
+        Vec::<String>::new()
+    );
     assert_eq!(
         writes_by(&w, "agent-new"),
         Vec::<String>::new(),
@@ -294,7 +295,10 @@ async fn two_agents_on_one_node_act_as_one_through_a_drain() {
     owner_is(&w, "agent-new").await;
     tokio::time::sleep(Duration::from_millis(2000)).await;
     assert_eq!(w.gl.count("DeregisterGameServer"), 1);
-    assert_eq!(lifecycle_after_deregister(&w.gl.calls()), Vec::<String>::new());
+    assert_eq!(
+        lifecycle_after_deregister(&w.gl.calls()),
+        Vec::<String>::new()
+    );
     let n = w.node().await;
     assert!(cordoned(&n) && has_taint(&n, "lastcall.dev/draining"));
     new.stop().await.unwrap();
@@ -433,7 +437,11 @@ async fn a_hung_request_at_every_step_of_a_drain_does_not_stop_it() {
     let m = agent.metrics().await;
     for verb in ["get", "patch", "delete"] {
         assert!(
-            metric_sum(&m, "lastcall_kube_request_timeouts_total", &[("verb", verb)]) >= 1.0,
+            metric_sum(
+                &m,
+                "lastcall_kube_request_timeouts_total",
+                &[("verb", verb)]
+            ) >= 1.0,
             "a {verb} timed out and was counted"
         );
     }

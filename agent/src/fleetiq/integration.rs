@@ -15,8 +15,8 @@ use tracing::{info, warn};
 
 use super::gamelift::{GameLift, GameLiftError};
 use crate::dry_run::DryRun;
-use crate::owner::Owner;
 use crate::metrics::{Metrics, ResultLabel};
+use crate::owner::Owner;
 
 /// How a deregistration ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

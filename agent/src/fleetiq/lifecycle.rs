@@ -140,7 +140,10 @@ pub async fn start_up(
                 message = "node is draining and GameLift no longer has its game server: it was deregistered; no heartbeats"
             );
         } else {
-            info!(message = "node is draining and its game server was never registered; no heartbeats");
+            info!(
+                message =
+                    "node is draining and its game server was never registered; no heartbeats"
+            );
         }
         return false;
     }

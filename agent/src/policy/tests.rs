@@ -1358,12 +1358,16 @@ fn a_deregistration_fleetiq_knows_of_is_final_even_without_its_record() {
             "the record is written"
         );
         assert!(
-            !p.actions.iter().any(|a| matches!(a, Action::PatchNode(n) if n.unschedulable == Some(false))),
+            !p.actions
+                .iter()
+                .any(|a| matches!(a, Action::PatchNode(n) if n.unschedulable == Some(false))),
             "never uncordoned: {:?}",
             p.actions
         );
         assert!(
-            !p.actions.iter().any(|a| matches!(a, Action::Unprotect { .. })),
+            !p.actions
+                .iter()
+                .any(|a| matches!(a, Action::Unprotect { .. })),
             "{:?}",
             p.actions
         );

@@ -7,8 +7,8 @@ use futures::future::BoxFuture;
 use tokio::sync::watch;
 
 use super::{Report, SourceContext};
-pub use crate::fleetiq::view::SOURCE;
 use crate::fleetiq::view::FleetIqView;
+pub use crate::fleetiq::view::SOURCE;
 
 /// What the FleetIQ integration hands the source.
 #[derive(Clone)]
