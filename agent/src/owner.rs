@@ -114,12 +114,6 @@ impl Owner {
         }
     }
 
-    /// Waits until ownership changes either way.
-    pub async fn changed(&self) {
-        let mut rx = self.tx.subscribe();
-        let _ = rx.changed().await;
-    }
-
     fn set(&self, owner: bool) {
         self.tx.send_if_modified(|cur| {
             let changed = *cur != owner;

@@ -144,9 +144,8 @@ impl Reconciler {
             if !self.owner.is_owner() {
                 // Another agent acts on this node: keep the caches warm, stay ready, write
                 // nothing until it hands over (or is gone).
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = self.owner.changed() => {}
+                if !self.owner.owned(&shutdown).await {
+                    return;
                 }
                 continue;
             }

@@ -44,11 +44,11 @@ pub struct Overrides {
 }
 
 /// How long the tasks may take to stop after SIGTERM before they are abandoned.
-const TASKS_GRACE: Duration = Duration::from_millis(1500);
+const TASKS_GRACE: Duration = Duration::from_millis(800);
 /// How long `--deregister-on-exit` may take.
 const DEREGISTER_GRACE: Duration = Duration::from_secs(2);
 /// How long handing the node's ownership over may take (SIGTERM → exit stays under 5 s).
-const HANDOVER_GRACE: Duration = Duration::from_millis(1500);
+const HANDOVER_GRACE: Duration = Duration::from_secs(1);
 /// The watches' client reads for longer than the watches' long polls (`timeoutSeconds` 290).
 const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(330);
 
