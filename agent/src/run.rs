@@ -162,36 +162,19 @@ impl Agent {
         }
         let (view_tx, view_rx) = watch::channel(FleetIqView::default());
         let (iid_tx, iid_rx) = watch::channel(config.instance_id.clone());
-        let shared_config = Arc::new(config.clone());
-        let fleetiq_inputs = config.fleetiq_enabled().then(|| sources::fleetiq::Inputs {
-            view: view_rx.clone(),
-            instance_id: iid_rx.clone(),
-        });
-        let (board, source_tasks) = sources::start_all(
+        let board = spawn_sources(
+            &config,
             &registry_sources,
-            |out| sources::SourceContext {
-                config: shared_config.clone(),
-                metrics: metrics.clone(),
-                health: health.clone(),
-                out,
-                fleetiq: fleetiq_inputs.clone(),
-                shutdown: stop.clone(),
+            sources::fleetiq::Inputs {
+                view: view_rx.clone(),
+                instance_id: iid_rx,
             },
-            sources::NodeSignalConfig {
-                maintenance_lead: config.maintenance_lead,
-                drain_on_foreign_cordon: config.drain_on_foreign_cordon,
-            },
-            trigger.clone(),
-            stop.clone(),
+            &metrics,
+            &health,
+            &trigger,
+            &mut tasks,
+            &stop,
         );
-        for (source, task) in source_tasks {
-            // A source task runs until shutdown; one that ends early is fatal, like any task.
-            let name = source.as_str();
-            tasks.spawn(async move {
-                task.await;
-                name
-            });
-        }
         let actuator = Actuator::new(
             client.clone(),
             config.node_name.clone(),
@@ -202,29 +185,15 @@ impl Agent {
         // One agent acts on a node at a time (see `owner`); a dry run writes nothing, so
         // it needs no ownership.
         let identity = identity.filter(|_| !config.dry_run);
-        let owner = match &identity {
-            Some(me) => {
-                let o = Owner::contender();
-                let ownership = Ownership {
-                    me: me.clone(),
-                    node_name: config.node_name.clone(),
-                    node: stores.node.clone(),
-                    actuator: actuator.clone(),
-                    owner: o.clone(),
-                    metrics: metrics.clone(),
-                };
-                let s = stop.clone();
-                tasks.spawn(async move {
-                    ownership.run(s).await;
-                    "ownership"
-                });
-                o
-            }
-            None => {
-                metrics.node_owner.set(1);
-                Owner::sole()
-            }
-        };
+        let owner = spawn_ownership(
+            identity.as_ref(),
+            &config.node_name,
+            &stores,
+            &actuator,
+            &metrics,
+            &mut tasks,
+            &stop,
+        );
         actuator.fleetiq().gate(owner.clone());
 
         let mut reconciler = Reconciler::new(
@@ -292,6 +261,80 @@ impl Agent {
             identity,
         }
     }
+}
+
+/// Starts every registered signal source; they report to the returned board.
+#[allow(clippy::too_many_arguments)]
+fn spawn_sources(
+    config: &Config,
+    registry: &[sources::Registered],
+    fleetiq: sources::fleetiq::Inputs,
+    metrics: &Metrics,
+    health: &Health,
+    trigger: &Arc<Notify>,
+    tasks: &mut JoinSet<&'static str>,
+    stop: &CancellationToken,
+) -> sources::NoticeBoard {
+    let shared_config = Arc::new(config.clone());
+    let fleetiq = config.fleetiq_enabled().then_some(fleetiq);
+    let (board, source_tasks) = sources::start_all(
+        registry,
+        |out| sources::SourceContext {
+            config: shared_config.clone(),
+            metrics: metrics.clone(),
+            health: health.clone(),
+            out,
+            fleetiq: fleetiq.clone(),
+            shutdown: stop.clone(),
+        },
+        sources::NodeSignalConfig {
+            maintenance_lead: config.maintenance_lead,
+            drain_on_foreign_cordon: config.drain_on_foreign_cordon,
+        },
+        trigger.clone(),
+        stop.clone(),
+    );
+    for (source, task) in source_tasks {
+        // A source task runs until shutdown; one that ends early is fatal, like any task.
+        let name = source.as_str();
+        tasks.spawn(async move {
+            task.await;
+            name
+        });
+    }
+    board
+}
+
+/// Starts the ownership task when this agent has an identity; otherwise it is the node's
+/// only agent.
+fn spawn_ownership(
+    identity: Option<&PodId>,
+    node_name: &str,
+    stores: &watches::Stores,
+    actuator: &Actuator,
+    metrics: &Metrics,
+    tasks: &mut JoinSet<&'static str>,
+    stop: &CancellationToken,
+) -> Owner {
+    let Some(me) = identity else {
+        metrics.node_owner.set(1);
+        return Owner::sole();
+    };
+    let owner = Owner::contender();
+    let ownership = Ownership {
+        me: me.clone(),
+        node_name: node_name.to_string(),
+        node: stores.node.clone(),
+        actuator: actuator.clone(),
+        owner: owner.clone(),
+        metrics: metrics.clone(),
+    };
+    let s = stop.clone();
+    tasks.spawn(async move {
+        ownership.run(s).await;
+        "ownership"
+    });
+    owner
 }
 
 /// The policy's settings, from the flags.
