@@ -276,6 +276,27 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_RESYNC_INTERVAL", default_value = "10s", value_parser = positive_duration)]
     pub resync_interval: Duration,
 
+    /// Deadline of every Kubernetes API request (watches keep their own, longer, long-poll
+    /// timeout): a request on a connection that stopped answering fails after this long and
+    /// is retried, instead of stopping the agent.
+    #[arg(long, env = "LASTCALL_REQUEST_TIMEOUT", default_value = "10s", value_parser = positive_duration)]
+    pub request_timeout: Duration,
+
+    /// This agent's pod name. Set it from the Downward API (metadata.name); with --pod-uid it
+    /// lets one agent at a time own the node (see docs/agent.md). Without both, the agent
+    /// assumes it is the node's only agent.
+    #[arg(long, env = "POD_NAME", value_parser = non_empty, requires = "pod_uid")]
+    pub pod_name: Option<String>,
+
+    /// This agent's pod namespace (Downward API metadata.namespace). Default: the
+    /// namespace of the service account.
+    #[arg(long, env = "POD_NAMESPACE", value_parser = non_empty)]
+    pub pod_namespace: Option<String>,
+
+    /// This agent's pod uid (Downward API metadata.uid).
+    #[arg(long, env = "POD_UID", value_parser = non_empty, requires = "pod_name")]
+    pub pod_uid: Option<String>,
+
     /// Log filter, e.g. info or lastcall_agent=debug,info. RUST_LOG overrides it.
     #[arg(long, env = "LASTCALL_LOG_LEVEL", default_value = "info", value_parser = lastcall_common::telemetry::parse_level)]
     pub log_level: String,

@@ -57,6 +57,9 @@ pub const ANN_CAUSE: &str = "lastcall.dev/drain-cause";
 pub const ANN_CORDONED: &str = "lastcall.dev/cordoned-by-lastcall";
 pub const ANN_DEREGISTERED: &str = "lastcall.dev/deregistered";
 pub const ANN_REGISTERED: &str = "lastcall.dev/registered";
+/// The agent that owns the node, as `<namespace>/<pod>/<uid>`: one agent acts at a time,
+/// also while a rollout runs an old and a new agent side by side.
+pub const ANN_OWNER: &str = "lastcall.dev/owner";
 /// The notice driving the drain (source, cause, severity, deadline, cancellable, first
 /// seen) as JSON, so a restarted agent decides exactly as before: a Spot interruption stays
 /// final and its deadline does not move.

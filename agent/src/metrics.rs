@@ -62,6 +62,11 @@ pub struct SourceLabel {
     pub source: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbLabel {
+    pub verb: &'static str,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     pub signals: Family<SourceStatus, Counter>,
@@ -89,6 +94,10 @@ pub struct Metrics {
     pub reconciles: Family<ResultLabel, Counter>,
     pub watch_errors: Family<SourceLabel, Counter>,
     pub events: Family<ResultLabel, Counter>,
+    /// Kubernetes API requests abandoned at `--request-timeout`, by HTTP verb.
+    pub request_timeouts: Family<VerbLabel, Counter>,
+    /// 1 while this agent owns its node (see `owner`).
+    pub node_owner: Gauge,
 }
 
 impl Metrics {
@@ -125,12 +134,24 @@ impl Metrics {
             reconciles: Family::default(),
             watch_errors: Family::default(),
             events: Family::default(),
+            request_timeouts: Family::default(),
+            node_owner: Gauge::default(),
         };
         let mut r = Registry::with_prefix("lastcall");
         r.register(
             "signals",
             "Valid signals received, by source and status",
             m.signals.clone(),
+        );
+        r.register(
+            "kube_request_timeouts",
+            "Kubernetes API requests abandoned at --request-timeout, by verb",
+            m.request_timeouts.clone(),
+        );
+        r.register(
+            "node_owner",
+            "1 while this agent owns its node (one agent acts per node, also during a rollout)",
+            m.node_owner.clone(),
         );
         r.register(
             "signals_rejected",

@@ -65,6 +65,10 @@ pub struct Inputs<'a> {
     /// or never reachable). Unknown is not "all clear": a drain they may have started is
     /// held, not cancelled.
     pub unknown_sources: &'a [Source],
+    /// FleetIQ says this node's game server is deregistered (this agent deregistered it,
+    /// or GameLift no longer has a server that had been registered) whatever the Node
+    /// records: a crash or a failed write may have lost the record. Treated like the record.
+    pub fleetiq_deregistered: bool,
     pub observed: &'a Observed,
     pub config: &'a PolicyConfig,
     pub now: Timestamp,
@@ -315,11 +319,16 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
     // Releasing idle servers on a node lastcall has fenced is safe whatever the signals say
     // now: nothing may start a match there, and a Fleet replaces them elsewhere.
     let fenced = obs.node.has_taint(keys::TAINT_DRAINING);
-    out.phase = if progress.deregistered.is_some() {
+    out.phase = if progress.deregistered.is_some() || inp.fleetiq_deregistered {
         // Deregistration is final: the instance is leaving. Keep the fence up, and keep
         // releasing whatever still lands here (pods with blanket tolerations).
         if let Some(p) = fence_patch(inp, &progress, driver.as_ref()) {
             out.actions.push(Action::PatchNode(p));
+        }
+        if progress.deregistered.is_none() {
+            // The record was lost: deregistering again sends nothing to FleetIQ (it knows)
+            // and writes the record.
+            out.actions.push(Action::Deregister);
         }
         if fenced {
             fenced_work(inp, &progress, driver.as_ref(), unseen_servers, &mut out);

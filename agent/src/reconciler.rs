@@ -48,6 +48,8 @@ pub struct Reconciler {
     pub drain_state: watch::Sender<crate::drain_state::Counts>,
     /// Whether the node is empty and handed off (see `sources::SourceContext::node_empty`).
     pub node_empty: watch::Sender<bool>,
+    /// Plans and acts only while this agent owns the node (`crate::owner`).
+    pub owner: crate::owner::Owner,
     state: LocalState,
     own: OwnWrites,
     timing: DrainTiming,
@@ -125,6 +127,7 @@ impl Reconciler {
             timing: DrainTiming::default(),
             drain_state: watch::channel(None).0,
             node_empty: watch::channel(false).0,
+            owner: crate::owner::Owner::sole(),
         }
     }
 
@@ -141,6 +144,14 @@ impl Reconciler {
         self.health.set(HEALTH_KUBE, true, "watching");
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
         loop {
+            if !self.owner.is_owner() {
+                // Another agent acts on this node: keep the caches warm, stay ready, write
+                // nothing until it hands over (or is gone).
+                if !self.owner.owned(&shutdown).await {
+                    return;
+                }
+                continue;
+            }
             let wait = match self.pass().await {
                 Ok(Pass::Again) => {
                     backoff.reset();
@@ -458,10 +469,21 @@ impl Reconciler {
         let mut plan = policy::plan(&policy::Inputs {
             notices: &notices,
             unknown_sources: &unknown,
+            fleetiq_deregistered: self.actuator.fleetiq().is_deregistered(),
             observed: &observed,
             config: &self.config,
             now,
         });
+        if self.gone_from_fleetiq(&plan, &observed).await? {
+            plan = policy::plan(&policy::Inputs {
+                notices: &notices,
+                unknown_sources: &unknown,
+                fleetiq_deregistered: true,
+                observed: &observed,
+                config: &self.config,
+                now,
+            });
+        }
         if plan.actions.contains(&Action::Deregister) && !self.actuator.is_dry_run() {
             // The watch caches can lag behind a pod bound just before the fence. Handing the
             // node back is final, so "empty" is confirmed on a fresh, consistent read.
@@ -475,6 +497,7 @@ impl Reconciler {
             plan = policy::plan(&policy::Inputs {
                 notices: &notices,
                 unknown_sources: &unknown,
+                fleetiq_deregistered: self.actuator.fleetiq().is_deregistered(),
                 observed: &fresh,
                 config: &self.config,
                 now: jiff::Timestamp::now(),
@@ -538,6 +561,42 @@ impl Reconciler {
                 Ok(Pass::Conflicted)
             }
             Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Before a drain is cancelled on a node whose game server had been registered, asks
+    /// FleetIQ whether it still is: a crash or a failed write may have lost the record of a
+    /// deregistration, and a deregistered node must never be uncordoned. `Ok(true)`: it is
+    /// gone, plan again as deregistered. An unanswered question holds the cancel (retried).
+    async fn gone_from_fleetiq(&self, plan: &Plan, observed: &Observed) -> Result<bool, String> {
+        let progress = Progress::from_annotations(&observed.node.annotations);
+        let cancelling = plan.phase == Phase::Cancelling && progress.started.is_some();
+        if !cancelling
+            || !self.config.deregister
+            || progress.registered.is_none()
+            || self.actuator.is_dry_run()
+        {
+            return Ok(false);
+        }
+        let fleetiq = self.actuator.fleetiq();
+        match fleetiq.still_registered().await {
+            Ok(true) => Ok(false),
+            Ok(false) => {
+                warn!(
+                    message = "not cancelling: GameLift no longer has this game server, so it was deregistered; the node stays fenced"
+                );
+                fleetiq.deregistered_earlier();
+                Ok(true)
+            }
+            Err(e) => {
+                self.metrics
+                    .reconciles
+                    .get_or_create(&ResultLabel { result: "error" })
+                    .inc();
+                Err(format!(
+                    "cancel held: asking FleetIQ whether the game server is still registered: {e}"
+                ))
+            }
         }
     }
 

@@ -1,4 +1,4 @@
-//! Wiring: builds every part, supervises every task, and shuts down cleanly.
+//! Wiring: builds every part, spawns and supervises every task, and shuts down cleanly.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,8 +22,10 @@ use crate::fleetiq::lifecycle::{self, HEALTH_REGISTRATION};
 use crate::fleetiq::source::{RedisSource, run_fallback};
 use crate::fleetiq::view::FleetIqView;
 use crate::metrics::Metrics;
+use crate::owner::{self, Owner, Ownership, PodId};
 use crate::policy::PolicyConfig;
 use crate::reconciler::{HEALTH_KUBE, Reconciler};
+use crate::request_deadline::RequestDeadline;
 use crate::{sources, watches};
 
 /// Pre-built clients, for running the agent in-process (tests, the demo).
@@ -31,6 +33,8 @@ use crate::{sources, watches};
 pub struct Overrides {
     /// Where the Kubernetes API is; the client is built from it exactly as in production.
     pub kube: Option<kube::Config>,
+    /// A GameLift client (endpoint, credentials); the agent applies its own retry and
+    /// timeout settings to it, exactly as to the binary's.
     pub gamelift: Option<aws_sdk_gamelift::Client>,
     /// Receives the bound admin address (when listening on port 0).
     pub bound: Option<tokio::sync::oneshot::Sender<std::net::SocketAddr>>,
@@ -42,82 +46,266 @@ pub struct Overrides {
     pub aws_credentials: Option<aws_sdk_autoscaling::config::Credentials>,
 }
 
-/// How long shutdown may take before remaining tasks are abandoned (SIGTERM → exit < 5 s).
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// How long the tasks may take to stop after SIGTERM before they are abandoned.
+const TASKS_GRACE: Duration = Duration::from_millis(800);
+/// How long `--deregister-on-exit` may take.
+const DEREGISTER_GRACE: Duration = Duration::from_secs(2);
+/// How long handing the node's ownership over may take (SIGTERM → exit stays under 5 s).
+const HANDOVER_GRACE: Duration = Duration::from_secs(1);
+/// The watches' client reads for longer than the watches' long polls (`timeoutSeconds` 290).
+const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(330);
 
+/// Runs the agent until `shutdown`: build every part, spawn every task, supervise them and
+/// shut down (see [`Agent::build`], [`Agent::spawn`], [`Running::supervise`]).
 pub async fn run(
     config: Config,
     overrides: Overrides,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let (metrics, registry) = Metrics::new();
-    // The heartbeat check joins once heartbeats start (after FleetIQ start-up).
-    let health = Health::new(&[HEALTH_KUBE]);
+    let agent = Agent::build(config, overrides).await?;
+    agent.spawn(&shutdown).supervise(shutdown).await
+}
 
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("binding --listen {}", config.listen))?;
-    let bound = listener.local_addr()?;
-    if let Some(tx) = overrides.bound {
-        let _ = tx.send(bound);
-    }
-    info!(message = "lastcall-agent starting", node = %config.node_name, listen = %bound,
-          dry_run = config.dry_run, fleetiq = config.fleetiq_enabled(), compat_taints = config.compat_taints);
+/// Everything built before any task runs: a failure here ends start-up with an error.
+pub struct Agent {
+    config: Config,
+    metrics: Metrics,
+    registry: Arc<prometheus_client::registry::Registry>,
+    health: Health,
+    listener: tokio::net::TcpListener,
+    /// Requests (deadline `--request-timeout`).
+    client: kube::Client,
+    /// Watches (their own long-poll timeout).
+    watch_client: kube::Client,
+    gamelift: Option<aws_sdk_gamelift::Client>,
+    sources: Vec<sources::Registered>,
+    /// This agent's pod, when ownership is on.
+    identity: Option<PodId>,
+    aws_credentials: Option<aws_sdk_autoscaling::config::Credentials>,
+}
 
-    let cfg = match overrides.kube {
-        Some(c) => c,
-        None => kube::Config::infer()
+impl Agent {
+    /// Binds the admin listener and builds the clients.
+    pub async fn build(config: Config, overrides: Overrides) -> anyhow::Result<Self> {
+        let (metrics, registry) = Metrics::new();
+        // The heartbeat check joins once heartbeats start (after FleetIQ start-up).
+        let health = Health::new(&[HEALTH_KUBE]);
+        let listener = tokio::net::TcpListener::bind(config.listen)
             .await
-            .context("loading the Kubernetes client config")?,
-    };
-    let client = kube_client(cfg)?;
-
-    let mut tasks = JoinSet::new();
-    let stop = shutdown.child_token();
-    tasks.spawn(admin_task(
-        listener,
-        admin::router(registry, health.clone()),
-        stop.clone(),
-    ));
-
-    let trigger = Arc::new(Notify::new());
-    let (stores, watch_tasks) = watches::spawn(
-        client.clone(),
-        &config.node_name,
-        trigger.clone(),
-        metrics.clone(),
-        stop.clone(),
-    );
-    for handle in watch_tasks {
-        // A watch task that panics must not leave the reconciler on a frozen cache.
-        tasks.spawn(async move {
-            let _ = handle.await;
-            "watch"
-        });
+            .with_context(|| format!("binding --listen {}", config.listen))?;
+        let bound = listener.local_addr()?;
+        if let Some(tx) = overrides.bound {
+            let _ = tx.send(bound);
+        }
+        info!(message = "lastcall-agent starting", node = %config.node_name, listen = %bound,
+              dry_run = config.dry_run, fleetiq = config.fleetiq_enabled(), compat_taints = config.compat_taints);
+        let cfg = match overrides.kube {
+            Some(c) => c,
+            None => kube::Config::infer()
+                .await
+                .context("loading the Kubernetes client config")?,
+        };
+        let identity = identity(&config, &cfg.default_namespace);
+        let client = kube_client(cfg.clone(), config.request_timeout, &metrics)?;
+        let watch_client = watch_client(cfg)?;
+        let sources = sources::REGISTRY
+            .iter()
+            .chain(overrides.sources.iter())
+            .copied()
+            .collect();
+        Ok(Self {
+            config,
+            metrics,
+            registry,
+            health,
+            listener,
+            client,
+            watch_client,
+            gamelift: overrides.gamelift.map(gamelift::with_timeouts),
+            sources,
+            identity,
+            aws_credentials: overrides.aws_credentials,
+        })
     }
-    let (view_tx, view_rx) = watch::channel(FleetIqView::default());
-    let (iid_tx, iid_rx) = watch::channel(config.instance_id.clone());
+
+    /// Starts every task; each runs until `shutdown`.
+    pub fn spawn(self, shutdown: &CancellationToken) -> Running {
+        let Agent {
+            config,
+            metrics,
+            registry,
+            health,
+            listener,
+            client,
+            watch_client,
+            gamelift,
+            sources: registry_sources,
+            identity,
+            aws_credentials,
+        } = self;
+        let mut tasks = JoinSet::new();
+        let stop = shutdown.child_token();
+        tasks.spawn(admin_task(
+            listener,
+            admin::router(registry, health.clone()),
+            stop.clone(),
+        ));
+
+        let trigger = Arc::new(Notify::new());
+        let (stores, watch_tasks) = watches::spawn(
+            watch_client,
+            &config.node_name,
+            trigger.clone(),
+            metrics.clone(),
+            stop.clone(),
+        );
+        for handle in watch_tasks {
+            // A watch task that panics must not leave the reconciler on a frozen cache.
+            tasks.spawn(async move {
+                let _ = handle.await;
+                "watch"
+            });
+        }
+        let (view_tx, view_rx) = watch::channel(FleetIqView::default());
+        let (iid_tx, iid_rx) = watch::channel(config.instance_id.clone());
+        let (empty_tx, empty_rx) = watch::channel(false);
+        let board = spawn_sources(
+            &config,
+            &registry_sources,
+            SourceShared {
+                fleetiq: sources::fleetiq::Inputs {
+                    view: view_rx.clone(),
+                    instance_id: iid_rx,
+                },
+                node_empty: empty_rx,
+                aws_credentials,
+            },
+            &metrics,
+            &health,
+            &trigger,
+            &mut tasks,
+            &stop,
+        );
+        let actuator = Actuator::new(
+            client.clone(),
+            config.node_name.clone(),
+            config.dry_run,
+            metrics.clone(),
+        );
+
+        // One agent acts on a node at a time (see `owner`); a dry run writes nothing, so
+        // it needs no ownership.
+        let identity = identity.filter(|_| !config.dry_run);
+        let owner = spawn_ownership(
+            identity.as_ref(),
+            &config.node_name,
+            &stores,
+            &actuator,
+            &metrics,
+            &mut tasks,
+            &stop,
+        );
+        actuator.fleetiq().gate(owner.clone());
+
+        let mut reconciler = Reconciler::new(
+            config.node_name.clone(),
+            stores,
+            board,
+            actuator.clone(),
+            metrics.clone(),
+            health.clone(),
+            policy_config(&config),
+            config.release_concurrency as usize,
+            config.resync_interval,
+            trigger,
+        );
+        reconciler.owner = owner.clone();
+        reconciler.node_empty = empty_tx;
+        if config.publish_drain_state
+            && let Some(target) = config.redis_url.clone()
+        {
+            let publisher = crate::drain_state::Publisher {
+                target,
+                ca: config.redis_ca_file.clone(),
+                node: config.node_name.clone(),
+                counts: reconciler.drain_state.subscribe(),
+                metrics: metrics.clone(),
+            };
+            // It clears what an earlier agent left: only the owner may.
+            let (o, s) = (owner.clone(), stop.clone());
+            tasks.spawn(async move {
+                if o.owned(&s).await {
+                    publisher.run(s).await;
+                }
+                "drain_state"
+            });
+        }
+        let s = stop.clone();
+        tasks.spawn(async move {
+            reconciler.run(s).await;
+            "reconciler"
+        });
+
+        if config.fleetiq_enabled() {
+            let ctx = FleetIqTask {
+                config: config.clone(),
+                client: client.clone(),
+                sdk: gamelift,
+                actuator: actuator.clone(),
+                owner: owner.clone(),
+                metrics: metrics.clone(),
+                health: health.clone(),
+                view: view_tx,
+                iid: iid_tx,
+            };
+            let s = stop.clone();
+            tasks.spawn(async move {
+                ctx.run(s).await;
+                "fleetiq"
+            });
+            tasks.spawn(message_age(metrics.clone(), view_rx, stop.clone()));
+        }
+        Running {
+            config,
+            tasks,
+            stop,
+            actuator,
+            identity,
+        }
+    }
+}
+
+/// What every task source is handed besides its config and metrics.
+struct SourceShared {
+    fleetiq: sources::fleetiq::Inputs,
+    node_empty: watch::Receiver<bool>,
+    aws_credentials: Option<aws_sdk_autoscaling::config::Credentials>,
+}
+
+/// Starts every registered signal source; they report to the returned board.
+#[allow(clippy::too_many_arguments)]
+fn spawn_sources(
+    config: &Config,
+    registry: &[sources::Registered],
+    shared: SourceShared,
+    metrics: &Metrics,
+    health: &Health,
+    trigger: &Arc<Notify>,
+    tasks: &mut JoinSet<&'static str>,
+    stop: &CancellationToken,
+) -> sources::NoticeBoard {
     let shared_config = Arc::new(config.clone());
-    let fleetiq_inputs = config.fleetiq_enabled().then(|| sources::fleetiq::Inputs {
-        view: view_rx.clone(),
-        instance_id: iid_rx.clone(),
-    });
-    let registry: Vec<sources::Registered> = sources::REGISTRY
-        .iter()
-        .chain(overrides.sources.iter())
-        .copied()
-        .collect();
-    let (empty_tx, empty_rx) = watch::channel(false);
+    let fleetiq = config.fleetiq_enabled().then_some(shared.fleetiq);
     let (board, source_tasks) = sources::start_all(
-        &registry,
+        registry,
         |out| sources::SourceContext {
             config: shared_config.clone(),
             metrics: metrics.clone(),
             health: health.clone(),
             out,
-            fleetiq: fleetiq_inputs.clone(),
-            node_empty: empty_rx.clone(),
-            aws_credentials: overrides.aws_credentials.clone(),
+            fleetiq: fleetiq.clone(),
+            node_empty: shared.node_empty.clone(),
+            aws_credentials: shared.aws_credentials.clone(),
             shutdown: stop.clone(),
         },
         sources::NodeSignalConfig {
@@ -135,139 +323,222 @@ pub async fn run(
             name
         });
     }
-    let actuator = Actuator::new(
-        client.clone(),
-        config.node_name.clone(),
-        config.dry_run,
-        metrics.clone(),
-    );
+    board
+}
 
-    let mut reconciler = Reconciler::new(
-        config.node_name.clone(),
-        stores,
-        board,
-        actuator.clone(),
-        metrics.clone(),
-        health.clone(),
-        PolicyConfig {
-            compat_taints: config.compat_taints,
-            deregister: config.fleetiq_enabled(),
-            default_deadline: config.drain_deadline,
-            deregister_settle: config.deregister_settle,
-            hand_back: config.gke_hand_back,
-            eviction: crate::eviction::EvictionConfig {
-                graceful_termination: config.graceful_termination,
-            },
-            cooperation: config.autoscaler_cooperation,
-            pacing: crate::policy::Pacing {
-                floor: config.release_floor,
-                interval: config.release_interval,
-                batch: config.release_batch,
-            },
-        },
-        config.release_concurrency as usize,
-        config.resync_interval,
-        trigger,
-    );
-    reconciler.node_empty = empty_tx;
-    if config.publish_drain_state
-        && let Some(target) = config.redis_url.clone()
-    {
-        let publisher = crate::drain_state::Publisher {
-            target,
-            ca: config.redis_ca_file.clone(),
-            node: config.node_name.clone(),
-            counts: reconciler.drain_state.subscribe(),
-            metrics: metrics.clone(),
-        };
-        let s = stop.clone();
-        tasks.spawn(async move {
-            publisher.run(s).await;
-            "drain_state"
-        });
-    }
+/// Starts the ownership task when this agent has an identity; otherwise it is the node's
+/// only agent.
+fn spawn_ownership(
+    identity: Option<&PodId>,
+    node_name: &str,
+    stores: &watches::Stores,
+    actuator: &Actuator,
+    metrics: &Metrics,
+    tasks: &mut JoinSet<&'static str>,
+    stop: &CancellationToken,
+) -> Owner {
+    let Some(me) = identity else {
+        metrics.node_owner.set(1);
+        return Owner::sole();
+    };
+    let owner = Owner::contender();
+    let ownership = Ownership {
+        me: me.clone(),
+        node_name: node_name.to_string(),
+        node: stores.node.clone(),
+        actuator: actuator.clone(),
+        owner: owner.clone(),
+        metrics: metrics.clone(),
+    };
     let s = stop.clone();
     tasks.spawn(async move {
-        reconciler.run(s).await;
-        "reconciler"
+        ownership.run(s).await;
+        "ownership"
     });
+    owner
+}
 
-    if config.fleetiq_enabled() {
-        let ctx = FleetIqTask {
-            config: config.clone(),
-            client: client.clone(),
-            sdk: overrides.gamelift,
-            actuator: actuator.clone(),
-            metrics: metrics.clone(),
-            health: health.clone(),
-            view: view_tx,
-            iid: iid_tx,
-        };
-        let s = stop.clone();
-        tasks.spawn(async move {
-            ctx.run(s).await;
-            "fleetiq"
-        });
-        let m = metrics.clone();
-        let rx = view_rx.clone();
-        let s = stop.clone();
-        tasks.spawn(async move {
-            let started = Instant::now();
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tokio::select! {
-                    () = s.cancelled() => return "message-age",
-                    _ = tick.tick() => {}
-                }
-                let last = rx.borrow().last_seen.unwrap_or(started);
-                m.last_message_age.set(last.elapsed().as_secs_f64());
-            }
-        });
-    }
-
-    // Every task runs until shutdown; one that ends early is a bug we must not hide.
-    let failure = tokio::select! {
-        biased;
-        () = shutdown.cancelled() => None,
-        ended = tasks.join_next() => match ended {
-            // Tasks end on their own only after shutdown began.
-            _ if shutdown.is_cancelled() => None,
-            Some(Ok(name)) => Some(format!("task {name} ended unexpectedly")),
-            Some(Err(e)) => Some(format!("a task failed: {e}")),
-            None => Some("no tasks".to_string()),
+/// The policy's settings, from the flags.
+fn policy_config(config: &Config) -> PolicyConfig {
+    PolicyConfig {
+        compat_taints: config.compat_taints,
+        deregister: config.fleetiq_enabled(),
+        default_deadline: config.drain_deadline,
+        deregister_settle: config.deregister_settle,
+        hand_back: config.gke_hand_back,
+        eviction: crate::eviction::EvictionConfig {
+            graceful_termination: config.graceful_termination,
         },
-    };
-    if let Some(why) = &failure {
-        error!(message = "stopping: a supervised task ended", reason = %why);
-    }
-
-    if config.deregister_on_exit && failure.is_none() {
-        match tokio::time::timeout(SHUTDOWN_GRACE, actuator.fleetiq().deregister_on_exit()).await {
-            Ok(Ok(true)) => info!(message = "deregistered on exit (--deregister-on-exit)"),
-            Ok(Ok(false)) => info!(message = "deregister on exit: nothing to do"),
-            Ok(Err(e)) => warn!(message = "deregister on exit failed", error = %e),
-            Err(_) => warn!(message = "deregister on exit timed out"),
-        }
-    }
-    stop.cancel();
-    let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
-    tasks.abort_all();
-    info!(message = "lastcall-agent stopped");
-    match failure {
-        Some(why) => Err(anyhow::anyhow!(why)),
-        None => Ok(()),
+        cooperation: config.autoscaler_cooperation,
+        pacing: crate::policy::Pacing {
+            floor: config.release_floor,
+            interval: config.release_interval,
+            batch: config.release_batch,
+        },
     }
 }
 
-/// The agent's Kubernetes client. kube retries 429/503/504 up to 15 times on its own, for
-/// minutes; the reconciler has its own capped, jittered backoff and must stay responsive to
-/// new signals, so that retry is off. Tests build their agents through this too.
-pub fn kube_client(mut cfg: kube::Config) -> anyhow::Result<kube::Client> {
+/// This agent's pod, from the Downward API flags; `None` (ownership off) without them.
+fn identity(config: &Config, default_namespace: &str) -> Option<PodId> {
+    match (&config.pod_name, &config.pod_uid) {
+        (Some(name), Some(uid)) => Some(PodId {
+            namespace: config
+                .pod_namespace
+                .clone()
+                .unwrap_or_else(|| default_namespace.to_string()),
+            name: name.clone(),
+            uid: uid.clone(),
+        }),
+        _ => {
+            warn!(
+                message = "no POD_NAME/POD_UID: node ownership is off, this agent assumes it is the node's only agent"
+            );
+            None
+        }
+    }
+}
+
+/// Seconds since the last FleetIQ status, every second.
+async fn message_age(
+    metrics: Metrics,
+    view: watch::Receiver<FleetIqView>,
+    stop: CancellationToken,
+) -> &'static str {
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return "message-age",
+            _ = tick.tick() => {}
+        }
+        let last = view.borrow().last_seen.unwrap_or(started);
+        metrics.last_message_age.set(last.elapsed().as_secs_f64());
+    }
+}
+
+/// The running agent: its tasks, and what shutting down needs.
+pub struct Running {
+    config: Config,
+    tasks: JoinSet<&'static str>,
+    stop: CancellationToken,
+    actuator: Actuator,
+    identity: Option<PodId>,
+}
+
+impl Running {
+    /// Waits for `shutdown` or for a task to end early (a bug we must not hide), then shuts
+    /// down: stops the tasks, deregisters on exit if asked and still the owner, and hands
+    /// the node's ownership over.
+    pub async fn supervise(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let failure = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => None,
+            ended = self.tasks.join_next() => match ended {
+                // Tasks end on their own only after shutdown began.
+                _ if shutdown.is_cancelled() => None,
+                Some(Ok(name)) => Some(format!("task {name} ended unexpectedly")),
+                Some(Err(e)) => Some(format!("a task failed: {e}")),
+                None => Some("no tasks".to_string()),
+            },
+        };
+        if let Some(why) = &failure {
+            error!(message = "stopping: a supervised task ended", reason = %why);
+        }
+        self.shut_down(failure.is_none()).await;
+        info!(message = "lastcall-agent stopped");
+        match failure {
+            Some(why) => Err(anyhow::anyhow!(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Nothing mutates after the tasks stop but the two exit steps, in this order: the
+    /// owner's last action, then the handover, so the next agent starts after it.
+    async fn shut_down(mut self, clean: bool) {
+        self.stop.cancel();
+        let _ = tokio::time::timeout(TASKS_GRACE, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        self.tasks.abort_all();
+        let node = self.config.node_name.clone();
+        let owner = match &self.identity {
+            Some(me) => tokio::time::timeout(
+                HANDOVER_GRACE,
+                owner::still_owner(&self.actuator, &node, me),
+            )
+            .await
+            .unwrap_or(false),
+            None => true,
+        };
+        if self.config.deregister_on_exit && clean {
+            if owner {
+                match tokio::time::timeout(
+                    DEREGISTER_GRACE,
+                    self.actuator.fleetiq().deregister_on_exit(),
+                )
+                .await
+                {
+                    Ok(Ok(true)) => info!(message = "deregistered on exit (--deregister-on-exit)"),
+                    Ok(Ok(false)) => info!(message = "deregister on exit: nothing to do"),
+                    Ok(Err(e)) => warn!(message = "deregister on exit failed", error = %e),
+                    Err(_) => warn!(message = "deregister on exit timed out"),
+                }
+            } else {
+                info!(message = "deregister on exit skipped: this agent does not own the node");
+            }
+        }
+        if let Some(me) = &self.identity
+            && owner
+        {
+            match tokio::time::timeout(HANDOVER_GRACE, owner::release(&self.actuator, &node, me))
+                .await
+            {
+                Ok(Ok(true)) => info!(message = "node ownership released for the next agent"),
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => {
+                    warn!(message = "releasing node ownership failed; the next agent takes over once this pod is gone", error = %e)
+                }
+                Err(_) => warn!(
+                    message = "releasing node ownership timed out; the next agent takes over once this pod is gone"
+                ),
+            }
+        }
+    }
+}
+
+/// The agent's Kubernetes client for requests. kube retries 429/503/504 up to 15 times on
+/// its own, for minutes; the reconciler has its own capped, jittered backoff and must stay
+/// responsive to new signals, so that retry is off. Every request gets `request_timeout`
+/// (see `request_deadline`). Tests build their agents through this too.
+pub fn kube_client(
+    mut cfg: kube::Config,
+    request_timeout: Duration,
+    metrics: &Metrics,
+) -> anyhow::Result<kube::Client> {
     cfg.default_retry = false;
-    kube::Client::try_from(cfg).context("building the Kubernetes client")
+    // The deadline layer ends a request without headers first (and counts it); these bound
+    // the rest, e.g. a response body that stops arriving after its headers.
+    let socket = request_timeout.saturating_mul(2);
+    cfg.connect_timeout = Some(socket);
+    cfg.write_timeout = Some(socket);
+    cfg.read_timeout = Some(socket);
+    cfg.reset_reader_on_write = true;
+    let builder =
+        kube::client::ClientBuilder::try_from(cfg).context("building the Kubernetes client")?;
+    Ok(builder
+        .with_layer(&RequestDeadline::new(request_timeout, metrics.clone()))
+        .build())
+}
+
+/// The client of the watches: no request deadline (a watch is a long poll), but a read
+/// timeout longer than the poll, so a watch on a connection that died silently ends and is
+/// re-established.
+pub fn watch_client(mut cfg: kube::Config) -> anyhow::Result<kube::Client> {
+    cfg.default_retry = false;
+    cfg.read_timeout = Some(WATCH_READ_TIMEOUT);
+    cfg.reset_reader_on_write = true;
+    kube::Client::try_from(cfg).context("building the Kubernetes watch client")
 }
 
 async fn admin_task(
@@ -282,11 +553,70 @@ async fn admin_task(
     "admin"
 }
 
+/// Register and claim, then heartbeat, whenever this agent owns the node. Heartbeats start
+/// once start-up is done (registered, or found already draining and still registered), so
+/// the first one never reaches GameLift before the registration nor after a
+/// deregistration. They run on their own task, independent of Redis.
+async fn lifecycle_task(
+    actuator: Actuator,
+    owner: Owner,
+    nodes: kube::Api<Node>,
+    config: Config,
+    metrics: Metrics,
+    health: Health,
+    stop: CancellationToken,
+) {
+    let fleetiq = actuator.fleetiq().clone();
+    loop {
+        if !owner.is_owner() {
+            // A standby agent is ready: the rollout must be able to go on.
+            health.set(
+                HEALTH_REGISTRATION,
+                true,
+                "standby: another agent owns the node",
+            );
+        }
+        if !owner.owned(&stop).await {
+            return;
+        }
+        health.set(
+            HEALTH_REGISTRATION,
+            false,
+            "registering and claiming in FleetIQ",
+        );
+        let heartbeat =
+            lifecycle::start_up(&actuator, nodes.clone(), &config.node_name, &stop).await;
+        health.set(HEALTH_REGISTRATION, true, "start-up done");
+        if heartbeat {
+            lifecycle::heartbeat_loop(
+                fleetiq.clone(),
+                config.heartbeat_interval,
+                config.failure_threshold,
+                metrics.clone(),
+                health.clone(),
+                stop.clone(),
+            )
+            .await;
+        }
+        if fleetiq.is_deregistered() || stop.is_cancelled() {
+            break;
+        }
+        if owner.is_owner() {
+            // Start-up found nothing to heartbeat (a draining node): that stays so.
+            break;
+        }
+        // Ownership was lost (another agent took the node): wait to get it back.
+    }
+    // Heartbeats end after deregistration; the task itself lives until shutdown.
+    stop.cancelled().await;
+}
+
 struct FleetIqTask {
     config: Config,
     client: kube::Client,
     sdk: Option<aws_sdk_gamelift::Client>,
     actuator: Actuator,
+    owner: Owner,
     metrics: Metrics,
     health: Health,
     view: watch::Sender<FleetIqView>,
@@ -346,33 +676,15 @@ impl FleetIqTask {
         self.actuator.fleetiq().connect(gl.clone());
 
         let mut tasks = JoinSet::new();
-        let nodes: kube::Api<Node> = kube::Api::all(self.client.clone());
-        let a = self.actuator.clone();
-        let (s, node_name) = (stop.clone(), self.config.node_name.clone());
-        let heartbeat = lifecycle::heartbeat_loop(
-            self.actuator.fleetiq().clone(),
-            self.config.heartbeat_interval,
-            self.config.failure_threshold,
+        tasks.spawn(lifecycle_task(
+            self.actuator.clone(),
+            self.owner.clone(),
+            kube::Api::all(self.client.clone()),
+            self.config.clone(),
             self.metrics.clone(),
             self.health.clone(),
             stop.clone(),
-        );
-        // Heartbeats start once start-up is done (registered, or found already draining), so
-        // the first one never reaches GameLift before the registration. They run on their own
-        // task from then on, independent of Redis.
-        let health = self.health.clone();
-        tasks.spawn(async move {
-            health.set(
-                HEALTH_REGISTRATION,
-                false,
-                "registering and claiming in FleetIQ",
-            );
-            lifecycle::start_up(&a, nodes, &node_name, &s).await;
-            health.set(HEALTH_REGISTRATION, true, "start-up done");
-            heartbeat.await;
-            // Heartbeats end after deregistration; the task itself lives until shutdown.
-            s.cancelled().await;
-        });
+        ));
         if let Some(target) = self.config.redis_url.clone() {
             let src = RedisSource {
                 target,
@@ -394,7 +706,7 @@ impl FleetIqTask {
             );
         }
         let stale_after = self.config.publish_period * self.config.stale_periods;
-        tasks.spawn(run_fallback(
+        let fallback = run_fallback(
             gl,
             self.view.clone(),
             if self.config.redis_url.is_some() {
@@ -405,7 +717,15 @@ impl FleetIqTask {
             Duration::from_secs(self.config.healthcheck_interval),
             self.metrics.clone(),
             stop.clone(),
-        ));
+        );
+        // The fallback asks GameLift: only the node's owner does.
+        let (owner, s) = (self.owner.clone(), stop.clone());
+        tasks.spawn(async move {
+            if owner.owned(&s).await {
+                fallback.await;
+            }
+            s.cancelled().await;
+        });
         // Every FleetIQ task runs until shutdown. One that ends early (a panic) ends this
         // task, which the top level treats as fatal: heartbeats must never stop silently.
         if let Some(r) = tasks.join_next().await

@@ -287,8 +287,31 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
 
     // World 1: FleetIQ drain with a cancel in the middle, then a Node-label drain of n2.
     let w = World::start(WorldSpec::new(2, 1, 0).extra_nodes(&["n2", "n3"])).await;
+    // n1's owner annotation names an agent pod that is gone: the agent looks it up (a pod
+    // GET) and takes the node over.
+    Api::<Node>::all(w.cluster.client())
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"annotations": {"lastcall.dev/owner": "lastcall/agent-gone/u-gone"}}
+            })),
+        )
+        .await
+        .unwrap();
     let agent = w
-        .agent(&["--autoscaler-cooperation", "in-use", "--release-floor", "1"])
+        .agent(&[
+            "--autoscaler-cooperation",
+            "in-use",
+            "--release-floor",
+            "1",
+            "--pod-name",
+            "agent-n1",
+            "--pod-namespace",
+            "lastcall",
+            "--pod-uid",
+            "u-n1",
+        ])
         .await;
     subscribed(&agent).await;
     w.claimed_all().await;

@@ -24,6 +24,9 @@ pub enum GameLiftError {
     /// Not sent: this node's game server is deregistered, and nothing may follow that.
     #[error("not sent: the game server is deregistered")]
     Deregistered,
+    /// Not sent: another agent owns this node (see `crate::owner`).
+    #[error("not sent: another agent owns this node")]
+    NotOwner,
 }
 
 impl GameLiftError {
@@ -35,6 +38,7 @@ impl GameLiftError {
             Self::Unreachable(_) => "unreachable",
             Self::Other(_) => "error",
             Self::Deregistered => "deregistered",
+            Self::NotOwner => "not_owner",
         }
     }
 }
@@ -92,18 +96,30 @@ pub async fn sdk_client(region: Option<&str>, endpoint: Option<&str>) -> aws_sdk
         loader = loader.region(aws_config::Region::new(r.to_string()));
     }
     let shared = loader.load().await;
-    let mut b = aws_sdk_gamelift::config::Builder::from(&shared)
-        .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(3))
-        .timeout_config(
-            aws_config::timeout::TimeoutConfig::builder()
-                .operation_attempt_timeout(Duration::from_secs(5))
-                .operation_timeout(Duration::from_secs(15))
-                .build(),
-        );
+    let mut b = configure(aws_sdk_gamelift::config::Builder::from(&shared));
     if let Some(ep) = endpoint {
         b = b.endpoint_url(ep);
     }
     aws_sdk_gamelift::Client::from_conf(b.build())
+}
+
+/// The agent's retry and timeout settings on a client built elsewhere (tests, embedders),
+/// so that it behaves as the binary's.
+pub fn with_timeouts(client: aws_sdk_gamelift::Client) -> aws_sdk_gamelift::Client {
+    aws_sdk_gamelift::Client::from_conf(configure(client.config().to_builder()).build())
+}
+
+/// Three attempts, each cut after 5 s, 15 s in all: a call on a connection that stopped
+/// answering fails and is retried by its caller, never blocks the lifecycle lock.
+fn configure(b: aws_sdk_gamelift::config::Builder) -> aws_sdk_gamelift::config::Builder {
+    b.retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(3))
+        .timeout_config(
+            aws_config::timeout::TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(3))
+                .operation_attempt_timeout(Duration::from_secs(5))
+                .operation_timeout(Duration::from_secs(15))
+                .build(),
+        )
 }
 
 impl GameLift {

@@ -5,7 +5,8 @@
 //! lifecycle the drain ends: register, claim, heartbeat, deregister. Every call goes through
 //! one lock and is refused once the server is deregistered, so a registration still in flight
 //! at start-up can never land after the drain's deregistration. The durable record is the
-//! Node annotation `lastcall.dev/deregistered`, written by the actuator.
+//! Node annotation `lastcall.dev/deregistered`, written by the actuator. Nothing is sent
+//! while another agent owns the node (`crate::owner`), checked under the same lock.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -15,6 +16,7 @@ use tracing::{info, warn};
 use super::gamelift::{GameLift, GameLiftError};
 use crate::dry_run::DryRun;
 use crate::metrics::{Metrics, ResultLabel};
+use crate::owner::Owner;
 
 /// How a deregistration ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,6 +40,8 @@ struct Inner {
     deregistered: AtomicBool,
     /// Serialises every lifecycle call, so none can follow (or overtake) the deregistration.
     lock: tokio::sync::Mutex<()>,
+    /// Set once at start when ownership is on; unset, this agent is the node's only one.
+    owner: OnceLock<Owner>,
     dry_run: DryRun,
     metrics: Metrics,
 }
@@ -49,6 +53,7 @@ impl FleetIq {
                 client: OnceLock::new(),
                 deregistered: AtomicBool::new(false),
                 lock: tokio::sync::Mutex::new(()),
+                owner: OnceLock::new(),
                 dry_run,
                 metrics,
             }),
@@ -62,6 +67,17 @@ impl FleetIq {
         }
     }
 
+    /// Sends nothing from now on unless `owner` says this agent owns the node.
+    pub fn gate(&self, owner: Owner) {
+        if self.inner.owner.set(owner).is_err() {
+            warn!(message = "FleetIQ owner gate set twice; keeping the first");
+        }
+    }
+
+    fn is_owner(&self) -> bool {
+        self.inner.owner.get().is_none_or(Owner::is_owner)
+    }
+
     pub fn client(&self) -> Option<&GameLift> {
         self.inner.client.get()
     }
@@ -70,7 +86,8 @@ impl FleetIq {
         self.inner.deregistered.load(Ordering::SeqCst)
     }
 
-    /// The Node says an earlier agent deregistered this server: nothing may follow.
+    /// The Node, or GameLift for a server that had been registered, says an earlier agent
+    /// deregistered this server: nothing may follow, and policy treats the node as deregistered.
     pub fn deregistered_earlier(&self) {
         self.inner.deregistered.store(true, Ordering::SeqCst);
     }
@@ -86,6 +103,9 @@ impl FleetIq {
         let _serial = self.inner.lock.lock().await;
         if self.is_deregistered() {
             return Err(GameLiftError::Deregistered);
+        }
+        if !self.is_owner() {
+            return Err(GameLiftError::NotOwner);
         }
         if self
             .inner
@@ -142,6 +162,9 @@ impl FleetIq {
         if self.is_deregistered() {
             return Ok(Deregistered::Already);
         }
+        if !self.is_owner() {
+            return Err(GameLiftError::NotOwner);
+        }
         if self.inner.dry_run.skip(
             "deregister",
             format!(
@@ -181,6 +204,27 @@ impl FleetIq {
         Ok(Deregistered::Now)
     }
 
+    /// Whether GameLift still has this server (`DescribeGameServer`), asked where a crash may
+    /// have cut between a deregistration and its Node record: before heartbeating a draining
+    /// node at start-up, and before a drain is cancelled. NotFound is `Ok(false)`; the caller
+    /// knows whether the server had been registered (then it is deregistered: see
+    /// [`Self::deregistered_earlier`]) or never was.
+    pub async fn still_registered(&self) -> Result<bool, GameLiftError> {
+        let Some(gl) = self.client().cloned() else {
+            return Err(GameLiftError::Unreachable(
+                "FleetIQ is not ready yet (instance id unknown)".into(),
+            ));
+        };
+        let _serial = self.inner.lock.lock().await;
+        if self.is_deregistered() {
+            return Ok(false);
+        }
+        if !self.is_owner() {
+            return Err(GameLiftError::NotOwner);
+        }
+        gl.is_registered().await
+    }
+
     /// `--deregister-on-exit`: the original adapter's behaviour on SIGTERM. Serialised with
     /// the other lifecycle calls and never repeated; not recorded on the Node, so the next
     /// agent on this node registers again, as the original did. `Ok(false)`: nothing sent.
@@ -191,6 +235,10 @@ impl FleetIq {
         };
         let _serial = self.inner.lock.lock().await;
         if self.is_deregistered() {
+            return Ok(false);
+        }
+        if !self.is_owner() {
+            info!(message = "deregister on exit skipped: another agent owns the node");
             return Ok(false);
         }
         if self.inner.dry_run.skip(

@@ -61,6 +61,13 @@ where
                 );
                 return None;
             }
+            Err(GameLiftError::NotOwner) => {
+                info!(
+                    message = "another agent owns the node; start-up stops",
+                    step = what
+                );
+                return None;
+            }
             Err(e) => {
                 let delay = backoff.next_delay();
                 warn!(message = "FleetIQ call failed; retrying", step = what, error = %e, retry_in_ms = delay.as_millis() as u64);
@@ -100,25 +107,45 @@ async fn read_progress(
 }
 
 /// Register → HEALTHY → claim → UTILIZED, as the original did, unless the Node says a drain
-/// is under way or the server was already deregistered.
+/// is under way or the server was already deregistered. Returns whether heartbeats may run:
+/// never for a server that is deregistered (or, on a draining node, not registered at all).
 pub async fn start_up(
     actuator: &Actuator,
     nodes: Api<Node>,
     node_name: &str,
     shutdown: &CancellationToken,
-) {
+) -> bool {
     let Some(progress) = read_progress(&nodes, node_name, shutdown).await else {
-        return;
+        return false;
     };
     let fleetiq = actuator.fleetiq();
     if progress.deregistered.is_some() {
         fleetiq.deregistered_earlier();
         info!(message = "game server was deregistered earlier; not registering or heartbeating");
-        return;
+        return false;
     }
     if progress.is_draining() {
-        info!(message = "node is draining; not registering or claiming again");
-        return;
+        // A crash may have cut between the drain's deregistration and its Node record: ask
+        // GameLift before the first heartbeat, which must never follow a deregistration.
+        let Some(registered) = ask_registered(fleetiq, shutdown).await else {
+            return false;
+        };
+        if registered {
+            info!(message = "node is draining; not registering or claiming again");
+            return true;
+        }
+        if progress.registered.is_some() {
+            fleetiq.deregistered_earlier();
+            info!(
+                message = "node is draining and GameLift no longer has its game server: it was deregistered; no heartbeats"
+            );
+        } else {
+            info!(
+                message =
+                    "node is draining and its game server was never registered; no heartbeats"
+            );
+        }
+        return false;
     }
     loop {
         if retry("RegisterGameServer", shutdown, fleetiq, || {
@@ -127,7 +154,7 @@ pub async fn start_up(
         .await
         .is_none()
         {
-            return;
+            return !fleetiq.is_deregistered();
         }
         if retry("UpdateGameServer HEALTHY", shutdown, fleetiq, || {
             fleetiq.heartbeat()
@@ -135,7 +162,7 @@ pub async fn start_up(
         .await
         .is_none()
         {
-            return;
+            return !fleetiq.is_deregistered();
         }
         // Claim can say NotFound if registration was lost meanwhile: start over.
         let lost = AtomicBool::new(false);
@@ -155,7 +182,7 @@ pub async fn start_up(
         .await;
         let lost = lost.load(Ordering::SeqCst);
         if claimed.is_none() {
-            return;
+            return !fleetiq.is_deregistered();
         }
         if !lost {
             break;
@@ -168,7 +195,7 @@ pub async fn start_up(
     .await
     .is_none()
     {
-        return;
+        return !fleetiq.is_deregistered();
     }
     match actuator
         .annotate_node(keys::ANN_REGISTERED, &format_ts(jiff::Timestamp::now()))
@@ -176,6 +203,27 @@ pub async fn start_up(
     {
         Ok(_) => info!(message = "registered and claimed in FleetIQ"),
         Err(e) => warn!(message = "recording registration on the Node failed", error = %e),
+    }
+    true
+}
+
+/// Asks GameLift whether the server is registered, until it answers; `None` on shutdown or
+/// when another agent owns the node.
+async fn ask_registered(fleetiq: &FleetIq, shutdown: &CancellationToken) -> Option<bool> {
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(60));
+    loop {
+        match fleetiq.still_registered().await {
+            Ok(r) => return Some(r),
+            Err(GameLiftError::NotOwner) => return None,
+            Err(e) => {
+                let delay = backoff.next_delay();
+                warn!(message = "asking GameLift whether the game server is registered failed; retrying", error = %e, retry_in_ms = delay.as_millis() as u64);
+                tokio::select! {
+                    () = shutdown.cancelled() => return None,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
     }
 }
 
@@ -206,6 +254,11 @@ pub async fn heartbeat_loop(
         if matches!(result, Err(GameLiftError::Deregistered)) {
             health.set(HEALTH_HEARTBEAT, true, "deregistered; heartbeats stopped");
             info!(message = "deregistered; heartbeats stop");
+            return;
+        }
+        if matches!(result, Err(GameLiftError::NotOwner)) {
+            health.set(HEALTH_HEARTBEAT, true, "another agent owns the node");
+            info!(message = "another agent owns the node; heartbeats stop here");
             return;
         }
         let label = match &result {

@@ -5,7 +5,10 @@ use tokio::time::Instant;
 use jiff::Timestamp;
 use lastcall_common::fleetiq::InstanceStatus;
 
-use crate::notice::{Cause, Notice, Severity};
+use crate::notice::{Cause, Notice, Severity, Source};
+
+/// The FleetIQ source's name (`sources::fleetiq` registers it): its notices carry it.
+pub const SOURCE: Source = Source("fleetiq");
 
 /// How the status reached us.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,7 +61,7 @@ impl FleetIqView {
         let base = |cause, severity, deadline, cancellable, status: InstanceStatus| Notice {
             id: format!("{instance_id}:{status}"),
             ..Notice::new(
-                crate::sources::fleetiq::SOURCE,
+                SOURCE,
                 cause,
                 severity,
                 deadline,

@@ -119,6 +119,7 @@ fn run(obs: &Observed, notices: &[Notice], config: &PolicyConfig) -> Plan {
         observed: obs,
         config,
         unknown_sources: &[],
+        fleetiq_deregistered: false,
         now: now(),
     })
 }
@@ -679,6 +680,7 @@ fn a_drain_is_held_not_cancelled_while_its_source_is_unknown() {
         observed: &drained,
         config: &cfg(),
         unknown_sources: &[fleetiq::SOURCE],
+        fleetiq_deregistered: false,
         now: now(),
     });
     assert_eq!(held.phase, Phase::Draining);
@@ -698,6 +700,7 @@ fn a_drain_is_held_not_cancelled_while_its_source_is_unknown() {
         observed: &m,
         config: &cfg(),
         unknown_sources: &[fleetiq::SOURCE],
+        fleetiq_deregistered: false,
         now: now(),
     });
     assert_eq!(p.phase, Phase::Cancelling);
@@ -814,6 +817,7 @@ fn a_restart_holds_only_for_the_drains_own_source() {
             observed: &drained,
             config: &cfg(),
             unknown_sources: unknown,
+            fleetiq_deregistered: false,
             now: now(),
         })
         .phase
@@ -840,6 +844,7 @@ fn a_fenced_node_releases_idle_servers_during_a_hold_and_after_deregistration() 
         observed: &with_newcomer(drained.clone()),
         config: &cfg(),
         unknown_sources: &[fleetiq::SOURCE],
+        fleetiq_deregistered: false,
         now: now(),
     });
     assert_eq!(held.phase, Phase::Draining);
@@ -906,6 +911,7 @@ fn an_empty_node_is_deregistered_only_after_the_fence_has_settled() {
         observed: &fenced,
         config: &c,
         unknown_sources: &[],
+        fleetiq_deregistered: false,
         now: at(2),
     });
     assert_eq!(count(&early.actions, "deregister"), 0);
@@ -919,6 +925,7 @@ fn an_empty_node_is_deregistered_only_after_the_fence_has_settled() {
         observed: &fenced,
         config: &c,
         unknown_sources: &[],
+        fleetiq_deregistered: false,
         now: at(5),
     });
     assert_eq!(count(&later.actions, "deregister"), 1);
@@ -1327,4 +1334,58 @@ fn pacing_releases_one_server_per_fleet_per_interval() {
     let p = run(&o, &[draining()], &c);
     assert_eq!(released(&p), 0);
     assert_eq!(p.wake_at, Some(now() + jiff::SignedDuration::from_secs(1)));
+}
+
+#[test]
+fn a_deregistration_fleetiq_knows_of_is_final_even_without_its_record() {
+    let (drained, _, _) = converge(&mixed(), &[draining()], &cfg());
+    assert!(drained.node.unschedulable);
+    let gone = |notices: &[Notice]| {
+        plan(&Inputs {
+            notices: &board(&drained, notices),
+            observed: &drained,
+            config: &cfg(),
+            unknown_sources: &[],
+            fleetiq_deregistered: true,
+            now: now(),
+        })
+    };
+    for notices in [vec![], vec![draining()]] {
+        let p = gone(&notices);
+        assert_eq!(p.phase, Phase::Deregistered);
+        assert!(
+            p.actions.contains(&Action::Deregister),
+            "the record is written"
+        );
+        assert!(
+            !p.actions
+                .iter()
+                .any(|a| matches!(a, Action::PatchNode(n) if n.unschedulable == Some(false))),
+            "never uncordoned: {:?}",
+            p.actions
+        );
+        assert!(
+            !p.actions
+                .iter()
+                .any(|a| matches!(a, Action::Unprotect { .. })),
+            "{:?}",
+            p.actions
+        );
+    }
+    // With the record written, nothing is left to do.
+    let mut recorded = drained.clone();
+    recorded
+        .node
+        .annotations
+        .insert(keys::ANN_DEREGISTERED.into(), format_ts(now()));
+    let p = plan(&Inputs {
+        notices: &[],
+        observed: &recorded,
+        config: &cfg(),
+        unknown_sources: &[],
+        fleetiq_deregistered: true,
+        now: now(),
+    });
+    assert_eq!(p.phase, Phase::Deregistered);
+    assert!(!p.actions.contains(&Action::Deregister));
 }

@@ -8,9 +8,7 @@ use tokio::sync::watch;
 
 use super::{Report, SourceContext};
 use crate::fleetiq::view::FleetIqView;
-use crate::notice::Source;
-
-pub const SOURCE: Source = Source("fleetiq");
+pub use crate::fleetiq::view::SOURCE;
 
 /// What the FleetIQ integration hands the source.
 #[derive(Clone)]
