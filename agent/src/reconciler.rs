@@ -536,8 +536,8 @@ impl Reconciler {
             .inc();
         match result {
             Ok(applied) => {
-                let empty =
-                    applied == 0 && !self.actuator.is_dry_run() && plan.is_handed_off(&self.config);
+                // Sources honour --dry-run themselves (they count, never send).
+                let empty = applied == 0 && plan.is_handed_off(&self.config);
                 self.node_empty
                     .send_if_modified(|v| std::mem::replace(v, empty) != empty);
                 let progress = Progress::from_annotations(&observed.node.annotations);
