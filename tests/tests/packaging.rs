@@ -583,6 +583,164 @@ async fn the_charts_redis_url_authenticates_both_binaries() {
 }
 
 // ---------------------------------------------------------------------------------------
+// IAM: the policies docs/install.md gives equal the AWS calls the code makes
+// ---------------------------------------------------------------------------------------
+
+/// The version of `krate` in Cargo.lock.
+fn locked_version(krate: &str) -> Option<String> {
+    let lock = read("Cargo.lock");
+    let mut lines = lock.lines();
+    while let Some(l) = lines.next() {
+        if l == format!("name = \"{krate}\"") {
+            return lines
+                .next()
+                .and_then(|v| v.strip_prefix("version = \""))
+                .map(|v| v.trim_end_matches('"').to_string());
+        }
+    }
+    None
+}
+
+/// Every operation of an AWS SDK crate, as its fluent method name (`describe_game_server`),
+/// from the crate's own `src/operation/` directory in the cargo registry.
+fn sdk_operations(krate: &str) -> BTreeSet<String> {
+    let version = locked_version(krate).unwrap_or_else(|| panic!("{krate} is not in Cargo.lock"));
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
+        .expect("CARGO_HOME or HOME");
+    let registries = std::fs::read_dir(cargo_home.join("registry/src"))
+        .unwrap_or_else(|e| panic!("{}: {e}", cargo_home.display()));
+    for reg in registries.filter_map(Result::ok) {
+        let dir = reg.path().join(format!("{krate}-{version}/src/operation"));
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            return entries
+                .filter_map(Result::ok)
+                .filter(|e| e.path().is_dir())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+        }
+    }
+    panic!("the sources of {krate} {version} are not in {}/registry/src", cargo_home.display());
+}
+
+/// Rust sources of a crate, without their test modules.
+fn crate_sources(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
+    for e in std::fs::read_dir(dir).unwrap().filter_map(Result::ok) {
+        let p = e.path();
+        if p.is_dir() {
+            crate_sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs")
+            && !p.file_name().is_some_and(|n| n == "tests.rs" || n == "test_support.rs")
+        {
+            let text = std::fs::read_to_string(&p).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default().to_string();
+            out.push((p, code));
+        }
+    }
+}
+
+/// `describe_game_server` → `DescribeGameServer` (the IAM action name).
+fn pascal(snake: &str) -> String {
+    snake
+        .split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// The IAM actions (`gamelift:DescribeGameServer`) a binary's crate calls: every
+/// `.<operation>(` of each `aws-sdk-<service>` it depends on, in its non-test sources.
+fn aws_actions(krate_dir: &str) -> BTreeSet<String> {
+    let manifest = read(&format!("{krate_dir}/Cargo.toml"));
+    let mut sources = Vec::new();
+    crate_sources(&repo().join(krate_dir).join("src"), &mut sources);
+    let mut actions = BTreeSet::new();
+    for line in manifest.lines() {
+        let Some(sdk) = line
+            .split(['=', '.', ' '])
+            .next()
+            .filter(|n| n.starts_with("aws-sdk-"))
+        else {
+            continue;
+        };
+        let service = sdk.trim_start_matches("aws-sdk-");
+        for op in sdk_operations(sdk) {
+            if sources.iter().any(|(_, code)| code.contains(&format!(".{op}("))) {
+                actions.insert(format!("{service}:{}", pascal(&op)));
+            }
+        }
+    }
+    actions
+}
+
+/// The `Allow` actions of the policy document `docs/install.md` writes with
+/// `cat > <file> <<'JSON'`.
+fn documented_policy(file: &str) -> BTreeSet<String> {
+    let md = read("docs/install.md");
+    let start = format!("cat > {file} <<'JSON'\n");
+    let body = md
+        .split_once(&start)
+        .and_then(|(_, rest)| rest.split_once("\nJSON\n"))
+        .map(|(body, _)| body)
+        .unwrap_or_else(|| panic!("docs/install.md has no `{}` heredoc", start.trim()));
+    let doc: Value = serde_json::from_str(body)
+        .unwrap_or_else(|e| panic!("docs/install.md: {file} is not JSON: {e}"));
+    let mut out = BTreeSet::new();
+    for st in doc["Statement"].as_array().expect("Statement") {
+        assert_eq!(st["Effect"], "Allow", "{file}: only Allow statements");
+        match &st["Action"] {
+            Value::String(a) => {
+                out.insert(a.clone());
+            }
+            Value::Array(list) => out.extend(list.iter().filter_map(|a| a.as_str().map(String::from))),
+            other => panic!("{file}: Action {other}"),
+        }
+    }
+    out
+}
+
+/// Both directions, as for RBAC: an SDK call without its IAM action fails in production
+/// (AccessDenied, e.g. a deregistration that never happens), an action nobody calls is
+/// privilege nobody needs.
+#[test]
+fn the_documented_iam_policies_are_exactly_the_aws_calls_the_code_makes() {
+    for (krate, file) in [
+        ("agent", "lastcall-agent-policy.json"),
+        ("pubsub", "lastcall-pubsub-policy.json"),
+    ] {
+        let calls = aws_actions(krate);
+        assert!(
+            !calls.is_empty(),
+            "{krate}: found no AWS SDK call; the scan is broken"
+        );
+        let policy = documented_policy(file);
+        let missing: Vec<_> = calls.difference(&policy).collect();
+        let unused: Vec<_> = policy.difference(&calls).collect();
+        assert!(
+            missing.is_empty() && unused.is_empty(),
+            "docs/install.md {file} differs from the AWS calls {krate}/src makes.\n\
+             Called but not allowed (add to the policy): {missing:?}\n\
+             Allowed but never called (remove): {unused:?}"
+        );
+    }
+    assert!(
+        aws_actions("agent").contains("gamelift:DescribeGameServer"),
+        "the scan must see the check before deregistration"
+    );
+}
+
+#[test]
+fn iam_action_names_follow_the_sdk_method_names() {
+    assert_eq!(pascal("describe_game_server_instances"), "DescribeGameServerInstances");
+    assert_eq!(pascal("register_game_server"), "RegisterGameServer");
+}
+
+// ---------------------------------------------------------------------------------------
 // The DaemonSet's promises
 // ---------------------------------------------------------------------------------------
 
