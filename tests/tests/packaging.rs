@@ -744,14 +744,55 @@ fn iam_action_names_follow_the_sdk_method_names() {
 // The DaemonSet's promises
 // ---------------------------------------------------------------------------------------
 
+/// Taints a node carries while it drains, from every party that drains nodes: Karpenter
+/// (which evicts pods that do not tolerate `karpenter.sh/disrupted`), the cluster autoscaler,
+/// GKE, the cordon, and lastcall itself.
+const DRAIN_TAINTS: &[(&str, &str)] = &[
+    ("karpenter.sh/disrupted", "NoSchedule"),
+    ("ToBeDeletedByClusterAutoscaler", "NoSchedule"),
+    ("DeletionCandidateOfClusterAutoscaler", "PreferNoSchedule"),
+    ("cloud.google.com/impending-node-termination", "NoSchedule"),
+    ("node.kubernetes.io/unschedulable", "NoSchedule"),
+    ("node.kubernetes.io/not-ready", "NoExecute"),
+    ("lastcall.dev/draining", "NoSchedule"),
+    ("gamelift.status/draining", "NoExecute"),
+    ("agones.dev/gameservers", "NoExecute"),
+];
+
 #[test]
 fn the_agent_daemonset_keeps_its_promises() {
     for file in ["lastcall.yaml", "lastcall-fleetiq.yaml"] {
         let objs = manifest(file);
         let ds = agent_daemonset(&objs);
         let pod = &ds["spec"]["template"]["spec"];
-        assert_eq!(pod["priorityClassName"], "system-node-critical", "{file}");
+        // A class the chart owns, so GKE's gcp-critical-pods quota (system-node-critical
+        // only in kube-system) does not refuse the agents.
+        let class = pod["priorityClassName"].as_str().expect("a priority class");
+        let pc = find(&objs, "PriorityClass");
+        assert!(
+            pc.iter().any(|p| p["metadata"]["name"] == class),
+            "{file}: the agent's priority class {class} is not in the manifests"
+        );
+        assert!(!class.starts_with("system-"), "{file}: {class}");
         assert_eq!(pod["nodeSelector"]["role"], "game-servers", "{file}");
+        // Node-agent scheduling: Linux, the images' architectures.
+        let terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0]["matchExpressions"]
+            .to_string();
+        for needle in ["kubernetes.io/os", "kubernetes.io/arch", "arm64", "amd64"] {
+            assert!(terms.contains(needle), "{file}: affinity lacks {needle}");
+        }
+        let tolerations = pod["tolerations"].as_array().cloned().unwrap_or_default();
+        for (key, effect) in DRAIN_TAINTS {
+            assert!(
+                tolerates(&tolerations, &(key.to_string(), "true".into(), effect.to_string())),
+                "{file}: the agent does not tolerate {key}:{effect}, so it is evicted from a draining node"
+            );
+        }
+        assert_eq!(
+            ds["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/part-of"], "lastcall",
+            "{file}: the scrape label the docs promise"
+        );
         let c = &pod["containers"][0];
         let env = c["env"].as_array().unwrap();
         let node_name = env.iter().find(|e| e["name"] == "NODE_NAME").unwrap();
@@ -772,11 +813,187 @@ fn the_agent_daemonset_keeps_its_promises() {
         assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz", "{file}");
         assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz", "{file}");
         assert!(c["resources"]["requests"].is_object(), "{file}");
-        // The rollout starts a node's new agent before stopping the old one.
         let ru = &ds["spec"]["updateStrategy"]["rollingUpdate"];
-        assert_eq!(ru["maxUnavailable"], 0, "{file}");
-        assert_eq!(ru["maxSurge"], 1, "{file}");
+        if pod["hostNetwork"] == true {
+            // Instance metadata needs the node's network; two agents cannot share its port.
+            assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet", "{file}");
+            assert_eq!(ru["maxSurge"], 0, "{file}");
+        } else {
+            // The rollout starts a node's new agent before stopping the old one.
+            assert_eq!(ru["maxUnavailable"], 0, "{file}");
+            assert_eq!(ru["maxSurge"], 1, "{file}");
+        }
     }
+    // FleetIQ reads the instance id from IMDS: hostNetwork by default (hop limit 1).
+    let fleetiq = manifest("lastcall-fleetiq.yaml");
+    assert_eq!(
+        agent_daemonset(&fleetiq)["spec"]["template"]["spec"]["hostNetwork"],
+        true
+    );
+    // pubsub and Redis stay off game-server nodes (they would keep a WhenEmpty node).
+    for d in find(&fleetiq, "Deployment") {
+        let terms = d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+            .to_string();
+        assert!(
+            terms.contains("\"NotIn\"") && terms.contains("game-servers"),
+            "{}: not kept off game-server nodes",
+            d["metadata"]["name"]
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Every flag of both binaries has a chart value, with the binary's default
+// ---------------------------------------------------------------------------------------
+
+/// Where a flag is set from, when it is not `<component>.<camelCaseFlag>` (or, for
+/// pubsub's `--webhook-*`, `pubsub.webhook.<camelCase>`). The paths must exist in
+/// values.yaml; their defaults are not compared (the flag is composed or per node).
+const FLAG_PATHS: &[(&str, &str, &[&str])] = &[
+    ("agent", "--node-name", &[]), // the Downward API (spec.nodeName)
+    ("agent", "--instance-id", &["agent.imdsEndpoint"]), // per node: read from IMDS
+    ("agent", "--game-server-id", &[]), // per node: the instance id
+    ("agent", "--redis-channel", &[]), // per node: the instance id
+    ("agent", "--game-server-group", &["fleetiq.gameServerGroup"]),
+    ("agent", "--redis-url", &["redis.url", "redis.existingSecret", "redis.bundled.enabled"]),
+    ("agent", "--redis-ca-file", &["redis.tls.caSecret"]),
+    ("agent", "--aws-region", &["fleetiq.region"]),
+    ("agent", "--gamelift-endpoint", &["fleetiq.gameliftEndpoint"]),
+    ("agent", "--listen", &["agent.listenHost", "agent.port"]),
+    ("agent", "--publish-period", &["pubsub.period"]),
+    ("pubsub", "--config-file", &["fleetiq.gameServerGroups"]),
+    ("pubsub", "--redis-url", &["redis.url", "redis.existingSecret", "redis.bundled.enabled"]),
+    ("pubsub", "--redis-ca-file", &["redis.tls.caSecret"]),
+    ("pubsub", "--aws-region", &["fleetiq.region"]),
+    ("pubsub", "--gamelift-endpoint", &["fleetiq.gameliftEndpoint"]),
+    ("pubsub", "--listen", &["pubsub.port"]),
+    ("pubsub", "--webhook-listen", &["pubsub.webhook.enabled", "pubsub.webhook.port"]),
+    ("pubsub", "--webhook-tls-cert", &["pubsub.webhook.tls.secretName"]),
+    ("pubsub", "--webhook-tls-key", &["pubsub.webhook.tls.secretName"]),
+];
+
+/// Values whose chart default deliberately differs from the binary's (which has none).
+const CHART_DEFAULTS: &[(&str, &str)] = &[(
+    "pubsub.webhook.maxReplicas",
+    "required by the binary with --webhook-listen",
+)];
+
+fn camel(kebab: &str) -> String {
+    let mut out = String::new();
+    let mut up = false;
+    for ch in kebab.chars() {
+        if ch == '-' {
+            up = true;
+        } else if up {
+            out.push(ch.to_ascii_uppercase());
+            up = false;
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+fn value_at<'a>(values: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(values, |v, k| v.get(k))
+}
+
+/// A YAML scalar as `--help` would print it.
+fn as_flag_value(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// Every problem with one binary's flags against values.yaml and the template that passes
+/// them, one line per flag, saying what to add.
+fn flag_value_problems(component: &str, help: &str, values: &Value, template: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    for o in parse_help(help) {
+        if o.flag == "--help" || o.flag == "--version" {
+            continue;
+        }
+        if let Some((_, _, paths)) = FLAG_PATHS
+            .iter()
+            .find(|(c, f, _)| *c == component && *f == o.flag)
+        {
+            for p in *paths {
+                if value_at(values, p).is_none() {
+                    problems.push(format!("{component} {}: values.yaml has no {p}", o.flag));
+                }
+            }
+            continue;
+        }
+        let name = o.flag.trim_start_matches("--");
+        let path = match name.strip_prefix("webhook-") {
+            Some(rest) if component == "pubsub" => format!("pubsub.webhook.{}", camel(rest)),
+            _ => format!("{component}.{}", camel(name)),
+        };
+        let Some(v) = value_at(values, &path) else {
+            problems.push(format!(
+                "{component} {} has no chart value: add `{path}` (default {}) to charts/lastcall/values.yaml with a `# --` comment, \
+                 to values.schema.json, and pass it in charts/lastcall/templates/{}",
+                o.flag,
+                o.default.as_deref().map_or("unset".to_string(), |d| format!("`{d}`")),
+                if component == "agent" { "agent-daemonset.yaml" } else { "pubsub.yaml" }
+            ));
+            continue;
+        };
+        if !template.contains(&format!("{}=", o.flag)) && !template.contains(&format!("- {}\n", o.flag)) {
+            problems.push(format!(
+                "{component} {}: `{path}` exists but charts/lastcall/templates/{} never passes the flag",
+                o.flag,
+                if component == "agent" { "agent-daemonset.yaml" } else { "pubsub.yaml" }
+            ));
+        }
+        let chart_default = as_flag_value(v);
+        let binary_default = match (&o.default, &o.value) {
+            (Some(d), _) => d.clone(),
+            (None, None) => "false".to_string(), // a switch
+            (None, Some(_)) => String::new(),    // unset
+        };
+        if chart_default != binary_default && !CHART_DEFAULTS.iter().any(|(p, _)| *p == path) {
+            problems.push(format!(
+                "{component} {}: `{path}` defaults to `{chart_default}` in values.yaml, the binary to `{binary_default}`",
+                o.flag
+            ));
+        }
+    }
+    problems
+}
+
+#[test]
+fn every_flag_has_a_chart_value_with_the_binarys_default() {
+    let values: Value = serde_saphyr::from_str(&read("charts/lastcall/values.yaml"))
+        .expect("values.yaml is YAML");
+    let mut problems = Vec::new();
+    for (component, bin, template) in [
+        ("agent", "lastcall-agent", "agent-daemonset.yaml"),
+        ("pubsub", "lastcall-pubsub", "pubsub.yaml"),
+    ] {
+        let help = help_of(bin);
+        let template = read(&format!("charts/lastcall/templates/{template}"));
+        problems.extend(flag_value_problems(component, &help, &values, &template));
+    }
+    assert!(
+        problems.is_empty(),
+        "the chart does not cover every flag:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn a_new_flag_without_a_value_is_named() {
+    let values: Value =
+        serde_json::json!({"agent": {"dryRun": false, "drainDeadline": "30m"}});
+    let help = "x\n\nOptions:\n      --dry-run\n          Dry [env: D=]\n      --drain-deadline <D>\n          Deadline [env: X=] [default: 45m]\n      --brand-new <N>\n          New [env: N=] [default: 3]\n";
+    let template = "- --dry-run\n- --drain-deadline={{ x }}\n";
+    let p = flag_value_problems("agent", help, &values, template);
+    assert_eq!(p.len(), 2, "{p:#?}");
+    assert!(p[0].contains("--drain-deadline") && p[0].contains("`45m`"), "{}", p[0]);
+    assert!(p[1].contains("--brand-new has no chart value: add `agent.brandNew` (default `3`)"), "{}", p[1]);
 }
 
 /// What CI can check of the images without building them (the build itself is
@@ -1555,6 +1772,14 @@ const NOT_RUN: &[(&str, &str)] = &[
         "the emulator's pods are game servers only; lastcall's own pods do not exist there",
     ),
     (
+        "kubectl -n lastcall get serviceaccount",
+        "ServiceAccounts are not served by the emulator",
+    ),
+    (
+        "kubectl -n lastcall rollout restart",
+        "Deployments and DaemonSets (apps/v1) are not served by the emulator",
+    ),
+    (
         "kubectl delete gameserver",
         "deleting a match by hand ends it; the test keeps the match running to check the rollback",
     ),
@@ -1714,6 +1939,20 @@ async fn the_runbook_works_with_the_real_kubectl() {
         stuck.contains(&keep.name),
         "the stuck-drain commands do not show {}:\n{stuck}",
         keep.name
+    );
+
+    // 3b. A node that stays empty but registered, and a source that is down: the commands
+    //     show the drain's progress marks and the node's game servers.
+    let empty = run_all("A node stays empty but registered");
+    assert!(
+        empty.contains("started=20") && empty.contains("deregistered=\n"),
+        "the empty-node commands do not show drain-started and a missing deregistration:\n{empty}"
+    );
+    assert!(empty.contains(&keep.name), "{empty}");
+    let down = run_all("A signal source is down");
+    assert!(
+        down.contains("cause=manual") && down.contains("started=20"),
+        "the source-down commands do not show the drain's cause:\n{down}"
     );
 
     // 4. Roll back: the drain is cancelled and the node is as before.
