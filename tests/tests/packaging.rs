@@ -621,7 +621,10 @@ fn sdk_operations(krate: &str) -> BTreeSet<String> {
                 .collect();
         }
     }
-    panic!("the sources of {krate} {version} are not in {}/registry/src", cargo_home.display());
+    panic!(
+        "the sources of {krate} {version} are not in {}/registry/src",
+        cargo_home.display()
+    );
 }
 
 /// Rust sources of a crate, without their test modules.
@@ -631,10 +634,16 @@ fn crate_sources(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
         if p.is_dir() {
             crate_sources(&p, out);
         } else if p.extension().is_some_and(|x| x == "rs")
-            && !p.file_name().is_some_and(|n| n == "tests.rs" || n == "test_support.rs")
+            && !p
+                .file_name()
+                .is_some_and(|n| n == "tests.rs" || n == "test_support.rs")
         {
             let text = std::fs::read_to_string(&p).unwrap();
-            let code = text.split("#[cfg(test)]").next().unwrap_or_default().to_string();
+            let code = text
+                .split("#[cfg(test)]")
+                .next()
+                .unwrap_or_default()
+                .to_string();
             out.push((p, code));
         }
     }
@@ -670,7 +679,10 @@ fn aws_actions(krate_dir: &str) -> BTreeSet<String> {
         };
         let service = sdk.trim_start_matches("aws-sdk-");
         for op in sdk_operations(sdk) {
-            if sources.iter().any(|(_, code)| code.contains(&format!(".{op}("))) {
+            if sources
+                .iter()
+                .any(|(_, code)| code.contains(&format!(".{op}(")))
+            {
                 actions.insert(format!("{service}:{}", pascal(&op)));
             }
         }
@@ -697,7 +709,9 @@ fn documented_policy(file: &str) -> BTreeSet<String> {
             Value::String(a) => {
                 out.insert(a.clone());
             }
-            Value::Array(list) => out.extend(list.iter().filter_map(|a| a.as_str().map(String::from))),
+            Value::Array(list) => {
+                out.extend(list.iter().filter_map(|a| a.as_str().map(String::from)))
+            }
             other => panic!("{file}: Action {other}"),
         }
     }
@@ -736,7 +750,10 @@ fn the_documented_iam_policies_are_exactly_the_aws_calls_the_code_makes() {
 
 #[test]
 fn iam_action_names_follow_the_sdk_method_names() {
-    assert_eq!(pascal("describe_game_server_instances"), "DescribeGameServerInstances");
+    assert_eq!(
+        pascal("describe_game_server_instances"),
+        "DescribeGameServerInstances"
+    );
     assert_eq!(pascal("register_game_server"), "RegisterGameServer");
 }
 
@@ -785,7 +802,10 @@ fn the_agent_daemonset_keeps_its_promises() {
         let tolerations = pod["tolerations"].as_array().cloned().unwrap_or_default();
         for (key, effect) in DRAIN_TAINTS {
             assert!(
-                tolerates(&tolerations, &(key.to_string(), "true".into(), effect.to_string())),
+                tolerates(
+                    &tolerations,
+                    &(key.to_string(), "true".into(), effect.to_string())
+                ),
                 "{file}: the agent does not tolerate {key}:{effect}, so it is evicted from a draining node"
             );
         }
@@ -832,8 +852,7 @@ fn the_agent_daemonset_keeps_its_promises() {
     );
     // pubsub and Redis stay off game-server nodes (they would keep a WhenEmpty node).
     for d in find(&fleetiq, "Deployment") {
-        let terms = d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
-            .to_string();
+        let terms = d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"].to_string();
         assert!(
             terms.contains("\"NotIn\"") && terms.contains("game-servers"),
             "{}: not kept off game-server nodes",
@@ -855,21 +874,49 @@ const FLAG_PATHS: &[(&str, &str, &[&str])] = &[
     ("agent", "--game-server-id", &[]), // per node: the instance id
     ("agent", "--redis-channel", &[]), // per node: the instance id
     ("agent", "--game-server-group", &["fleetiq.gameServerGroup"]),
-    ("agent", "--redis-url", &["redis.url", "redis.existingSecret", "redis.bundled.enabled"]),
+    (
+        "agent",
+        "--redis-url",
+        &["redis.url", "redis.existingSecret", "redis.bundled.enabled"],
+    ),
     ("agent", "--redis-ca-file", &["redis.tls.caSecret"]),
     ("agent", "--aws-region", &["fleetiq.region"]),
-    ("agent", "--gamelift-endpoint", &["fleetiq.gameliftEndpoint"]),
+    (
+        "agent",
+        "--gamelift-endpoint",
+        &["fleetiq.gameliftEndpoint"],
+    ),
     ("agent", "--listen", &["agent.listenHost", "agent.port"]),
     ("agent", "--publish-period", &["pubsub.period"]),
     ("pubsub", "--config-file", &["fleetiq.gameServerGroups"]),
-    ("pubsub", "--redis-url", &["redis.url", "redis.existingSecret", "redis.bundled.enabled"]),
+    (
+        "pubsub",
+        "--redis-url",
+        &["redis.url", "redis.existingSecret", "redis.bundled.enabled"],
+    ),
     ("pubsub", "--redis-ca-file", &["redis.tls.caSecret"]),
     ("pubsub", "--aws-region", &["fleetiq.region"]),
-    ("pubsub", "--gamelift-endpoint", &["fleetiq.gameliftEndpoint"]),
+    (
+        "pubsub",
+        "--gamelift-endpoint",
+        &["fleetiq.gameliftEndpoint"],
+    ),
     ("pubsub", "--listen", &["pubsub.port"]),
-    ("pubsub", "--webhook-listen", &["pubsub.webhook.enabled", "pubsub.webhook.port"]),
-    ("pubsub", "--webhook-tls-cert", &["pubsub.webhook.tls.secretName"]),
-    ("pubsub", "--webhook-tls-key", &["pubsub.webhook.tls.secretName"]),
+    (
+        "pubsub",
+        "--webhook-listen",
+        &["pubsub.webhook.enabled", "pubsub.webhook.port"],
+    ),
+    (
+        "pubsub",
+        "--webhook-tls-cert",
+        &["pubsub.webhook.tls.secretName"],
+    ),
+    (
+        "pubsub",
+        "--webhook-tls-key",
+        &["pubsub.webhook.tls.secretName"],
+    ),
 ];
 
 /// Values whose chart default deliberately differs from the binary's (which has none).
@@ -941,7 +988,9 @@ fn flag_value_problems(component: &str, help: &str, values: &Value, template: &s
             ));
             continue;
         };
-        if !template.contains(&format!("{}=", o.flag)) && !template.contains(&format!("- {}\n", o.flag)) {
+        if !template.contains(&format!("{}=", o.flag))
+            && !template.contains(&format!("- {}\n", o.flag))
+        {
             problems.push(format!(
                 "{component} {}: `{path}` exists but charts/lastcall/templates/{} never passes the flag",
                 o.flag,
@@ -966,8 +1015,8 @@ fn flag_value_problems(component: &str, help: &str, values: &Value, template: &s
 
 #[test]
 fn every_flag_has_a_chart_value_with_the_binarys_default() {
-    let values: Value = serde_saphyr::from_str(&read("charts/lastcall/values.yaml"))
-        .expect("values.yaml is YAML");
+    let values: Value =
+        serde_saphyr::from_str(&read("charts/lastcall/values.yaml")).expect("values.yaml is YAML");
     let mut problems = Vec::new();
     for (component, bin, template) in [
         ("agent", "lastcall-agent", "agent-daemonset.yaml"),
@@ -986,14 +1035,21 @@ fn every_flag_has_a_chart_value_with_the_binarys_default() {
 
 #[test]
 fn a_new_flag_without_a_value_is_named() {
-    let values: Value =
-        serde_json::json!({"agent": {"dryRun": false, "drainDeadline": "30m"}});
+    let values: Value = serde_json::json!({"agent": {"dryRun": false, "drainDeadline": "30m"}});
     let help = "x\n\nOptions:\n      --dry-run\n          Dry [env: D=]\n      --drain-deadline <D>\n          Deadline [env: X=] [default: 45m]\n      --brand-new <N>\n          New [env: N=] [default: 3]\n";
     let template = "- --dry-run\n- --drain-deadline={{ x }}\n";
     let p = flag_value_problems("agent", help, &values, template);
     assert_eq!(p.len(), 2, "{p:#?}");
-    assert!(p[0].contains("--drain-deadline") && p[0].contains("`45m`"), "{}", p[0]);
-    assert!(p[1].contains("--brand-new has no chart value: add `agent.brandNew` (default `3`)"), "{}", p[1]);
+    assert!(
+        p[0].contains("--drain-deadline") && p[0].contains("`45m`"),
+        "{}",
+        p[0]
+    );
+    assert!(
+        p[1].contains("--brand-new has no chart value: add `agent.brandNew` (default `3`)"),
+        "{}",
+        p[1]
+    );
 }
 
 /// What CI can check of the images without building them (the build itself is
