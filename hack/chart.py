@@ -37,6 +37,8 @@ FIXTURES = ROOT / "hack" / "fixtures"
 KUBE_VERSIONS = ("1.27.0", "1.33.0")
 KUBE_VERSION = KUBE_VERSIONS[-1]
 INSTALL_DOC = ROOT / "docs" / "install.md"
+# Other pages whose helm commands are rendered and validated the same way.
+OTHER_DOCS = (ROOT / "docs" / "migration.md", ROOT / "charts" / "lastcall" / "README.md")
 # What the install page's shell variables stand for when CI renders its commands.
 DOC_ENV = {
     "REGISTRY": "123456789012.dkr.ecr.us-west-2.amazonaws.com/lastcall",
@@ -328,17 +330,19 @@ def doc_installs(text: str) -> dict[str, dict[str, Any]]:
         if line.startswith("## "):
             heading = line[3:].strip()
             continue
-        if not line.startswith("```sh"):
+        if not line.lstrip().startswith("```sh"):
             continue
         pending = ""
-        while i < len(lines) and not lines[i].startswith("```"):
-            cur = lines[i]
+        # Blocks inside list items are indented: compare lines without the indentation.
+        while i < len(lines) and not lines[i].lstrip().startswith("```"):
+            cur = lines[i].strip()
             i += 1
             heredoc = re.match(r"^cat > (\S+) <<'(\w+)'$", cur.strip())
             if heredoc:
                 body = []
-                while i < len(lines) and lines[i] != heredoc[2]:
-                    body.append(lines[i])
+                indent = len(lines[i - 1]) - len(lines[i - 1].lstrip())
+                while i < len(lines) and lines[i].strip() != heredoc[2]:
+                    body.append(lines[i][indent:])
                     i += 1
                 i += 1
                 files[heredoc[1]] = "\n".join(body) + "\n"
@@ -373,6 +377,9 @@ def configurations() -> dict[str, dict[str, Any]]:
     for file, (_, values) in VARIANTS.items():
         configs[f"manifests/{file}"] = values
     configs.update(doc_installs(INSTALL_DOC.read_text()))
+    for doc in OTHER_DOCS:
+        for label, values in doc_installs(doc.read_text()).items():
+            configs[label.replace("docs/install.md", str(doc.relative_to(ROOT)))] = values
     return configs
 
 
