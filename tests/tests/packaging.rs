@@ -1053,8 +1053,8 @@ fn a_new_flag_without_a_value_is_named() {
 }
 
 /// What CI can check of the images without building them (the build itself is
-/// `hack/build-images.sh`, run by hand): a static musl build, an empty final stage, a
-/// non-root user, the binary as the entrypoint.
+/// `hack/build-images.sh`, run by hand): a static musl build for amd64 and arm64, an empty
+/// final stage, a non-root user, the binary as the entrypoint.
 #[test]
 fn dockerfiles_build_static_non_root_images_from_scratch() {
     for c in ["agent", "pubsub"] {
@@ -1084,9 +1084,11 @@ fn dockerfiles_build_static_non_root_images_from_scratch() {
             "Dockerfile.{c}: no RUN in a stage without a shell"
         );
         assert!(
-            text.contains("--target x86_64-unknown-linux-musl")
+            text.contains("x86_64-unknown-linux-musl")
+                && text.contains("aarch64-unknown-linux-musl")
+                && text.contains("ARG TARGETARCH")
                 && text.contains(&format!("--bin lastcall-{c}")),
-            "Dockerfile.{c}: the builder must produce the static musl binary"
+            "Dockerfile.{c}: the builder must produce the static musl binary for amd64 and arm64"
         );
         assert!(
             text.contains("ca-certificates.crt"),
@@ -1651,6 +1653,9 @@ async fn dashboard_and_alerts_use_only_metrics_the_binaries_export() {
         "LastcallHeartbeatFailures",
         "LastcallSignalsRejected",
         "LastcallMatchesAtRisk",
+        "LastcallEmptyNodeStillRegistered",
+        "LastcallSourceDown",
+        "LastcallGameLiftErrors",
     ] {
         assert!(alerts.contains(a), "alert {a} missing");
     }
