@@ -1,9 +1,14 @@
-//! The shipped artifacts stay true to the binaries (issue 10):
+//! The shipped artifacts stay true to the binaries:
 //!
 //! - RBAC: the chart's rules (as rendered in `manifests/`) equal the API calls the agent makes
 //!   in end-to-end flows against the emulator — nothing used is missing, nothing granted is
 //!   unused — and pubsub calls nothing and is granted nothing;
-//! - the agent DaemonSet tolerates every taint lastcall puts on a node;
+//! - IAM: the policies `docs/install.md` gives equal the AWS SDK operations each binary's code
+//!   calls, both directions;
+//! - every agent and pubsub flag has a chart value with the binary's default, passed by the
+//!   templates;
+//! - the agent DaemonSet tolerates every taint lastcall and the platforms put on a draining
+//!   node, and is scheduled like a node agent;
 //! - `docs/configuration.md` is what the binaries' `--help` says;
 //! - the Grafana dashboard and the alert rules use only metrics the binaries export, and the
 //!   binaries' real `/metrics` passes `promtool check metrics`;
