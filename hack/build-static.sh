@@ -9,17 +9,13 @@
 #   arm64: Debian's cross compiler aarch64-linux-gnu-gcc (gcc-aarch64-linux-gnu) for
 #          aws-lc's C and as the linker; Rust's self-contained musl CRT and libc make the
 #          result static.
-# Size: symbols stripped, one codegen unit and thin LTO, to shrink the binaries toward the
-# image budget that hack/build-images.sh checks; not panic=abort, which would change how a
-# panicking task is reported.
+# Size: the workspace's release profile (Cargo.toml: opt-level "s", fat LTO, one codegen
+# unit, stripped, panic = "abort") is what ships; nothing here overrides it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ARCHES="${LASTCALL_ARCHES:-amd64 arm64}"
 export CARGO_TARGET_DIR="${LASTCALL_MUSL_TARGET_DIR:-/var/tmp/lastcall-target-musl}"
-export CARGO_PROFILE_RELEASE_STRIP=symbols
-export CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1
-export CARGO_PROFILE_RELEASE_LTO=thin
 
 need_apt=()
 for arch in $ARCHES; do
