@@ -61,6 +61,8 @@ fi
 mkdir -p "$OUT"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+# The smoke test runs the image's binary as the image's user, who must reach it.
+chmod 755 "$work"
 fail=0
 for c in agent pubsub; do
   bin="lastcall-$c"
