@@ -1217,8 +1217,9 @@ fn configuration_md() -> String {
          Every option of both binaries is a command-line flag and an environment variable; the \
          flag wins when both are set. A bad value exits with code 2 and one line on stderr \
          naming the flag. Durations take `ms`, `s`, `m` or `h`; a bare number is seconds. The \
-         chart sets the common ones from `values.yaml` (see `charts/lastcall/README.md`) and \
-         takes any other through `agent.extraArgs` / `pubsub.extraArgs` or `extraEnv`.\n\n\
+         chart has a value for every flag (`charts/lastcall/README.md`; the packaging test \
+         checks the names and the defaults against `--help`), and takes anything else through \
+         `agent.extraArgs` / `pubsub.extraArgs` or `extraEnv`.\n\n\
          Other environment the binaries read: `KUBECONFIG` or the in-cluster service account \
          (agent), the AWS SDK's credential chain (`AWS_ACCESS_KEY_ID`, `AWS_PROFILE`, IRSA's \
          `AWS_WEB_IDENTITY_TOKEN_FILE` / `AWS_ROLE_ARN`, EKS Pod Identity), and `RUST_LOG`, \
