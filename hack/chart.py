@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Chart tooling for lastcall: render manifests/, generate the chart README's values table,
-and check every chart configuration (render, lint, strict Kubernetes 1.33 validation, and the
-broken fixtures that must be rejected).
+and check every chart configuration (render, lint, strict Kubernetes 1.27 and 1.33
+validation, the install page's helm commands, and the broken fixtures that must be
+rejected).
 
 Runs in the virtualenv that hack/tools.sh prepares (helm-python-sdk, kubernetes-validate,
 PyYAML). Subcommands:
@@ -31,7 +32,19 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "lastcall"
 MANIFESTS = ROOT / "manifests"
 FIXTURES = ROOT / "hack" / "fixtures"
-KUBE_VERSION = "1.33.0"
+# Validated against the oldest Kubernetes the chart supports in practice (EKS and GKE
+# extended support) and a current one; kubernetes-validate bundles schemas for both.
+KUBE_VERSIONS = ("1.27.0", "1.33.0")
+KUBE_VERSION = KUBE_VERSIONS[-1]
+INSTALL_DOC = ROOT / "docs" / "install.md"
+# Other pages whose helm commands are rendered and validated the same way.
+OTHER_DOCS = (ROOT / "docs" / "migration.md", ROOT / "charts" / "lastcall" / "README.md")
+# What the install page's shell variables stand for when CI renders its commands.
+DOC_ENV = {
+    "REGISTRY": "123456789012.dkr.ecr.us-west-2.amazonaws.com/lastcall",
+    "ACCOUNT": "123456789012",
+    "CLUSTER": "games",
+}
 RELEASE = "lastcall"
 NAMESPACE = "lastcall"
 
@@ -238,6 +251,124 @@ def readme_text() -> str:
 # Checks
 # ---------------------------------------------------------------------------------------
 
+# ---------------------------------------------------------------------------------------
+# The install page's commands
+# ---------------------------------------------------------------------------------------
+
+def set_path(values: dict[str, Any], key: str, value: Any) -> None:
+    """Helm's `--set a.b\\.c=v`: dots split the path unless escaped (the caller has turned
+    escaped dots into NUL, since shell quoting would drop the backslash)."""
+    parts = [p.replace("\x00", ".") for p in key.split(".")]
+    if any("[" in p for p in parts):
+        raise ValueError(f"list indexes are not supported in --set {key}")
+    cur = values
+    for part in parts[:-1]:
+        cur = cur.setdefault(part, {})
+    cur[parts[-1]] = value
+
+
+def typed(v: str) -> Any:
+    """A `--set` value as Helm types it: booleans, integers and null; the rest stays a string."""
+    if v in ("true", "false"):
+        return v == "true"
+    if v == "null":
+        return None
+    if re.fullmatch(r"-?[0-9]+", v):
+        return int(v)
+    return v
+
+
+def helm_values(argv: list[str], files: dict[str, str]) -> dict[str, Any]:
+    """The values of one `helm install|upgrade` command line, with `-f` files from the page."""
+    values: dict[str, Any] = {}
+    it = iter(argv[2:])
+    for arg in it:
+        opt, eq, inline = arg.partition("=")
+        if opt in ("-f", "--values"):
+            name = inline if eq else next(it)
+            if name not in files:
+                raise ValueError(f"-f {name}: the page never writes this file")
+            merged = yaml.safe_load(files[name]) or {}
+            values = deep_merge(values, merged)
+        elif opt in ("--set", "--set-string", "--set-json"):
+            assignment = inline if eq else next(it)
+            key, _, raw = assignment.partition("=")
+            raw = raw.replace("\x00", ".")
+            value = typed(raw) if opt == "--set" else raw if opt == "--set-string" else json.loads(raw)
+            set_path(values, key, value)
+        elif opt in ("-n", "--namespace", "--version"):
+            if not eq:
+                next(it)
+        elif not opt.startswith("-") or opt in ("--create-namespace", "--reuse-values", "--wait", "--atomic"):
+            continue
+        else:
+            raise ValueError(f"{opt}: an option hack/chart.py does not understand")
+    return values
+
+
+def deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def doc_installs(text: str) -> dict[str, dict[str, Any]]:
+    """Every `helm install` / `helm upgrade` in the page's `sh` blocks, labelled by section,
+    with the values its `-f` files (written earlier on the page by `cat > f <<'VALUES'`) and
+    `--set` flags give. `kubectl apply -f manifests/<file>` must name a generated manifest."""
+    import shlex
+
+    found: dict[str, dict[str, Any]] = {}
+    files: dict[str, str] = {}
+    heading = ""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if line.startswith("## "):
+            heading = line[3:].strip()
+            continue
+        if not line.lstrip().startswith("```sh"):
+            continue
+        pending = ""
+        # Blocks inside list items are indented: compare lines without the indentation.
+        while i < len(lines) and not lines[i].lstrip().startswith("```"):
+            cur = lines[i].strip()
+            i += 1
+            heredoc = re.match(r"^cat > (\S+) <<'(\w+)'$", cur.strip())
+            if heredoc:
+                body = []
+                indent = len(lines[i - 1]) - len(lines[i - 1].lstrip())
+                while i < len(lines) and lines[i].strip() != heredoc[2]:
+                    body.append(lines[i][indent:])
+                    i += 1
+                i += 1
+                files[heredoc[1]] = "\n".join(body) + "\n"
+                continue
+            if cur.rstrip().endswith("\\"):
+                pending += cur.rstrip()[:-1] + " "
+                continue
+            command = (pending + cur).strip()
+            pending = ""
+            for k, v in DOC_ENV.items():
+                command = command.replace(f"${k}", v)
+            argv = shlex.split(command.replace("\\.", "\x00"), comments=True)
+            if argv[:2] in (["helm", "install"], ["helm", "upgrade"]):
+                label = f"docs/install.md \u00a7 {heading}: {' '.join(argv[:3])}"
+                n = 2
+                while label in found:
+                    label = f"{label} ({n})"
+                    n += 1
+                found[label] = helm_values(argv, files)
+            if argv[:3] == ["kubectl", "apply", "-f"] and argv[3].startswith("manifests/"):
+                if argv[3][len("manifests/"):] not in VARIANTS:
+                    raise ValueError(f"docs/install.md ({heading}) applies {argv[3]}, which hack/chart.py does not generate")
+        i += 1
+    return found
+
+
 def configurations() -> dict[str, dict[str, Any]]:
     """Every configuration CI renders: defaults, each ci/*-values.yaml, and the manifests'."""
     configs: dict[str, dict[str, Any]] = {"defaults": {}}
@@ -245,6 +376,10 @@ def configurations() -> dict[str, dict[str, Any]]:
         configs[f"ci/{f.name}"] = yaml.safe_load(f.read_text()) or {}
     for file, (_, values) in VARIANTS.items():
         configs[f"manifests/{file}"] = values
+    configs.update(doc_installs(INSTALL_DOC.read_text()))
+    for doc in OTHER_DOCS:
+        for label, values in doc_installs(doc.read_text()).items():
+            configs[label.replace("docs/install.md", str(doc.relative_to(ROOT)))] = values
     return configs
 
 
@@ -254,15 +389,15 @@ def lint(values: dict[str, Any]) -> list[str]:
     return problems + list(report.get("errors") or [])
 
 
-def validate(text: str) -> tuple[bool, str]:
-    """kubernetes-validate --strict against the 1.33 schemas. CRD kinds without a bundled
+def validate(text: str, version: str = KUBE_VERSION) -> tuple[bool, str]:
+    """kubernetes-validate --strict against one version's schemas. CRD kinds without a bundled
     schema (PodMonitor, ServiceMonitor, PrometheusRule) are reported as warnings, not errors."""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(text)
         name = f.name
     try:
         exe = Path(sys.executable).with_name("kubernetes-validate")
-        p = subprocess.run([str(exe), "--strict", "-k", KUBE_VERSION, "--quiet", name], capture_output=True, text=True)
+        p = subprocess.run([str(exe), "--strict", "-k", version, "--quiet", name], capture_output=True, text=True)
         return p.returncode == 0, (p.stdout + p.stderr).replace(name, "<rendered>")
     finally:
         os.unlink(name)
@@ -287,15 +422,25 @@ def check_one(label: str, values: dict[str, Any]) -> list[str]:
     ok, out = yamllint(text)
     if not ok:
         problems.append(f"{label}: yamllint:\n{out}")
-    ok, out = validate(text)
-    if not ok:
-        problems.append(f"{label}: kubernetes-validate --strict -k {KUBE_VERSION}:\n{out}")
+    for version in KUBE_VERSIONS:
+        ok, out = validate(text, version)
+        if not ok:
+            problems.append(f"{label}: kubernetes-validate --strict -k {version}:\n{out}")
     return problems
 
 
 def cmd_check() -> int:
     failed = 0
-    for label, values in configurations().items():
+    try:
+        configs = configurations()
+    except ValueError as e:
+        print(f"FAIL docs/install.md: {e}")
+        return 1
+    installs = [k for k in configs if k.startswith("docs/install.md")]
+    if len(installs) < 4:
+        print(f"FAIL docs/install.md: expected a helm install for each platform path, found {installs}")
+        failed += 1
+    for label, values in configs.items():
         problems = check_one(label, values)
         print(f"{'FAIL' if problems else 'ok  '} {label}")
         for p in problems:
@@ -312,6 +457,17 @@ def cmd_check() -> int:
         problems = check_one(f.name, yaml.safe_load(text) or {})
         found = any(expect[1] in p for p in problems)
         print(f"{'ok  ' if found else 'FAIL'} {f.name} rejected ({expect[1]})")
+        if not found:
+            print("     accepted, or rejected for another reason: " + "; ".join(problems)[:2000])
+            failed += 1
+    # A drifted install page must be caught the same way.
+    for f in sorted(FIXTURES.glob("broken-*.md")):
+        text = f.read_text()
+        expect = re.search(r"^<!-- expect: (.+) -->$", text, re.M)
+        installs = doc_installs(text)
+        problems = [p for label, v in installs.items() for p in check_one(f.name, v)]
+        found = bool(expect) and bool(installs) and any(expect[1] in p for p in problems)
+        print(f"{'ok  ' if found else 'FAIL'} {f.name} rejected ({expect[1] if expect else '?'})")
         if not found:
             print("     accepted, or rejected for another reason: " + "; ".join(problems)[:2000])
             failed += 1

@@ -1,9 +1,14 @@
-//! The shipped artifacts stay true to the binaries (issue 10):
+//! The shipped artifacts stay true to the binaries:
 //!
 //! - RBAC: the chart's rules (as rendered in `manifests/`) equal the API calls the agent makes
 //!   in end-to-end flows against the emulator — nothing used is missing, nothing granted is
 //!   unused — and pubsub calls nothing and is granted nothing;
-//! - the agent DaemonSet tolerates every taint lastcall puts on a node;
+//! - IAM: the policies `docs/install.md` gives equal the AWS SDK operations each binary's code
+//!   calls, both directions;
+//! - every agent and pubsub flag has a chart value with the binary's default, passed by the
+//!   templates;
+//! - the agent DaemonSet tolerates every taint lastcall and the platforms put on a draining
+//!   node, and is scheduled like a node agent;
 //! - `docs/configuration.md` is what the binaries' `--help` says;
 //! - the Grafana dashboard and the alert rules use only metrics the binaries export, and the
 //!   binaries' real `/metrics` passes `promtool check metrics`;
@@ -606,8 +611,198 @@ async fn the_charts_redis_url_authenticates_both_binaries() {
 }
 
 // ---------------------------------------------------------------------------------------
+// IAM: the policies docs/install.md gives equal the AWS calls the code makes
+// ---------------------------------------------------------------------------------------
+
+/// The version of `krate` in Cargo.lock.
+fn locked_version(krate: &str) -> Option<String> {
+    let lock = read("Cargo.lock");
+    let mut lines = lock.lines();
+    while let Some(l) = lines.next() {
+        if l == format!("name = \"{krate}\"") {
+            return lines
+                .next()
+                .and_then(|v| v.strip_prefix("version = \""))
+                .map(|v| v.trim_end_matches('"').to_string());
+        }
+    }
+    None
+}
+
+/// Every operation of an AWS SDK crate, as its fluent method name (`describe_game_server`),
+/// from the crate's own `src/operation/` directory in the cargo registry.
+fn sdk_operations(krate: &str) -> BTreeSet<String> {
+    let version = locked_version(krate).unwrap_or_else(|| panic!("{krate} is not in Cargo.lock"));
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
+        .expect("CARGO_HOME or HOME");
+    let registries = std::fs::read_dir(cargo_home.join("registry/src"))
+        .unwrap_or_else(|e| panic!("{}: {e}", cargo_home.display()));
+    for reg in registries.filter_map(Result::ok) {
+        let dir = reg.path().join(format!("{krate}-{version}/src/operation"));
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            return entries
+                .filter_map(Result::ok)
+                .filter(|e| e.path().is_dir())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+        }
+    }
+    panic!(
+        "the sources of {krate} {version} are not in {}/registry/src",
+        cargo_home.display()
+    );
+}
+
+/// Rust sources of a crate, without their test modules.
+fn crate_sources(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
+    for e in std::fs::read_dir(dir).unwrap().filter_map(Result::ok) {
+        let p = e.path();
+        if p.is_dir() {
+            crate_sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs")
+            && !p
+                .file_name()
+                .is_some_and(|n| n == "tests.rs" || n == "test_support.rs")
+        {
+            let text = std::fs::read_to_string(&p).unwrap();
+            let code = text
+                .split("#[cfg(test)]")
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            out.push((p, code));
+        }
+    }
+}
+
+/// `describe_game_server` → `DescribeGameServer` (the IAM action name).
+fn pascal(snake: &str) -> String {
+    snake
+        .split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// The IAM actions (`gamelift:DescribeGameServer`) a binary's crate calls: every
+/// `.<operation>(` of each `aws-sdk-<service>` it depends on, in its non-test sources.
+fn aws_actions(krate_dir: &str) -> BTreeSet<String> {
+    let manifest = read(&format!("{krate_dir}/Cargo.toml"));
+    let mut sources = Vec::new();
+    crate_sources(&repo().join(krate_dir).join("src"), &mut sources);
+    let mut actions = BTreeSet::new();
+    for line in manifest.lines() {
+        let Some(sdk) = line
+            .split(['=', '.', ' '])
+            .next()
+            .filter(|n| n.starts_with("aws-sdk-"))
+        else {
+            continue;
+        };
+        let service = sdk.trim_start_matches("aws-sdk-");
+        for op in sdk_operations(sdk) {
+            if sources
+                .iter()
+                .any(|(_, code)| code.contains(&format!(".{op}(")))
+            {
+                actions.insert(format!("{service}:{}", pascal(&op)));
+            }
+        }
+    }
+    actions
+}
+
+/// The `Allow` actions of the policy document `docs/install.md` writes with
+/// `cat > <file> <<'JSON'`.
+fn documented_policy(file: &str) -> BTreeSet<String> {
+    let md = read("docs/install.md");
+    let start = format!("cat > {file} <<'JSON'\n");
+    let body = md
+        .split_once(&start)
+        .and_then(|(_, rest)| rest.split_once("\nJSON\n"))
+        .map(|(body, _)| body)
+        .unwrap_or_else(|| panic!("docs/install.md has no `{}` heredoc", start.trim()));
+    let doc: Value = serde_json::from_str(body)
+        .unwrap_or_else(|e| panic!("docs/install.md: {file} is not JSON: {e}"));
+    let mut out = BTreeSet::new();
+    for st in doc["Statement"].as_array().expect("Statement") {
+        assert_eq!(st["Effect"], "Allow", "{file}: only Allow statements");
+        match &st["Action"] {
+            Value::String(a) => {
+                out.insert(a.clone());
+            }
+            Value::Array(list) => {
+                out.extend(list.iter().filter_map(|a| a.as_str().map(String::from)))
+            }
+            other => panic!("{file}: Action {other}"),
+        }
+    }
+    out
+}
+
+/// Both directions, as for RBAC: an SDK call without its IAM action fails in production
+/// (AccessDenied, e.g. a deregistration that never happens), an action nobody calls is
+/// privilege nobody needs.
+#[test]
+fn the_documented_iam_policies_are_exactly_the_aws_calls_the_code_makes() {
+    for (krate, file) in [
+        ("agent", "lastcall-agent-policy.json"),
+        ("pubsub", "lastcall-pubsub-policy.json"),
+    ] {
+        let calls = aws_actions(krate);
+        assert!(
+            !calls.is_empty(),
+            "{krate}: found no AWS SDK call; the scan is broken"
+        );
+        let policy = documented_policy(file);
+        let missing: Vec<_> = calls.difference(&policy).collect();
+        let unused: Vec<_> = policy.difference(&calls).collect();
+        assert!(
+            missing.is_empty() && unused.is_empty(),
+            "docs/install.md {file} differs from the AWS calls {krate}/src makes.\n\
+             Called but not allowed (add to the policy): {missing:?}\n\
+             Allowed but never called (remove): {unused:?}"
+        );
+    }
+    assert!(
+        aws_actions("agent").contains("gamelift:DescribeGameServer"),
+        "the scan must see the check before deregistration"
+    );
+}
+
+#[test]
+fn iam_action_names_follow_the_sdk_method_names() {
+    assert_eq!(
+        pascal("describe_game_server_instances"),
+        "DescribeGameServerInstances"
+    );
+    assert_eq!(pascal("register_game_server"), "RegisterGameServer");
+}
+
+// ---------------------------------------------------------------------------------------
 // The DaemonSet's promises
 // ---------------------------------------------------------------------------------------
+
+/// Taints a node carries while it drains, from every party that drains nodes: Karpenter
+/// (which evicts pods that do not tolerate `karpenter.sh/disrupted`), the cluster autoscaler,
+/// GKE, the cordon, and lastcall itself.
+const DRAIN_TAINTS: &[(&str, &str)] = &[
+    ("karpenter.sh/disrupted", "NoSchedule"),
+    ("ToBeDeletedByClusterAutoscaler", "NoSchedule"),
+    ("DeletionCandidateOfClusterAutoscaler", "PreferNoSchedule"),
+    ("cloud.google.com/impending-node-termination", "NoSchedule"),
+    ("node.kubernetes.io/unschedulable", "NoSchedule"),
+    ("node.kubernetes.io/not-ready", "NoExecute"),
+    ("lastcall.dev/draining", "NoSchedule"),
+    ("gamelift.status/draining", "NoExecute"),
+    ("agones.dev/gameservers", "NoExecute"),
+];
 
 #[test]
 fn the_agent_daemonset_keeps_its_promises() {
@@ -615,8 +810,37 @@ fn the_agent_daemonset_keeps_its_promises() {
         let objs = manifest(file);
         let ds = agent_daemonset(&objs);
         let pod = &ds["spec"]["template"]["spec"];
-        assert_eq!(pod["priorityClassName"], "system-node-critical", "{file}");
+        // A class the chart owns, so GKE's gcp-critical-pods quota (system-node-critical
+        // only in kube-system) does not refuse the agents.
+        let class = pod["priorityClassName"].as_str().expect("a priority class");
+        let pc = find(&objs, "PriorityClass");
+        assert!(
+            pc.iter().any(|p| p["metadata"]["name"] == class),
+            "{file}: the agent's priority class {class} is not in the manifests"
+        );
+        assert!(!class.starts_with("system-"), "{file}: {class}");
         assert_eq!(pod["nodeSelector"]["role"], "game-servers", "{file}");
+        // Node-agent scheduling: Linux, the images' architectures.
+        let terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0]["matchExpressions"]
+            .to_string();
+        for needle in ["kubernetes.io/os", "kubernetes.io/arch", "arm64", "amd64"] {
+            assert!(terms.contains(needle), "{file}: affinity lacks {needle}");
+        }
+        let tolerations = pod["tolerations"].as_array().cloned().unwrap_or_default();
+        for (key, effect) in DRAIN_TAINTS {
+            assert!(
+                tolerates(
+                    &tolerations,
+                    &(key.to_string(), "true".into(), effect.to_string())
+                ),
+                "{file}: the agent does not tolerate {key}:{effect}, so it is evicted from a draining node"
+            );
+        }
+        assert_eq!(
+            ds["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/part-of"], "lastcall",
+            "{file}: the scrape label the docs promise"
+        );
         let c = &pod["containers"][0];
         let env = c["env"].as_array().unwrap();
         let node_name = env.iter().find(|e| e["name"] == "NODE_NAME").unwrap();
@@ -637,16 +861,228 @@ fn the_agent_daemonset_keeps_its_promises() {
         assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz", "{file}");
         assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz", "{file}");
         assert!(c["resources"]["requests"].is_object(), "{file}");
-        // The rollout starts a node's new agent before stopping the old one.
         let ru = &ds["spec"]["updateStrategy"]["rollingUpdate"];
-        assert_eq!(ru["maxUnavailable"], 0, "{file}");
-        assert_eq!(ru["maxSurge"], 1, "{file}");
+        if pod["hostNetwork"] == true {
+            // Instance metadata needs the node's network; two agents cannot share its port.
+            assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet", "{file}");
+            assert_eq!(ru["maxSurge"], 0, "{file}");
+        } else {
+            // The rollout starts a node's new agent before stopping the old one.
+            assert_eq!(ru["maxUnavailable"], 0, "{file}");
+            assert_eq!(ru["maxSurge"], 1, "{file}");
+        }
+    }
+    // FleetIQ reads the instance id from IMDS: hostNetwork by default (hop limit 1).
+    let fleetiq = manifest("lastcall-fleetiq.yaml");
+    assert_eq!(
+        agent_daemonset(&fleetiq)["spec"]["template"]["spec"]["hostNetwork"],
+        true
+    );
+    // pubsub and Redis stay off game-server nodes (they would keep a WhenEmpty node).
+    for d in find(&fleetiq, "Deployment") {
+        let terms = d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"].to_string();
+        assert!(
+            terms.contains("\"NotIn\"") && terms.contains("game-servers"),
+            "{}: not kept off game-server nodes",
+            d["metadata"]["name"]
+        );
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Every flag of both binaries has a chart value, with the binary's default
+// ---------------------------------------------------------------------------------------
+
+/// Where a flag is set from, when it is not `<component>.<camelCaseFlag>` (or, for
+/// pubsub's `--webhook-*`, `pubsub.webhook.<camelCase>`). The paths must exist in
+/// values.yaml; their defaults are not compared (the flag is composed or per node).
+const FLAG_PATHS: &[(&str, &str, &[&str])] = &[
+    ("agent", "--node-name", &[]), // the Downward API (spec.nodeName)
+    ("agent", "--instance-id", &["agent.imdsEndpoint"]), // per node: read from IMDS
+    ("agent", "--game-server-id", &[]), // per node: the instance id
+    ("agent", "--redis-channel", &[]), // per node: the instance id
+    ("agent", "--game-server-group", &["fleetiq.gameServerGroup"]),
+    (
+        "agent",
+        "--redis-url",
+        &["redis.url", "redis.existingSecret", "redis.bundled.enabled"],
+    ),
+    ("agent", "--redis-ca-file", &["redis.tls.caSecret"]),
+    ("agent", "--aws-region", &["fleetiq.region"]),
+    (
+        "agent",
+        "--gamelift-endpoint",
+        &["fleetiq.gameliftEndpoint"],
+    ),
+    ("agent", "--listen", &["agent.listenHost", "agent.port"]),
+    ("agent", "--publish-period", &["pubsub.period"]),
+    ("pubsub", "--config-file", &["fleetiq.gameServerGroups"]),
+    (
+        "pubsub",
+        "--redis-url",
+        &["redis.url", "redis.existingSecret", "redis.bundled.enabled"],
+    ),
+    ("pubsub", "--redis-ca-file", &["redis.tls.caSecret"]),
+    ("pubsub", "--aws-region", &["fleetiq.region"]),
+    (
+        "pubsub",
+        "--gamelift-endpoint",
+        &["fleetiq.gameliftEndpoint"],
+    ),
+    ("pubsub", "--listen", &["pubsub.port"]),
+    (
+        "pubsub",
+        "--webhook-listen",
+        &["pubsub.webhook.enabled", "pubsub.webhook.port"],
+    ),
+    (
+        "pubsub",
+        "--webhook-tls-cert",
+        &["pubsub.webhook.tls.secretName"],
+    ),
+    (
+        "pubsub",
+        "--webhook-tls-key",
+        &["pubsub.webhook.tls.secretName"],
+    ),
+];
+
+/// Values whose chart default deliberately differs from the binary's (which has none).
+const CHART_DEFAULTS: &[(&str, &str)] = &[(
+    "pubsub.webhook.maxReplicas",
+    "required by the binary with --webhook-listen",
+)];
+
+fn camel(kebab: &str) -> String {
+    let mut out = String::new();
+    let mut up = false;
+    for ch in kebab.chars() {
+        if ch == '-' {
+            up = true;
+        } else if up {
+            out.push(ch.to_ascii_uppercase());
+            up = false;
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+fn value_at<'a>(values: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(values, |v, k| v.get(k))
+}
+
+/// A YAML scalar as `--help` would print it.
+fn as_flag_value(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// Every problem with one binary's flags against values.yaml and the template that passes
+/// them, one line per flag, saying what to add.
+fn flag_value_problems(component: &str, help: &str, values: &Value, template: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    for o in parse_help(help) {
+        if o.flag == "--help" || o.flag == "--version" {
+            continue;
+        }
+        if let Some((_, _, paths)) = FLAG_PATHS
+            .iter()
+            .find(|(c, f, _)| *c == component && *f == o.flag)
+        {
+            for p in *paths {
+                if value_at(values, p).is_none() {
+                    problems.push(format!("{component} {}: values.yaml has no {p}", o.flag));
+                }
+            }
+            continue;
+        }
+        let name = o.flag.trim_start_matches("--");
+        let path = match name.strip_prefix("webhook-") {
+            Some(rest) if component == "pubsub" => format!("pubsub.webhook.{}", camel(rest)),
+            _ => format!("{component}.{}", camel(name)),
+        };
+        let Some(v) = value_at(values, &path) else {
+            problems.push(format!(
+                "{component} {} has no chart value: add `{path}` (default {}) to charts/lastcall/values.yaml with a `# --` comment, \
+                 to values.schema.json, and pass it in charts/lastcall/templates/{}",
+                o.flag,
+                o.default.as_deref().map_or("unset".to_string(), |d| format!("`{d}`")),
+                if component == "agent" { "agent-daemonset.yaml" } else { "pubsub.yaml" }
+            ));
+            continue;
+        };
+        if !template.contains(&format!("{}=", o.flag))
+            && !template.contains(&format!("- {}\n", o.flag))
+        {
+            problems.push(format!(
+                "{component} {}: `{path}` exists but charts/lastcall/templates/{} never passes the flag",
+                o.flag,
+                if component == "agent" { "agent-daemonset.yaml" } else { "pubsub.yaml" }
+            ));
+        }
+        let chart_default = as_flag_value(v);
+        let binary_default = match (&o.default, &o.value) {
+            (Some(d), _) => d.clone(),
+            (None, None) => "false".to_string(), // a switch
+            (None, Some(_)) => String::new(),    // unset
+        };
+        if chart_default != binary_default && !CHART_DEFAULTS.iter().any(|(p, _)| *p == path) {
+            problems.push(format!(
+                "{component} {}: `{path}` defaults to `{chart_default}` in values.yaml, the binary to `{binary_default}`",
+                o.flag
+            ));
+        }
+    }
+    problems
+}
+
+#[test]
+fn every_flag_has_a_chart_value_with_the_binarys_default() {
+    let values: Value =
+        serde_saphyr::from_str(&read("charts/lastcall/values.yaml")).expect("values.yaml is YAML");
+    let mut problems = Vec::new();
+    for (component, bin, template) in [
+        ("agent", "lastcall-agent", "agent-daemonset.yaml"),
+        ("pubsub", "lastcall-pubsub", "pubsub.yaml"),
+    ] {
+        let help = help_of(bin);
+        let template = read(&format!("charts/lastcall/templates/{template}"));
+        problems.extend(flag_value_problems(component, &help, &values, &template));
+    }
+    assert!(
+        problems.is_empty(),
+        "the chart does not cover every flag:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn a_new_flag_without_a_value_is_named() {
+    let values: Value = serde_json::json!({"agent": {"dryRun": false, "drainDeadline": "30m"}});
+    let help = "x\n\nOptions:\n      --dry-run\n          Dry [env: D=]\n      --drain-deadline <D>\n          Deadline [env: X=] [default: 45m]\n      --brand-new <N>\n          New [env: N=] [default: 3]\n";
+    let template = "- --dry-run\n- --drain-deadline={{ x }}\n";
+    let p = flag_value_problems("agent", help, &values, template);
+    assert_eq!(p.len(), 2, "{p:#?}");
+    assert!(
+        p[0].contains("--drain-deadline") && p[0].contains("`45m`"),
+        "{}",
+        p[0]
+    );
+    assert!(
+        p[1].contains("--brand-new has no chart value: add `agent.brandNew` (default `3`)"),
+        "{}",
+        p[1]
+    );
+}
+
 /// What CI can check of the images without building them (the build itself is
-/// `hack/build-images.sh`, run by hand): a static musl build, an empty final stage, a
-/// non-root user, the binary as the entrypoint.
+/// `hack/build-images.sh`, run by hand): a static musl build for amd64 and arm64, an empty
+/// final stage, a non-root user, the binary as the entrypoint.
 #[test]
 fn dockerfiles_build_static_non_root_images_from_scratch() {
     for c in ["agent", "pubsub"] {
@@ -676,9 +1112,11 @@ fn dockerfiles_build_static_non_root_images_from_scratch() {
             "Dockerfile.{c}: no RUN in a stage without a shell"
         );
         assert!(
-            text.contains("--target x86_64-unknown-linux-musl")
+            text.contains("x86_64-unknown-linux-musl")
+                && text.contains("aarch64-unknown-linux-musl")
+                && text.contains("ARG TARGETARCH")
                 && text.contains(&format!("--bin lastcall-{c}")),
-            "Dockerfile.{c}: the builder must produce the static musl binary"
+            "Dockerfile.{c}: the builder must produce the static musl binary for amd64 and arm64"
         );
         assert!(
             text.contains("ca-certificates.crt"),
@@ -802,8 +1240,9 @@ fn configuration_md() -> String {
          Every option of both binaries is a command-line flag and an environment variable; the \
          flag wins when both are set. A bad value exits with code 2 and one line on stderr \
          naming the flag. Durations take `ms`, `s`, `m` or `h`; a bare number is seconds. The \
-         chart sets the common ones from `values.yaml` (see `charts/lastcall/README.md`) and \
-         takes any other through `agent.extraArgs` / `pubsub.extraArgs` or `extraEnv`.\n\n\
+         chart has a value for every flag (`charts/lastcall/README.md`; the packaging test \
+         checks the names and the defaults against `--help`), and takes anything else through \
+         `agent.extraArgs` / `pubsub.extraArgs` or `extraEnv`.\n\n\
          Other environment the binaries read: `KUBECONFIG` or the in-cluster service account \
          (agent), the AWS SDK's credential chain (`AWS_ACCESS_KEY_ID`, `AWS_PROFILE`, IRSA's \
          `AWS_WEB_IDENTITY_TOKEN_FILE` / `AWS_ROLE_ARN`, EKS Pod Identity), and `RUST_LOG`, \
@@ -1243,6 +1682,9 @@ async fn dashboard_and_alerts_use_only_metrics_the_binaries_export() {
         "LastcallHeartbeatFailures",
         "LastcallSignalsRejected",
         "LastcallMatchesAtRisk",
+        "LastcallEmptyNodeStillRegistered",
+        "LastcallSourceDown",
+        "LastcallGameLiftErrors",
     ] {
         assert!(alerts.contains(a), "alert {a} missing");
     }
@@ -1420,6 +1862,14 @@ const NOT_RUN: &[(&str, &str)] = &[
         "the emulator's pods are game servers only; lastcall's own pods do not exist there",
     ),
     (
+        "kubectl -n lastcall get serviceaccount",
+        "ServiceAccounts are not served by the emulator",
+    ),
+    (
+        "kubectl -n lastcall rollout restart",
+        "Deployments and DaemonSets (apps/v1) are not served by the emulator",
+    ),
+    (
         "kubectl delete gameserver",
         "deleting a match by hand ends it; the test keeps the match running to check the rollback",
     ),
@@ -1579,6 +2029,20 @@ async fn the_runbook_works_with_the_real_kubectl() {
         stuck.contains(&keep.name),
         "the stuck-drain commands do not show {}:\n{stuck}",
         keep.name
+    );
+
+    // 3b. A node that stays empty but registered, and a source that is down: the commands
+    //     show the drain's progress marks and the node's game servers.
+    let empty = run_all("A node stays empty but registered");
+    assert!(
+        empty.contains("started=20") && empty.contains("deregistered=\n"),
+        "the empty-node commands do not show drain-started and a missing deregistration:\n{empty}"
+    );
+    assert!(empty.contains(&keep.name), "{empty}");
+    let down = run_all("A signal source is down");
+    assert!(
+        down.contains("cause=manual") && down.contains("started=20"),
+        "the source-down commands do not show the drain's cause:\n{down}"
     );
 
     // 4. Roll back: the drain is cancelled and the node is as before.

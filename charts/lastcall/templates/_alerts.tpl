@@ -17,6 +17,39 @@ groups:
         annotations:
           summary: "Node {{`{{ $labels.node }}`}} has been draining for more than {{ $r.drainTooLongMinutes }} minutes."
           description: "The agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} has not finished the drain: matches are still running or a write keeps failing. See docs/operations.md, \"A drain is stuck\"."
+      - alert: LastcallEmptyNodeStillRegistered
+        # `empty` is the end of a drain without FleetIQ; with FleetIQ the agent deregisters
+        # within seconds of reaching it, so a FleetIQ agent that stays `empty` cannot
+        # deregister (IAM without gamelift:DescribeGameServer or DeregisterGameServer,
+        # GameLift unreachable) and FleetIQ keeps counting the instance.
+        expr: |-
+          (max by (namespace, pod, node) (lastcall_drain_phase{phase="empty"}) == 1)
+          and on (namespace, pod) lastcall_source_up{source="fleetiq"}
+        for: {{ $r.emptyRegisteredMinutes }}m
+        labels:
+          severity: warning
+        annotations:
+          summary: "Node {{`{{ $labels.node }}`}} has been empty for {{ $r.emptyRegisteredMinutes }} minutes but is still registered with FleetIQ."
+          description: "The agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} cannot deregister the instance: check lastcall_gamelift_calls_total{operation=~\"DescribeGameServer|DeregisterGameServer\"} and the agent's IAM policy. See docs/operations.md, \"A node stays empty but registered\"."
+      - alert: LastcallSourceDown
+        # IMDS or the GCE metadata server unreachable (on GKE under Workload Identity without
+        # hostNetwork it never answers): the node drains on its other signals only.
+        expr: max by (namespace, pod, node, source) (lastcall_source_up{source!="fleetiq"}) == 0
+        for: {{ $r.sourceDownMinutes }}m
+        labels:
+          severity: warning
+        annotations:
+          summary: "Signal source {{`{{ $labels.source }}`}} is down on node {{`{{ $labels.node }}`}}."
+          description: "The agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} has not read {{`{{ $labels.source }}`}} for {{ $r.sourceDownMinutes }} minutes; notices from it are missed. See docs/operations.md, \"A signal source is down\"."
+      - alert: LastcallGameLiftErrors
+        # `error` is every GameLift failure that is not a conflict, NotFound, throttling or a
+        # network failure: AccessDenied above all.
+        expr: sum by (namespace, pod, node, operation) (increase(lastcall_gamelift_calls_total{result="error"}[10m])) >= 3
+        labels:
+          severity: warning
+        annotations:
+          summary: "GameLift {{`{{ $labels.operation }}`}} fails on node {{`{{ $labels.node }}`}}."
+          description: "{{`{{ $value }}`}} {{`{{ $labels.operation }}`}} calls failed in 10 minutes, usually AccessDenied: compare the agent's IAM policy with docs/install.md. See docs/operations.md, \"GameLift refuses the agent's calls\"."
       - alert: LastcallMatchesAtRisk
         expr: |-
           (sum by (namespace, pod, node) (lastcall_game_servers{state=~"allocated|reserved|unknown"}) > 0)

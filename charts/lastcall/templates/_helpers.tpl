@@ -42,6 +42,12 @@ app.kubernetes.io/instance: {{ $root.Release.Name }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
+{{/* Labels of one component's pods: the selector plus `part-of`, which scrape configs select. */}}
+{{- define "lastcall.podLabels" -}}
+{{ include "lastcall.selectorLabels" . }}
+app.kubernetes.io/part-of: lastcall
+{{- end -}}
+
 {{/* Image of one component: pass (list $ .Values.agent.repository). */}}
 {{- define "lastcall.image" -}}
 {{- $root := index . 0 -}}
@@ -61,30 +67,58 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- default (printf "%s-pubsub" (include "lastcall.fullname" .)) .Values.pubsub.serviceAccount.name -}}
 {{- end -}}
 
+{{/* Whether pubsub is deployed: something needs it (FleetIQ statuses, the webhook). */}}
+{{- define "lastcall.pubsubEnabled" -}}
+{{- if and .Values.pubsub.enabled (or .Values.fleetiq.enabled .Values.pubsub.webhook.enabled) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Whether the agents publish their drain state (the webhook reads it). */}}
+{{- define "lastcall.publishDrainState" -}}
+{{- if or .Values.agent.publishDrainState .Values.pubsub.webhook.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* Whether anything deployed uses Redis. */}}
+{{- define "lastcall.redisNeeded" -}}
+{{- if or .Values.fleetiq.enabled (include "lastcall.pubsubEnabled" .) (and .Values.agent.enabled (include "lastcall.publishDrainState" .)) -}}true{{- end -}}
+{{- end -}}
+
 {{/* Whether the bundled Redis is deployed. */}}
 {{- define "lastcall.bundledRedis" -}}
-{{- if and .Values.fleetiq.enabled .Values.redis.bundled.enabled -}}true{{- end -}}
+{{- if and (include "lastcall.redisNeeded" .) .Values.redis.bundled.enabled (not .Values.redis.url) (not .Values.redis.existingSecret) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+Whether the agent runs in the host network: `auto` turns it on when the agent reads instance
+metadata (the instance id for FleetIQ, the IMDS and GCE sources), which a pod's own network
+namespace may not reach (IMDSv2 hop limit 1; GKE Workload Identity).
+*/}}
+{{- define "lastcall.hostNetwork" -}}
+{{- $v := .Values.agent.hostNetwork -}}
+{{- if eq (toString $v) "auto" -}}
+{{- if or .Values.fleetiq.enabled .Values.agent.awsImds .Values.agent.gceMetadata -}}true{{- end -}}
+{{- else if $v -}}true{{- end -}}
+{{- end -}}
+
+{{/* The agent's priority class: the value, else the chart's own, else none. */}}
+{{- define "lastcall.agentPriorityClass" -}}
+{{- if .Values.agent.priorityClassName -}}
+{{- .Values.agent.priorityClassName -}}
+{{- else if .Values.priorityClass.create -}}
+{{- printf "%s-node-agent" (include "lastcall.fullname" .) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "lastcall.redisAuthSecret" -}}
-{{- default (printf "%s-redis-auth" (include "lastcall.fullname" .)) .Values.redis.bundled.auth.existingSecret -}}
+{{- required "redis.bundled.auth.existingSecret is required with the bundled Redis: create it with `kubectl -n <namespace> create secret generic lastcall-redis-auth --from-literal=password=\"$(openssl rand -hex 24)\"` (or set redis.url / redis.existingSecret for your own Redis)" .Values.redis.bundled.auth.existingSecret -}}
 {{- end -}}
 
 {{/*
 REDIS_URL (and the password it refers to) as container env entries. The bundled Redis' URL
 names the password through $(REDIS_PASSWORD), which the kubelet expands, so the password
-only ever lives in the Secret.
+only ever lives in the Secret. With redis.tls.caSecret, REDIS_CA_FILE names the mounted CA.
 */}}
 {{- define "lastcall.redisEnv" -}}
-{{- if include "lastcall.bundledRedis" . }}
-- name: REDIS_PASSWORD
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "lastcall.redisAuthSecret" . }}
-      key: {{ .Values.redis.bundled.auth.existingSecretKey }}
-- name: REDIS_URL
-  value: {{ printf "redis://:$(REDIS_PASSWORD)@%s-redis.%s.svc:6379" (include "lastcall.fullname" .) (include "lastcall.namespace" .) | quote }}
-{{- else if .Values.redis.existingSecret }}
+{{- if .Values.redis.existingSecret }}
 - name: REDIS_URL
   valueFrom:
     secretKeyRef:
@@ -93,9 +127,46 @@ only ever lives in the Secret.
 {{- else if .Values.redis.url }}
 - name: REDIS_URL
   value: {{ .Values.redis.url | quote }}
+{{- else if include "lastcall.bundledRedis" . }}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "lastcall.redisAuthSecret" . }}
+      key: {{ .Values.redis.bundled.auth.existingSecretKey }}
+- name: REDIS_URL
+  value: {{ printf "redis://:$(REDIS_PASSWORD)@%s-redis.%s.svc:6379" (include "lastcall.fullname" .) (include "lastcall.namespace" .) | quote }}
 {{- else }}
-{{- fail "fleetiq.enabled needs Redis: keep redis.bundled.enabled, or set redis.url or redis.existingSecret" }}
+{{- fail "Redis is needed (fleetiq.enabled, pubsub.webhook.enabled or agent.publishDrainState): keep redis.bundled.enabled, or set redis.url or redis.existingSecret" }}
 {{- end }}
+{{- if .Values.redis.tls.caSecret }}
+- name: REDIS_CA_FILE
+  value: /etc/lastcall/redis-ca/{{ .Values.redis.tls.caSecretKey }}
+{{- end }}
+{{- end -}}
+
+{{/* The Redis CA volume mount and volume, when redis.tls.caSecret is set. */}}
+{{- define "lastcall.redisCaMount" -}}
+{{- if and (include "lastcall.redisNeeded" .) .Values.redis.tls.caSecret }}
+- name: redis-ca
+  mountPath: /etc/lastcall/redis-ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+{{- define "lastcall.redisCaVolume" -}}
+{{- if and (include "lastcall.redisNeeded" .) .Values.redis.tls.caSecret }}
+- name: redis-ca
+  secret:
+    secretName: {{ .Values.redis.tls.caSecret }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Rolls the pods when a setting they read from outside their own spec changes (the Redis
+wiring, the groups). A Secret's content is not visible to the chart: after rotating one,
+`kubectl rollout restart` the workloads.
+*/}}
+{{- define "lastcall.configChecksum" -}}
+{{- dict "redis" .Values.redis "fleetiq" .Values.fleetiq | toJson | sha256sum | trunc 16 -}}
 {{- end -}}
 
 {{/* The security context both lastcall containers run with. */}}
