@@ -718,18 +718,17 @@ fn aws_actions(krate_dir: &str) -> BTreeSet<String> {
     actions
 }
 
-/// The `Allow` actions of the policy document `docs/install.md` writes with
-/// `cat > <file> <<'JSON'`.
-fn documented_policy(file: &str) -> BTreeSet<String> {
-    let md = read("docs/install.md");
+/// The `Allow` actions of the policy document `doc` writes with `cat > <file> <<'JSON'`.
+fn documented_policy(doc: &str, file: &str) -> BTreeSet<String> {
+    let md = read(doc);
     let start = format!("cat > {file} <<'JSON'\n");
     let body = md
         .split_once(&start)
         .and_then(|(_, rest)| rest.split_once("\nJSON\n"))
         .map(|(body, _)| body)
-        .unwrap_or_else(|| panic!("docs/install.md has no `{}` heredoc", start.trim()));
+        .unwrap_or_else(|| panic!("{doc} has no `{}` heredoc", start.trim()));
     let doc: Value = serde_json::from_str(body)
-        .unwrap_or_else(|e| panic!("docs/install.md: {file} is not JSON: {e}"));
+        .unwrap_or_else(|e| panic!("{doc}: {file} is not JSON: {e}"));
     let mut out = BTreeSet::new();
     for st in doc["Statement"].as_array().expect("Statement") {
         assert_eq!(st["Effect"], "Allow", "{file}: only Allow statements");
@@ -751,21 +750,37 @@ fn documented_policy(file: &str) -> BTreeSet<String> {
 /// privilege nobody needs.
 #[test]
 fn the_documented_iam_policies_are_exactly_the_aws_calls_the_code_makes() {
-    for (krate, file) in [
-        ("agent", "lastcall-agent-policy.json"),
-        ("pubsub", "lastcall-pubsub-policy.json"),
+    // The agent's optional Auto Scaling lifecycle permissions are documented with that
+    // feature; together with the install policy they must be exactly what it calls.
+    for (krate, policies) in [
+        (
+            "agent",
+            &[
+                ("docs/install.md", "lastcall-agent-policy.json"),
+                ("docs/asg-lifecycle.md", "lastcall-asg-policy.json"),
+            ][..],
+        ),
+        ("pubsub", &[("docs/install.md", "lastcall-pubsub-policy.json")][..]),
     ] {
         let calls = aws_actions(krate);
         assert!(
             !calls.is_empty(),
             "{krate}: found no AWS SDK call; the scan is broken"
         );
-        let policy = documented_policy(file);
+        let policy: BTreeSet<String> = policies
+            .iter()
+            .flat_map(|(doc, file)| documented_policy(doc, file))
+            .collect();
+        let file = policies
+            .iter()
+            .map(|(doc, file)| format!("{doc} {file}"))
+            .collect::<Vec<_>>()
+            .join(" + ");
         let missing: Vec<_> = calls.difference(&policy).collect();
         let unused: Vec<_> = policy.difference(&calls).collect();
         assert!(
             missing.is_empty() && unused.is_empty(),
-            "docs/install.md {file} differs from the AWS calls {krate}/src makes.\n\
+            "{file} differs from the AWS calls {krate}/src makes.\n\
              Called but not allowed (add to the policy): {missing:?}\n\
              Allowed but never called (remove): {unused:?}"
         );
@@ -898,6 +913,9 @@ fn the_agent_daemonset_keeps_its_promises() {
 /// values.yaml; their defaults are not compared (the flag is composed or per node).
 const FLAG_PATHS: &[(&str, &str, &[&str])] = &[
     ("agent", "--node-name", &[]), // the Downward API (spec.nodeName)
+    ("agent", "--pod-name", &[]),  // the Downward API (metadata.name)
+    ("agent", "--pod-namespace", &[]), // the Downward API (metadata.namespace)
+    ("agent", "--pod-uid", &[]),   // the Downward API (metadata.uid)
     ("agent", "--instance-id", &["agent.imdsEndpoint"]), // per node: read from IMDS
     ("agent", "--game-server-id", &[]), // per node: the instance id
     ("agent", "--redis-channel", &[]), // per node: the instance id
