@@ -89,13 +89,13 @@ app.kubernetes.io/part-of: lastcall
 
 {{/*
 Whether the agent runs in the host network: `auto` turns it on when the agent reads instance
-metadata (the instance id for FleetIQ, the IMDS and GCE sources), which a pod's own network
+metadata (the instance id for FleetIQ, the IMDS, Auto Scaling hook and GCE sources), which a pod's own network
 namespace may not reach (IMDSv2 hop limit 1; GKE Workload Identity).
 */}}
 {{- define "lastcall.hostNetwork" -}}
 {{- $v := .Values.agent.hostNetwork -}}
 {{- if eq (toString $v) "auto" -}}
-{{- if or .Values.fleetiq.enabled .Values.agent.awsImds .Values.agent.gceMetadata -}}true{{- end -}}
+{{- if or .Values.fleetiq.enabled .Values.agent.awsImds .Values.agent.asgLifecycle .Values.agent.gceMetadata -}}true{{- end -}}
 {{- else if $v -}}true{{- end -}}
 {{- end -}}
 
