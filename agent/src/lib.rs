@@ -21,6 +21,7 @@ pub mod own_writes;
 pub mod policy;
 pub mod progress;
 pub mod reconciler;
+pub mod reverted;
 pub mod run;
 pub mod sources;
 pub mod watches;

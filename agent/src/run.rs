@@ -157,6 +157,7 @@ pub async fn run(
                 floor: config.release_floor,
                 interval: config.release_interval,
                 batch: config.release_batch,
+                hold_max: config.release_hold_max,
             },
         },
         config.release_concurrency as usize,
