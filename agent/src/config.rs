@@ -176,9 +176,10 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_GRACEFUL_TERMINATION")]
     pub graceful_termination: bool,
 
-    /// Keep `karpenter.sh/do-not-disrupt` and `cluster-autoscaler.kubernetes.io/safe-to-evict`
-    /// on this node's game-server pods so autoscalers may take a node holding only idle
-    /// servers (`in-use`), or none (`all`), and never one holding a match. A Node label
+    /// Keep `karpenter.sh/do-not-disrupt: "true"` and
+    /// `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"` on this node's game-server
+    /// pods that hold a match (`in-use`), or on all of them (`all`), so no autoscaler takes a
+    /// node holding a match. lastcall never marks a pod evictable. A Node label
     /// `lastcall.dev/autoscaler-cooperation` overrides it per node pool. See
     /// docs/autoscalers.md.
     #[arg(

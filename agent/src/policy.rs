@@ -383,7 +383,9 @@ fn warn_unknown_eviction_safe(obs: &Observed, warnings: &mut Vec<Warning>) {
 
 /// Autoscaler cooperation: the annotations each game-server pod on this node should carry
 /// for its server's state (see `cooperation`). One patch per pod that needs one; none when
-/// the mode is off and lastcall never wrote any.
+/// the mode is off and lastcall never wrote any. Protecting a match comes first in the plan:
+/// an autoscaler re-reads the pod seconds after choosing the node, and a failed Node write
+/// (a conflict) must not hold it back; giving protection up comes last.
 fn cooperate(inp: &Inputs<'_>, out: &mut Plan) {
     let obs = inp.observed;
     let mode = match cooperation::Mode::for_node(&obs.node.labels, inp.config.cooperation) {
@@ -408,12 +410,20 @@ fn cooperate(inp: &Inputs<'_>, out: &mut Plan) {
             continue;
         };
         let changes = cooperation::desired(gs, pod, mode);
-        if !changes.is_empty() {
-            out.actions.push(Action::AnnotatePod {
-                namespace: pod.namespace.clone(),
-                pod: pod.name.clone(),
-                changes,
-            });
+        if changes.is_empty() {
+            continue;
+        }
+        let protects = changes.get(cooperation::ANN_DO_NOT_DISRUPT) == Some(&Some("true".into()))
+            || changes.get(cooperation::ANN_SAFE_TO_EVICT) == Some(&Some("false".into()));
+        let a = Action::AnnotatePod {
+            namespace: pod.namespace.clone(),
+            pod: pod.name.clone(),
+            changes,
+        };
+        if protects {
+            out.actions.insert(0, a);
+        } else {
+            out.actions.push(a);
         }
     }
 }
