@@ -795,6 +795,9 @@ fn game_server_work(
     }
 }
 
+/// With a floor, how long after its drain started a node first releases a paced server.
+const FLOOR_SETTLE: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
+
 /// How long a Fleet held back by the floor waits before its status is read again.
 const FLOOR_RECHECK: jiff::SignedDuration = jiff::SignedDuration::from_secs(1);
 
@@ -910,6 +913,18 @@ fn fleet_budget(
         budget = i64::from(pacing.batch.max(1));
     }
     if pacing.floor > 0 {
+        // Nodes that started draining at about the same time mark their servers within a
+        // round trip or two: decide once they can have, so none counts another's as capacity.
+        let started = Progress::from_annotations(&inp.observed.node.annotations)
+            .started
+            .filter(|t| *t > Timestamp::UNIX_EPOCH)
+            .unwrap_or(inp.now);
+        if let Ok(settled) = started.checked_add(FLOOR_SETTLE)
+            && settled > inp.now
+        {
+            wake(wake_at, settled);
+            return 0;
+        }
         // Keep here what the floor needs beyond the Ready servers elsewhere.
         let here = inp.observed.ready_here(ns, fleet);
         let spare = match facts.ready_elsewhere {

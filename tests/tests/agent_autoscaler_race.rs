@@ -145,8 +145,19 @@ async fn interleaving(setting: Setting, seed: u64) -> Outcome {
         .client_without_retry(ALLOCATOR_IDENTITY)
         .await
         .expect("allocator client");
+    // With the agent gone, one allocation lands before the autoscaler looks: the case an
+    // absent agent must not leave evictable.
+    let mut first = BTreeSet::new();
+    if gone {
+        let req = AllocationRequest::fleet(NS, "fleet").on_node("n1");
+        let gs = lastcall_testkit::cluster::allocator::allocate(&alloc_client, &req)
+            .await
+            .expect("allocate")
+            .expect("a Ready server on n1");
+        first.insert(gs.name);
+    }
     let allocator = async {
-        let mut won = BTreeSet::new();
+        let mut won = first;
         if !allocating {
             return won;
         }

@@ -235,13 +235,14 @@ async fn held_servers_are_excluded_at_once_and_the_hold_is_bounded() {
     agent.stop().await.expect("clean stop");
 }
 
-/// Three nodes of 3 Ready servers each drain one Fleet together, floor 2, with a fourth node
-/// free for replacements. Each agent counts the servers on the other draining nodes as
-/// leaving, not as capacity: sampled throughout, the Fleet keeps 2 Ready servers, and all
-/// nine are released in the end.
+/// Three nodes of 3 Ready servers each drain one Fleet together, floor 4, with no node left
+/// for replacements. Each agent counts the servers on the other draining nodes as leaving,
+/// not as capacity: none is released (the Fleet's 9 Ready servers stay allocatable to
+/// allocators without the exclusion selector) until `--release-hold-max` ends the hold, and
+/// then all are. Counting the others' held servers as Ready elsewhere, the first node to
+/// decide would release all of its own at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_draining_together_do_not_count_each_other_as_capacity() {
-    const FLOOR2: usize = 2;
     let cluster = Cluster::start(ClusterConfig::default())
         .await
         .expect("cluster");
@@ -263,40 +264,66 @@ async fn nodes_draining_together_do_not_count_each_other_as_capacity() {
             .count();
         assert_eq!(here, 3, "the scheduler spreads the Fleet: {n} has {here}");
     }
-    let flags = ["--release-floor", "2", "--resync-interval", "1s"];
+    let flags = [
+        "--release-floor",
+        "4",
+        "--release-hold-max",
+        "6s",
+        "--resync-interval",
+        "1s",
+    ];
     let mut agents = vec![];
     for n in ["n1", "n2", "n3"] {
         agents.push(agent_on(&cluster, n, &flags).await);
     }
     claimed(&cluster).await;
-    cluster.add_node(NodeSpec::new("n4")).expect("n4");
     for n in ["n1", "n2", "n3"] {
         drain(&cluster, n).await;
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let mut lowest = usize::MAX;
-    loop {
-        let r = ready(&cluster);
-        lowest = lowest.min(r);
-        assert!(
-            r >= FLOOR2,
-            "the Fleet fell to {r} Ready servers (floor {FLOOR2})"
-        );
-        let left = cluster
-            .game_servers()
-            .iter()
-            .filter(|g| g.node.as_deref() != Some("n4") && !g.deleting)
-            .count();
-        if left == 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{left} servers still on the draining nodes after 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    eprintln!("lowest Ready count {lowest} (floor {FLOOR2})");
+    let deletes = |cluster: &Cluster| {
+        cluster.emulator().journal().count(|e| {
+            e.identity
+                .as_deref()
+                .is_some_and(|i| i.starts_with("agent-"))
+                && e.verb == Verb::Delete
+                && e.resource.as_deref() == Some("gameservers")
+        })
+    };
+    eventually(
+        "all nine held and labelled",
+        Duration::from_secs(3),
+        Duration::from_millis(10),
+        || async {
+            let gs = cluster.game_servers();
+            (gs.len() == 9
+                && gs
+                    .iter()
+                    .all(|g| g.labels.get(DRAINING).map(String::as_str) == Some("true")))
+            .then_some(())
+        },
+    )
+    .await;
+    // Well past every agent's first decisions (the floor settles 2 s after a drain starts).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        deletes(&cluster),
+        0,
+        "a node counted another's servers as capacity"
+    );
+    assert_eq!(ready(&cluster), 9);
+    eventually(
+        "all released at --release-hold-max",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || async {
+            // Replacements wait unscheduled: every node is cordoned.
+            (!cluster.game_servers().iter().any(|g| {
+                !g.deleting && ["n1", "n2", "n3"].contains(&g.node.as_deref().unwrap_or(""))
+            }))
+            .then_some(())
+        },
+    )
+    .await;
     for a in agents {
         a.stop().await.expect("clean stop");
     }

@@ -1251,7 +1251,17 @@ fn a_ready_server_whose_pod_is_terminating_is_released_even_without_a_drain() {
     assert!(run(&o, &[], &cfg()).actions.is_empty());
 }
 
+/// A node whose drain started 10 s ago (past the floor's settle time).
 fn fleet_servers(n: usize) -> Observed {
+    let mut o = fleet_servers_now(n);
+    o.node.annotations.insert(
+        keys::ANN_STARTED.into(),
+        format_ts(now() - jiff::SignedDuration::from_secs(10)),
+    );
+    o
+}
+
+fn fleet_servers_now(n: usize) -> Observed {
     let mut o = observed(
         (0..n)
             .map(|i| {
@@ -1379,6 +1389,16 @@ fn held_servers_are_labelled_at_once_and_the_hold_is_bounded() {
         p.wake_at.is_some_and(|w| w <= now() + hold_max),
         "wakes for the end of the hold at the latest"
     );
+    // A drain that has just started releases nothing for the first 2 s: other nodes
+    // draining now have marked theirs by then.
+    let mut fresh = simulate(
+        &fleet_servers_now(10),
+        &run(&fleet_servers_now(10), &[draining()], &c).actions,
+    );
+    fresh.fleets = o.fleets.clone();
+    let p = run(&fresh, &[draining()], &c);
+    assert_eq!(released(&p), 0);
+    assert_eq!(p.wake_at, Some(now() + jiff::SignedDuration::from_secs(2)));
     // Without a floor, held servers are labelled in the pass that holds them.
     let mut paced = cfg();
     paced.pacing.interval = Duration::from_secs(60);
