@@ -227,9 +227,10 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_GRACEFUL_TERMINATION")]
     pub graceful_termination: bool,
 
-    /// Keep `karpenter.sh/do-not-disrupt` and `cluster-autoscaler.kubernetes.io/safe-to-evict`
-    /// on this node's game-server pods so autoscalers may take a node holding only idle
-    /// servers (`in-use`), or none (`all`), and never one holding a match. A Node label
+    /// Keep `karpenter.sh/do-not-disrupt: "true"` and
+    /// `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"` on this node's game-server
+    /// pods that hold a match (`in-use`), or on all of them (`all`), so no autoscaler takes a
+    /// node holding a match. lastcall never marks a pod evictable. A Node label
     /// `lastcall.dev/autoscaler-cooperation` overrides it per node pool. See
     /// docs/autoscalers.md.
     #[arg(
@@ -246,9 +247,10 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_PUBLISH_DRAIN_STATE", requires = "redis_url")]
     pub publish_drain_state: bool,
 
-    /// Release pacing: while draining, keep at least this many Ready servers in each Fleet
-    /// (cluster-wide, from the Fleet's status, this node's included) when releasing this
-    /// node's idle ones; the rest wait for replacements to become Ready elsewhere. 0 = off.
+    /// Release pacing: while draining, keep at least this many Ready servers in each Fleet on
+    /// nodes that are not draining (the Fleet's status, less its servers labelled
+    /// `lastcall.dev/node-draining`) when releasing this node's idle ones; the rest wait for
+    /// replacements to become Ready elsewhere, for `--release-hold-max` at most. 0 = off.
     /// A Terminate deadline overrides it. Needs `get` on Agones Fleets.
     #[arg(long, env = "LASTCALL_RELEASE_FLOOR", default_value_t = 0)]
     pub release_floor: u32,
@@ -262,6 +264,13 @@ pub struct Config {
     /// (the per-Fleet concurrency; `--release-concurrency` bounds all Fleets together).
     #[arg(long, env = "LASTCALL_RELEASE_BATCH", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub release_batch: u32,
+
+    /// Release pacing: the longest a drain holds a node's Ready servers back (an unreadable
+    /// Fleet, a floor the Fleet cannot reach); then they are all released. The notice's own
+    /// deadline, when earlier, ends the hold too. Held servers are labelled
+    /// `lastcall.dev/node-draining=true` at once.
+    #[arg(long, env = "LASTCALL_RELEASE_HOLD_MAX", default_value = "10m", value_parser = positive_duration)]
+    pub release_hold_max: Duration,
 
     /// Ready game servers deleted at once while releasing.
     #[arg(long, env = "LASTCALL_RELEASE_CONCURRENCY", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -296,6 +305,11 @@ pub struct Config {
     /// This agent's pod uid (Downward API metadata.uid).
     #[arg(long, env = "POD_UID", value_parser = non_empty, requires = "pod_name")]
     pub pod_uid: Option<String>,
+    /// Remove lastcall's autoscaler-cooperation annotations from every game-server pod in
+    /// the cluster (Agones' own values come back), then exit: for uninstalling (the chart
+    /// runs it as a pre-delete hook). Needs `list`/`patch` on pods and `get` on GameServers.
+    #[arg(long, env = "LASTCALL_CLEANUP_COOPERATION")]
+    pub cleanup_cooperation: bool,
 
     /// Log filter, e.g. info or lastcall_agent=debug,info. RUST_LOG overrides it.
     #[arg(long, env = "LASTCALL_LOG_LEVEL", default_value = "info", value_parser = lastcall_common::telemetry::parse_level)]

@@ -1,20 +1,25 @@
-//! Autoscaler cooperation (opt-in): the annotations that let the cluster autoscaler and
-//! Karpenter take a node holding only idle game servers, and never one holding a match.
+//! Autoscaler cooperation (opt-in): the annotations that keep the cluster autoscaler and
+//! Karpenter off a node holding a match.
 //!
 //! The facts behind it are in `docs/autoscalers.md`. In short: the cluster autoscaler will
-//! not pick a node with a pod that is owned by a custom controller (a GameServer) unless the
-//! pod says `cluster-autoscaler.kubernetes.io/safe-to-evict: "true"`, and it re-reads pods
-//! after tainting the node; Karpenter will not pick a node with a `karpenter.sh/do-not-disrupt`
-//! pod and will not evict such a pod. So lastcall keeps, on each game-server pod of its node:
+//! not pick a node with a pod that says `cluster-autoscaler.kubernetes.io/safe-to-evict:
+//! "false"`, and re-reads pods after tainting the node; Karpenter will not pick a node with a
+//! `karpenter.sh/do-not-disrupt` pod and will not evict such a pod. So lastcall keeps, on each
+//! game-server pod of its node:
 //!
 //! | game server | mode `in-use` | mode `all` |
 //! |---|---|---|
 //! | Allocated, Reserved, unknown state | `do-not-disrupt: "true"`, `safe-to-evict: "false"` | same |
-//! | Ready, or not Ready yet | no `do-not-disrupt`, `safe-to-evict: "true"` | `do-not-disrupt: "true"`, `safe-to-evict: "false"` |
+//! | Ready, or not Ready yet | Agones' own values (nothing of lastcall's) | `do-not-disrupt: "true"`, `safe-to-evict: "false"` |
 //!
-//! `all` keeps autoscalers off every game-server node (idle servers leave only when lastcall
-//! releases them on a signal). With `off`, lastcall removes what it set and restores Agones'
-//! own `safe-to-evict` value (`"true"` for `eviction.safe: Always`, else `"false"`).
+//! lastcall only ever writes protective values. Whatever it leaves behind when it is gone
+//! (uninstalled, crash-looping, cut off) keeps a pod *more* protected than Agones would, never
+//! less: a server allocated while no agent watches has exactly Agones' own values. (Writing
+//! `safe-to-evict: "true"` on idle pods would let the cluster autoscaler take idle nodes, but
+//! such a pod allocated while the agent is away would stay evictable for as long as it is
+//! away.) With `off`, lastcall removes what it set and restores Agones' own `safe-to-evict`
+//! value (`"true"` for `eviction.safe: Always`, else `"false"`); so does `lastcall-agent
+//! --cleanup-cooperation` for the whole cluster (the chart's pre-delete hook).
 //!
 //! A key the user set in the GameServer's pod template is never touched. The pod records what
 //! lastcall manages in `lastcall.dev/managed-annotations`, so turning the feature off undoes
@@ -22,6 +27,8 @@
 //! one, so the load stays O(own node) and a transition costs one write.
 
 use std::collections::BTreeMap;
+
+pub mod cleanup;
 
 use crate::eviction::EvictionSafe;
 use crate::observed::{GameServerView, GsState, PodView};
@@ -38,7 +45,7 @@ pub enum Mode {
     /// lastcall writes nothing (and removes what it wrote before).
     #[default]
     Off,
-    /// Matches are protected; idle servers may be taken with their node.
+    /// Matches are protected; idle servers keep Agones' own values.
     InUse,
     /// Every game server is protected; only lastcall releases idle ones.
     All,
@@ -76,7 +83,11 @@ impl Mode {
 pub type Changes = BTreeMap<String, Option<String>>;
 
 fn protected(state: &GsState, mode: Mode) -> bool {
-    state.is_in_use() || mode == Mode::All
+    match mode {
+        Mode::Off => false,
+        Mode::InUse => state.is_in_use(),
+        Mode::All => true,
+    }
 }
 
 /// What lastcall wants on `pod` (of `gs`) in `mode`, as changes against what is there.
@@ -89,27 +100,21 @@ pub fn desired(gs: &GameServerView, pod: &PodView, mode: Mode) -> Changes {
         .unwrap_or_default();
     // The user's own values, from the GameServer's pod template: never ours to change.
     let users = |k: &str| gs.template_annotations.contains(k);
+    let protect = protected(&gs.state, mode);
     let mut want: BTreeMap<&str, Option<String>> = BTreeMap::new();
-    if mode == Mode::Off {
+    if protect {
+        for (k, v) in [(ANN_DO_NOT_DISRUPT, "true"), (ANN_SAFE_TO_EVICT, "false")] {
+            if !users(k) {
+                want.insert(k, Some(v.to_string()));
+            }
+        }
+    } else {
+        // Nothing of lastcall's: Agones' own values back where lastcall wrote.
         for k in &managed {
             want.insert(
                 k,
                 (*k == ANN_SAFE_TO_EVICT).then(|| agones_default(&gs.eviction_safe).to_string()),
             );
-        }
-    } else {
-        let keep = protected(&gs.state, mode);
-        for k in [ANN_DO_NOT_DISRUPT, ANN_SAFE_TO_EVICT] {
-            if users(k) {
-                continue;
-            }
-            let v = match (k, keep) {
-                (ANN_DO_NOT_DISRUPT, true) => Some("true".to_string()),
-                (ANN_DO_NOT_DISRUPT, false) => None,
-                (_, true) => Some("false".to_string()),
-                (_, false) => Some("true".to_string()),
-            };
-            want.insert(k, v);
         }
     }
     let mut changes = Changes::new();
@@ -118,16 +123,29 @@ pub fn desired(gs: &GameServerView, pod: &PodView, mode: Mode) -> Changes {
             changes.insert((*k).to_string(), v.clone());
         }
     }
-    let marker: Vec<&str> = if mode == Mode::Off {
-        vec![]
-    } else {
+    let marker: Vec<&str> = if protect {
         want.keys().copied().collect()
+    } else {
+        vec![]
     };
     let marker = (!marker.is_empty()).then(|| marker.join(","));
     if current(ANN_MANAGED) != marker {
         changes.insert(ANN_MANAGED.to_string(), marker);
     }
     changes
+}
+
+/// An in-use server whose pod an autoscaler may still take although cooperation is on for
+/// its node: `safe-to-evict: "true"` or no `do-not-disrupt`, on keys that are not the
+/// user's. True for a moment after an allocation, until lastcall's write lands; for longer,
+/// something reverts it (an admission policy) or lastcall cannot write.
+pub fn exposed(gs: &GameServerView, pod: &PodView, mode: Mode) -> bool {
+    let users = |k: &str| gs.template_annotations.contains(k);
+    let value = |k: &str| pod.annotations.get(k).map(String::as_str);
+    mode != Mode::Off
+        && gs.state.is_in_use()
+        && ((!users(ANN_SAFE_TO_EVICT) && value(ANN_SAFE_TO_EVICT) == Some("true"))
+            || (!users(ANN_DO_NOT_DISRUPT) && value(ANN_DO_NOT_DISRUPT) != Some("true")))
 }
 
 /// The value Agones itself puts on a game-server pod for its `eviction.safe`.

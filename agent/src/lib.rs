@@ -23,6 +23,7 @@ pub mod policy;
 pub mod progress;
 pub mod reconciler;
 pub mod request_deadline;
+pub mod reverted;
 pub mod run;
 pub mod sources;
 pub mod watches;

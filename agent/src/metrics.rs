@@ -39,6 +39,11 @@ pub struct ResultLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabel {
+    pub action: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ActionResult {
     pub action: &'static str,
     pub result: &'static str,
@@ -72,6 +77,8 @@ pub struct Metrics {
     pub signals: Family<SourceStatus, Counter>,
     pub notices: Family<NoticeLabels, Gauge>,
     pub matches_at_risk: Gauge,
+    pub cooperation_exposed: Gauge,
+    pub writes_reverted: Family<ActionLabel, Counter>,
     pub drain_state: Family<ResultLabel, Counter>,
     pub signals_rejected: Family<SourceReason, Counter>,
     pub phase: Family<PhaseLabel, Gauge>,
@@ -110,6 +117,8 @@ impl Metrics {
             signals: Family::default(),
             notices: Family::default(),
             matches_at_risk: Gauge::default(),
+            cooperation_exposed: Gauge::default(),
+            writes_reverted: Family::default(),
             drain_state: Family::default(),
             signals_rejected: Family::default(),
             phase: Family::default(),
@@ -237,6 +246,16 @@ impl Metrics {
             "matches_at_risk",
             "In-use game servers whose match may not end before the node's Terminate deadline and that lastcall may not end early (eviction.safe)",
             m.matches_at_risk.clone(),
+        );
+        r.register(
+            "cooperation_exposed_matches",
+            "In-use game servers on this node whose pod an autoscaler may take although autoscaler cooperation is on (safe-to-evict true or no do-not-disrupt)",
+            m.cooperation_exposed.clone(),
+        );
+        r.register(
+            "writes_reverted",
+            "Writes that came back without what they wrote (an admission webhook reverted them), by action; each is retried with exponential backoff",
+            m.writes_reverted.clone(),
         );
         r.register(
             "drain_state_writes",

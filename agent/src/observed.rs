@@ -226,6 +226,9 @@ pub struct PodView {
     pub deletion_timestamp: Option<Timestamp>,
     /// `spec.terminationGracePeriodSeconds`; Kubernetes' 30 s when absent or invalid.
     pub termination_grace: Duration,
+    /// Phase `Failed` or `Succeeded`: its containers have stopped for good, so it hosts no
+    /// match, whether or not anyone ever deletes it.
+    pub finished: bool,
 }
 
 /// The grace period Kubernetes gives a pod that does not set one.
@@ -269,6 +272,10 @@ impl PodView {
                 .and_then(|s| s.termination_grace_period_seconds)
                 .and_then(|s| u64::try_from(s).ok())
                 .map_or(DEFAULT_TERMINATION_GRACE, Duration::from_secs),
+            finished: matches!(
+                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Failed" | "Succeeded")
+            ),
         })
     }
 }

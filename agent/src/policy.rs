@@ -41,16 +41,34 @@ pub struct PolicyConfig {
 
 /// Release pacing: idle servers leave a draining node per Fleet at a bounded rate, and never
 /// so fast that the Fleet's Ready count falls below a floor. A Terminate deadline overrides
-/// it: everything goes at once.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// it: everything goes at once. So does the end of the hold: the notice's deadline, or
+/// `hold_max` after the drain started, whichever comes first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pacing {
-    /// The Fleet's Ready servers (cluster-wide, from its status) that must remain after a
+    /// The Fleet's Ready servers on nodes that are not draining that must remain after a
     /// release; 0 = no floor.
     pub floor: u32,
     /// At most `batch` Ready servers of a Fleet released per this interval; zero = no limit.
     pub interval: Duration,
     /// How many of a Fleet's Ready servers one interval releases (at least 1).
     pub batch: u32,
+    /// The longest a drain holds Ready servers back (an unreadable Fleet, a floor larger
+    /// than the Fleet): then the rest go at once.
+    pub hold_max: Duration,
+}
+
+/// `--release-hold-max`'s default.
+pub const DEFAULT_HOLD_MAX: Duration = Duration::from_secs(600);
+
+impl Default for Pacing {
+    fn default() -> Self {
+        Self {
+            floor: 0,
+            interval: Duration::ZERO,
+            batch: 1,
+            hold_max: DEFAULT_HOLD_MAX,
+        }
+    }
 }
 
 impl Pacing {
@@ -177,6 +195,9 @@ pub enum Action {
     /// Put `lastcall.dev/node=<node>` on a GameServer whose pod runs here, so the agent's
     /// label-filtered watch sees it.
     ClaimGameServer { namespace: String, name: String },
+    /// Label a Ready GameServer that release pacing holds back `lastcall.dev/node-draining`,
+    /// so allocators that exclude the label stop picking it while it waits.
+    Exclude { gs: GsRef },
     /// Delete a GameServer that is not in use, preconditioned on uid and resourceVersion.
     /// The delete is itself the fence (allocators skip a server being deleted), so it is
     /// the one write; only when it fails does the actuator label the server
@@ -226,6 +247,7 @@ impl Action {
             Self::PatchNode(_) => "patch_node",
             Self::ClaimGameServer { .. } => "claim_gameserver",
             Self::Release { .. } => "release",
+            Self::Exclude { .. } => "exclude",
             Self::Protect { .. } => "protect",
             Self::Unprotect { .. } => "unprotect",
             Self::Tolerate { .. } => "tolerate",
@@ -382,7 +404,9 @@ fn warn_unknown_eviction_safe(obs: &Observed, warnings: &mut Vec<Warning>) {
 
 /// Autoscaler cooperation: the annotations each game-server pod on this node should carry
 /// for its server's state (see `cooperation`). One patch per pod that needs one; none when
-/// the mode is off and lastcall never wrote any.
+/// the mode is off and lastcall never wrote any. Protecting a match comes first in the plan:
+/// an autoscaler re-reads the pod seconds after choosing the node, and a failed Node write
+/// (a conflict) must not hold it back; giving protection up comes last.
 fn cooperate(inp: &Inputs<'_>, out: &mut Plan) {
     let obs = inp.observed;
     let mode = match cooperation::Mode::for_node(&obs.node.labels, inp.config.cooperation) {
@@ -403,16 +427,24 @@ fn cooperate(inp: &Inputs<'_>, out: &mut Plan) {
         if gs.deleting {
             continue;
         }
-        let Some(pod) = obs.pod_of(gs).filter(|p| !p.deleting) else {
+        let Some(pod) = obs.pod_of(gs).filter(|p| !p.deleting && !p.finished) else {
             continue;
         };
         let changes = cooperation::desired(gs, pod, mode);
-        if !changes.is_empty() {
-            out.actions.push(Action::AnnotatePod {
-                namespace: pod.namespace.clone(),
-                pod: pod.name.clone(),
-                changes,
-            });
+        if changes.is_empty() {
+            continue;
+        }
+        let protects = changes.get(cooperation::ANN_DO_NOT_DISRUPT) == Some(&Some("true".into()))
+            || changes.get(cooperation::ANN_SAFE_TO_EVICT) == Some(&Some("false".into()));
+        let a = Action::AnnotatePod {
+            namespace: pod.namespace.clone(),
+            pod: pod.name.clone(),
+            changes,
+        };
+        if protects {
+            out.actions.insert(0, a);
+        } else {
+            out.actions.push(a);
         }
     }
 }
@@ -483,6 +515,7 @@ fn claim_unlabelled(obs: &Observed) -> Vec<Action> {
     for pod in &obs.pods {
         if let Some(gs) = &pod.gameserver
             && !pod.deleting
+            && !pod.finished
             && !seen.contains(&(pod.namespace.as_str(), gs.as_str()))
         {
             out.push(Action::ClaimGameServer {
@@ -762,11 +795,17 @@ fn game_server_work(
     }
     // A game-server pod that is still there, even one terminating, may be a game flushing
     // its results during its grace period: the instance must not be handed back under it.
-    if obs.pods.iter().any(|p| p.gameserver.is_some()) {
+    // A Failed or Succeeded pod runs nothing, and may never be deleted.
+    if obs
+        .pods
+        .iter()
+        .any(|p| p.gameserver.is_some() && !p.finished)
+    {
         busy = true;
     }
-    let releases = pace(inp, pressure, releases, &mut wake_at);
+    let (releases, held) = pace(inp, pressure, releases, &mut wake_at);
     actions.extend(releases);
+    actions.extend(held);
     actions.extend(in_use);
     // After the protect writes, so the game has read its deadline when SIGTERM comes.
     actions.extend(endings);
@@ -777,6 +816,9 @@ fn game_server_work(
     }
 }
 
+/// With a floor, how long after its drain started a node first releases a paced server.
+const FLOOR_SETTLE: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
+
 /// How long a Fleet held back by the floor waits before its status is read again.
 const FLOOR_RECHECK: jiff::SignedDuration = jiff::SignedDuration::from_secs(1);
 
@@ -784,21 +826,29 @@ fn wake(wake_at: &mut Option<Timestamp>, at: Timestamp) {
     *wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
 }
 
-/// Release pacing (see [`Pacing`]) on this pass's releases. Only Ready servers are paced:
-/// they are the Fleet's capacity. One not Ready yet, or whose pod is already terminating,
-/// goes at once; so does everything under a Terminate notice.
+/// Release pacing (see [`Pacing`]) on this pass's releases: those that go now, and the
+/// labels for the Ready servers held back that do not carry `lastcall.dev/node-draining`
+/// yet. Only Ready servers are paced: they are the Fleet's capacity. One not Ready yet, or
+/// whose pod is already terminating, goes at once; so does everything under a Terminate
+/// notice or once the hold has lasted its longest.
 fn pace(
     inp: &Inputs<'_>,
     pressure: Option<&Pressure>,
     releases: Vec<Action>,
     wake_at: &mut Option<Timestamp>,
-) -> Vec<Action> {
+) -> (Vec<Action>, Vec<Action>) {
     if !inp.config.pacing.is_on() || pressure.is_some_and(|p| p.severity == Severity::Terminate) {
-        return releases;
+        return (releases, vec![]);
+    }
+    let hold_end = hold_end(inp, pressure);
+    if hold_end <= inp.now {
+        return (releases, vec![]);
     }
     let obs = inp.observed;
     let mut budget: BTreeMap<(String, String), i64> = BTreeMap::new();
     let mut out = vec![];
+    let mut held = vec![];
+    let mut holding = false;
     for a in releases {
         let paced = match &a {
             Action::Release { gs } => obs
@@ -807,22 +857,53 @@ fn pace(
                 .find(|g| g.uid == gs.uid)
                 .filter(|g| g.state == GsState::Ready)
                 .filter(|g| obs.pod_of(g).is_none_or(|p| !p.deleting))
-                .and_then(|g| Some((g.namespace.clone(), g.fleet()?.to_string()))),
+                .and_then(|g| Some((g, (g.namespace.clone(), g.fleet()?.to_string())))),
             _ => None,
         };
-        let Some(fleet) = paced else {
+        let Some((g, fleet)) = paced else {
             out.push(a);
             continue;
         };
+        let labelled = g.labels.get(keys::LABEL_NODE_DRAINING).map(String::as_str) == Some("true");
+        if inp.config.pacing.floor > 0 && !labelled {
+            // With a floor, every Ready server on a draining node is marked before any goes,
+            // so the agents of other draining nodes count it as leaving, not as capacity.
+            held.push(Action::Exclude { gs: GsRef::of(g) });
+            continue;
+        }
         let left = budget
             .entry(fleet.clone())
             .or_insert_with(|| fleet_budget(inp, &fleet, wake_at));
         if *left > 0 {
             *left -= 1;
             out.push(a);
+            continue;
+        }
+        holding = true;
+        if !labelled {
+            held.push(Action::Exclude { gs: GsRef::of(g) });
         }
     }
-    out
+    if holding {
+        wake(wake_at, hold_end);
+    }
+    (out, held)
+}
+
+/// When release pacing stops holding Ready servers back: the notice's deadline, or
+/// `hold_max` after the drain started, whichever comes first.
+fn hold_end(inp: &Inputs<'_>, pressure: Option<&Pressure>) -> Timestamp {
+    let started = Progress::from_annotations(&inp.observed.node.annotations)
+        .started
+        .filter(|t| *t > Timestamp::UNIX_EPOCH)
+        .unwrap_or(inp.now);
+    let max = jiff::SignedDuration::try_from(inp.config.pacing.hold_max)
+        .ok()
+        .and_then(|d| started.checked_add(d).ok())
+        .unwrap_or(Timestamp::MAX);
+    pressure
+        .and_then(|p| p.deadline)
+        .map_or(max, |d| d.min(max))
 }
 
 /// How many of a Fleet's Ready servers this pass may release.
@@ -853,6 +934,18 @@ fn fleet_budget(
         budget = i64::from(pacing.batch.max(1));
     }
     if pacing.floor > 0 {
+        // Nodes that started draining at about the same time mark their servers within a
+        // round trip or two: decide once they can have, so none counts another's as capacity.
+        let started = Progress::from_annotations(&inp.observed.node.annotations)
+            .started
+            .filter(|t| *t > Timestamp::UNIX_EPOCH)
+            .unwrap_or(inp.now);
+        if let Ok(settled) = started.checked_add(FLOOR_SETTLE)
+            && settled > inp.now
+        {
+            wake(wake_at, settled);
+            return 0;
+        }
         // Keep here what the floor needs beyond the Ready servers elsewhere.
         let here = inp.observed.ready_here(ns, fleet);
         let spare = match facts.ready_elsewhere {

@@ -23,11 +23,14 @@ use tracing::{debug, info, warn};
 use crate::actuator::{ActError, Actuator, Release, ReleaseOutcome};
 use crate::drain_events::PassLog;
 use crate::drain_timing::DrainTiming;
-use crate::metrics::{ActionResult, Metrics, NoticeLabels, PhaseLabel, ResultLabel, StateLabel};
+use crate::metrics::{
+    ActionLabel, ActionResult, Metrics, NoticeLabels, PhaseLabel, ResultLabel, StateLabel,
+};
 use crate::observed::{GameServerView, NodeView, Observed, PodView};
 use crate::own_writes::OwnWrites;
 use crate::policy::{self, Action, GsRef, Phase, Plan, PolicyConfig};
 use crate::progress::Progress;
+use crate::reverted::{self, Reverted, Target};
 use crate::sources::NoticeBoard;
 use crate::watches::Stores;
 
@@ -53,6 +56,7 @@ pub struct Reconciler {
     state: LocalState,
     own: OwnWrites,
     timing: DrainTiming,
+    reverted: Reverted,
 }
 
 #[derive(Default)]
@@ -71,10 +75,15 @@ struct LocalState {
 /// Release pacing's view of one Fleet's status.
 struct FleetRead {
     ready: Option<i64>,
+    /// The Fleet's Ready servers on other draining nodes, at the last read.
+    draining_elsewhere: i64,
     at: Instant,
-    /// This node's Ready servers of the Fleet, as seen on each pass within `STATUS_LAG`: the
-    /// status may have been written at any of those moments, so the most of them is what it
-    /// may still count as Ready here.
+    /// Read again at the next pass, whatever `FLEET_READ_TTL` says.
+    stale: bool,
+    /// The Fleet's Ready servers on draining nodes (this node's, plus the others' at the last
+    /// read), as seen on each pass within `STATUS_LAG`: the status may have been written at
+    /// any of those moments, so the most of them is what it may still count that is not
+    /// Ready elsewhere.
     here: std::collections::VecDeque<(Instant, i64)>,
 }
 
@@ -84,6 +93,28 @@ const STATUS_LAG: Duration = Duration::from_secs(5);
 
 /// How long a Fleet's Ready count is reused before it is read again.
 const FLEET_READ_TTL: Duration = Duration::from_millis(500);
+
+fn earliest(a: Option<jiff::Timestamp>, b: Option<jiff::Timestamp>) -> Option<jiff::Timestamp> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The warnings of this pass not told yet. One whose condition is gone (its server deleted,
+/// its label fixed) is forgotten, so the set stays as small as what is wrong now, whatever
+/// the game-server churn, and is told again if it comes back.
+fn new_warnings(
+    warned: &mut HashSet<policy::Warning>,
+    current: &[policy::Warning],
+) -> Vec<policy::Warning> {
+    warned.retain(|w| current.contains(w));
+    current
+        .iter()
+        .filter(|w| warned.insert((*w).clone()))
+        .cloned()
+        .collect()
+}
 
 enum Pass {
     /// Nothing more to do until something changes, or until the given moment.
@@ -125,6 +156,7 @@ impl Reconciler {
             state: LocalState::default(),
             own: OwnWrites::default(),
             timing: DrainTiming::default(),
+            reverted: Reverted::default(),
             drain_state: watch::channel(None).0,
             node_empty: watch::channel(false).0,
             owner: crate::owner::Owner::sole(),
@@ -237,8 +269,9 @@ impl Reconciler {
     }
 
     /// Release pacing only: what it knows of each Fleet with Ready servers here (one GET
-    /// per Fleet, reused for `FLEET_READ_TTL`). A failed read is `None`, which holds that
-    /// Fleet's releases: never a guess.
+    /// per Fleet and, with a floor, one label-selected LIST of its servers on draining
+    /// nodes; both reused for `FLEET_READ_TTL`). A failed read is `None`, which holds that
+    /// Fleet's releases (for `--release-hold-max` at most): never a guess.
     async fn fleet_facts(&mut self, observed: &mut Observed) {
         if !self.config.pacing.is_on() {
             return;
@@ -249,46 +282,36 @@ impl Reconciler {
             .filter(|g| g.state == crate::observed::GsState::Ready)
             .filter_map(|g| Some((g.namespace.clone(), g.fleet()?.to_string())))
             .collect();
+        self.state.fleet_reads.retain(|k, _| fleets.contains(k));
         for key in fleets {
             let now = Instant::now();
             let here = observed.ready_here(&key.0, &key.1);
-            let fresh = self
-                .state
-                .fleet_reads
-                .get(&key)
-                .is_some_and(|r| now.saturating_duration_since(r.at) < FLEET_READ_TTL);
+            let fresh =
+                self.state.fleet_reads.get(&key).is_some_and(|r| {
+                    !r.stale && now.saturating_duration_since(r.at) < FLEET_READ_TTL
+                });
             if !fresh {
-                let api: kube::Api<DynamicObject> = kube::Api::namespaced_with(
-                    self.actuator.client(),
-                    &key.0,
-                    &crate::observed::fleet_resource(),
-                );
-                let ready = match api.get(&key.1).await {
-                    Ok(f) => f
-                        .data
-                        .pointer("/status/readyReplicas")
-                        .and_then(|v| v.as_i64()),
-                    Err(e) => {
-                        warn!(message = "reading a Fleet for release pacing failed; holding its releases", namespace = %key.0, fleet = %key.1, error = %e);
-                        None
-                    }
-                };
+                let (ready, draining_elsewhere) = self.read_fleet(&key).await;
                 let read = self
                     .state
                     .fleet_reads
                     .entry(key.clone())
                     .or_insert(FleetRead {
                         ready: None,
+                        draining_elsewhere: 0,
                         at: now,
+                        stale: false,
                         here: Default::default(),
                     });
+                read.stale = false;
                 read.ready = ready;
+                read.draining_elsewhere = draining_elsewhere;
                 read.at = now;
             }
             let Some(read) = self.state.fleet_reads.get_mut(&key) else {
                 continue;
             };
-            read.here.push_back((now, here));
+            read.here.push_back((now, here + read.draining_elsewhere));
             while read.here.len() > 1
                 && read
                     .here
@@ -305,6 +328,60 @@ impl Reconciler {
                     last_release: self.state.last_release.get(&key).copied(),
                 },
             );
+        }
+    }
+
+    /// One Fleet's `status.readyReplicas` and, when a floor is set, how many of its Ready
+    /// servers on other draining nodes (they all carry `lastcall.dev/node-draining`) that
+    /// count includes: those are leaving too, not capacity elsewhere. `None` when either
+    /// read failed.
+    async fn read_fleet(&self, (ns, fleet): &(String, String)) -> (Option<i64>, i64) {
+        let api: kube::Api<DynamicObject> = kube::Api::namespaced_with(
+            self.actuator.client(),
+            ns,
+            &crate::observed::fleet_resource(),
+        );
+        let ready = match api.get(fleet).await {
+            Ok(f) => f
+                .data
+                .pointer("/status/readyReplicas")
+                .and_then(|v| v.as_i64()),
+            Err(e) => {
+                warn!(message = "reading a Fleet for release pacing failed; holding its releases", namespace = %ns, fleet = %fleet, error = %e);
+                None
+            }
+        };
+        if self.config.pacing.floor == 0 || ready.is_none() {
+            return (ready, 0);
+        }
+        let gss: kube::Api<DynamicObject> = kube::Api::namespaced_with(
+            self.actuator.client(),
+            ns,
+            &crate::observed::gameserver_resource(),
+        );
+        let lp = kube::api::ListParams::default().labels(&format!(
+            "{}={fleet},{}=true",
+            crate::keys::AGONES_FLEET,
+            crate::keys::LABEL_NODE_DRAINING
+        ));
+        match gss.list(&lp).await {
+            Ok(list) => {
+                let elsewhere = list
+                    .items
+                    .iter()
+                    .filter_map(|o| GameServerView::from_dynamic(o).ok())
+                    .filter(|g| {
+                        !g.deleting
+                            && g.state == crate::observed::GsState::Ready
+                            && g.node_name.as_deref() != Some(self.node_name.as_str())
+                    })
+                    .count() as i64;
+                (ready, elsewhere)
+            }
+            Err(e) => {
+                warn!(message = "listing a Fleet's servers on draining nodes failed; holding its releases", namespace = %ns, fleet = %fleet, error = %e);
+                (None, 0)
+            }
         }
     }
 
@@ -375,6 +452,17 @@ impl Reconciler {
 
     fn record_gauges(&mut self, plan: &Plan, observed: &Observed) {
         self.metrics.matches_at_risk.set(plan.at_risk as i64);
+        let mode =
+            crate::cooperation::Mode::for_node(&observed.node.labels, self.config.cooperation)
+                .unwrap_or(self.config.cooperation);
+        let exposed = observed
+            .game_servers
+            .iter()
+            .filter(|g| !g.deleting)
+            .filter_map(|g| Some((g, observed.pod_of(g).filter(|p| !p.deleting)?)))
+            .filter(|(g, p)| crate::cooperation::exposed(g, p, mode))
+            .count();
+        self.metrics.cooperation_exposed.set(exposed as i64);
         let counts = crate::drain_state::counts(plan.phase, observed);
         self.drain_state.send_if_modified(|cur| {
             let changed = *cur != counts;
@@ -462,6 +550,17 @@ impl Reconciler {
             .filter_map(|p| Some((p.namespace.clone(), p.gameserver.clone()?)))
             .collect();
         self.own.forget_released(&live, &watched, &pods);
+        self.reverted.retain(|t| match t {
+            Target::Node => true,
+            Target::Pod { namespace, name } => observed
+                .pods
+                .iter()
+                .any(|p| &p.namespace == namespace && &p.name == name),
+            Target::GameServer { namespace, name } => observed
+                .game_servers
+                .iter()
+                .any(|g| &g.namespace == namespace && &g.name == name),
+        });
         let now = jiff::Timestamp::now();
         let notices = self.board.notices(&observed.node, now);
         self.record_notices(&notices);
@@ -509,16 +608,10 @@ impl Reconciler {
             }
             observed = fresh;
         }
-        for w in &plan.warnings {
-            if self.state.warned.insert(w.clone()) {
-                warn!(message = "not done", reason = w.reason, note = %w.note);
-                self.actuator.queue_event(
-                    &self.actuator.node_ref(),
-                    w.reason,
-                    w.note.clone(),
-                    true,
-                );
-            }
+        for w in new_warnings(&mut self.state.warned, &plan.warnings) {
+            warn!(message = "not done", reason = w.reason, note = %w.note);
+            self.actuator
+                .queue_event(&self.actuator.node_ref(), w.reason, w.note, true);
         }
         self.record_gauges(&plan, &observed);
         self.timing
@@ -546,7 +639,7 @@ impl Reconciler {
                 Ok(if applied > 0 {
                     Pass::Again
                 } else {
-                    Pass::Settled(plan.wake_at)
+                    Pass::Settled(earliest(plan.wake_at, self.reverted_retry()))
                 })
             }
             Err(ActError::Conflict(e)) => {
@@ -649,6 +742,14 @@ impl Reconciler {
                 continue;
             }
             i += 1;
+            if Target::of(action).is_some_and(|t| self.reverted.paused(&t, Instant::now())) {
+                // Its last write was reverted: wait out the pause. The Node write is a
+                // barrier: nothing after it runs without it.
+                if matches!(action, Action::PatchNode(_)) {
+                    break;
+                }
+                continue;
+            }
             match self.apply_one(action, observed, log).await {
                 Ok(true) => {
                     applied += 1;
@@ -688,6 +789,7 @@ impl Reconciler {
                 let has_ann = !observed.node.annotations.is_empty();
                 let has_labels = !observed.node.labels.is_empty();
                 if let Some(n) = a.patch_node(p, has_ann, has_labels).await? {
+                    self.check_kept(action, reverted::node_kept(p, &n));
                     self.own.wrote_node(n);
                 }
                 log.node.extend(p.events.iter().copied());
@@ -707,9 +809,25 @@ impl Reconciler {
                 reason,
             } => {
                 let obj = a.protect(gs, deadline, reason).await?;
+                if let Some(o) = &obj {
+                    self.check_kept(action, reverted::gameserver_kept(action, o));
+                }
                 self.remember(obj);
                 log.protected.push(format!("{}/{}", gs.namespace, gs.name));
                 log.deadline = Some((deadline.clone(), reason.clone()));
+                Ok(true)
+            }
+            Action::Exclude { gs } => {
+                let obj = a.label_draining(gs).await?;
+                // The floor is checked again on fresh reads, which may now show the other
+                // draining nodes' labels written meanwhile.
+                for read in self.state.fleet_reads.values_mut() {
+                    read.stale = true;
+                }
+                if let Some(o) = &obj {
+                    self.check_kept(action, reverted::gameserver_kept(action, o));
+                }
+                self.remember(obj);
                 Ok(true)
             }
             Action::Unprotect { gs } => {
@@ -737,6 +855,7 @@ impl Reconciler {
                 let written = a.annotate_pod(namespace, pod, changes).await?;
                 let wrote = written.is_some();
                 if let Some(p) = written {
+                    self.check_kept(action, reverted::pod_kept(changes, &p));
                     self.own.wrote_pod(p, Instant::now());
                 }
                 Ok(wrote)
@@ -763,6 +882,43 @@ impl Reconciler {
             }
             Action::Release { .. } => Ok(false),
         }
+    }
+
+    /// After a write succeeded: whether its answer carries what it wrote. One that does not
+    /// (an admission webhook reverted it) pauses writes to that object, doubling each time,
+    /// and is told; one that does ends the pause.
+    fn check_kept(&mut self, action: &Action, kept: bool) {
+        let Some(t) = Target::of(action) else {
+            return;
+        };
+        if kept {
+            self.reverted.kept(&t);
+            return;
+        }
+        let pause = self.reverted.reverted(t.clone(), Instant::now());
+        self.metrics
+            .writes_reverted
+            .get_or_create(&ActionLabel {
+                action: action.metric_label(),
+            })
+            .inc();
+        let note = format!(
+            "The write ({}) to {} succeeded but came back without what it wrote: something (an admission webhook?) reverts it. Writing it again in {} s",
+            action.metric_label(),
+            t.describe(),
+            pause.as_secs()
+        );
+        warn!(message = "write reverted; backing off", action = action.metric_label(), target = %t.describe(), pause_s = pause.as_secs());
+        self.actuator
+            .queue_event(&self.actuator.node_ref(), "WriteReverted", note, true);
+    }
+
+    /// When a paused write may be tried again, on the wall clock the plan uses.
+    fn reverted_retry(&self) -> Option<jiff::Timestamp> {
+        let now = Instant::now();
+        let at = self.reverted.next_retry(now)?;
+        let d = jiff::SignedDuration::try_from(at.saturating_duration_since(now)).ok()?;
+        jiff::Timestamp::now().checked_add(d).ok()
     }
 
     /// Releases concurrently. Returns how many changed something, and the first failure.
@@ -861,5 +1017,39 @@ impl Reconciler {
             pods,
             fleets: watched.fleets.clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn warning(n: usize) -> policy::Warning {
+        policy::Warning {
+            reason: "EvictionSafeUnknown",
+            note: format!("GameServer default/gs-{n} has eviction.safe \"Sometimes\""),
+        }
+    }
+
+    #[test]
+    fn warnings_are_told_once_and_forgotten_with_their_objects() {
+        let mut warned = HashSet::new();
+        // Servers come and go, each with its own warning: told once each, and the set holds
+        // only the live ones.
+        for n in 0..1000 {
+            let live = [warning(n), warning(n + 1)];
+            let told = new_warnings(&mut warned, &live);
+            let want = if n == 0 {
+                live.to_vec()
+            } else {
+                vec![warning(n + 1)]
+            };
+            assert_eq!(told, want, "pass {n}");
+            assert!(warned.len() <= 2, "{} remembered at pass {n}", warned.len());
+        }
+        // Still there: not told again. Gone and back: told again.
+        assert!(new_warnings(&mut warned, &[warning(1000)]).is_empty());
+        assert!(new_warnings(&mut warned, &[]).is_empty());
+        assert_eq!(new_warnings(&mut warned, &[warning(1000)]), [warning(1000)]);
     }
 }

@@ -374,6 +374,7 @@ fn policy_config(config: &Config) -> PolicyConfig {
             floor: config.release_floor,
             interval: config.release_interval,
             batch: config.release_batch,
+            hold_max: config.release_hold_max,
         },
     }
 }

@@ -79,7 +79,12 @@ fn slim_node(n: &mut Node) {
 
 fn slim_pod(p: &mut Pod) {
     p.metadata.managed_fields = None;
-    p.status = None;
+    // The phase alone: a Failed or Succeeded pod hosts no match.
+    let phase = p.status.take().and_then(|s| s.phase);
+    p.status = phase.map(|phase| k8s_openapi::api::core::v1::PodStatus {
+        phase: Some(phase),
+        ..Default::default()
+    });
     if let Some(spec) = p.spec.as_mut() {
         spec.containers = Vec::new();
         spec.init_containers = None;
@@ -186,12 +191,18 @@ mod tests {
             "spec": {"nodeName": "n1", "terminationGracePeriodSeconds": 90,
                 "tolerations": [{"key": "k", "operator": "Exists"}],
                 "containers": [{"name": "game", "image": "x"}]},
-            "status": {"phase": "Running"}
+            "status": {"phase": "Running", "podIP": "10.0.0.1",
+                "containerStatuses": [{"name": "game", "image": "x", "imageID": "", "ready": true, "restartCount": 0}]}
         }))
         .expect("pod");
         let mut slim = pod.clone();
         slim_pod(&mut slim);
-        assert!(slim.status.is_none() && slim.metadata.managed_fields.is_none());
+        assert!(slim.metadata.managed_fields.is_none());
+        assert_eq!(
+            serde_json::to_value(&slim.status).expect("status"),
+            serde_json::json!({"phase": "Running"}),
+            "only the phase is kept"
+        );
         assert_eq!(
             PodView::from_pod(&slim).expect("view"),
             PodView::from_pod(&pod).expect("view")

@@ -299,6 +299,26 @@ pub async fn race_node(
     spare: bool,
     flags: &[&str],
 ) -> (Cluster, InProcessAgent) {
+    race_node_with(
+        seed,
+        servers,
+        grace_seconds,
+        spare,
+        crate::cluster::EvictionSafe::Never,
+        flags,
+    )
+    .await
+}
+
+/// [`race_node`] with the Fleet's `eviction.safe`.
+pub async fn race_node_with(
+    seed: u64,
+    servers: usize,
+    grace_seconds: i64,
+    spare: bool,
+    safe: crate::cluster::EvictionSafe,
+    flags: &[&str],
+) -> (Cluster, InProcessAgent) {
     let cluster = Cluster::start(ClusterConfig {
         tick: std::time::Duration::from_millis(20),
         ..ClusterConfig::default()
@@ -307,7 +327,11 @@ pub async fn race_node(
     .expect("cluster");
     cluster.add_node(NodeSpec::new(NODE)).expect("n1");
     cluster
-        .create_fleet(FleetSpec::new(FLEET, servers as i64).grace_seconds(grace_seconds))
+        .create_fleet(
+            FleetSpec::new(FLEET, servers as i64)
+                .grace_seconds(grace_seconds)
+                .eviction_safe(safe),
+        )
         .expect("fleet");
     cluster.wait_ready(NS, FLEET, servers).await.expect("ready");
     if spare {

@@ -727,8 +727,8 @@ fn documented_policy(doc: &str, file: &str) -> BTreeSet<String> {
         .and_then(|(_, rest)| rest.split_once("\nJSON\n"))
         .map(|(body, _)| body)
         .unwrap_or_else(|| panic!("{doc} has no `{}` heredoc", start.trim()));
-    let doc: Value = serde_json::from_str(body)
-        .unwrap_or_else(|e| panic!("{doc}: {file} is not JSON: {e}"));
+    let doc: Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{doc}: {file} is not JSON: {e}"));
     let mut out = BTreeSet::new();
     for st in doc["Statement"].as_array().expect("Statement") {
         assert_eq!(st["Effect"], "Allow", "{file}: only Allow statements");
@@ -760,7 +760,10 @@ fn the_documented_iam_policies_are_exactly_the_aws_calls_the_code_makes() {
                 ("docs/asg-lifecycle.md", "lastcall-asg-policy.json"),
             ][..],
         ),
-        ("pubsub", &[("docs/install.md", "lastcall-pubsub-policy.json")][..]),
+        (
+            "pubsub",
+            &[("docs/install.md", "lastcall-pubsub-policy.json")][..],
+        ),
     ] {
         let calls = aws_actions(krate);
         assert!(
@@ -912,10 +915,10 @@ fn the_agent_daemonset_keeps_its_promises() {
 /// pubsub's `--webhook-*`, `pubsub.webhook.<camelCase>`). The paths must exist in
 /// values.yaml; their defaults are not compared (the flag is composed or per node).
 const FLAG_PATHS: &[(&str, &str, &[&str])] = &[
-    ("agent", "--node-name", &[]), // the Downward API (spec.nodeName)
-    ("agent", "--pod-name", &[]),  // the Downward API (metadata.name)
+    ("agent", "--node-name", &[]),     // the Downward API (spec.nodeName)
+    ("agent", "--pod-name", &[]),      // the Downward API (metadata.name)
     ("agent", "--pod-namespace", &[]), // the Downward API (metadata.namespace)
-    ("agent", "--pod-uid", &[]),   // the Downward API (metadata.uid)
+    ("agent", "--pod-uid", &[]),       // the Downward API (metadata.uid)
     ("agent", "--instance-id", &["agent.imdsEndpoint"]), // per node: read from IMDS
     ("agent", "--game-server-id", &[]), // per node: the instance id
     ("agent", "--redis-channel", &[]), // per node: the instance id

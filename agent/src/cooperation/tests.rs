@@ -34,6 +34,7 @@ fn pod(annotations: &[(&str, &str)]) -> PodView {
         deleting: false,
         deletion_timestamp: None,
         termination_grace: DEFAULT_TERMINATION_GRACE,
+        finished: false,
     }
 }
 
@@ -57,7 +58,7 @@ fn apply(p: &mut PodView, c: &Changes) {
 const AGONES_NEVER: (&str, &str) = (ANN_SAFE_TO_EVICT, "false");
 
 #[test]
-fn matches_are_kept_from_autoscalers_and_idle_servers_are_offered() {
+fn matches_are_kept_from_autoscalers_and_idle_servers_keep_agones_values() {
     // Agones put "false" on every pod (eviction.safe Never).
     let p = pod(&[AGONES_NEVER]);
     assert_eq!(
@@ -70,16 +71,27 @@ fn matches_are_kept_from_autoscalers_and_idle_servers_are_offered() {
             ),
         ])
     );
-    assert_eq!(
-        desired(&gs(GsState::Ready), &p, Mode::InUse),
-        set(&[
-            (ANN_SAFE_TO_EVICT, Some("true")),
-            (
-                ANN_MANAGED,
-                Some(&format!("{ANN_SAFE_TO_EVICT},{ANN_DO_NOT_DISRUPT}"))
-            ),
-        ])
-    );
+    // An idle server is never marked evictable: were it allocated while no agent runs, it
+    // would stay so.
+    for s in [GsState::Ready, GsState::Scheduled, GsState::Empty] {
+        assert!(desired(&gs(s), &p, Mode::InUse).is_empty());
+    }
+    for safe in [EvictionSafe::Never, EvictionSafe::OnUpgrade] {
+        let mut g = gs(GsState::Ready);
+        g.eviction_safe = safe;
+        let mut p = pod(&[AGONES_NEVER]);
+        for state in [GsState::Ready, GsState::Allocated, GsState::Ready] {
+            g.state = state;
+            let c = desired(&g, &p, Mode::InUse);
+            apply(&mut p, &c);
+            assert_ne!(
+                p.annotations.get(ANN_SAFE_TO_EVICT).map(String::as_str),
+                Some("true"),
+                "{:?}",
+                g.state
+            );
+        }
+    }
     // Mode all: idle servers are protected too.
     assert_eq!(
         desired(&gs(GsState::Ready), &p, Mode::All)
@@ -103,9 +115,9 @@ fn each_transition_is_one_change_set_and_then_nothing() {
     let mut p = pod(&[AGONES_NEVER]);
     let mut g = gs(GsState::Ready);
     for (state, dnd, ste) in [
-        (GsState::Ready, None, "true"),
         (GsState::Allocated, Some("true"), "false"),
-        (GsState::Ready, None, "true"),
+        (GsState::Ready, None, "false"),
+        (GsState::Reserved, Some("true"), "false"),
     ] {
         g.state = state;
         let c = desired(&g, &p, Mode::InUse);
@@ -125,7 +137,7 @@ fn each_transition_is_one_change_set_and_then_nothing() {
 
 #[test]
 fn values_the_user_set_in_the_template_are_never_touched() {
-    let mut g = gs(GsState::Ready);
+    let mut g = gs(GsState::Allocated);
     g.template_annotations.insert(ANN_SAFE_TO_EVICT.into());
     let p = pod(&[(ANN_SAFE_TO_EVICT, "false")]);
     let c = desired(&g, &p, Mode::InUse);
@@ -135,7 +147,6 @@ fn values_the_user_set_in_the_template_are_never_touched() {
         Some(Some(ANN_DO_NOT_DISRUPT.into()))
     );
     g.template_annotations.insert(ANN_DO_NOT_DISRUPT.into());
-    g.state = GsState::Ready;
     let p = pod(&[(ANN_SAFE_TO_EVICT, "false"), (ANN_DO_NOT_DISRUPT, "true")]);
     assert!(desired(&g, &p, Mode::InUse).is_empty());
 }
@@ -193,4 +204,28 @@ fn the_node_label_picks_the_mode_per_node_pool() {
         Mode::for_node(&labels("yes"), Mode::InUse),
         Err("yes".into())
     );
+}
+
+#[test]
+fn an_in_use_server_is_exposed_until_its_protection_lands() {
+    let g = gs(GsState::Allocated);
+    let agones = pod(&[AGONES_NEVER]);
+    assert!(exposed(&g, &agones, Mode::InUse), "no do-not-disrupt yet");
+    assert!(
+        !exposed(&g, &agones, Mode::Off),
+        "cooperation off: not lastcall's"
+    );
+    assert!(!exposed(&gs(GsState::Ready), &agones, Mode::InUse));
+    let mut p = agones.clone();
+    let c = desired(&g, &p, Mode::InUse);
+    apply(&mut p, &c);
+    assert!(!exposed(&g, &p, Mode::InUse));
+    // A webhook sets safe-to-evict back to "true".
+    p.annotations
+        .insert(ANN_SAFE_TO_EVICT.into(), "true".into());
+    assert!(exposed(&g, &p, Mode::InUse));
+    // The user's own template value is the user's choice.
+    let mut users = g.clone();
+    users.template_annotations.insert(ANN_SAFE_TO_EVICT.into());
+    assert!(!exposed(&users, &p, Mode::InUse));
 }

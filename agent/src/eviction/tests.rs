@@ -551,6 +551,7 @@ fn pod_of(gs: &GameServerView) -> PodView {
         deleting: false,
         deletion_timestamp: None,
         termination_grace: GRACE,
+        finished: false,
     }
 }
 

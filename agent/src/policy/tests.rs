@@ -75,6 +75,7 @@ fn pod_for(g: &GameServerView) -> PodView {
         deleting: false,
         deletion_timestamp: None,
         termination_grace: crate::observed::DEFAULT_TERMINATION_GRACE,
+        finished: false,
     }
 }
 
@@ -192,6 +193,13 @@ fn simulate(obs: &Observed, actions: &[Action]) -> Observed {
                     .insert(keys::ANN_GS_DEADLINE.into(), deadline.clone());
                 g.annotations
                     .insert(keys::ANN_GS_REASON.into(), reason.clone());
+            }
+            Action::Exclude { gs } => {
+                let g = gs_mut(&mut o, &gs.name);
+                assert_eq!(g.state, GsState::Ready, "only held Ready servers");
+                bump(g);
+                g.labels
+                    .insert(keys::LABEL_NODE_DRAINING.into(), "true".into());
             }
             Action::Unprotect { gs } => {
                 let g = gs_mut(&mut o, &gs.name);
@@ -1250,7 +1258,17 @@ fn a_ready_server_whose_pod_is_terminating_is_released_even_without_a_drain() {
     assert!(run(&o, &[], &cfg()).actions.is_empty());
 }
 
+/// A node whose drain started 10 s ago (past the floor's settle time).
 fn fleet_servers(n: usize) -> Observed {
+    let mut o = fleet_servers_now(n);
+    o.node.annotations.insert(
+        keys::ANN_STARTED.into(),
+        format_ts(now() - jiff::SignedDuration::from_secs(10)),
+    );
+    o
+}
+
+fn fleet_servers_now(n: usize) -> Observed {
     let mut o = observed(
         (0..n)
             .map(|i| {
@@ -1279,6 +1297,10 @@ fn pacing_keeps_the_fleet_above_its_floor_and_a_terminate_deadline_overrides_it(
     let mut c = cfg();
     c.pacing.floor = 4;
     let mut o = fleet_servers(10);
+    for g in &mut o.game_servers {
+        g.labels
+            .insert(keys::LABEL_NODE_DRAINING.into(), "true".into());
+    }
     let key = ("default".to_string(), "f".to_string());
     // None Ready elsewhere: 6 of the 10 here may go, 4 stay.
     o.fleets.insert(
@@ -1387,5 +1409,111 @@ fn a_deregistration_fleetiq_knows_of_is_final_even_without_its_record() {
         now: now(),
     });
     assert_eq!(p.phase, Phase::Deregistered);
+    assert!(!p.actions.contains(&Action::Deregister));
+}
+
+fn excluded(p: &Plan) -> Vec<String> {
+    p.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Exclude { gs } => Some(gs.name.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn held_servers_are_labelled_at_once_and_the_hold_is_bounded() {
+    let mut c = cfg();
+    c.pacing.floor = 4;
+    let mut o = fleet_servers(10);
+    let key = ("default".to_string(), "f".to_string());
+    o.fleets.insert(
+        key.clone(),
+        crate::observed::FleetFacts {
+            ready_elsewhere: Some(0),
+            last_release: None,
+        },
+    );
+    // With a floor, every Ready server is marked first, so other draining nodes count it as
+    // leaving; none goes before.
+    let p = run(&o, &[draining()], &c);
+    assert_eq!(released(&p), 0);
+    assert_eq!(excluded(&p).len(), 10, "{:#?}", p.actions);
+    let o = simulate(&o, &p.actions);
+    // Then 6 go and the 4 held already carry the label: nothing more to write for them.
+    let p = run(&o, &[draining()], &c);
+    assert_eq!(released(&p), 6);
+    assert!(excluded(&p).is_empty(), "{:#?}", p.actions);
+    let hold_max = jiff::SignedDuration::try_from(c.pacing.hold_max).unwrap();
+    assert!(
+        p.wake_at.is_some_and(|w| w <= now() + hold_max),
+        "wakes for the end of the hold at the latest"
+    );
+    // A drain that has just started releases nothing for the first 2 s: other nodes
+    // draining now have marked theirs by then.
+    let mut fresh = simulate(
+        &fleet_servers_now(10),
+        &run(&fleet_servers_now(10), &[draining()], &c).actions,
+    );
+    fresh.fleets = o.fleets.clone();
+    let p = run(&fresh, &[draining()], &c);
+    assert_eq!(released(&p), 0);
+    assert_eq!(p.wake_at, Some(now() + jiff::SignedDuration::from_secs(2)));
+    // Without a floor, held servers are labelled in the pass that holds them.
+    let mut paced = cfg();
+    paced.pacing.interval = Duration::from_secs(60);
+    let p = run(&fleet_servers(3), &[draining()], &paced);
+    assert_eq!((released(&p), excluded(&p).len()), (1, 2));
+    let mut o = o;
+    // A failed Fleet read holds... but only until `hold_max` after the drain started.
+    o.fleets.get_mut(&key).unwrap().ready_elsewhere = None;
+    assert_eq!(released(&run(&o, &[draining()], &c)), 0);
+    let mut late = o.clone();
+    late.node.annotations.insert(
+        keys::ANN_STARTED.into(),
+        format_ts(now() - hold_max - jiff::SignedDuration::from_secs(1)),
+    );
+    assert_eq!(released(&run(&late, &[draining()], &c)), 10);
+    // A floor the Fleet cannot reach: the same bound.
+    late.fleets.get_mut(&key).unwrap().ready_elsewhere = Some(0);
+    c.pacing.floor = 1000;
+    assert_eq!(released(&run(&late, &[draining()], &c)), 10);
+    // The notice's own deadline ends the hold when it comes first.
+    let mut due = draining();
+    due.deadline = Some(now() - jiff::SignedDuration::from_secs(1));
+    assert_eq!(released(&run(&o, &[due], &c)), 10);
+    let mut soon = draining();
+    soon.deadline = Some(now() + jiff::SignedDuration::from_secs(30));
+    let p = run(&o, &[soon], &c);
+    assert_eq!(released(&p), 0);
+    assert!(
+        p.wake_at
+            .is_some_and(|w| w <= now() + jiff::SignedDuration::from_secs(30))
+    );
+}
+
+#[test]
+fn a_finished_game_pod_does_not_keep_the_node_busy() {
+    let mut o = observed(vec![]);
+    let orphan = gs("failed", GsState::Ready);
+    let mut pod = pod_for(&orphan);
+    pod.finished = true;
+    o.pods.push(pod.clone());
+    // Fenced, with its fence settled, and nothing but a Failed pod left.
+    let (drained, all, phase) = converge(&o, &[draining()], &cfg());
+    assert_eq!(phase, Phase::Deregistered, "{all:#?}");
+    assert_eq!(count(&all, "deregister"), 1);
+    assert_eq!(
+        count(&all, "claim_gameserver"),
+        0,
+        "a finished pod is not claimed"
+    );
+    assert!(drained.pods.contains(&pod), "the pod is still there");
+    // A running one does keep it busy.
+    let mut o = observed(vec![]);
+    pod.finished = false;
+    o.pods.push(pod);
+    let p = run(&o, &[draining()], &cfg());
     assert!(!p.actions.contains(&Action::Deregister));
 }

@@ -61,6 +61,14 @@ groups:
         annotations:
           summary: "{{`{{ $value }}`}} matches are still running on draining node {{`{{ $labels.node }}`}}."
           description: "In-use game servers have stayed on a draining node for {{ $r.matchesAtRiskMinutes }} minutes; the node may be taken before they end. Check their drain-deadline annotation (docs/operations.md)."
+      - alert: LastcallMatchEvictable
+        expr: max by (namespace, pod, node) (lastcall_cooperation_exposed_matches) > 0
+        for: 2m
+        labels:
+          severity: warning
+        annotations:
+          summary: "{{`{{ $value }}`}} running matches on node {{`{{ $labels.node }}`}} can be taken by an autoscaler."
+          description: "Autoscaler cooperation is on, but in-use game servers' pods still carry safe-to-evict=true or lack karpenter.sh/do-not-disrupt: something reverts lastcall's writes (see lastcall_writes_reverted_total and WriteReverted Events) or they keep failing. See docs/autoscalers.md."
       - alert: LastcallRedisDisconnected
         expr: (lastcall_redis_connected == 0) and on (namespace, pod) lastcall_source_up{source="fleetiq"}
         for: 5m

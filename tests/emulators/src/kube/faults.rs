@@ -133,10 +133,70 @@ impl WatchDelay {
     }
 }
 
+/// A mutating admission webhook that reverts writes: every PATCH of a `resource` object
+/// leaves it with the JSON pointer `pointer` set to `value` (`None` removes it), whatever
+/// the patch said, and answers with that object. Stays until [`Faults::clear`].
+#[derive(Clone, Debug)]
+pub struct Revert {
+    /// Resource plural (`"pods"`, `"nodes"`).
+    pub resource: String,
+    /// RFC 6901 pointer, e.g. `/metadata/annotations/a~1b`.
+    pub pointer: String,
+    pub value: Option<serde_json::Value>,
+}
+
+impl Revert {
+    /// Sets `pointer` to `value` on every patched `resource` object.
+    pub fn set(resource: &str, pointer: &str, value: serde_json::Value) -> Self {
+        Revert {
+            resource: resource.to_string(),
+            pointer: pointer.to_string(),
+            value: Some(value),
+        }
+    }
+
+    /// Removes `pointer` from every patched `resource` object.
+    pub fn remove(resource: &str, pointer: &str) -> Self {
+        Revert {
+            resource: resource.to_string(),
+            pointer: pointer.to_string(),
+            value: None,
+        }
+    }
+
+    fn apply(&self, obj: &mut serde_json::Value) {
+        let tokens: Vec<String> = self
+            .pointer
+            .split('/')
+            .skip(1)
+            .map(|t| t.replace("~1", "/").replace("~0", "~"))
+            .collect();
+        let Some((last, parents)) = tokens.split_last() else {
+            return;
+        };
+        let mut at = obj;
+        for t in parents {
+            let Some(map) = at.as_object_mut() else {
+                return;
+            };
+            at = map
+                .entry(t.clone())
+                .or_insert_with(|| serde_json::Value::Object(Default::default()));
+        }
+        if let Some(map) = at.as_object_mut() {
+            match &self.value {
+                Some(v) => map.insert(last.clone(), v.clone()),
+                None => map.remove(last),
+            };
+        }
+    }
+}
+
 #[derive(Default)]
 struct Rules {
     requests: Vec<FaultRule>,
     watch_delays: Vec<WatchDelay>,
+    reverts: Vec<Revert>,
 }
 
 /// The active fault rules. Cheap to clone.
@@ -196,11 +256,29 @@ impl Faults {
         self.watch_delays.store(0, Ordering::SeqCst);
     }
 
-    /// Removes every rule and watch delay, and releases hung requests.
+    /// Adds a reverting admission webhook (see [`Revert`]).
+    pub fn revert(&self, rule: Revert) {
+        self.lock().reverts.push(rule);
+    }
+
+    /// Applies the reverting webhooks for `resource` to a patched object.
+    pub fn apply_reverts(&self, resource: &str, obj: &mut serde_json::Value) {
+        for r in self
+            .lock()
+            .reverts
+            .iter()
+            .filter(|r| r.resource == resource)
+        {
+            r.apply(obj);
+        }
+    }
+
+    /// Removes every rule, watch delay and reverting webhook, and releases hung requests.
     pub fn clear(&self) {
         {
             let mut rules = self.lock();
             rules.requests.clear();
+            rules.reverts.clear();
             rules.watch_delays.clear();
             self.watch_delays.store(0, Ordering::SeqCst);
         }

@@ -557,6 +557,7 @@ fn patch_object(
     let out = s.store.transaction(|t| t.modify_part(rt, ns, name, |obj| {
         let before = obj.clone();
         patch::apply(kind, rt, obj, body)?;
+        s.faults.apply_reverts(rt.plural, obj);
         if !obj.is_object() {
             return Err(ApiError::bad_request("the patched object is not a JSON object"));
         }
