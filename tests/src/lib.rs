@@ -12,5 +12,6 @@ pub use lastcall_emulators::{
 pub mod agent;
 pub mod bench;
 pub mod demo;
+pub mod timeline;
 pub mod webhook;
 pub mod world;
