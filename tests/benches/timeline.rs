@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 use lastcall_testkit::bench::{ms, percentile};
 use lastcall_testkit::timeline::{from_env, run_many, summary};
 
+/// Timelines per progress line.
+const CHUNK: usize = 100;
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -19,17 +22,33 @@ fn main() {
     let (seeds, dims, concurrency) = from_env(2000);
     let n = seeds.len();
     let started = Instant::now();
-    let outcomes = rt.block_on(run_many(seeds, dims, concurrency));
+    // In chunks, with a running total, so a long run shows where it stands.
+    let mut outcomes = vec![];
+    let verbose = std::env::var_os("TIMELINE_VERBOSE").is_some();
+    for chunk in seeds.chunks(CHUNK) {
+        let done = rt.block_on(run_many(chunk.to_vec(), dims, concurrency));
+        if verbose {
+            for o in done.iter().filter(|o| !o.report.is_empty()) {
+                println!("{}", o.report);
+            }
+        }
+        outcomes.extend(done);
+        let hits: usize = outcomes.iter().map(|o| o.hits.len()).sum();
+        println!(
+            "… {} timelines, {:.0} s, {hits} hits: {:?}",
+            outcomes.len(),
+            started.elapsed().as_secs_f64(),
+            summary(&outcomes)
+                .iter()
+                .map(|(i, s)| (i.as_str(), s.len(), s))
+                .collect::<Vec<_>>()
+        );
+    }
     let wall = started.elapsed();
     let mut walls: Vec<Duration> = outcomes.iter().map(|o| o.wall).collect();
     let errors = outcomes.iter().filter(|o| o.error.is_some()).count();
     let with_hits = outcomes.iter().filter(|o| !o.hits.is_empty()).count();
     let hits: usize = outcomes.iter().map(|o| o.hits.len()).sum();
-    if std::env::var_os("TIMELINE_VERBOSE").is_some() {
-        for o in outcomes.iter().filter(|o| !o.report.is_empty()) {
-            println!("{}", o.report);
-        }
-    }
     println!("timelines: {n}, {concurrency} at a time, dimensions {dims:?}");
     println!(
         "wall: {:.1} s total; per timeline median {}, p95 {}, max {}",

@@ -9,13 +9,13 @@ use std::time::{Duration, SystemTime};
 use serde_json::Value;
 
 use super::runner::{AGENT, DRAIN_NODE_ANNOTATIONS, NODE, Run};
-use super::script::Safe;
+use super::script::{Action, Safe};
 use super::truth::{Truth, earliest, permits};
 use crate::kube::journal::{JournalEntry, Verb};
 
 /// How long the agent may take to notice a change of the truth (IMDS polls every 200 ms,
 /// the rest is pushed; a loaded CI machine adds the rest). `TIMELINE_LAG_MS` overrides it.
-pub const DEFAULT_LAG: Duration = Duration::from_millis(1000);
+pub const DEFAULT_LAG: Duration = Duration::from_millis(1500);
 
 fn lag() -> Duration {
     std::env::var("TIMELINE_LAG_MS")
@@ -115,7 +115,7 @@ fn unschedulable(v: &Value) -> bool {
 
 fn parse_time(s: &str) -> Option<SystemTime> {
     let t: jiff::Timestamp = s.parse().ok()?;
-    SystemTime::try_from(t).ok()
+    Some(SystemTime::from(t))
 }
 
 /// Keys lastcall owns on a Node (its manual label belongs to the operator).
@@ -139,6 +139,20 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// The reaction time allowed at `t`: doubled shortly after an agent (re)start, which
+    /// reads every source and the cluster afresh.
+    fn lag_at(&self, t: SystemTime) -> Duration {
+        let lag = lag();
+        let restarted = self.run.applied.iter().any(|a| {
+            matches!(
+                a.action,
+                Action::RestartAgent | Action::AbortAgent { .. } | Action::Rollout { .. }
+            ) && a.at <= t
+                && t.duration_since(a.at).unwrap_or_default() < lag * 2
+        });
+        if restarted { lag * 2 } else { lag }
+    }
+
     fn in_use(&self, name: &str, seq: u64, at: SystemTime) -> bool {
         self.allocated.get(name).is_some_and(|s| *s < seq)
             && self.ended.get(name).is_none_or(|t| *t > at)
@@ -150,7 +164,7 @@ pub fn check(run: &Run) -> Vec<Hit> {
     let truth = Truth::build(&run.applied);
     let mut ended = BTreeMap::new();
     for a in &run.applied {
-        if matches!(a.action, super::script::Action::EndMatch) {
+        if matches!(a.action, Action::EndMatch) {
             for n in a.note.split(',').filter(|s| !s.is_empty()) {
                 ended.entry(n.to_string()).or_insert(a.at);
             }
@@ -208,7 +222,7 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
         let grace = Duration::from_secs(tl.grace_of(safe) as u64);
         let justified = cx
             .truth
-            .during(e.at.checked_sub(lag()).unwrap_or(e.at), e.at)
+            .during(e.at.checked_sub(cx.lag_at(e.at)).unwrap_or(e.at), e.at)
             .iter()
             .any(|live| {
                 live.values().any(|s| {
@@ -287,7 +301,7 @@ fn announced(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
         // The latest earliest-deadline over the window; None when some moment had none.
         let mut worst = Some(SystemTime::UNIX_EPOCH);
         for live in cx.truth.during(from, to) {
-            match (earliest(live, RELATIVE_SLACK), worst) {
+            match (earliest(live, to, RELATIVE_SLACK), worst) {
                 (None, _) => worst = None,
                 (Some(d), Some(w)) => worst = Some(w.max(d)),
                 (Some(_), None) => {}
@@ -317,7 +331,7 @@ fn announced(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             .push((e.at, e.seq, parsed));
         if by_agent(e)
             && let Some(d) = parsed
-            && let Some(b) = bound(e.at.checked_sub(lag()).unwrap_or(e.at), e.at)
+            && let Some(b) = bound(e.at.checked_sub(cx.lag_at(e.at)).unwrap_or(e.at), e.at)
             && d > b
         {
             hits.push(Hit {
@@ -336,7 +350,7 @@ fn announced(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     }
     // Left standing: the lag after each change of the truth, every in-use server's value.
     for c in cx.truth.changes() {
-        let at = c + lag();
+        let at = c + cx.lag_at(c + lag());
         let Some(b) = bound(c, at) else { continue };
         for (name, h) in &history {
             let Some((_, seq, Some(d))) = h.iter().rev().find(|(t, _, _)| *t <= at) else {
@@ -351,7 +365,7 @@ fn announced(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                         jiff::Timestamp::try_from(*d)
                             .map(|t| t.to_string())
                             .unwrap_or_default(),
-                        lag().as_millis(),
+                        at.duration_since(c).unwrap_or_default().as_millis(),
                         jiff::Timestamp::try_from(b)
                             .map(|t| t.to_string())
                             .unwrap_or_default()
@@ -473,7 +487,7 @@ fn node_writes(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                 let undone = taint_keys(p).contains("lastcall.dev/draining")
                     && !taint_keys(v).contains("lastcall.dev/draining");
                 if undone {
-                    let from = e.at.checked_sub(lag()).unwrap_or(e.at);
+                    let from = e.at.checked_sub(cx.lag_at(e.at)).unwrap_or(e.at);
                     let states = cx.truth.during(from, e.at);
                     let steady: Vec<_> = states[0]
                         .iter()
@@ -520,8 +534,7 @@ fn node_writes(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
         .run
         .journal
         .iter()
-        .filter(|e| is_node_write(e) && e.at <= settle_end)
-        .next_back()
+        .rfind(|e| is_node_write(e) && e.at <= settle_end)
         && let Some(v) = e.response.as_deref()
     {
         if taint_keys(v).contains("lastcall.dev/draining") {

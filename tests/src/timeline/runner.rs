@@ -35,6 +35,8 @@ pub const GROUP: &str = "g1";
 pub const AGENT: &str = "agent-n1";
 /// The allocator excludes these servers, as the docs ask.
 pub const EXCLUSION: &str = "lastcall.dev/node-draining!=true";
+/// How long a clean agent stop may take before the task is killed.
+pub const STOP_WITHIN: Duration = Duration::from_secs(3);
 /// How long after the last step a drain must have ended (deregistered, or cancelled).
 pub const SETTLE: Duration = Duration::from_secs(10);
 
@@ -67,7 +69,21 @@ fn status(fleet_status: Status, iid: &str) -> String {
     .to_python_json()
 }
 
+/// Caches and publishes `body` as pubsub does, retrying a connection that a loaded machine
+/// let time out.
 async fn publish(redis: &RedisServer, iid: &str, body: &str) -> anyhow::Result<()> {
+    let mut last = None;
+    for _ in 0..5 {
+        match publish_once(redis, iid, body).await {
+            Ok(()) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("publish")))
+}
+
+async fn publish_once(redis: &RedisServer, iid: &str, body: &str) -> anyhow::Result<()> {
     let mut c = redis.client().await?;
     let _: () = ::redis::cmd("SET")
         .arg(cache_key(iid))
@@ -312,11 +328,13 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             Action::GceEmpty => gce.set("maintenance-event", ""),
             Action::GcePreempted => gce.set("preempted", "TRUE"),
             Action::FleetIq { draining } => {
-                let s = if *draining {
-                    Status::Draining
+                let (s, gs) = if *draining {
+                    (Status::Draining, InstanceStatus::Draining)
                 } else {
-                    Status::Active
+                    (Status::Active, InstanceStatus::Active)
                 };
+                // GameLift says what Redis says: the agent may also ask GameLift.
+                gl.set_instance_status(&iid, gs);
                 publish(redis, &iid, &status(s, &iid)).await.context(what)?;
             }
             Action::Manual(on) => {
@@ -364,9 +382,11 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             Action::RestartAgent => {
                 if !agents.live.is_empty() {
                     let old = agents.live.remove(0);
-                    if let Err(e) = old.stop().await {
-                        note = format!("stop: {e}");
-                    }
+                    note = match old.stop_within(STOP_WITHIN).await {
+                        Ok(true) => String::new(),
+                        Ok(false) => format!("the stop took over {STOP_WITHIN:?}: killed"),
+                        Err(e) => format!("stop: {e}"),
+                    };
                 }
                 agents.start().await.context(what.clone())?;
             }
@@ -384,7 +404,12 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                     let overlap = Duration::from_millis(*overlap_ms);
                     agents.stopping.push(tokio::spawn(async move {
                         tokio::time::sleep(overlap).await;
-                        old.stop().await
+                        match old.stop_within(STOP_WITHIN).await {
+                            Ok(false) => {
+                                anyhow::bail!("the stop took over {STOP_WITHIN:?}: killed")
+                            }
+                            other => other.map(|_| ()),
+                        }
                     }));
                 }
             }
@@ -474,15 +499,14 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         SETTLE,
         Duration::from_millis(50),
         || async {
-            if gl.count("DeregisterGameServer") > 0
-                && gl
-                    .calls()
-                    .iter()
-                    .any(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
+            if gl
+                .calls()
+                .iter()
+                .any(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
             {
                 return Some(SystemTime::now());
             }
-            if !live_at_end.values().any(|s| s.fences) && live_at_end.is_empty() {
+            if live_at_end.is_empty() {
                 let node = cluster.node(NODE)?;
                 let ours = has_own_marks(&node)
                     || cluster.game_servers().iter().any(|g| {
@@ -516,7 +540,11 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         a.abort();
     }
     for h in agents.stopping.drain(..) {
-        match h.await {
+        let Ok(joined) = tokio::time::timeout(STOP_WITHIN * 2, h).await else {
+            agent_errors.push("an old agent's stop never ended".into());
+            continue;
+        };
+        match joined {
             Ok(Err(e)) => agent_errors.push(e.to_string()),
             Err(e) => agent_errors.push(e.to_string()),
             Ok(Ok(())) => {}
@@ -525,7 +553,14 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let journal = cluster.emulator().journal().entries();
     let calls = gl.calls();
     cluster.emulator().faults().clear();
-    cluster.shutdown().await;
+    // A connection a killed agent left behind can hold a graceful shutdown; the cluster
+    // stops anyway when dropped.
+    if tokio::time::timeout(Duration::from_secs(5), cluster.shutdown())
+        .await
+        .is_err()
+    {
+        agent_errors.push("the cluster's shutdown took over 5 s".into());
+    }
     Ok(Run {
         timeline: tl,
         t0,

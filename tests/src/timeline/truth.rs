@@ -55,7 +55,15 @@ pub fn ceil_secs(t: SystemTime) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(s)
 }
 
-/// What a step does to the truth, given when it was applied.
+/// Whole seconds at or before `t` (an agent may keep deadlines to the second).
+pub fn floor_secs(t: SystemTime) -> SystemTime {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    SystemTime::UNIX_EPOCH + Duration::from_secs(d.as_secs())
+}
+
+/// What a step does to the truth, given when it was applied. A deadline counted from the
+/// agent's first sight of a signal is taken from the moment the step was applied, to the
+/// second below: the agent cannot have seen it earlier.
 pub fn effect_of(
     tl: &Timeline,
     t0: SystemTime,
@@ -93,7 +101,9 @@ pub fn effect_of(
             SignalId::GceMaintenance,
             Some(Signal {
                 relative: true,
-                ..hard(at + Duration::from_secs(tl.gce_terminate_notice_s))
+                ..hard(floor_secs(
+                    at + Duration::from_secs(tl.gce_terminate_notice_s),
+                ))
             }),
         ),
         Action::GceNone => (SignalId::GceMaintenance, None),
@@ -101,7 +111,9 @@ pub fn effect_of(
             SignalId::GcePreempted,
             Some(Signal {
                 relative: true,
-                ..hard(at + Duration::from_secs(tl.gce_preemption_notice_s))
+                ..hard(floor_secs(
+                    at + Duration::from_secs(tl.gce_preemption_notice_s),
+                ))
             }),
         ),
         Action::FleetIq { draining } => (SignalId::FleetIq, draining.then_some(drain)),
@@ -176,10 +188,13 @@ impl Truth {
     }
 }
 
-/// The earliest hard deadline among `live`, with `slack` added to relative ones.
-pub fn earliest(live: &Live, slack: Duration) -> Option<SystemTime> {
+/// The earliest hard deadline among `live` still ahead of `now`, with `slack` added to
+/// relative ones. A deadline already passed is left out: the machine would be gone, and
+/// the test world running on past it says nothing about what to announce.
+pub fn earliest(live: &Live, now: SystemTime, slack: Duration) -> Option<SystemTime> {
     live.values()
         .filter_map(|s| s.hard.map(|h| if s.relative { h + slack } else { h }))
+        .filter(|h| *h > now)
         .min()
 }
 
@@ -191,4 +206,70 @@ pub fn permits(safe: Safe, s: &Signal, graceful: bool) -> bool {
             Safe::OnUpgrade => s.upgrade_like,
             Safe::Never => false,
         }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000) + Duration::from_millis(ms)
+    }
+
+    fn applied(ms: u64, id: SignalId, s: Option<Signal>) -> Applied {
+        Applied {
+            at: at(ms),
+            action: Action::EndMatch,
+            effect: Some((id, s)),
+            note: String::new(),
+        }
+    }
+
+    fn hard(ms: u64) -> Signal {
+        Signal {
+            hard: Some(at(ms)),
+            upgrade_like: true,
+            fences: true,
+            relative: false,
+        }
+    }
+
+    #[test]
+    fn the_truth_follows_moves_cancels_and_never_withdraws_spot() {
+        let t = Truth::build(&[
+            applied(100, SignalId::ImdsScheduled, Some(hard(3000))),
+            applied(200, SignalId::ImdsSpot, Some(hard(5000))),
+            applied(300, SignalId::ImdsScheduled, Some(hard(4000))),
+            applied(400, SignalId::ImdsSpot, Some(hard(9000))),
+            applied(500, SignalId::ImdsScheduled, None),
+        ]);
+        let e = |ms| earliest(t.at(at(ms)), at(ms), Duration::ZERO);
+        assert_eq!(e(50), None);
+        assert_eq!(e(150), Some(at(3000)));
+        // Rescheduled later: the current deadline is the new one, not the minimum.
+        assert_eq!(e(350), Some(at(4000)));
+        // A second Spot notice does not move the first.
+        assert_eq!(e(450), Some(at(4000)));
+        assert_eq!(e(600), Some(at(5000)));
+        // A deadline already passed no longer bounds what is announced.
+        assert_eq!(e(5001), None);
+        assert_eq!(t.during(at(250), at(450)).len(), 2);
+        assert_eq!(t.changes().count(), 4);
+    }
+
+    #[test]
+    fn eviction_safe_decides_which_deadlines_may_end_a_match() {
+        let upgrade = hard(1000);
+        let autoscaler = Signal {
+            upgrade_like: false,
+            ..upgrade
+        };
+        assert!(permits(Safe::Always, &autoscaler, false));
+        assert!(permits(Safe::OnUpgrade, &upgrade, false));
+        assert!(!permits(Safe::OnUpgrade, &autoscaler, false));
+        assert!(!permits(Safe::Never, &upgrade, false));
+        assert!(permits(Safe::Never, &upgrade, true));
+        assert_eq!(ceil_secs(at(1)), floor_secs(at(1)) + Duration::from_secs(1));
+        assert_eq!(ceil_secs(at(0)), at(0));
+    }
 }
