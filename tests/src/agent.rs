@@ -78,6 +78,23 @@ impl InProcessAgent {
             .map_err(|e| anyhow::anyhow!("agent task: {e}"))?
     }
 
+    /// Stops the agent as SIGTERM would, and kills the task if it has not ended within
+    /// `within` (a request that never comes back can hold a clean stop). `Ok(true)`: it
+    /// ended by itself; `Ok(false)`: it had to be killed.
+    pub async fn stop_within(self, within: std::time::Duration) -> anyhow::Result<bool> {
+        self.shutdown.cancel();
+        let mut handle = self.handle;
+        match tokio::time::timeout(within, &mut handle).await {
+            Ok(r) => r
+                .map_err(|e| anyhow::anyhow!("agent task: {e}"))?
+                .map(|()| true),
+            Err(_) => {
+                handle.abort();
+                Ok(false)
+            }
+        }
+    }
+
     /// Kills the task without a clean shutdown (a crash).
     pub fn abort(self) {
         self.handle.abort();

@@ -13,5 +13,6 @@ pub mod agent;
 pub mod asg;
 pub mod bench;
 pub mod demo;
+pub mod timeline;
 pub mod webhook;
 pub mod world;

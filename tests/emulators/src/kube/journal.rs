@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
 
 /// The Kubernetes verb of a request, as RBAC and audit logs name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -55,6 +56,13 @@ pub struct JournalEntry {
     pub namespace: Option<String>,
     pub name: Option<String>,
     pub subresource: Option<String>,
+    /// When the response was produced (after the request took effect): wall-clock time, so
+    /// harnesses can set requests against deadlines and other emulators' journals.
+    pub at: SystemTime,
+    /// For an accepted (2xx) mutating request, the JSON the server answered with: the object
+    /// as it stood after the write (a `Status` for evictions and some deletes). Lets a
+    /// harness replay what each writer changed without reading the store.
+    pub response: Option<Arc<serde_json::Value>>,
 }
 
 /// Per-identity traffic totals.

@@ -242,10 +242,14 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         }
     };
 
+    let mut written = None;
     let (status, response) = match reply {
         Reply::Json(status, v) => {
             let bytes = serde_json::to_vec(&v).unwrap_or_default();
             s.journal.add_traffic(&identity, bytes.len() as u64, 0);
+            if verb.is_mutating() && status.is_success() {
+                written = Some(Arc::new(v));
+            }
             (status, json_response(status, Body::from(bytes)))
         }
         Reply::Text(status, t) => {
@@ -269,6 +273,8 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         namespace,
         name,
         subresource,
+        at: std::time::SystemTime::now(),
+        response: written,
     });
     response
 }

@@ -1,0 +1,737 @@
+//! The invariant checker: reads the kube journal (with each accepted write's resulting
+//! object) and the GameLift calls of a run, sets them against the script's truth, and lists
+//! every violation with the requests that show it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime};
+
+use serde_json::Value;
+
+use super::runner::{AGENT, DRAIN_NODE_ANNOTATIONS, NODE, Run};
+use super::script::{Action, Safe};
+use super::truth::{Truth, earliest, permits};
+use crate::kube::journal::{JournalEntry, Verb};
+
+/// How long the agent may take to notice a change of the truth (IMDS polls every 200 ms,
+/// the rest is pushed; a loaded CI machine adds the rest). `TIMELINE_LAG_MS` overrides it.
+pub const DEFAULT_LAG: Duration = Duration::from_millis(1500);
+
+fn lag() -> Duration {
+    std::env::var("TIMELINE_LAG_MS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(DEFAULT_LAG)
+}
+/// Extra allowed on deadlines the agent counts from its first sight of a signal (GCE).
+pub const RELATIVE_SLACK: Duration = Duration::from_millis(1500);
+
+/// The invariants, by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Invariant {
+    /// A match ended by lastcall without a current deadline within the pod's grace.
+    MatchEndedEarly,
+    /// An Allocated server deleted by lastcall.
+    AllocatedDeleted,
+    /// With the exclusion selector, an allocation after lastcall's fence write to the server.
+    AllocatedAfterFence,
+    /// A drain deadline announced later than the earliest current deadline.
+    AnnouncedTooLate,
+    /// A second DeregisterGameServer, or a FleetIQ lifecycle call after the first.
+    DeregisteredTwice,
+    /// Uncordoned or untainted by lastcall after deregistration.
+    UncordonedAfterDeregister,
+    /// Something lastcall did not write removed by lastcall.
+    ForeignRemoved,
+    /// lastcall's marks left after the drain was cancelled.
+    LeftAfterCancel,
+    /// The drain undone while a signal stayed live.
+    UndoneWhileLive,
+    /// The drain did not end within the bound after the signals settled.
+    DrainNeverEnded,
+}
+
+impl Invariant {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MatchEndedEarly => "match-ended-early",
+            Self::AllocatedDeleted => "allocated-deleted",
+            Self::AllocatedAfterFence => "allocated-after-fence",
+            Self::AnnouncedTooLate => "announced-too-late",
+            Self::DeregisteredTwice => "deregistered-twice",
+            Self::UncordonedAfterDeregister => "uncordoned-after-deregister",
+            Self::ForeignRemoved => "foreign-removed",
+            Self::LeftAfterCancel => "left-after-cancel",
+            Self::UndoneWhileLive => "undone-while-live",
+            Self::DrainNeverEnded => "drain-never-ended",
+        }
+    }
+}
+
+/// One violation: what, when, and the journal entries (by `seq`) that show it.
+#[derive(Clone, Debug)]
+pub struct Hit {
+    pub invariant: Invariant,
+    pub at: SystemTime,
+    pub detail: String,
+    pub seqs: Vec<u64>,
+}
+
+fn ok(e: &JournalEntry) -> bool {
+    (200..300).contains(&e.status)
+}
+
+fn by_agent(e: &JournalEntry) -> bool {
+    e.identity.as_deref() == Some(AGENT)
+}
+
+fn is_kind(v: &Value, kind: &str) -> bool {
+    v["kind"].as_str() == Some(kind)
+}
+
+fn label<'a>(v: &'a Value, k: &str) -> Option<&'a str> {
+    v["metadata"]["labels"][k].as_str()
+}
+
+fn annotation<'a>(v: &'a Value, k: &str) -> Option<&'a str> {
+    v["metadata"]["annotations"][k].as_str()
+}
+
+fn taint_keys(v: &Value) -> BTreeSet<String> {
+    v["spec"]["taints"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| t["key"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn unschedulable(v: &Value) -> bool {
+    v["spec"]["unschedulable"].as_bool().unwrap_or(false)
+}
+
+fn parse_time(s: &str) -> Option<SystemTime> {
+    let t: jiff::Timestamp = s.parse().ok()?;
+    Some(SystemTime::from(t))
+}
+
+/// Keys lastcall owns on a Node (its manual label belongs to the operator).
+fn own_key(k: &str) -> bool {
+    k.starts_with("lastcall.dev/") && k != "lastcall.dev/drain"
+}
+
+/// Keys the cluster model writes without going through the API (so absent from the
+/// journal's history): never judged.
+fn model_key(k: &str) -> bool {
+    k.starts_with("node.kubernetes.io/")
+}
+
+struct Ctx<'a> {
+    run: &'a Run,
+    truth: Truth,
+    /// When a server's match ended (the game's `Shutdown()`), by name.
+    ended: BTreeMap<String, SystemTime>,
+    /// The `seq` of a server's successful allocation (0: allocated before the start).
+    allocated: BTreeMap<String, u64>,
+}
+
+impl Ctx<'_> {
+    /// The reaction time allowed at `t`: doubled shortly after an agent (re)start, which
+    /// reads every source and the cluster afresh.
+    fn lag_at(&self, t: SystemTime) -> Duration {
+        let lag = lag();
+        let restarted = self.run.applied.iter().any(|a| {
+            matches!(
+                a.action,
+                Action::RestartAgent | Action::AbortAgent { .. } | Action::Rollout { .. }
+            ) && a.at <= t
+                && t.duration_since(a.at).unwrap_or_default() < lag * 2
+        });
+        if restarted { lag * 2 } else { lag }
+    }
+
+    fn in_use(&self, name: &str, seq: u64, at: SystemTime) -> bool {
+        self.allocated.get(name).is_some_and(|s| *s < seq)
+            && self.ended.get(name).is_none_or(|t| *t > at)
+    }
+}
+
+/// Every invariant hit of `run`.
+pub fn check(run: &Run) -> Vec<Hit> {
+    let truth = Truth::build(&run.applied);
+    let mut ended = BTreeMap::new();
+    for a in &run.applied {
+        if matches!(a.action, Action::EndMatch) {
+            for n in a.note.split(',').filter(|s| !s.is_empty()) {
+                ended.entry(n.to_string()).or_insert(a.at);
+            }
+        }
+    }
+    let mut allocated: BTreeMap<String, u64> = run
+        .allocated_at_start
+        .iter()
+        .map(|n| (n.clone(), 0))
+        .collect();
+    for e in &run.journal {
+        if e.identity.as_deref() == Some("agones-allocator")
+            && e.verb == Verb::Update
+            && e.resource.as_deref() == Some("gameservers")
+            && ok(e)
+            && let Some(name) = &e.name
+        {
+            allocated.entry(name.clone()).or_insert(e.seq);
+        }
+    }
+    let cx = Ctx {
+        run,
+        truth,
+        ended,
+        allocated,
+    };
+    let mut hits = vec![];
+    matches_ended(&cx, &mut hits);
+    servers(&cx, &mut hits);
+    announced(&cx, &mut hits);
+    deregistration(&cx, &mut hits);
+    node_writes(&cx, &mut hits);
+    settled(&cx, &mut hits);
+    hits.sort_by_key(|h| h.at);
+    hits
+}
+
+/// No match ended by lastcall (eviction or pod DELETE of an in-use server's pod) unless a
+/// live hard deadline that `eviction.safe` lets it act on was within the pod's grace.
+fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    let tl = &cx.run.timeline;
+    for e in cx.run.journal.iter().filter(|e| by_agent(e) && ok(e)) {
+        let ends = e.resource.as_deref() == Some("pods")
+            && ((e.verb == Verb::Create && e.subresource.as_deref() == Some("eviction"))
+                || (e.verb == Verb::Delete && e.subresource.is_none()));
+        let Some(pod) = e.name.as_deref() else {
+            continue;
+        };
+        if !ends || !cx.in_use(pod, e.seq, e.at) {
+            continue;
+        }
+        let Some(safe) = Safe::of_server(pod) else {
+            continue;
+        };
+        let grace = Duration::from_secs(tl.grace_of(safe) as u64);
+        let justified = cx
+            .truth
+            .during(e.at.checked_sub(cx.lag_at(e.at)).unwrap_or(e.at), e.at)
+            .iter()
+            .any(|live| {
+                live.values().any(|s| {
+                    s.hard
+                        .is_some_and(|d| d <= e.at + grace + Duration::from_millis(50))
+                        && permits(safe, s, tl.graceful_termination)
+                })
+            });
+        if !justified {
+            hits.push(Hit {
+                invariant: Invariant::MatchEndedEarly,
+                at: e.at,
+                detail: format!(
+                    "{} {pod} ({safe:?}, grace {}s) with live signals {:?}",
+                    if e.verb == Verb::Create {
+                        "evicted"
+                    } else {
+                        "deleted pod"
+                    },
+                    grace.as_secs(),
+                    cx.truth.at(e.at)
+                ),
+                seqs: vec![e.seq],
+            });
+        }
+    }
+}
+
+/// No in-use server deleted by lastcall; with the exclusion selector, no allocation of a
+/// server whose last known state was marked draining (or deleted) by lastcall.
+fn servers(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    let mut last: BTreeMap<String, (&JournalEntry, bool)> = BTreeMap::new();
+    for e in &cx.run.journal {
+        if e.resource.as_deref() != Some("gameservers") || !ok(e) {
+            continue;
+        }
+        let Some(name) = e.name.as_deref() else {
+            continue;
+        };
+        if by_agent(e) && e.verb == Verb::Delete && cx.in_use(name, e.seq, e.at) {
+            hits.push(Hit {
+                invariant: Invariant::AllocatedDeleted,
+                at: e.at,
+                detail: format!("deleted in-use {name}"),
+                seqs: vec![cx.allocated.get(name).copied().unwrap_or(0), e.seq],
+            });
+        }
+        if cx.run.timeline.exclusion_selector
+            && e.identity.as_deref() == Some("agones-allocator")
+            && e.verb == Verb::Update
+            && let Some((prev, fenced)) = last.get(name)
+            && *fenced
+        {
+            hits.push(Hit {
+                invariant: Invariant::AllocatedAfterFence,
+                at: e.at,
+                detail: format!("{name} allocated after lastcall's write #{}", prev.seq),
+                seqs: vec![prev.seq, e.seq],
+            });
+        }
+        let fenced = match &e.response {
+            _ if e.verb == Verb::Delete => by_agent(e),
+            Some(v) if is_kind(v, "GameServer") => {
+                label(v, "lastcall.dev/node-draining") == Some("true")
+            }
+            _ => continue,
+        };
+        last.insert(name.to_string(), (e, fenced));
+    }
+}
+
+/// The deadline announced on game servers is never later than the earliest current hard
+/// deadline: neither when written, nor left standing after the deadline moved earlier.
+fn announced(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    let bound = |from: SystemTime, to: SystemTime| -> Option<SystemTime> {
+        // The latest earliest-deadline over the window; None when some moment had none.
+        let mut worst = Some(SystemTime::UNIX_EPOCH);
+        for live in cx.truth.during(from, to) {
+            match (earliest(live, to, RELATIVE_SLACK), worst) {
+                (None, _) => worst = None,
+                (Some(d), Some(w)) => worst = Some(w.max(d)),
+                (Some(_), None) => {}
+            }
+        }
+        worst
+    };
+    // Per server: (at, seq, announced value) of every accepted write, in order.
+    let mut history: BTreeMap<String, Vec<(SystemTime, u64, Option<SystemTime>)>> = BTreeMap::new();
+    for e in cx
+        .run
+        .journal
+        .iter()
+        .filter(|e| e.resource.as_deref() == Some("gameservers") && ok(e))
+    {
+        let (Some(name), Some(v)) = (e.name.as_deref(), e.response.as_deref()) else {
+            continue;
+        };
+        if !is_kind(v, "GameServer") {
+            continue;
+        }
+        let value = annotation(v, "lastcall.dev/drain-deadline");
+        let parsed = value.and_then(parse_time);
+        history
+            .entry(name.to_string())
+            .or_default()
+            .push((e.at, e.seq, parsed));
+        if by_agent(e)
+            && let Some(d) = parsed
+            && let Some(b) = bound(e.at.checked_sub(cx.lag_at(e.at)).unwrap_or(e.at), e.at)
+            && d > b
+        {
+            hits.push(Hit {
+                invariant: Invariant::AnnouncedTooLate,
+                at: e.at,
+                detail: format!(
+                    "{name}: wrote {} while the earliest current deadline was {}",
+                    value.unwrap_or_default(),
+                    jiff::Timestamp::try_from(b)
+                        .map(|t| t.to_string())
+                        .unwrap_or_default()
+                ),
+                seqs: vec![e.seq],
+            });
+        }
+    }
+    // Left standing: the lag after each change of the truth, every in-use server's value.
+    for c in cx.truth.changes() {
+        let at = c + cx.lag_at(c + lag());
+        let Some(b) = bound(c, at) else { continue };
+        for (name, h) in &history {
+            let Some((_, seq, Some(d))) = h.iter().rev().find(|(t, _, _)| *t <= at) else {
+                continue;
+            };
+            if *d > b && cx.in_use(name, *seq + 1, at) {
+                hits.push(Hit {
+                    invariant: Invariant::AnnouncedTooLate,
+                    at,
+                    detail: format!(
+                        "{name}: still announced {} {} ms after the earliest deadline became {}",
+                        jiff::Timestamp::try_from(*d)
+                            .map(|t| t.to_string())
+                            .unwrap_or_default(),
+                        at.duration_since(c).unwrap_or_default().as_millis(),
+                        jiff::Timestamp::try_from(b)
+                            .map(|t| t.to_string())
+                            .unwrap_or_default()
+                    ),
+                    seqs: vec![*seq],
+                });
+            }
+        }
+    }
+}
+
+/// At most one DeregisterGameServer, no FleetIQ lifecycle call after it, and the node
+/// never uncordoned or untainted by lastcall after it.
+fn deregistration(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    let calls = &cx.run.calls;
+    let Some(first) = calls
+        .iter()
+        .find(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
+    else {
+        return;
+    };
+    for c in calls.iter().filter(|c| c.seq > first.seq) {
+        if matches!(
+            c.op.as_str(),
+            "DeregisterGameServer" | "RegisterGameServer" | "UpdateGameServer"
+        ) {
+            hits.push(Hit {
+                invariant: Invariant::DeregisteredTwice,
+                at: c.at,
+                detail: format!(
+                    "GameLift {} ({}) after DeregisterGameServer #{}",
+                    c.op, c.outcome, first.seq
+                ),
+                seqs: vec![],
+            });
+        }
+    }
+    let mut prev: Option<&Value> = None;
+    for e in cx.run.journal.iter().filter(|e| is_node_write(e)) {
+        let Some(v) = e.response.as_deref() else {
+            continue;
+        };
+        if let Some(p) = prev
+            && by_agent(e)
+            && e.at > first.at
+        {
+            let uncordoned = unschedulable(p) && !unschedulable(v);
+            let untainted = taint_keys(p).contains("lastcall.dev/draining")
+                && !taint_keys(v).contains("lastcall.dev/draining");
+            if uncordoned || untainted {
+                hits.push(Hit {
+                    invariant: Invariant::UncordonedAfterDeregister,
+                    at: e.at,
+                    detail: format!(
+                        "{} after the deregistration",
+                        if uncordoned {
+                            "uncordoned"
+                        } else {
+                            "untainted"
+                        }
+                    ),
+                    seqs: vec![e.seq],
+                });
+            }
+        }
+        prev = Some(v);
+    }
+}
+
+fn is_node_write(e: &JournalEntry) -> bool {
+    e.resource.as_deref() == Some("nodes")
+        && e.name.as_deref() == Some(NODE)
+        && e.subresource.is_none()
+        && ok(e)
+        && e.response.as_deref().is_some_and(|v| is_kind(v, "Node"))
+}
+
+/// lastcall removes nothing it did not write, and does not undo a drain while a signal
+/// that fences the node has stayed live.
+fn node_writes(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    let mut prev: Option<&Value> = None;
+    let mut cordon_by: Option<String> = None;
+    for e in cx.run.journal.iter().filter(|e| is_node_write(e)) {
+        let Some(v) = e.response.as_deref() else {
+            continue;
+        };
+        if let Some(p) = prev {
+            if !unschedulable(p) && unschedulable(v) {
+                cordon_by = e.identity.clone();
+            }
+            if by_agent(e) {
+                let mut gone = vec![];
+                for (what, before, after) in [
+                    ("label", keys(p, "labels"), keys(v, "labels")),
+                    ("annotation", keys(p, "annotations"), keys(v, "annotations")),
+                    ("taint", taint_keys(p), taint_keys(v)),
+                ] {
+                    gone.extend(
+                        before
+                            .difference(&after)
+                            .filter(|k| !own_key(k) && !model_key(k))
+                            .map(|k| format!("{what} {k}")),
+                    );
+                }
+                if unschedulable(p) && !unschedulable(v) && cordon_by.as_deref() != Some(AGENT) {
+                    gone.push(format!(
+                        "the cordon of {}",
+                        cordon_by.as_deref().unwrap_or("someone")
+                    ));
+                }
+                if !gone.is_empty() {
+                    hits.push(Hit {
+                        invariant: Invariant::ForeignRemoved,
+                        at: e.at,
+                        detail: format!("removed {}", gone.join(", ")),
+                        seqs: vec![e.seq],
+                    });
+                }
+                let undone = taint_keys(p).contains("lastcall.dev/draining")
+                    && !taint_keys(v).contains("lastcall.dev/draining");
+                if undone {
+                    let from = e.at.checked_sub(cx.lag_at(e.at)).unwrap_or(e.at);
+                    let states = cx.truth.during(from, e.at);
+                    let steady: Vec<_> = states[0]
+                        .iter()
+                        .filter(|(id, s)| s.fences && states.iter().all(|l| l.get(id) == Some(s)))
+                        .map(|(id, _)| *id)
+                        .collect();
+                    if !steady.is_empty() {
+                        hits.push(Hit {
+                            invariant: Invariant::UndoneWhileLive,
+                            at: e.at,
+                            detail: format!("drain undone while {steady:?} stayed live"),
+                            seqs: vec![e.seq],
+                        });
+                    }
+                }
+            }
+            if unschedulable(p) && !unschedulable(v) {
+                cordon_by = None;
+            }
+        } else if unschedulable(v) {
+            cordon_by = e.identity.clone();
+        }
+        prev = Some(v);
+    }
+    // After a cancel (nothing live at the end, never deregistered), nothing of lastcall's
+    // is left: read from the last state each object reached in the journal.
+    let deregistered = cx
+        .run
+        .calls
+        .iter()
+        .any(|c| c.op == "DeregisterGameServer" && c.outcome == "ok");
+    if deregistered || !cx.truth.last().is_empty() || cx.run.settled.is_err() {
+        return;
+    }
+    let settle_end = cx
+        .run
+        .settled
+        .as_ref()
+        .copied()
+        .unwrap_or(cx.run.settled_from);
+    let mut left = vec![];
+    let mut seqs = vec![];
+    if let Some(e) = cx
+        .run
+        .journal
+        .iter()
+        .rfind(|e| is_node_write(e) && e.at <= settle_end)
+        && let Some(v) = e.response.as_deref()
+    {
+        if taint_keys(v).contains("lastcall.dev/draining") {
+            left.push("Node taint lastcall.dev/draining".to_string());
+        }
+        for k in DRAIN_NODE_ANNOTATIONS {
+            if annotation(v, k).is_some() {
+                left.push(format!("Node annotation {k}"));
+            }
+        }
+        if unschedulable(v) && !cx.run.timeline.foreign_cordon {
+            left.push("the cordon".into());
+        }
+        if !left.is_empty() {
+            seqs.push(e.seq);
+        }
+    }
+    let mut last_gs: BTreeMap<&str, &JournalEntry> = BTreeMap::new();
+    for e in cx
+        .run
+        .journal
+        .iter()
+        .filter(|e| e.resource.as_deref() == Some("gameservers") && ok(e) && e.at <= settle_end)
+    {
+        if let Some(n) = e.name.as_deref() {
+            last_gs.insert(n, e);
+        }
+    }
+    for (name, e) in last_gs {
+        let Some(v) = e.response.as_deref().filter(|v| is_kind(v, "GameServer")) else {
+            continue;
+        };
+        if v["metadata"]["deletionTimestamp"].is_string() || cx.ended.contains_key(name) {
+            continue;
+        }
+        for k in ["lastcall.dev/drain-deadline", "lastcall.dev/drain-reason"] {
+            if annotation(v, k).is_some() {
+                left.push(format!("{name} annotation {k}"));
+                seqs.push(e.seq);
+            }
+        }
+        if label(v, "lastcall.dev/node-draining").is_some() {
+            left.push(format!("{name} label lastcall.dev/node-draining"));
+            seqs.push(e.seq);
+        }
+    }
+    if !left.is_empty() {
+        hits.push(Hit {
+            invariant: Invariant::LeftAfterCancel,
+            at: settle_end,
+            detail: format!("after the cancel: {}", left.join(", ")),
+            seqs,
+        });
+    }
+}
+
+fn keys(v: &Value, field: &str) -> BTreeSet<String> {
+    v["metadata"][field]
+        .as_object()
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+fn settled(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    if let Err(e) = &cx.run.settled {
+        hits.push(Hit {
+            invariant: Invariant::DrainNeverEnded,
+            at: cx.run.settled_from,
+            detail: e.clone(),
+            seqs: vec![],
+        });
+    }
+}
+
+/// The failure report: seed, the drawn timeline, what was applied when, each hit and the
+/// journal slice around it.
+pub fn report(run: &Run, hits: &[Hit]) -> String {
+    let t0 = run.t0;
+    let rel = |t: SystemTime| -> String {
+        match t.duration_since(t0) {
+            Ok(d) => format!("t+{}ms", d.as_millis()),
+            Err(e) => format!("t-{}ms", e.duration().as_millis()),
+        }
+    };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "TIMELINE_SEED={} cargo test -p lastcall-testkit --test timeline",
+        run.timeline.seed
+    );
+    let _ = write!(s, "{}", run.timeline);
+    let _ = writeln!(s, "applied:");
+    for a in &run.applied {
+        let _ = writeln!(
+            s,
+            "  {:>9}  {:?}{}",
+            rel(a.at),
+            a.action,
+            if a.note.is_empty() {
+                String::new()
+            } else {
+                format!("  [{}]", a.note)
+            }
+        );
+    }
+    let _ = writeln!(
+        s,
+        "settled: {}",
+        match &run.settled {
+            Ok(t) => format!("at {} (last step at {})", rel(*t), rel(run.settled_from)),
+            Err(e) => e.clone(),
+        }
+    );
+    for h in hits {
+        let _ = writeln!(
+            s,
+            "HIT {} at {}: {}",
+            h.invariant.as_str(),
+            rel(h.at),
+            h.detail
+        );
+        let lo =
+            h.at.checked_sub(Duration::from_millis(1500))
+                .unwrap_or(h.at);
+        let hi = h.at + Duration::from_millis(200);
+        let slice: Vec<&JournalEntry> = if h.invariant == Invariant::DrainNeverEnded {
+            // Where the agent stopped: its last writes.
+            let mine: Vec<&JournalEntry> = run
+                .journal
+                .iter()
+                .filter(|e| by_agent(e) && e.verb.is_mutating())
+                .collect();
+            mine[mine.len().saturating_sub(12)..].to_vec()
+        } else {
+            run.journal
+                .iter()
+                .filter(|e| {
+                    h.seqs.contains(&e.seq)
+                        || (e.at >= lo
+                            && e.at <= hi
+                            && e.verb.is_mutating()
+                            && e.identity.is_some())
+                })
+                .collect()
+        };
+        for e in slice {
+            let _ = writeln!(s, "    {}", entry_line(e, &rel));
+        }
+        if matches!(
+            h.invariant,
+            Invariant::DeregisteredTwice | Invariant::UncordonedAfterDeregister
+        ) {
+            for c in run
+                .calls
+                .iter()
+                .filter(|c| c.op != "DescribeGameServerInstances")
+            {
+                let _ = writeln!(
+                    s,
+                    "    gamelift #{} {} {} {}",
+                    c.seq,
+                    rel(c.at),
+                    c.op,
+                    c.outcome
+                );
+            }
+        }
+    }
+    s
+}
+
+fn entry_line(e: &JournalEntry, rel: &dyn Fn(SystemTime) -> String) -> String {
+    let mut extra = String::new();
+    if let Some(v) = e.response.as_deref() {
+        if is_kind(v, "Node") {
+            extra = super::runner::node_summary(v);
+        } else if is_kind(v, "GameServer") {
+            extra = format!(
+                "state={} node-draining={} drain-deadline={}",
+                v["status"]["state"].as_str().unwrap_or("-"),
+                label(v, "lastcall.dev/node-draining").unwrap_or("-"),
+                annotation(v, "lastcall.dev/drain-deadline").unwrap_or("-")
+            );
+        }
+    }
+    format!(
+        "#{} {} {} {} {}{} {} {}",
+        e.seq,
+        rel(e.at),
+        e.identity.as_deref().unwrap_or("-"),
+        e.verb.as_str(),
+        e.name.as_deref().unwrap_or(e.path.as_str()),
+        e.subresource
+            .as_deref()
+            .map(|s| format!("/{s}"))
+            .unwrap_or_default(),
+        e.status,
+        extra
+    )
+}

@@ -1,0 +1,616 @@
+//! The runner: builds one node's world, starts the agent as the binary does, plays the
+//! drawn steps at their times, lets the signals settle, and hands back the journals.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::PostParams;
+use lastcall_common::fleetiq::{InstanceStatus as Status, StatusMessage, cache_key};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+use super::script::{Action, KubeFault, Safe, Timeline};
+use super::truth::{Applied, ceil_secs, effect_of};
+use crate::agent::{InProcessAgent, config};
+use crate::cluster::{
+    AllocationRequest, Cluster, ClusterConfig, EvictionSafe, FleetSpec, GameServerState, NodeSpec,
+    allocator,
+};
+use crate::eventually::try_eventually;
+use crate::gamelift::{self, GameLiftEmulator, InstanceStatus};
+use crate::gce::GceMetadataEmulator;
+use crate::imds::ImdsEmulator;
+use crate::kube::faults::{FaultRule, Method};
+use crate::kube::journal::JournalEntry;
+use crate::redis::RedisServer;
+
+pub const NS: &str = "default";
+pub const NODE: &str = "n1";
+pub const GROUP: &str = "g1";
+/// The agent's identity in the kube journal (every agent of the node shares it).
+pub const AGENT: &str = "agent-n1";
+/// The allocator excludes these servers, as the docs ask.
+pub const EXCLUSION: &str = "lastcall.dev/node-draining!=true";
+/// How long a clean agent stop may take before the task is killed.
+pub const STOP_WITHIN: Duration = Duration::from_secs(3);
+/// How long after the last step a drain must have ended (deregistered, or cancelled).
+pub const SETTLE: Duration = Duration::from_secs(10);
+
+/// Everything a run leaves for the checker.
+pub struct Run {
+    pub timeline: Timeline,
+    pub t0: SystemTime,
+    pub applied: Vec<Applied>,
+    /// Servers allocated before the timeline started.
+    pub allocated_at_start: BTreeSet<String>,
+    /// The kube journal and GameLift calls of the whole run.
+    pub journal: Vec<JournalEntry>,
+    pub calls: Vec<gamelift::Call>,
+    /// When the last step was applied, and whether (and when) the drain ended after it.
+    pub settled_from: SystemTime,
+    pub settled: Result<SystemTime, String>,
+    /// Wall time of building the world and starting the agent.
+    pub setup: Duration,
+    /// Agent tasks that ended with an error on a clean stop.
+    pub agent_errors: Vec<String>,
+}
+
+fn status(fleet_status: Status, iid: &str) -> String {
+    StatusMessage {
+        group_name: Some(GROUP.into()),
+        group_arn: Some(GameLiftEmulator::group_arn(GROUP)),
+        instance_id: iid.into(),
+        status: fleet_status,
+    }
+    .to_python_json()
+}
+
+/// Caches and publishes `body` as pubsub does, retrying a connection that a loaded machine
+/// let time out.
+async fn publish(redis: &RedisServer, iid: &str, body: &str) -> anyhow::Result<()> {
+    let mut last = None;
+    for _ in 0..5 {
+        match publish_once(redis, iid, body).await {
+            Ok(()) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("publish")))
+}
+
+async fn publish_once(redis: &RedisServer, iid: &str, body: &str) -> anyhow::Result<()> {
+    let mut c = redis.client().await?;
+    let _: () = ::redis::cmd("SET")
+        .arg(cache_key(iid))
+        .arg(body)
+        .query_async(&mut c)
+        .await?;
+    let _: i64 = ::redis::cmd("PUBLISH")
+        .arg(iid)
+        .arg(body)
+        .query_async(&mut c)
+        .await?;
+    Ok(())
+}
+
+/// Reads, edits and replaces the Node as `api`'s identity, retrying lost races (409).
+async fn edit_node(api: &Api<Node>, f: impl Fn(&mut Node)) -> anyhow::Result<()> {
+    for _ in 0..20 {
+        let mut n = api.get(NODE).await?;
+        f(&mut n);
+        match api.replace(NODE, &PostParams::default(), &n).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            // An injected fault on Node writes hits the test's writers too: try again.
+            Err(kube::Error::Api(e)) if e.code >= 500 => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    anyhow::bail!("editing the Node lost 20 races")
+}
+
+fn imds_time(t: SystemTime) -> String {
+    let ts = jiff::Timestamp::try_from(t).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    ts.strftime("%d %b %Y %H:%M:%S GMT").to_string()
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    let ts = jiff::Timestamp::try_from(t).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+struct Agents {
+    cluster_kube: kube::Config,
+    gl: aws_sdk_gamelift::Client,
+    flags: Vec<String>,
+    /// The running agents, oldest first.
+    live: Vec<InProcessAgent>,
+    /// Older agents stopping after a rollout's overlap.
+    stopping: Vec<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Agents {
+    async fn start(&mut self) -> anyhow::Result<()> {
+        let args: Vec<&str> = self.flags.iter().map(String::as_str).collect();
+        let a = InProcessAgent::start(
+            config(NODE, &args),
+            self.cluster_kube.clone(),
+            Some(self.gl.clone()),
+        )
+        .await?;
+        self.live.push(a);
+        Ok(())
+    }
+}
+
+/// Runs `tl` against a fresh world. `redis` may be shared between concurrent runs (each
+/// timeline has its own instance id, so its own channel).
+pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
+    let setup_started = tokio::time::Instant::now();
+    let iid = gamelift::instance_id(&format!("tl{}", tl.seed));
+    let mut rng = StdRng::seed_from_u64(tl.seed ^ 0x7469_6d65_6c69_6e65);
+    let cluster = Cluster::start(ClusterConfig {
+        tick: Duration::from_millis(20),
+        ..ClusterConfig::default()
+    })
+    .await
+    .context("starting the cluster")?;
+    cluster.add_node(NodeSpec::new(NODE).label("example.com/team", "blue").taint(
+        "example.com/dedicated",
+        "games",
+        "PreferNoSchedule",
+    ))?;
+    let mut allocated_at_start = BTreeSet::new();
+    for safe in Safe::ALL {
+        let i = safe as usize;
+        let total = tl.ready[i] + tl.allocated[i];
+        if total == 0 {
+            continue;
+        }
+        let es = match safe {
+            Safe::Never => EvictionSafe::Never,
+            Safe::OnUpgrade => EvictionSafe::OnUpgrade,
+            Safe::Always => EvictionSafe::Always,
+        };
+        cluster.create_fleet(
+            FleetSpec::new(safe.fleet(), total as i64)
+                .eviction_safe(es)
+                .grace_seconds(tl.grace_s[i]),
+        )?;
+        cluster
+            .wait_ready(NS, safe.fleet(), total)
+            .await
+            .context("waiting for the Fleets")?;
+        for _ in 0..tl.allocated[i] {
+            let gs = cluster
+                .allocate(&AllocationRequest::fleet(NS, safe.fleet()))
+                .await
+                .context("initial allocation")?
+                .ok_or_else(|| anyhow::anyhow!("initial allocation failed"))?;
+            allocated_at_start.insert(gs.name);
+        }
+    }
+    cluster.add_node(NodeSpec::new("n2"))?;
+    let operator: Api<Node> = Api::all(cluster.emulator().client_as("operator").await?);
+    let karpenter: Api<Node> = Api::all(cluster.emulator().client_as("karpenter").await?);
+    let reverter: Api<Node> = Api::all(cluster.emulator().client_as("reverter").await?);
+    if tl.foreign_cordon {
+        edit_node(&operator, |n| {
+            n.spec.get_or_insert_default().unschedulable = Some(true);
+        })
+        .await
+        .context("the operator's cordon")?;
+    }
+
+    let gl = GameLiftEmulator::start()
+        .await
+        .context("GameLift emulator")?;
+    gl.add_instances(GROUP, std::slice::from_ref(&iid), InstanceStatus::Active);
+    let imds = ImdsEmulator::start(&iid, "ip-10-0-0-1.ec2.internal")
+        .await
+        .context("IMDS emulator")?;
+    let gce = GceMetadataEmulator::start().await.context("GCE emulator")?;
+    let mut flags: Vec<String> = [
+        "--game-server-group",
+        GROUP,
+        "--redis-url",
+        &redis.url(),
+        "--instance-id",
+        &iid,
+        "--heartbeat-interval",
+        "1s",
+        "--resync-interval",
+        "1s",
+        "--deregister-settle",
+        "300ms",
+        "--aws-imds",
+        "--imds-endpoint",
+        &imds.url(),
+        "--aws-imds-interval",
+        "200ms",
+        "--gce-metadata",
+        "--gce-metadata-endpoint",
+        &gce.url(),
+        "--gce-wait-timeout",
+        "5s",
+        "--gce-preemption-notice",
+        &format!("{}s", tl.gce_preemption_notice_s),
+        "--gce-terminate-notice",
+        &format!("{}s", tl.gce_terminate_notice_s),
+    ]
+    .map(String::from)
+    .to_vec();
+    if tl.graceful_termination {
+        flags.push("--graceful-termination".into());
+    }
+    publish(redis, &iid, &status(Status::Active, &iid))
+        .await
+        .context("publishing ACTIVE")?;
+    let mut agents = Agents {
+        cluster_kube: cluster.emulator().config_for(AGENT).await?,
+        gl: gl.sdk_client().await,
+        flags,
+        live: vec![],
+        stopping: vec![],
+    };
+    agents.start().await.context("starting the agent")?;
+    try_eventually(
+        "the agent claims its servers",
+        Duration::from_secs(20),
+        Duration::from_millis(10),
+        || async {
+            cluster
+                .game_servers()
+                .iter()
+                .filter(|g| g.node.as_deref() == Some(NODE))
+                .all(|g| g.labels.contains_key("lastcall.dev/node"))
+                .then_some(())
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{} within {:?}", e.what, e.within))?;
+
+    let alloc_client = cluster.client_without_retry("agones-allocator").await?;
+    let setup = setup_started.elapsed();
+    let mut allocations: Vec<JoinHandle<()>> = vec![];
+    let start = tokio::time::Instant::now();
+    let t0 = SystemTime::now();
+    let mut applied = vec![];
+    let mut scheduled_id = 0u32;
+    // The last step ends every match left, so a drain can finish.
+    let steps: Vec<(u64, Action, bool)> = tl
+        .steps
+        .iter()
+        .map(|s| (s.at_ms, s.action.clone(), false))
+        .chain(std::iter::once((tl.end_all_at_ms, Action::EndMatch, true)))
+        .collect();
+    for (at_ms, action, all) in steps {
+        let what = format!("step t+{at_ms} ms {action:?}");
+        tokio::time::sleep_until(start + Duration::from_millis(at_ms)).await;
+        let at = SystemTime::now();
+        let mut note = String::new();
+        match &action {
+            Action::ImdsScheduled {
+                code,
+                not_before_ms,
+            } => {
+                let nb = ceil_secs(t0 + Duration::from_millis(*not_before_ms));
+                if scheduled_id == 0 {
+                    scheduled_id = rng.random_range(1..u32::MAX);
+                }
+                imds.set_scheduled_events(json!([{
+                    "Code": code.as_str(),
+                    "Description": "scheduled by the timeline",
+                    "EventId": format!("instance-event-{scheduled_id:08x}"),
+                    "NotBefore": imds_time(nb),
+                    "NotAfter": imds_time(nb + Duration::from_secs(7200)),
+                    "State": "active",
+                }]));
+            }
+            Action::ImdsScheduledCancel => {
+                imds.set_scheduled_events(json!([]));
+                scheduled_id = 0;
+            }
+            Action::ImdsSpot { at_ms } => {
+                let t = ceil_secs(t0 + Duration::from_millis(*at_ms));
+                imds.set_spot_action(Some(json!({"action": "terminate", "time": rfc3339(t)})));
+            }
+            Action::GceTerminate => gce.set("maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE"),
+            Action::GceNone => gce.set("maintenance-event", "NONE"),
+            Action::GceEmpty => gce.set("maintenance-event", ""),
+            Action::GcePreempted => gce.set("preempted", "TRUE"),
+            Action::FleetIq { draining } => {
+                let (s, gs) = if *draining {
+                    (Status::Draining, InstanceStatus::Draining)
+                } else {
+                    (Status::Active, InstanceStatus::Active)
+                };
+                // GameLift says what Redis says: the agent may also ask GameLift.
+                gl.set_instance_status(&iid, gs);
+                publish(redis, &iid, &status(s, &iid)).await.context(what)?;
+            }
+            Action::Manual(on) => {
+                let on = *on;
+                edit_node(&operator, |n| {
+                    let labels = n.metadata.labels.get_or_insert_default();
+                    if on {
+                        labels.insert("lastcall.dev/drain".into(), "true".into());
+                    } else {
+                        labels.remove("lastcall.dev/drain");
+                    }
+                })
+                .await
+                .context(what)?;
+            }
+            Action::Karpenter(on) => {
+                let on = *on;
+                edit_node(&karpenter, |n| {
+                    let taints = n
+                        .spec
+                        .get_or_insert_default()
+                        .taints
+                        .get_or_insert_default();
+                    taints.retain(|t| t.key != "karpenter.sh/disrupted");
+                    if on {
+                        taints.push(crate::cluster::fixtures::taint(
+                            "karpenter.sh/disrupted",
+                            "",
+                            "NoSchedule",
+                        ));
+                    }
+                })
+                .await
+                .context(what)?;
+            }
+            Action::RevertTaint => {
+                edit_node(&reverter, |n| {
+                    if let Some(t) = n.spec.as_mut().and_then(|s| s.taints.as_mut()) {
+                        t.retain(|t| t.key != "lastcall.dev/draining");
+                    }
+                })
+                .await
+                .context(what)?;
+            }
+            Action::RestartAgent => {
+                if !agents.live.is_empty() {
+                    let old = agents.live.remove(0);
+                    note = match old.stop_within(STOP_WITHIN).await {
+                        Ok(true) => String::new(),
+                        Ok(false) => format!("the stop took over {STOP_WITHIN:?}: killed"),
+                        Err(e) => format!("stop: {e}"),
+                    };
+                }
+                agents.start().await.context(what.clone())?;
+            }
+            Action::AbortAgent { gap_ms } => {
+                if let Some(a) = agents.live.pop() {
+                    a.abort();
+                }
+                tokio::time::sleep(Duration::from_millis(*gap_ms)).await;
+                agents.start().await.context(what.clone())?;
+            }
+            Action::Rollout { overlap_ms } => {
+                agents.start().await.context(what.clone())?;
+                if agents.live.len() > 1 {
+                    let old = agents.live.remove(0);
+                    let overlap = Duration::from_millis(*overlap_ms);
+                    agents.stopping.push(tokio::spawn(async move {
+                        tokio::time::sleep(overlap).await;
+                        match old.stop_within(STOP_WITHIN).await {
+                            Ok(false) => {
+                                anyhow::bail!("the stop took over {STOP_WITHIN:?}: killed")
+                            }
+                            other => other.map(|_| ()),
+                        }
+                    }));
+                }
+            }
+            Action::Fault(f) => {
+                let faults = cluster.emulator().faults();
+                let node_path = format!("/api/v1/nodes/{NODE}");
+                match *f {
+                    KubeFault::FailNode { n, status } => faults.inject(FaultRule::status(
+                        Some(Method::PATCH),
+                        &node_path,
+                        n,
+                        status,
+                    )),
+                    KubeFault::FailGameServers { n, status } => faults.inject(FaultRule::status(
+                        Some(Method::PATCH),
+                        "/gameservers/",
+                        n,
+                        status,
+                    )),
+                    KubeFault::HangNode => {
+                        faults.inject(FaultRule::hang(Some(Method::PATCH), &node_path, 1))
+                    }
+                    KubeFault::HangGameServers => {
+                        faults.inject(FaultRule::hang(Some(Method::PATCH), "/gameservers/", 1))
+                    }
+                    KubeFault::FailEvictions { n } => {
+                        faults.inject(FaultRule::status(Some(Method::POST), "/eviction", n, 503))
+                    }
+                }
+            }
+            Action::FailDeregister => gl.fail_next("DeregisterGameServer", 1, 500),
+            Action::Allocate(safe) => {
+                let mut req = AllocationRequest::fleet(NS, safe.fleet()).on_node(NODE);
+                if tl.exclusion_selector {
+                    req = req.selector(EXCLUSION);
+                }
+                let c = alloc_client.clone();
+                allocations.push(tokio::spawn(async move {
+                    let _ = allocator::allocate(&c, &req).await;
+                }));
+            }
+            Action::EndMatch => {
+                let busy: Vec<String> = cluster
+                    .game_servers()
+                    .into_iter()
+                    .filter(|g| {
+                        g.node.as_deref() == Some(NODE)
+                            && !g.deleting
+                            && matches!(
+                                g.state,
+                                Some(GameServerState::Allocated | GameServerState::Reserved)
+                            )
+                    })
+                    .map(|g| g.name)
+                    .collect();
+                let chosen: Vec<String> = if all {
+                    busy
+                } else if busy.is_empty() {
+                    vec![]
+                } else {
+                    vec![busy[rng.random_range(0..busy.len())].clone()]
+                };
+                for name in &chosen {
+                    // A server deleted meanwhile has nothing left to end.
+                    let _ = cluster.sdk_shutdown(NS, name);
+                }
+                note = chosen.join(",");
+            }
+        }
+        let effect = effect_of(&tl, t0, at, &action);
+        applied.push(Applied {
+            at,
+            action,
+            effect,
+            note,
+        });
+    }
+    for a in allocations {
+        let _ = a.await;
+    }
+
+    // Settle: the drain ends, deregistered or cancelled.
+    let settled_from = SystemTime::now();
+    let live_at_end = super::truth::Truth::build(&applied).last().clone();
+    let settled = try_eventually(
+        "the drain ends",
+        SETTLE,
+        Duration::from_millis(50),
+        || async {
+            if gl
+                .calls()
+                .iter()
+                .any(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
+            {
+                return Some(SystemTime::now());
+            }
+            if live_at_end.is_empty() {
+                let node = cluster.node(NODE)?;
+                let ours = has_own_marks(&node)
+                    || cluster.game_servers().iter().any(|g| {
+                        g.labels.contains_key("lastcall.dev/node-draining")
+                            || g.annotations.contains_key("lastcall.dev/drain-deadline")
+                    });
+                if !ours {
+                    return Some(SystemTime::now());
+                }
+            }
+            None
+        },
+    )
+    .await
+    .map_err(|e| {
+        let node = cluster.node(NODE).unwrap_or(Value::Null);
+        format!(
+            "{} within {:?}; live signals {:?}; requests held by a hang fault: {}; Node {}",
+            e.what,
+            e.within,
+            live_at_end.keys().collect::<Vec<_>>(),
+            cluster.emulator().faults().hung_now(),
+            node_summary(&node)
+        )
+    });
+    // A little longer, so late mistakes land in the journal too.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut agent_errors = vec![];
+    for a in agents.live.drain(..) {
+        a.abort();
+    }
+    for h in agents.stopping.drain(..) {
+        let Ok(joined) = tokio::time::timeout(STOP_WITHIN * 2, h).await else {
+            agent_errors.push("an old agent's stop never ended".into());
+            continue;
+        };
+        match joined {
+            Ok(Err(e)) => agent_errors.push(e.to_string()),
+            Err(e) => agent_errors.push(e.to_string()),
+            Ok(Ok(())) => {}
+        }
+    }
+    let journal = cluster.emulator().journal().entries();
+    let calls = gl.calls();
+    cluster.emulator().faults().clear();
+    // A connection a killed agent left behind can hold a graceful shutdown; the cluster
+    // stops anyway when dropped.
+    if tokio::time::timeout(Duration::from_secs(5), cluster.shutdown())
+        .await
+        .is_err()
+    {
+        agent_errors.push("the cluster's shutdown took over 5 s".into());
+    }
+    Ok(Run {
+        timeline: tl,
+        t0,
+        applied,
+        allocated_at_start,
+        journal,
+        calls,
+        settled_from,
+        settled,
+        setup,
+        agent_errors,
+    })
+}
+
+/// The Node still carries something of a drain's (taint or drain annotations).
+pub fn has_own_marks(node: &Value) -> bool {
+    let taint = node["spec"]["taints"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|t| t["key"] == "lastcall.dev/draining"));
+    let ann = node["metadata"]["annotations"]
+        .as_object()
+        .is_some_and(|a| DRAIN_NODE_ANNOTATIONS.iter().any(|k| a.contains_key(*k)));
+    taint || ann
+}
+
+/// Node annotations that exist only while a drain does.
+pub const DRAIN_NODE_ANNOTATIONS: [&str; 4] = [
+    "lastcall.dev/drain-started",
+    "lastcall.dev/drain-cause",
+    "lastcall.dev/cordoned-by-lastcall",
+    "lastcall.dev/drain-notice",
+];
+
+/// Cordon, taint keys and lastcall annotations of a Node, for messages.
+pub fn node_summary(node: &Value) -> String {
+    let taints: Vec<&str> = node["spec"]["taints"]
+        .as_array()
+        .map(|t| t.iter().filter_map(|t| t["key"].as_str()).collect())
+        .unwrap_or_default();
+    let ann: Vec<String> = node["metadata"]["annotations"]
+        .as_object()
+        .map(|a| {
+            a.iter()
+                .filter(|(k, _)| k.starts_with("lastcall.dev/"))
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    format!(
+        "unschedulable={} taints={taints:?} annotations={ann:?}",
+        node["spec"]["unschedulable"].as_bool().unwrap_or(false)
+    )
+}

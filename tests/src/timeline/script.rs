@@ -1,0 +1,509 @@
+//! The generator: a seeded draw of one node's whole timeline, as a list of timed steps.
+//!
+//! Times are milliseconds from the timeline's start (`t0`); deadlines too, so a printed
+//! script reads the same on every run and `TIMELINE_SEED` replays it.
+
+use std::fmt;
+
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+/// The latest moment (ms after `t0`) a timeline waits for a hard deadline.
+pub const MAX_RUN_MS: u64 = 6000;
+
+/// Generator dimensions that need agent behaviour not every build has. All on by default;
+/// `TIMELINE_DISABLE=two_agents,hangs` switches some off (see `docs/testing.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dimensions {
+    /// A second agent on the node during a rollout (needs one owner per node).
+    pub two_agents: bool,
+    /// API requests that never come back (needs client timeouts).
+    pub hangs: bool,
+    /// Abrupt agent kills (needs progress kept on the Node, marks written in order).
+    pub aborts: bool,
+    /// GCE metadata answering an empty body (needs "empty is neither clear nor Terminate").
+    pub gce_empty_body: bool,
+    /// AWS `system-maintenance` scheduled events (needs "not a stop": no hard deadline).
+    pub system_maintenance: bool,
+    /// Deadlines rescheduled later (needs "the current deadline, not the minimum").
+    pub later_reschedules: bool,
+}
+
+impl Dimensions {
+    pub const ALL: Dimensions = Dimensions {
+        two_agents: true,
+        hangs: true,
+        aborts: true,
+        gce_empty_body: true,
+        system_maintenance: true,
+        later_reschedules: true,
+    };
+
+    /// `ALL` minus the comma-separated names in `disabled`; an unknown name is an error.
+    pub fn without(disabled: &str) -> Result<Dimensions, String> {
+        let mut d = Self::ALL;
+        for name in disabled.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let flag = match name {
+                "two_agents" => &mut d.two_agents,
+                "hangs" => &mut d.hangs,
+                "aborts" => &mut d.aborts,
+                "gce_empty_body" => &mut d.gce_empty_body,
+                "system_maintenance" => &mut d.system_maintenance,
+                "later_reschedules" => &mut d.later_reschedules,
+                other => return Err(format!("unknown timeline dimension {other:?}")),
+            };
+            *flag = false;
+        }
+        Ok(d)
+    }
+}
+
+/// `spec.eviction.safe` of a Fleet; each Fleet is named after its value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Safe {
+    Never,
+    OnUpgrade,
+    Always,
+}
+
+impl Safe {
+    pub const ALL: [Safe; 3] = [Safe::Never, Safe::OnUpgrade, Safe::Always];
+
+    /// The Fleet name, also the prefix of its GameServers' names.
+    pub fn fleet(self) -> &'static str {
+        match self {
+            Safe::Never => "never",
+            Safe::OnUpgrade => "onupgrade",
+            Safe::Always => "always",
+        }
+    }
+
+    pub fn of_server(name: &str) -> Option<Safe> {
+        Self::ALL
+            .into_iter()
+            .find(|s| name.starts_with(&format!("{}-", s.fleet())))
+    }
+}
+
+/// An AWS scheduled-event code (`instance-stop` ends the VM, `system-reboot` reboots it,
+/// `system-maintenance` keeps it running).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventCode {
+    InstanceStop,
+    InstanceRetirement,
+    SystemReboot,
+    SystemMaintenance,
+}
+
+impl EventCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventCode::InstanceStop => "instance-stop",
+            EventCode::InstanceRetirement => "instance-retirement",
+            EventCode::SystemReboot => "system-reboot",
+            EventCode::SystemMaintenance => "system-maintenance",
+        }
+    }
+
+    /// Whether the VM stops or reboots at `NotBefore`: then that time is a hard deadline.
+    pub fn ends_the_vm(self) -> bool {
+        !matches!(self, EventCode::SystemMaintenance)
+    }
+}
+
+/// A Kubernetes API fault injected into the emulator (`kube::faults`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KubeFault {
+    /// The next `n` writes to the Node answer this status.
+    FailNode { n: usize, status: u16 },
+    /// The next `n` GameServer writes answer this status.
+    FailGameServers { n: usize, status: u16 },
+    /// The next write to the Node is accepted and never answered.
+    HangNode,
+    /// The next GameServer write is accepted and never answered.
+    HangGameServers,
+    /// The next `n` pod evictions answer 503.
+    FailEvictions { n: usize },
+}
+
+/// One thing that happens to the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// IMDS `events/maintenance/scheduled` holds one active event (the same EventId, so a
+    /// new `NotBefore` is a reschedule).
+    ImdsScheduled {
+        code: EventCode,
+        not_before_ms: u64,
+    },
+    /// The scheduled event is canceled.
+    ImdsScheduledCancel,
+    /// IMDS `spot/instance-action` (never withdrawn).
+    ImdsSpot {
+        at_ms: u64,
+    },
+    /// GCE `maintenance-event` = `TERMINATE_ON_HOST_MAINTENANCE` (deadline: now + the
+    /// agent's `--gce-terminate-notice`).
+    GceTerminate,
+    /// GCE `maintenance-event` = `NONE`.
+    GceNone,
+    /// GCE `maintenance-event` answers an empty body (a glitch: changes nothing).
+    GceEmpty,
+    /// GCE `preempted` = `TRUE` (deadline: now + `--gce-preemption-notice`; never withdrawn).
+    GcePreempted,
+    /// FleetIQ status published on Redis as pubsub does.
+    FleetIq {
+        draining: bool,
+    },
+    /// The operator's `lastcall.dev/drain=true` label on or off.
+    Manual(bool),
+    /// Karpenter's `karpenter.sh/disrupted:NoSchedule` taint on or off.
+    Karpenter(bool),
+    /// Someone else strips lastcall's taint from the Node (a reverted write).
+    RevertTaint,
+    /// The agent shuts down cleanly and a new one starts.
+    RestartAgent,
+    /// The agent task is killed; a new one starts after `gap_ms`.
+    AbortAgent {
+        gap_ms: u64,
+    },
+    /// A second agent starts on the node (a rollout); the older one stops `overlap_ms` later.
+    Rollout {
+        overlap_ms: u64,
+    },
+    Fault(KubeFault),
+    /// FleetIQ's `DeregisterGameServer` fails once with a 500.
+    FailDeregister,
+    /// The allocator asks for a server of this Fleet on the node.
+    Allocate(Safe),
+    /// A running match on the node ends (the game calls `Shutdown()`).
+    EndMatch,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub at_ms: u64,
+    pub action: Action,
+}
+
+/// The whole drawn timeline.
+#[derive(Clone, Debug)]
+pub struct Timeline {
+    pub seed: u64,
+    pub dims: Dimensions,
+    /// Ready servers per Fleet at the start, in `Safe::ALL` order.
+    pub ready: [usize; 3],
+    /// Allocated servers per Fleet at the start.
+    pub allocated: [usize; 3],
+    /// `terminationGracePeriodSeconds` per Fleet.
+    pub grace_s: [i64; 3],
+    /// The allocator excludes `lastcall.dev/node-draining=true` (as the docs ask).
+    pub exclusion_selector: bool,
+    pub graceful_termination: bool,
+    /// The operator had cordoned the node before any signal.
+    pub foreign_cordon: bool,
+    pub gce_preemption_notice_s: u64,
+    pub gce_terminate_notice_s: u64,
+    pub steps: Vec<Step>,
+    /// All matches end at the last step (otherwise `Never` matches may hold the drain).
+    pub end_all_at_ms: u64,
+}
+
+impl Timeline {
+    /// Draws the timeline for `seed`.
+    pub fn draw(seed: u64, dims: Dimensions) -> Timeline {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut ready = [0; 3];
+        let mut allocated = [0; 3];
+        let mut grace_s = [1; 3];
+        for i in 0..3 {
+            ready[i] = rng.random_range(0..=2);
+            allocated[i] = rng.random_range(0..=2);
+            grace_s[i] = rng.random_range(1..=2);
+        }
+        // Mostly a match to protect; sometimes none, so the node empties and is
+        // deregistered mid-timeline and later signals meet a deregistered node.
+        if rng.random_bool(0.25) {
+            allocated = [0; 3];
+            if ready.iter().sum::<usize>() == 0 {
+                ready[0] = 1;
+            }
+        } else if allocated.iter().sum::<usize>() == 0 {
+            allocated[rng.random_range(0..3)] = 1;
+        }
+        let mut steps = vec![];
+        let horizon: u64 = 2200;
+        let at = |rng: &mut StdRng| rng.random_range(0..horizon);
+        let deadline = |rng: &mut StdRng, from: u64| from + rng.random_range(1500..=4500);
+
+        // Signals: two or more sources, some moving, cancelled and re-appearing.
+        let n_signals = rng.random_range(2..=5);
+        for _ in 0..n_signals {
+            let t = at(&mut rng);
+            match rng.random_range(0..8) {
+                0 | 1 => {
+                    let code = match rng.random_range(0..4) {
+                        0 => EventCode::InstanceStop,
+                        1 => EventCode::InstanceRetirement,
+                        2 => EventCode::SystemReboot,
+                        _ if dims.system_maintenance => EventCode::SystemMaintenance,
+                        _ => EventCode::InstanceStop,
+                    };
+                    let mut nb = deadline(&mut rng, t);
+                    steps.push(Step {
+                        at_ms: t,
+                        action: Action::ImdsScheduled {
+                            code,
+                            not_before_ms: nb,
+                        },
+                    });
+                    // Moves, a cancel, a re-appearance.
+                    let mut t2 = t;
+                    for _ in 0..rng.random_range(0..=3) {
+                        t2 += rng.random_range(150..700);
+                        match rng.random_range(0..3) {
+                            0 => steps.push(Step {
+                                at_ms: t2,
+                                action: Action::ImdsScheduledCancel,
+                            }),
+                            1 if dims.later_reschedules => {
+                                nb += rng.random_range(1000..=3000);
+                                steps.push(Step {
+                                    at_ms: t2,
+                                    action: Action::ImdsScheduled {
+                                        code,
+                                        not_before_ms: nb,
+                                    },
+                                });
+                            }
+                            _ => {
+                                nb = (nb.saturating_sub(rng.random_range(500..=1500)))
+                                    .max(t2 + 1000);
+                                steps.push(Step {
+                                    at_ms: t2,
+                                    action: Action::ImdsScheduled {
+                                        code,
+                                        not_before_ms: nb,
+                                    },
+                                });
+                            }
+                        }
+                    }
+                }
+                2 => {
+                    if rng.random_bool(0.5) {
+                        let d = deadline(&mut rng, t);
+                        steps.push(Step {
+                            at_ms: t,
+                            action: Action::ImdsSpot { at_ms: d },
+                        });
+                    } else {
+                        steps.push(Step {
+                            at_ms: t,
+                            action: Action::GcePreempted,
+                        });
+                    }
+                }
+                3 => {
+                    steps.push(Step {
+                        at_ms: t,
+                        action: Action::GceTerminate,
+                    });
+                    let mut t2 = t;
+                    for _ in 0..rng.random_range(0..=3) {
+                        t2 += rng.random_range(150..700);
+                        let action = match rng.random_range(0..3) {
+                            0 if dims.gce_empty_body => Action::GceEmpty,
+                            1 => Action::GceTerminate,
+                            _ => Action::GceNone,
+                        };
+                        steps.push(Step { at_ms: t2, action });
+                    }
+                }
+                4 | 5 => {
+                    let mut on = true;
+                    let mut t2 = t;
+                    for _ in 0..rng.random_range(1..=3) {
+                        steps.push(Step {
+                            at_ms: t2,
+                            action: Action::FleetIq { draining: on },
+                        });
+                        on = !on;
+                        t2 += rng.random_range(200..900);
+                    }
+                }
+                6 => {
+                    let mut on = true;
+                    let mut t2 = t;
+                    for _ in 0..rng.random_range(1..=3) {
+                        steps.push(Step {
+                            at_ms: t2,
+                            action: Action::Manual(on),
+                        });
+                        on = !on;
+                        t2 += rng.random_range(200..900);
+                    }
+                }
+                _ => {
+                    steps.push(Step {
+                        at_ms: t,
+                        action: Action::Karpenter(true),
+                    });
+                    if rng.random_bool(0.6) {
+                        steps.push(Step {
+                            at_ms: t + rng.random_range(300..1500),
+                            action: Action::Karpenter(false),
+                        });
+                    }
+                }
+            }
+        }
+        // The agent's life.
+        for _ in 0..rng.random_range(0..=2) {
+            let t = at(&mut rng);
+            let action = match rng.random_range(0..3) {
+                0 => Action::RestartAgent,
+                1 if dims.aborts => Action::AbortAgent {
+                    gap_ms: rng.random_range(0..400),
+                },
+                2 if dims.two_agents => Action::Rollout {
+                    overlap_ms: rng.random_range(100..1500),
+                },
+                _ => Action::RestartAgent,
+            };
+            steps.push(Step { at_ms: t, action });
+        }
+        // The API misbehaving.
+        for _ in 0..rng.random_range(0..=2) {
+            let t = at(&mut rng);
+            let status = if rng.random_bool(0.5) { 500 } else { 503 };
+            let action = match rng.random_range(0..7) {
+                0 => Action::Fault(KubeFault::FailNode {
+                    n: rng.random_range(1..=3),
+                    status,
+                }),
+                1 => Action::Fault(KubeFault::FailGameServers {
+                    n: rng.random_range(1..=3),
+                    status,
+                }),
+                2 if dims.hangs => Action::Fault(KubeFault::HangNode),
+                3 if dims.hangs => Action::Fault(KubeFault::HangGameServers),
+                4 => Action::Fault(KubeFault::FailEvictions {
+                    n: rng.random_range(1..=2),
+                }),
+                5 => Action::RevertTaint,
+                _ => Action::FailDeregister,
+            };
+            steps.push(Step { at_ms: t, action });
+        }
+        // Allocations and match ends racing all of it.
+        for _ in 0..rng.random_range(0..=4) {
+            let t = at(&mut rng);
+            let safe = Safe::ALL[rng.random_range(0..3)];
+            steps.push(Step {
+                at_ms: t,
+                action: Action::Allocate(safe),
+            });
+        }
+        for _ in 0..rng.random_range(0..=2) {
+            steps.push(Step {
+                at_ms: at(&mut rng),
+                action: Action::EndMatch,
+            });
+        }
+        steps.sort_by_key(|s| s.at_ms);
+        let gce_preemption_notice_s = rng.random_range(2..=3);
+        let gce_terminate_notice_s = rng.random_range(2..=3);
+        // Run until the last hard deadline has passed (capped), so the agent's verdicts at
+        // `deadline − grace` happen inside the timeline.
+        let last_hard = steps
+            .iter()
+            .map(|s| match s.action {
+                Action::ImdsScheduled { not_before_ms, .. } => not_before_ms,
+                Action::ImdsSpot { at_ms } => at_ms,
+                Action::GcePreempted => s.at_ms + 1000 * gce_preemption_notice_s,
+                Action::GceTerminate => s.at_ms + 1000 * gce_terminate_notice_s,
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        let last_step = steps.last().map(|s| s.at_ms).unwrap_or(0);
+        let end_all_at_ms = last_step.max(last_hard.min(MAX_RUN_MS)) + 200;
+        Timeline {
+            seed,
+            dims,
+            ready,
+            allocated,
+            grace_s,
+            exclusion_selector: rng.random_bool(0.5),
+            graceful_termination: rng.random_bool(0.3),
+            foreign_cordon: rng.random_bool(0.15),
+            gce_preemption_notice_s,
+            gce_terminate_notice_s,
+            steps,
+            end_all_at_ms,
+        }
+    }
+
+    pub fn grace_of(&self, safe: Safe) -> i64 {
+        self.grace_s[safe as usize]
+    }
+}
+
+impl fmt::Display for Timeline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, {:?}",
+            self.seed,
+            self.ready,
+            self.allocated,
+            self.grace_s,
+            self.exclusion_selector,
+            self.graceful_termination,
+            self.foreign_cordon,
+            self.gce_preemption_notice_s,
+            self.gce_terminate_notice_s,
+            self.dims,
+        )?;
+        for s in &self.steps {
+            writeln!(f, "  t+{:>5} ms  {:?}", s.at_ms, s.action)?;
+        }
+        writeln!(f, "  t+{:>5} ms  every match ends", self.end_all_at_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_draws_the_same_timeline_and_dimensions_switch_off() {
+        let a = Timeline::draw(7, Dimensions::ALL);
+        let b = Timeline::draw(7, Dimensions::ALL);
+        assert_eq!(a.steps, b.steps);
+        assert_eq!(a.to_string(), b.to_string());
+        let none = Dimensions::without(
+            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules",
+        )
+        .expect("known names");
+        for seed in 0..300 {
+            for s in Timeline::draw(seed, none).steps {
+                assert!(
+                    !matches!(
+                        s.action,
+                        Action::Rollout { .. }
+                            | Action::AbortAgent { .. }
+                            | Action::GceEmpty
+                            | Action::Fault(KubeFault::HangNode | KubeFault::HangGameServers)
+                            | Action::ImdsScheduled {
+                                code: EventCode::SystemMaintenance,
+                                ..
+                            }
+                    ),
+                    "seed {seed}: {:?} drawn while switched off",
+                    s.action
+                );
+            }
+        }
+        assert!(Dimensions::without("nope").is_err());
+    }
+}

@@ -1,0 +1,275 @@
+//! What the script says is true at each moment: which signals are live and their hard
+//! deadlines, rebuilt from the steps as they were really applied (their wall-clock times).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use super::script::{Action, Safe, Timeline};
+
+/// One signal of one source; a source holds at most one at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SignalId {
+    ImdsScheduled,
+    ImdsSpot,
+    GceMaintenance,
+    GcePreempted,
+    FleetIq,
+    Manual,
+    Karpenter,
+}
+
+/// A live signal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Signal {
+    /// When the machine goes whatever anyone does (stop, reboot, preemption).
+    pub hard: Option<SystemTime>,
+    /// Whether the hard deadline's cause is upgrade-like (maintenance, preemption), which
+    /// `OnUpgrade` lets lastcall end matches for.
+    pub upgrade_like: bool,
+    /// Whether lastcall fences the node for it (not for an autoscaler's own taint).
+    pub fences: bool,
+    /// The deadline is counted from when the agent first sees the signal (GCE), so the
+    /// agent's value may be later than the script's by its reaction time.
+    pub relative: bool,
+}
+
+/// A step as it was applied.
+#[derive(Clone, Debug)]
+pub struct Applied {
+    pub at: SystemTime,
+    pub action: Action,
+    /// What it changed in the script's truth (`None`: the signal is gone).
+    pub effect: Option<(SignalId, Option<Signal>)>,
+    /// Free text: the server a match ended on, an agent's fate.
+    pub note: String,
+}
+
+/// Whole seconds at or after `t` (IMDS times have second precision).
+pub fn ceil_secs(t: SystemTime) -> SystemTime {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let s = if d.subsec_nanos() == 0 {
+        d.as_secs()
+    } else {
+        d.as_secs() + 1
+    };
+    SystemTime::UNIX_EPOCH + Duration::from_secs(s)
+}
+
+/// Whole seconds at or before `t` (an agent may keep deadlines to the second).
+pub fn floor_secs(t: SystemTime) -> SystemTime {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    SystemTime::UNIX_EPOCH + Duration::from_secs(d.as_secs())
+}
+
+/// What a step does to the truth, given when it was applied. A deadline counted from the
+/// agent's first sight of a signal is taken from the moment the step was applied, to the
+/// second below: the agent cannot have seen it earlier.
+pub fn effect_of(
+    tl: &Timeline,
+    t0: SystemTime,
+    at: SystemTime,
+    a: &Action,
+) -> Option<(SignalId, Option<Signal>)> {
+    let ms = |m: u64| ceil_secs(t0 + Duration::from_millis(m));
+    let hard = |t| Signal {
+        hard: Some(t),
+        upgrade_like: true,
+        fences: true,
+        relative: false,
+    };
+    let drain = Signal {
+        hard: None,
+        upgrade_like: false,
+        fences: true,
+        relative: false,
+    };
+    Some(match a {
+        Action::ImdsScheduled {
+            code,
+            not_before_ms,
+        } => (
+            SignalId::ImdsScheduled,
+            Some(if code.ends_the_vm() {
+                hard(ms(*not_before_ms))
+            } else {
+                drain
+            }),
+        ),
+        Action::ImdsScheduledCancel => (SignalId::ImdsScheduled, None),
+        Action::ImdsSpot { at_ms } => (SignalId::ImdsSpot, Some(hard(ms(*at_ms)))),
+        Action::GceTerminate => (
+            SignalId::GceMaintenance,
+            Some(Signal {
+                relative: true,
+                ..hard(floor_secs(
+                    at + Duration::from_secs(tl.gce_terminate_notice_s),
+                ))
+            }),
+        ),
+        Action::GceNone => (SignalId::GceMaintenance, None),
+        Action::GcePreempted => (
+            SignalId::GcePreempted,
+            Some(Signal {
+                relative: true,
+                ..hard(floor_secs(
+                    at + Duration::from_secs(tl.gce_preemption_notice_s),
+                ))
+            }),
+        ),
+        Action::FleetIq { draining } => (SignalId::FleetIq, draining.then_some(drain)),
+        Action::Manual(on) => (SignalId::Manual, on.then_some(drain)),
+        Action::Karpenter(on) => (
+            SignalId::Karpenter,
+            on.then_some(Signal {
+                fences: false,
+                ..drain
+            }),
+        ),
+        _ => return None,
+    })
+}
+
+pub type Live = BTreeMap<SignalId, Signal>;
+
+/// The live signals over time: piecewise constant, changing at applied steps.
+pub struct Truth {
+    /// `(from, live)`, in time order; before the first entry nothing is live.
+    segments: Vec<(SystemTime, Live)>,
+}
+
+impl Truth {
+    pub fn build(applied: &[Applied]) -> Truth {
+        let mut live = Live::new();
+        let mut segments = vec![(SystemTime::UNIX_EPOCH, live.clone())];
+        for a in applied {
+            let Some((id, s)) = a.effect else { continue };
+            // Spot and preemption are never withdrawn; a repeat keeps the first deadline.
+            if matches!(id, SignalId::ImdsSpot | SignalId::GcePreempted) && live.contains_key(&id) {
+                continue;
+            }
+            // A repeated GCE TERMINATE is the same event: its deadline stays anchored.
+            if id == SignalId::GceMaintenance && s.is_some() && live.contains_key(&id) {
+                continue;
+            }
+            match s {
+                Some(s) => live.insert(id, s),
+                None => live.remove(&id),
+            };
+            segments.push((a.at, live.clone()));
+        }
+        Truth { segments }
+    }
+
+    /// The live signals at `t`.
+    pub fn at(&self, t: SystemTime) -> &Live {
+        let i = self.segments.partition_point(|(from, _)| *from <= t);
+        &self.segments[i.saturating_sub(1)].1
+    }
+
+    /// Every state holding at some moment of `[from, to]`.
+    pub fn during(&self, from: SystemTime, to: SystemTime) -> Vec<&Live> {
+        let mut out = vec![self.at(from)];
+        out.extend(
+            self.segments
+                .iter()
+                .filter(|(t, _)| *t > from && *t <= to)
+                .map(|(_, l)| l),
+        );
+        out
+    }
+
+    /// Times at which the truth changed.
+    pub fn changes(&self) -> impl Iterator<Item = SystemTime> + '_ {
+        self.segments.iter().skip(1).map(|(t, _)| *t)
+    }
+
+    pub fn last(&self) -> &Live {
+        &self.segments[self.segments.len() - 1].1
+    }
+}
+
+/// The earliest hard deadline among `live` still ahead of `now`, with `slack` added to
+/// relative ones. A deadline already passed is left out: the machine would be gone, and
+/// the test world running on past it says nothing about what to announce.
+pub fn earliest(live: &Live, now: SystemTime, slack: Duration) -> Option<SystemTime> {
+    live.values()
+        .filter_map(|s| s.hard.map(|h| if s.relative { h + slack } else { h }))
+        .filter(|h| *h > now)
+        .min()
+}
+
+/// Whether `eviction.safe` (and `--graceful-termination`) let lastcall end a match for `s`.
+pub fn permits(safe: Safe, s: &Signal, graceful: bool) -> bool {
+    graceful
+        || match safe {
+            Safe::Always => true,
+            Safe::OnUpgrade => s.upgrade_like,
+            Safe::Never => false,
+        }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000) + Duration::from_millis(ms)
+    }
+
+    fn applied(ms: u64, id: SignalId, s: Option<Signal>) -> Applied {
+        Applied {
+            at: at(ms),
+            action: Action::EndMatch,
+            effect: Some((id, s)),
+            note: String::new(),
+        }
+    }
+
+    fn hard(ms: u64) -> Signal {
+        Signal {
+            hard: Some(at(ms)),
+            upgrade_like: true,
+            fences: true,
+            relative: false,
+        }
+    }
+
+    #[test]
+    fn the_truth_follows_moves_cancels_and_never_withdraws_spot() {
+        let t = Truth::build(&[
+            applied(100, SignalId::ImdsScheduled, Some(hard(3000))),
+            applied(200, SignalId::ImdsSpot, Some(hard(5000))),
+            applied(300, SignalId::ImdsScheduled, Some(hard(4000))),
+            applied(400, SignalId::ImdsSpot, Some(hard(9000))),
+            applied(500, SignalId::ImdsScheduled, None),
+        ]);
+        let e = |ms| earliest(t.at(at(ms)), at(ms), Duration::ZERO);
+        assert_eq!(e(50), None);
+        assert_eq!(e(150), Some(at(3000)));
+        // Rescheduled later: the current deadline is the new one, not the minimum.
+        assert_eq!(e(350), Some(at(4000)));
+        // A second Spot notice does not move the first.
+        assert_eq!(e(450), Some(at(4000)));
+        assert_eq!(e(600), Some(at(5000)));
+        // A deadline already passed no longer bounds what is announced.
+        assert_eq!(e(5001), None);
+        assert_eq!(t.during(at(250), at(450)).len(), 2);
+        assert_eq!(t.changes().count(), 4);
+    }
+
+    #[test]
+    fn eviction_safe_decides_which_deadlines_may_end_a_match() {
+        let upgrade = hard(1000);
+        let autoscaler = Signal {
+            upgrade_like: false,
+            ..upgrade
+        };
+        assert!(permits(Safe::Always, &autoscaler, false));
+        assert!(permits(Safe::OnUpgrade, &upgrade, false));
+        assert!(!permits(Safe::OnUpgrade, &autoscaler, false));
+        assert!(!permits(Safe::Never, &upgrade, false));
+        assert!(permits(Safe::Never, &upgrade, true));
+        assert_eq!(ceil_secs(at(1)), floor_secs(at(1)) + Duration::from_secs(1));
+        assert_eq!(ceil_secs(at(0)), at(0));
+    }
+}

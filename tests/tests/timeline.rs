@@ -1,0 +1,47 @@
+//! Randomized whole timelines for one node (`lastcall_testkit::timeline`): signals from
+//! several sources appearing, moving, cancelled and re-appearing, agent restarts, kills and
+//! rollouts, API faults, allocations and match ends, checked against the emulators'
+//! journals. Zero invariant hits allowed.
+//!
+//! `TIMELINE_COUNT` sets how many (default 120), `TIMELINE_SEED=<n>` replays one,
+//! `TIMELINE_DISABLE=two_agents,hangs` switches generator dimensions off.
+
+use lastcall_testkit::timeline::{from_env, run_many, summary};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_timelines_keep_every_invariant() {
+    let (seeds, dims, concurrency) = from_env(120);
+    let n = seeds.len();
+    let started = std::time::Instant::now();
+    let outcomes = run_many(seeds, dims, concurrency).await;
+    let errors: Vec<String> = outcomes
+        .iter()
+        .filter_map(|o| o.error.as_ref().map(|e| format!("seed {}: {e}", o.seed)))
+        .collect();
+    for o in outcomes.iter().filter(|o| !o.report.is_empty()) {
+        eprintln!("{}", o.report);
+    }
+    let by = summary(&outcomes);
+    let hits: usize = outcomes.iter().map(|o| o.hits.len()).sum();
+    let slowest = outcomes.iter().map(|o| o.wall).max().unwrap_or_default();
+    for o in &outcomes {
+        eprintln!(
+            "seed {}: {:.1}s ({:.1}s set-up), {} hits",
+            o.seed,
+            o.wall.as_secs_f64(),
+            o.setup.as_secs_f64(),
+            o.hits.len()
+        );
+    }
+    eprintln!(
+        "{n} timelines in {:.1}s (slowest {:.1}s): {hits} invariant hits; by invariant (seeds): {:?}",
+        started.elapsed().as_secs_f64(),
+        slowest.as_secs_f64(),
+        by.iter().map(|(i, s)| (i.as_str(), s)).collect::<Vec<_>>()
+    );
+    assert!(
+        errors.is_empty(),
+        "timelines that could not run: {errors:#?}"
+    );
+    assert_eq!(hits, 0, "invariant hits (reports above): {by:?}");
+}
