@@ -1944,7 +1944,19 @@ fn publisher(
     lastcall_pubsub::publisher::Publisher,
     prometheus_client::registry::Registry,
 ) {
-    let config = config(emulator, redis_url, groups_file, &[]);
+    publisher_with(emulator, redis_url, groups_file, &[])
+}
+
+fn publisher_with(
+    emulator: &GameLiftEmulator,
+    redis_url: &str,
+    groups_file: &Path,
+    extra: &[&str],
+) -> (
+    lastcall_pubsub::publisher::Publisher,
+    prometheus_client::registry::Registry,
+) {
+    let config = config(emulator, redis_url, groups_file, extra);
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = lastcall_pubsub::metrics::Metrics::register(&mut registry);
     let health = lastcall_common::admin::Health::new(&[lastcall_pubsub::publisher::READY_REDIS]);
@@ -2320,4 +2332,56 @@ async fn redis_cluster_publishes_and_survives_a_primary_failover() {
         (agent.status() == Some(InstanceStatus::Draining)).then_some(())
     })
     .await;
+}
+
+/// `--publish-unchanged=false` with two overlapping replicas: A publishes ACTIVE, B then
+/// DRAINING, and when the status reverts A's ACTIVE is published, because "unchanged" is
+/// judged against what Redis holds. Before, A compared with what it had sent itself
+/// (ACTIVE), cached the revert silently, and subscribers stayed on DRAINING.
+#[tokio::test]
+async fn a_revert_after_another_replicas_write_is_published_with_publish_unchanged_false() {
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["c1"]);
+    let quiet = ["--publish-unchanged=false"];
+    let (a, _) = publisher_with(&emulator, &redis.host_port(), &groups_file, &quiet);
+    let (b, _) = publisher_with(&emulator, &redis.host_port(), &groups_file, &quiet);
+    let iid = ids("c1", 1).remove(0);
+    let sub = Subscriber::start(&redis.url(), std::slice::from_ref(&iid)).await;
+    let mut conn = redis.client().await.unwrap();
+    let now = redis_time_ms(&mut conn).await;
+    let out = |status, polled_at_ms| lastcall_pubsub::publisher::Outgoing {
+        instance_id: iid.clone(),
+        body: body(&iid, status),
+        polled_at_ms,
+    };
+    assert_eq!(
+        a.publish(&[out(InstanceStatus::Active, now)])
+            .await
+            .published,
+        1
+    );
+    assert_eq!(
+        b.publish(&[out(InstanceStatus::Draining, now + 1)])
+            .await
+            .published,
+        1
+    );
+    let r = a.publish(&[out(InstanceStatus::Active, now + 2)]).await;
+    assert_eq!((r.published, r.unchanged), (1, 0), "{r:?}");
+    let got = sub.wait_for_count(3).await;
+    let seq: Vec<InstanceStatus> = got.iter().map(|(_, b)| status_of(b)).collect();
+    assert_eq!(
+        seq,
+        [
+            InstanceStatus::Active,
+            InstanceStatus::Draining,
+            InstanceStatus::Active
+        ]
+    );
+    // And nothing is published while it stays the same.
+    let r = a.publish(&[out(InstanceStatus::Active, now + 3)]).await;
+    assert_eq!((r.published, r.unchanged), (0, 1), "{r:?}");
 }
