@@ -126,6 +126,8 @@ pub async fn connect(
 }
 
 /// A client for a single Redis or a Redis Cluster, as the target says.
+// Built once per process and cloned rarely: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 pub enum AnyClient {
     Single(redis::Client),

@@ -91,7 +91,7 @@ impl RedisTarget {
         url.as_str()
             .into_connection_info()
             .map_err(|e| RedisUrlError::Invalid(e.to_string()))?;
-        if cluster && parsed.path().trim_matches('/') != "" && parsed.path() != "/0" {
+        if cluster && !parsed.path().trim_matches('/').is_empty() && parsed.path() != "/0" {
             return Err(RedisUrlError::Invalid(
                 "a Redis Cluster has only database 0".into(),
             ));
