@@ -123,6 +123,16 @@ impl Metrics {
             cycle_duration: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             last_successful_cycle: Gauge::default(),
         };
+        // Every notice status has a series from the start, at 0, so an alert's increase()
+        // sees the first drop.
+        for status in lastcall_common::fleetiq::InstanceStatus::ALL
+            .iter()
+            .filter(|s| **s != lastcall_common::fleetiq::InstanceStatus::Active)
+            .map(|s| s.as_str())
+            .chain([UNKNOWN_STATUS])
+        {
+            m.notices_dropped.get_or_create(&StatusLabels { status });
+        }
         let r = registry.sub_registry_with_prefix("lastcall_pubsub");
         r.register(
             "api_calls",
