@@ -131,7 +131,7 @@ impl Metrics {
             .map(|s| s.as_str())
             .chain([UNKNOWN_STATUS])
         {
-            m.notices_dropped.get_or_create(&StatusLabels { status });
+            let _ = m.notices_dropped.get_or_create(&StatusLabels { status });
         }
         let r = registry.sub_registry_with_prefix("lastcall_pubsub");
         r.register(
