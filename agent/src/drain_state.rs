@@ -58,6 +58,8 @@ pub fn counts(phase: Phase, observed: &Observed) -> Counts {
                 name,
                 ready,
                 allocated,
+                held: None,
+                at_risk: None,
             })
             .collect(),
     )
@@ -80,11 +82,7 @@ impl Publisher {
     }
 
     /// Writes the current view once: the field while draining, nothing (cleared) otherwise.
-    async fn write(
-        &self,
-        conn: &mut redis::aio::MultiplexedConnection,
-        view: &Counts,
-    ) -> Result<(), String> {
+    async fn write(&self, conn: &mut redis_conn::AnyConn, view: &Counts) -> Result<(), String> {
         match view {
             Some(fleets) => {
                 let state = NodeDrainState {
@@ -104,7 +102,7 @@ impl Publisher {
     }
 
     pub async fn run(mut self, shutdown: CancellationToken) {
-        let client = match redis_conn::client(&self.target, self.ca.as_ref()) {
+        let client = match redis_conn::any_client(&self.target, self.ca.as_ref()) {
             Ok(c) => c,
             Err(e) => {
                 warn!(message = "drain state for the webhook disabled: bad Redis settings", error = %e);
@@ -114,7 +112,7 @@ impl Publisher {
             }
         };
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
-        let mut conn: Option<redis::aio::MultiplexedConnection> = None;
+        let mut conn: Option<redis_conn::AnyConn> = None;
         // Nothing was written by this process yet: clear a field a previous agent left.
         let mut written: Option<Counts> = None;
         loop {
@@ -122,7 +120,7 @@ impl Publisher {
             let refresh_due = view.is_some();
             if written.as_ref() != Some(&view) || refresh_due {
                 if conn.is_none() {
-                    match redis_conn::connect(&client, TIMEOUT).await {
+                    match redis_conn::connect_any(&client, TIMEOUT).await {
                         Ok(c) => conn = Some(c),
                         Err(e) => {
                             warn!(message = "connecting to Redis for the drain state failed", error = %e)
@@ -224,13 +222,17 @@ mod tests {
                     namespace: "default".into(),
                     name: "f".into(),
                     ready: 2,
-                    allocated: 1
+                    allocated: 1,
+                    held: None,
+                    at_risk: None,
                 },
                 FleetOnNode {
                     namespace: "default".into(),
                     name: "g".into(),
                     ready: 0,
-                    allocated: 1
+                    allocated: 1,
+                    held: None,
+                    at_risk: None,
                 },
             ]
         );

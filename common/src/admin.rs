@@ -2,18 +2,37 @@
 //!
 //! Readiness is the AND of named checks (for example "redis" and "first_cycle"), each set by
 //! the component that owns it, so `/readyz` can say which one is failing.
+//!
+//! Every HTTP listener of lastcall (this one, the webhook's, plain or TLS) is served by
+//! [`serve_with`], with the same limits: a client that does not send a request's headers
+//! within [`HEADER_TIMEOUT`] (a new connection, or an idle keep-alive one) is dropped, and at
+//! most [`MAX_CONNECTIONS`] connections are open at once (more wait in the kernel's accept
+//! queue). So idle or slow clients cannot grow the process's memory.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
+
+/// A client that has not sent a request's headers by then is dropped: on a new connection
+/// and between requests of a kept-alive one alike.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections open at once per listener. Scrapes, probes and Agones' reviews need a few.
+pub const MAX_CONNECTIONS: usize = 256;
+/// How long open requests may finish at shutdown.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Shared readiness state. Cheap to clone.
 #[derive(Clone, Default)]
@@ -86,15 +105,93 @@ pub fn router(registry: Arc<Registry>, health: Health) -> Router {
         .with_state(AdminState { registry, health })
 }
 
-/// Serves `router` on `listener` until `shutdown` is cancelled.
+/// Serves `router` over plain HTTP/1.1 on `listener` until `shutdown` is cancelled, with
+/// the limits of [`serve_with`].
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    serve_with(
+        listener,
+        router,
+        shutdown,
+        |stream| async move { Some(stream) },
+    )
+    .await
+}
+
+/// Serves `router` on `listener` until `shutdown`, passing each accepted stream through
+/// `handshake` first (TLS, or nothing); `None` ends that connection. At most
+/// [`MAX_CONNECTIONS`] at once, each dropped when a request's headers take longer than
+/// [`HEADER_TIMEOUT`]. A bad connection ends only itself; accept errors (out of file
+/// descriptors) pause briefly and never end the server.
+pub async fn serve_with<H, F, S>(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+    handshake: H,
+) -> std::io::Result<()>
+where
+    H: Fn(TcpStream) -> F + Clone + Send + 'static,
+    F: Future<Output = Option<S>> + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let slot = tokio::select! {
+            () = shutdown.cancelled() => break,
+            s = slots.clone().acquire_owned() => s,
+        };
+        // The semaphore is never closed.
+        let Ok(slot) = slot else { break };
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(message = "HTTP accept failed", error = %e);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (handshake, router, shutdown) = (handshake.clone(), router.clone(), shutdown.clone());
+        connections.spawn(async move {
+            let _slot = slot;
+            let Some(io) = handshake(stream).await else {
+                return;
+            };
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT);
+            let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(router));
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!(message = "HTTP connection ended with an error", %peer, error = %e);
+                    }
+                }
+                () = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(DRAIN_TIMEOUT, conn).await;
+                }
+            }
+        });
+        while connections.try_join_next().is_some() {}
+    }
+    // Let open requests finish, briefly; then drop what is left.
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    connections.abort_all();
+    Ok(())
 }
 
 async fn metrics(State(state): State<AdminState>) -> Response {

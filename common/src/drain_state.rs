@@ -16,6 +16,13 @@
 //! Reading is one `HGETALL`, O(draining nodes): a node that is not draining has no field.
 //! Unknown JSON keys are ignored, so the format can grow without breaking older readers.
 //!
+//! **What counts.** A server the agent releases (deletes) is replaced by its GameServerSet
+//! at once, since a set does not count servers being deleted; adding it to the buffer too
+//! would create it twice. So the webhook adds only what is about to be lost and not yet
+//! replaced: `held` (Ready servers the agent keeps for now, not released: release pacing)
+//! plus `at_risk` (in-use servers on a node whose drain has a deadline). A writer that
+//! sends neither (an older agent) is read as before: `ready` counts.
+//!
 //! **Writer's duties (the agent).** While the node drains, [`publish`] the current counts
 //! whenever they change and at least every [`REFRESH_EVERY`], so `updated_at_ms` stays
 //! fresh; [`clear`] the field when the drain ends or is cancelled. An entry older than the
@@ -64,6 +71,25 @@ pub struct FleetOnNode {
     pub ready: u32,
     /// Allocated GameServers of this Fleet on the node (informational).
     pub allocated: u32,
+    /// Of `ready`, those the agent holds (does not release in its current plan). Absent
+    /// from older writers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<u32>,
+    /// In-use (Allocated or Reserved) servers of this Fleet on the node when the drain has
+    /// a deadline: lost at that deadline. Absent from older writers, and when no deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_risk: Option<u32>,
+}
+
+impl FleetOnNode {
+    /// Servers of this Fleet the webhook adds to the buffer: `held + at_risk` when the
+    /// writer sends either, else `ready` (an older writer).
+    pub fn to_replace(&self) -> u64 {
+        if self.held.is_none() && self.at_risk.is_none() {
+            return u64::from(self.ready);
+        }
+        u64::from(self.held.unwrap_or(0)) + u64::from(self.at_risk.unwrap_or(0))
+    }
 }
 
 /// Why an entry is unusable. Each variant has a fixed metric label.
@@ -199,8 +225,11 @@ pub struct Skipped {
 /// The drain state as of one read: extra Ready per Fleet from fresh entries only.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
-    /// namespace → Fleet name → Ready servers on draining nodes.
+    /// namespace → Fleet name → servers to replace on draining nodes.
     ready: HashMap<String, HashMap<String, u64>>,
+    /// Fleets (namespace, name) named by a stale or future-dated entry: what their drain
+    /// state holds now is unknown, so their answer must not shrink them.
+    unsure: std::collections::HashSet<(String, String)>,
     /// Entries that counted.
     pub fresh_nodes: usize,
     /// Entries that did not, and why.
@@ -218,21 +247,30 @@ impl Snapshot {
                 Err(e) => Skip::Malformed(e),
                 Ok(state) => {
                     let age_ms = now_ms.saturating_sub(state.updated_at_ms);
-                    if age_ms > max_age_ms {
-                        Skip::Stale { age_ms }
+                    let skip = if age_ms > max_age_ms {
+                        Some(Skip::Stale { age_ms })
                     } else if age_ms < max_age_ms.saturating_neg() {
-                        Skip::Future {
+                        Some(Skip::Future {
                             ahead_ms: age_ms.saturating_neg(),
+                        })
+                    } else {
+                        None
+                    };
+                    if let Some(skip) = skip {
+                        for f in state.fleets {
+                            snap.unsure.insert((f.namespace, f.name));
                         }
+                        skip
                     } else {
                         snap.fresh_nodes += 1;
                         for f in state.fleets {
+                            let n = f.to_replace();
                             *snap
                                 .ready
                                 .entry(f.namespace)
                                 .or_default()
                                 .entry(f.name)
-                                .or_default() += u64::from(f.ready);
+                                .or_default() += n;
                         }
                         continue;
                     }
@@ -248,13 +286,21 @@ impl Snapshot {
         snap
     }
 
-    /// Ready servers of Fleet `namespace/name` on freshly reported draining nodes.
+    /// Servers of Fleet `namespace/name` to replace on freshly reported draining nodes
+    /// (see [`FleetOnNode::to_replace`]).
     pub fn extra_ready(&self, namespace: &str, name: &str) -> u64 {
         self.ready
             .get(namespace)
             .and_then(|fleets| fleets.get(name))
             .copied()
             .unwrap_or(0)
+    }
+
+    /// Whether a stale or future-dated entry names Fleet `namespace/name`, so its count
+    /// from [`Snapshot::extra_ready`] may be short.
+    pub fn unsure(&self, namespace: &str, name: &str) -> bool {
+        self.unsure
+            .contains(&(namespace.to_string(), name.to_string()))
     }
 
     /// Stale entries old enough to delete: more than [`PRUNE_AFTER_MAX_AGES`] max ages.
@@ -356,6 +402,8 @@ mod tests {
                     name: name.into(),
                     ready,
                     allocated,
+                    held: None,
+                    at_risk: None,
                 })
                 .collect(),
         }
@@ -448,6 +496,36 @@ mod tests {
                 ("big", "oversize"),
                 ("empty", "invalid_name"),
             ]
+        );
+    }
+
+    #[test]
+    fn held_and_at_risk_replace_ready_when_the_writer_sends_them() {
+        let now = 1_000_000;
+        let mut newer = state("new", now, &[("ns", "f", 6, 3), ("ns", "g", 4, 0)]);
+        // f: 6 Ready of which 2 held, 3 in use with a deadline; g: all 4 being released.
+        newer.fleets[0].held = Some(2);
+        newer.fleets[0].at_risk = Some(3);
+        newer.fleets[1].held = Some(0);
+        let json = newer.to_json();
+        assert!(json.contains(r#""held":2,"at_risk":3"#), "{json}");
+        let snap = Snapshot::from_entries(
+            vec![
+                (b"new".to_vec(), json.into_bytes()),
+                entry(&state("old", now, &[("ns", "f", 5, 1)])),
+            ],
+            now,
+            MIN,
+        );
+        assert_eq!(
+            snap.extra_ready("ns", "f"),
+            2 + 3 + 5,
+            "an older writer's ready counts"
+        );
+        assert_eq!(
+            snap.extra_ready("ns", "g"),
+            0,
+            "released servers are replaced by their set"
         );
     }
 

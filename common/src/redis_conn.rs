@@ -125,6 +125,110 @@ pub async fn connect(
     }
 }
 
+/// A client for a single Redis or a Redis Cluster, as the target says.
+// Built once per process and cloned rarely: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone)]
+pub enum AnyClient {
+    Single(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
+}
+
+/// A connection to a single Redis or to a Redis Cluster. In a cluster each command goes to
+/// the primary of its key's slot, over one multiplexed connection per node, following
+/// `MOVED` (the slot map is refreshed) and `ASK`; commands without a key go to any node.
+#[derive(Clone)]
+pub enum AnyConn {
+    Single(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl AnyConn {
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster(_))
+    }
+}
+
+impl redis::aio::ConnectionLike for AnyConn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Builds the client for `target`, a cluster client for `redis+cluster://` and
+/// `rediss+cluster://` (seeded with the URL's node; the rest of the cluster is learned from
+/// it), with the same socket options and CA as [`client`]. No I/O.
+pub fn any_client(target: &RedisTarget, ca: Option<&CaFile>) -> redis::RedisResult<AnyClient> {
+    if !target.is_cluster() {
+        return client(target, ca).map(AnyClient::Single);
+    }
+    let info = target
+        .url()
+        .into_connection_info()?
+        .set_tcp_settings(tcp_settings());
+    let mut builder = redis::cluster::ClusterClient::builder(vec![info])
+        .tcp_settings(tcp_settings())
+        // A failover moves slots for a few seconds: retry a redirected or refused command
+        // a few times, then fail it to the caller, who counts and retries next batch.
+        .retries(4);
+    if let Some(ca) = ca.filter(|_| target.is_tls()) {
+        builder = builder.certs(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(ca.pem.clone()),
+        });
+    }
+    builder.build().map(AnyClient::Cluster)
+}
+
+/// Opens a connection (for a cluster: learns the slot map and connects to its nodes) with
+/// both timeouts set, bounded as [`connect`] is.
+pub async fn connect_any(client: &AnyClient, timeout: Duration) -> redis::RedisResult<AnyConn> {
+    let cluster = match client {
+        AnyClient::Single(c) => return connect(c, timeout).await.map(AnyConn::Single),
+        AnyClient::Cluster(c) => c,
+    };
+    let config = redis::cluster::ClusterConfig::new()
+        .set_connection_timeout(timeout)
+        .set_response_timeout(timeout);
+    match tokio::time::timeout(
+        timeout.saturating_mul(2),
+        cluster.get_async_connection_with_config(config),
+    )
+    .await
+    {
+        Ok(r) => r.map(AnyConn::Cluster),
+        Err(_) => Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "connecting to the Redis Cluster timed out",
+        ))),
+    }
+}
+
 /// What kind of Redis failure happened. Labels are fixed, for metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ErrorClass {

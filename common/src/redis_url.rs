@@ -4,6 +4,12 @@
 //! `redis://`; operators also expect full `redis://` and `rediss://` (TLS) URLs. All of those
 //! are accepted here and validated at start, so a typo fails the process with a clear message
 //! instead of a reconnect loop.
+//!
+//! `redis+cluster://` and `rediss+cluster://` name a Redis Cluster (cluster-mode ElastiCache,
+//! Memorystore Cluster, or your own) by one or more of its nodes: the client learns the
+//! slot map from it and follows `MOVED`/`ASK`. In cluster mode the keys of one instance carry
+//! its id as a hash tag (`lastcall:status:{i-0123…}`), so they share a slot and one atomic
+//! script can write them all ([`InstanceKeys`]).
 
 use std::fmt;
 
@@ -12,31 +18,71 @@ use redis::IntoConnectionInfo;
 /// A validated Redis endpoint.
 #[derive(Clone)]
 pub struct RedisTarget {
+    /// A `redis://` or `rediss://` URL (the `+cluster` marker is kept in `cluster`).
     url: String,
+    cluster: bool,
+}
+
+/// Names of the keys pubsub writes and agents read for one instance. The default is the
+/// single-node naming.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InstanceKeys {
+    cluster: bool,
+}
+
+impl InstanceKeys {
+    /// `{id}` in cluster mode (a hash tag: all of an instance's keys in one slot), the bare
+    /// id otherwise (the names single-node deployments have always used).
+    fn id(self, instance_id: &str) -> std::borrow::Cow<'_, str> {
+        if self.cluster {
+            format!("{{{instance_id}}}").into()
+        } else {
+            instance_id.into()
+        }
+    }
+
+    /// The cached status (see `fleetiq::cache_key`).
+    pub fn status(self, instance_id: &str) -> String {
+        format!("lastcall:status:{}", self.id(instance_id))
+    }
+
+    /// When the cached status was polled (see `fleetiq::polled_at_key`).
+    pub fn polled_at(self, instance_id: &str) -> String {
+        format!("lastcall:polled_at:{}", self.id(instance_id))
+    }
+
+    /// Which pubsub process wrote the polled-at time.
+    pub fn polled_by(self, instance_id: &str) -> String {
+        format!("lastcall:polled_by:{}", self.id(instance_id))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum RedisUrlError {
     #[error("empty Redis URL")]
     Empty,
-    #[error("unsupported scheme {0:?}: use host[:port], redis:// or rediss://")]
+    #[error(
+        "unsupported scheme {0:?}: use host[:port], redis://, rediss://, redis+cluster:// or rediss+cluster://"
+    )]
     Scheme(String),
     #[error("invalid Redis URL: {0}")]
     Invalid(String),
 }
 
 impl RedisTarget {
-    /// Accepts `host`, `host:port`, `host:port/db`, `user:pass@host:port`, `redis://…` and
-    /// `rediss://…`.
+    /// Accepts `host`, `host:port`, `host:port/db`, `user:pass@host:port`, `redis://…`,
+    /// `rediss://…`, and the cluster forms `redis+cluster://…` and `rediss+cluster://…`.
     pub fn parse(raw: &str) -> Result<Self, RedisUrlError> {
         let raw = raw.trim();
         if raw.is_empty() {
             return Err(RedisUrlError::Empty);
         }
-        let url = match raw.split_once("://") {
-            Some(("redis" | "rediss", _)) => raw.to_string(),
+        let (url, cluster) = match raw.split_once("://") {
+            Some(("redis" | "rediss", _)) => (raw.to_string(), false),
+            Some(("redis+cluster", rest)) => (format!("redis://{rest}"), true),
+            Some(("rediss+cluster", rest)) => (format!("rediss://{rest}"), true),
             Some((scheme, _)) => return Err(RedisUrlError::Scheme(scheme.to_string())),
-            None => format!("redis://{raw}"),
+            None => (format!("redis://{raw}"), false),
         };
         let parsed = url::Url::parse(&url).map_err(|e| RedisUrlError::Invalid(e.to_string()))?;
         if parsed.host_str().is_none_or(str::is_empty) {
@@ -45,7 +91,24 @@ impl RedisTarget {
         url.as_str()
             .into_connection_info()
             .map_err(|e| RedisUrlError::Invalid(e.to_string()))?;
-        Ok(Self { url })
+        if cluster && !parsed.path().trim_matches('/').is_empty() && parsed.path() != "/0" {
+            return Err(RedisUrlError::Invalid(
+                "a Redis Cluster has only database 0".into(),
+            ));
+        }
+        Ok(Self { url, cluster })
+    }
+
+    /// Whether this names a Redis Cluster (`redis+cluster://`, `rediss+cluster://`).
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// The key names for instances on this target.
+    pub fn keys(&self) -> InstanceKeys {
+        InstanceKeys {
+            cluster: self.cluster,
+        }
     }
 
     /// The full URL, credentials included: for the client only, never for logs.
@@ -72,7 +135,11 @@ impl fmt::Display for RedisTarget {
                 if u.password().is_some() {
                     let _ = u.set_password(Some("REDACTED"));
                 }
-                f.write_str(u.as_str())
+                let shown = u.as_str();
+                match shown.split_once("://") {
+                    Some((scheme, rest)) if self.cluster => write!(f, "{scheme}+cluster://{rest}"),
+                    _ => f.write_str(shown),
+                }
             }
             Err(_) => f.write_str("<invalid>"),
         }
@@ -114,6 +181,33 @@ mod tests {
         }
         assert!(RedisTarget::parse("rediss://cache:6380").unwrap().is_tls());
         assert!(!RedisTarget::parse("cache").unwrap().is_tls());
+    }
+
+    #[test]
+    fn cluster_urls_and_their_key_names() {
+        let t = RedisTarget::parse("rediss+cluster://u:pw@cfg.cache.example:6379").unwrap();
+        assert!(t.is_cluster() && t.is_tls());
+        assert_eq!(t.url(), "rediss://u:pw@cfg.cache.example:6379");
+        assert_eq!(
+            t.to_string(),
+            "rediss+cluster://u:REDACTED@cfg.cache.example:6379"
+        );
+        let keys = t.keys();
+        assert_eq!(keys.status("i-1"), "lastcall:status:{i-1}");
+        assert_eq!(keys.polled_at("i-1"), "lastcall:polled_at:{i-1}");
+        assert_eq!(keys.polled_by("i-1"), "lastcall:polled_by:{i-1}");
+        let single = RedisTarget::parse("cache:6379").unwrap();
+        assert!(!single.is_cluster());
+        assert_eq!(
+            single.keys().status("i-1"),
+            crate::fleetiq::cache_key("i-1"),
+            "single-node names never change"
+        );
+        assert_eq!(
+            single.keys().polled_at("i-1"),
+            crate::fleetiq::polled_at_key("i-1")
+        );
+        assert!(RedisTarget::parse("redis+cluster://cache:6379/2").is_err());
     }
 
     #[test]

@@ -10,16 +10,11 @@ use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
-use lastcall_common::drain_state;
 use lastcall_common::duration::parse_duration;
 use lastcall_common::redis_conn::CaFile;
 use lastcall_common::redis_url::RedisTarget;
 
-use crate::webhook::{
-    self,
-    policy::{self, Buffer, Policy, PolicyError},
-    tls,
-};
+use crate::webhook::settings::{Settings, SettingsError, WebhookFlags};
 
 /// GameLift advises refreshing `DescribeGameServerInstances` no more than once every 10 s.
 pub const MIN_PERIOD: Duration = Duration::from_secs(10);
@@ -51,7 +46,9 @@ pub struct Config {
     pub cycle_jitter: Duration,
 
     /// Redis to publish to: `host[:port][/db]` (the original form), `redis://[user:pass@]host[:port][/db]`
-    /// or `rediss://…` for TLS.
+    /// or `rediss://…` for TLS; a Redis Cluster (cluster-mode ElastiCache, Memorystore Cluster)
+    /// as `redis+cluster://[user:pass@]host[:port]` or `rediss+cluster://…`, naming any node
+    /// or the configuration endpoint.
     #[arg(long, env = "REDIS_URL", value_parser = parse_redis)]
     pub redis_url: RedisTarget,
 
@@ -171,55 +168,9 @@ pub struct Config {
           value_parser = lastcall_common::telemetry::parse_level)]
     pub log_level: String,
 
-    /// Address of the FleetAutoscaler webhook (`POST /scale` or `POST /`), e.g.
-    /// `0.0.0.0:8000` (the port Agones calls on a `service:` webhook by default). Unset: no
-    /// webhook. Needs `--webhook-max-replicas`.
-    #[arg(
-        long,
-        env = "LASTCALL_PUBSUB_WEBHOOK_LISTEN",
-        requires = "webhook_max_replicas"
-    )]
-    pub webhook_listen: Option<SocketAddr>,
-
-    /// PEM certificate (chain) the webhook serves HTTPS with; checked every 30s and
-    /// reloaded when it changes (rotation). Unset: plain HTTP. Needs `--webhook-tls-key`.
-    #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_TLS_CERT",
-          requires_all = ["webhook_tls_key", "webhook_listen"], value_parser = tls::parse_cert_file)]
-    pub webhook_tls_cert: Option<PathBuf>,
-
-    /// PEM private key of `--webhook-tls-cert` (PKCS#8, PKCS#1 or SEC1).
-    #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_TLS_KEY", requires = "webhook_tls_cert",
-          value_parser = tls::parse_key_file)]
-    pub webhook_tls_key: Option<PathBuf>,
-
-    /// Ready servers to keep, as Agones' Buffer `bufferSize`: a count (`5`) or a share of
-    /// the Fleet (`10%`, 1–99%). Draining nodes' Ready servers come on top.
-    #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_BUFFER", default_value = "5",
-          value_parser = parse_buffer)]
-    pub webhook_buffer: Buffer,
-
-    /// Smallest Fleet size the webhook asks for (0: none; at least 1 with a percentage
-    /// buffer, and at least the buffer with a count, as Agones' Buffer policy requires).
-    #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_MIN_REPLICAS", default_value_t = 0,
-          value_parser = parse_replicas)]
-    pub webhook_min_replicas: u32,
-
-    /// Largest Fleet size the webhook asks for, extra replacements included: a hard cap.
-    /// Required with `--webhook-listen`.
-    #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_MAX_REPLICAS", value_parser = parse_replicas)]
-    pub webhook_max_replicas: Option<u32>,
-
-    /// A node's drain state older than this counts as zero extra (its agent stopped
-    /// refreshing it). At least 60s: agents refresh every 30s.
-    #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_DRAIN_STATE_MAX_AGE", default_value = "2m",
-          value_parser = parse_max_age)]
-    pub webhook_drain_state_max_age: Duration,
-
-    /// Longest a webhook answer waits for Redis; after that it answers with zero extra
-    /// (Agones gives up after 15s).
-    #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_REDIS_TIMEOUT", default_value = "500ms",
-          value_parser = parse_webhook_timeout)]
-    pub webhook_redis_timeout: Duration,
+    /// The webhook's flags (`--webhook-*`), owned by the webhook.
+    #[command(flatten)]
+    pub webhook: WebhookFlags,
 }
 
 impl Config {
@@ -241,23 +192,8 @@ impl Config {
 
     /// The webhook's settings, checked together (Agones' Buffer policy rules, distinct
     /// listeners); `None` when the webhook is off.
-    pub fn webhook_settings(&self) -> Result<Option<webhook::Settings>, ConfigError> {
-        let Some(addr) = self.webhook_listen else {
-            return Ok(None);
-        };
-        if addr == self.listen && addr.port() != 0 {
-            return Err(ConfigError::SameListener(addr));
-        }
-        let max = self
-            .webhook_max_replicas
-            .ok_or(ConfigError::MissingMaxReplicas)?;
-        let policy = Policy::new(self.webhook_buffer, self.webhook_min_replicas, max)
-            .map_err(ConfigError::Policy)?;
-        Ok(Some(webhook::Settings {
-            policy,
-            redis_timeout: self.webhook_redis_timeout,
-            drain_state_max_age: self.webhook_drain_state_max_age,
-        }))
+    pub fn webhook_settings(&self) -> Result<Option<Settings>, ConfigError> {
+        self.webhook.settings(self.listen)
     }
 
     /// Checks what clap cannot check flag by flag.
@@ -266,46 +202,8 @@ impl Config {
     }
 }
 
-/// Settings that are valid one by one but not together. Each message names the flags.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("--webhook-buffer, --webhook-min-replicas, --webhook-max-replicas: {0}")]
-    Policy(#[source] PolicyError),
-    #[error("--webhook-listen needs --webhook-max-replicas")]
-    MissingMaxReplicas,
-    #[error("--webhook-listen {0} is also --listen: the webhook needs its own port")]
-    SameListener(SocketAddr),
-}
-
-fn parse_buffer(raw: &str) -> Result<Buffer, String> {
-    raw.parse::<Buffer>().map_err(|e| e.to_string())
-}
-
-fn parse_replicas(raw: &str) -> Result<u32, String> {
-    policy::parse_replicas(raw).map_err(|e| e.to_string())
-}
-
-fn parse_max_age(raw: &str) -> Result<Duration, String> {
-    let d = parse_duration(raw)?;
-    let floor = drain_state::REFRESH_EVERY.saturating_mul(2);
-    if d < floor {
-        return Err(format!(
-            "{raw} is below {}s, twice the agents' refresh period",
-            floor.as_secs()
-        ));
-    }
-    Ok(d)
-}
-
-fn parse_webhook_timeout(raw: &str) -> Result<Duration, String> {
-    let d = parse_positive(raw)?;
-    if d > Duration::from_secs(10) {
-        return Err(format!(
-            "{raw} is over 10s: Agones gives up on a webhook after 15s"
-        ));
-    }
-    Ok(d)
-}
+/// Settings that are valid one by one but not together (all the webhook's today).
+pub type ConfigError = SettingsError;
 
 fn parse_period(raw: &str) -> Result<Duration, String> {
     let d = parse_duration(raw)?;
@@ -372,6 +270,7 @@ fn parse_endpoint(raw: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::webhook::policy::{Buffer, Policy};
     use clap::error::ErrorKind;
 
     fn parse(args: &[&str]) -> Result<Config, clap::Error> {

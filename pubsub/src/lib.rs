@@ -2,11 +2,15 @@
 //! and publishes each status on Redis, as a drop-in for the original FleetIQ adapter's pubsub
 //! app (same channel, same message bytes, same groups file) without its failure modes.
 //!
-//! Layers, each usable on its own: [`config`] (flags and env), [`groups`] (the groups file),
-//! [`poller`] (GameLift paging and backoff), [`publisher`] (pipelined Redis writes),
-//! [`metrics`], and [`run`] (the cycle, the loop and the process). [`webhook`] serves
-//! Agones' FleetAutoscaler webhook: the Buffer policy plus the Ready servers that draining
-//! nodes are about to lose, read from the drain state agents publish.
+//! Layers, each usable on its own, and imports flow one way (down this list):
+//! - [`metrics`] (metric definitions and their label values) and [`rate`] at the bottom;
+//!   [`config`] (flags and env, the webhook's own flags flattened in from
+//!   [`webhook::settings`]) and [`groups`] (the groups file) beside them;
+//! - [`publisher`] (atomic Redis writes), [`poller`] (GameLift paging and backoff, producing
+//!   what the publisher takes), and [`webhook`] (Agones' FleetAutoscaler webhook: the Buffer
+//!   policy plus what draining nodes are about to lose, read from the drain state agents
+//!   publish), which imports nothing of the poller or publisher;
+//! - [`run`] on top: the cycle, the loop and the process.
 #![forbid(unsafe_code)]
 
 pub mod config;

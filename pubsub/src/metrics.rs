@@ -13,6 +13,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// The `status` label of an InstanceStatus this version does not know (published as-is).
+pub const UNKNOWN_STATUS: &str = "UNKNOWN";
+
 /// The only GameLift operation pubsub calls.
 pub const OP_DESCRIBE_INSTANCES: &str = "DescribeGameServerInstances";
 
@@ -44,6 +47,11 @@ pub struct GroupLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    pub status: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GroupStatusLabels {
     pub group: String,
     pub status: &'static str,
@@ -62,6 +70,7 @@ pub struct Metrics {
     pub messages_published: Counter,
     pub messages_unchanged: Counter,
     pub messages_stale: Counter,
+    pub notices_dropped: Family<StatusLabels, Counter>,
     pub unknown_statuses: Counter,
     pub cache_writes: Counter,
     pub redis_connects: Counter,
@@ -95,6 +104,7 @@ impl Metrics {
             messages_published: Counter::default(),
             messages_unchanged: Counter::default(),
             messages_stale: Counter::default(),
+            notices_dropped: Family::default(),
             unknown_statuses: Counter::default(),
             cache_writes: Counter::default(),
             redis_connects: Counter::default(),
@@ -113,6 +123,16 @@ impl Metrics {
             cycle_duration: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             last_successful_cycle: Gauge::default(),
         };
+        // Every notice status has a series from the start, at 0, so an alert's increase()
+        // sees the first drop.
+        for status in lastcall_common::fleetiq::InstanceStatus::ALL
+            .iter()
+            .filter(|s| **s != lastcall_common::fleetiq::InstanceStatus::Active)
+            .map(|s| s.as_str())
+            .chain([UNKNOWN_STATUS])
+        {
+            let _ = m.notices_dropped.get_or_create(&StatusLabels { status });
+        }
         let r = registry.sub_registry_with_prefix("lastcall_pubsub");
         r.register(
             "api_calls",
@@ -163,6 +183,11 @@ impl Metrics {
             "messages_stale",
             "Statuses not written because Redis held one polled later (another replica)",
             m.messages_stale.clone(),
+        );
+        r.register(
+            "notices_dropped",
+            "Notices (DRAINING, SPOT_TERMINATING, unknown) not written because Redis held a status another replica polled later, by status",
+            m.notices_dropped.clone(),
         );
         r.register(
             "unknown_statuses",
@@ -269,8 +294,9 @@ impl Metrics {
         family.get_or_create(&ResultLabels { result }).inc();
     }
 
-    /// Drops every per-group series of a group that left the config file.
-    pub fn forget_group(&self, group: &str) {
+    /// Drops every per-group series of a group that left the config file; `error_reasons`
+    /// are the `reason` labels its poll errors can have.
+    pub fn forget_group(&self, group: &str, error_reasons: &[&'static str]) {
         let labels = GroupLabels {
             group: group.to_string(),
         };
@@ -278,7 +304,7 @@ impl Metrics {
         self.group_failed_cycles.remove(&labels);
         self.instances.remove(&GroupStatusLabels {
             group: group.to_string(),
-            status: crate::poller::UNKNOWN_STATUS,
+            status: UNKNOWN_STATUS,
         });
         for status in lastcall_common::fleetiq::InstanceStatus::ALL {
             self.instances.remove(&GroupStatusLabels {
@@ -286,10 +312,10 @@ impl Metrics {
                 status: status.as_str(),
             });
         }
-        for reason in crate::poller::PollErrorKind::ALL {
+        for &reason in error_reasons {
             self.group_errors.remove(&GroupReasonLabels {
                 group: group.to_string(),
-                reason: reason.label(),
+                reason,
             });
         }
     }
@@ -314,6 +340,7 @@ pub struct WebhookMetrics {
     pub request_duration: Histogram,
     pub extra_replicas: Counter,
     pub clamped: Family<BoundLabels, Counter>,
+    pub held: Family<ReasonLabels, Counter>,
     pub drain_state_reads: Family<ResultLabels, Counter>,
     pub drain_state_read_duration: Histogram,
     pub drain_state_nodes: Family<StateLabels, Gauge>,
@@ -332,6 +359,7 @@ impl WebhookMetrics {
             request_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             extra_replicas: Counter::default(),
             clamped: Family::default(),
+            held: Family::default(),
             drain_state_reads: Family::default(),
             drain_state_read_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             drain_state_nodes: Family::default(),
@@ -364,6 +392,11 @@ impl WebhookMetrics {
             "clamped",
             "Answers changed by the min or max replicas bound",
             m.clamped.clone(),
+        );
+        r.register(
+            "held",
+            "Answers that refused a scale-down because the drain state was not fully known, by reason (stale_entry, backoff, timeout, or an error class)",
+            m.held.clone(),
         );
         r.register(
             "drain_state_reads",

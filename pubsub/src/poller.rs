@@ -24,7 +24,7 @@ use crate::publisher::Outgoing;
 use crate::rate::RateLimiter;
 
 /// Metric label for statuses this version does not know (published as-is).
-pub const UNKNOWN_STATUS: &str = "UNKNOWN";
+pub use crate::metrics::UNKNOWN_STATUS;
 
 /// Builds the GameLift client the way production runs it: region and endpoint from the
 /// config, credentials from the SDK's default chain unless `credentials` is given (tests),
@@ -479,6 +479,12 @@ impl Poller {
             let kind = classify(&err);
             self.metrics.api_call(kind.label());
             let message = trim_for_log(&DisplayErrorContext(&err).to_string(), 300);
+            if kind == PollErrorKind::Throttled {
+                // Everyone slows down, not only this page, and also when this was the
+                // page's last attempt: the throttle was GameLift's answer to all of us.
+                limiter.throttled();
+                self.metrics.api_throttle_slowdowns.inc();
+            }
             if !kind.is_retryable() || attempts >= self.max_attempts {
                 return Err(PollError {
                     kind,
@@ -487,11 +493,6 @@ impl Poller {
                 });
             }
             let delay = backoff.next_delay();
-            if kind == PollErrorKind::Throttled {
-                // Everyone slows down, not only this page.
-                limiter.throttled();
-                self.metrics.api_throttle_slowdowns.inc();
-            }
             if Instant::now() + delay > deadline {
                 return Err(PollError {
                     kind: PollErrorKind::Deadline,

@@ -1,9 +1,17 @@
 //! Publishes statuses to Redis with one atomic script per batch: for each instance,
 //! `SET lastcall:status:<id> <json> EX <ttl>`, `SET lastcall:polled_at:<id> <ms> EX <ttl>`,
-//! then `PUBLISH <id> <json>`, but only if the status was polled no earlier than the one
-//! Redis holds. So two replicas (a rolling update, or `replicas: 2`) can never put an older
-//! status on top of a newer one, in the cache or on the channel, and a subscriber that reads
-//! the cache after subscribing never misses a newer value (SET comes before PUBLISH).
+//! `SET lastcall:polled_by:<id> <writer> EX <ttl>`, then `PUBLISH <id> <json>`, unless Redis
+//! holds a status another writer polled later. So two replicas (a rolling update, or
+//! `replicas: 2`) can never put an older status on top of a newer one, in the cache or on
+//! the channel, and a subscriber that reads the cache after subscribing never misses a newer
+//! value (SET comes before PUBLISH).
+//!
+//! Poll times come from each replica's wall clock, so the script guards against clocks that
+//! disagree: a writer's own later poll always wins (its writer id is stored beside the
+//! time, so an NTP step back never silences it), a held time ahead of Redis' own `TIME`
+//! never blocks a write (a replica whose node ran ahead, since replaced), and no time ahead
+//! of Redis' `TIME` is ever stored. A dropped notice (anything but ACTIVE) is a warning and
+//! `notices_dropped_total{status}`, which has an alert.
 //!
 //! The connection is ours, not a reconnecting manager's: any error that means "this
 //! connection is no good" (timeout, READONLY after a failover, auth, TLS, a drop) throws it
@@ -12,42 +20,68 @@
 //! backoff step instead of a timeout per group. A server error on one batch (out of memory)
 //! fails that batch only.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures::StreamExt;
 use lastcall_common::admin::Health;
 use lastcall_common::backoff::Backoff;
-use lastcall_common::fleetiq::{cache_key, polled_at_key, trim_for_log};
-use lastcall_common::redis_conn::{self, ErrorClass};
-use redis::aio::MultiplexedConnection;
+use lastcall_common::fleetiq::{InstanceStatus, StatusMessage, trim_for_log};
+use lastcall_common::redis_conn::{self, AnyClient, AnyConn, ErrorClass};
+use lastcall_common::redis_url::InstanceKeys;
 use tokio::time::Instant;
 
 use crate::config::Config;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, StatusLabels};
+
+/// Scripts in flight at once against a Redis Cluster, where each instance is its own
+/// script call (its keys share a slot; different instances' keys do not).
+const CLUSTER_IN_FLIGHT: usize = 64;
+
+/// Redis key beside `lastcall:polled_at:<id>` naming the writer (one pubsub process) that
+/// wrote it, so that writer's own later polls always win whatever its clock did. (On a
+/// Redis Cluster the id is a hash tag: see `InstanceKeys`.)
+pub fn polled_by_key(instance_id: &str) -> String {
+    InstanceKeys::default().polled_by(instance_id)
+}
+
+/// A random id for this process as a writer: distinct across replicas and restarts.
+fn new_writer_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
 
 /// Name of the readiness check this module owns.
 pub const READY_REDIS: &str = "redis";
 
-/// Applies a batch newer-only. KEYS: cache key and polled-at key per instance. ARGV[1]: TTL
-/// in seconds; then per instance: channel, body, polled-at (ms), publish flag ("1"/"0").
-/// Returns per instance 0 (older than what Redis holds: dropped), 1 (written and
+/// Applies a batch newer-only. KEYS: cache, polled-at and polled-by key per instance.
+/// ARGV[1]: TTL in seconds, ARGV[2]: this writer's id; then per instance: channel, body,
+/// polled-at (ms), publish mode ("1" always, "0" only if the cached body differs).
+/// Returns per instance 0 (another writer polled later: dropped), 1 (written and
 /// published) or 2 (written, not published because unchanged).
 const NEWER_ONLY: &str = r"
+if redis.replicate_commands then pcall(redis.replicate_commands) end
 local ttl = ARGV[1]
+local writer = ARGV[2]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
-for i = 1, #KEYS / 2 do
-  local a = 2 + (i - 1) * 4
-  local held = tonumber(redis.call('GET', KEYS[2 * i]))
-  local at = tonumber(ARGV[a + 2])
-  if held and at and held > at then
+for i = 1, #KEYS / 3 do
+  local a = 3 + (i - 1) * 4
+  local held = tonumber(redis.call('GET', KEYS[3 * i - 1]))
+  local mine = redis.call('GET', KEYS[3 * i]) == writer
+  local at = tonumber(ARGV[a + 2]) or 0
+  if at > now then at = now end
+  if held and held <= now and held > at and not mine then
     out[i] = 0
   else
-    redis.call('SET', KEYS[2 * i - 1], ARGV[a + 1], 'EX', ttl)
-    redis.call('SET', KEYS[2 * i], ARGV[a + 2], 'EX', ttl)
-    if ARGV[a + 3] == '1' then
-      redis.call('PUBLISH', ARGV[a], ARGV[a + 1])
+    local body = ARGV[a + 1]
+    local publish = ARGV[a + 3] == '1' or redis.call('GET', KEYS[3 * i - 2]) ~= body
+    redis.call('SET', KEYS[3 * i - 2], body, 'EX', ttl)
+    redis.call('SET', KEYS[3 * i - 1], at, 'EX', ttl)
+    redis.call('SET', KEYS[3 * i], writer, 'EX', ttl)
+    if publish then
+      redis.call('PUBLISH', ARGV[a], body)
       out[i] = 1
     else
       out[i] = 2
@@ -79,6 +113,8 @@ pub struct PublishReport {
     pub cached: u64,
     /// Statuses dropped because Redis already held one polled later (another replica).
     pub stale: u64,
+    /// Of those, notices (not ACTIVE): each also a warning.
+    pub notices_dropped: u64,
     /// Round trips attempted (successful or not).
     pub round_trips: u64,
     /// Batches that failed or were skipped while backing off.
@@ -91,6 +127,7 @@ impl PublishReport {
         self.unchanged += other.unchanged;
         self.cached += other.cached;
         self.stale += other.stale;
+        self.notices_dropped += other.notices_dropped;
         self.round_trips += other.round_trips;
         self.errors += other.errors;
     }
@@ -107,7 +144,7 @@ struct Gate {
 
 /// The live connection and a generation number, so a failure on an old connection does
 /// not throw away the new one another group just opened.
-type Slot = Option<(u64, MultiplexedConnection)>;
+type Slot = Option<(u64, AnyConn)>;
 
 /// Why a batch got no connection.
 enum NoConnection {
@@ -117,21 +154,24 @@ enum NoConnection {
 
 /// The Redis side of the service.
 pub struct Publisher {
-    client: redis::Client,
+    client: AnyClient,
+    keys: InstanceKeys,
+    cluster: bool,
     tls: bool,
     timeout: Duration,
     ttl_secs: u64,
     batch: usize,
     publish_unchanged: bool,
     script: redis::Script,
+    /// This process's id as a writer (see [`polled_by_key`]).
+    writer: String,
     slot: tokio::sync::Mutex<Slot>,
     generation: AtomicU64,
     gate: Mutex<Gate>,
-    /// Last body published per instance, for `--publish-unchanged=false`. An entry is
-    /// removed when a write's outcome is unknown, so the next cycle publishes again.
-    last: Mutex<HashMap<String, String>>,
     /// When a Redis round trip last succeeded (or when the publisher was created).
     last_ok: Mutex<Instant>,
+    /// Round trips that succeeded, and the last failure, since readiness was last settled.
+    since_settled: Mutex<(u64, Option<String>)>,
     metrics: Metrics,
     health: Health,
 }
@@ -150,15 +190,18 @@ impl Publisher {
     /// Creates the publisher without connecting (the first batch connects), so a Redis that
     /// is down at start delays nothing.
     pub fn new(config: &Config, metrics: Metrics, health: Health) -> redis::RedisResult<Self> {
-        let client = redis_conn::client(&config.redis_url, config.redis_ca_file.as_ref())?;
+        let client = redis_conn::any_client(&config.redis_url, config.redis_ca_file.as_ref())?;
         Ok(Self {
             client,
+            keys: config.redis_url.keys(),
+            cluster: config.redis_url.is_cluster(),
             tls: config.redis_url.is_tls(),
             timeout: config.redis_timeout,
             ttl_secs: config.cache_ttl().as_secs().max(1),
             batch: config.publish_batch.max(1) as usize,
             publish_unchanged: config.publish_unchanged,
             script: redis::Script::new(NEWER_ONLY),
+            writer: new_writer_id(),
             slot: tokio::sync::Mutex::new(None),
             generation: AtomicU64::new(0),
             gate: Mutex::new(Gate {
@@ -171,11 +214,31 @@ impl Publisher {
                 retry_at: None,
                 failing: None,
             }),
-            last: Mutex::new(HashMap::new()),
             last_ok: Mutex::new(Instant::now()),
+            since_settled: Mutex::new((0, None)),
             metrics,
             health,
         })
+    }
+
+    /// Sets the Redis readiness check from everything since the last call (one cycle):
+    /// ready if any round trip succeeded. So one group whose batches keep failing (an ACL,
+    /// an oversized batch) does not make readiness follow whichever batch finished last.
+    pub fn settle_readiness(&self) {
+        let (ok, error) =
+            std::mem::take(&mut *self.since_settled.lock().unwrap_or_else(|p| p.into_inner()));
+        match (ok, error) {
+            (0, Some(error)) => self.health.set(READY_REDIS, false, error),
+            (0, None) => {}
+            (n, None) => self
+                .health
+                .set(READY_REDIS, true, format!("{n} round trips succeeded")),
+            (n, Some(error)) => self.health.set(
+                READY_REDIS,
+                true,
+                format!("{n} round trips succeeded; some failed: {error}"),
+            ),
+        }
     }
 
     /// Time since a Redis round trip last succeeded (since creation if none has).
@@ -187,8 +250,24 @@ impl Publisher {
     }
 
     /// Publishes and caches `messages`, `--publish-batch` instances per round trip.
+    /// On a Redis Cluster, one script per instance instead (an instance's keys share a
+    /// slot, different instances' do not), many in flight at once: the cluster connection
+    /// pipelines them per node and follows `MOVED`/`ASK` through a failover.
     pub async fn publish(&self, messages: &[Outgoing]) -> PublishReport {
         let mut report = PublishReport::default();
+        if self.cluster {
+            let mut chunks = futures::stream::iter(messages.chunks(1))
+                .map(|chunk| async move {
+                    let mut r = PublishReport::default();
+                    self.publish_chunk(chunk, &mut r).await;
+                    r
+                })
+                .buffer_unordered(CLUSTER_IN_FLIGHT);
+            while let Some(r) = chunks.next().await {
+                report.add(&r);
+            }
+            return report;
+        }
         for chunk in messages.chunks(self.batch) {
             self.publish_chunk(chunk, &mut report).await;
         }
@@ -209,25 +288,20 @@ impl Publisher {
                 return;
             }
         };
-        let publish: Vec<bool> = if self.publish_unchanged {
-            vec![true; chunk.len()]
-        } else {
-            let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-            chunk
-                .iter()
-                .map(|m| last.get(&m.instance_id) != Some(&m.body))
-                .collect()
-        };
+        // Unchanged is judged in the script against what Redis holds, not against what
+        // this replica last sent, so another replica's write in between is seen.
+        let mode = if self.publish_unchanged { "1" } else { "0" };
         let mut invocation = self.script.prepare_invoke();
-        invocation.arg(self.ttl_secs);
-        for (m, &publish) in chunk.iter().zip(&publish) {
+        invocation.arg(self.ttl_secs).arg(&self.writer);
+        for m in chunk {
             invocation
-                .key(cache_key(&m.instance_id))
-                .key(polled_at_key(&m.instance_id))
+                .key(self.keys.status(&m.instance_id))
+                .key(self.keys.polled_at(&m.instance_id))
+                .key(self.keys.polled_by(&m.instance_id))
                 .arg(&m.instance_id)
                 .arg(&m.body)
                 .arg(m.polled_at_ms)
-                .arg(if publish { "1" } else { "0" });
+                .arg(mode);
         }
 
         report.round_trips += 1;
@@ -239,25 +313,16 @@ impl Publisher {
         match sent {
             Ok(outcomes) if outcomes.len() == chunk.len() => {
                 self.round_trip_ok();
-                let mut last = (!self.publish_unchanged)
-                    .then(|| self.last.lock().unwrap_or_else(|p| p.into_inner()));
                 let (mut published, mut unchanged, mut stale) = (0u64, 0u64, 0u64);
                 for (m, outcome) in chunk.iter().zip(&outcomes) {
                     match outcome {
                         0 => {
                             stale += 1;
-                            // What Redis holds is not what we would have published: compare
-                            // against it next time, never against our own older value.
-                            if let Some(last) = last.as_mut() {
-                                last.remove(&m.instance_id);
+                            if self.notice_dropped(m) {
+                                report.notices_dropped += 1;
                             }
                         }
-                        1 => {
-                            published += 1;
-                            if let Some(last) = last.as_mut() {
-                                last.insert(m.instance_id.clone(), m.body.clone());
-                            }
-                        }
+                        1 => published += 1,
                         _ => unchanged += 1,
                     }
                 }
@@ -273,7 +338,6 @@ impl Publisher {
             }
             Ok(outcomes) => {
                 report.errors += 1;
-                self.forget_uncertain(chunk);
                 let err = redis::RedisError::from((
                     redis::ErrorKind::UnexpectedReturnType,
                     "script answered the wrong number of outcomes",
@@ -283,22 +347,32 @@ impl Publisher {
             }
             Err(e) => {
                 report.errors += 1;
-                // The script may have run even though the answer was lost (a timeout): what
-                // Redis and the agents hold is unknown, so publish these again next time.
-                self.forget_uncertain(chunk);
                 self.command_failed(generation, &e, chunk.len()).await;
             }
         }
     }
 
-    fn forget_uncertain(&self, chunk: &[Outgoing]) {
-        if self.publish_unchanged {
-            return;
-        }
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        for m in chunk {
-            last.remove(&m.instance_id);
-        }
+    /// A status was dropped because another writer holds a later poll. That is routine for
+    /// ACTIVE; for a notice it may mean clocks disagree and a drain is not heard, so it is
+    /// a warning and an alertable counter. Returns whether `m` was a notice.
+    fn notice_dropped(&self, m: &Outgoing) -> bool {
+        let label = match StatusMessage::parse(m.body.as_bytes()).map(|msg| msg.status) {
+            Ok(InstanceStatus::Active) => return false,
+            Ok(s) => s.as_str(),
+            Err(_) => crate::metrics::UNKNOWN_STATUS,
+        };
+        self.metrics
+            .notices_dropped
+            .get_or_create(&StatusLabels { status: label })
+            .inc();
+        tracing::warn!(
+            message = "a notice was not written: Redis holds a status another pubsub replica polled later",
+            instance = %m.instance_id,
+            status = label,
+            polled_at_ms = m.polled_at_ms,
+            hint = "if this repeats, check the replicas' clocks (NTP) and lastcall:polled_at of the instance",
+        );
+        true
     }
 
     /// Checks Redis with a PING (used when a cycle had nothing to publish), through the same
@@ -335,19 +409,9 @@ impl Publisher {
         report
     }
 
-    /// Forgets the last published body of instances that were not seen this cycle, so the
-    /// change-detection map does not grow with every instance ever launched.
-    pub fn retain_seen(&self, seen: &HashSet<String>) {
-        if self.publish_unchanged {
-            return;
-        }
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        last.retain(|iid, _| seen.contains(iid));
-    }
-
     /// The live connection, or a new one. Connecting is serialised by the slot's lock, so
     /// concurrent groups wait for one attempt instead of each making their own.
-    async fn connection(&self) -> Result<(u64, MultiplexedConnection), NoConnection> {
+    async fn connection(&self) -> Result<(u64, AnyConn), NoConnection> {
         let mut slot = self.slot.lock().await;
         if let Some((generation, conn)) = slot.as_ref() {
             return Ok((*generation, conn.clone()));
@@ -355,7 +419,7 @@ impl Publisher {
         if self.backing_off() {
             return Err(NoConnection::BackingOff);
         }
-        match redis_conn::connect(&self.client, self.timeout).await {
+        match redis_conn::connect_any(&self.client, self.timeout).await {
             Ok(conn) => {
                 let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
                 *slot = Some((generation, conn.clone()));
@@ -402,8 +466,10 @@ impl Publisher {
                 after = reason.label()
             );
         }
-        self.health
-            .set(READY_REDIS, true, "last round trip succeeded");
+        self.since_settled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0 += 1;
     }
 
     fn failed(&self, err: &redis::RedisError, batch: usize, connecting: bool) {
@@ -432,7 +498,9 @@ impl Publisher {
         } else {
             tracing::debug!(message = "Redis still failing", reason, connecting, batch, retry_in_ms, error = %error);
         }
-        self.health
-            .set(READY_REDIS, false, format!("{reason}: {hint}: {error}"));
+        self.since_settled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1 = Some(format!("{reason}: {hint}: {error}"));
     }
 }

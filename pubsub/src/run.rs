@@ -21,9 +21,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::groups::{GroupsFile, Reload};
+use crate::metrics::UNKNOWN_STATUS;
 use crate::metrics::WebhookMetrics;
 use crate::metrics::{GroupLabels, GroupReasonLabels, GroupStatusLabels, Metrics};
-use crate::poller::{Budget, Poller, UNKNOWN_STATUS};
+use crate::poller::{Budget, PollErrorKind, Poller};
 use crate::publisher::{Outgoing, PublishReport, Publisher, READY_REDIS};
 use crate::rate::RateLimiter;
 use crate::webhook::Webhook;
@@ -84,6 +85,8 @@ pub struct CycleReport {
     pub unchanged: u64,
     /// Statuses dropped because Redis held one polled later (another replica).
     pub stale: u64,
+    /// Of those, notices (not ACTIVE); each was also logged as a warning.
+    pub notices_dropped: u64,
     /// Groups whose statuses were written this cycle.
     pub groups_published: usize,
     /// Cache keys written.
@@ -168,8 +171,9 @@ impl Pubsub {
             Some(settings) => {
                 let metrics = WebhookMetrics::register(&mut registry);
                 // Its own connection: a slow publish batch never delays an answer.
-                let client = redis_conn::client(&config.redis_url, config.redis_ca_file.as_ref())
-                    .map_err(Error::Redis)?;
+                let client =
+                    redis_conn::any_client(&config.redis_url, config.redis_ca_file.as_ref())
+                        .map_err(Error::Redis)?;
                 let reader = DrainReader::new(
                     client,
                     config.redis_url.is_tls(),
@@ -295,7 +299,6 @@ impl Pubsub {
         let order = failed_first(&groups, |g| {
             state.groups.get(g).is_some_and(|t| t.failed_cycles > 0)
         });
-        let mut seen: HashSet<String> = HashSet::new();
         let mut outcomes = futures::stream::iter(order.iter())
             .map(|group| self.poll_and_publish(group, &budget, deadline))
             .buffer_unordered(self.concurrency);
@@ -313,18 +316,18 @@ impl Pubsub {
             if outcome.failed {
                 report.groups_failed += 1;
             }
-            seen.extend(outcome.instance_ids);
             publish.add(&outcome.publish);
         }
         drop(outcomes);
-        self.publisher.retain_seen(&seen);
         if publish.round_trips == 0 && publish.errors == 0 {
             // Nothing to publish: still find out whether Redis is there, for readiness.
             publish.add(&self.publisher.ping().await);
         }
+        self.publisher.settle_readiness();
         report.published = publish.published;
         report.unchanged = publish.unchanged;
         report.stale = publish.stale;
+        report.notices_dropped = publish.notices_dropped;
         report.groups_published = published_groups.len();
         report.cached = publish.cached;
         report.redis_round_trips = publish.round_trips;
@@ -490,7 +493,8 @@ impl Pubsub {
         state.metric_groups.retain(|g| {
             let keep = groups.contains(g);
             if !keep {
-                self.metrics.forget_group(g);
+                self.metrics
+                    .forget_group(g, &PollErrorKind::ALL.map(PollErrorKind::label));
             }
             keep
         });
@@ -523,6 +527,7 @@ impl Pubsub {
             published = report.published,
             unchanged = report.unchanged,
             stale = report.stale,
+            notices_dropped = report.notices_dropped,
             redis_round_trips = report.redis_round_trips,
             publish_errors = report.publish_errors,
             config_error = report.config_error,
@@ -612,7 +617,7 @@ pub async fn serve(config: Config) -> Result<(), Error> {
             addr: config.listen,
             source,
         })?;
-    let webhook_listener = match config.webhook_listen {
+    let webhook_listener = match config.webhook.webhook_listen {
         Some(addr) => Some(
             TcpListener::bind(addr)
                 .await
@@ -620,7 +625,10 @@ pub async fn serve(config: Config) -> Result<(), Error> {
         ),
         None => None,
     };
-    let webhook_tls = match (&config.webhook_tls_cert, &config.webhook_tls_key) {
+    let webhook_tls = match (
+        &config.webhook.webhook_tls_cert,
+        &config.webhook.webhook_tls_key,
+    ) {
         (Some(cert), Some(key)) => Some(Arc::new(
             ReloadingCert::load(cert, key).map_err(Error::WebhookTls)?,
         )),
@@ -637,12 +645,12 @@ pub async fn serve(config: Config) -> Result<(), Error> {
         (Some(w), Some(listener)) => {
             tracing::info!(
                 message = "FleetAutoscaler webhook listening",
-                addr = %config.webhook_listen.map(|a| a.to_string()).unwrap_or_default(),
+                addr = %config.webhook.webhook_listen.map(|a| a.to_string()).unwrap_or_default(),
                 tls = webhook_tls.is_some(),
                 buffer = %w.policy().buffer(),
                 min_replicas = w.policy().min(),
                 max_replicas = w.policy().max(),
-                drain_state_max_age_s = config.webhook_drain_state_max_age.as_secs(),
+                drain_state_max_age_s = config.webhook.webhook_drain_state_max_age.as_secs(),
             );
             Some(tokio::spawn(crate::webhook::serve(
                 listener,

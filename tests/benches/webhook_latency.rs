@@ -175,6 +175,8 @@ async fn bench() -> anyhow::Result<()> {
                     name: fleet(f),
                     ready: 1,
                     allocated: 2,
+                    held: None,
+                    at_risk: None,
                 })
                 .collect(),
         };

@@ -145,7 +145,10 @@ impl WebhookServer {
             .webhook()
             .context("the webhook is configured")?
             .clone();
-        let cert = match (&config.webhook_tls_cert, &config.webhook_tls_key) {
+        let cert = match (
+            &config.webhook.webhook_tls_cert,
+            &config.webhook.webhook_tls_key,
+        ) {
             (Some(c), Some(k)) => Some(Arc::new(ReloadingCert::load(c, k)?)),
             _ => None,
         };

@@ -1157,7 +1157,8 @@ async fn one_groups_redis_error_does_not_stop_the_others() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let groups_file = dir.path().join("fleetiq.conf");
-    write_groups(&groups_file, &["denied", "ok"]);
+    // "ok" first, so the failing group's batch is the cycle's last.
+    write_groups(&groups_file, &["ok", "denied"]);
     emulator.add_instances("denied", &ids("denied", 3), emu::InstanceStatus::Active);
     let good = ids("ok", 3);
     emulator.add_instances("ok", &good, emu::InstanceStatus::Active);
@@ -1185,6 +1186,15 @@ async fn one_groups_redis_error_does_not_stop_the_others() {
         ),
         1.0
     );
+    // Redis works (the other group published): readiness does not follow whichever batch
+    // finished last, so it holds over cycles. Before, it was false after every cycle.
+    for _ in 0..3 {
+        assert!(
+            pubsub.health().is_ready(),
+            "ready despite one failing group"
+        );
+        pubsub.run_cycle().await;
+    }
 }
 
 /// 250 groups x 200 instances with half the calls throttled: the shared bucket keeps the
@@ -1903,4 +1913,475 @@ async fn binary_publishes_serves_metrics_and_exits_0_on_sigterm() {
         .unwrap()
         .expect("exit after SIGTERM within 5s");
     assert_eq!(status.code(), Some(0), "clean exit on SIGTERM");
+}
+
+// ---------------------------------------------------------------------------------------
+// Clocks: poll times come from each replica's wall clock
+// ---------------------------------------------------------------------------------------
+
+/// Redis' own clock, in Unix milliseconds.
+async fn redis_time_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    secs * 1000 + micros / 1000
+}
+
+fn body(iid: &str, status: InstanceStatus) -> String {
+    StatusMessage {
+        group_name: Some("c1".into()),
+        group_arn: None,
+        instance_id: iid.into(),
+        status,
+    }
+    .to_python_json()
+}
+
+/// A publisher of its own (one writer), built as `Pubsub` builds it, with its registry.
+fn publisher(
+    emulator: &GameLiftEmulator,
+    redis_url: &str,
+    groups_file: &Path,
+) -> (
+    lastcall_pubsub::publisher::Publisher,
+    prometheus_client::registry::Registry,
+) {
+    publisher_with(emulator, redis_url, groups_file, &[])
+}
+
+fn publisher_with(
+    emulator: &GameLiftEmulator,
+    redis_url: &str,
+    groups_file: &Path,
+    extra: &[&str],
+) -> (
+    lastcall_pubsub::publisher::Publisher,
+    prometheus_client::registry::Registry,
+) {
+    let config = config(emulator, redis_url, groups_file, extra);
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = lastcall_pubsub::metrics::Metrics::register(&mut registry);
+    let health = lastcall_common::admin::Health::new(&[lastcall_pubsub::publisher::READY_REDIS]);
+    let p = lastcall_pubsub::publisher::Publisher::new(&config, metrics, health).unwrap();
+    (p, registry)
+}
+
+fn registry_text(registry: &prometheus_client::registry::Registry) -> Metrics {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+    Metrics::parse(&out)
+}
+
+/// A replica whose node clock ran ten minutes ahead (since replaced by a rollout) left a
+/// poll time in the future. A SPOT_TERMINATING polled now is still cached and published,
+/// and the time stored is not ahead of Redis' clock. Before, every write was dropped until
+/// the real time passed the stored one (here: until the TTL), and the Spot notice was lost.
+#[tokio::test]
+async fn a_notice_is_written_over_a_poll_time_ahead_of_redis_time() {
+    let h = Harness::start(&["c1"], &[]).await;
+    let iid = ids("c1", 1).remove(0);
+    h.emulator.add_instances(
+        "c1",
+        std::slice::from_ref(&iid),
+        emu::InstanceStatus::SpotTerminating,
+    );
+    let mut conn = h.redis().await;
+    let ahead = redis_time_ms(&mut conn).await + 10 * 60 * 1000;
+    let _: () = conn
+        .set(cache_key(&iid), body(&iid, InstanceStatus::Active))
+        .await
+        .unwrap();
+    let _: () = conn.set(polled_at_key(&iid), ahead).await.unwrap();
+    let sub = Subscriber::start(&h.redis.url(), std::slice::from_ref(&iid)).await;
+
+    let r = h.cycle().await;
+    assert_eq!((r.published, r.stale), (1, 0), "{r:?}");
+    assert_eq!(
+        cached_status(&mut conn, &iid).await,
+        Some(InstanceStatus::SpotTerminating)
+    );
+    let got = sub.wait_for_count(1).await;
+    assert_eq!(status_of(&got[0].1), InstanceStatus::SpotTerminating);
+    let stored: i64 = conn.get(polled_at_key(&iid)).await.unwrap();
+    assert!(
+        stored <= redis_time_ms(&mut conn).await,
+        "no poll time ahead of Redis is stored: {stored}"
+    );
+}
+
+/// NTP steps a replica's clock back 90 s between two polls: its own later poll, dated
+/// before its earlier one, still wins. Before, it was dropped as older for 90 s.
+#[tokio::test]
+async fn a_writers_own_later_poll_wins_after_its_clock_steps_back() {
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["c1"]);
+    let (p, _registry) = publisher(&emulator, &redis.host_port(), &groups_file);
+    let iid = ids("c1", 1).remove(0);
+    let mut conn = redis.client().await.unwrap();
+    let now = redis_time_ms(&mut conn).await;
+    let at = |status, polled_at_ms| lastcall_pubsub::publisher::Outgoing {
+        instance_id: iid.clone(),
+        body: body(&iid, status),
+        polled_at_ms,
+    };
+    let r = p.publish(&[at(InstanceStatus::Active, now)]).await;
+    assert_eq!(r.published, 1, "{r:?}");
+    let r = p
+        .publish(&[at(InstanceStatus::SpotTerminating, now - 90_000)])
+        .await;
+    assert_eq!((r.published, r.stale), (1, 0), "{r:?}");
+    assert_eq!(
+        cached_status(&mut conn, &iid).await,
+        Some(InstanceStatus::SpotTerminating)
+    );
+}
+
+/// Another replica holds a later poll (both clocks right), so this replica's DRAINING is
+/// dropped, as it should be; but a dropped notice is a warning naming the instance and a
+/// `notices_dropped_total{status}` series an alert watches. Before, only a counter of all
+/// stale statuses moved.
+#[tokio::test]
+async fn a_dropped_notice_is_a_warning_and_a_metric() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["c1"]);
+    let (a, _) = publisher(&emulator, &redis.host_port(), &groups_file);
+    let (b, b_registry) = publisher(&emulator, &redis.host_port(), &groups_file);
+    let iid = ids("c1", 1).remove(0);
+    let mut conn = redis.client().await.unwrap();
+    let now = redis_time_ms(&mut conn).await;
+    let out = |status, polled_at_ms| lastcall_pubsub::publisher::Outgoing {
+        instance_id: iid.clone(),
+        body: body(&iid, status),
+        polled_at_ms,
+    };
+    assert_eq!(
+        a.publish(&[out(InstanceStatus::Active, now)])
+            .await
+            .published,
+        1
+    );
+    let r = b
+        .publish(&[out(InstanceStatus::Draining, now - 5_000)])
+        .await;
+    assert_eq!((r.published, r.stale), (0, 1), "{r:?}");
+    assert_eq!(
+        cached_status(&mut conn, &iid).await,
+        Some(InstanceStatus::Active)
+    );
+    let m = registry_text(&b_registry);
+    assert_eq!(
+        counter(&m, "notices_dropped", &[("status", "DRAINING")]),
+        1.0
+    );
+    assert_eq!(logs.warnings(&[&iid, "DRAINING"]).len(), 1);
+}
+
+/// Every call throttled and one attempt allowed: each page's only (so last) attempt is
+/// throttled, and the shared rate still slows down. Before, a throttle on the last attempt
+/// was returned as the group's error without touching the rate.
+#[tokio::test]
+async fn a_throttled_last_attempt_slows_the_shared_rate() {
+    let h = Harness::start(&["t1", "t2"], &["--api-max-attempts", "1"]).await;
+    for g in ["t1", "t2"] {
+        h.emulator
+            .add_instances(g, &ids(g, 3), emu::InstanceStatus::Active);
+    }
+    h.emulator.set_throttle_ratio(1.0);
+    let r = h.cycle().await;
+    assert_eq!((r.groups_failed, r.api_retries), (2, 0), "{r:?}");
+    let m = h.metrics();
+    assert_eq!(counter(&m, "api_throttle_slowdowns", &[]), 2.0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Listeners: idle clients cannot grow the process
+// ---------------------------------------------------------------------------------------
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// 2,400 idle connections that never send a byte, half on the admin listener and half on
+/// the plain-HTTP webhook: the process holds at most its connection cap per listener,
+/// memory stays bounded, publishing goes on, and an idle connection is closed by the
+/// server after the header timeout. Before, every connection was kept forever.
+#[tokio::test]
+async fn binary_idle_connections_are_capped_and_timed_out_and_publishing_goes_on() {
+    const PER_LISTENER: usize = 1200;
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["idle-group"]);
+    let instances = ids("idle", 2);
+    emulator.add_instances("idle-group", &instances, emu::InstanceStatus::Active);
+    let (port, hook_port) = (free_port(), free_port());
+    let mut child = pubsub_command(dir.path())
+        .args(["--config-file", groups_file.to_str().unwrap()])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--webhook-listen", &format!("127.0.0.1:{hook_port}")])
+        .args(["--webhook-max-replicas", "100"])
+        .args(["--period", "10s", "--cycle-jitter", "0s"])
+        .args(["--redis-url", &redis.host_port()])
+        .env("AWS_REGION", "us-west-2")
+        .env("AWS_ENDPOINT_URL_GAMELIFT", emulator.url())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    wait_for("the binary becomes ready", || async {
+        let r = http.get(format!("{base}/readyz")).send().await.ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+    let (fds_before, rss_before) = (open_fds(pid), rss_kib(pid));
+
+    let mut idle = Vec::new();
+    for p in [port, hook_port] {
+        for _ in 0..PER_LISTENER {
+            let connect = tokio::net::TcpStream::connect(("127.0.0.1", p));
+            if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(1), connect).await {
+                idle.push(s);
+            }
+        }
+    }
+    assert!(idle.len() >= 2000, "only {} connected", idle.len());
+    // Give the server time to accept everything it will accept.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (fds, rss) = (open_fds(pid), rss_kib(pid));
+    let cap = 2 * lastcall_common::admin::MAX_CONNECTIONS;
+    assert!(
+        fds <= fds_before + cap + 16,
+        "{fds} fds open, {fds_before} before: connections are capped"
+    );
+    assert!(
+        rss <= rss_before + 32 * 1024,
+        "RSS grew from {rss_before} KiB to {rss} KiB"
+    );
+
+    // Publishing goes on while the idle connections sit there.
+    let mut conn = redis.client().await.unwrap();
+    let first: i64 = conn.get(polled_at_key(&instances[0])).await.unwrap();
+    wait_for("another cycle publishes", || async {
+        let mut conn = redis.client().await.ok()?;
+        let at: i64 = conn.get(polled_at_key(&instances[0])).await.ok()?;
+        (at > first).then_some(())
+    })
+    .await;
+
+    // An idle connection the server accepted is closed after the header timeout.
+    let mut first_idle = idle.remove(0);
+    let mut buf = [0u8; 16];
+    let closed = tokio::time::timeout(
+        lastcall_common::admin::HEADER_TIMEOUT + Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read(&mut first_idle, &mut buf),
+    )
+    .await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "the server closed the idle connection: {closed:?}"
+    );
+
+    // Once the idle clients go, the listeners answer at once.
+    drop(idle);
+    wait_for("/metrics answers again", || async {
+        let r = http
+            .get(format!("{base}/metrics"))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+    signal(pid, "TERM").await.unwrap();
+    let status = exited_within(&mut child, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("exit after SIGTERM");
+    assert_eq!(status.code(), Some(0));
+}
+
+// ---------------------------------------------------------------------------------------
+// Redis Cluster
+// ---------------------------------------------------------------------------------------
+
+/// A real Redis Cluster (three primaries, a replica each): pubsub publishes with one
+/// atomic script per instance (its keys share a slot by hash tag), every PUBLISH reaches a
+/// subscriber on any node, the agent's source reads the cache from the right primary; then
+/// the primary serving an instance's slot fails over to its replica in the middle of
+/// publishing, and within a few cycles every instance's new status is cached and
+/// published again, and the agent has it. Before, `redis+cluster://` was refused, and a
+/// single-node client against a cluster failed every batch (CROSSSLOT, MOVED).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_publishes_and_survives_a_primary_failover() {
+    use lastcall_testkit::redis::RedisCluster;
+    let cluster = RedisCluster::start(3, 1).await.unwrap();
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["k1"]);
+    let instances = ids("k1", 30);
+    emulator.add_instances("k1", &instances, emu::InstanceStatus::Active);
+    let pubsub = build_pubsub(&emulator, &cluster.url(), &groups_file, &[]).await;
+    let target = RedisTarget::parse(&cluster.url()).unwrap();
+    let keys = target.keys();
+    // A subscriber on the last node, an agent's source seeded with the cluster URL.
+    let last = *cluster.ports().last().unwrap();
+    let sub = Subscriber::start(&format!("redis://127.0.0.1:{last}"), &instances).await;
+    let agent = AgentSource::start(
+        &cluster.url(),
+        None,
+        &instances[0],
+        Duration::from_secs(1),
+        None,
+    );
+    let ccl =
+        redis::cluster::ClusterClient::new(vec![format!("redis://127.0.0.1:{last}")]).unwrap();
+    let mut cconn = ccl.get_async_connection().await.unwrap();
+
+    let r = pubsub.run_cycle().await;
+    assert_eq!((r.published, r.publish_errors), (30, 0), "{r:?}");
+    sub.wait_for_count(30).await;
+    for iid in &instances {
+        let body: Option<Vec<u8>> = cconn.get(keys.status(iid)).await.unwrap();
+        assert_eq!(
+            body.map(|b| status_of(&b)),
+            Some(InstanceStatus::Active),
+            "{iid}"
+        );
+    }
+    wait_for("the agent's source has the status", || async {
+        (agent.status() == Some(InstanceStatus::Active)).then_some(())
+    })
+    .await;
+
+    // The primary of instance 0's slot fails over while cycles publish DRAINING.
+    let primary = cluster
+        .primary_of(&keys.status(&instances[0]))
+        .await
+        .unwrap();
+    let replica = cluster.replicas_of(primary).await.unwrap()[0];
+    for iid in &instances {
+        emulator.set_instance_status(iid, emu::InstanceStatus::Draining);
+    }
+    let failover = cluster.failover(replica);
+    let publishing = async {
+        let mut reports = Vec::new();
+        for _ in 0..3 {
+            reports.push(pubsub.run_cycle().await);
+        }
+        reports
+    };
+    let (failed_over, during) = tokio::join!(failover, publishing);
+    failed_over.unwrap();
+    assert_eq!(
+        cluster
+            .primary_of(&keys.status(&instances[0]))
+            .await
+            .unwrap(),
+        replica
+    );
+    let r = wait_for("a clean cycle after the failover", || async {
+        let r = pubsub.run_cycle().await;
+        (r.publish_errors == 0).then_some(r)
+    })
+    .await;
+    assert_eq!(r.published, 30, "{r:?} after {during:?}");
+    for iid in &instances {
+        let body: Option<Vec<u8>> = cconn.get(keys.status(iid)).await.unwrap();
+        assert_eq!(
+            body.map(|b| status_of(&b)),
+            Some(InstanceStatus::Draining),
+            "{iid}"
+        );
+    }
+    let got = sub.received();
+    for iid in &instances {
+        assert!(
+            got.iter()
+                .any(|(c, b)| c == iid && status_of(b) == InstanceStatus::Draining),
+            "{iid} got DRAINING on a node that serves none of its keys"
+        );
+    }
+    wait_for("the agent's source follows the failover", || async {
+        (agent.status() == Some(InstanceStatus::Draining)).then_some(())
+    })
+    .await;
+}
+
+/// `--publish-unchanged=false` with two overlapping replicas: A publishes ACTIVE, B then
+/// DRAINING, and when the status reverts A's ACTIVE is published, because "unchanged" is
+/// judged against what Redis holds. Before, A compared with what it had sent itself
+/// (ACTIVE), cached the revert silently, and subscribers stayed on DRAINING.
+#[tokio::test]
+async fn a_revert_after_another_replicas_write_is_published_with_publish_unchanged_false() {
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["c1"]);
+    let quiet = ["--publish-unchanged=false"];
+    let (a, _) = publisher_with(&emulator, &redis.host_port(), &groups_file, &quiet);
+    let (b, _) = publisher_with(&emulator, &redis.host_port(), &groups_file, &quiet);
+    let iid = ids("c1", 1).remove(0);
+    let sub = Subscriber::start(&redis.url(), std::slice::from_ref(&iid)).await;
+    let mut conn = redis.client().await.unwrap();
+    let now = redis_time_ms(&mut conn).await;
+    let out = |status, polled_at_ms| lastcall_pubsub::publisher::Outgoing {
+        instance_id: iid.clone(),
+        body: body(&iid, status),
+        polled_at_ms,
+    };
+    assert_eq!(
+        a.publish(&[out(InstanceStatus::Active, now)])
+            .await
+            .published,
+        1
+    );
+    assert_eq!(
+        b.publish(&[out(InstanceStatus::Draining, now + 1)])
+            .await
+            .published,
+        1
+    );
+    let r = a.publish(&[out(InstanceStatus::Active, now + 2)]).await;
+    assert_eq!((r.published, r.unchanged), (1, 0), "{r:?}");
+    let got = sub.wait_for_count(3).await;
+    let seq: Vec<InstanceStatus> = got.iter().map(|(_, b)| status_of(b)).collect();
+    assert_eq!(
+        seq,
+        [
+            InstanceStatus::Active,
+            InstanceStatus::Draining,
+            InstanceStatus::Active
+        ]
+    );
+    // And nothing is published while it stays the same.
+    let r = a.publish(&[out(InstanceStatus::Active, now + 3)]).await;
+    assert_eq!((r.published, r.unchanged), (0, 1), "{r:?}");
 }

@@ -89,6 +89,8 @@ fn draining(node: &str, at_ms: i64, fleets: &[(&str, &str, u32, u32)]) -> NodeDr
                 name: name.into(),
                 ready,
                 allocated,
+                held: None,
+                at_risk: None,
             })
             .collect(),
     }
@@ -326,6 +328,25 @@ async fn stale_future_and_malformed_drain_state_counts_zero_and_dead_entries_are
         (true, 15),
         "zero extra"
     );
+    // The stale entries name this Fleet: what those nodes hold now is unknown, so the
+    // answer may not shrink it. Another Fleet, named by no stale entry, shrinks.
+    assert_eq!(
+        ask(&client, &hook.url(), status(20, 10)).await,
+        (false, 20),
+        "held while a stale entry names the Fleet"
+    );
+    assert_eq!(
+        ask_fleet(&client, &hook.url(), NS, "other-fleet", status(20, 10), &[]).await,
+        (true, 15)
+    );
+    assert_eq!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_held_total",
+            &[("reason", "stale_entry")]
+        ),
+        1.0
+    );
 
     // One fresh entry still counts beside them.
     publish(&redis, &draining("fresh", now_ms(), &[(NS, FLEET, 2, 0)])).await;
@@ -396,8 +417,11 @@ async fn stale_future_and_malformed_drain_state_counts_zero_and_dead_entries_are
     );
 }
 
+/// With Redis down the drain state is unknown: answers are 200 and may grow the Fleet, but
+/// never shrink it (a guessed zero extra would scale down just as a node's capacity
+/// leaves). Before, a Fleet at 16 was answered 10.
 #[tokio::test]
-async fn redis_down_still_answers_200_with_the_plain_buffer() {
+async fn redis_down_still_answers_200_and_holds_the_size() {
     let mut redis = RedisServer::start().await.unwrap();
     let hook = WebhookServer::start(
         &redis.host_port(),
@@ -416,14 +440,24 @@ async fn redis_down_still_answers_200_with_the_plain_buffer() {
     assert_eq!(ask(&client, &hook.url(), status(10, 5)).await, (true, 16));
 
     redis.kill().await;
-    for _ in 0..5 {
+    for _ in 0..4 {
         assert_eq!(
             ask(&client, &hook.url(), status(16, 5)).await,
-            (true, 10),
-            "plain buffer"
+            (false, 16),
+            "held: no scale-down on a guess"
         );
     }
+    assert_eq!(
+        ask(&client, &hook.url(), status(10, 8)).await,
+        (true, 13),
+        "growth is still allowed"
+    );
     let text = hook.metrics_text();
+    assert_eq!(
+        metric_sum(&text, "lastcall_pubsub_webhook_held_total", &[]),
+        4.0,
+        "{text}"
+    );
     let failed = metric_sum(
         &text,
         "lastcall_pubsub_webhook_drain_state_reads_total",
@@ -627,6 +661,17 @@ async fn fleet_annotations_and_query_parameters_override_the_flags() {
     assert_eq!(
         ask_fleet(&client, &url, NS, FLEET, fleet, &pct).await,
         (false, 10)
+    );
+    // An override never raises the flags' max: it is a hard cap. Before, 104.
+    let raise = [("lastcall.dev/autoscaler-max-replicas", "500")];
+    assert_eq!(
+        ask_fleet(&client, &hook.url(), NS, FLEET, status(100, 99), &raise).await,
+        (false, 100)
+    );
+    let url = format!("{}?max=1000", hook.url());
+    assert_eq!(
+        ask_fleet(&client, &url, NS, FLEET, status(100, 99), &[]).await,
+        (false, 100)
     );
     // Drain extra comes on top of an overridden buffer too.
     publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
@@ -894,4 +939,213 @@ async fn binary_serves_the_webhook_and_refuses_bad_webhook_flags_in_one_line() {
     )
     .await;
     assert_eq!(status.code(), Some(0), "clean exit on SIGTERM");
+}
+
+// ---------------------------------------------------------------------------------------
+// The full loop: GameServerSet replacement, a FleetAutoscaler on its sync period, a drain
+// ---------------------------------------------------------------------------------------
+
+mod full_loop {
+    use super::*;
+    use kube::api::{Api, DeleteParams, DynamicObject, Preconditions};
+    use lastcall_testkit::cluster::allocator::gameserver_resource;
+    use lastcall_testkit::cluster::fleet_autoscaler::FleetAutoscaler;
+    use lastcall_testkit::cluster::{
+        AllocationRequest, Cluster, ClusterConfig, FleetSpec, GameServerState, NodeSpec,
+    };
+    use lastcall_testkit::kube::resources::GAMESERVERS;
+    use lastcall_testkit::kube::store::EventKind;
+    use tokio_util::sync::CancellationToken;
+
+    const LOOP_FLEET: &str = "arena";
+    const READY: usize = 6;
+    const ALLOCATED: usize = 2;
+    const SYNC: Duration = Duration::from_millis(200);
+
+    /// What the draining node's agent writes for the Fleet.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Contract {
+        /// What agents publish today: Ready servers not being deleted, in-use servers.
+        ReadyOnly,
+        /// Also `held` (Ready servers kept, not released) and `at_risk` (in use, with a
+        /// deadline): here the agent releases every Ready server at once and the drain
+        /// has no deadline, so both are 0.
+        HeldAndAtRisk,
+    }
+
+    fn state(contract: Contract, ready: u32) -> NodeDrainState {
+        let (held, at_risk) = match contract {
+            Contract::ReadyOnly => (None, None),
+            Contract::HeldAndAtRisk => (Some(0), Some(0)),
+        };
+        NodeDrainState {
+            node: "n1".into(),
+            updated_at_ms: now_ms(),
+            fleets: vec![FleetOnNode {
+                namespace: NS.into(),
+                name: LOOP_FLEET.into(),
+                ready,
+                allocated: ALLOCATED as u32,
+                held,
+                at_risk,
+            }],
+        }
+    }
+
+    /// Servers created beyond need when node n1, holding `READY` Ready and `ALLOCATED`
+    /// Allocated servers of a Fleet sized by the webhook (buffer `READY`), drains while a
+    /// FleetAutoscaler syncs every `SYNC`: the agent fences, publishes its drain state, an
+    /// autoscaler sync lands, the agent releases the Ready servers (guarded deletes) and
+    /// publishes again. The need is `READY` replacements.
+    pub async fn overshoot(contract: Contract) -> usize {
+        let redis = RedisServer::start().await.unwrap();
+        let hook = WebhookServer::start(
+            &redis.host_port(),
+            &[
+                "--webhook-buffer",
+                &READY.to_string(),
+                "--webhook-max-replicas",
+                "100",
+            ],
+            None,
+        )
+        .await
+        .unwrap();
+        let cluster = Cluster::start(ClusterConfig::default()).await.unwrap();
+        cluster.add_node(NodeSpec::new("n1")).unwrap();
+        let size = READY + ALLOCATED;
+        cluster
+            .create_fleet(FleetSpec::new(LOOP_FLEET, size as i64).grace_seconds(0))
+            .unwrap();
+        cluster.wait_ready(NS, LOOP_FLEET, size).await.unwrap();
+        for _ in 0..ALLOCATED {
+            let got = cluster
+                .allocate(&AllocationRequest::fleet(NS, LOOP_FLEET))
+                .await
+                .unwrap();
+            assert!(got.is_some(), "allocated");
+        }
+        cluster.add_node(NodeSpec::new("n2")).unwrap();
+        let fa = FleetAutoscaler::new(NS, LOOP_FLEET, &hook.url());
+        let stop = CancellationToken::new();
+        let mut redis_conn = redis.client().await.unwrap();
+
+        let scenario = async {
+            // Settled: the autoscaler answers the size the Fleet has.
+            wait_for("a sync that leaves the Fleet as it is", || async {
+                fa.journal()
+                    .last()
+                    .is_some_and(|s| {
+                        matches!(
+                            s,
+                            lastcall_testkit::cluster::fleet_autoscaler::Sync::Unchanged { .. }
+                        )
+                    })
+                    .then_some(())
+            })
+            .await;
+            let rv0 = cluster.store().resource_version();
+
+            // The agent fences and publishes; one autoscaler sync lands before it releases.
+            cluster.set_unschedulable("n1", true).unwrap();
+            drain_state::publish(&mut redis_conn, &state(contract, READY as u32))
+                .await
+                .unwrap();
+            let syncs = fa.journal().len();
+            wait_for("an autoscaler sync after the fence", || async {
+                (fa.journal().len() > syncs).then_some(())
+            })
+            .await;
+
+            // The agent releases every Ready server on n1, guarded as it does.
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(cluster.client(), NS, &gameserver_resource());
+            let ready_here: Vec<_> = cluster
+                .fleet_game_servers(NS, LOOP_FLEET)
+                .into_iter()
+                .filter(|g| {
+                    g.node.as_deref() == Some("n1") && g.state == Some(GameServerState::Ready)
+                })
+                .collect();
+            assert_eq!(ready_here.len(), READY);
+            for gs in &ready_here {
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: Some(gs.uid.clone()),
+                        resource_version: Some(gs.resource_version.clone()),
+                    }),
+                    ..Default::default()
+                };
+                api.delete(&gs.name, &dp).await.unwrap();
+            }
+            // It sees them leave and publishes again: nothing Ready is left on n1.
+            cluster
+                .wait_until(
+                    "the released servers are gone",
+                    Duration::from_secs(20),
+                    |c| {
+                        (!c.fleet_game_servers(NS, LOOP_FLEET)
+                            .iter()
+                            .any(|g| ready_here.iter().any(|r| r.name == g.name)))
+                        .then_some(())
+                    },
+                )
+                .await
+                .unwrap();
+            drain_state::publish(&mut redis_conn, &state(contract, 0))
+                .await
+                .unwrap();
+
+            // Settled again: the Fleet is back at its size, READY of them Ready on n2.
+            let syncs = fa.journal().len();
+            cluster
+                .wait_until("the Fleet settles", Duration::from_secs(30), |c| {
+                    let status = c.fleet_status(NS, LOOP_FLEET)?;
+                    let servers = c.fleet_game_servers(NS, LOOP_FLEET);
+                    let on_n2 = servers
+                        .iter()
+                        .filter(|g| {
+                            g.node.as_deref() == Some("n2")
+                                && g.state == Some(GameServerState::Ready)
+                        })
+                        .count();
+                    (fa.journal().len() > syncs + 1
+                        && status.replicas == size as i64
+                        && servers.len() == size
+                        && on_n2 == READY)
+                        .then_some(())
+                })
+                .await
+                .unwrap();
+            let created = cluster
+                .store()
+                .events_since(rv0)
+                .unwrap()
+                .iter()
+                .filter(|e| e.rt == GAMESERVERS && e.kind == EventKind::Added)
+                .count();
+            stop.cancel();
+            created
+        };
+        let ((), created) = tokio::join!(fa.clone().run(&cluster, SYNC, stop.clone()), scenario);
+        created.saturating_sub(READY)
+    }
+}
+
+/// The full loop: a node drains while a FleetAutoscaler syncs against the webhook and the
+/// Fleet's GameServerSet replaces what is deleted. The released Ready servers are replaced
+/// by the set at once, so the webhook must not count them too: with `held`/`at_risk` in
+/// the drain state, no server is created beyond need. Before (the webhook counted every
+/// Ready server on the node), a sync between the fence and the release created the
+/// released servers' replacements twice: 6 beyond need, scaled down at the next sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_creates_only_the_replacements_it_needs() {
+    let after = full_loop::overshoot(full_loop::Contract::HeldAndAtRisk).await;
+    let before = full_loop::overshoot(full_loop::Contract::ReadyOnly).await;
+    println!("servers created beyond need: ready-only contract {before}, held/at_risk {after}");
+    assert_eq!(after, 0, "no server beyond the {} replacements", 6);
+    assert_eq!(
+        before, 6,
+        "an older agent's entry still counts its Ready servers"
+    );
 }

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use futures::StreamExt;
 use lastcall_common::backoff::Backoff;
-use lastcall_common::fleetiq::{ParseError, StatusMessage, cache_key, polled_at_key, trim_for_log};
+use lastcall_common::fleetiq::{ParseError, StatusMessage, trim_for_log};
 use lastcall_common::redis_conn::{self, CaFile, ErrorClass};
 use lastcall_common::redis_url::RedisTarget;
 use redis::AsyncCommands;
@@ -294,7 +294,13 @@ impl RedisSource {
             Err(_) => return failed(ErrorClass::Timeout, "SUBSCRIBE timed out"),
         }
         // Subscribed first, then read the cache: nothing published in between is missed.
-        let mut conn = match redis_conn::connect(&client, IO_TIMEOUT).await {
+        // On a Redis Cluster the SUBSCRIBE above hears every PUBLISH from any node, but the
+        // keys live on their slot's primary: read them through a cluster connection.
+        let keys_client = match redis_conn::any_client(&self.target, self.ca_file.as_ref()) {
+            Ok(c) => c,
+            Err(e) => return redis_failed("Redis client", &e),
+        };
+        let mut conn = match redis_conn::connect_any(&keys_client, IO_TIMEOUT).await {
             Ok(conn) => conn,
             Err(e) => return redis_failed("connect for the cached status", &e),
         };
@@ -327,7 +333,7 @@ impl RedisSource {
                         // beside the cache key (written before the PUBLISH).
                         let polled_at = match tokio::time::timeout(
                             IO_TIMEOUT,
-                            conn.get::<_, Option<i64>>(polled_at_key(&self.instance_id)),
+                            conn.get::<_, Option<i64>>(self.target.keys().polled_at(&self.instance_id)),
                         )
                         .await
                         {
@@ -365,11 +371,12 @@ impl RedisSource {
     /// The cached status and its polled-at time, in one round trip.
     async fn read_cache(
         &self,
-        conn: &mut redis::aio::MultiplexedConnection,
+        conn: &mut redis_conn::AnyConn,
     ) -> redis::RedisResult<Option<(Vec<u8>, Option<i64>)>> {
+        let keys = self.target.keys();
         let (body, at): (Option<Vec<u8>>, Option<i64>) = redis::cmd("MGET")
-            .arg(cache_key(&self.instance_id))
-            .arg(polled_at_key(&self.instance_id))
+            .arg(keys.status(&self.instance_id))
+            .arg(keys.polled_at(&self.instance_id))
             .query_async(conn)
             .await?;
         Ok(body.map(|b| (b, at)))
@@ -380,7 +387,7 @@ impl RedisSource {
     /// status is applied (newer-only) and the view counts as fresh.
     async fn confirm_quiet(
         &self,
-        conn: &mut redis::aio::MultiplexedConnection,
+        conn: &mut redis_conn::AnyConn,
         polled_seen: &mut Option<i64>,
     ) -> redis::RedisResult<()> {
         let Some((body, Some(at))) = self.read_cache(conn).await? else {

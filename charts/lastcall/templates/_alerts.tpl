@@ -108,6 +108,13 @@ groups:
         annotations:
           summary: "pubsub {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} cannot reach Redis."
           description: "No FleetIQ status is published while Redis is down."
+      - alert: LastcallPubsubNoticeDropped
+        expr: sum by (namespace, pod, status) (increase(lastcall_pubsub_notices_dropped_total[10m])) > 0
+        labels:
+          severity: warning
+        annotations:
+          summary: "pubsub {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} dropped {{`{{ $labels.status }}`}} notices."
+          description: "Redis held a status another pubsub replica polled later, so this replica's notice was neither cached nor published. Expected only while two replicas overlap; if it repeats, check the replicas' clocks (NTP) and the warning log naming the instance."
       - alert: LastcallPubsubGroupErrors
         expr: sum by (namespace, pod, group, reason) (increase(lastcall_pubsub_group_errors_total[10m])) > 0
         for: 10m

@@ -2,7 +2,7 @@
 //!
 //! Each answer reads Redis once (`HGETALL`, O(draining nodes)), so it reflects the state at
 //! the time of the question. The read is bounded by `--webhook-redis-timeout`; on any
-//! failure the answer counts zero extra, and reads back off for a while, so a dead or
+//! failure the answer is held (see [`Lookup::hold`]), and reads back off for a while, so a dead or
 //! blackholed Redis costs one timeout per backoff step, not one per request. The connection
 //! is the webhook's own: a slow publish batch never delays an answer.
 
@@ -12,8 +12,7 @@ use std::time::{Duration, SystemTime};
 use lastcall_common::backoff::Backoff;
 use lastcall_common::drain_state::{self, Skip, Snapshot};
 use lastcall_common::fleetiq::trim_for_log;
-use lastcall_common::redis_conn::{self, ErrorClass};
-use redis::aio::MultiplexedConnection;
+use lastcall_common::redis_conn::{self, AnyClient, AnyConn, ErrorClass};
 use tokio::time::Instant;
 
 use crate::metrics::{Metrics, ReasonLabels, StateLabels, WebhookMetrics};
@@ -28,7 +27,9 @@ const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(60);
 /// Extra Ready servers for one Fleet, or why none could be read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lookup {
-    Read(u64),
+    /// Read; `unsure` when a stale or future-dated entry names the Fleet, so the count may
+    /// be short.
+    Read { extra: u64, unsure: bool },
     /// Counted as zero; the label says why (`backoff`, `timeout`, an error class).
     Unavailable(&'static str),
 }
@@ -36,8 +37,18 @@ pub enum Lookup {
 impl Lookup {
     pub fn extra(self) -> u64 {
         match self {
-            Self::Read(n) => n,
+            Self::Read { extra, .. } => extra,
             Self::Unavailable(_) => 0,
+        }
+    }
+
+    /// Why the answer must not shrink the Fleet, if it must not: the drain state could not
+    /// be read, or part of it is stale.
+    pub fn hold(self) -> Option<&'static str> {
+        match self {
+            Self::Read { unsure: false, .. } => None,
+            Self::Read { unsure: true, .. } => Some("stale_entry"),
+            Self::Unavailable(reason) => Some(reason),
         }
     }
 }
@@ -51,11 +62,11 @@ struct Gate {
 
 /// The webhook's view of `lastcall:drain-state`.
 pub struct DrainReader {
-    client: redis::Client,
+    client: AnyClient,
     tls: bool,
     timeout: Duration,
     max_age: Duration,
-    slot: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    slot: tokio::sync::Mutex<Option<AnyConn>>,
     gate: Mutex<Gate>,
     last_prune: Mutex<Option<Instant>>,
     last_warning: Mutex<Option<Instant>>,
@@ -74,7 +85,7 @@ impl std::fmt::Debug for DrainReader {
 impl DrainReader {
     /// No I/O: the first question connects.
     pub fn new(
-        client: redis::Client,
+        client: AnyClient,
         tls: bool,
         timeout: Duration,
         max_age: Duration,
@@ -111,7 +122,10 @@ impl DrainReader {
         match read {
             Ok(Ok((snap, conn))) => {
                 self.read_ok(&snap, conn);
-                Lookup::Read(snap.extra_ready(namespace, name))
+                Lookup::Read {
+                    extra: snap.extra_ready(namespace, name),
+                    unsure: snap.unsure(namespace, name),
+                }
             }
             Ok(Err(e)) => {
                 let class = redis_conn::classify(&e);
@@ -135,13 +149,13 @@ impl DrainReader {
         }
     }
 
-    async fn read(&self) -> redis::RedisResult<(Snapshot, MultiplexedConnection)> {
+    async fn read(&self) -> redis::RedisResult<(Snapshot, AnyConn)> {
         let mut conn = {
             let mut slot = self.slot.lock().await;
             match slot.as_ref() {
                 Some(c) => c.clone(),
                 None => {
-                    let c = redis_conn::connect(&self.client, self.timeout).await?;
+                    let c = redis_conn::connect_any(&self.client, self.timeout).await?;
                     *slot = Some(c.clone());
                     c
                 }
@@ -165,7 +179,7 @@ impl DrainReader {
         gate.retry_at.is_some_and(|at| Instant::now() < at)
     }
 
-    fn read_ok(&self, snap: &Snapshot, conn: MultiplexedConnection) {
+    fn read_ok(&self, snap: &Snapshot, conn: AnyConn) {
         Metrics::result(&self.metrics.drain_state_reads, "ok");
         let recovered = {
             let mut gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
@@ -212,7 +226,7 @@ impl DrainReader {
                 .collect();
             if !first.is_empty() {
                 tracing::warn!(
-                    message = "drain state entries skipped (counted as zero extra)",
+                    message = "drain state entries skipped (counted as zero extra; the Fleets they name are held)",
                     malformed,
                     stale,
                     first = ?first
@@ -223,7 +237,7 @@ impl DrainReader {
     }
 
     /// Deletes long-dead entries in the background, at most once per housekeeping period.
-    fn prune(&self, snap: &Snapshot, mut conn: MultiplexedConnection) {
+    fn prune(&self, snap: &Snapshot, mut conn: AnyConn) {
         let dead: Vec<(String, Vec<u8>, Vec<u8>)> = snap
             .prunable(self.max_age)
             .map(|s| (s.node.clone(), s.field.clone(), s.value.clone()))
@@ -266,7 +280,7 @@ impl DrainReader {
         let error = trim_for_log(error, 300);
         let retry_in_ms = retry_in.as_millis() as u64;
         if first {
-            tracing::warn!(message = "cannot read the drain state; answering with zero extra", reason, hint, retry_in_ms, error = %error);
+            tracing::warn!(message = "cannot read the drain state; answers may grow Fleets but not shrink them", reason, hint, retry_in_ms, error = %error);
         } else {
             tracing::debug!(message = "drain state still unreadable", reason, retry_in_ms, error = %error);
         }

@@ -4,11 +4,14 @@
 //! scales the Fleet to the `replicas` of the answer. This answers with Agones' Buffer
 //! policy ([`policy`]) plus the Fleet's Ready servers on draining nodes, read from the drain
 //! state agents publish in Redis ([`drain`]), so replacements start before that capacity
-//! is gone. Layers: [`review`] (the wire contract), [`policy`] (pure), [`drain`] (Redis,
-//! bounded), [`tls`] (HTTPS), and the handler here.
+//! is gone. Layers: [`settings`] (its flags), [`review`] (the wire contract), [`policy`]
+//! (pure), [`drain`] (Redis, bounded), [`tls`] (HTTPS), and the handler here. It imports
+//! nothing of the poller or the publisher, only the metric definitions below all of them.
 //!
 //! A review that can be answered always gets a 200, within `--webhook-redis-timeout` plus
-//! microseconds: without drain state the answer is the plain buffer. A review that cannot
+//! microseconds: without drain state (or with a stale entry naming the Fleet) the answer is
+//! the plain buffer but never below the Fleet's current size, so it never scales down on a
+//! guess. A review that cannot
 //! be answered (bad JSON, missing fields, negative counts, a bad per-Fleet setting) gets a
 //! 400 with the reason, so the FleetAutoscaler reports an error instead of scaling on
 //! guesses.
@@ -16,10 +19,12 @@
 pub mod drain;
 pub mod policy;
 pub mod review;
+pub mod settings;
 pub mod tls;
 
+pub use settings::Settings;
+
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -105,7 +110,23 @@ impl Webhook {
             replicas: review.replicas,
             allocated: review.allocated_replicas,
         };
-        let d = policy::decide(&policy, fleet, lookup.extra());
+        let hold = lookup.hold();
+        let d = policy::decide(&policy, fleet, lookup.extra(), hold.is_some());
+        if d.held {
+            let reason = hold.unwrap_or("unknown");
+            self.metrics
+                .held
+                .get_or_create(&ReasonLabels { reason })
+                .inc();
+            tracing::info!(
+                message = "drain state not fully known: scale-down refused, size held",
+                namespace = %review.namespace,
+                fleet = %review.name,
+                reason,
+                current = review.replicas,
+                buffer_target = d.buffer_target,
+            );
+        }
         let result = match d.replicas.cmp(&review.replicas) {
             std::cmp::Ordering::Greater => "scale_up",
             std::cmp::Ordering::Less => "scale_down",
@@ -122,7 +143,7 @@ impl Webhook {
                 .inc();
         }
         let drain_state = match lookup {
-            Lookup::Read(_) => "read",
+            Lookup::Read { .. } => "read",
             Lookup::Unavailable(reason) => reason,
         };
         if d.extra > 0 {
@@ -287,12 +308,4 @@ pub enum ServeError {
     Tls(#[source] tls::TlsError),
     #[error("webhook HTTP server failed: {0}")]
     Io(#[source] std::io::Error),
-}
-
-/// Settings of the webhook, from the pubsub config.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    pub policy: Policy,
-    pub redis_timeout: Duration,
-    pub drain_state_max_age: Duration,
 }

@@ -5,6 +5,11 @@
 //! and `extra` is the Fleet's Ready servers on draining nodes. `min` and `max` bound the
 //! final answer, extra included: `max` stays a hard cap on the Fleet's size.
 //!
+//! When the drain state cannot be seen (Redis unreadable, or a stale entry names the
+//! Fleet) the answer is *held*: it may grow the Fleet but never shrink it below its current
+//! size (except down to `max`), since a guessed zero would scale down just as a node's
+//! capacity leaves.
+//!
 //! Settings are validated with Agones' own `BufferPolicy` rules, so whatever a Buffer
 //! FleetAutoscaler accepts, this accepts, and means the same.
 
@@ -126,11 +131,13 @@ impl Policy {
     }
 
     /// This policy with some settings replaced (per-Fleet overrides), validated again.
+    /// An override may lower the max but never raise it: `self.max` (the flag) stays a
+    /// hard cap, and an overridden min is brought down to it too.
     pub fn with(&self, o: &Overrides) -> Result<Self, PolicyError> {
         Self::new(
             o.buffer.unwrap_or(self.buffer),
-            o.min.unwrap_or(self.min),
-            o.max.unwrap_or(self.max),
+            o.min.map_or(self.min, |m| m.min(self.max)),
+            o.max.map_or(self.max, |m| m.min(self.max)),
         )
     }
 }
@@ -190,6 +197,8 @@ pub struct Decision {
     pub extra: u64,
     /// The bound that changed the answer, if any.
     pub clamped: Option<Bound>,
+    /// A scale-down was refused because the drain state was not fully known.
+    pub held: bool,
 }
 
 /// Agones' Buffer target for `allocated` servers, unbounded.
@@ -203,8 +212,9 @@ pub fn buffer_target(buffer: Buffer, allocated: u32) -> u64 {
 }
 
 /// The replica count for `fleet` under `policy`, with `extra` Ready servers on draining
-/// nodes to replace.
-pub fn decide(policy: &Policy, fleet: FleetCounts, extra: u64) -> Decision {
+/// nodes to replace. With `hold` (the drain state is not fully known, so `extra` may be
+/// short) the answer never shrinks the Fleet, except down to `max`.
+pub fn decide(policy: &Policy, fleet: FleetCounts, extra: u64, hold: bool) -> Decision {
     let target = buffer_target(policy.buffer, fleet.allocated);
     let wanted = target.saturating_add(extra);
     let (replicas, clamped) = if wanted < u64::from(policy.min) {
@@ -215,12 +225,19 @@ pub fn decide(policy: &Policy, fleet: FleetCounts, extra: u64) -> Decision {
         // wanted ≤ max ≤ u32::MAX here.
         (u32::try_from(wanted).unwrap_or(policy.max), None)
     };
+    let kept = fleet.replicas.min(policy.max);
+    let (replicas, clamped, held) = if hold && kept > replicas {
+        (kept, None, true)
+    } else {
+        (replicas, clamped, false)
+    };
     Decision {
         replicas,
         scale: replicas != fleet.replicas,
         buffer_target: target,
         extra,
         clamped,
+        held,
     }
 }
 
@@ -290,7 +307,12 @@ mod tests {
             ),
         ];
         for &(buffer, min, max, replicas, allocated, extra, want, clamped) in rows {
-            let d = decide(&policy(buffer, min, max), fleet(replicas, allocated), extra);
+            let d = decide(
+                &policy(buffer, min, max),
+                fleet(replicas, allocated),
+                extra,
+                false,
+            );
             assert_eq!(
                 (d.replicas, d.clamped),
                 (want, clamped),
@@ -298,6 +320,31 @@ mod tests {
             );
             assert_eq!(d.scale, want != replicas);
             assert_eq!(d.extra, extra);
+        }
+    }
+
+    #[test]
+    fn a_held_answer_grows_but_never_shrinks_below_the_current_size_or_above_max() {
+        // (replicas, allocated, extra) under buffer 5, min 0, max 20 → (replicas, held)
+        let rows: &[(u32, u32, u64, u32, bool)] = &[
+            (16, 5, 0, 16, true),  // would be 10: held at 16
+            (10, 5, 0, 10, false), // nothing to hold
+            (10, 8, 0, 13, false), // growth is allowed
+            (10, 5, 3, 13, false), // growth with what could be read
+            (25, 5, 0, 20, true),  // above max: down to max, not below
+            (25, 18, 0, 20, false),
+        ];
+        let p = policy("5", 0, 20);
+        for &(replicas, allocated, extra, want, held) in rows {
+            let d = decide(&p, fleet(replicas, allocated), extra, true);
+            assert_eq!(
+                (d.replicas, d.held),
+                (want, held),
+                "replicas {replicas}, allocated {allocated}, extra {extra}"
+            );
+            assert_eq!(d.scale, want != replicas);
+            let plain = decide(&p, fleet(replicas, allocated), extra, false);
+            assert!(d.replicas >= plain.replicas, "holding never asks for less");
         }
     }
 
@@ -362,6 +409,17 @@ mod tests {
         assert_eq!(
             (p.buffer(), p.min(), p.max()),
             (Buffer::Percent(20), 2, 100)
+        );
+        let raised = Overrides {
+            min: Some(150),
+            max: Some(500),
+            ..Overrides::default()
+        };
+        let p = base.with(&raised).unwrap();
+        assert_eq!(
+            (p.min(), p.max()),
+            (100, 100),
+            "the flags' max is a hard cap"
         );
         let too_small = Overrides {
             max: Some(3),

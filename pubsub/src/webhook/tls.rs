@@ -10,8 +10,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
@@ -27,8 +25,6 @@ use crate::metrics::{Metrics, WebhookMetrics};
 pub const RELOAD_EVERY: Duration = Duration::from_secs(30);
 /// A client that has not finished the TLS handshake by then is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// A client that has not sent a request's headers by then is dropped.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest certificate or key file read.
 const MAX_PEM_BYTES: u64 = 1024 * 1024;
 
@@ -212,9 +208,8 @@ impl ResolvesServerCert for ReloadingCert {
     }
 }
 
-/// Serves `router` over HTTPS on `listener` until `shutdown`. A failed handshake or a bad
-/// connection ends that connection only; accept errors (out of file descriptors) pause
-/// briefly and never end the server.
+/// Serves `router` over HTTPS on `listener` until `shutdown`, with the limits every
+/// listener has (`lastcall_common::admin::serve_with`) and a handshake timeout.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -222,53 +217,21 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let acceptor = TlsAcceptor::from(config);
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        let accepted = tokio::select! {
-            () = shutdown.cancelled() => break,
-            a = listener.accept() => a,
-        };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(message = "webhook accept failed", error = %e);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let (acceptor, router, shutdown) = (acceptor.clone(), router.clone(), shutdown.clone());
-        connections.spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => tls,
+    lastcall_common::admin::serve_with(listener, router, shutdown, move |stream| {
+        let acceptor = acceptor.clone();
+        async move {
+            let peer = stream.peer_addr().ok();
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => Some(tls),
                 Ok(Err(e)) => {
-                    tracing::debug!(message = "webhook TLS handshake failed", %peer, error = %e);
-                    return;
+                    tracing::debug!(message = "webhook TLS handshake failed", peer = ?peer, error = %e);
+                    None
                 }
-                Err(_) => return,
-            };
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT);
-            let conn = builder.serve_connection(TokioIo::new(tls), TowerToHyperService::new(router));
-            tokio::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        tracing::debug!(message = "webhook connection ended with an error", %peer, error = %e);
-                    }
-                }
-                () = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(Duration::from_secs(2), conn).await;
-                }
+                Err(_) => None,
             }
-        });
-        while connections.try_join_next().is_some() {}
-    }
-    connections.abort_all();
-    Ok(())
+        }
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -6,7 +6,9 @@
 //! certificate generated for the test by the `openssl` CLI, and an ACL user instead of the
 //! passwordless default user ([`RedisServer::start_secure`]); be made a replica
 //! ([`RedisServer::replica_of`]); and be reached through a [`TcpProxy`] that can delay,
-//! blackhole or redirect traffic.
+//! blackhole or redirect traffic. [`RedisCluster`] starts a real Redis Cluster of such
+//! servers (`cluster-enabled yes`, created with `redis-cli --cluster create`), with replicas,
+//! and fails a primary over to its replica.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -63,6 +65,8 @@ struct Mode {
     tls: Option<TlsFiles>,
     /// Disable the default user and require [`ACL_USER`] / [`ACL_PASSWORD`].
     acl: bool,
+    /// `cluster-enabled yes` (its bus on port + 10000).
+    cluster: bool,
 }
 
 /// A running (or killed) private Redis server. Dropping it kills the process.
@@ -99,6 +103,7 @@ impl RedisServer {
         let mut server = Self::start_mode(Mode {
             tls: Some(tls),
             acl: true,
+            cluster: false,
         })
         .await?;
         let keep = std::mem::replace(&mut server.dir, dir);
@@ -115,7 +120,11 @@ impl RedisServer {
             .context("creating a temp dir for redis-server")?;
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
-            let port = try_free_port().context("probing for a free port")?;
+            let port = if mode.cluster {
+                free_cluster_port()?
+            } else {
+                try_free_port().context("probing for a free port")?
+            };
             match launch(port, dir.path(), &mode).await {
                 Ok(child) => {
                     return Ok(RedisServer {
@@ -540,6 +549,12 @@ async fn launch(port: u16, dir: &Path, mode: &Mode) -> Result<Child, LaunchError
             command.arg("--port").arg(port.to_string());
         }
     }
+    if mode.cluster {
+        command
+            .args(["--cluster-enabled", "yes"])
+            .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+            .args(["--cluster-node-timeout", "1000"]);
+    }
     if mode.acl {
         command.args(["--user", "default", "off"]).args([
             "--user",
@@ -606,4 +621,216 @@ async fn serving_pid(client: &::redis::Client) -> Option<u32> {
     info.lines()
         .find_map(|l| l.strip_prefix("process_id:"))
         .and_then(|pid| pid.trim().parse().ok())
+}
+
+/// A free port whose cluster bus port (port + 10000) is free too.
+fn free_cluster_port() -> anyhow::Result<u16> {
+    for _ in 0..200 {
+        let port = try_free_port().context("probing for a free port")?;
+        if port > 55_000 {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free port with a free cluster bus port")
+}
+
+/// A node of a [`RedisCluster`] as `CLUSTER NODES` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterNode {
+    pub id: String,
+    pub port: u16,
+    pub primary: bool,
+    /// The primary's id, for a replica.
+    pub replica_of: Option<String>,
+    /// Slot ranges served, for a primary.
+    pub slots: Vec<(u16, u16)>,
+}
+
+/// A real Redis Cluster on loopback: `primaries` primaries with `replicas` replicas each,
+/// every node a private `redis-server` (see [`RedisServer`]). Dropping it kills them all.
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+/// How long the cluster gets to agree on its slots, or a failover to complete.
+const CLUSTER_WITHIN: Duration = Duration::from_secs(30);
+
+impl RedisCluster {
+    /// Starts the servers, creates the cluster with `redis-cli --cluster create`, and waits
+    /// until every node says `cluster_state:ok` and sees every replica attached.
+    pub async fn start(primaries: usize, replicas: usize) -> anyhow::Result<RedisCluster> {
+        let mode = Mode {
+            cluster: true,
+            ..Mode::default()
+        };
+        let mut nodes = Vec::new();
+        for _ in 0..primaries * (1 + replicas) {
+            nodes.push(RedisServer::start_mode(mode.clone()).await?);
+        }
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(nodes.iter().map(RedisServer::host_port))
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .context("running redis-cli --cluster create")?;
+        if !out.status.success() {
+            bail!(
+                "redis-cli --cluster create: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let cluster = RedisCluster { nodes };
+        let want_replicas = primaries * replicas;
+        cluster
+            .wait("every node sees the whole cluster", |views| {
+                views.iter().all(|(state_ok, nodes)| {
+                    *state_ok
+                        && nodes.iter().filter(|n| n.primary).count() == primaries
+                        && nodes.iter().filter(|n| n.replica_of.is_some()).count() == want_replicas
+                })
+            })
+            .await?;
+        Ok(cluster)
+    }
+
+    /// `redis+cluster://127.0.0.1:P` with the first node as the seed.
+    pub fn url(&self) -> String {
+        format!("redis+cluster://127.0.0.1:{}", self.nodes[0].port())
+    }
+
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(RedisServer::port).collect()
+    }
+
+    /// A plain connection to the node on `port`.
+    pub async fn node(&self, port: u16) -> anyhow::Result<::redis::aio::MultiplexedConnection> {
+        let client = ::redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+        Ok(client.get_multiplexed_async_connection().await?)
+    }
+
+    /// The cluster as the node on `port` sees it.
+    pub async fn nodes_seen_by(&self, port: u16) -> anyhow::Result<Vec<ClusterNode>> {
+        let mut conn = self.node(port).await?;
+        let text: String = ::redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut conn)
+            .await?;
+        Ok(parse_cluster_nodes(&text))
+    }
+
+    /// The port of the primary serving `key`'s slot, as the first live node sees it.
+    pub async fn primary_of(&self, key: &str) -> anyhow::Result<u16> {
+        let mut conn = self.node(self.nodes[0].port()).await?;
+        let slot: u16 = ::redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(&mut conn)
+            .await?;
+        let nodes = self.nodes_seen_by(self.nodes[0].port()).await?;
+        nodes
+            .iter()
+            .find(|n| n.primary && n.slots.iter().any(|&(a, b)| a <= slot && slot <= b))
+            .map(|n| n.port)
+            .with_context(|| format!("no primary serves slot {slot}"))
+    }
+
+    /// The replicas of the primary on `port`.
+    pub async fn replicas_of(&self, port: u16) -> anyhow::Result<Vec<u16>> {
+        let nodes = self.nodes_seen_by(port).await?;
+        let id = nodes
+            .iter()
+            .find(|n| n.port == port)
+            .map(|n| n.id.clone())
+            .context("the node is not in its own view")?;
+        Ok(nodes
+            .iter()
+            .filter(|n| n.replica_of.as_deref() == Some(id.as_str()))
+            .map(|n| n.port)
+            .collect())
+    }
+
+    /// `CLUSTER FAILOVER` on the replica on `replica`: it becomes the primary of its
+    /// slots, and its old primary a replica. Waits until every node agrees.
+    pub async fn failover(&self, replica: u16) -> anyhow::Result<()> {
+        let mut conn = self.node(replica).await?;
+        let _: String = ::redis::cmd("CLUSTER")
+            .arg("FAILOVER")
+            .query_async(&mut conn)
+            .await?;
+        self.wait("the failover is seen by every node", |views| {
+            views
+                .iter()
+                .all(|(ok, nodes)| *ok && nodes.iter().any(|n| n.port == replica && n.primary))
+        })
+        .await
+    }
+
+    async fn wait(
+        &self,
+        what: &str,
+        done: impl Fn(&[(bool, Vec<ClusterNode>)]) -> bool,
+    ) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + CLUSTER_WITHIN;
+        loop {
+            let mut views = Vec::new();
+            for port in self.ports() {
+                let Ok(mut conn) = self.node(port).await else {
+                    continue;
+                };
+                let info: String = ::redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                let nodes = self.nodes_seen_by(port).await.unwrap_or_default();
+                views.push((info.contains("cluster_state:ok"), nodes));
+            }
+            if views.len() == self.nodes.len() && done(&views) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("timed out after {CLUSTER_WITHIN:?} waiting until {what}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Parses `CLUSTER NODES`: `<id> <ip:port@bus> <flags> <primary|-> <ping> <pong> <epoch>
+/// <link> <slot ranges…>`.
+fn parse_cluster_nodes(text: &str) -> Vec<ClusterNode> {
+    text.lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 8 {
+                return None;
+            }
+            let port = f[1].split('@').next()?.rsplit(':').next()?.parse().ok()?;
+            let flags: Vec<&str> = f[2].split(',').collect();
+            let primary = flags.contains(&"master") && !flags.contains(&"fail");
+            let replica_of = (f[3] != "-").then(|| f[3].to_string());
+            let slots = f[8..]
+                .iter()
+                .filter(|s| !s.starts_with('['))
+                .filter_map(|s| match s.split_once('-') {
+                    Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+                    None => s.parse().ok().map(|n| (n, n)),
+                })
+                .collect();
+            Some(ClusterNode {
+                id: f[0].to_string(),
+                port,
+                primary,
+                replica_of,
+                slots,
+            })
+        })
+        .collect()
 }

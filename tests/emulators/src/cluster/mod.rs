@@ -17,6 +17,7 @@ pub mod allocator;
 pub mod autoscaler;
 pub mod fixtures;
 pub mod fleet;
+pub mod fleet_autoscaler;
 pub mod kubelet;
 mod model;
 pub mod node_lifecycle;
