@@ -6,8 +6,8 @@
 //! Over many interleavings, ordered by the emulator's journal: every such GameServer that was
 //! not allocated first is deleted by the agent; none is allocated after the agent's delete;
 //! one allocated in the window before the agent saw the pod is never deleted by the agent (its
-//! preconditions fail). The window itself (allocations between the pod's deletion and the
-//! agent's delete) is counted and reported.
+//! preconditions fail), nor is one allocated before its pod was deleted. The window itself
+//! (allocations between the pod's deletion and the agent's delete) is counted and reported.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -149,9 +149,11 @@ async fn interleaving(seed: u64) -> Outcome {
                     allocations.iter().all(|a| *a < d),
                     "seed {seed}: {v} allocated after the agent deleted it"
                 );
+                // Allocated first (before its pod's deletion or in the window after it): a
+                // match, which the agent's delete must never end.
                 assert!(
-                    allocations.iter().all(|a| *a < pod_deleted),
-                    "seed {seed}: the agent deleted {v} although it was allocated after its pod's deletion"
+                    allocations.is_empty(),
+                    "seed {seed}: the agent deleted {v} (seq {d}) after it was allocated (seq {allocations:?}; pod deleted at seq {pod_deleted})"
                 );
             }
             None => assert!(
@@ -189,9 +191,10 @@ async fn a_ready_server_whose_pod_is_deleted_is_removed_from_allocation() {
         removed > 0,
         "the agent removed none: the race was not exercised"
     );
-    assert_eq!(
-        removed + window + before,
-        deleted,
-        "every victim was removed, or allocated (before or in the window)"
+    // Both sides of the race occurred: servers allocated before their pod was deleted (which
+    // the agent must leave alone) and idle ones the agent removed.
+    assert!(
+        before > 0,
+        "no victim was allocated before its pod's deletion: that case was not exercised"
     );
 }
