@@ -6,9 +6,10 @@
 //!   after the fence is protected by the agent (the DELETE's preconditions alone save the
 //!   match when the allocator ignores the drain);
 //! - for an allocator that excludes `lastcall.dev/node-draining=true` (as the docs ask), no
-//!   allocation on the node succeeds once the agent's first fencing write past the fence (a
-//!   release, or the label that follows a failed one) has landed, nor on a server once the
-//!   agent's first accepted write to it has.
+//!   allocation succeeds on a server once the agent's first accepted write to it (its
+//!   DELETE, or the label that follows a failed one) has landed, nor anywhere on the node
+//!   once the agent's first round of releases past the fence is answered (but on a server
+//!   whose DELETE failed, until its label lands).
 //!
 //! Half the interleavings use the selector, half do not. The run as a whole must contain the
 //! race: allocations after the fence and releases that lost to an allocation (409).
@@ -274,11 +275,13 @@ async fn interleaving(seed: u64) -> Outcome {
                     .collect::<Vec<_>>()
             );
         }
-        // Node-wide: the agent's first accepted fencing write past the fence (a release, or
-        // the label that follows a failed one) ends allocation on the node within one round
-        // trip: after it, an allocation can only win a server whose own DELETE the API
-        // refused (429/503) and that the label has not reached yet (checked per server
-        // above). Releases go out together, so no other server is left allocatable.
+        // Node-wide: the agent's first round of releases past the fence (one DELETE per idle
+        // server, sent together) ends allocation on the node within one round trip: once
+        // every DELETE of that round is answered, an allocation can only win a server whose
+        // own DELETE the API refused (429/503) and that its label has not reached yet
+        // (checked per server above). A server whose DELETE of that round is still in flight
+        // can be won first (the DELETE then fails its preconditions and the server is
+        // protected), so the bound is the round, not its first answer.
         let failed_delete_before = |name: &Option<String>, before: u64| {
             entries.iter().any(|d| {
                 by_agent(d)
@@ -290,14 +293,15 @@ async fn interleaving(seed: u64) -> Outcome {
                     && d.seq < before
             })
         };
-        let first_fencing_write = entries
+        let mut first_delete: std::collections::BTreeMap<&Option<String>, u64> =
+            std::collections::BTreeMap::new();
+        for d in entries
             .iter()
-            .filter(|r| by_agent(r) && on_gameservers(r) && r.seq > fence && r.status < 300)
-            .find(|r| {
-                r.verb == Verb::Delete
-                    || (r.verb == Verb::Patch && failed_delete_before(&r.name, r.seq))
-            })
-            .map(|r| r.seq);
+            .filter(|d| by_agent(d) && on_gameservers(d) && d.verb == Verb::Delete && d.seq > fence)
+        {
+            first_delete.entry(&d.name).or_insert(d.seq);
+        }
+        let first_fencing_write = first_delete.values().max().copied();
         if let Some(w) = first_fencing_write {
             let late: Vec<_> = after_fence_allocations
                 .iter()
@@ -306,7 +310,7 @@ async fn interleaving(seed: u64) -> Outcome {
                 .collect();
             assert!(
                 late.is_empty(),
-                "seed {seed}: allocations after the agent's first fencing write (seq {w}, fence {fence}): {late:?}\n{:#?}",
+                "seed {seed}: allocations after the agent's first round of releases (answered by seq {w}, fence {fence}): {late:?}\n{:#?}",
                 entries
                     .iter()
                     .filter(|r| r.seq >= fence && r.resource.as_deref() != Some("events"))

@@ -3,10 +3,11 @@
 //! GameServer Ready, and allocatable, until the pod is gone; the agent deletes the GameServer
 //! with its preconditions as soon as it sees the pod terminating.
 //!
-//! Over many interleavings, ordered by the emulator's journal: every such GameServer that was
-//! not allocated first is deleted by the agent; none is allocated after the agent's delete;
-//! one allocated in the window before the agent saw the pod is never deleted by the agent (its
-//! preconditions fail), nor is one allocated before its pod was deleted. The window itself
+//! In every other interleaving one of the deleted pods belongs to a server already in a
+//! match. Over many interleavings, ordered by the emulator's journal: every such GameServer
+//! that was not allocated first is deleted by the agent; none is allocated after the agent's
+//! delete; one allocated before its pod's deletion, or in the window before the agent saw the
+//! pod (its preconditions fail), is never deleted by the agent. The window itself
 //! (allocations between the pod's deletion and the agent's delete) is counted and reported.
 
 use std::collections::BTreeMap;
@@ -42,6 +43,18 @@ async fn interleaving(seed: u64) -> Outcome {
     // Long grace: the pod stays terminating (and its GameServer Ready) for the whole run.
     let (cluster, agent) = race_node(seed, servers, 60, false, &["--resync-interval", "1s"]).await;
 
+    // In every other interleaving one server is already in a match when its pod is
+    // deleted: the agent must leave it alone.
+    let in_match: Option<String> = if seed % 2 == 1 {
+        let gs = cluster
+            .allocate(&AllocationRequest::fleet(NS, "fleet"))
+            .await
+            .expect("allocate")
+            .expect("an allocated server");
+        Some(gs.name)
+    } else {
+        None
+    };
     let victims: Vec<String> = {
         let mut names: Vec<String> = cluster
             .game_servers()
@@ -51,7 +64,10 @@ async fn interleaving(seed: u64) -> Outcome {
             .collect();
         names.sort();
         let k = rng.random_range(1..=names.len().min(3));
-        names.into_iter().take(k).collect()
+        in_match
+            .into_iter()
+            .chain(names.into_iter().take(k))
+            .collect()
     };
     let kubectl: Api<Pod> = Api::namespaced(
         cluster
