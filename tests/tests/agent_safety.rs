@@ -524,12 +524,12 @@ async fn a_crash_between_deregistration_and_its_mark_never_deregisters_twice() {
         (w.gl.count("ClaimGameServer") >= 1).then_some(())
     })
     .await;
-    // Long enough that the fault below is in place before the mark, even on a loaded machine.
-    w.gl.set_latency(Duration::from_millis(1500));
+    // The deregistration is held unanswered until the fault below is in place: no timing.
+    w.gl.hang_next("DeregisterGameServer", 1);
     w.status(Status::Draining).await;
     wait_for(
         "deregistration under way (GameLift asked first)",
-        || async { (w.gl.count("DescribeGameServer") >= 1).then_some(()) },
+        || async { (w.gl.count("DescribeGameServer") >= 1 && w.gl.hung_now() == 1).then_some(()) },
     )
     .await;
     // The mark that would follow the call never lands.
@@ -539,13 +539,13 @@ async fn a_crash_between_deregistration_and_its_mark_never_deregisters_twice() {
         100_000,
         500,
     ));
+    w.gl.release_hangs();
     wait_for("DeregisterGameServer answered", || async {
         (w.gl.count("DeregisterGameServer") == 1).then_some(())
     })
     .await;
     agent.abort();
     w.cluster.emulator().faults().clear();
-    w.gl.set_latency(Duration::ZERO);
     assert!(annotation(&w.node().await, "lastcall.dev/deregistered").is_none());
 
     let agent = w.agent(&["--deregister-settle", "0s"]).await;
