@@ -420,4 +420,59 @@ mod tests {
             )
         );
     }
+
+    #[test]
+    fn a_lagged_bind_lands_later_on_the_node_decided_even_if_cordoned_since() {
+        use crate::cluster::fixtures::NodeSpec;
+        let store = Store::new(100);
+        store
+            .create(&NODES, None, NodeSpec::new("n1").to_object())
+            .unwrap();
+        store
+            .create(
+                &PODS,
+                Some("default"),
+                json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}),
+            )
+            .unwrap();
+        let bound = || {
+            store.get(&PODS, Some("default"), "p").and_then(|p| {
+                p.pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+        };
+        let lag = Duration::from_millis(100);
+        let mut s = Scheduler::new(lag);
+        let t0 = Instant::now();
+        assert!(s.run(&store, t0), "decided, the bind is due later");
+        assert_eq!(bound(), None);
+        // Cordoned after the decision: the binding cycle does not look again.
+        let mut node = store.get(&NODES, None, "n1").unwrap();
+        node["spec"]["unschedulable"] = json!(true);
+        store.replace(&NODES, None, "n1", node).unwrap();
+        assert!(s.run(&store, t0 + lag / 2));
+        assert_eq!(bound(), None, "not before the lag");
+        assert!(!s.run(&store, t0 + lag), "nothing left to bind");
+        assert_eq!(bound().as_deref(), Some("n1"));
+
+        // Without a lag, the same pass binds.
+        let store = Store::new(100);
+        store
+            .create(&NODES, None, NodeSpec::new("n1").to_object())
+            .unwrap();
+        store
+            .create(
+                &PODS,
+                Some("default"),
+                json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}),
+            )
+            .unwrap();
+        assert!(!Scheduler::new(Duration::ZERO).run(&store, Instant::now()));
+        assert!(
+            store
+                .get(&PODS, Some("default"), "p")
+                .is_some_and(|p| p.pointer("/spec/nodeName").is_some())
+        );
+    }
 }
