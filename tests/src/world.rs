@@ -154,6 +154,18 @@ impl World {
         self.start_agent(&args).await
     }
 
+    /// [`World::agent`] with a resync interval of `resync` instead of 1 s: with a long one
+    /// (minutes), only the agent's own retries and watch events can make progress.
+    pub async fn agent_with_resync(&self, resync: &str, extra: &[&str]) -> InProcessAgent {
+        let mut args = self.fleetiq_args();
+        if let Some(i) = args.iter().position(|a| a == "--resync-interval") {
+            args[i + 1] = resync.to_string();
+        }
+        args.extend(["--instance-id", IID].map(String::from));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        self.start_agent(&args).await
+    }
+
     /// The body pubsub would publish for i-000000000000000n1.
     pub fn message(s: Status) -> String {
         StatusMessage {
@@ -364,4 +376,182 @@ pub async fn race_node_with(
     )
     .await;
     (cluster, agent)
+}
+
+/// What one allocation-window run saw.
+#[derive(Debug, Default)]
+pub struct WindowRun {
+    /// Delays (drain signal accepted → allocation answered) of allocations after the fence.
+    pub late: Vec<std::time::Duration>,
+    /// Every server the allocator won, before or after the fence.
+    pub won: Vec<String>,
+}
+
+/// One interleaving of the allocation-window measurement: a node with `servers` Ready
+/// servers of one Fleet, a real agent, an allocator looping over that node's Ready servers
+/// (list, then update with the resourceVersion, as Agones' allocator does; with the
+/// `lastcall.dev/node-draining` exclusion selector when `selector`), and the manual drain
+/// label; with `failing_deletes`, the API refuses the first `2 × servers` DELETEs (503).
+///
+/// Fails unless every match won survives the drain: by the emulator's journal the agent
+/// never deleted a server after its allocation, and once the drain settles every won
+/// server is Allocated, not being deleted, and protected by the agent.
+pub async fn allocation_window(
+    seed: u64,
+    servers: usize,
+    selector: bool,
+    failing_deletes: bool,
+) -> anyhow::Result<WindowRun> {
+    use crate::kube::faults::{FaultRule, Method};
+    use crate::kube::journal::Verb;
+    use kube::api::{Patch, PatchParams};
+    use std::time::{Duration, Instant};
+
+    let cluster = Cluster::start(ClusterConfig {
+        tick: Duration::from_millis(20),
+        ..ClusterConfig::default()
+    })
+    .await?;
+    cluster.add_node(NodeSpec::new(NODE))?;
+    cluster.create_fleet(FleetSpec::new(FLEET, servers as i64).grace_seconds(0))?;
+    cluster.wait_ready(NS, FLEET, servers).await?;
+    cluster.add_node(NodeSpec::new("n2"))?;
+    if failing_deletes {
+        // The API server refuses the first DELETEs (429 or 503 under load).
+        cluster.emulator().faults().inject(FaultRule::status(
+            Some(Method::DELETE),
+            "/gameservers/",
+            servers * 2,
+            503,
+        ));
+    }
+    let cfg = cluster.emulator().config_for("agent-n1").await?;
+    let agent =
+        InProcessAgent::start(config(NODE, &["--resync-interval", "1s"]), cfg, None).await?;
+    crate::eventually::eventually(
+        "claimed",
+        Duration::from_secs(20),
+        Duration::from_millis(5),
+        || async {
+            cluster
+                .game_servers()
+                .iter()
+                .filter(|g| g.node.as_deref() == Some(NODE))
+                .all(|g| g.labels.contains_key("lastcall.dev/node"))
+                .then_some(())
+        },
+    )
+    .await;
+    let client = cluster.client_without_retry("agones-allocator").await?;
+    let mut req = AllocationRequest::fleet(NS, FLEET)
+        .on_node(NODE)
+        .max_tries(3);
+    if selector {
+        req = req.selector("lastcall.dev/node-draining!=true");
+    }
+    let offset = Duration::from_micros((seed * 7919) % 10_000);
+    let signal = async {
+        tokio::time::sleep(offset).await;
+        Api::<Node>::all(cluster.client())
+            .patch(
+                NODE,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    &serde_json::json!({"metadata": {"labels": {"lastcall.dev/drain": "true"}}}),
+                ),
+            )
+            .await?;
+        anyhow::Ok(Instant::now())
+    };
+    let allocator = async {
+        let mut won = vec![];
+        for _ in 0..servers * 2 {
+            if let Ok(Some(gs)) = crate::cluster::allocator::allocate(&client, &req).await {
+                won.push((gs.name, Instant::now()));
+            }
+        }
+        won
+    };
+    let (signalled, won) = tokio::join!(signal, allocator);
+    let signalled = signalled?;
+
+    // The drain settles: every server on the node released, or allocated and protected.
+    let protected = |g: &GameServerView| {
+        g.state == Some(GameServerState::Allocated)
+            && !g.deleting
+            && g.annotations.contains_key("lastcall.dev/drain-deadline")
+    };
+    crate::eventually::eventually(
+        &format!("seed {seed}: the drain settles"),
+        Duration::from_secs(20),
+        Duration::from_millis(10),
+        || async {
+            cluster
+                .game_servers()
+                .iter()
+                .filter(|g| g.node.as_deref() == Some(NODE))
+                .all(|g| g.deleting || protected(g))
+                .then_some(())
+        },
+    )
+    .await;
+    let journal = cluster.emulator().journal().entries();
+    for (name, _) in &won {
+        let named = |r: &&crate::kube::journal::JournalEntry| r.name.as_deref() == Some(name);
+        let allocated = journal
+            .iter()
+            .filter(named)
+            .filter(|r| {
+                r.identity.as_deref() == Some("agones-allocator")
+                    && r.verb == Verb::Update
+                    && r.status < 300
+            })
+            .map(|r| r.seq)
+            .min();
+        let deleted = journal.iter().filter(named).any(|r| {
+            r.identity.as_deref() == Some("agent-n1")
+                && r.verb == Verb::Delete
+                && r.status < 300
+                && allocated.is_some_and(|a| r.seq > a)
+        });
+        anyhow::ensure!(
+            !deleted,
+            "seed {seed}: the agent deleted {name} after it was allocated"
+        );
+        let now = cluster.game_server(NS, name);
+        anyhow::ensure!(
+            now.as_ref().is_some_and(protected),
+            "seed {seed}: the match on {name} was lost or left unprotected: {now:?}"
+        );
+    }
+    let fence = journal
+        .iter()
+        .find(|r| {
+            r.identity.as_deref() == Some("agent-n1")
+                && r.verb == Verb::Patch
+                && r.resource.as_deref() == Some("nodes")
+                && r.status < 300
+        })
+        .map(|r| r.seq);
+    let mut late = vec![];
+    if let Some(fence) = fence {
+        for (name, at) in &won {
+            let after = journal.iter().any(|r| {
+                r.seq > fence
+                    && r.identity.as_deref() == Some("agones-allocator")
+                    && r.verb == Verb::Update
+                    && r.status < 300
+                    && r.name.as_deref() == Some(name.as_str())
+            });
+            if after {
+                late.push(at.saturating_duration_since(signalled));
+            }
+        }
+    }
+    agent.stop().await?;
+    cluster.shutdown().await;
+    Ok(WindowRun {
+        late,
+        won: won.into_iter().map(|(n, _)| n).collect(),
+    })
 }

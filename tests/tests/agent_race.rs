@@ -1,10 +1,18 @@
 //! Allocation racing the drain: an allocator keeps allocating the node's Ready servers while
 //! the agent fences and releases them, and the API fails some DELETEs with 429 or 503. Over
-//! many randomized interleavings, no Allocated server is ever deleted, every server allocated
-//! during the fence ends up protected, and, for an allocator that excludes
-//! `lastcall.dev/node-draining=true` (as the docs ask), no allocation on a server succeeds
-//! once the agent's first accepted write to it (its DELETE, or the label that follows a failed
-//! DELETE) has landed: ordered by the emulator's journal.
+//! many randomized interleavings, ordered by the emulator's journal:
+//!
+//! - no server is deleted by the agent after it was allocated, and every server allocated
+//!   after the fence is protected by the agent (the DELETE's preconditions alone save the
+//!   match when the allocator ignores the drain);
+//! - for an allocator that excludes `lastcall.dev/node-draining=true` (as the docs ask), no
+//!   allocation succeeds on a server once the agent's first accepted write to it (its
+//!   DELETE, or the label that follows a failed one) has landed, nor anywhere on the node
+//!   once the agent's first round of releases past the fence is answered (but on a server
+//!   whose DELETE failed, until its label lands).
+//!
+//! Half the interleavings use the selector, half do not. The run as a whole must contain the
+//! race: allocations after the fence and releases that lost to an allocation (409).
 //!
 //! Each interleaving is a fresh cluster, agent and allocator; a seeded RNG varies the number
 //! of servers, the allocator's start offset relative to the drain signal, its pacing and the
@@ -20,8 +28,8 @@ use kube::api::{Patch, PatchParams};
 use lastcall_testkit::cluster::{AllocationRequest, GameServerState as S};
 use lastcall_testkit::eventually::eventually;
 use lastcall_testkit::kube::faults::{FaultRule, Method};
-use lastcall_testkit::kube::journal::Verb;
-use lastcall_testkit::world::race_node;
+use lastcall_testkit::kube::journal::{JournalEntry, Verb};
+use lastcall_testkit::world::{WindowRun, allocation_window, race_node};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 const NS: &str = "default";
@@ -32,18 +40,22 @@ const AT_ONCE: usize = 4;
 
 #[derive(Debug)]
 struct Outcome {
-    seed: u64,
+    selector: bool,
     allocated_during_drain: usize,
     released: usize,
     conflicts: usize,
     /// Allocations that succeeded after the fence took effect.
     after_fence: usize,
-    /// The most agent requests (Events aside) completed between the fence and one of those.
-    max_agent_requests_before_allocation: usize,
     injected_delete_failures: usize,
 }
 
+/// Half the interleavings run the allocator with the exclusion selector, half without.
+fn uses_selector(seed: u64) -> bool {
+    seed.is_multiple_of(2)
+}
+
 async fn interleaving(seed: u64) -> Outcome {
+    let selector = uses_selector(seed);
     let mut rng = StdRng::seed_from_u64(seed);
     let servers: usize = rng.random_range(3..=8);
     let start_offset_ms: i64 = rng.random_range(-5..=15);
@@ -75,10 +87,12 @@ async fn interleaving(seed: u64) -> Outcome {
             tokio::time::sleep(Duration::from_millis(start_offset_ms as u64)).await;
         }
         let mut won = BTreeSet::new();
-        let req = AllocationRequest::fleet(NS, "fleet")
-            .selector(EXCLUDE_DRAINING)
+        let mut req = AllocationRequest::fleet(NS, "fleet")
             .on_node("n1")
             .max_tries(3);
+        if selector {
+            req = req.selector(EXCLUDE_DRAINING);
+        }
         for _ in 0..(servers * 3) {
             match lastcall_testkit::cluster::allocator::allocate(&alloc_client, &req).await {
                 Ok(Some(gs)) => {
@@ -168,14 +182,11 @@ async fn interleaving(seed: u64) -> Outcome {
     let conflicts = journal.count(|r| {
         r.verb == Verb::Delete && r.resource.as_deref() == Some("gameservers") && r.status == 409
     });
-    // The promise itself, in journal order: once the fence took effect, an allocation can
-    // only succeed on a server before the agent's first accepted write to it (a DELETE, which
-    // allocators skip, or the label that follows a failed DELETE). A failed DELETE costs one
-    // more round trip: the price of one write per released server instead of two.
     let entries = journal.entries();
-    let by_agent = |r: &lastcall_testkit::kube::journal::JournalEntry| {
+    let by_agent = |r: &JournalEntry| {
         r.identity.as_deref() == Some("agent-n1") && r.resource.as_deref() != Some("events")
     };
+    let on_gameservers = |r: &JournalEntry| r.resource.as_deref() == Some("gameservers");
     let fence = entries
         .iter()
         .find(|r| {
@@ -186,46 +197,134 @@ async fn interleaving(seed: u64) -> Outcome {
         })
         .unwrap_or_else(|| panic!("seed {seed}: no fence"))
         .seq;
-    let mut after_fence = 0;
-    let mut max_before = 0;
-    for a in entries.iter().filter(|r| {
-        r.seq > fence
-            && r.identity.as_deref() == Some("agones-allocator")
-            && r.verb == Verb::Update
-            && r.status < 300
-    }) {
-        after_fence += 1;
-        let writes_to = |r: &&lastcall_testkit::kube::journal::JournalEntry| {
-            by_agent(r)
-                && r.name == a.name
-                && matches!(r.verb, Verb::Patch | Verb::Delete)
+    let allocations: Vec<&JournalEntry> = entries
+        .iter()
+        .filter(|r| {
+            r.identity.as_deref() == Some("agones-allocator")
+                && r.verb == Verb::Update
                 && r.status < 300
-                && r.resource.as_deref() == Some("gameservers")
-        };
-        // A server that came up around the fence (a replacement scheduled just before the
-        // cordon) is claimed after it: that ownership label is not a fencing write.
-        let claimed_before = entries.iter().filter(writes_to).any(|r| r.seq < fence);
-        let touched_first = entries
+        })
+        .collect();
+    let accepted_deletes: Vec<&JournalEntry> = entries
+        .iter()
+        .filter(|r| by_agent(r) && on_gameservers(r) && r.verb == Verb::Delete && r.status < 300)
+        .collect();
+    // No match is lost, in journal order: the agent never deleted a server after it was
+    // allocated (only its DELETE's preconditions stand between the two without the selector).
+    for d in &accepted_deletes {
+        if let Some(a) = allocations
             .iter()
-            .filter(writes_to)
-            .filter(|r| r.seq > fence && r.seq < a.seq)
-            .nth(usize::from(!claimed_before))
-            .is_some();
+            .find(|a| a.name == d.name && a.seq < d.seq)
+        {
+            panic!(
+                "seed {seed} (selector {selector}): the agent deleted {:?} (seq {}) after it was allocated (seq {})",
+                d.name, d.seq, a.seq
+            );
+        }
+    }
+    // Every server allocated after the fence is protected by a write of the agent after its
+    // allocation (and the settled state above shows the protection on it).
+    let after_fence_allocations: Vec<&&JournalEntry> =
+        allocations.iter().filter(|a| a.seq > fence).collect();
+    for a in &after_fence_allocations {
+        let protected_after = entries.iter().any(|r| {
+            by_agent(r)
+                && on_gameservers(r)
+                && r.verb == Verb::Patch
+                && r.status < 300
+                && r.name == a.name
+                && r.seq > a.seq
+        });
         assert!(
-            !touched_first,
-            "seed {seed}: {:?} was still allocatable after the agent's first accepted write to it: {:#?}",
-            a.name,
-            entries
-                .iter()
-                .filter(|r| r.name == a.name && r.seq > fence)
-                .map(|r| (r.seq, r.identity.clone(), r.verb.as_str(), r.status))
-                .collect::<Vec<_>>()
+            protected_after,
+            "seed {seed} (selector {selector}): {:?} allocated during the drain (seq {}) was never written by the agent afterwards",
+            a.name, a.seq
         );
-        let between = entries
+    }
+    if selector {
+        // The promise itself, in journal order: once the fence took effect, an allocation can
+        // only succeed on a server before the agent's first accepted write to it (a DELETE,
+        // which allocators skip, or the label that follows a failed DELETE). A failed DELETE
+        // costs one more round trip: the price of one write per released server instead of
+        // two.
+        for a in &after_fence_allocations {
+            let writes_to = |r: &&JournalEntry| {
+                by_agent(r)
+                    && on_gameservers(r)
+                    && r.name == a.name
+                    && matches!(r.verb, Verb::Patch | Verb::Delete)
+                    && r.status < 300
+            };
+            // A server that came up around the fence (a replacement scheduled just before the
+            // cordon) is claimed after it: that ownership label is not a fencing write.
+            let claimed_before = entries.iter().filter(writes_to).any(|r| r.seq < fence);
+            let touched_first = entries
+                .iter()
+                .filter(writes_to)
+                .filter(|r| r.seq > fence && r.seq < a.seq)
+                .nth(usize::from(!claimed_before))
+                .is_some();
+            assert!(
+                !touched_first,
+                "seed {seed}: {:?} was still allocatable after the agent's first accepted write to it: {:#?}",
+                a.name,
+                entries
+                    .iter()
+                    .filter(|r| r.name == a.name && r.seq > fence)
+                    .map(|r| (r.seq, r.identity.clone(), r.verb.as_str(), r.status))
+                    .collect::<Vec<_>>()
+            );
+        }
+        // Node-wide: the agent's first round of releases past the fence (one DELETE per idle
+        // server, sent together) ends allocation on the node within one round trip: once
+        // every DELETE of that round is answered, an allocation can only win a server whose
+        // own DELETE the API refused (429/503) and that its label has not reached yet
+        // (checked per server above). A server whose DELETE of that round is still in flight
+        // can be won first (the DELETE then fails its preconditions and the server is
+        // protected), so the bound is the round, not its first answer.
+        let failed_delete_before = |name: &Option<String>, before: u64| {
+            entries.iter().any(|d| {
+                by_agent(d)
+                    && on_gameservers(d)
+                    && d.verb == Verb::Delete
+                    && (d.status == 429 || d.status >= 500)
+                    && &d.name == name
+                    && d.seq > fence
+                    && d.seq < before
+            })
+        };
+        let mut first_delete: std::collections::BTreeMap<&Option<String>, u64> =
+            std::collections::BTreeMap::new();
+        for d in entries
             .iter()
-            .filter(|r| by_agent(r) && r.seq > fence && r.seq < a.seq)
-            .count();
-        max_before = max_before.max(between);
+            .filter(|d| by_agent(d) && on_gameservers(d) && d.verb == Verb::Delete && d.seq > fence)
+        {
+            first_delete.entry(&d.name).or_insert(d.seq);
+        }
+        let first_fencing_write = first_delete.values().max().copied();
+        if let Some(w) = first_fencing_write {
+            let late: Vec<_> = after_fence_allocations
+                .iter()
+                .filter(|a| a.seq > w && !failed_delete_before(&a.name, a.seq))
+                .map(|a| (a.seq, a.name.clone()))
+                .collect();
+            assert!(
+                late.is_empty(),
+                "seed {seed}: allocations after the agent's first round of releases (answered by seq {w}, fence {fence}): {late:?}\n{:#?}",
+                entries
+                    .iter()
+                    .filter(|r| r.seq >= fence && r.resource.as_deref() != Some("events"))
+                    .filter(|r| r.seq <= late.iter().map(|l| l.0).max().unwrap_or(w))
+                    .map(|r| (
+                        r.seq,
+                        r.identity.clone(),
+                        r.verb.as_str(),
+                        r.name.clone(),
+                        r.status
+                    ))
+                    .collect::<Vec<_>>()
+            );
+        }
     }
     let injected = journal.count(|r| {
         r.verb == Verb::Delete
@@ -235,12 +334,11 @@ async fn interleaving(seed: u64) -> Outcome {
     agent.stop().await.unwrap();
     cluster.shutdown().await;
     Outcome {
-        seed,
+        selector,
         allocated_during_drain: won.len(),
         released: deleted.len(),
         conflicts,
-        after_fence,
-        max_agent_requests_before_allocation: max_before,
+        after_fence: after_fence_allocations.len(),
         injected_delete_failures: injected,
     }
 }
@@ -260,23 +358,60 @@ async fn allocation_racing_the_drain_never_loses_a_match() {
         .filter(|o| o.allocated_during_drain > 0 && o.released > 0)
         .count();
     let conflicts: usize = outcomes.iter().map(|o| o.conflicts).sum();
-    let after: usize = outcomes.iter().map(|o| o.after_fence).sum();
-    let max_before = outcomes
-        .iter()
-        .map(|o| o.max_agent_requests_before_allocation)
-        .max()
-        .unwrap_or(0);
+    let after = |selector: bool| -> usize {
+        outcomes
+            .iter()
+            .filter(|o| o.selector == selector)
+            .map(|o| o.after_fence)
+            .sum()
+    };
     let faulted = outcomes
         .iter()
         .filter(|o| o.injected_delete_failures > 0)
         .count();
     eprintln!(
-        "{INTERLEAVINGS} interleavings: {both} with both allocations and releases, {conflicts} release conflicts (allocation won), {faulted} with failing DELETEs; {after} allocations succeeded after the fence, with at most {max_before} agent requests completed between the fence and one of them"
+        "{INTERLEAVINGS} interleavings: {both} with both allocations and releases, {conflicts} release conflicts (allocation won), {faulted} with failing DELETEs; allocations after the fence: {} with the selector, {} without",
+        after(true),
+        after(false)
     );
     assert!(faulted > INTERLEAVINGS as usize / 4, "too few faulted runs");
     assert!(
         both > INTERLEAVINGS as usize / 10,
         "too few real races: {outcomes:?}"
     );
-    let _ = outcomes.iter().map(|o| o.seed).max();
+    // The race happened: releases lost to allocations, and allocations landed during the
+    // drain, in both modes.
+    assert!(conflicts > 0, "no release ever lost to an allocation");
+    assert!(
+        after(true) > 0 && after(false) > 0,
+        "no allocation after the fence (with the selector: {}, without: {})",
+        after(true),
+        after(false)
+    );
+}
+
+/// The allocation-window bench's claim that no match is lost, checked on a reduced set of
+/// its interleavings in every mode (DELETEs succeeding or failing, with and without the
+/// selector): no server deleted after its allocation, every one protected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_allocation_window_never_loses_a_match() {
+    const RUNS_PER_MODE: u64 = 6;
+    for (failing, selector) in [(false, false), (false, true), (true, false), (true, true)] {
+        let runs: Vec<anyhow::Result<WindowRun>> = futures::stream::iter(0..RUNS_PER_MODE)
+            .map(|seed| allocation_window(seed, 8, selector, failing))
+            .buffer_unordered(AT_ONCE)
+            .collect()
+            .await;
+        let mut won = 0;
+        for r in runs {
+            let r = r.unwrap_or_else(|e| {
+                panic!("failing DELETEs {failing}, selector {selector}: {e:#}")
+            });
+            won += r.won.len();
+        }
+        assert!(
+            won > 0,
+            "failing DELETEs {failing}, selector {selector}: nothing was allocated"
+        );
+    }
 }

@@ -4,7 +4,7 @@
 //! runs in-process against the emulated cluster, the GameLift and IMDS emulators and a real
 //! redis-server.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Node;
@@ -53,6 +53,20 @@ async fn wait_metric_at_least(agent: &InProcessAgent, name: &str, labels: &[(&st
     .await;
 }
 
+/// How often each drain lifecycle Event (started, fenced, cancelled) was recorded on the
+/// cluster, series counts included.
+async fn drain_events(w: &World) -> BTreeMap<String, i32> {
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(w.cluster.client());
+    let mut out = BTreeMap::new();
+    for e in events.list(&Default::default()).await.unwrap().items {
+        let reason = e.reason.clone().unwrap_or_default();
+        if ["DrainStarted", "NodeFenced", "DrainCancelled"].contains(&reason.as_str()) {
+            *out.entry(reason).or_default() += e.series.map_or(1, |s| s.count);
+        }
+    }
+    out
+}
+
 fn is_heartbeat(c: &Call) -> bool {
     c.op == "UpdateGameServer" && c.input["HealthCheck"] == "HEALTHY"
 }
@@ -73,6 +87,9 @@ async fn redis_outage_mid_drain_keeps_heartbeats_and_the_drain_completes() {
     let reconnects = gauge(&agent, "lastcall_redis_reconnects_total", &[]).await;
     let beats_ok = gauge(&agent, "lastcall_heartbeats_total", &[("result", "ok")]).await;
 
+    let j = w.cluster.emulator().journal();
+    let outage_start = j.entries().last().map_or(0, |e| e.seq);
+    let drain_events_before = drain_events(&w).await;
     let down = SystemTime::now();
     w.redis.kill().await;
     wait_for("the agent notices Redis is gone", || async {
@@ -86,10 +103,56 @@ async fn redis_outage_mid_drain_keeps_heartbeats_and_the_drain_completes() {
         reconnects + 1.0,
     )
     .await;
-    // The outage itself: time has to pass here.
-    tokio::time::sleep(OUTAGE).await;
+    // The outage itself: time has to pass here. Meanwhile the drain stands as it was: the
+    // node fenced, the match protected, the phase still draining.
+    let outage_end = tokio::time::Instant::now() + OUTAGE;
+    let mut samples = 0;
+    while tokio::time::Instant::now() < outage_end {
+        let n = w.node().await;
+        assert!(fenced(&n), "the fence came off during the Redis outage");
+        let g = w.cluster.game_server(NS, &keep.name).unwrap();
+        assert!(
+            !g.deleting && g.annotations.contains_key("lastcall.dev/drain-deadline"),
+            "the match lost its protection during the Redis outage"
+        );
+        assert_eq!(
+            metric(
+                &agent.metrics().await,
+                "lastcall_drain_phase",
+                &[("phase", "draining")]
+            ),
+            Some(1.0),
+            "the drain phase changed during the Redis outage"
+        );
+        samples += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(samples >= 5, "only {samples} samples during the outage");
+    let outage_seq = j.entries().last().map_or(0, |e| e.seq);
     let up = SystemTime::now();
     w.redis.restart().await.unwrap();
+    // By the journal: while Redis was down the agent changed nothing (no cancel, no uncordon,
+    // no unprotect, no drain restarted) and recorded nothing new about the drain.
+    let writes: Vec<_> = j
+        .filter(|r| {
+            r.seq > outage_start
+                && r.seq <= outage_seq
+                && r.identity.as_deref() == Some("agent-n1")
+                && r.verb.is_mutating()
+                && r.resource.as_deref() != Some("events")
+        })
+        .into_iter()
+        .map(|r| (r.seq, r.verb.as_str(), r.resource, r.name, r.status))
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "writes by the agent during the Redis outage: {writes:?}"
+    );
+    assert_eq!(
+        drain_events(&w).await,
+        drain_events_before,
+        "a drain started, fenced or cancelled again during the Redis outage"
+    );
 
     // Reconnect backoff is jittered and capped at 30 s; after 10 s down the pending delay
     // can be up to ~13 s (and, drawn unluckily, up to ~26 s).

@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Toleration};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use lastcall_common::fleetiq::InstanceStatus as Status;
 use lastcall_testkit::agent::{InProcessAgent, config, metric_sum};
 use lastcall_testkit::cluster::{
-    Cluster, ClusterConfig, FleetSpec, GameServerState as S, NodeSpec,
+    Cluster, ClusterConfig, FleetSpec, GameServerSpec, GameServerState as S, NodeSpec,
 };
 use lastcall_testkit::eventually::{eventually, wait_for};
 use lastcall_testkit::gamelift::{GameLiftEmulator, InstanceStatus};
@@ -67,7 +67,8 @@ fn deregister_times(gl: &GameLiftEmulator) -> Vec<SystemTime> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_deletes_leave_ready_servers_labelled_and_are_retried_with_backoff() {
     let w = World::start(WorldSpec::new(3, 1, 0)).await;
-    let agent = w.agent(&[]).await;
+    // A resync far beyond the test: only the retry backoff can make progress.
+    let agent = w.agent_with_resync("300s", &[]).await;
     subscribed(&agent).await;
     w.claimed_all().await;
     let in_use = w.allocated().name;
@@ -104,6 +105,20 @@ async fn failed_deletes_leave_ready_servers_labelled_and_are_retried_with_backof
         .then_some(())
     })
     .await;
+    // Retried while they fail: a few rounds, so the watch echoes of the labels (which also
+    // start a pass) are long past and only the retry backoff is left to try again...
+    let j = w.cluster.emulator().journal();
+    let failed_deletes = || {
+        j.count(|r| {
+            r.verb == Verb::Delete
+                && r.resource.as_deref() == Some("gameservers")
+                && r.status == 503
+        })
+    };
+    wait_for("three rounds of failed DELETEs", || async {
+        (failed_deletes() >= 9).then_some(())
+    })
+    .await;
     // ...and released as soon as the API recovers, without waiting for a resync.
     w.cluster.emulator().faults().clear();
     eventually(
@@ -118,13 +133,7 @@ async fn failed_deletes_leave_ready_servers_labelled_and_are_retried_with_backof
         },
     )
     .await;
-    let j = w.cluster.emulator().journal();
-    let failed = j.count(|r| {
-        r.verb == Verb::Delete && r.resource.as_deref() == Some("gameservers") && r.status == 503
-    });
-    // The faults are cleared as soon as the labels are seen; some DELETEs may not have been
-    // sent by then.
-    assert!(failed >= 1, "the deletes did fail meanwhile");
+
     // One write per server while the API is healthy: a label only follows a failed DELETE
     // of that same server, as the next write to it.
     let entries = j.filter(|r| r.identity.as_deref() == Some("agent-n1") && r.seq > signal);
@@ -233,13 +242,14 @@ async fn a_spot_drain_stays_fenced_with_its_deadline_after_a_crash_and_a_late_ac
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_with_redis_down_and_deletes_failing_resumes_releases_within_seconds() {
     let mut w = World::start(WorldSpec::new(3, 1, 0)).await;
+    let in_use = w.allocated();
     let agent = w.agent(&[]).await;
     subscribed(&agent).await;
     w.claimed_all().await;
     w.cluster.emulator().faults().inject(FaultRule::status(
         Some(Method::DELETE),
         "/gameservers/",
-        1000,
+        100_000,
         503,
     ));
     w.status(Status::Draining).await;
@@ -249,12 +259,29 @@ async fn a_restart_with_redis_down_and_deletes_failing_resumes_releases_within_s
     .await;
     agent.abort();
     w.redis.kill().await;
-    let agent = w.agent(&[]).await;
-    w.cluster.emulator().faults().clear();
+    let j = w.cluster.emulator().journal();
+    let restart = j.entries().last().map_or(0, |e| e.seq);
+    // A resync far beyond the test: only the retry backoff can make progress.
+    let agent = w.agent_with_resync("300s", &[]).await;
+    let failed_after_restart = || {
+        j.count(|r| {
+            r.seq > restart
+                && r.identity.as_deref() == Some("agent-n1")
+                && r.verb == Verb::Delete
+                && r.resource.as_deref() == Some("gameservers")
+                && r.status == 503
+        })
+    };
     // FleetIQ is unknown (Redis down, fallback not due for minutes): the drain is held, and
-    // the Ready servers on the fenced node are released anyway.
+    // the releases of the Ready servers on the fenced node are tried, and retried, anyway.
+    wait_for(
+        "releases retried after the restart while DELETEs fail",
+        || async { (failed_after_restart() >= 6).then_some(()) },
+    )
+    .await;
+    w.cluster.emulator().faults().clear();
     eventually(
-        "released within seconds of the restart",
+        "released within seconds of the API's recovery",
         Duration::from_secs(8),
         Duration::from_millis(20),
         || async {
@@ -266,23 +293,83 @@ async fn a_restart_with_redis_down_and_deletes_failing_resumes_releases_within_s
     )
     .await;
     assert!(cordoned(&w.node().await));
+    let released = j.filter(|r| {
+        r.seq > restart
+            && r.identity.as_deref() == Some("agent-n1")
+            && r.verb == Verb::Delete
+            && r.resource.as_deref() == Some("gameservers")
+            && r.status < 300
+    });
+    let released: std::collections::BTreeSet<String> =
+        released.into_iter().filter_map(|r| r.name).collect();
+    assert!(
+        !released.contains(&in_use.name),
+        "the allocated server was deleted: {released:?}"
+    );
+    assert_eq!(
+        released.len(),
+        3,
+        "every Ready server released: {released:?}"
+    );
+    let kept = w.allocated();
+    assert_eq!((kept.uid, kept.deleting), (in_use.uid, false));
     agent.stop().await.unwrap();
 }
 
-/// One run: a game server is created `lead_ms` before the manual drain label lands on an
-/// otherwise empty node. Returns whether a game-server pod ever got onto the node.
+/// How long the emulated scheduler takes to bind a pod it has decided on.
+const BIND_LAG: Duration = Duration::from_millis(800);
+/// The agent's `--deregister-settle`: longer than the bind lag.
+const SETTLE: &str = "2s";
+
+/// What the sampler saw, in its own order of observation.
+#[derive(Default)]
+struct Sightings {
+    /// The last moment (wall clock) a game-server pod was seen on the node.
+    last_pod: Option<SystemTime>,
+    /// The first sample that found the node cordoned, and the first that found a game-server
+    /// pod on it.
+    first_cordoned: Option<u64>,
+    first_pod: Option<u64>,
+}
+
+/// Samples `node` until `stop`: when it was cordoned and when game-server pods were on it.
+async fn watch_node(cluster: &Cluster, node: &str, stop: Arc<AtomicBool>) -> Sightings {
+    let mut seen = Sightings::default();
+    let mut sample = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        sample += 1;
+        let cordoned = cluster
+            .node(node)
+            .is_some_and(|n| n["spec"]["unschedulable"] == serde_json::json!(true));
+        if cordoned && seen.first_cordoned.is_none() {
+            seen.first_cordoned = Some(sample);
+        }
+        let here = cluster
+            .pods_on(node)
+            .iter()
+            .any(|p| p["metadata"]["labels"]["agones.dev/role"] == "gameserver");
+        if here {
+            seen.last_pod = Some(SystemTime::now());
+            seen.first_pod.get_or_insert(sample);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    seen
+}
+
+/// One run: the scheduler decides on a game server's pod (one that tolerates everything, so
+/// the cordon does not stop it) just before the manual drain label lands on an otherwise
+/// empty node, and binds it `BIND_LAG` later: after the fence, within the settle period.
+/// Returns whether the pod was seen to land after the cordon.
 async fn late_pod_run(seed: u64) -> bool {
-    let lead_ms = seed % 31;
     let cluster = Cluster::start(ClusterConfig {
         tick: Duration::from_millis(5),
+        bind_lag: BIND_LAG,
         ..ClusterConfig::default()
     })
     .await
     .unwrap();
     cluster.add_node(NodeSpec::new(NODE)).unwrap();
-    cluster
-        .create_fleet(FleetSpec::new("fleet", 0).grace_seconds(0))
-        .unwrap();
     let gl = GameLiftEmulator::start().await.unwrap();
     gl.add_instances(GROUP, &[IID.to_string()], InstanceStatus::Active);
     let cfg = cluster.emulator().config_for("agent-n1").await.unwrap();
@@ -297,7 +384,7 @@ async fn late_pod_run(seed: u64) -> bool {
                 "--resync-interval",
                 "1s",
                 "--deregister-settle",
-                "300ms",
+                SETTLE,
             ],
         ),
         cfg,
@@ -313,10 +400,34 @@ async fn late_pod_run(seed: u64) -> bool {
     )
     .await;
     let stop = Arc::new(AtomicBool::new(false));
-    let sampler = watch_game_pods(&cluster, NODE, stop.clone());
+    let sampler = watch_node(&cluster, NODE, stop.clone());
     let scenario = async {
-        cluster.scale_fleet(NS, "fleet", 1).unwrap();
-        tokio::time::sleep(Duration::from_millis(lead_ms)).await;
+        // A GameServer of no Fleet: once released, nothing replaces it (a replacement that
+        // tolerates everything would land on the node again, after any settle).
+        // A second of grace keeps its pod on the node, terminating, long enough to be seen
+        // even on a loaded machine.
+        cluster
+            .create_game_server(GameServerSpec::new("late").grace_seconds(1).toleration(
+                Toleration {
+                    operator: Some("Exists".into()),
+                    ..Toleration::default()
+                },
+            ))
+            .unwrap();
+        // The pod exists (and is being decided on) before the drain signal.
+        eventually(
+            &format!("seed {seed}: the game server's pod is created"),
+            Duration::from_secs(10),
+            Duration::from_millis(1),
+            || async {
+                let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(cluster.client(), NS)
+                    .list(&Default::default())
+                    .await
+                    .ok()?;
+                (!pods.items.is_empty()).then_some(())
+            },
+        )
+        .await;
         Api::<Node>::all(cluster.client())
             .patch(
                 NODE,
@@ -334,34 +445,39 @@ async fn late_pod_run(seed: u64) -> bool {
             || async { (gl.count("DeregisterGameServer") >= 1).then_some(()) },
         )
         .await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Long enough for a pod bound after a premature deregistration to be seen.
+        tokio::time::sleep(BIND_LAG + Duration::from_millis(300)).await;
         stop.store(true, Ordering::SeqCst);
     };
-    let (last_pod, ()) = tokio::join!(sampler, scenario);
+    let (seen, ()) = tokio::join!(sampler, scenario);
     let deregs = deregister_times(&gl);
     assert_eq!(deregs.len(), 1, "seed {seed}: exactly one deregistration");
-    if let Some(last) = last_pod {
-        assert!(
-            deregs[0] > last,
-            "seed {seed} (lead {lead_ms} ms): deregistered while a game-server pod was on the node"
-        );
-    }
+    let last = seen
+        .last_pod
+        .unwrap_or_else(|| panic!("seed {seed}: the game-server pod never reached the node"));
+    assert!(
+        deregs[0] > last,
+        "seed {seed}: deregistered while a game-server pod was on the node (or before it landed)"
+    );
     agent.stop().await.unwrap();
     cluster.shutdown().await;
-    last_pod.is_some()
+    matches!((seen.first_cordoned, seen.first_pod), (Some(c), Some(p)) if p > c)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pod_bound_just_before_the_fence_is_never_deregistered_under() {
-    const RUNS: u64 = 100;
-    let landed: Vec<bool> = futures::stream::iter(0..RUNS)
+async fn a_pod_bound_after_the_fence_within_the_settle_is_never_deregistered_under() {
+    const RUNS: u64 = 12;
+    let after: Vec<bool> = futures::stream::iter(0..RUNS)
         .map(late_pod_run)
         .buffer_unordered(4)
         .collect()
         .await;
-    let n = landed.iter().filter(|l| **l).count();
-    eprintln!("{RUNS} runs: a game-server pod reached the node in {n}");
-    assert!(n > 0, "no run exercised the late pod");
+    let n = after.iter().filter(|l| **l).count();
+    eprintln!("{RUNS} runs: the game-server pod landed after the cordon in {n}");
+    assert!(
+        n > RUNS as usize / 2,
+        "only {n} of {RUNS} runs bound the pod after the cordon: the settle was not exercised"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -381,12 +497,15 @@ async fn a_node_starting_drained_with_a_failed_register_ends_deregistered_and_si
             .map(|c| c.op)
             .filter(|op| LIFECYCLE.contains(&op.as_str()))
             .collect();
-    let last_dereg = calls
+    let deregs: Vec<usize> = calls
         .iter()
-        .rposition(|op| op == "DeregisterGameServer")
-        .expect("a deregistration");
+        .enumerate()
+        .filter(|(_, op)| *op == "DeregisterGameServer")
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(deregs.len(), 1, "exactly one deregistration: {calls:?}");
     assert!(
-        calls[last_dereg + 1..].is_empty(),
+        calls[deregs[0] + 1..].is_empty(),
         "FleetIQ calls after the deregistration: {calls:?}"
     );
     assert!(
@@ -405,12 +524,12 @@ async fn a_crash_between_deregistration_and_its_mark_never_deregisters_twice() {
         (w.gl.count("ClaimGameServer") >= 1).then_some(())
     })
     .await;
-    // Long enough that the fault below is in place before the mark, even on a loaded machine.
-    w.gl.set_latency(Duration::from_millis(1500));
+    // The deregistration is held unanswered until the fault below is in place: no timing.
+    w.gl.hang_next("DeregisterGameServer", 1);
     w.status(Status::Draining).await;
     wait_for(
         "deregistration under way (GameLift asked first)",
-        || async { (w.gl.count("DescribeGameServer") >= 1).then_some(()) },
+        || async { (w.gl.count("DescribeGameServer") >= 1 && w.gl.hung_now() == 1).then_some(()) },
     )
     .await;
     // The mark that would follow the call never lands.
@@ -420,13 +539,13 @@ async fn a_crash_between_deregistration_and_its_mark_never_deregisters_twice() {
         100_000,
         500,
     ));
+    w.gl.release_hangs();
     wait_for("DeregisterGameServer answered", || async {
         (w.gl.count("DeregisterGameServer") == 1).then_some(())
     })
     .await;
     agent.abort();
     w.cluster.emulator().faults().clear();
-    w.gl.set_latency(Duration::ZERO);
     assert!(annotation(&w.node().await, "lastcall.dev/deregistered").is_none());
 
     let agent = w.agent(&["--deregister-settle", "0s"]).await;

@@ -13,6 +13,7 @@ use lastcall_testkit::cluster::fixtures::taint;
 use lastcall_testkit::eventually::{eventually, wait_for};
 use lastcall_testkit::gce::GceMetadataEmulator;
 use lastcall_testkit::imds::ImdsEmulator;
+use lastcall_testkit::kube::faults::{FaultRule, Method};
 use lastcall_testkit::kube::journal::Verb;
 use lastcall_testkit::world::{IID, NODE, World, WorldSpec, cordoned, has_taint, subscribed};
 
@@ -131,7 +132,18 @@ async fn gce_preemption_releases_every_idle_server_at_once() {
     let gce = GceMetadataEmulator::start().await.unwrap();
     let agent = gce_agent(&w, &gce, &[]).await;
     w.claimed_all().await;
+    // Every DELETE is held unanswered: released at once, all six are in flight together;
+    // released one after another, only one ever is.
+    w.cluster
+        .emulator()
+        .faults()
+        .inject(FaultRule::hang(Some(Method::DELETE), "/gameservers/", 6));
     gce.set("preempted", "TRUE");
+    wait_for("all six DELETEs in flight together", || async {
+        (w.cluster.emulator().faults().hung_now() == 6).then_some(())
+    })
+    .await;
+    w.cluster.emulator().faults().release_hangs();
     eventually(
         "every idle server released within 5 s",
         Duration::from_secs(5),
@@ -149,10 +161,10 @@ async fn gce_preemption_releases_every_idle_server_at_once() {
         .then_some(())
     })
     .await;
-    // The deletes went out together: no delete waited for another to be answered.
     let j = w.cluster.emulator().journal();
     let deletes = j.filter(|r| r.verb == Verb::Delete && r.identity.as_deref() == Some("agent-n1"));
-    assert_eq!(deletes.len(), 6);
+    assert_eq!(deletes.len(), 6, "one DELETE per idle server");
+    assert!(deletes.iter().all(|r| r.status < 300), "{deletes:#?}");
     agent.stop().await.unwrap();
 }
 

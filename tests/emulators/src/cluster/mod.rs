@@ -71,6 +71,10 @@ pub struct ClusterConfig {
     /// Run the node lifecycle controller's `node.kubernetes.io/unschedulable:NoSchedule`
     /// taint for cordoned nodes (on by default, as on every real cluster).
     pub node_lifecycle_taints: bool,
+    /// How long the scheduler takes to bind a pod after deciding where it goes (zero by
+    /// default: in the same pass). The bind does not re-check the node, so a pod decided on
+    /// before a cordon lands after it, as with kube-scheduler's binding cycle.
+    pub bind_lag: Duration,
 }
 
 impl Default for ClusterConfig {
@@ -81,6 +85,7 @@ impl Default for ClusterConfig {
             tick: Duration::from_millis(50),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             node_lifecycle_taints: true,
+            bind_lag: Duration::ZERO,
         }
     }
 }
@@ -155,7 +160,7 @@ impl Cluster {
         let allocator = client_without_retry(&emulator, ALLOCATOR_IDENTITY)
             .await
             .map_err(ClusterError::Start)?;
-        let model = model::spawn(store, cfg.tick, cfg.node_lifecycle_taints);
+        let model = model::spawn(store, cfg.tick, cfg.node_lifecycle_taints, cfg.bind_lag);
         let _stop_model = model.cancel.clone().drop_guard();
         Ok(Cluster {
             emulator,

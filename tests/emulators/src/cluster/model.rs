@@ -19,8 +19,9 @@ use tokio_util::sync::CancellationToken;
 use crate::kube::store::Store;
 
 use super::kubelet::Kubelet;
+use super::scheduler::Scheduler;
 use super::taint_manager::TaintManager;
-use super::{agones, fleet, node_lifecycle, scheduler};
+use super::{agones, fleet, node_lifecycle};
 
 /// How often a pass runs even when nothing changed (a resync, as informers do).
 const RESYNC: Duration = Duration::from_secs(1);
@@ -43,6 +44,7 @@ struct Controllers {
     node_lifecycle: bool,
     kubelet: Kubelet,
     taint_manager: TaintManager,
+    scheduler: Scheduler,
 }
 
 impl Controllers {
@@ -53,10 +55,10 @@ impl Controllers {
         }
         let terminating = self.kubelet.run(store, now);
         let tolerating = self.taint_manager.run(store, now);
-        scheduler::run(store);
+        let binding = self.scheduler.run(store, now);
         agones::run(store);
         fleet::run(store);
-        terminating || tolerating
+        terminating || tolerating || binding
     }
 }
 
@@ -68,12 +70,22 @@ pub(crate) struct ModelTask {
 }
 
 /// Starts the loop; it runs until `cancel` fires.
-pub(crate) fn spawn(store: Store, tick: Duration, node_lifecycle: bool) -> ModelTask {
+pub(crate) fn spawn(
+    store: Store,
+    tick: Duration,
+    node_lifecycle: bool,
+    bind_lag: Duration,
+) -> ModelTask {
     let cancel = CancellationToken::new();
     let (tx, progress) = watch::channel(Progress::default());
     // Subscribe before the first pass so no change between the two is missed.
     let rx = store.subscribe();
-    let task = tokio::spawn(run(store, tick, node_lifecycle, rx, tx, cancel.clone()));
+    let controllers = Controllers {
+        node_lifecycle,
+        scheduler: Scheduler::new(bind_lag),
+        ..Controllers::default()
+    };
+    let task = tokio::spawn(run(store, tick, controllers, rx, tx, cancel.clone()));
     ModelTask {
         cancel,
         task,
@@ -84,15 +96,11 @@ pub(crate) fn spawn(store: Store, tick: Duration, node_lifecycle: bool) -> Model
 async fn run(
     store: Store,
     tick: Duration,
-    node_lifecycle: bool,
+    mut controllers: Controllers,
     mut rx: broadcast::Receiver<std::sync::Arc<crate::kube::store::StoreEvent>>,
     progress: watch::Sender<Progress>,
     cancel: CancellationToken,
 ) {
-    let mut controllers = Controllers {
-        node_lifecycle,
-        ..Controllers::default()
-    };
     let mut interval = tokio::time::interval(tick.max(Duration::from_millis(1)));
     interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
     loop {

@@ -7,11 +7,17 @@
 //! the one with the fewest pods wins, ties broken by name, so a scenario always lands the
 //! same way. Binding also starts the pod (the kubelet start is instant in this model).
 //! A pod that fits nowhere stays Pending with `PodScheduled=False`, like the real one.
+//!
+//! With a bind lag, a decision is bound that much later and not re-checked meanwhile, as
+//! kube-scheduler's binding cycle runs after its scheduling cycle on the node it picked then:
+//! a pod decided on before a cordon can still land after it.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Taint;
 use serde_json::{Value, json};
+use tokio::time::Instant;
 
 use crate::kube::resources::{NODES, PODS};
 use crate::kube::store::{Part, Store, now_rfc3339};
@@ -125,36 +131,85 @@ pub fn pick<'a>(
     }
 }
 
-/// One scheduling pass over every pending pod.
-pub(crate) fn run(store: &Store) {
-    let nodes: Vec<NodeInfo> = list_parsed(store, &NODES, NodeInfo::parse)
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect();
-    let pods: Vec<PodInfo> = list_parsed(store, &PODS, PodInfo::parse)
-        .into_iter()
-        .map(|(p, _)| p)
-        .collect();
-    let mut load: BTreeMap<String, usize> = BTreeMap::new();
-    for pod in &pods {
-        if let Some(node) = &pod.node
-            && !pod.phase.is_finished()
-        {
-            *load.entry(node.clone()).or_default() += 1;
+/// The scheduler, and the decisions it has made but not bound yet.
+#[derive(Default)]
+pub(crate) struct Scheduler {
+    /// How long after its decision a pod is bound (zero: in the same pass).
+    bind_lag: Duration,
+    /// Pods decided but not yet bound, by uid: the node picked and when the bind lands.
+    assumed: BTreeMap<String, Assumed>,
+}
+
+struct Assumed {
+    node: String,
+    due: Instant,
+}
+
+impl Scheduler {
+    pub(crate) fn new(bind_lag: Duration) -> Self {
+        Scheduler {
+            bind_lag,
+            assumed: BTreeMap::new(),
         }
     }
-    for pod in pods
-        .iter()
-        .filter(|p| p.node.is_none() && !p.deleting && p.phase == PodPhase::Pending)
-    {
-        match pick(&nodes, &load, pod) {
-            Ok(node) => {
-                if bind(store, pod, node) {
-                    *load.entry(node.name.clone()).or_default() += 1;
-                }
+
+    /// One scheduling pass over every pending pod; returns whether a bind is still due.
+    pub(crate) fn run(&mut self, store: &Store, now: Instant) -> bool {
+        let nodes: Vec<NodeInfo> = list_parsed(store, &NODES, NodeInfo::parse)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        let pods: Vec<PodInfo> = list_parsed(store, &PODS, PodInfo::parse)
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
+        let pending: Vec<&PodInfo> = pods
+            .iter()
+            .filter(|p| p.node.is_none() && !p.deleting && p.phase == PodPhase::Pending)
+            .collect();
+        // A decision about a pod that is gone, bound or deleting meanwhile is dropped.
+        self.assumed
+            .retain(|uid, _| pending.iter().any(|p| &p.uid == uid));
+        let mut load: BTreeMap<String, usize> = BTreeMap::new();
+        for pod in &pods {
+            if let Some(node) = &pod.node
+                && !pod.phase.is_finished()
+            {
+                *load.entry(node.clone()).or_default() += 1;
             }
-            Err(message) => mark_unschedulable(store, pod, &message),
         }
+        // Decided pods count on their node, as kube-scheduler's assumed pods do.
+        for a in self.assumed.values() {
+            *load.entry(a.node.clone()).or_default() += 1;
+        }
+        for pod in pending {
+            if let Some(a) = self.assumed.get(&pod.uid) {
+                if now >= a.due {
+                    // The node picked then, whatever it looks like now; a node that is gone
+                    // sends the pod back to scheduling.
+                    if let Some(node) = nodes.iter().find(|n| n.name == a.node) {
+                        bind(store, pod, node);
+                    }
+                    self.assumed.remove(&pod.uid);
+                }
+                continue;
+            }
+            match pick(&nodes, &load, pod) {
+                Ok(node) if self.bind_lag.is_zero() => {
+                    if bind(store, pod, node) {
+                        *load.entry(node.name.clone()).or_default() += 1;
+                    }
+                }
+                Ok(node) => {
+                    *load.entry(node.name.clone()).or_default() += 1;
+                    let due = now + self.bind_lag;
+                    let node = node.name.clone();
+                    self.assumed.insert(pod.uid.clone(), Assumed { node, due });
+                }
+                Err(message) => mark_unschedulable(store, pod, &message),
+            }
+        }
+        !self.assumed.is_empty()
     }
 }
 
@@ -363,6 +418,61 @@ mod tests {
             Some(
                 "0/2 nodes are available: 1 node(s) were unschedulable, 1 node(s) had untolerated taint(s)."
             )
+        );
+    }
+
+    #[test]
+    fn a_lagged_bind_lands_later_on_the_node_decided_even_if_cordoned_since() {
+        use crate::cluster::fixtures::NodeSpec;
+        let store = Store::new(100);
+        store
+            .create(&NODES, None, NodeSpec::new("n1").to_object())
+            .unwrap();
+        store
+            .create(
+                &PODS,
+                Some("default"),
+                json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}),
+            )
+            .unwrap();
+        let bound = || {
+            store.get(&PODS, Some("default"), "p").and_then(|p| {
+                p.pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+        };
+        let lag = Duration::from_millis(100);
+        let mut s = Scheduler::new(lag);
+        let t0 = Instant::now();
+        assert!(s.run(&store, t0), "decided, the bind is due later");
+        assert_eq!(bound(), None);
+        // Cordoned after the decision: the binding cycle does not look again.
+        let mut node = store.get(&NODES, None, "n1").unwrap();
+        node["spec"]["unschedulable"] = json!(true);
+        store.replace(&NODES, None, "n1", node).unwrap();
+        assert!(s.run(&store, t0 + lag / 2));
+        assert_eq!(bound(), None, "not before the lag");
+        assert!(!s.run(&store, t0 + lag), "nothing left to bind");
+        assert_eq!(bound().as_deref(), Some("n1"));
+
+        // Without a lag, the same pass binds.
+        let store = Store::new(100);
+        store
+            .create(&NODES, None, NodeSpec::new("n1").to_object())
+            .unwrap();
+        store
+            .create(
+                &PODS,
+                Some("default"),
+                json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}),
+            )
+            .unwrap();
+        assert!(!Scheduler::new(Duration::ZERO).run(&store, Instant::now()));
+        assert!(
+            store
+                .get(&PODS, Some("default"), "p")
+                .is_some_and(|p| p.pointer("/spec/nodeName").is_some())
         );
     }
 }
