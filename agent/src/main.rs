@@ -8,19 +8,6 @@ use lastcall_agent::config::Config;
 use lastcall_agent::run::{Overrides, run};
 use tokio_util::sync::CancellationToken;
 
-/// `--cleanup-cooperation`: one pass over the cluster's game-server pods; any failed patch
-/// fails the run, so an uninstall hook shows it.
-async fn cleanup_cooperation(config: &Config) -> anyhow::Result<()> {
-    let cfg = kube::Config::infer().await?;
-    let (metrics, _) = lastcall_agent::metrics::Metrics::new();
-    let client = lastcall_agent::run::kube_client(cfg, config.request_timeout, &metrics)?;
-    let summary = lastcall_agent::cooperation::cleanup::run(client).await?;
-    if summary.failed > 0 {
-        anyhow::bail!("{} pod(s) could not be cleaned up", summary.failed);
-    }
-    Ok(())
-}
-
 fn main() -> ExitCode {
     // Bad flags exit 2 here with a one-line error naming the flag.
     let config = match Config::try_parse() {
@@ -47,7 +34,9 @@ fn main() -> ExitCode {
         let shutdown = CancellationToken::new();
         let _signals = lastcall_common::shutdown::install(shutdown.clone())?;
         if config.cleanup_cooperation {
-            return cleanup_cooperation(&config).await;
+            return lastcall_agent::run::cleanup_cooperation(&config, None)
+                .await
+                .map(drop);
         }
         run(config, Overrides::default(), shutdown).await
     });

@@ -358,6 +358,28 @@ fn spawn_ownership(
     owner
 }
 
+/// `--cleanup-cooperation`: one pass over the cluster's game-server pods with a client built
+/// as the agent builds its own (`kube`: where the API is; `None`: in-cluster); any failed
+/// patch fails the run, so an uninstall hook shows it.
+pub async fn cleanup_cooperation(
+    config: &Config,
+    kube: Option<kube::Config>,
+) -> anyhow::Result<crate::cooperation::cleanup::Summary> {
+    let cfg = match kube {
+        Some(c) => c,
+        None => kube::Config::infer()
+            .await
+            .context("loading the Kubernetes client config")?,
+    };
+    let (metrics, _) = Metrics::new();
+    let client = kube_client(cfg, config.request_timeout, &metrics)?;
+    let summary = crate::cooperation::cleanup::run(client).await?;
+    if summary.failed > 0 {
+        anyhow::bail!("{} pod(s) could not be cleaned up", summary.failed);
+    }
+    Ok(summary)
+}
+
 /// The policy's settings, from the flags.
 fn policy_config(config: &Config) -> PolicyConfig {
     PolicyConfig {

@@ -176,10 +176,12 @@ async fn the_cleanup_removes_what_cooperation_wrote() {
         .config_for("lastcall-cleanup")
         .await
         .expect("client");
-    let client = lastcall_agent::run::kube_client(kube).expect("client");
-    let summary = lastcall_agent::cooperation::cleanup::run(client)
-        .await
-        .expect("cleanup");
+    let summary = lastcall_agent::run::cleanup_cooperation(
+        &lastcall_testkit::agent::config("n1", &["--cleanup-cooperation"]),
+        Some(kube),
+    )
+    .await
+    .expect("cleanup");
     assert_eq!(summary.cleaned, names.len());
     assert_eq!(summary.failed, 0);
     for n in &names {
