@@ -167,14 +167,19 @@ pub fn report(view: &View, s: &Settings, now: Timestamp) -> Report {
         Notice::new(SOURCE, cause, severity, deadline, cancellable, detail)
     };
     let mut out = vec![];
+    // Both deadlines are counted from first sight: a restart counts them again, later.
+    let estimated = |n: Notice| Notice {
+        estimated_deadline: true,
+        ..n
+    };
     if *preempted {
-        out.push(n(
+        out.push(estimated(n(
             Cause::Preemption,
             Severity::Terminate,
             plus(*preempted_at, s.preemption_notice),
             false,
             "instance/preempted=TRUE".into(),
-        ));
+        )));
     }
     match event {
         MaintenanceEvent::None => {}
@@ -185,13 +190,13 @@ pub fn report(view: &View, s: &Settings, now: Timestamp) -> Report {
             true,
             "MIGRATE_ON_HOST_MAINTENANCE (live migration; the VM survives)".into(),
         )),
-        MaintenanceEvent::Terminate(v) => out.push(n(
+        MaintenanceEvent::Terminate(v) => out.push(estimated(n(
             Cause::Maintenance,
             Severity::Terminate,
             plus(*event_at, s.terminate_notice),
             true,
             format!("maintenance-event={v}"),
-        )),
+        ))),
     }
     if let Some(u) = &view.upcoming {
         let lead = SignedDuration::try_from(s.maintenance_lead).unwrap_or_default();
