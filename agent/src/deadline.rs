@@ -119,17 +119,25 @@ impl Pressure {
         }
     }
 
-    /// Whether a match with `grace` between SIGTERM and SIGKILL may be ended at `now`:
-    /// a current Terminate deadline, and `now` at or past `deadline − grace`. (Whether
-    /// `eviction.safe` permits it is the verdict's question.)
-    pub fn may_end(&self, grace: Duration, now: Timestamp) -> bool {
+    /// When a match whose pod has `grace` between SIGTERM and SIGKILL may be ended:
+    /// `deadline − grace` of a current Terminate deadline (a grace too long to represent:
+    /// at once). `None`: nothing here may end a match. (Whether `eviction.safe` permits it
+    /// is the verdict's question.)
+    pub fn ends_at(&self, grace: Duration) -> Option<Timestamp> {
         match (self.severity, self.deadline) {
-            (Severity::Terminate, Some(d)) => SignedDuration::try_from(grace)
-                .ok()
-                .and_then(|g| d.checked_sub(g).ok())
-                .is_none_or(|at| at <= now),
-            _ => false,
+            (Severity::Terminate, Some(d)) => Some(
+                SignedDuration::try_from(grace)
+                    .ok()
+                    .and_then(|g| d.checked_sub(g).ok())
+                    .unwrap_or(Timestamp::MIN),
+            ),
+            _ => None,
         }
+    }
+
+    /// Whether such a match may be ended at `now`.
+    pub fn may_end(&self, grace: Duration, now: Timestamp) -> bool {
+        self.ends_at(grace).is_some_and(|at| at <= now)
     }
 }
 
@@ -144,6 +152,7 @@ pub struct Inputs<'a> {
     pub unknown: &'a [Source],
     /// `--drain-deadline`: what a claim without a deadline announces, from its first sight.
     pub default_deadline: Duration,
+    /// When a claim the record does not hold yet is first seen: normally now.
     pub now: Timestamp,
 }
 

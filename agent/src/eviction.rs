@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 
 pub use crate::deadline::Pressure;
 use crate::notice::{Cause, Severity};
@@ -229,19 +229,12 @@ pub fn verdict(
     if !(s.safe.permits(p.cause) || cfg.graceful_termination) {
         return Verdict::Protect { at_risk: true };
     }
-    let at = start_of_grace(deadline, pod.grace);
+    // The deadline rule says when: `deadline − grace`.
+    let at = p.ends_at(pod.grace).unwrap_or(Timestamp::MIN);
     Verdict::EndGracefully {
         at,
         at_risk: at < now,
     }
-}
-
-/// `deadline − grace`; a grace too long to represent starts at the earliest moment.
-fn start_of_grace(deadline: Timestamp, grace: Duration) -> Timestamp {
-    SignedDuration::try_from(grace)
-        .ok()
-        .and_then(|g| deadline.checked_sub(g).ok())
-        .unwrap_or(Timestamp::MIN)
 }
 
 /// How many of `servers` have a match at risk (the "matches at risk" gauge). Pods are

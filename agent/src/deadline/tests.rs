@@ -365,3 +365,53 @@ fn the_current_deadline() {
         assert_eq!(kept, want, "{}: record", r.name);
     }
 }
+
+#[test]
+fn a_match_ends_at_deadline_minus_grace_and_only_on_a_dated_terminate() {
+    let p = |severity, at: Option<i64>| Pressure {
+        cause: Cause::Maintenance,
+        severity,
+        deadline: at.map(t),
+    };
+    let dated = p(Severity::Terminate, Some(60));
+    assert_eq!(dated.ends_at(GRACE), Some(t(58)));
+    assert!(!dated.may_end(GRACE, t(58) - SignedDuration::from_nanos(1)));
+    assert!(dated.may_end(GRACE, t(58)));
+    // A grace too long to represent: at once.
+    assert_eq!(dated.ends_at(Duration::MAX), Some(Timestamp::MIN));
+    assert!(dated.may_end(Duration::MAX, t(0)));
+    for undated in [
+        p(Severity::Terminate, None),
+        p(Severity::Drain, Some(60)),
+        p(Severity::Observe, Some(60)),
+    ] {
+        assert_eq!(undated.ends_at(GRACE), None, "{undated:?}");
+        assert!(!undated.may_end(GRACE, t(600)), "{undated:?}");
+    }
+}
+
+#[test]
+fn a_recorded_claim_reads_back_as_the_notice_it_was() {
+    let e = rec(&event(60), 0);
+    let n = e.as_notice();
+    assert_eq!(
+        (
+            n.source,
+            n.cause,
+            n.severity,
+            n.deadline,
+            n.cancellable,
+            n.cordon
+        ),
+        (
+            IMDS,
+            Cause::Maintenance,
+            Severity::Terminate,
+            Some(t(60)),
+            true,
+            true
+        )
+    );
+    assert_eq!(n.id, "recorded:aws_imds:maintenance");
+    assert!(n.detail.contains("2026-11-30T05:00:00"), "{}", n.detail);
+}
