@@ -5,7 +5,7 @@
 //! is no longer true kills matches for nothing. This module is the one place that decides
 //! which deadline is true. Pure: no I/O, no clock (`now` is an input).
 //!
-//! Every (source, cause) that asks for the drain is a [`Claim`]. Its deadline is:
+//! Every (source, cause, severity) that asks for the drain is a [`Claim`]. Its deadline is:
 //!
 //! | claim | deadline | standing |
 //! |---|---|---|
@@ -29,7 +29,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use crate::notice::{Cause, Notice, Severity, Source};
 
-/// One (source, cause) that asked for the drain, as remembered on the Node.
+/// One (source, cause, severity) that asked for the drain, as remembered on the Node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
     pub source: Source,
@@ -59,8 +59,10 @@ impl Entry {
         }
     }
 
-    fn key(&self) -> (Source, &'static str) {
-        (self.source, self.cause.as_str())
+    /// One claim per source, cause and severity: a reboot (Drain) and a stop (Terminate)
+    /// of one provider are two claims, so a Drain's date never becomes a Terminate's.
+    fn key(&self) -> (Source, &'static str, Severity) {
+        (self.source, self.cause.as_str(), self.severity)
     }
 }
 
@@ -73,7 +75,8 @@ pub enum Standing {
     Unconfirmed,
 }
 
-/// A (source, cause) asking for the drain, with its deadline as this module judged it.
+/// A (source, cause, severity) asking for the drain, with its deadline as this module judged
+/// it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Claim {
     pub entry: Entry,
@@ -183,16 +186,15 @@ fn min_some(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
 
 /// The deadline rule (see the module table).
 pub fn current(inp: &Inputs<'_>) -> Deadlines {
-    // Live notices, one group per (source, cause).
+    // Live notices, one group per (source, cause, severity).
     let mut groups: Vec<Entry> = vec![];
     // Whether every notice of the group is cancellable with a deadline the provider stated.
     let mut authoritative: Vec<bool> = vec![];
     for n in inp.live.iter().filter(|n| n.severity >= Severity::Drain) {
         let stated = n.cancellable && !n.estimated_deadline;
-        let key = (n.source, n.cause.as_str());
+        let key = (n.source, n.cause.as_str(), n.severity);
         if let Some(i) = groups.iter().position(|g| g.key() == key) {
             let g = &mut groups[i];
-            g.severity = g.severity.max(n.severity);
             g.deadline = min_some(g.deadline, n.deadline);
             g.cancellable &= n.cancellable;
             authoritative[i] &= stated;
@@ -218,11 +220,6 @@ pub fn current(inp: &Inputs<'_>) -> Deadlines {
             },
             // Not cancellable, or counted from first sight: never later than recorded.
             Some(r) => Entry {
-                severity: if r.cancellable {
-                    g.severity
-                } else {
-                    r.severity.max(g.severity)
-                },
                 deadline: min_some(r.deadline, g.deadline),
                 cancellable: r.cancellable && g.cancellable,
                 first_seen: r.first_seen,

@@ -180,6 +180,19 @@ mod tests {
     }
 
     #[test]
+    fn causes_and_severities_read_back_what_they_write() {
+        for c in Cause::ALL {
+            assert_eq!(Cause::parse(c.as_str()), Some(c));
+        }
+        for s in [Severity::Observe, Severity::Drain, Severity::Terminate] {
+            assert_eq!(Severity::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(Cause::parse("meteor"), None);
+        assert_eq!(Severity::parse("Drain"), None, "case matters");
+        assert_eq!(Source("fleetiq").as_str(), "fleetiq");
+    }
+
+    #[test]
     fn strongest_prefers_severity_then_earliest_deadline() {
         assert_eq!(
             Notice::strongest(&[n(Source("fleetiq"), Severity::Observe, None)]),

@@ -297,6 +297,20 @@ fn the_current_deadline() {
             kept: vec![(IMDS, Some(60), 59)],
         },
         Row {
+            name: "a reboot and a stop of one provider: two claims, a Drain's date ends nothing",
+            live: vec![
+                live(IMDS, Cause::Maintenance, Severity::Drain, Some(90), true),
+                event(120),
+            ],
+            record: vec![],
+            unknown: vec![],
+            now: 100,
+            announced: Some((90, Live(IMDS))),
+            pressure: Some((Severity::Terminate, Some(120))),
+            may_end: false,
+            kept: vec![(IMDS, Some(90), 100), (IMDS, Some(120), 100)],
+        },
+        Row {
             name: "Terminate without a time: the default is announced, nothing ends",
             live: vec![live(
                 IMDS,
@@ -414,4 +428,59 @@ fn a_recorded_claim_reads_back_as_the_notice_it_was() {
     );
     assert_eq!(n.id, "recorded:aws_imds:maintenance");
     assert!(n.detail.contains("2026-11-30T05:00:00"), "{}", n.detail);
+}
+
+#[test]
+fn one_source_and_cause_is_one_claim() {
+    let claim = |live: &[Notice], record: &[Entry], unknown: &[Source]| {
+        current(&Inputs {
+            live,
+            record,
+            unknown,
+            default_deadline: DEFAULT,
+            now: t(1),
+        })
+    };
+    let final_event = Notice {
+        cancellable: false,
+        ..event(120)
+    };
+    // Two notices of one source, cause and severity: one claim, the earliest deadline,
+    // final if either is.
+    let d = claim(&[event(90), final_event.clone()], &[], &[]);
+    let e = &d.record()[..];
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!(
+        (
+            e[0].severity,
+            e[0].deadline,
+            e[0].cancellable,
+            e[0].first_seen
+        ),
+        (Severity::Terminate, Some(t(90)), false, t(1))
+    );
+    // Counted from first sight in one of them: the group may not move the record later.
+    let estimated = Notice {
+        estimated_deadline: true,
+        ..event(130)
+    };
+    let d = claim(&[estimated, event(130)], &[rec(&event(60), 0)], &[]);
+    assert_eq!(d.record()[0].deadline, Some(t(60)));
+    // A final record stays final and keeps its deadline whatever the live notice says.
+    let d = claim(&[event(200)], &[rec(&final_event, 0)], &[]);
+    let e = &d.record()[..];
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!(
+        (e[0].severity, e[0].deadline, e[0].cancellable),
+        (Severity::Terminate, Some(t(120)), false)
+    );
+    // A current Terminate without a time and an unconfirmed one: the current one presses
+    // (its cause decides what eviction.safe permits).
+    let asg = live(IMDS, Cause::ScaleDown, Severity::Terminate, None, false);
+    let d = claim(&[asg], &[rec(&event(60), 0)], &[IMDS]);
+    let p = d.pressure.expect("pressure");
+    assert_eq!(
+        (p.cause, p.severity, p.deadline),
+        (Cause::ScaleDown, Severity::Terminate, None)
+    );
 }
