@@ -288,9 +288,8 @@ pub fn current(inp: &Inputs<'_>) -> Deadlines {
         strongest(Standing::Current),
         strongest(Standing::Unconfirmed),
     ) {
-        // A current Terminate deadline: the node goes then, whatever else is unknown.
-        (Some(c), _) if c.severity == Severity::Terminate && c.deadline.is_some() => Some(c),
-        // Something unconfirmed presses harder: protect (and warn), never end.
+        // Something unconfirmed presses harder: protect (and warn), never end. Nothing
+        // outranks a current Terminate, so its deadline stands whatever else is unknown.
         (c, Some(u)) if c.is_none_or(|c| u.severity > c.severity) => Some(Pressure {
             deadline: None,
             ..u

@@ -280,6 +280,23 @@ fn the_current_deadline() {
             kept: vec![(IMDS, Some(30), 0), (GKE, Some(60), 58)],
         },
         Row {
+            name: "a current Drain with a date and an unconfirmed Terminate: protect only",
+            live: vec![live(
+                GKE,
+                Cause::Maintenance,
+                Severity::Drain,
+                Some(40),
+                true,
+            )],
+            record: vec![rec(&event(60), 0)],
+            unknown: vec![IMDS],
+            now: 59,
+            announced: Some((40, Live(GKE))),
+            pressure: Some((Severity::Terminate, None)),
+            may_end: false,
+            kept: vec![(IMDS, Some(60), 0), (GKE, Some(40), 59)],
+        },
+        Row {
             name: "a Drain with a deadline (a reboot event) never ends a match",
             live: vec![live(
                 IMDS,
