@@ -194,6 +194,11 @@ impl Actuator {
         for k in &p.remove_annotations {
             ops.push(json!({"op": "remove", "path": format!("/metadata/annotations/{}", pointer_escape(k))}));
         }
+        for k in &p.remove_labels {
+            ops.push(
+                json!({"op": "remove", "path": format!("/metadata/labels/{}", pointer_escape(k))}),
+            );
+        }
         Value::Array(ops)
     }
 
@@ -622,6 +627,8 @@ mod tests {
         p.set_annotations
             .insert(keys::ANN_STARTED.into(), "t".into());
         p.remove_annotations.insert(keys::ANN_CAUSE.into());
+        p.remove_labels
+            .insert(keys::LABEL_GKE_PERFORM_MAINTENANCE.into());
         let ops = Actuator::node_patch_ops(&p, false);
         let ops = ops.as_array().unwrap();
         assert_eq!(
@@ -638,6 +645,8 @@ mod tests {
         );
         assert!(ops.iter().any(|o| o["op"] == "remove"
             && o["path"] == "/metadata/annotations/lastcall.dev~1drain-cause"));
+        assert!(ops.iter().any(|o| o["op"] == "remove"
+            && o["path"] == "/metadata/labels/cloud.google.com~1perform-maintenance"));
         // And it is a valid RFC 6902 document.
         let _: json_patch::Patch = serde_json::from_value(Value::Array(ops.clone())).unwrap();
     }

@@ -59,10 +59,7 @@ impl DrainTiming {
             self.fenced_recorded = true;
         }
         if matches!(plan.phase, Phase::Empty | Phase::Deregistered) && !self.drain_recorded {
-            if let Some(start) = progress
-                .started
-                .filter(|s| *s > jiff::Timestamp::UNIX_EPOCH)
-            {
+            if let Some(start) = progress.start() {
                 let secs = jiff::Timestamp::now()
                     .duration_since(start)
                     .as_secs_f64()

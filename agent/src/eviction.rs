@@ -24,59 +24,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 
-use crate::notice::{Cause, Notice, Severity};
+pub use crate::deadline::Pressure;
+use crate::notice::{Cause, Severity};
+pub use crate::observed::EvictionSafe;
 use crate::observed::{GameServerView, GsState, PodView};
 
-/// Agones' `eviction.safe`: which voluntary disruptions the game accepts.
-///
-/// Parsed once at the edge ([`EvictionSafe::of_gameserver`]); nothing downstream compares
-/// strings.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum EvictionSafe {
-    /// The Agones default: run to completion, never disrupted voluntarily.
-    Never,
-    /// Blocks the autoscaler, accepts upgrades: the game handles SIGTERM within its grace.
-    OnUpgrade,
-    /// Accepts any voluntary disruption with SIGTERM and grace.
-    Always,
-    /// A value this version does not know. Treated as `Never`, the most protective; the
-    /// integrator counts it (`is_unknown`) and logs the raw value.
-    Unknown(String),
-}
-
 impl EvictionSafe {
-    /// An absent or empty value is Agones' default, `Never`; anything unrecognised is
-    /// `Unknown` (Agones' CRD values are case-sensitive, so no folding).
-    pub fn parse(s: Option<&str>) -> Self {
-        match s {
-            None | Some("") | Some("Never") => Self::Never,
-            Some("OnUpgrade") => Self::OnUpgrade,
-            Some("Always") => Self::Always,
-            Some(other) => Self::Unknown(other.to_string()),
-        }
-    }
-
-    /// Reads a GameServer's raw object. `status.eviction.safe` comes first: it is the value
-    /// Agones enforces (it copies spec, then forces `Always` when the pod template carries
-    /// `cluster-autoscaler.kubernetes.io/safe-to-evict: "true"`). `spec.eviction.safe` is the
-    /// fallback for a GameServer whose status is not written yet. A non-string value is
-    /// `Unknown`, never a silent default.
-    pub fn of_gameserver(data: &serde_json::Value) -> Self {
-        let at = |root: &str| {
-            data.get(root)
-                .and_then(|r| r.get("eviction"))
-                .and_then(|e| e.get("safe"))
-                .filter(|v| !v.is_null() && v.as_str() != Some(""))
-        };
-        match at("status").or_else(|| at("spec")) {
-            None => Self::Never,
-            Some(serde_json::Value::String(s)) => Self::parse(Some(s)),
-            Some(other) => Self::Unknown(other.to_string()),
-        }
-    }
-
     /// Whether the game accepts being ended gracefully for this cause.
     ///
     /// - `Never` and unknown values: for no cause.
@@ -87,20 +42,6 @@ impl EvictionSafe {
             Self::Never | Self::Unknown(_) => false,
             Self::OnUpgrade => upgrade_like(cause),
             Self::Always => true,
-        }
-    }
-
-    pub fn is_unknown(&self) -> bool {
-        matches!(self, Self::Unknown(_))
-    }
-
-    /// Fixed label for metrics (an unknown raw value never becomes a label).
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Self::Never => "never",
-            Self::OnUpgrade => "on_upgrade",
-            Self::Always => "always",
-            Self::Unknown(_) => "unknown",
         }
     }
 }
@@ -138,27 +79,6 @@ pub struct EvictionConfig {
     /// this hands the game SIGTERM and its whole grace period instead. Off by default:
     /// without it lastcall never ends such a match, it only warns.
     pub graceful_termination: bool,
-}
-
-/// What presses on the node, as the verdict reads it: the driving notice's cause and
-/// severity, and the deadline a source gave.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Pressure {
-    pub cause: Cause,
-    pub severity: Severity,
-    /// A deadline some source announced (tightened with the recorded one, which only moves
-    /// earlier). Never the configured default: an invented deadline must not end a match.
-    pub deadline: Option<Timestamp>,
-}
-
-impl Pressure {
-    pub fn of(notice: &Notice) -> Self {
-        Self {
-            cause: notice.cause,
-            severity: notice.severity,
-            deadline: notice.deadline,
-        }
-    }
 }
 
 /// What the verdict reads of a game-server pod.
@@ -309,19 +229,12 @@ pub fn verdict(
     if !(s.safe.permits(p.cause) || cfg.graceful_termination) {
         return Verdict::Protect { at_risk: true };
     }
-    let at = start_of_grace(deadline, pod.grace);
+    // The deadline rule says when: `deadline − grace`.
+    let at = p.ends_at(pod.grace).unwrap_or(Timestamp::MIN);
     Verdict::EndGracefully {
         at,
         at_risk: at < now,
     }
-}
-
-/// `deadline − grace`; a grace too long to represent starts at the earliest moment.
-fn start_of_grace(deadline: Timestamp, grace: Duration) -> Timestamp {
-    SignedDuration::try_from(grace)
-        .ok()
-        .and_then(|g| deadline.checked_sub(g).ok())
-        .unwrap_or(Timestamp::MIN)
 }
 
 /// How many of `servers` have a match at risk (the "matches at risk" gauge). Pods are

@@ -7,6 +7,7 @@
 pub mod actuator;
 pub mod config;
 pub mod cooperation;
+pub mod deadline;
 pub mod drain_events;
 pub mod drain_state;
 pub mod drain_timing;

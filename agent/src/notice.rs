@@ -110,6 +110,10 @@ pub struct Notice {
     /// The maintenance behind it may be started early once the node is empty (GCE
     /// `can_reschedule`), which GKE does when asked with `cloud.google.com/perform-maintenance`.
     pub can_start_early: bool,
+    /// The deadline is lastcall's estimate counted from when the notice was first seen (a
+    /// Spot notice's two minutes, GCE's terminate notice), not a time the provider stated:
+    /// a restart counts it again, later, so the recorded one stands (see `deadline`).
+    pub estimated_deadline: bool,
     pub detail: String,
 }
 
@@ -133,6 +137,7 @@ impl Notice {
             cancellable,
             cordon: true,
             can_start_early: false,
+            estimated_deadline: false,
             detail,
         }
     }
@@ -169,8 +174,22 @@ mod tests {
             cancellable: true,
             cordon: true,
             can_start_early: false,
+            estimated_deadline: false,
             detail: String::new(),
         }
+    }
+
+    #[test]
+    fn causes_and_severities_read_back_what_they_write() {
+        for c in Cause::ALL {
+            assert_eq!(Cause::parse(c.as_str()), Some(c));
+        }
+        for s in [Severity::Observe, Severity::Drain, Severity::Terminate] {
+            assert_eq!(Severity::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(Cause::parse("meteor"), None);
+        assert_eq!(Severity::parse("Drain"), None, "case matters");
+        assert_eq!(Source("fleetiq").as_str(), "fleetiq");
     }
 
     #[test]

@@ -11,7 +11,6 @@ use k8s_openapi::api::core::v1::{Node, Pod, Taint, Toleration};
 use kube::api::DynamicObject;
 use kube::discovery::ApiResource;
 
-use crate::eviction::EvictionSafe;
 use crate::keys;
 
 /// Agones' GameServer API, addressed dynamically so unknown fields never break parsing.
@@ -33,6 +32,70 @@ pub fn fleet_resource() -> ApiResource {
         api_version: "agones.dev/v1".into(),
         kind: "Fleet".into(),
         plural: "fleets".into(),
+    }
+}
+
+/// Agones' `eviction.safe`: which voluntary disruptions the game accepts. An observed fact;
+/// what it permits is the eviction rule's (`EvictionSafe::permits`, in `eviction`).
+///
+/// Parsed once at the edge ([`EvictionSafe::of_gameserver`]); nothing downstream compares
+/// strings.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum EvictionSafe {
+    /// The Agones default: run to completion, never disrupted voluntarily.
+    Never,
+    /// Blocks the autoscaler, accepts upgrades: the game handles SIGTERM within its grace.
+    OnUpgrade,
+    /// Accepts any voluntary disruption with SIGTERM and grace.
+    Always,
+    /// A value this version does not know. Treated as `Never`, the most protective; the
+    /// integrator counts it (`is_unknown`) and logs the raw value.
+    Unknown(String),
+}
+
+impl EvictionSafe {
+    /// An absent or empty value is Agones' default, `Never`; anything unrecognised is
+    /// `Unknown` (Agones' CRD values are case-sensitive, so no folding).
+    pub fn parse(s: Option<&str>) -> Self {
+        match s {
+            None | Some("") | Some("Never") => Self::Never,
+            Some("OnUpgrade") => Self::OnUpgrade,
+            Some("Always") => Self::Always,
+            Some(other) => Self::Unknown(other.to_string()),
+        }
+    }
+
+    /// Reads a GameServer's raw object. `status.eviction.safe` comes first: it is the value
+    /// Agones enforces (it copies spec, then forces `Always` when the pod template carries
+    /// `cluster-autoscaler.kubernetes.io/safe-to-evict: "true"`). `spec.eviction.safe` is the
+    /// fallback for a GameServer whose status is not written yet. A non-string value is
+    /// `Unknown`, never a silent default.
+    pub fn of_gameserver(data: &serde_json::Value) -> Self {
+        let at = |root: &str| {
+            data.get(root)
+                .and_then(|r| r.get("eviction"))
+                .and_then(|e| e.get("safe"))
+                .filter(|v| !v.is_null() && v.as_str() != Some(""))
+        };
+        match at("status").or_else(|| at("spec")) {
+            None => Self::Never,
+            Some(serde_json::Value::String(s)) => Self::parse(Some(s)),
+            Some(other) => Self::Unknown(other.to_string()),
+        }
+    }
+
+    pub fn is_unknown(&self) -> bool {
+        matches!(self, Self::Unknown(_))
+    }
+
+    /// Fixed label for metrics (an unknown raw value never becomes a label).
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Never => "never",
+            Self::OnUpgrade => "on_upgrade",
+            Self::Always => "always",
+            Self::Unknown(_) => "unknown",
+        }
     }
 }
 

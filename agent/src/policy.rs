@@ -12,11 +12,12 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Taint, Toleration};
 
 use crate::cooperation;
-use crate::eviction::{self, EvictionConfig, Pressure, Subject, Verdict};
+use crate::deadline::{self, Pressure};
+use crate::eviction::{self, EvictionConfig, Subject, Verdict};
 use crate::keys;
 use crate::notice::{Cause, Notice, Severity, Source};
 use crate::observed::{GameServerView, GsState, Observed};
-use crate::progress::{DrainRecord, Progress, Recorded, format_ts};
+use crate::progress::{DrainRecord, Progress, Recorded, format_precise, format_ts};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicyConfig {
@@ -155,6 +156,7 @@ pub struct NodePatch {
     pub set_annotations: BTreeMap<String, String>,
     pub remove_annotations: BTreeSet<String>,
     pub set_labels: BTreeMap<String, String>,
+    pub remove_labels: BTreeSet<String>,
     /// What this write means, announced as Node Events once it succeeds.
     pub events: Vec<NodeEvent>,
 }
@@ -183,6 +185,7 @@ impl NodePatch {
         self.unschedulable.is_none()
             && self.taints.is_none()
             && self.set_labels.is_empty()
+            && self.remove_labels.is_empty()
             && self.set_annotations.is_empty()
             && self.remove_annotations.is_empty()
     }
@@ -319,11 +322,15 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
     let mut notices: Vec<Notice> = inp.notices.to_vec();
     // A drain that cannot be withdrawn (a Spot interruption) stays, whatever a lagging
     // replica, a failover or a cache says after a restart; its deadline stays put too.
-    if let Recorded::Valid(r) = &progress.record
-        && !r.cancellable
-        && progress.started.is_some()
-    {
-        notices.push(r.as_notice());
+    if progress.started.is_some() {
+        notices.extend(
+            progress
+                .record
+                .entries()
+                .iter()
+                .filter(|e| !e.cancellable)
+                .map(deadline::Entry::as_notice),
+        );
     }
     let driver = Notice::strongest(&notices).cloned();
 
@@ -358,9 +365,12 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         Phase::Deregistered
     } else if let Some(n) = &driver {
         drain(inp, &progress, n, unseen_servers, &mut out)
-    } else if progress.started.is_some() && held(&progress, inp.unknown_sources) {
-        // The source that started this drain has not reported since a restart: keep the
-        // drain exactly as it is, but keep the node from taking new matches.
+    } else if progress.started.is_some()
+        && (held(&progress, inp.unknown_sources) || progress.handed_back_final())
+    {
+        // A source that asked for this drain has not reported since a restart: keep the
+        // drain exactly as it is, but keep the node from taking new matches. Likewise once
+        // GKE was asked to take the node: that cannot be taken back.
         if fenced {
             fenced_work(inp, &progress, None, unseen_servers, &mut out);
         }
@@ -471,11 +481,11 @@ fn remove_terminating_from_allocation(inp: &Inputs<'_>, actions: &mut Vec<Action
     }
 }
 
-/// A restarted agent holds a drain while the source that started it is unknown. Other
-/// unknown sources do not hold it: they did not ask for it.
+/// A restarted agent holds a drain while any source that asked for it is unknown (one of
+/// them may still want it). Other unknown sources do not hold it: they did not ask for it.
 fn held(progress: &Progress, unknown: &[Source]) -> bool {
     match &progress.record {
-        Recorded::Valid(r) => unknown.contains(&r.source),
+        Recorded::Valid(r) => r.entries.iter().any(|e| unknown.contains(&e.source)),
         // Written by an older agent, or unreadable: hold while any source is unknown,
         // except for a manual drain (its label is always known).
         Recorded::Absent | Recorded::Garbled => {
@@ -555,10 +565,12 @@ fn fence_patch(
         taints.push(taint(keys::TAINT_DRAINING, source, "NoSchedule"));
         patch.taints = Some(taints);
     }
-    if progress.started.is_none() && progress.deregistered.is_none() {
+    // To the sub-second (the settle counts from it); a garbled start is written anew, so
+    // the settle is never shortened by it.
+    if progress.start().is_none() && progress.deregistered.is_none() {
         patch
             .set_annotations
-            .insert(keys::ANN_STARTED.into(), format_ts(inp.now));
+            .insert(keys::ANN_STARTED.into(), format_precise(inp.now));
     }
     if let Some(d) = driver
         && progress.deregistered.is_none()
@@ -568,23 +580,17 @@ fn fence_patch(
                 .set_annotations
                 .insert(keys::ANN_CAUSE.into(), d.cause.as_str().into());
         }
-        let record = match &progress.record {
-            Recorded::Valid(r) => r.merge(d),
-            Recorded::Absent | Recorded::Garbled => DrainRecord::from_notice(
-                d,
-                progress
-                    .started
-                    .filter(|t| *t > Timestamp::UNIX_EPOCH)
-                    .unwrap_or(inp.now),
-            ),
+        // Who asks now, as the deadline rule keeps it.
+        let record = DrainRecord {
+            entries: deadlines(inp, progress).record(),
         };
-        if progress.record != Recorded::Valid(record.clone()) {
+        if !record.entries.is_empty() && progress.record != Recorded::Valid(record.clone()) {
             patch
                 .set_annotations
                 .insert(keys::ANN_NOTICE.into(), record.to_annotation());
         }
     }
-    if patch.set_annotations.contains_key(keys::ANN_STARTED) {
+    if progress.started.is_none() && patch.set_annotations.contains_key(keys::ANN_STARTED) {
         patch.events.push(NodeEvent::DrainStarted);
     }
     if patch.unschedulable == Some(true) || patch.taints.is_some() {
@@ -593,32 +599,38 @@ fn fence_patch(
     (!patch.is_empty()).then_some(patch)
 }
 
-/// The deadline and reason announced to protected servers: the earliest deadline any
-/// notice or the record gives (deadlines only tighten), else the start plus the default.
+/// The deadline rule's answer for this pass (see `deadline`).
+fn deadlines(inp: &Inputs<'_>, progress: &Progress) -> deadline::Deadlines {
+    deadline::current(&deadline::Inputs {
+        live: inp.notices,
+        record: progress.record.entries(),
+        unknown: inp.unknown_sources,
+        default_deadline: inp.config.default_deadline,
+        // A source not recorded yet is first seen now (and recorded in this pass). Where
+        // no record is written (an older agent's drain, after deregistration), at the
+        // drain's start, so its default deadline does not move from pass to pass.
+        now: match &progress.record {
+            Recorded::Valid(_) if progress.deregistered.is_none() => inp.now,
+            _ => progress.start().unwrap_or(inp.now),
+        },
+    })
+}
+
+/// The deadline and reason announced to protected servers: the earliest currently valid
+/// deadline (see `deadline`), else the start plus the default.
 fn announced(inp: &Inputs<'_>, progress: &Progress, driver: Option<&Notice>) -> (String, String) {
-    let recorded = match &progress.record {
-        Recorded::Valid(r) => Some(r),
-        _ => None,
-    };
-    let started = progress
-        .started
-        .filter(|t| *t > Timestamp::UNIX_EPOCH)
-        .unwrap_or(inp.now);
-    let deadline = driver
-        .and_then(|d| d.deadline)
-        .into_iter()
-        .chain(recorded.and_then(|r| r.deadline))
-        .min()
-        .unwrap_or_else(|| {
-            started
-                .checked_add(
-                    jiff::SignedDuration::try_from(inp.config.default_deadline).unwrap_or_default(),
-                )
-                .unwrap_or(started)
-        });
+    let d = deadlines(inp, progress);
+    let deadline = d.announced.map(|a| a.at).unwrap_or_else(|| {
+        let started = progress.start().unwrap_or(inp.now);
+        started
+            .checked_add(
+                jiff::SignedDuration::try_from(inp.config.default_deadline).unwrap_or_default(),
+            )
+            .unwrap_or(started)
+    });
     let reason = driver
         .map(|d| d.cause)
-        .or(recorded.map(|r| r.cause))
+        .or(d.pressure.map(|p| p.cause))
         .or(progress.cause)
         .map_or("drain", Cause::as_str);
     (format_ts(deadline), reason.to_string())
@@ -634,23 +646,10 @@ struct Work {
     wake_at: Option<Timestamp>,
 }
 
-/// What presses on the node for hard deadlines: the driving notice (or, while a drain is
-/// held, the recorded one), with the deadline tightened by the record's. Never the
-/// configured default deadline: an invented deadline must not end a match.
-fn pressure(progress: &Progress, driver: Option<&Notice>) -> Option<Pressure> {
-    let recorded = match &progress.record {
-        Recorded::Valid(r) => Some(r.as_notice()),
-        _ => None,
-    };
-    let notice = driver.or(recorded.as_ref())?;
-    let mut p = Pressure::of(notice);
-    if let Some(r) = &recorded
-        && let Some(d) = r.deadline
-        && r.severity == notice.severity
-    {
-        p.deadline = Some(p.deadline.map_or(d, |x| x.min(d)));
-    }
-    Some(p)
+/// What presses on the node for hard deadlines: the strongest claim, with a deadline only
+/// when it is current (see `deadline`). Never the configured default deadline.
+fn pressure(inp: &Inputs<'_>, progress: &Progress) -> Option<Pressure> {
+    deadlines(inp, progress).pressure
 }
 
 /// The game-server work on a fenced node, for the notice driving it (or the recorded one),
@@ -663,7 +662,7 @@ fn fenced_work(
     out: &mut Plan,
 ) -> Work {
     let (deadline, reason) = announced(inp, progress, driver);
-    let p = pressure(progress, driver);
+    let p = pressure(inp, progress);
     let work = game_server_work(
         inp,
         &deadline,
@@ -1006,7 +1005,7 @@ fn drain(
         && !work.busy
         && inp.config.hand_back
         && inp.notices.iter().any(|n| n.can_start_early)
-        && !obs.node.annotations.contains_key(keys::ANN_HANDED_BACK)
+        && !progress.handed_back_final()
     {
         // Empty, and the maintenance may start now: hand the node back early, once. The
         // annotation makes it once across restarts; the label is GKE's.
@@ -1019,7 +1018,7 @@ fn drain(
             .insert(keys::LABEL_GKE_PERFORM_MAINTENANCE.into(), "true".into());
         patch
             .set_annotations
-            .insert(keys::ANN_HANDED_BACK.into(), format_ts(inp.now));
+            .insert(keys::ANN_HANDED_BACK.into(), format_precise(inp.now));
         out.actions.push(Action::PatchNode(patch));
     }
 
@@ -1030,13 +1029,13 @@ fn drain(
     } else if inp.config.deregister {
         // The fence must have stood for a while: a scheduler deciding on a cache from
         // before the cordon may still be binding a pod here.
-        let fenced_at = progress.started.unwrap_or(Timestamp::UNIX_EPOCH);
-        let settled_at = fenced_at
-            .checked_add(
-                jiff::SignedDuration::try_from(inp.config.deregister_settle).unwrap_or_default(),
-            )
-            .unwrap_or(fenced_at);
-        if inp.now >= settled_at {
+        // Counted from the latest moment the fence can have been made; an unreadable
+        // start is written anew by the fence, so it counts from now.
+        let settle =
+            jiff::SignedDuration::try_from(inp.config.deregister_settle).unwrap_or_default();
+        let fenced_at = progress.fenced_by.unwrap_or(inp.now);
+        let settled_at = fenced_at.checked_add(settle).unwrap_or(Timestamp::MAX);
+        if progress.fenced_by.is_some() && inp.now >= settled_at {
             out.actions.push(Action::Deregister);
         } else {
             out.wake_at = Some(settled_at);
@@ -1072,10 +1071,21 @@ fn cancel(inp: &Inputs<'_>, progress: &Progress, actions: &mut Vec<Action>) {
         keys::ANN_CORDONED,
         keys::ANN_NOTICE,
         keys::ANN_COMPAT_DRAINING,
+        keys::ANN_HANDED_BACK,
     ] {
         if node.annotations.contains_key(k) {
             patch.remove_annotations.insert(k.to_string());
         }
+    }
+    // The hand-back label is ours only with our mark beside it (one write set both).
+    if node.annotations.contains_key(keys::ANN_HANDED_BACK)
+        && node
+            .labels
+            .contains_key(keys::LABEL_GKE_PERFORM_MAINTENANCE)
+    {
+        patch
+            .remove_labels
+            .insert(keys::LABEL_GKE_PERFORM_MAINTENANCE.to_string());
     }
     if patch.remove_annotations.contains(keys::ANN_STARTED) {
         patch.events.push(NodeEvent::DrainCancelled);
@@ -1090,7 +1100,7 @@ fn cancel(inp: &Inputs<'_>, progress: &Progress, actions: &mut Vec<Action>) {
 fn idle(inp: &Inputs<'_>, progress: &Progress, out: &mut Plan) {
     unprotect_all(inp.observed, &mut out.actions);
     let node = &inp.observed.node;
-    if node.has_taint(keys::TAINT_DRAINING) {
+    if node.has_taint(keys::TAINT_DRAINING) || progress.handed_back.is_some() {
         cancel(inp, progress, &mut out.actions);
         return;
     }

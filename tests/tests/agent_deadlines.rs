@@ -9,6 +9,9 @@
 //! the marker goes a little early) and at `deadline − grace + SLACK` order the agent's
 //! requests against those moments without reading clocks across processes: a
 //! graceful termination starts at `deadline − grace`, not before and not much after.
+//!
+//! And a deadline that stops being true ends nothing: an AWS scheduled event (from the IMDS
+//! emulator) moved later is not acted on at its old `deadline − grace`.
 
 #[path = "support/scripted.rs"]
 mod scripted;
@@ -24,6 +27,7 @@ use lastcall_testkit::cluster::{
     AllocationRequest, Cluster, ClusterConfig, EvictionSafe, FleetSpec, NodeSpec,
 };
 use lastcall_testkit::eventually::wait_for;
+use lastcall_testkit::imds::ImdsEmulator;
 use lastcall_testkit::kube::journal::{JournalEntry, Verb};
 
 const GRACE: i64 = 2;
@@ -217,4 +221,156 @@ async fn eviction_safe_by_cause_decides_which_matches_get_sigterm_and_when() {
     ] {
         run(&case).await;
     }
+}
+
+/// `NotBefore` as IMDS writes it (to the second).
+fn not_before(t: jiff::Timestamp) -> String {
+    t.strftime("%d %b %Y %H:%M:%S GMT").to_string()
+}
+
+fn instance_stop(at: jiff::Timestamp) -> serde_json::Value {
+    serde_json::json!([{
+        "Code": "instance-stop",
+        "Description": "The instance is scheduled for stop",
+        "EventId": "instance-event-0d59937288b749b32",
+        "NotBefore": not_before(at),
+        "State": "active",
+    }])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_event_moved_later_ends_no_match_at_its_old_deadline() {
+    const OLD_LEAD: i64 = 12;
+    let cluster = Cluster::start(ClusterConfig::default())
+        .await
+        .expect("cluster");
+    cluster.add_node(NodeSpec::new("n1")).expect("n1");
+    cluster
+        .create_fleet(
+            FleetSpec::new("upgrade", 1)
+                .eviction_safe(EvictionSafe::OnUpgrade)
+                .grace_seconds(GRACE),
+        )
+        .expect("fleet");
+    cluster
+        .wait_ready("default", "upgrade", 1)
+        .await
+        .expect("ready");
+    cluster
+        .allocate(&AllocationRequest::fleet("default", "upgrade"))
+        .await
+        .expect("allocate")
+        .expect("an allocated server");
+    let imds = ImdsEmulator::start("i-0123456789abcdef0", "ip-10-0-0-1.ec2.internal")
+        .await
+        .expect("imds");
+    let url = imds.url();
+    let flags = [
+        "--aws-imds",
+        "--imds-endpoint",
+        &url,
+        "--aws-imds-interval",
+        "200ms",
+        "--resync-interval",
+        "1s",
+    ];
+    let kube = cluster
+        .emulator()
+        .config_for("agent-n1")
+        .await
+        .expect("client");
+    let agent = InProcessAgent::start(config("n1", &flags), kube, None)
+        .await
+        .expect("agent");
+    wait_for("claimed", || async {
+        cluster
+            .game_servers()
+            .iter()
+            .all(|g| g.labels.get("lastcall.dev/node").map(String::as_str) == Some("n1"))
+            .then_some(())
+    })
+    .await;
+    let clock: Api<Pod> = Api::namespaced(
+        cluster.emulator().client_as("clock").await.expect("clock"),
+        "default",
+    );
+    let announced = || {
+        cluster
+            .game_servers()
+            .iter()
+            .find_map(|g| g.annotations.get("lastcall.dev/drain-deadline").cloned())
+    };
+    let to_second = |t: jiff::Timestamp| jiff::Timestamp::from_second(t.as_second()).expect("ts");
+    let rfc3339 = |t: jiff::Timestamp| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+
+    // Monday: the instance stops in OLD_LEAD seconds.
+    let (t0, start) = (jiff::Timestamp::now(), tokio::time::Instant::now());
+    let monday = to_second(t0 + jiff::SignedDuration::from_secs(OLD_LEAD));
+    let monday_at = start + Duration::try_from(monday.duration_since(t0)).expect("ahead");
+    imds.set_scheduled_events(instance_stop(monday));
+    wait_for("Monday announced to the game", || async {
+        (announced() == Some(rfc3339(monday))).then_some(())
+    })
+    .await;
+    // AWS reschedules it to Saturday; the game is told.
+    let saturday = monday + jiff::SignedDuration::from_hours(5 * 24);
+    let reads = || {
+        imds.requests()
+            .iter()
+            .filter(|(m, path, status)| {
+                m == "GET" && path.ends_with("/events/maintenance/scheduled") && *status == 200
+            })
+            .count()
+    };
+    let before = reads();
+    imds.set_scheduled_events(instance_stop(saturday));
+    wait_for("the agent read the move twice", || async {
+        (reads() >= before + 2).then_some(())
+    })
+    .await;
+    let moved = tokio::time::Instant::now();
+    assert!(
+        moved + Duration::from_secs(1) < monday_at - Duration::from_secs(GRACE as u64),
+        "the move must land well before Monday's deadline − grace for this test to mean anything"
+    );
+    tokio::time::sleep_until(monday_at - Duration::from_secs(GRACE as u64)).await;
+    marker(&clock, "marker-old-grace").await;
+    tokio::time::sleep_until(monday_at + Duration::from_millis(500)).await;
+    marker(&clock, "marker-old-deadline").await;
+    agent.stop().await.expect("clean stop");
+
+    let entries = cluster.emulator().journal().entries();
+    let seq_of = |name: &str| {
+        entries
+            .iter()
+            .find(|e| e.identity.as_deref() == Some("clock") && e.name.as_deref() == Some(name))
+            .map(|e| e.seq)
+            .unwrap_or_else(|| panic!("no {name} in the journal"))
+    };
+    let (grace_mark, deadline_mark) = (seq_of("marker-old-grace"), seq_of("marker-old-deadline"));
+    assert!(grace_mark < deadline_mark);
+    let terms = sigterms(&entries);
+    let before_old_deadline: Vec<_> = terms
+        .values()
+        .flatten()
+        .filter(|r| r.seq < deadline_mark)
+        .collect();
+    assert!(
+        before_old_deadline.is_empty(),
+        "a match was ended on the old date: {before_old_deadline:#?}"
+    );
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    for p in pods.list(&Default::default()).await.expect("pods").items {
+        assert!(
+            p.metadata.deletion_timestamp.is_none(),
+            "{:?} is terminating",
+            p.metadata.name
+        );
+    }
+    assert_eq!(
+        announced(),
+        Some(rfc3339(saturday)),
+        "the game is told the new date"
+    );
+    cluster.shutdown().await;
 }

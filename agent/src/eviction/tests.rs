@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use jiff::SignedDuration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DynamicObject;
 

@@ -72,13 +72,11 @@ impl FleetIqView {
         if let Some(spot) = self.spot_since {
             let s = InstanceStatus::SpotTerminating;
             let deadline = spot.checked_add(SPOT_NOTICE).ok();
-            return Some(base(
-                Cause::Preemption,
-                Severity::Terminate,
-                deadline,
-                false,
-                s,
-            ));
+            // Counted from first sight, so a restart would count it again, later.
+            return Some(Notice {
+                estimated_deadline: true,
+                ..base(Cause::Preemption, Severity::Terminate, deadline, false, s)
+            });
         }
         match self.status? {
             InstanceStatus::Active => None,

@@ -110,6 +110,7 @@ fn draining() -> Notice {
         cancellable: true,
         cordon: true,
         can_start_early: false,
+        estimated_deadline: false,
         detail: String::new(),
     }
 }
@@ -156,6 +157,9 @@ fn simulate(obs: &Observed, actions: &[Action]) -> Observed {
                 o.node.labels.extend(p.set_labels.clone());
                 for k in &p.remove_annotations {
                     o.node.annotations.remove(k);
+                }
+                for k in &p.remove_labels {
+                    o.node.labels.remove(k);
                 }
                 rv += 1;
                 o.node.resource_version = rv.to_string();
@@ -314,7 +318,7 @@ fn draining_fences_first_then_releases_ready_and_protects_in_use() {
     );
     assert_eq!(
         fence.set_annotations.get(keys::ANN_STARTED),
-        Some(&format_ts(now()))
+        Some(&format_precise(now()))
     );
     let taints = fence.taints.as_ref().unwrap();
     assert!(
@@ -780,6 +784,7 @@ fn spot(deadline: &str) -> Notice {
         cancellable: false,
         cordon: true,
         can_start_early: false,
+        estimated_deadline: false,
         detail: String::new(),
     }
 }
@@ -798,7 +803,11 @@ fn a_spot_drain_survives_a_restart_and_a_later_active_with_its_deadline() {
     let Recorded::Valid(r) = rec else {
         panic!("the driving notice is recorded on the Node: {rec:?}")
     };
-    assert!(!r.cancellable && r.severity == Severity::Terminate);
+    assert!(
+        r.entries
+            .iter()
+            .any(|e| !e.cancellable && e.severity == Severity::Terminate)
+    );
     // A restarted agent hears ACTIVE (a lagging replica), or a re-anchored Spot deadline.
     for notices in [vec![], vec![spot("2026-11-30T05:07:00Z")]] {
         let (after, acts, phase) = converge(&drained, &notices, &cfg());
@@ -1516,4 +1525,318 @@ fn a_finished_game_pod_does_not_keep_the_node_busy() {
     o.pods.push(pod);
     let p = run(&o, &[draining()], &cfg());
     assert!(!p.actions.contains(&Action::Deregister));
+}
+
+/// Plans at `at` with exactly these notices and unknown sources.
+fn plan_at(
+    o: &Observed,
+    notices: &[Notice],
+    unknown: &[Source],
+    config: &PolicyConfig,
+    at: Timestamp,
+) -> Plan {
+    plan(&Inputs {
+        notices,
+        observed: o,
+        config,
+        unknown_sources: unknown,
+        fleetiq_deregistered: false,
+        now: at,
+    })
+}
+
+fn ended(p: &Plan) -> Vec<&str> {
+    p.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::EndGracefully { pod, .. } => Some(pod.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A cancellable Terminate with a time the provider stated (an AWS scheduled event, a
+/// GCE window under way).
+fn scheduled(source: Source, at: Timestamp) -> Notice {
+    Notice::new(
+        source,
+        Cause::Maintenance,
+        Severity::Terminate,
+        Some(at),
+        true,
+        String::new(),
+    )
+}
+
+/// One OnUpgrade match: ended at a current upgrade-like deadline minus its grace.
+fn on_upgrade_match() -> Observed {
+    let mut g = gs("match", GsState::Allocated);
+    g.eviction_safe = crate::eviction::EvictionSafe::OnUpgrade;
+    observed(vec![g])
+}
+
+fn secs(s: i64) -> jiff::SignedDuration {
+    jiff::SignedDuration::from_secs(s)
+}
+
+#[test]
+fn an_event_rescheduled_later_ends_no_match_on_its_old_date() {
+    let grace = crate::observed::DEFAULT_TERMINATION_GRACE.as_secs() as i64;
+    let monday = now() + secs(3600);
+    let saturday = now() + secs(5 * 86_400);
+    for source in [
+        crate::sources::aws_imds::SOURCE,
+        crate::sources::gce_metadata::SOURCE,
+    ] {
+        let (o, _) = settle(on_upgrade_match(), &[scheduled(source, monday)], &cfg());
+        // Past Monday's deadline − grace, the provider now says Saturday.
+        let at = monday - secs(grace) + secs(1);
+        let p = plan_at(&o, &[scheduled(source, saturday)], &[], &cfg(), at);
+        assert_eq!(ended(&p), Vec::<&str>::new(), "{source:?}: {:?}", p.actions);
+        let o = simulate(&o, &p.actions);
+        assert_eq!(
+            protected_deadlines(&o),
+            BTreeSet::from([format_ts(saturday)]),
+            "{source:?}: the game is told the new date"
+        );
+        // The record follows the source, so the next pass agrees.
+        let p = plan_at(&o, &[scheduled(source, saturday)], &[], &cfg(), at);
+        assert!(p.actions.is_empty(), "{source:?}: {:?}", p.actions);
+        // Saturday's deadline − grace does end it.
+        let p = plan_at(
+            &o,
+            &[scheduled(source, saturday)],
+            &[],
+            &cfg(),
+            saturday - secs(grace),
+        );
+        assert_eq!(ended(&p), ["match"], "{source:?}");
+    }
+}
+
+#[test]
+fn an_event_cancelled_during_the_hold_after_a_restart_ends_no_match() {
+    let grace = crate::observed::DEFAULT_TERMINATION_GRACE.as_secs() as i64;
+    let imds = crate::sources::aws_imds::SOURCE;
+    let deadline = now() + secs(3600);
+    let (o, _) = settle(on_upgrade_match(), &[scheduled(imds, deadline)], &cfg());
+    // A restarted agent, IMDS not read yet, past deadline − grace: the event may have been
+    // cancelled meanwhile. The drain is held, the deadline still announced, nothing ended.
+    let at = deadline - secs(grace) + secs(1);
+    let held = plan_at(&o, &[], &[imds], &cfg(), at);
+    assert_eq!(held.phase, Phase::Draining);
+    assert_eq!(ended(&held), Vec::<&str>::new(), "{:?}", held.actions);
+    assert!(held.actions.is_empty(), "{:?}", held.actions);
+    assert_eq!(held.at_risk, 1, "unconfirmed: protected and warned");
+    assert_eq!(
+        protected_deadlines(&o),
+        BTreeSet::from([format_ts(deadline)])
+    );
+    // IMDS answers: cancelled. The drain is undone.
+    assert_eq!(plan_at(&o, &[], &[], &cfg(), at).phase, Phase::Cancelling);
+    // Or: still on. Now it is current and ends the match.
+    assert_eq!(
+        ended(&plan_at(&o, &[scheduled(imds, deadline)], &[], &cfg(), at)),
+        ["match"]
+    );
+}
+
+#[test]
+fn a_restart_with_two_recorded_sources_holds_while_either_is_unknown() {
+    let imds = crate::sources::aws_imds::SOURCE;
+    let rebalance = Notice::new(
+        imds,
+        Cause::Rebalance,
+        Severity::Drain,
+        None,
+        true,
+        String::new(),
+    );
+    // FleetIQ started the drain, IMDS joined it.
+    let (o, _, _) = converge(&mixed(), &[draining()], &cfg());
+    let (o, _, _) = converge(&o, &[draining(), rebalance.clone()], &cfg());
+    let rec = Progress::from_annotations(&o.node.annotations).record;
+    let sources: BTreeSet<&str> = rec.entries().iter().map(|e| e.source.as_str()).collect();
+    assert_eq!(sources, BTreeSet::from(["aws_imds", "fleetiq"]), "{rec:?}");
+    // A restart: FleetIQ says ACTIVE, IMDS has not answered. It may still want the drain.
+    let p = plan_at(&o, &[], &[imds], &cfg(), now());
+    assert_eq!(p.phase, Phase::Draining, "{:?}", p.actions);
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    // And the other way round.
+    let p = plan_at(
+        &o,
+        std::slice::from_ref(&rebalance),
+        &[fleetiq::SOURCE],
+        &cfg(),
+        now(),
+    );
+    assert_eq!(p.phase, Phase::Draining, "{:?}", p.actions);
+    // Both known, neither asking: cancelled.
+    assert_eq!(
+        plan_at(&o, &[], &[], &cfg(), now()).phase,
+        Phase::Cancelling
+    );
+    // IMDS withdrew while FleetIQ still drains: it leaves the record, so a later restart
+    // does not hold for it.
+    let (o, _, _) = converge(&o, &[draining()], &cfg());
+    let rec = Progress::from_annotations(&o.node.annotations).record;
+    assert_eq!(rec.entries().len(), 1, "{rec:?}");
+    assert_eq!(
+        plan_at(&o, &[], &[imds], &cfg(), now()).phase,
+        Phase::Cancelling
+    );
+}
+
+#[test]
+fn the_announced_deadline_does_not_move_later_when_a_later_event_joins() {
+    let imds = crate::sources::aws_imds::SOURCE;
+    // FleetIQ DRAINING gives no deadline: drain start + the default (10 min here).
+    let (o, _, _) = converge(&mixed(), &[draining()], &cfg());
+    let first = BTreeSet::from(["2026-11-30T05:10:00Z".to_string()]);
+    assert_eq!(protected_deadlines(&o), first);
+    // A scheduled event two hours out joins: the games keep the earlier deadline.
+    let later = scheduled(imds, now() + secs(7200));
+    let (o, _, _) = converge(&o, &[draining(), later.clone()], &cfg());
+    assert_eq!(protected_deadlines(&o), first);
+    // After a restart too (the default is counted from the recorded first sight).
+    let p = plan_at(
+        &o,
+        &[draining(), later.clone()],
+        &[],
+        &cfg(),
+        now() + secs(60),
+    );
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    // An earlier event moves it earlier.
+    let sooner = scheduled(imds, now() + secs(300));
+    let (o, _, _) = converge(&o, &[draining(), sooner], &cfg());
+    assert_eq!(
+        protected_deadlines(&o),
+        BTreeSet::from(["2026-11-30T05:05:00Z".to_string()])
+    );
+}
+
+#[test]
+fn the_settle_is_not_shortened_by_a_start_stored_to_the_second() {
+    let c = PolicyConfig {
+        deregister_settle: Duration::from_secs(5),
+        ..cfg()
+    };
+    let fenced_at = now() + jiff::SignedDuration::from_millis(900);
+    let p = plan_at(&observed(vec![]), &[draining()], &[], &c, fenced_at);
+    let o = simulate(&observed(vec![]), &p.actions);
+    // 4.1 s after the fence: not yet.
+    let early = plan_at(&o, &[draining()], &[], &c, now() + secs(5));
+    assert_eq!(
+        count(&early.actions, "deregister"),
+        0,
+        "{:?}",
+        early.actions
+    );
+    assert_eq!(early.wake_at, Some(fenced_at + secs(5)));
+    let due = plan_at(&o, &[draining()], &[], &c, fenced_at + secs(5));
+    assert_eq!(count(&due.actions, "deregister"), 1);
+
+    // A start an older agent stored to the second counts from its ceiling.
+    let mut old = o.clone();
+    old.node
+        .annotations
+        .insert(keys::ANN_STARTED.into(), format_ts(fenced_at));
+    let p = plan_at(&old, &[draining()], &[], &c, now() + secs(5) + secs(0));
+    assert_eq!(count(&p.actions, "deregister"), 0, "{:?}", p.actions);
+    let p = plan_at(&old, &[draining()], &[], &c, now() + secs(6));
+    assert_eq!(count(&p.actions, "deregister"), 1);
+}
+
+#[test]
+fn a_garbled_start_never_shortens_the_settle() {
+    let c = PolicyConfig {
+        deregister_settle: Duration::from_secs(5),
+        ..cfg()
+    };
+    let (mut o, _, _) = converge(&observed(vec![]), &[draining()], &cfg_no_deregister());
+    o.node
+        .annotations
+        .insert(keys::ANN_STARTED.into(), "yesterday-ish".into());
+    // Seen now: the start is written anew, nothing is deregistered.
+    let p = plan_at(&o, &[draining()], &[], &c, now());
+    assert_eq!(count(&p.actions, "deregister"), 0, "{:?}", p.actions);
+    let rewritten = p.actions.iter().any(|a| {
+        matches!(a, Action::PatchNode(n) if n.set_annotations.get(keys::ANN_STARTED) == Some(&format_precise(now())) && n.events.is_empty())
+    });
+    assert!(rewritten, "{:?}", p.actions);
+    let o = simulate(&o, &p.actions);
+    let p = plan_at(&o, &[draining()], &[], &c, now() + secs(4));
+    assert_eq!(count(&p.actions, "deregister"), 0, "{:?}", p.actions);
+    let p = plan_at(&o, &[draining()], &[], &c, now() + secs(5));
+    assert_eq!(count(&p.actions, "deregister"), 1, "{:?}", p.actions);
+}
+
+/// An empty node whose pending GCE maintenance may start early, handed back to GKE.
+fn handed_back() -> (Observed, Notice, PolicyConfig) {
+    let mut m = draining();
+    m.source = crate::sources::gce_metadata::SOURCE;
+    m.cause = Cause::Maintenance;
+    m.deadline = Some("2026-11-30T09:00:00Z".parse().unwrap());
+    m.can_start_early = true;
+    let on = PolicyConfig {
+        hand_back: true,
+        deregister: false,
+        ..cfg()
+    };
+    let (o, _, _) = converge(&observed(vec![]), std::slice::from_ref(&m), &on);
+    assert!(o.node.annotations.contains_key(keys::ANN_HANDED_BACK));
+    (o, m, on)
+}
+
+#[test]
+fn a_hand_back_to_gke_is_final() {
+    let (o, _, on) = handed_back();
+    // The signal clears: GKE was asked to take the node, so nothing is undone, and an idle
+    // server that still lands here is released.
+    let p = plan_at(&with_newcomer(o.clone()), &[], &[], &on, now());
+    assert_eq!(p.phase, Phase::Draining, "{:?}", p.actions);
+    assert_eq!(count(&p.actions, "release"), 1, "{:?}", p.actions);
+    assert!(
+        !p.actions.iter().any(|a| matches!(a, Action::PatchNode(_))),
+        "{:?}",
+        p.actions
+    );
+}
+
+#[test]
+fn a_cancel_removes_everything_lastcall_wrote_including_a_stale_hand_back() {
+    let (mut o, _, on) = handed_back();
+    // A mark left by an earlier drain (older agents did not remove it on cancel).
+    o.node
+        .annotations
+        .insert(keys::ANN_HANDED_BACK.into(), "2026-11-30T04:00:00Z".into());
+    let (after, _, phase) = converge(&o, &[], &on);
+    assert_eq!(phase, Phase::Idle);
+    assert!(
+        after.node.annotations.is_empty(),
+        "{:?}",
+        after.node.annotations
+    );
+    assert!(
+        !after
+            .node
+            .labels
+            .contains_key(keys::LABEL_GKE_PERFORM_MAINTENANCE),
+        "{:?}",
+        after.node.labels
+    );
+    assert!(!after.node.unschedulable && !after.node.has_taint(keys::TAINT_DRAINING));
+    // A perform-maintenance label without lastcall's mark is someone else's: kept.
+    let mut foreign = observed(vec![]);
+    foreign
+        .node
+        .labels
+        .insert(keys::LABEL_GKE_PERFORM_MAINTENANCE.into(), "true".into());
+    let (drained, _, _) = converge(&foreign, &[draining()], &cfg());
+    let (after, _, _) = converge(&drained, &[], &cfg());
+    assert_eq!(
+        after.node.labels.get(keys::LABEL_GKE_PERFORM_MAINTENANCE),
+        Some(&"true".to_string())
+    );
 }

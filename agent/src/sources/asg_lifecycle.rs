@@ -154,19 +154,24 @@ impl Hold {
         } else {
             ""
         };
-        Notice::new(
-            SOURCE,
-            Cause::ScaleDown,
-            Severity::Terminate,
-            Some(self.deadline()),
-            false,
-            format!(
-                "Auto Scaling group {} is terminating the instance; lifecycle hook {} holds it until {}{why}",
-                self.group,
-                self.hook.name,
-                self.deadline()
-            ),
-        )
+        // Counted from when this agent first saw the wait: a restarted agent counts later,
+        // so the earlier (recorded) end stands.
+        Notice {
+            estimated_deadline: true,
+            ..Notice::new(
+                SOURCE,
+                Cause::ScaleDown,
+                Severity::Terminate,
+                Some(self.deadline()),
+                false,
+                format!(
+                    "Auto Scaling group {} is terminating the instance; lifecycle hook {} holds it until {}{why}",
+                    self.group,
+                    self.hook.name,
+                    self.deadline()
+                ),
+            )
+        }
     }
 }
 

@@ -245,14 +245,19 @@ pub fn report(view: &View, s: &Settings, now: Timestamp) -> Report {
         Notice::new(SOURCE, cause, severity, deadline, cancellable, detail)
     };
     let mut out = vec![];
+    // Both deadlines are counted from first sight: a restart counts them again, later.
+    let estimated = |n: Notice| Notice {
+        estimated_deadline: true,
+        ..n
+    };
     if *preempted {
-        out.push(n(
+        out.push(estimated(n(
             Cause::Preemption,
             Severity::Terminate,
             plus(*preempted_at, s.preemption_notice),
             false,
             "instance/preempted=TRUE".into(),
-        ));
+        )));
     }
     match event {
         MaintenanceEvent::None => {}
@@ -263,13 +268,13 @@ pub fn report(view: &View, s: &Settings, now: Timestamp) -> Report {
             true,
             "MIGRATE_ON_HOST_MAINTENANCE (live migration; the VM survives)".into(),
         )),
-        MaintenanceEvent::Terminate => out.push(n(
+        MaintenanceEvent::Terminate => out.push(estimated(n(
             Cause::Maintenance,
             Severity::Terminate,
             plus(*event_at, s.terminate_notice),
             true,
             format!("maintenance-event={}", event.as_str()),
-        )),
+        ))),
     }
     let Some(upcoming) = &view.upcoming else {
         return if out.iter().any(|n| n.severity >= Severity::Drain) {
