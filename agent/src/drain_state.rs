@@ -9,7 +9,7 @@
 //! failure is logged, counted and retried with backoff; the last view is written once Redis is
 //! back. Missing data only means "no extra replicas", never a wrong drain.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
 use lastcall_common::backoff::Backoff;
@@ -21,8 +21,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::metrics::{Metrics, ResultLabel};
+use crate::notice::Severity;
 use crate::observed::{GsState, Observed};
-use crate::policy::Phase;
+use crate::policy::{Action, Phase, Plan};
 
 /// This node's servers per Fleet while it drains; `None` when it is not draining.
 pub type Counts = Option<Vec<FleetOnNode>>;
@@ -30,36 +31,61 @@ pub type Counts = Option<Vec<FleetOnNode>>;
 const TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the webhook should know of this node now: nothing unless it is draining (fenced and
-/// not cancelling); then each Fleet's Ready (not being deleted) and in-use servers here.
-pub fn counts(phase: Phase, observed: &Observed) -> Counts {
+/// not cancelling); then, per Fleet, its Ready (not being deleted) and in-use servers here,
+/// and what the Fleet is truly about to lose without a replacement on the way: `held`, the
+/// Ready servers this pass keeps (release pacing; a released one is already being replaced
+/// by its GameServerSet), and `at_risk`, the in-use servers when the node goes at a
+/// Terminate deadline (their players need new matches then).
+pub fn counts(plan: &Plan, observed: &Observed) -> Counts {
     if !matches!(
-        phase,
+        plan.phase,
         Phase::Fencing | Phase::Draining | Phase::Empty | Phase::Deregistered
     ) {
         return None;
     }
-    let mut per: BTreeMap<(String, String), (u32, u32)> = BTreeMap::new();
+    let released: BTreeSet<&str> = plan
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Release { gs } => Some(gs.uid.as_str()),
+            _ => None,
+        })
+        .collect();
+    let terminating = plan
+        .driver
+        .as_ref()
+        .is_some_and(|d| d.severity == Severity::Terminate && d.deadline.is_some());
+    #[derive(Default)]
+    struct Per {
+        ready: u32,
+        allocated: u32,
+        held: u32,
+    }
+    let mut per: BTreeMap<(String, String), Per> = BTreeMap::new();
     for gs in observed.game_servers.iter().filter(|g| !g.deleting) {
         let Some(fleet) = gs.fleet() else { continue };
         let e = per
             .entry((gs.namespace.clone(), fleet.to_string()))
             .or_default();
         if gs.state == GsState::Ready {
-            e.0 += 1;
+            e.ready += 1;
+            if !released.contains(gs.uid.as_str()) {
+                e.held += 1;
+            }
         } else if gs.state.is_in_use() {
-            e.1 += 1;
+            e.allocated += 1;
         }
     }
     Some(
         per.into_iter()
-            .filter(|(_, (r, a))| r + a > 0)
-            .map(|((namespace, name), (ready, allocated))| FleetOnNode {
+            .filter(|(_, p)| p.ready + p.allocated > 0)
+            .map(|((namespace, name), p)| FleetOnNode {
                 namespace,
                 name,
-                ready,
-                allocated,
-                held: None,
-                at_risk: None,
+                ready: p.ready,
+                allocated: p.allocated,
+                held: Some(p.held),
+                at_risk: Some(if terminating { p.allocated } else { 0 }),
             })
             .collect(),
     )
@@ -172,7 +198,9 @@ impl Publisher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::notice::{Cause, Notice, Source};
     use crate::observed::{GameServerView, NodeView};
+    use crate::policy::GsRef;
 
     fn gs(name: &str, fleet: &str, state: GsState, deleting: bool) -> GameServerView {
         GameServerView {
@@ -212,29 +240,60 @@ mod tests {
             pods: vec![],
             fleets: Default::default(),
         };
-        assert_eq!(counts(Phase::Idle, &observed), None);
-        assert_eq!(counts(Phase::Cancelling, &observed), None);
-        let c = counts(Phase::Draining, &observed).expect("draining");
+        let plan = |phase: Phase, released: &[&str], driver: Option<Notice>| Plan {
+            phase,
+            actions: released
+                .iter()
+                .map(|n| Action::Release {
+                    gs: GsRef {
+                        namespace: "default".into(),
+                        name: (*n).into(),
+                        uid: (*n).into(),
+                        resource_version: "1".into(),
+                    },
+                })
+                .collect(),
+            driver,
+            wake_at: None,
+            warnings: vec![],
+            at_risk: 0,
+        };
+        assert_eq!(counts(&plan(Phase::Idle, &[], None), &observed), None);
+        assert_eq!(counts(&plan(Phase::Cancelling, &[], None), &observed), None);
+        let fleet = |name: &str, ready, allocated, held, at_risk| FleetOnNode {
+            namespace: "default".into(),
+            name: name.into(),
+            ready,
+            allocated,
+            held: Some(held),
+            at_risk: Some(at_risk),
+        };
+        // A Drain: "a" is being released this pass (its GameServerSet replaces it), "b" is
+        // held by pacing; in-use servers are not at risk without a Terminate deadline.
+        let drain = Notice::new(
+            Source("t"),
+            Cause::Viability,
+            Severity::Drain,
+            None,
+            true,
+            String::new(),
+        );
         assert_eq!(
-            c,
-            vec![
-                FleetOnNode {
-                    namespace: "default".into(),
-                    name: "f".into(),
-                    ready: 2,
-                    allocated: 1,
-                    held: None,
-                    at_risk: None,
-                },
-                FleetOnNode {
-                    namespace: "default".into(),
-                    name: "g".into(),
-                    ready: 0,
-                    allocated: 1,
-                    held: None,
-                    at_risk: None,
-                },
-            ]
+            counts(&plan(Phase::Draining, &["a"], Some(drain)), &observed),
+            Some(vec![fleet("f", 2, 1, 1, 0), fleet("g", 0, 1, 0, 0)])
+        );
+        // A Terminate with a deadline: every in-use server is lost then.
+        let spot = Notice::new(
+            Source("t"),
+            Cause::Preemption,
+            Severity::Terminate,
+            Some("2026-12-01T10:00:00Z".parse().unwrap()),
+            false,
+            String::new(),
+        );
+        assert_eq!(
+            counts(&plan(Phase::Draining, &["a", "b"], Some(spot)), &observed),
+            Some(vec![fleet("f", 2, 1, 0, 1), fleet("g", 0, 1, 0, 1)])
         );
     }
 }

@@ -463,7 +463,7 @@ impl Reconciler {
             .filter(|(g, p)| crate::cooperation::exposed(g, p, mode))
             .count();
         self.metrics.cooperation_exposed.set(exposed as i64);
-        let counts = crate::drain_state::counts(plan.phase, observed);
+        let counts = crate::drain_state::counts(plan, observed);
         self.drain_state.send_if_modified(|cur| {
             let changed = *cur != counts;
             *cur = counts;

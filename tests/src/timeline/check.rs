@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
-use super::runner::{AGENT, DRAIN_NODE_ANNOTATIONS, NODE, Run};
-use super::script::{Action, Safe};
+use super::runner::{AGENT, DRAIN_NODE_ANNOTATIONS, NODE, REQUEST_TIMEOUT, Run};
+use super::script::{Action, KubeFault, Safe};
 use super::truth::{Truth, earliest, permits};
 use crate::kube::journal::{JournalEntry, Verb};
 
@@ -140,17 +140,27 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     /// The reaction time allowed at `t`: doubled shortly after an agent (re)start, which
-    /// reads every source and the cluster afresh.
+    /// reads every source and the cluster afresh; one request deadline more after a request
+    /// was made to hang (the agent waits that long for it, then retries).
     fn lag_at(&self, t: SystemTime) -> Duration {
         let lag = lag();
+        let within = |a: &super::truth::Applied, d: Duration| {
+            a.at <= t && t.duration_since(a.at).unwrap_or_default() < d
+        };
         let restarted = self.run.applied.iter().any(|a| {
             matches!(
                 a.action,
                 Action::RestartAgent | Action::AbortAgent { .. } | Action::Rollout { .. }
-            ) && a.at <= t
-                && t.duration_since(a.at).unwrap_or_default() < lag * 2
+            ) && within(a, lag * 2)
         });
-        if restarted { lag * 2 } else { lag }
+        let hung = self.run.applied.iter().any(|a| {
+            matches!(
+                a.action,
+                Action::Fault(KubeFault::HangNode | KubeFault::HangGameServers)
+            ) && within(a, lag * 2 + REQUEST_TIMEOUT)
+        });
+        let base = if restarted { lag * 2 } else { lag };
+        if hung { base + REQUEST_TIMEOUT } else { base }
     }
 
     fn in_use(&self, name: &str, seq: u64, at: SystemTime) -> bool {

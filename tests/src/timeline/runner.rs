@@ -129,24 +129,66 @@ fn rfc3339(t: SystemTime) -> String {
 
 struct Agents {
     cluster_kube: kube::Config,
+    /// Creates and deletes the agents' own Pod objects (their identities).
+    pods: Api<k8s_openapi::api::core::v1::Pod>,
     gl: aws_sdk_gamelift::Client,
     flags: Vec<String>,
-    /// The running agents, oldest first.
-    live: Vec<InProcessAgent>,
+    /// The running agents, oldest first, each with its pod (name, uid).
+    live: Vec<(InProcessAgent, (String, String))>,
     /// Older agents stopping after a rollout's overlap.
     stopping: Vec<JoinHandle<anyhow::Result<()>>>,
+    next_pod: u32,
 }
 
+/// Every Kubernetes request's deadline in a timeline (`--request-timeout`): time runs about a
+/// hundred times faster than in production (deadlines seconds away), so this is scaled too.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The namespace the agents' own pods live in, as the DaemonSet's would.
+const AGENT_NAMESPACE: &str = "lastcall";
+
 impl Agents {
-    async fn start(&mut self) -> anyhow::Result<()> {
-        let args: Vec<&str> = self.flags.iter().map(String::as_str).collect();
+    /// A new agent pod, as a DaemonSet rollout creates one: it never schedules here (its
+    /// selector matches no node), it only has to exist for node ownership.
+    async fn new_pod(&mut self) -> anyhow::Result<(String, String)> {
+        self.next_pod += 1;
+        let name = format!("lastcall-agent-{}", self.next_pod);
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": name, "namespace": AGENT_NAMESPACE },
+            "spec": {
+                "nodeSelector": { "example.com/agent-pod": "never-scheduled" },
+                "containers": [{ "name": "agent", "image": "lastcall-agent" }]
+            }
+        }))?;
+        let made = self.pods.create(&PostParams::default(), &pod).await?;
+        let uid = made.metadata.uid.context("a created pod has a uid")?;
+        Ok((name, uid))
+    }
+
+    /// Starts an agent in `pod` (a container restart keeps its pod), or in a new pod.
+    async fn start(&mut self, pod: Option<(String, String)>) -> anyhow::Result<()> {
+        let pod = match pod {
+            Some(p) => p,
+            None => self.new_pod().await?,
+        };
+        let mut args: Vec<&str> = self.flags.iter().map(String::as_str).collect();
+        args.extend([
+            "--pod-name",
+            pod.0.as_str(),
+            "--pod-namespace",
+            AGENT_NAMESPACE,
+            "--pod-uid",
+            pod.1.as_str(),
+        ]);
         let a = InProcessAgent::start(
             config(NODE, &args),
             self.cluster_kube.clone(),
             Some(self.gl.clone()),
         )
         .await?;
-        self.live.push(a);
+        self.live.push((a, pod));
         Ok(())
     }
 }
@@ -229,6 +271,8 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         "1s",
         "--resync-interval",
         "1s",
+        "--request-timeout",
+        "1s",
         "--deregister-settle",
         "300ms",
         "--aws-imds",
@@ -256,12 +300,14 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         .context("publishing ACTIVE")?;
     let mut agents = Agents {
         cluster_kube: cluster.emulator().config_for(AGENT).await?,
+        pods: Api::namespaced(cluster.client(), AGENT_NAMESPACE),
         gl: gl.sdk_client().await,
         flags,
         live: vec![],
         stopping: vec![],
+        next_pod: 0,
     };
-    agents.start().await.context("starting the agent")?;
+    agents.start(None).await.context("starting the agent")?;
     try_eventually(
         "the agent claims its servers",
         Duration::from_secs(20),
@@ -380,31 +426,42 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 .context(what)?;
             }
             Action::RestartAgent => {
+                // The container restarts in its pod: the same identity.
+                let mut pod = None;
                 if !agents.live.is_empty() {
-                    let old = agents.live.remove(0);
+                    let (old, old_pod) = agents.live.remove(0);
                     note = match old.stop_within(STOP_WITHIN).await {
                         Ok(true) => String::new(),
                         Ok(false) => format!("the stop took over {STOP_WITHIN:?}: killed"),
                         Err(e) => format!("stop: {e}"),
                     };
+                    pod = Some(old_pod);
                 }
-                agents.start().await.context(what.clone())?;
+                agents.start(pod).await.context(what.clone())?;
             }
             Action::AbortAgent { gap_ms } => {
-                if let Some(a) = agents.live.pop() {
+                // A crash: the kubelet restarts the container in the same pod.
+                let mut pod = None;
+                if let Some((a, old_pod)) = agents.live.pop() {
                     a.abort();
+                    pod = Some(old_pod);
                 }
                 tokio::time::sleep(Duration::from_millis(*gap_ms)).await;
-                agents.start().await.context(what.clone())?;
+                agents.start(pod).await.context(what.clone())?;
             }
             Action::Rollout { overlap_ms } => {
-                agents.start().await.context(what.clone())?;
+                // maxSurge: a new pod next to the old one, which stops after the overlap
+                // and whose pod object then goes.
+                agents.start(None).await.context(what.clone())?;
                 if agents.live.len() > 1 {
-                    let old = agents.live.remove(0);
+                    let (old, (old_name, _)) = agents.live.remove(0);
                     let overlap = Duration::from_millis(*overlap_ms);
+                    let pods = agents.pods.clone();
                     agents.stopping.push(tokio::spawn(async move {
                         tokio::time::sleep(overlap).await;
-                        match old.stop_within(STOP_WITHIN).await {
+                        let stopped = old.stop_within(STOP_WITHIN).await;
+                        let _ = pods.delete(&old_name, &Default::default()).await;
+                        match stopped {
                             Ok(false) => {
                                 anyhow::bail!("the stop took over {STOP_WITHIN:?}: killed")
                             }
@@ -536,7 +593,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let mut agent_errors = vec![];
-    for a in agents.live.drain(..) {
+    for (a, _) in agents.live.drain(..) {
         a.abort();
     }
     for h in agents.stopping.drain(..) {
