@@ -915,10 +915,16 @@ fn the_agent_daemonset_keeps_its_promises() {
 /// pubsub's `--webhook-*`, `pubsub.webhook.<camelCase>`). The paths must exist in
 /// values.yaml; their defaults are not compared (the flag is composed or per node).
 const FLAG_PATHS: &[(&str, &str, &[&str])] = &[
-    ("agent", "--node-name", &[]),     // the Downward API (spec.nodeName)
-    ("agent", "--pod-name", &[]),      // the Downward API (metadata.name)
+    // The uninstall hook's one-shot mode, set by its Job (templates/cooperation-cleanup.yaml).
+    (
+        "agent",
+        "--cleanup-cooperation",
+        &["agent.autoscalerCooperation"],
+    ),
+    ("agent", "--node-name", &[]), // the Downward API (spec.nodeName)
+    ("agent", "--pod-name", &[]),  // the Downward API (metadata.name)
     ("agent", "--pod-namespace", &[]), // the Downward API (metadata.namespace)
-    ("agent", "--pod-uid", &[]),       // the Downward API (metadata.uid)
+    ("agent", "--pod-uid", &[]),   // the Downward API (metadata.uid)
     ("agent", "--instance-id", &["agent.imdsEndpoint"]), // per node: read from IMDS
     ("agent", "--game-server-id", &[]), // per node: the instance id
     ("agent", "--redis-channel", &[]), // per node: the instance id
