@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use super::script::{Action, Safe, Timeline};
+use super::script::{Action, AzureKind, Safe, Timeline};
 
 /// One signal of one source; a source holds at most one at a time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -16,6 +16,10 @@ pub enum SignalId {
     FleetIq,
     Manual,
     Karpenter,
+    /// The Auto Scaling termination hook's wait.
+    AsgLifecycle,
+    /// One Azure scheduled event, by episode.
+    Azure(u8),
 }
 
 /// A live signal.
@@ -116,6 +120,45 @@ pub fn effect_of(
                 ))
             }),
         ),
+        // Announced as the hook's cap from the agent's first sight, far beyond the run;
+        // a scale-in, so not upgrade-like.
+        Action::AsgTerminate => (
+            SignalId::AsgLifecycle,
+            Some(Signal {
+                hard: Some(floor_secs(
+                    at + Duration::from_secs(100 * tl.asg_heartbeat_s),
+                )),
+                upgrade_like: false,
+                fences: true,
+                relative: true,
+            }),
+        ),
+        Action::AzureEvent {
+            episode,
+            kind,
+            not_before_ms,
+        } => (
+            SignalId::Azure(*episode),
+            match kind {
+                AzureKind::FreezeShort => None,
+                AzureKind::FreezeLong => Some(drain),
+                AzureKind::Terminate => Some(Signal {
+                    upgrade_like: false,
+                    ..hard(ms(*not_before_ms))
+                }),
+                _ => Some(hard(ms(*not_before_ms))),
+            },
+        ),
+        Action::AzureGone { episode } => (SignalId::Azure(*episode), None),
+        // Started by the platform once approved: the VM may go now (the agent counts it
+        // from its next read).
+        Action::AzureApproved { episode } => (
+            SignalId::Azure(*episode),
+            Some(Signal {
+                relative: true,
+                ..hard(at)
+            }),
+        ),
         Action::FleetIq { draining } => (SignalId::FleetIq, draining.then_some(drain)),
         Action::Manual(on) => (SignalId::Manual, on.then_some(drain)),
         Action::Karpenter(on) => (
@@ -130,6 +173,19 @@ pub fn effect_of(
 }
 
 pub type Live = BTreeMap<SignalId, Signal>;
+
+/// Whether the Azure event `id` was drawn as a Spot eviction (at or before `upto`).
+fn preempt_seen(
+    applied: &[Applied],
+    upto: &Applied,
+    id: SignalId,
+    preempt: &dyn Fn(&Action) -> bool,
+) -> bool {
+    applied
+        .iter()
+        .take_while(|a| !std::ptr::eq(*a, upto))
+        .any(|a| a.effect.map(|(i, _)| i) == Some(id) && preempt(&a.action))
+}
 
 /// The live signals over time: piecewise constant, changing at applied steps.
 pub struct Truth {
@@ -150,6 +206,48 @@ impl Truth {
             // A repeated GCE TERMINATE is the same event: its deadline stays anchored.
             if id == SignalId::GceMaintenance && s.is_some() && live.contains_key(&id) {
                 continue;
+            }
+            // The Auto Scaling wait ends only with the instance.
+            if id == SignalId::AsgLifecycle && live.contains_key(&id) {
+                continue;
+            }
+            let mut s = s;
+            if let SignalId::Azure(_) = id {
+                let azure = live.get(&id).copied();
+                let preempt = |a: &Action| {
+                    matches!(
+                        a,
+                        Action::AzureEvent {
+                            kind: AzureKind::Preempt,
+                            ..
+                        }
+                    )
+                };
+                match (azure, s) {
+                    // Approved after the event went: nothing to start.
+                    (None, _) if matches!(a.action, Action::AzureApproved { .. }) => continue,
+                    // A freeze started early is still only a freeze.
+                    (Some(old), _)
+                        if old.hard.is_none()
+                            && matches!(a.action, Action::AzureApproved { .. }) =>
+                    {
+                        continue;
+                    }
+                    // A Spot eviction is never withdrawn.
+                    (Some(_), None) if preempt_seen(applied, a, id, &preempt) => continue,
+                    // An event's deadline never moves later (the agent keeps the earliest).
+                    (Some(old), Some(new)) => {
+                        s = Some(Signal {
+                            hard: match (old.hard, new.hard) {
+                                (Some(o), Some(n)) => Some(o.min(n)),
+                                (o, n) => n.or(o),
+                            },
+                            relative: old.relative || new.relative,
+                            ..new
+                        });
+                    }
+                    _ => {}
+                }
             }
             match s {
                 Some(s) => live.insert(id, s),
