@@ -355,6 +355,40 @@ mod tests {
         assert_eq!(t.changes().count(), 4);
     }
 
+    fn azure(ms: u64, episode: u8, kind: AzureKind, nb: u64) -> Applied {
+        Applied {
+            action: Action::AzureEvent {
+                episode,
+                kind,
+                not_before_ms: nb,
+            },
+            ..applied(ms, SignalId::Azure(episode), Some(hard(nb)))
+        }
+    }
+
+    #[test]
+    fn azure_deadlines_never_move_later_and_a_spot_eviction_stays() {
+        let gone = |ms, episode| Applied {
+            action: Action::AzureGone { episode },
+            ..applied(ms, SignalId::Azure(episode), None)
+        };
+        let t = Truth::build(&[
+            azure(100, 1, AzureKind::Reboot, 3000),
+            azure(200, 1, AzureKind::Reboot, 5000),
+            azure(300, 2, AzureKind::Preempt, 4000),
+            gone(400, 1),
+            gone(500, 2),
+        ]);
+        let e = |ms| earliest(t.at(at(ms)), at(ms), Duration::ZERO);
+        // Moved later: the agent keeps the earlier deadline.
+        assert_eq!(e(250), Some(at(3000)));
+        // The reboot vanished; the Spot eviction cannot be withdrawn.
+        assert_eq!(e(450), Some(at(4000)));
+        assert_eq!(e(600), Some(at(4000)));
+        assert!(t.last().contains_key(&SignalId::Azure(2)));
+        assert!(!t.last().contains_key(&SignalId::Azure(1)));
+    }
+
     #[test]
     fn eviction_safe_decides_which_deadlines_may_end_a_match() {
         let upgrade = hard(1000);
