@@ -181,15 +181,16 @@ impl Ctx<'_> {
         if hung { base + REQUEST_TIMEOUT } else { base }
     }
 
-    /// Servers whose match was running at `at`: allocated (by a reaction time before, so
-    /// the agent could know), not ended by the game, and neither deleted nor evicted.
-    fn running_at(&self, at: SystemTime) -> Vec<String> {
-        let known = at.checked_sub(self.lag_at(at)).unwrap_or(at);
+    /// Servers whose match was running at `at`: allocated (by `known` before, so the agent
+    /// could know), not ended by the game, and neither deleted nor evicted.
+    fn running_at(&self, at: SystemTime, known: Duration) -> Vec<String> {
+        let known = at.checked_sub(known).unwrap_or(at);
         self.allocated
             .iter()
             .filter(|(name, seq)| {
+                // Allocated before the start: long known.
                 let allocated_at = if **seq == 0 {
-                    Some(self.run.t0)
+                    Some(SystemTime::UNIX_EPOCH)
                 } else {
                     self.run
                         .journal
@@ -681,7 +682,7 @@ fn asg_lifecycle(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                 ..
             } if action == "CompleteLifecycleAction" => {
                 completions += 1;
-                let running = cx.running_at(*at);
+                let running = cx.running_at(*at, lag());
                 let early = if !running.is_empty() {
                     Some(format!("while {} ran", running.join(",")))
                 } else if deregistered.is_none_or(|d| d > *at) {
@@ -706,8 +707,9 @@ fn asg_lifecycle(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                     });
                 }
             }
+            // Whether or not the agent knew of the match, it heartbeats until it completes.
             Happening::TimedOut { global, result } => {
-                let running = cx.running_at(*at);
+                let running = cx.running_at(*at, Duration::ZERO);
                 if !running.is_empty() {
                     hits.push(Hit {
                         invariant: Invariant::AsgTimedOut,
@@ -729,7 +731,7 @@ fn asg_lifecycle(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
 fn azure_approvals(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     let mut seen = BTreeSet::new();
     for (id, at) in &cx.run.azure_approvals {
-        let running = cx.running_at(*at);
+        let running = cx.running_at(*at, lag());
         if !running.is_empty() {
             hits.push(Hit {
                 invariant: Invariant::AzureApprovedEarly,
