@@ -293,7 +293,9 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             .any(|live| {
                 live.values().any(|s| {
                     s.hard
-                        .is_some_and(|d| d <= e.at + grace + Duration::from_millis(50))
+                        .into_iter()
+                        .chain(s.earlier)
+                        .any(|d| d <= e.at + grace + Duration::from_millis(50))
                         && permits(safe, s, tl.graceful_termination)
                 })
             });

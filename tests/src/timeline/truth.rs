@@ -35,6 +35,9 @@ pub struct Signal {
     /// The deadline is counted from when the agent first sees the signal (GCE), so the
     /// agent's value may be later than the script's by its reaction time.
     pub relative: bool,
+    /// An earlier deadline this signal had and an agent may still act on (Azure keeps an
+    /// event's earliest `NotBefore` while it runs; a new agent reads the current one).
+    pub earlier: Option<SystemTime>,
 }
 
 /// A step as it was applied.
@@ -80,12 +83,14 @@ pub fn effect_of(
         upgrade_like: true,
         fences: true,
         relative: false,
+        earlier: None,
     };
     let drain = Signal {
         hard: None,
         upgrade_like: false,
         fences: true,
         relative: false,
+        earlier: None,
     };
     Some(match a {
         Action::ImdsScheduled {
@@ -131,6 +136,7 @@ pub fn effect_of(
                 upgrade_like: false,
                 fences: true,
                 relative: true,
+                earlier: None,
             }),
         ),
         Action::AzureEvent {
@@ -235,13 +241,24 @@ impl Truth {
                     }
                     // A Spot eviction is never withdrawn.
                     (Some(_), None) if preempt_seen(applied, a, id, &preempt) => continue,
-                    // An event's deadline never moves later (the agent keeps the earliest).
-                    (Some(old), Some(new)) => {
+                    // Started once approved: the VM may go from then on.
+                    (Some(old), Some(new)) if matches!(a.action, Action::AzureApproved { .. }) => {
                         s = Some(Signal {
-                            hard: match (old.hard, new.hard) {
-                                (Some(o), Some(n)) => Some(o.min(n)),
-                                (o, n) => n.or(o),
-                            },
+                            hard: old.hard.min(new.hard).or(new.hard),
+                            relative: true,
+                            ..old
+                        });
+                    }
+                    // Moved: the platform's deadline is the new one; the agent that saw the
+                    // earlier one keeps it (a restarted one reads the new one).
+                    (Some(old), Some(new)) => {
+                        let earlier = [old.earlier, old.hard]
+                            .into_iter()
+                            .flatten()
+                            .filter(|e| new.hard.is_none_or(|n| *e < n))
+                            .min();
+                        s = Some(Signal {
+                            earlier,
                             relative: old.relative || new.relative,
                             ..new
                         });
@@ -329,6 +346,7 @@ mod tests {
             upgrade_like: true,
             fences: true,
             relative: false,
+            earlier: None,
         }
     }
 
@@ -367,7 +385,7 @@ mod tests {
     }
 
     #[test]
-    fn azure_deadlines_never_move_later_and_a_spot_eviction_stays() {
+    fn azure_deadlines_keep_the_earlier_one_and_a_spot_eviction_stays() {
         let gone = |ms, episode| Applied {
             action: Action::AzureGone { episode },
             ..applied(ms, SignalId::Azure(episode), None)
@@ -380,8 +398,9 @@ mod tests {
             gone(500, 2),
         ]);
         let e = |ms| earliest(t.at(at(ms)), at(ms), Duration::ZERO);
-        // Moved later: the agent keeps the earlier deadline.
-        assert_eq!(e(250), Some(at(3000)));
+        // Moved later: the current deadline is the new one; the earlier one stays known.
+        assert_eq!(e(250), Some(at(5000)));
+        assert_eq!(t.at(at(250))[&SignalId::Azure(1)].earlier, Some(at(3000)));
         // The reboot vanished; the Spot eviction cannot be withdrawn.
         assert_eq!(e(450), Some(at(4000)));
         assert_eq!(e(600), Some(at(4000)));
