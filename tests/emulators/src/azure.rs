@@ -61,6 +61,8 @@ struct Inner {
     fail_next: usize,
     fail_status: u16,
     approvals: Vec<String>,
+    /// Each approval with when it was received, in order.
+    approvals_at: Vec<(String, std::time::SystemTime)>,
     journal: Vec<Request>,
 }
 
@@ -155,6 +157,12 @@ impl AzureMetadataEmulator {
     /// Every EventId approved so far, in order.
     pub fn approvals(&self) -> Vec<String> {
         lock(&self.shared).approvals.clone()
+    }
+
+    /// Every EventId approved so far with when it was approved, in order (a test orders
+    /// approvals against other journals).
+    pub fn approvals_at(&self) -> Vec<(String, std::time::SystemTime)> {
+        lock(&self.shared).approvals_at.clone()
     }
 
     /// Every request so far.
@@ -288,6 +296,9 @@ fn approve(g: &mut Inner, body: &[u8]) -> (StatusCode, String) {
         }
     }
     g.incarnation += 1;
+    let now = std::time::SystemTime::now();
+    g.approvals_at
+        .extend(ids.iter().map(|id| (id.clone(), now)));
     g.approvals.extend(ids);
     (StatusCode::OK, String::new())
 }

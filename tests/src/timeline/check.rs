@@ -11,6 +11,7 @@ use serde_json::Value;
 use super::runner::{AGENT, DRAIN_NODE_ANNOTATIONS, NODE, REQUEST_TIMEOUT, Run};
 use super::script::{Action, KubeFault, Safe};
 use super::truth::{Truth, earliest, permits};
+use crate::autoscaling::Happening;
 use crate::kube::journal::{JournalEntry, Verb};
 
 /// How long the agent may take to notice a change of the truth (IMDS polls every 200 ms,
@@ -50,6 +51,16 @@ pub enum Invariant {
     UndoneWhileLive,
     /// The drain did not end within the bound after the signals settled.
     DrainNeverEnded,
+    /// `CompleteLifecycleAction` while a match ran on the node, or before deregistration.
+    AsgCompletedEarly,
+    /// More than one successful `CompleteLifecycleAction`.
+    AsgCompletedTwice,
+    /// The termination hook timed out while a match ran (no heartbeat kept it).
+    AsgTimedOut,
+    /// An Azure event approved while a match ran.
+    AzureApprovedEarly,
+    /// An Azure event approved more than once.
+    AzureApprovedTwice,
 }
 
 impl Invariant {
@@ -65,6 +76,11 @@ impl Invariant {
             Self::LeftAfterCancel => "left-after-cancel",
             Self::UndoneWhileLive => "undone-while-live",
             Self::DrainNeverEnded => "drain-never-ended",
+            Self::AsgCompletedEarly => "asg-completed-early",
+            Self::AsgCompletedTwice => "asg-completed-twice",
+            Self::AsgTimedOut => "asg-timed-out",
+            Self::AzureApprovedEarly => "azure-approved-early",
+            Self::AzureApprovedTwice => "azure-approved-twice",
         }
     }
 }
@@ -136,6 +152,8 @@ struct Ctx<'a> {
     ended: BTreeMap<String, SystemTime>,
     /// The `seq` of a server's successful allocation (0: allocated before the start).
     allocated: BTreeMap<String, u64>,
+    /// When a server (or its pod) was first deleted or evicted, by name.
+    gone: BTreeMap<String, SystemTime>,
 }
 
 impl Ctx<'_> {
@@ -161,6 +179,31 @@ impl Ctx<'_> {
         });
         let base = if restarted { lag * 2 } else { lag };
         if hung { base + REQUEST_TIMEOUT } else { base }
+    }
+
+    /// Servers whose match was running at `at`: allocated (by `known` before, so the agent
+    /// could know), not ended by the game, and neither deleted nor evicted.
+    fn running_at(&self, at: SystemTime, known: Duration) -> Vec<String> {
+        let known = at.checked_sub(known).unwrap_or(at);
+        self.allocated
+            .iter()
+            .filter(|(name, seq)| {
+                // Allocated before the start: long known.
+                let allocated_at = if **seq == 0 {
+                    Some(SystemTime::UNIX_EPOCH)
+                } else {
+                    self.run
+                        .journal
+                        .iter()
+                        .find(|e| e.seq == **seq)
+                        .map(|e| e.at)
+                };
+                allocated_at.is_some_and(|t| t <= known)
+                    && self.ended.get(*name).is_none_or(|t| *t > at)
+                    && self.gone.get(*name).is_none_or(|t| *t > at)
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 
     fn in_use(&self, name: &str, seq: u64, at: SystemTime) -> bool {
@@ -195,11 +238,22 @@ pub fn check(run: &Run) -> Vec<Hit> {
             allocated.entry(name.clone()).or_insert(e.seq);
         }
     }
+    let mut gone = BTreeMap::new();
+    for e in &run.journal {
+        let removes = matches!(e.resource.as_deref(), Some("pods" | "gameservers"))
+            && ok(e)
+            && ((e.verb == Verb::Create && e.subresource.as_deref() == Some("eviction"))
+                || (e.verb == Verb::Delete && e.subresource.is_none()));
+        if removes && let Some(name) = &e.name {
+            gone.entry(name.clone()).or_insert(e.at);
+        }
+    }
     let cx = Ctx {
         run,
         truth,
         ended,
         allocated,
+        gone,
     };
     let mut hits = vec![];
     matches_ended(&cx, &mut hits);
@@ -208,6 +262,8 @@ pub fn check(run: &Run) -> Vec<Hit> {
     deregistration(&cx, &mut hits);
     node_writes(&cx, &mut hits);
     settled(&cx, &mut hits);
+    asg_lifecycle(&cx, &mut hits);
+    azure_approvals(&cx, &mut hits);
     hits.sort_by_key(|h| h.at);
     hits
 }
@@ -237,7 +293,9 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             .any(|live| {
                 live.values().any(|s| {
                     s.hard
-                        .is_some_and(|d| d <= e.at + grace + Duration::from_millis(50))
+                        .into_iter()
+                        .chain(s.earlier)
+                        .any(|d| d <= e.at + grace + Duration::from_millis(50))
                         && permits(safe, s, tl.graceful_termination)
                 })
             });
@@ -608,6 +666,93 @@ fn keys(v: &Value, field: &str) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
+/// The Auto Scaling wait: completed only once the node is empty and deregistered, at most
+/// once, and never timed out while a match ran (the agent heartbeats).
+fn asg_lifecycle(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    let deregistered = cx
+        .run
+        .calls
+        .iter()
+        .find(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
+        .map(|c| c.at);
+    let mut completions = 0;
+    for (at, h) in &cx.run.asg {
+        match h {
+            Happening::Call {
+                action,
+                error: None,
+                ..
+            } if action == "CompleteLifecycleAction" => {
+                completions += 1;
+                let running = cx.running_at(*at, lag());
+                let early = if !running.is_empty() {
+                    Some(format!("while {} ran", running.join(",")))
+                } else if deregistered.is_none_or(|d| d > *at) {
+                    Some("before the FleetIQ deregistration".to_string())
+                } else {
+                    None
+                };
+                if let Some(why) = early {
+                    hits.push(Hit {
+                        invariant: Invariant::AsgCompletedEarly,
+                        at: *at,
+                        detail: format!("CompleteLifecycleAction {why}"),
+                        seqs: vec![],
+                    });
+                }
+                if completions > 1 {
+                    hits.push(Hit {
+                        invariant: Invariant::AsgCompletedTwice,
+                        at: *at,
+                        detail: format!("CompleteLifecycleAction succeeded {completions} times"),
+                        seqs: vec![],
+                    });
+                }
+            }
+            // Whether or not the agent knew of the match, it heartbeats until it completes.
+            Happening::TimedOut { global, result } => {
+                let running = cx.running_at(*at, Duration::ZERO);
+                if !running.is_empty() {
+                    hits.push(Hit {
+                        invariant: Invariant::AsgTimedOut,
+                        at: *at,
+                        detail: format!(
+                            "the hook timed out (global {global}, {result}) while {} ran",
+                            running.join(",")
+                        ),
+                        seqs: vec![],
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Azure approvals (`--azure-approve-when-empty`): never while a match runs, once per event.
+fn azure_approvals(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    let mut seen = BTreeSet::new();
+    for (id, at) in &cx.run.azure_approvals {
+        let running = cx.running_at(*at, lag());
+        if !running.is_empty() {
+            hits.push(Hit {
+                invariant: Invariant::AzureApprovedEarly,
+                at: *at,
+                detail: format!("approved {id} while {} ran", running.join(",")),
+                seqs: vec![],
+            });
+        }
+        if !seen.insert(id) {
+            hits.push(Hit {
+                invariant: Invariant::AzureApprovedTwice,
+                at: *at,
+                detail: format!("approved {id} again"),
+                seqs: vec![],
+            });
+        }
+    }
+}
+
 fn settled(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     if let Err(e) = &cx.run.settled {
         hits.push(Hit {
@@ -649,6 +794,14 @@ pub fn report(run: &Run, hits: &[Hit]) -> String {
                 format!("  [{}]", a.note)
             }
         );
+    }
+    for (at, h) in run.asg.iter().filter(
+        |(_, h)| !matches!(h, Happening::Call { action, .. } if action.starts_with("Describe")),
+    ) {
+        let _ = writeln!(s, "  {:>9}  autoscaling {h:?}", rel(*at));
+    }
+    for (id, at) in &run.azure_approvals {
+        let _ = writeln!(s, "  {:>9}  azure approved {id}", rel(*at));
     }
     let _ = writeln!(
         s,

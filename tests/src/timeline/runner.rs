@@ -13,9 +13,10 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use super::script::{Action, KubeFault, Safe, Timeline};
+use super::script::{Action, AzureKind, KubeFault, Safe, Timeline};
 use super::truth::{Applied, ceil_secs, effect_of};
 use crate::agent::{InProcessAgent, config};
+use crate::autoscaling::{AutoScalingEmulator, Happening, Hook};
 use crate::cluster::{
     AllocationRequest, Cluster, ClusterConfig, EvictionSafe, FleetSpec, GameServerState, NodeSpec,
     allocator,
@@ -27,12 +28,17 @@ use crate::imds::ImdsEmulator;
 use crate::kube::faults::{FaultRule, Method};
 use crate::kube::journal::JournalEntry;
 use crate::redis::RedisServer;
+use lastcall_emulators::azure::{self, AzureMetadataEmulator};
 
 pub const NS: &str = "default";
 pub const NODE: &str = "n1";
 pub const GROUP: &str = "g1";
 /// The agent's identity in the kube journal (every agent of the node shares it).
 pub const AGENT: &str = "agent-n1";
+/// The Auto Scaling group the instance is in (its termination hook is `h`).
+pub const ASG: &str = "asg-n1";
+/// The Azure VM's name.
+pub const VM: &str = "vm-n1";
 /// The allocator excludes these servers, as the docs ask.
 pub const EXCLUSION: &str = "lastcall.dev/node-draining!=true";
 /// How long a clean agent stop may take before the task is killed.
@@ -50,6 +56,10 @@ pub struct Run {
     /// The kube journal and GameLift calls of the whole run.
     pub journal: Vec<JournalEntry>,
     pub calls: Vec<gamelift::Call>,
+    /// What happened to the instance in the Auto Scaling API (calls and its wait), when.
+    pub asg: Vec<(SystemTime, Happening)>,
+    /// Azure approvals (EventId, when).
+    pub azure_approvals: Vec<(String, SystemTime)>,
     /// When the last step was applied, and whether (and when) the drain ended after it.
     pub settled_from: SystemTime,
     pub settled: Result<SystemTime, String>,
@@ -120,6 +130,16 @@ async fn edit_node(api: &Api<Node>, f: impl Fn(&mut Node)) -> anyhow::Result<()>
 fn imds_time(t: SystemTime) -> String {
     let ts = jiff::Timestamp::try_from(t).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
     ts.strftime("%d %b %Y %H:%M:%S GMT").to_string()
+}
+
+fn rfc1123(t: SystemTime) -> String {
+    let ts = jiff::Timestamp::try_from(t).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    ts.strftime("%a, %d %b %Y %H:%M:%S GMT").to_string()
+}
+
+/// The EventId of Azure event `episode`.
+pub fn azure_event_id(seed: u64, episode: u8) -> String {
+    format!("tl{seed:x}-ev{episode}")
 }
 
 fn rfc3339(t: SystemTime) -> String {
@@ -260,6 +280,15 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         .await
         .context("IMDS emulator")?;
     let gce = GceMetadataEmulator::start().await.context("GCE emulator")?;
+    let asg = AutoScalingEmulator::start()
+        .await
+        .context("Auto Scaling emulator")?;
+    let asg_epoch = (tokio::time::Instant::now(), SystemTime::now());
+    asg.add_group(ASG, vec![Hook::terminating("h", tl.asg_heartbeat_s)]);
+    asg.add_instance(ASG, &iid);
+    let az = AzureMetadataEmulator::start(VM)
+        .await
+        .context("Azure emulator")?;
     let mut flags: Vec<String> = [
         "--game-server-group",
         GROUP,
@@ -294,6 +323,37 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     .to_vec();
     if tl.graceful_termination {
         flags.push("--graceful-termination".into());
+    }
+    if tl.dims.asg_lifecycle {
+        flags.extend(
+            [
+                "--asg-lifecycle",
+                "--asg-interval",
+                "200ms",
+                "--asg-endpoint",
+                &asg.url(),
+                "--aws-region",
+                "us-west-2",
+            ]
+            .map(String::from),
+        );
+    }
+    if tl.dims.azure_events {
+        flags.extend(
+            [
+                "--azure-events",
+                "--azure-metadata-endpoint",
+                &az.url(),
+                "--azure-events-interval",
+                "200ms",
+                "--azure-vm-name",
+                VM,
+            ]
+            .map(String::from),
+        );
+        if tl.azure_approve {
+            flags.push("--azure-approve-when-empty".into());
+        }
     }
     publish(redis, &iid, &status(Status::Active, &iid))
         .await
@@ -373,6 +433,37 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             Action::GceNone => gce.set("maintenance-event", "NONE"),
             Action::GceEmpty => gce.set("maintenance-event", ""),
             Action::GcePreempted => gce.set("preempted", "TRUE"),
+            Action::AsgTerminate => {
+                asg.begin_termination(&iid).context(what.clone())?;
+                imds.set_target_lifecycle_state(Some("Terminated"));
+            }
+            Action::AzureEvent {
+                episode,
+                kind,
+                not_before_ms,
+            } => {
+                let id = azure_event_id(tl.seed, *episode);
+                let nb = ceil_secs(t0 + Duration::from_millis(*not_before_ms));
+                let mut ev = azure::event(&id, kind.event_type(), VM, &rfc1123(nb));
+                if *kind == AzureKind::FreezeLong {
+                    ev["DurationInSeconds"] = json!(120);
+                }
+                let mut events = az.events();
+                match events.iter_mut().find(|e| e["EventId"] == id.as_str()) {
+                    // Once started (approved) the platform no longer moves it.
+                    Some(e) if e["EventStatus"] == "Started" => {}
+                    Some(e) => *e = ev,
+                    None => events.push(ev),
+                }
+                az.set_events(events);
+            }
+            Action::AzureGone { episode } => {
+                let id = azure_event_id(tl.seed, *episode);
+                let mut events = az.events();
+                events.retain(|e| e["EventId"] != id.as_str());
+                az.set_events(events);
+            }
+            Action::AzureApproved { .. } => {}
             Action::FleetIq { draining } => {
                 let (s, gs) = if *draining {
                     (Status::Draining, InstanceStatus::Draining)
@@ -551,15 +642,25 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     // Settle: the drain ends, deregistered or cancelled.
     let settled_from = SystemTime::now();
     let live_at_end = super::truth::Truth::build(&applied).last().clone();
+    let asg_began = applied
+        .iter()
+        .any(|a| matches!(a.action, Action::AsgTerminate));
     let settled = try_eventually(
         "the drain ends",
         SETTLE,
         Duration::from_millis(50),
         || async {
-            if gl
-                .calls()
-                .iter()
-                .any(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
+            // The Auto Scaling wait ends with the drain: the agent lets the instance go.
+            let completed = !asg_began
+                || asg
+                    .journal()
+                    .iter()
+                    .any(|e| matches!(e.happening, Happening::Completed { .. }));
+            if completed
+                && gl
+                    .calls()
+                    .iter()
+                    .any(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
             {
                 return Some(SystemTime::now());
             }
@@ -609,6 +710,32 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     }
     let journal = cluster.emulator().journal().entries();
     let calls = gl.calls();
+    let asg_journal = asg
+        .journal()
+        .into_iter()
+        .filter(|e| e.instance.as_deref() == Some(iid.as_str()))
+        .map(|e| {
+            (
+                asg_epoch.1 + e.at.saturating_duration_since(asg_epoch.0),
+                e.happening,
+            )
+        })
+        .collect();
+    let azure_approvals = az.approvals_at();
+    // Approvals start the event at once: part of the truth from then on.
+    for (id, at) in &azure_approvals {
+        if let Some(episode) = (1..=u8::MAX).find(|e| azure_event_id(tl.seed, *e) == *id) {
+            let action = Action::AzureApproved { episode };
+            let effect = effect_of(&tl, t0, *at, &action);
+            applied.push(Applied {
+                at: *at,
+                action,
+                effect,
+                note: String::new(),
+            });
+        }
+    }
+    applied.sort_by_key(|a| a.at);
     cluster.emulator().faults().clear();
     // A connection a killed agent left behind can hold a graceful shutdown; the cluster
     // stops anyway when dropped.
@@ -625,6 +752,8 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         allocated_at_start,
         journal,
         calls,
+        asg: asg_journal,
+        azure_approvals,
         settled_from,
         settled,
         setup,

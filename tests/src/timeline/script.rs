@@ -26,6 +26,10 @@ pub struct Dimensions {
     pub system_maintenance: bool,
     /// Deadlines rescheduled later (needs "the current deadline, not the minimum").
     pub later_reschedules: bool,
+    /// An Auto Scaling termination lifecycle hook (needs `--asg-lifecycle`).
+    pub asg_lifecycle: bool,
+    /// Azure Scheduled Events (needs `--azure-events`).
+    pub azure_events: bool,
 }
 
 impl Dimensions {
@@ -36,6 +40,8 @@ impl Dimensions {
         gce_empty_body: true,
         system_maintenance: true,
         later_reschedules: true,
+        asg_lifecycle: true,
+        azure_events: true,
     };
 
     /// `ALL` minus the comma-separated names in `disabled`; an unknown name is an error.
@@ -49,6 +55,8 @@ impl Dimensions {
                 "gce_empty_body" => &mut d.gce_empty_body,
                 "system_maintenance" => &mut d.system_maintenance,
                 "later_reschedules" => &mut d.later_reschedules,
+                "asg_lifecycle" => &mut d.asg_lifecycle,
+                "azure_events" => &mut d.azure_events,
                 other => return Err(format!("unknown timeline dimension {other:?}")),
             };
             *flag = false;
@@ -110,6 +118,38 @@ impl EventCode {
     }
 }
 
+/// An Azure Scheduled Events `EventType` (a freeze pauses the VM, the rest end it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AzureKind {
+    /// A freeze of a few seconds: only observed.
+    FreezeShort,
+    /// A freeze of minutes: keeps new matches off, never ends one.
+    FreezeLong,
+    Reboot,
+    Redeploy,
+    /// A Spot eviction: never withdrawn.
+    Preempt,
+    /// A scale-set scale-in.
+    Terminate,
+}
+
+impl AzureKind {
+    pub fn event_type(self) -> &'static str {
+        match self {
+            AzureKind::FreezeShort | AzureKind::FreezeLong => "Freeze",
+            AzureKind::Reboot => "Reboot",
+            AzureKind::Redeploy => "Redeploy",
+            AzureKind::Preempt => "Preempt",
+            AzureKind::Terminate => "Terminate",
+        }
+    }
+
+    /// Whether the VM ends at `NotBefore`: then that time is a hard deadline.
+    pub fn ends_the_vm(self) -> bool {
+        !matches!(self, AzureKind::FreezeShort | AzureKind::FreezeLong)
+    }
+}
+
 /// A Kubernetes API fault injected into the emulator (`kube::faults`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KubeFault {
@@ -149,6 +189,25 @@ pub enum Action {
     GceEmpty,
     /// GCE `preempted` = `TRUE` (deadline: now + `--gce-preemption-notice`; never withdrawn).
     GcePreempted,
+    /// The Auto Scaling group terminates the instance: it waits on the termination hook and
+    /// IMDS `autoscaling/target-lifecycle-state` reads `Terminated` (never withdrawn).
+    AsgTerminate,
+    /// Azure event `episode` (its own EventId) is listed with this `NotBefore`; listed again,
+    /// its `NotBefore` moved.
+    AzureEvent {
+        episode: u8,
+        kind: AzureKind,
+        not_before_ms: u64,
+    },
+    /// Azure event `episode` vanishes from the document (completed or cancelled).
+    AzureGone {
+        episode: u8,
+    },
+    /// Not drawn: the agent approved Azure event `episode` (read from the emulator after
+    /// the run; the platform may start it at once).
+    AzureApproved {
+        episode: u8,
+    },
     /// FleetIQ status published on Redis as pubsub does.
     FleetIq {
         draining: bool,
@@ -202,6 +261,10 @@ pub struct Timeline {
     pub foreign_cordon: bool,
     pub gce_preemption_notice_s: u64,
     pub gce_terminate_notice_s: u64,
+    /// The termination hook's heartbeat timeout (its cap is 100 times this).
+    pub asg_heartbeat_s: u64,
+    /// `--azure-approve-when-empty`.
+    pub azure_approve: bool,
     pub steps: Vec<Step>,
     /// All matches end at the last step (otherwise `Never` matches may hold the drain).
     pub end_all_at_ms: u64,
@@ -236,9 +299,17 @@ impl Timeline {
 
         // Signals: two or more sources, some moving, cancelled and re-appearing.
         let n_signals = rng.random_range(2..=5);
+        let mut asg_drawn = false;
+        let mut episode = 0u8;
         for _ in 0..n_signals {
             let t = at(&mut rng);
-            match rng.random_range(0..8) {
+            let mut kind = rng.random_range(0..10);
+            if (kind == 8 && (!dims.asg_lifecycle || asg_drawn))
+                || (kind == 9 && !dims.azure_events)
+            {
+                kind = 7;
+            }
+            match kind {
                 0 | 1 => {
                     let code = match rng.random_range(0..4) {
                         0 => EventCode::InstanceStop,
@@ -342,6 +413,59 @@ impl Timeline {
                         t2 += rng.random_range(200..900);
                     }
                 }
+                8 => {
+                    asg_drawn = true;
+                    steps.push(Step {
+                        at_ms: t,
+                        action: Action::AsgTerminate,
+                    });
+                }
+                9 => {
+                    episode += 1;
+                    let kind = match rng.random_range(0..6) {
+                        0 => AzureKind::FreezeShort,
+                        1 => AzureKind::FreezeLong,
+                        2 => AzureKind::Reboot,
+                        3 => AzureKind::Redeploy,
+                        4 => AzureKind::Preempt,
+                        _ => AzureKind::Terminate,
+                    };
+                    let mut nb = deadline(&mut rng, t);
+                    steps.push(Step {
+                        at_ms: t,
+                        action: Action::AzureEvent {
+                            episode,
+                            kind,
+                            not_before_ms: nb,
+                        },
+                    });
+                    // Moves later and earlier, then maybe it vanishes (a Spot eviction's
+                    // notice stays whatever the document says).
+                    let mut t2 = t;
+                    for _ in 0..rng.random_range(0..=2) {
+                        t2 += rng.random_range(150..700);
+                        nb = if rng.random_bool(0.5) {
+                            nb + rng.random_range(1000..=3000)
+                        } else {
+                            nb.saturating_sub(rng.random_range(500..=1500))
+                                .max(t2 + 1000)
+                        };
+                        steps.push(Step {
+                            at_ms: t2,
+                            action: Action::AzureEvent {
+                                episode,
+                                kind,
+                                not_before_ms: nb,
+                            },
+                        });
+                    }
+                    if rng.random_bool(0.4) {
+                        steps.push(Step {
+                            at_ms: t2 + rng.random_range(150..700),
+                            action: Action::AzureGone { episode },
+                        });
+                    }
+                }
                 _ => {
                     steps.push(Step {
                         at_ms: t,
@@ -412,6 +536,8 @@ impl Timeline {
         steps.sort_by_key(|s| s.at_ms);
         let gce_preemption_notice_s = rng.random_range(2..=3);
         let gce_terminate_notice_s = rng.random_range(2..=3);
+        let asg_heartbeat_s = rng.random_range(2..=3);
+        let azure_approve = rng.random_bool(0.5);
         // Run until the last hard deadline has passed (capped), so the agent's verdicts at
         // `deadline − grace` happen inside the timeline.
         let last_hard = steps
@@ -421,6 +547,11 @@ impl Timeline {
                 Action::ImdsSpot { at_ms } => at_ms,
                 Action::GcePreempted => s.at_ms + 1000 * gce_preemption_notice_s,
                 Action::GceTerminate => s.at_ms + 1000 * gce_terminate_notice_s,
+                Action::AzureEvent {
+                    kind,
+                    not_before_ms,
+                    ..
+                } if kind.ends_the_vm() => not_before_ms,
                 _ => 0,
             })
             .max()
@@ -438,6 +569,8 @@ impl Timeline {
             foreign_cordon: rng.random_bool(0.15),
             gce_preemption_notice_s,
             gce_terminate_notice_s,
+            asg_heartbeat_s,
+            azure_approve,
             steps,
             end_all_at_ms,
         }
@@ -452,7 +585,7 @@ impl fmt::Display for Timeline {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, {:?}",
+            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, asg heartbeat {}s, --azure-approve-when-empty {}, {:?}",
             self.seed,
             self.ready,
             self.allocated,
@@ -462,6 +595,8 @@ impl fmt::Display for Timeline {
             self.foreign_cordon,
             self.gce_preemption_notice_s,
             self.gce_terminate_notice_s,
+            self.asg_heartbeat_s,
+            self.azure_approve,
             self.dims,
         )?;
         for s in &self.steps {
@@ -482,7 +617,7 @@ mod tests {
         assert_eq!(a.steps, b.steps);
         assert_eq!(a.to_string(), b.to_string());
         let none = Dimensions::without(
-            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules",
+            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events",
         )
         .expect("known names");
         for seed in 0..300 {
@@ -493,6 +628,9 @@ mod tests {
                         Action::Rollout { .. }
                             | Action::AbortAgent { .. }
                             | Action::GceEmpty
+                            | Action::AsgTerminate
+                            | Action::AzureEvent { .. }
+                            | Action::AzureGone { .. }
                             | Action::Fault(KubeFault::HangNode | KubeFault::HangGameServers)
                             | Action::ImdsScheduled {
                                 code: EventCode::SystemMaintenance,

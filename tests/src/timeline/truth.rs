@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use super::script::{Action, Safe, Timeline};
+use super::script::{Action, AzureKind, Safe, Timeline};
 
 /// One signal of one source; a source holds at most one at a time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -16,6 +16,10 @@ pub enum SignalId {
     FleetIq,
     Manual,
     Karpenter,
+    /// The Auto Scaling termination hook's wait.
+    AsgLifecycle,
+    /// One Azure scheduled event, by episode.
+    Azure(u8),
 }
 
 /// A live signal.
@@ -31,6 +35,9 @@ pub struct Signal {
     /// The deadline is counted from when the agent first sees the signal (GCE), so the
     /// agent's value may be later than the script's by its reaction time.
     pub relative: bool,
+    /// An earlier deadline this signal had and an agent may still act on (Azure keeps an
+    /// event's earliest `NotBefore` while it runs; a new agent reads the current one).
+    pub earlier: Option<SystemTime>,
 }
 
 /// A step as it was applied.
@@ -76,12 +83,14 @@ pub fn effect_of(
         upgrade_like: true,
         fences: true,
         relative: false,
+        earlier: None,
     };
     let drain = Signal {
         hard: None,
         upgrade_like: false,
         fences: true,
         relative: false,
+        earlier: None,
     };
     Some(match a {
         Action::ImdsScheduled {
@@ -116,6 +125,46 @@ pub fn effect_of(
                 ))
             }),
         ),
+        // Announced as the hook's cap from the agent's first sight, far beyond the run;
+        // a scale-in, so not upgrade-like.
+        Action::AsgTerminate => (
+            SignalId::AsgLifecycle,
+            Some(Signal {
+                hard: Some(floor_secs(
+                    at + Duration::from_secs(100 * tl.asg_heartbeat_s),
+                )),
+                upgrade_like: false,
+                fences: true,
+                relative: true,
+                earlier: None,
+            }),
+        ),
+        Action::AzureEvent {
+            episode,
+            kind,
+            not_before_ms,
+        } => (
+            SignalId::Azure(*episode),
+            match kind {
+                AzureKind::FreezeShort => None,
+                AzureKind::FreezeLong => Some(drain),
+                AzureKind::Terminate => Some(Signal {
+                    upgrade_like: false,
+                    ..hard(ms(*not_before_ms))
+                }),
+                _ => Some(hard(ms(*not_before_ms))),
+            },
+        ),
+        Action::AzureGone { episode } => (SignalId::Azure(*episode), None),
+        // Started by the platform once approved: the VM may go now (the agent counts it
+        // from its next read).
+        Action::AzureApproved { episode } => (
+            SignalId::Azure(*episode),
+            Some(Signal {
+                relative: true,
+                ..hard(at)
+            }),
+        ),
         Action::FleetIq { draining } => (SignalId::FleetIq, draining.then_some(drain)),
         Action::Manual(on) => (SignalId::Manual, on.then_some(drain)),
         Action::Karpenter(on) => (
@@ -130,6 +179,19 @@ pub fn effect_of(
 }
 
 pub type Live = BTreeMap<SignalId, Signal>;
+
+/// Whether the Azure event `id` was drawn as a Spot eviction (at or before `upto`).
+fn preempt_seen(
+    applied: &[Applied],
+    upto: &Applied,
+    id: SignalId,
+    preempt: &dyn Fn(&Action) -> bool,
+) -> bool {
+    applied
+        .iter()
+        .take_while(|a| !std::ptr::eq(*a, upto))
+        .any(|a| a.effect.map(|(i, _)| i) == Some(id) && preempt(&a.action))
+}
 
 /// The live signals over time: piecewise constant, changing at applied steps.
 pub struct Truth {
@@ -150,6 +212,59 @@ impl Truth {
             // A repeated GCE TERMINATE is the same event: its deadline stays anchored.
             if id == SignalId::GceMaintenance && s.is_some() && live.contains_key(&id) {
                 continue;
+            }
+            // The Auto Scaling wait ends only with the instance.
+            if id == SignalId::AsgLifecycle && live.contains_key(&id) {
+                continue;
+            }
+            let mut s = s;
+            if let SignalId::Azure(_) = id {
+                let azure = live.get(&id).copied();
+                let preempt = |a: &Action| {
+                    matches!(
+                        a,
+                        Action::AzureEvent {
+                            kind: AzureKind::Preempt,
+                            ..
+                        }
+                    )
+                };
+                match (azure, s) {
+                    // Approved after the event went: nothing to start.
+                    (None, _) if matches!(a.action, Action::AzureApproved { .. }) => continue,
+                    // A freeze started early is still only a freeze.
+                    (Some(old), _)
+                        if old.hard.is_none()
+                            && matches!(a.action, Action::AzureApproved { .. }) =>
+                    {
+                        continue;
+                    }
+                    // A Spot eviction is never withdrawn.
+                    (Some(_), None) if preempt_seen(applied, a, id, &preempt) => continue,
+                    // Started once approved: the VM may go from then on.
+                    (Some(old), Some(new)) if matches!(a.action, Action::AzureApproved { .. }) => {
+                        s = Some(Signal {
+                            hard: old.hard.min(new.hard).or(new.hard),
+                            relative: true,
+                            ..old
+                        });
+                    }
+                    // Moved: the platform's deadline is the new one; the agent that saw the
+                    // earlier one keeps it (a restarted one reads the new one).
+                    (Some(old), Some(new)) => {
+                        let earlier = [old.earlier, old.hard]
+                            .into_iter()
+                            .flatten()
+                            .filter(|e| new.hard.is_none_or(|n| *e < n))
+                            .min();
+                        s = Some(Signal {
+                            earlier,
+                            relative: old.relative || new.relative,
+                            ..new
+                        });
+                    }
+                    _ => {}
+                }
             }
             match s {
                 Some(s) => live.insert(id, s),
@@ -231,6 +346,7 @@ mod tests {
             upgrade_like: true,
             fences: true,
             relative: false,
+            earlier: None,
         }
     }
 
@@ -255,6 +371,41 @@ mod tests {
         assert_eq!(e(5001), None);
         assert_eq!(t.during(at(250), at(450)).len(), 2);
         assert_eq!(t.changes().count(), 4);
+    }
+
+    fn azure(ms: u64, episode: u8, kind: AzureKind, nb: u64) -> Applied {
+        Applied {
+            action: Action::AzureEvent {
+                episode,
+                kind,
+                not_before_ms: nb,
+            },
+            ..applied(ms, SignalId::Azure(episode), Some(hard(nb)))
+        }
+    }
+
+    #[test]
+    fn azure_deadlines_keep_the_earlier_one_and_a_spot_eviction_stays() {
+        let gone = |ms, episode| Applied {
+            action: Action::AzureGone { episode },
+            ..applied(ms, SignalId::Azure(episode), None)
+        };
+        let t = Truth::build(&[
+            azure(100, 1, AzureKind::Reboot, 3000),
+            azure(200, 1, AzureKind::Reboot, 5000),
+            azure(300, 2, AzureKind::Preempt, 4000),
+            gone(400, 1),
+            gone(500, 2),
+        ]);
+        let e = |ms| earliest(t.at(at(ms)), at(ms), Duration::ZERO);
+        // Moved later: the current deadline is the new one; the earlier one stays known.
+        assert_eq!(e(250), Some(at(5000)));
+        assert_eq!(t.at(at(250))[&SignalId::Azure(1)].earlier, Some(at(3000)));
+        // The reboot vanished; the Spot eviction cannot be withdrawn.
+        assert_eq!(e(450), Some(at(4000)));
+        assert_eq!(e(600), Some(at(4000)));
+        assert!(t.last().contains_key(&SignalId::Azure(2)));
+        assert!(!t.last().contains_key(&SignalId::Azure(1)));
     }
 
     #[test]
