@@ -44,6 +44,42 @@ async fn state_of(c: &aws_sdk_autoscaling::Client) -> Option<String> {
         .and_then(|i| i.lifecycle_state().map(str::to_string))
 }
 
+/// `RecordLifecycleActionHeartbeat` for the test instance.
+async fn heartbeat(
+    c: &aws_sdk_autoscaling::Client,
+) -> Result<
+    aws_sdk_autoscaling::operation::record_lifecycle_action_heartbeat::RecordLifecycleActionHeartbeatOutput,
+    aws_sdk_autoscaling::error::SdkError<
+        aws_sdk_autoscaling::operation::record_lifecycle_action_heartbeat::RecordLifecycleActionHeartbeatError,
+    >,
+>{
+    c.record_lifecycle_action_heartbeat()
+        .auto_scaling_group_name(GROUP)
+        .lifecycle_hook_name(HOOK)
+        .instance_id(I)
+        .send()
+        .await
+}
+
+/// `CompleteLifecycleAction` for the test instance with `result`.
+async fn complete(
+    c: &aws_sdk_autoscaling::Client,
+    result: &str,
+) -> Result<
+    aws_sdk_autoscaling::operation::complete_lifecycle_action::CompleteLifecycleActionOutput,
+    aws_sdk_autoscaling::error::SdkError<
+        aws_sdk_autoscaling::operation::complete_lifecycle_action::CompleteLifecycleActionError,
+    >,
+> {
+    c.complete_lifecycle_action()
+        .auto_scaling_group_name(GROUP)
+        .lifecycle_hook_name(HOOK)
+        .instance_id(I)
+        .lifecycle_action_result(result)
+        .send()
+        .await
+}
+
 #[tokio::test]
 async fn describe_calls_round_trip_through_the_sdk() {
     let (emu, c) = world(60).await;
@@ -93,14 +129,7 @@ async fn describe_calls_round_trip_through_the_sdk() {
 async fn a_wait_is_held_by_heartbeats_and_ended_by_completion() {
     let (emu, c) = world(1).await;
     // Not waiting yet: both calls are refused as AWS refuses them.
-    let e = c
-        .record_lifecycle_action_heartbeat()
-        .auto_scaling_group_name(GROUP)
-        .lifecycle_hook_name(HOOK)
-        .instance_id(I)
-        .send()
-        .await
-        .unwrap_err();
+    let e = heartbeat(&c).await.unwrap_err();
     assert_eq!(e.code(), Some("ValidationError"));
     assert!(
         e.message()
@@ -116,38 +145,17 @@ async fn a_wait_is_held_by_heartbeats_and_ended_by_completion() {
     // Heartbeats every 400 ms keep it past three heartbeat timeouts.
     for _ in 0..8 {
         tokio::time::sleep(Duration::from_millis(400)).await;
-        c.record_lifecycle_action_heartbeat()
-            .auto_scaling_group_name(GROUP)
-            .lifecycle_hook_name(HOOK)
-            .instance_id(I)
-            .send()
-            .await
-            .unwrap();
+        heartbeat(&c).await.unwrap();
     }
     assert_eq!(
         emu.lifecycle_state(I),
         Some(LifecycleState::TerminatingWait)
     );
-    c.complete_lifecycle_action()
-        .auto_scaling_group_name(GROUP)
-        .lifecycle_hook_name(HOOK)
-        .instance_id(I)
-        .lifecycle_action_result("CONTINUE")
-        .send()
-        .await
-        .unwrap();
+    complete(&c, "CONTINUE").await.unwrap();
     assert_eq!(emu.lifecycle_state(I), Some(LifecycleState::Terminated));
     // Gone from the group, and a second completion is refused.
     assert_eq!(state_of(&c).await, None);
-    let again = c
-        .complete_lifecycle_action()
-        .auto_scaling_group_name(GROUP)
-        .lifecycle_hook_name(HOOK)
-        .instance_id(I)
-        .lifecycle_action_result("CONTINUE")
-        .send()
-        .await
-        .unwrap_err();
+    let again = complete(&c, "CONTINUE").await.unwrap_err();
     assert_eq!(again.code(), Some("ValidationError"));
     let j = emu.journal();
     let heartbeats = j
@@ -200,32 +208,11 @@ async fn errors_are_the_sdk_s_typed_codes() {
         403,
         Some(1),
     );
-    let e = c
-        .record_lifecycle_action_heartbeat()
-        .auto_scaling_group_name(GROUP)
-        .lifecycle_hook_name(HOOK)
-        .instance_id(I)
-        .send()
-        .await
-        .unwrap_err();
+    let e = heartbeat(&c).await.unwrap_err();
     assert_eq!(e.code(), Some("AccessDenied"));
     // The fault was used up: the next one goes through.
-    c.record_lifecycle_action_heartbeat()
-        .auto_scaling_group_name(GROUP)
-        .lifecycle_hook_name(HOOK)
-        .instance_id(I)
-        .send()
-        .await
-        .unwrap();
-    let bad = c
-        .complete_lifecycle_action()
-        .auto_scaling_group_name(GROUP)
-        .lifecycle_hook_name(HOOK)
-        .instance_id(I)
-        .lifecycle_action_result("MAYBE")
-        .send()
-        .await
-        .unwrap_err();
+    heartbeat(&c).await.unwrap();
+    let bad = complete(&c, "MAYBE").await.unwrap_err();
     assert_eq!(bad.code(), Some("ValidationError"));
     assert_eq!(
         emu.lifecycle_state(I),
