@@ -286,6 +286,19 @@ pub async fn subscribed(agent: &InProcessAgent) {
     .await;
 }
 
+/// The FleetIQ lifecycle calls an agent makes for its game server.
+pub const LIFECYCLE: [&str; 4] = [
+    "RegisterGameServer",
+    "ClaimGameServer",
+    "UpdateGameServer",
+    "DeregisterGameServer",
+];
+
+/// The Node's annotation `key`, if set.
+pub fn annotation(n: &Node, key: &str) -> Option<String> {
+    n.metadata.annotations.as_ref()?.get(key).cloned()
+}
+
 pub fn has_taint(n: &Node, key: &str) -> bool {
     n.spec
         .as_ref()

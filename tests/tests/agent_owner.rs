@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use lastcall_common::fleetiq::InstanceStatus as Status;
@@ -19,19 +19,8 @@ use lastcall_testkit::eventually::{eventually, wait_for};
 use lastcall_testkit::gamelift::Call;
 use lastcall_testkit::kube::faults::{FaultRule, Method};
 use lastcall_testkit::world::{
-    GROUP, IID, NODE, NS, World, WorldSpec, cordoned, has_taint, subscribed,
+    GROUP, IID, LIFECYCLE, NODE, NS, World, WorldSpec, annotation, cordoned, has_taint, subscribed,
 };
-
-const LIFECYCLE: [&str; 4] = [
-    "RegisterGameServer",
-    "ClaimGameServer",
-    "UpdateGameServer",
-    "DeregisterGameServer",
-];
-
-fn annotation(n: &Node, key: &str) -> Option<String> {
-    n.metadata.annotations.as_ref()?.get(key).cloned()
-}
 
 /// Lifecycle calls (Register, Claim, Update, Deregister) after the first successful
 /// Deregister, by name.
@@ -114,11 +103,12 @@ async fn a_signal_that_clears_after_deregistration_never_uncordons() {
     agent.stop().await.unwrap();
 }
 
-/// The agent dies after the Deregister, before its record; the signal clears. The next
-/// agent asks GameLift before its first heartbeat and before cancelling: the server is
-/// gone, so the node stays fenced, the record is written, and nothing reaches FleetIQ.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_between_deregistration_and_its_record_is_final() {
+/// An agent deregisters and dies before writing its record (and, with `signal_clears`, the
+/// FleetIQ signal clears meanwhile); returns the world and the next agent once that agent
+/// has recorded the deregistration.
+async fn crash_between_deregistration_and_its_record(
+    signal_clears: bool,
+) -> (World, InProcessAgent) {
     let w = World::start(WorldSpec::new(1, 1, 0)).await;
     let first = w.agent(&[]).await;
     subscribed(&first).await;
@@ -126,7 +116,9 @@ async fn a_crash_between_deregistration_and_its_record_is_final() {
     registered(&w).await;
     deregister_without_record(&w).await;
     first.abort();
-    w.status(Status::Active).await;
+    if signal_clears {
+        w.status(Status::Active).await;
+    }
     w.cluster.emulator().faults().clear();
 
     let second = w.agent(&[]).await;
@@ -135,6 +127,15 @@ async fn a_crash_between_deregistration_and_its_record_is_final() {
         annotation(&w.node().await, "lastcall.dev/deregistered").map(|_| ())
     })
     .await;
+    (w, second)
+}
+
+/// The agent dies after the Deregister, before its record; the signal clears. The next
+/// agent asks GameLift before its first heartbeat and before cancelling: the server is
+/// gone, so the node stays fenced, the record is written, and nothing reaches FleetIQ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_deregistration_and_its_record_is_final() {
+    let (w, second) = crash_between_deregistration_and_its_record(true).await;
     // Heartbeats run every second: give several a chance to be (wrongly) sent.
     tokio::time::sleep(Duration::from_millis(3000)).await;
     let n = w.node().await;
@@ -154,21 +155,7 @@ async fn a_crash_between_deregistration_and_its_record_is_final() {
 /// follows the deregistration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_crash_no_heartbeat_follows_the_deregistration() {
-    let w = World::start(WorldSpec::new(1, 1, 0)).await;
-    let first = w.agent(&[]).await;
-    subscribed(&first).await;
-    w.claimed_all().await;
-    registered(&w).await;
-    deregister_without_record(&w).await;
-    first.abort();
-    w.cluster.emulator().faults().clear();
-
-    let second = w.agent(&[]).await;
-    subscribed(&second).await;
-    wait_for("deregistration recorded on the Node", || async {
-        annotation(&w.node().await, "lastcall.dev/deregistered").map(|_| ())
-    })
-    .await;
+    let (w, second) = crash_between_deregistration_and_its_record(false).await;
     // Heartbeats run every second: give several a chance to be (wrongly) sent.
     tokio::time::sleep(Duration::from_millis(3000)).await;
     assert_eq!(

@@ -20,19 +20,8 @@ use lastcall_testkit::gamelift::{GameLiftEmulator, InstanceStatus};
 use lastcall_testkit::kube::faults::{FaultRule, Method};
 use lastcall_testkit::kube::journal::Verb;
 use lastcall_testkit::world::{
-    GROUP, IID, NODE, NS, World, WorldSpec, cordoned, has_taint, subscribed,
+    GROUP, IID, LIFECYCLE, NODE, NS, World, WorldSpec, annotation, cordoned, has_taint, subscribed,
 };
-
-const LIFECYCLE: [&str; 4] = [
-    "RegisterGameServer",
-    "ClaimGameServer",
-    "UpdateGameServer",
-    "DeregisterGameServer",
-];
-
-fn annotation(n: &Node, key: &str) -> Option<String> {
-    n.metadata.annotations.as_ref()?.get(key).cloned()
-}
 
 /// Records, by wall clock, the last moment a game-server pod was seen on `node`.
 async fn watch_game_pods(
