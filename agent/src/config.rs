@@ -209,8 +209,9 @@ pub struct Config {
     pub azure_approve_when_empty: bool,
 
     /// How long before a known maintenance window (GKE `scheduled-maintenance-time`, GCE
-    /// upcoming maintenance, AWS `system-maintenance`) the node stops taking new matches, so matches that start
-    /// before then end on their own before the window.
+    /// upcoming maintenance, AWS `system-maintenance`) or the expiry of the node's Karpenter
+    /// NodeClaim (`expireAfter`, EKS Auto Mode) the node stops taking new matches, so matches
+    /// that start before then end on their own before the window.
     #[arg(long, env = "LASTCALL_MAINTENANCE_LEAD", default_value = "1h", value_parser = lastcall_common::duration::parse_duration)]
     pub maintenance_lead: Duration,
 

@@ -46,6 +46,8 @@ pub const REASONS: &[&str] = &[
     "MatchesAtRisk",
     "CooperationLabelInvalid",
     "EvictionSafeUnknown",
+    // Sources' warnings (`sources::NodeWarnings`).
+    crate::sources::asg_lifecycle::HEARTBEAT_DENIED,
 ];
 
 fn names(list: &[String]) -> String {

@@ -90,6 +90,11 @@ pub struct Metrics {
     pub deregistrations: Family<ResultLabel, Counter>,
     pub gamelift_calls: Family<OperationResult, Counter>,
     pub asg_calls: Family<OperationResult, Counter>,
+    /// 1 while the Auto Scaling lifecycle wait this agent holds has its heartbeats refused
+    /// (AccessDenied): the instance goes at the hook's heartbeat timeout.
+    pub asg_heartbeat_denied: Gauge,
+    /// Reads of the node's own Karpenter NodeClaim, by result.
+    pub nodeclaim_reads: Family<ResultLabel, Counter>,
     pub fallback_checks: Family<ResultLabel, Counter>,
     pub redis_connected: Gauge,
     pub redis_reconnects: Counter,
@@ -132,6 +137,8 @@ impl Metrics {
             deregistrations: Family::default(),
             gamelift_calls: Family::default(),
             asg_calls: Family::default(),
+            asg_heartbeat_denied: Gauge::default(),
+            nodeclaim_reads: Family::default(),
             fallback_checks: Family::default(),
             redis_connected: Gauge::default(),
             redis_reconnects: Counter::default(),
@@ -211,6 +218,16 @@ impl Metrics {
             "asg_lifecycle_calls",
             "EC2 Auto Scaling lifecycle-hook calls, by operation and result",
             m.asg_calls.clone(),
+        );
+        r.register(
+            "asg_heartbeat_denied",
+            "1 while the held Auto Scaling lifecycle wait's heartbeats are refused (AccessDenied): the instance goes at the hook's heartbeat timeout",
+            m.asg_heartbeat_denied.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaim_reads",
+            "Reads of the node's own Karpenter NodeClaim (its expiry), by result",
+            m.nodeclaim_reads.clone(),
         );
         r.register(
             "fleetiq_fallback_checks",

@@ -169,6 +169,13 @@ impl Agent {
         let (view_tx, view_rx) = watch::channel(FleetIqView::default());
         let (iid_tx, iid_rx) = watch::channel(config.instance_id.clone());
         let (empty_tx, empty_rx) = watch::channel(false);
+        let actuator = Actuator::new(
+            client.clone(),
+            config.node_name.clone(),
+            config.dry_run,
+            metrics.clone(),
+        );
+        let warn_on = actuator.clone();
         let board = spawn_sources(
             &config,
             &registry_sources,
@@ -179,6 +186,13 @@ impl Agent {
                 },
                 node_empty: empty_rx,
                 aws_credentials,
+                kube: sources::KubeAccess {
+                    client: client.clone(),
+                    node: stores.node.clone(),
+                },
+                node_warnings: sources::NodeWarnings::new(move |reason, note| {
+                    warn_on.queue_event(&warn_on.node_ref(), reason, note, true);
+                }),
             },
             &metrics,
             &health,
@@ -186,13 +200,6 @@ impl Agent {
             &mut tasks,
             &stop,
         );
-        let actuator = Actuator::new(
-            client.clone(),
-            config.node_name.clone(),
-            config.dry_run,
-            metrics.clone(),
-        );
-
         // One agent acts on a node at a time (see `owner`); a dry run writes nothing, so
         // it needs no ownership.
         let identity = identity.filter(|_| !config.dry_run);
@@ -280,6 +287,8 @@ struct SourceShared {
     fleetiq: sources::fleetiq::Inputs,
     node_empty: watch::Receiver<bool>,
     aws_credentials: Option<aws_sdk_autoscaling::config::Credentials>,
+    kube: sources::KubeAccess,
+    node_warnings: sources::NodeWarnings,
 }
 
 /// Starts every registered signal source; they report to the returned board.
@@ -306,6 +315,8 @@ fn spawn_sources(
             fleetiq: fleetiq.clone(),
             node_empty: shared.node_empty.clone(),
             aws_credentials: shared.aws_credentials.clone(),
+            kube: Some(shared.kube.clone()),
+            node_warnings: shared.node_warnings.clone(),
             shutdown: stop.clone(),
         },
         sources::NodeSignalConfig {

@@ -236,6 +236,7 @@ struct Api {
     metrics: Metrics,
     /// `--dry-run`: heartbeats and the completion are counted (`dry_run`), never sent.
     dry_run: bool,
+    warnings: super::NodeWarnings,
 }
 
 impl Api {
@@ -457,6 +458,7 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
         instance,
         metrics: metrics.clone(),
         dry_run: c.dry_run,
+        warnings: ctx.node_warnings.clone(),
     };
     let mut empty = ctx.node_empty.clone();
     let mut empty_open = true;
@@ -509,6 +511,9 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
         let node_empty = *empty.borrow();
         if let Stage::Holding(hold) = &mut stage {
             stage = hold_step(&api, hold, node_empty, &mut next_heartbeat, &error).await;
+            if !matches!(stage, Stage::Holding(_)) {
+                metrics.asg_heartbeat_denied.set(0);
+            }
         }
         let report = match &stage {
             Stage::Watching => Report::Known(vec![]),
@@ -553,7 +558,10 @@ async fn hold_step(
     }
     *next_heartbeat = now + hold.heartbeat_every();
     match api.heartbeat(hold).await {
-        Ok(()) => hold.heartbeat_accepted(Timestamp::now()),
+        Ok(()) => {
+            hold.heartbeat_accepted(Timestamp::now());
+            api.metrics.asg_heartbeat_denied.set(0);
+        }
         Err(CallError::NoActiveAction(e)) => {
             // Completed elsewhere, or timed out: nothing left to hold.
             info!(message = "no active Auto Scaling lifecycle action left to hold", detail = %e);
@@ -564,7 +572,10 @@ async fn hold_step(
             if matches!(e, CallError::AccessDenied(_)) {
                 if !hold.heartbeats_denied {
                     warn!(message = "RecordLifecycleActionHeartbeat is denied: the instance goes at the hook's heartbeat timeout; grant autoscaling:RecordLifecycleActionHeartbeat (docs/install.md)", error = %e, deadline = %hold.expires);
+                    api.warnings
+                        .warn(HEARTBEAT_DENIED, heartbeat_denied_note(hold));
                 }
+                api.metrics.asg_heartbeat_denied.set(1);
                 hold.heartbeats_denied = true;
             } else {
                 warn!(message = "Auto Scaling lifecycle heartbeat failed; retrying", error = %e);
@@ -573,6 +584,20 @@ async fn hold_step(
         }
     }
     Stage::Holding(hold.clone())
+}
+
+/// The Warning Event's reason when the Auto Scaling API refuses heartbeats.
+pub const HEARTBEAT_DENIED: &str = "LifecycleHeartbeatDenied";
+
+/// Says what is missing and what it costs: without heartbeats the wait ends at the hook's
+/// heartbeat timeout, whatever is still running.
+pub fn heartbeat_denied_note(hold: &Hold) -> String {
+    format!(
+        "The Auto Scaling API refused RecordLifecycleActionHeartbeat (AccessDenied): the node's IAM role lacks autoscaling:RecordLifecycleActionHeartbeat on group {}. lastcall cannot hold the instance past lifecycle hook {}'s heartbeat timeout: it goes at {} whatever is still running. Grant the action (docs/asg-lifecycle.md).",
+        hold.group,
+        hold.hook.name,
+        hold.expires.min(hold.cap)
+    )
 }
 
 /// The notice while no wait is held: the instance is going, when is not known.

@@ -11,6 +11,7 @@ pub mod aws_imds;
 pub mod azure_events;
 pub mod fleetiq;
 pub mod gce_metadata;
+pub mod karpenter_expiry;
 pub mod node;
 #[cfg(test)]
 mod test_support;
@@ -63,7 +64,36 @@ pub struct SourceContext {
     pub node_empty: watch::Receiver<bool>,
     /// Credentials for AWS clients a source builds; `None`: the default chain.
     pub aws_credentials: Option<aws_sdk_autoscaling::config::Credentials>,
+    /// The agent's own Node as its watch caches it, and a client for what the Node points
+    /// at (its Karpenter NodeClaim). `None` where there is no API server (unit tests).
+    pub kube: Option<KubeAccess>,
+    /// Warning Events on the agent's own Node, for what an operator must fix.
+    pub node_warnings: NodeWarnings,
     pub shutdown: CancellationToken,
+}
+
+/// What a source may read from the API server: the cached Node (free to read as often as
+/// it likes) and a client for its own, rare requests.
+#[derive(Clone)]
+pub struct KubeAccess {
+    pub client: kube::Client,
+    pub node: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Node>,
+}
+
+/// Queues a Warning Event on the agent's own Node: never blocks, never fails (the actuator
+/// counts a dropped one, and only logs it under `--dry-run`).
+#[derive(Clone)]
+pub struct NodeWarnings(Arc<dyn Fn(&'static str, String) + Send + Sync>);
+
+impl NodeWarnings {
+    pub fn new(f: impl Fn(&'static str, String) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+
+    /// Says `note` under `reason` on the Node.
+    pub fn warn(&self, reason: &'static str, note: String) {
+        (self.0)(reason, note);
+    }
 }
 
 /// Starts a task source; `None` when it is not configured on this node.
@@ -90,6 +120,7 @@ pub const REGISTRY: &[Registered] = &[
     Registered { source: aws_imds::SOURCE, kind: Kind::Task(aws_imds::start) },
     Registered { source: azure_events::SOURCE, kind: Kind::Task(azure_events::start) },
     Registered { source: asg_lifecycle::SOURCE, kind: Kind::Task(asg_lifecycle::start) },
+    Registered { source: karpenter_expiry::SOURCE, kind: Kind::Task(karpenter_expiry::start) },
     Registered { source: node::MANUAL, kind: Kind::Node(node::manual) },
     Registered { source: node::KARPENTER, kind: Kind::Node(node::karpenter) },
     Registered { source: node::CLUSTER_AUTOSCALER, kind: Kind::Node(node::cluster_autoscaler) },

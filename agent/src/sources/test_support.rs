@@ -19,6 +19,8 @@ pub struct Started {
     source: Source,
     metrics: Metrics,
     reports: Arc<Mutex<Vec<Report>>>,
+    /// Every Warning Event the source asked for on the Node: (reason, note).
+    warned: Arc<Mutex<Vec<(&'static str, String)>>>,
     shutdown: CancellationToken,
     /// What the reconciler would say: the node is empty and handed off.
     pub node_empty: watch::Sender<bool>,
@@ -45,6 +47,8 @@ pub fn start_source(source: Source, start: StartTask, args: &[&str]) -> Started 
     let (out, mut rx) = watch::channel(Report::Unknown);
     let shutdown = CancellationToken::new();
     let (node_empty, empty_rx) = watch::channel(false);
+    let warnings: Arc<Mutex<Vec<(&'static str, String)>>> = Arc::default();
+    let warned = warnings.clone();
     let task = start(SourceContext {
         config: Arc::new(config),
         metrics: metrics.clone(),
@@ -59,6 +63,10 @@ pub fn start_source(source: Source, start: StartTask, args: &[&str]) -> Started 
             None,
             "lastcall-tests",
         )),
+        kube: None,
+        node_warnings: super::NodeWarnings::new(move |reason, note| {
+            warned.lock().unwrap_or_else(|e| e.into_inner()).push((reason, note));
+        }),
         shutdown: shutdown.clone(),
     })
     .unwrap_or_else(|| panic!("{} did not start for {args:?}", source.as_str()));
@@ -77,6 +85,7 @@ pub fn start_source(source: Source, start: StartTask, args: &[&str]) -> Started 
         source,
         metrics,
         reports,
+        warned: warnings,
         shutdown,
         node_empty,
     }
@@ -86,6 +95,14 @@ impl Started {
     /// Every report published so far, the first being the initial `Unknown`.
     pub fn reports(&self) -> Vec<Report> {
         self.reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Every Warning Event the source asked for on the Node, as (reason, note).
+    pub fn warnings(&self) -> Vec<(&'static str, String)> {
+        self.warned
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()

@@ -235,11 +235,26 @@ async fn denied_heartbeats_announce_the_hook_timeout_and_never_crash() {
     );
     assert!(s.errors("access_denied") >= 1);
     assert!(s.asg_calls("RecordLifecycleActionHeartbeat", "access_denied") >= 1);
+    assert_eq!(s.metrics().asg_heartbeat_denied.get(), 1);
+    // One Warning Event on the Node, naming the missing action and the consequence.
+    let warned = s.warnings();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert_eq!(warned[0].0, HEARTBEAT_DENIED);
+    assert!(
+        warned[0].1.contains("autoscaling:RecordLifecycleActionHeartbeat")
+            && warned[0].1.contains("heartbeat timeout"),
+        "{}",
+        warned[0].1
+    );
     // The source is still running: once the node is empty it completes.
     w.asg.clear_faults();
     s.node_empty.send_replace(true);
     wait_for("completed after the denial", || async {
         (w.asg.calls("CompleteLifecycleAction") == 1).then_some(())
+    })
+    .await;
+    wait_for("the denial gauge cleared", || async {
+        (s.metrics().asg_heartbeat_denied.get() == 0).then_some(())
     })
     .await;
 }
