@@ -23,6 +23,11 @@ pub struct World {
 
 /// One node holding one match and one idle server, its instance in service.
 pub async fn world() -> World {
+    world_with(HEARTBEAT_TIMEOUT).await
+}
+
+/// As [`world`], with the hook's heartbeat timeout in seconds.
+pub async fn world_with(heartbeat_timeout: u64) -> World {
     let cluster = Cluster::start(ClusterConfig::default())
         .await
         .expect("cluster");
@@ -45,7 +50,7 @@ pub async fn world() -> World {
     let asg = AutoScalingEmulator::start().await.expect("asg");
     asg.add_group(
         GROUP,
-        vec![Hook::terminating("lastcall", HEARTBEAT_TIMEOUT)],
+        vec![Hook::terminating("lastcall", heartbeat_timeout)],
     );
     asg.add_instance(GROUP, I);
     World {

@@ -6,15 +6,17 @@
 //! - a match that outlives the hook's timeout keeps the instance (heartbeats, no timeout);
 //! - the action is completed once, within seconds of the node emptying;
 //! - a crash between the last match's end and the completion still completes, once;
-//! - a denied heartbeat is a Warning-level report and a counted error, never a crash.
+//! - a denied heartbeat is a Warning Event on the Node, a metric and a counted error, never
+//!   a crash: the agent still completes the hook once the node is empty.
 
 use std::time::Duration;
 
 use lastcall_testkit::agent::metric;
-use lastcall_testkit::asg::{HEARTBEAT_TIMEOUT, I, agent, first, terminate, world};
+use lastcall_testkit::asg::{HEARTBEAT_TIMEOUT, I, agent, first, terminate, world, world_with};
 use lastcall_testkit::autoscaling::{Happening, LifecycleState};
 use lastcall_testkit::cluster::GameServerState;
 use lastcall_testkit::eventually::wait_for;
+use lastcall_testkit::kube::journal::Verb;
 use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,8 +141,10 @@ async fn a_crash_between_the_last_match_and_the_completion_completes_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_denied_heartbeat_is_reported_and_the_agent_keeps_draining() {
-    let w = world().await;
+async fn a_denied_heartbeat_is_a_warning_event_and_the_agent_still_completes_the_hook() {
+    // Long enough for the match to end inside the unheld wait.
+    const TIMEOUT: u64 = 30;
+    let w = world_with(TIMEOUT).await;
     w.asg
         .fail("RecordLifecycleActionHeartbeat", "AccessDenied", 403, None);
     let agent = agent(&w).await;
@@ -158,6 +162,32 @@ async fn a_denied_heartbeat_is_reported_and_the_agent_keeps_draining() {
             .then_some(())
     })
     .await;
+    // Its own Warning Event on the Node, naming the missing action and the consequence.
+    let note = wait_for("the LifecycleHeartbeatDenied Event", || async {
+        w.cluster
+            .emulator()
+            .journal()
+            .filter(|r| {
+                r.identity.as_deref() == Some("agent-n1")
+                    && r.resource.as_deref() == Some("events")
+                    && r.verb == Verb::Create
+                    && r.status < 300
+            })
+            .into_iter()
+            .find_map(|r| {
+                let e = r.response?;
+                (e["reason"] == "LifecycleHeartbeatDenied"
+                    && e["type"] == "Warning"
+                    && e["regarding"]["name"] == "n1")
+                    .then(|| e["note"].as_str().unwrap_or_default().to_string())
+            })
+    })
+    .await;
+    assert!(
+        note.contains("autoscaling:RecordLifecycleActionHeartbeat")
+            && note.contains("heartbeat timeout"),
+        "{note}"
+    );
     // The announced deadline is now the hook's timeout (the instance goes then), on the
     // running match's GameServer.
     wait_for("the deadline announced", || async {
@@ -167,14 +197,48 @@ async fn a_denied_heartbeat_is_reported_and_the_agent_keeps_draining() {
             .get("lastcall.dev/drain-deadline")?
             .parse()
             .ok()?;
-        (d <= jiff::Timestamp::now()
-            + jiff::SignedDuration::from_secs(HEARTBEAT_TIMEOUT as i64 + 1))
-        .then_some(())
+        (d <= jiff::Timestamp::now() + jiff::SignedDuration::from_secs(TIMEOUT as i64 + 1))
+            .then_some(())
     })
     .await;
-    // Still alive, still serving.
     let m = agent.metrics().await;
-    assert!(metric(&m, "lastcall_source_up", &[("source", "asg_lifecycle")]) == Some(1.0));
+    assert_eq!(metric(&m, "lastcall_asg_heartbeat_denied", &[]), Some(1.0));
+    assert_eq!(
+        metric(&m, "lastcall_source_up", &[("source", "asg_lifecycle")]),
+        Some(1.0),
+        "still alive, still serving"
+    );
+    // The match ends inside the wait: the agent still completes the hook, once.
+    w.cluster
+        .sdk_shutdown("default", &w.playing)
+        .expect("the match ends");
+    wait_for("the hook completed", || async {
+        (w.asg.lifecycle_state(I) == Some(LifecycleState::Terminated)).then_some(())
+    })
+    .await;
+    let j = w.asg.journal();
+    assert!(
+        first(
+            &j,
+            |h| matches!(h, Happening::Completed { result } if result == "CONTINUE")
+        )
+        .is_some(),
+        "completed with CONTINUE: {j:#?}"
+    );
+    assert!(
+        !j.iter()
+            .any(|e| matches!(e.happening, Happening::TimedOut { .. })),
+        "the hook timed out: {j:#?}"
+    );
+    assert_eq!(w.asg.calls("CompleteLifecycleAction"), 1, "{j:#?}");
+    let warned = w.cluster.emulator().journal().count(|r| {
+        r.resource.as_deref() == Some("events")
+            && r.verb == Verb::Create
+            && r.response
+                .as_ref()
+                .is_some_and(|e| e["reason"] == "LifecycleHeartbeatDenied")
+    });
+    assert_eq!(warned, 1, "one Event, not one per refused heartbeat");
     agent.stop().await.expect("clean stop");
     w.cluster.shutdown().await;
 }

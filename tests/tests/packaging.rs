@@ -411,7 +411,21 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
     // World 3: a Spot interruption (deadline 2 min) on a node whose match needs a 200 s
     // grace period, with --graceful-termination: the match's graceful termination starts
     // at once; Agones' PDB refuses the eviction of a `Never` pod, so the pod is deleted.
+    // Its node is a Karpenter node (a NodeClaim that never expires): the agent reads it.
     let w3 = World::start(WorldSpec::new(0, 1, 0).grace_seconds(200)).await;
+    w3.cluster
+        .karpenter(lastcall_testkit::cluster::autoscaler::karpenter::Config::default())
+        .await
+        .unwrap()
+        .launch(
+            "n1",
+            &lastcall_testkit::cluster::autoscaler::karpenter::NodeClaimSpec {
+                expire_after: "Never".into(),
+                termination_grace_period: None,
+            },
+        )
+        .await
+        .unwrap();
     let hard = w3.agent(&["--graceful-termination"]).await;
     subscribed(&hard).await;
     w3.claimed_all().await;
@@ -422,6 +436,13 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
         list.items
             .iter()
             .any(|p| p.metadata.deletion_timestamp.is_some())
+            .then_some(())
+    })
+    .await;
+    wait_for("the NodeClaim read", || async {
+        (w3.cluster.emulator().journal().count(|r| {
+            r.identity.as_deref() == Some("agent-n1") && r.resource.as_deref() == Some("nodeclaims")
+        }) > 0)
             .then_some(())
     })
     .await;

@@ -59,6 +59,8 @@ pub const PLURAL: &str = "nodeclaims";
 pub const FORBIDDEN_RETRY: Duration = Duration::from_secs(600);
 /// How often the cached Node is looked at again for its owner (memory only, no request).
 const NODE_RECHECK: Duration = Duration::from_secs(10);
+/// How soon to look again while the Node is not cached yet (the watch's first list).
+const NODE_FIRST_LOOK: Duration = Duration::from_millis(200);
 
 /// The NodeClaim named as the Node's owner.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -308,21 +310,14 @@ async fn run(ctx: SourceContext, kube: super::KubeAccess) {
     let mut retry_at: Option<tokio::time::Instant> = None;
     let mut backoff = Duration::from_secs(1);
     let mut not_karpenter_logged = false;
-    // The Node watch's first list: until then nothing is known (the report stays Unknown).
-    tokio::select! {
-        () = ctx.shutdown.cancelled() => return,
-        r = kube.node.wait_until_ready() => if r.is_err() {
-            // The watch is gone (the agent is stopping): a task source must not end first.
-            ctx.shutdown.cancelled().await;
-            return;
-        },
-    }
     loop {
         let now = tokio::time::Instant::now();
         let cached = kube.node.get(&ObjectRef::new(&node_name));
+        // Never `Store::wait_until_ready`: its readiness wakes one waiter only, and the
+        // reconciler waits on it. Until the Node is cached nothing is known (Unknown).
+        let mut recheck = NODE_RECHECK;
         match cached.as_deref().map(owner) {
-            // The Node is not cached yet: nothing is known.
-            None => {}
+            None => recheck = NODE_FIRST_LOOK,
             Some(None) => {
                 if !not_karpenter_logged {
                     info!(
@@ -410,7 +405,7 @@ async fn run(ctx: SourceContext, kube: super::KubeAccess) {
         }
         // Wake for the fence (the notice's severity changes then), a retry, or a fresh look
         // at the cached Node, whichever comes first.
-        let mut wake = now + NODE_RECHECK;
+        let mut wake = now + recheck;
         if let Some(at) = retry_at {
             wake = wake.min(at);
         }

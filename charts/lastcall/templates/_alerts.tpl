@@ -41,6 +41,16 @@ groups:
         annotations:
           summary: "Signal source {{`{{ $labels.source }}`}} is down on node {{`{{ $labels.node }}`}}."
           description: "The agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} has not read {{`{{ $labels.source }}`}} for {{ $r.sourceDownMinutes }} minutes; notices from it are missed. See docs/operations.md, \"A signal source is down\"."
+      - alert: LastcallLifecycleHeartbeatDenied
+        # The Auto Scaling API refused RecordLifecycleActionHeartbeat (AccessDenied): the
+        # instance the agent holds goes at the hook's heartbeat timeout, matches or not. The
+        # gauge is 1 only while such a wait is held, so there is nothing to wait for.
+        expr: max by (namespace, pod, node) (lastcall_asg_heartbeat_denied) == 1
+        labels:
+          severity: critical
+        annotations:
+          summary: "Auto Scaling refuses lifecycle heartbeats for node {{`{{ $labels.node }}`}}: it goes at the hook's timeout."
+          description: "The agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} cannot keep its instance in Terminating:Wait: the node's IAM role lacks autoscaling:RecordLifecycleActionHeartbeat, so matches still running at the heartbeat timeout are cut off (see the LifecycleHeartbeatDenied Event on the Node). See docs/operations.md, \"Auto Scaling refuses lifecycle heartbeats\"."
       - alert: LastcallGameLiftErrors
         # `error` is every GameLift failure that is not a conflict, NotFound, throttling or a
         # network failure: AccessDenied above all.

@@ -48,7 +48,7 @@ pub fn apply(
             Ok(())
         }
         PatchKind::Strategic => {
-            if rt.group == "agones.dev" {
+            if rt.is_custom() {
                 // The real server refuses strategic merge patches on custom resources.
                 return Err(ApiError::new(
                     415,

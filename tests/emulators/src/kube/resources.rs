@@ -55,7 +55,7 @@ impl ResourceType {
     /// Whether this is a custom resource (served from a CRD), which the server treats
     /// differently: no unconditional PUT, no strategic merge patch.
     pub fn is_custom(&self) -> bool {
-        self.group == "agones.dev"
+        matches!(self.group, "agones.dev" | "karpenter.sh")
     }
 
     /// Whether the real API serves a `/status` subresource for this type. Where it does,
@@ -65,7 +65,7 @@ impl ResourceType {
     pub fn has_status_subresource(&self) -> bool {
         matches!(
             self.plural,
-            "pods" | "nodes" | "poddisruptionbudgets" | "fleets"
+            "pods" | "nodes" | "poddisruptionbudgets" | "fleets" | "nodeclaims"
         )
     }
 
@@ -169,6 +169,16 @@ pub const FLEETS: ResourceType = ResourceType {
     namespaced: true,
 };
 
+/// Karpenter v1's NodeClaim: cluster-scoped, the owner of the Node it launched. Its CRD
+/// declares a status subresource.
+pub const NODECLAIMS: ResourceType = ResourceType {
+    group: "karpenter.sh",
+    version: "v1",
+    plural: "nodeclaims",
+    kind: "NodeClaim",
+    namespaced: false,
+};
+
 /// Every served type, in discovery order.
 pub const ALL: &[ResourceType] = &[
     NODES,
@@ -180,4 +190,5 @@ pub const ALL: &[ResourceType] = &[
     PDBS,
     GAMESERVERS,
     FLEETS,
+    NODECLAIMS,
 ];

@@ -26,14 +26,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Taint;
-use kube::api::Patch;
-use serde_json::json;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams,
+};
+use serde_json::{Value, json};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::super::objects::tolerates;
 use super::keys::{EXCLUDE_FROM_LB_LABEL, KARPENTER_DISRUPTED_TAINT, KARPENTER_DO_NOT_DISRUPT};
-use super::{Budget, Error, Kube, PodFacts, Run, has_taint, node_annotation, pause, status_code};
+use super::{
+    Budget, Error, Kube, PodFacts, Run, api_err, has_taint, node_annotation, pause, status_code,
+};
 
 /// Priority classes Karpenter drains last (`terminator.go` groups).
 const CRITICAL_PRIORITY_CLASSES: [&str; 2] = ["system-cluster-critical", "system-node-critical"];
@@ -187,6 +191,25 @@ impl Karpenter {
         &self.cfg
     }
 
+    /// Registers `node` as one Karpenter launched: creates its NodeClaim (`<node>-claim`,
+    /// with `spec` and the termination finalizer) and makes it the Node's owner, as
+    /// registration does (`ownerReferences`, kind `NodeClaim`). Returns the NodeClaim.
+    pub async fn launch(&self, node: &str, spec: &NodeClaimSpec) -> Result<Value, Error> {
+        launch(&self.kube, node, spec).await
+    }
+
+    /// The expiration controller for `node`'s NodeClaim, in the background: at
+    /// `creationTimestamp + spec.expireAfter` it deletes the NodeClaim, then the
+    /// termination controller takes the node as for any forceful method, with the
+    /// NodeClaim's `terminationGracePeriod` (taint, `nodeclaim-termination-timestamp` =
+    /// deletion + grace, drain, pods deleted at `deadline − grace`, Node deleted). Once the
+    /// Node is gone the finalizer comes off and the NodeClaim with it. `Ok(None)`:
+    /// `expireAfter: Never`, nothing happens.
+    pub fn expire(&self, node: &str) -> Run<Option<Outcome>> {
+        let (kube, cfg, node) = (self.kube.clone(), self.cfg.clone(), node.to_string());
+        Run::spawn(async move { expire(&kube, &cfg, &node).await })
+    }
+
     /// Disrupts `node` by `method` in the background; await the handle for the [`Outcome`].
     pub fn disrupt(&self, node: &str, method: Method) -> Run<Outcome> {
         let (kube, cfg, node) = (self.kube.clone(), self.cfg.clone(), node.to_string());
@@ -212,7 +235,164 @@ async fn disrupt(kube: &Kube, cfg: &Config, node: &str, method: Method) -> Resul
             return Ok(Outcome::ReplacementFailed);
         }
     }
-    terminate(kube, cfg, node).await
+    terminate(kube, cfg, node, cfg.termination_grace_period).await
+}
+
+/// What a NodeClaim's spec says about its end, as the NodePool copied it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeClaimSpec {
+    /// `spec.expireAfter`: a Go duration (`720h`, `45s`) or `Never`.
+    pub expire_after: String,
+    /// `spec.terminationGracePeriod`, a Go duration.
+    pub termination_grace_period: Option<String>,
+}
+
+/// Karpenter v1's NodeClaim type.
+pub const NODECLAIM_API_VERSION: &str = "karpenter.sh/v1";
+/// The finalizer Karpenter keeps on a NodeClaim until its node is gone.
+pub const TERMINATION_FINALIZER: &str = "karpenter.sh/termination";
+
+/// The name of `node`'s NodeClaim in the model.
+pub fn nodeclaim_name(node: &str) -> String {
+    format!("{node}-claim")
+}
+
+fn nodeclaims(kube: &Kube) -> Api<DynamicObject> {
+    let ar = ApiResource {
+        group: "karpenter.sh".into(),
+        version: "v1".into(),
+        api_version: NODECLAIM_API_VERSION.into(),
+        kind: "NodeClaim".into(),
+        plural: "nodeclaims".into(),
+    };
+    Api::all_with(kube.client.clone(), &ar)
+}
+
+/// The whole-second Go durations the model's NodeClaims use (`45s`, `1h30m`, `720h`).
+pub fn go_duration(s: &str) -> Option<Duration> {
+    let mut total = 0u64;
+    let mut n = String::new();
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            n.push(c);
+            continue;
+        }
+        let unit = match c {
+            'h' => 3600,
+            'm' => 60,
+            's' => 1,
+            _ => return None,
+        };
+        total += n.parse::<u64>().ok()? * unit;
+        n.clear();
+    }
+    (n.is_empty() && !s.is_empty()).then(|| Duration::from_secs(total))
+}
+
+async fn launch(kube: &Kube, node: &str, spec: &NodeClaimSpec) -> Result<Value, Error> {
+    let name = nodeclaim_name(node);
+    let mut body = json!({
+        "apiVersion": NODECLAIM_API_VERSION,
+        "kind": "NodeClaim",
+        "metadata": {
+            "name": name,
+            "labels": { "karpenter.sh/nodepool": "default" },
+            "finalizers": [TERMINATION_FINALIZER],
+        },
+        "spec": {
+            "expireAfter": spec.expire_after,
+            "nodeClassRef": { "group": "eks.amazonaws.com", "kind": "NodeClass", "name": "default" },
+            "requirements": [],
+        },
+    });
+    if let Some(g) = &spec.termination_grace_period {
+        body["spec"]["terminationGracePeriod"] = json!(g);
+    }
+    let obj: DynamicObject =
+        serde_json::from_value(body).map_err(|e| Error::Api {
+            action: "build nodeclaim",
+            name: name.clone(),
+            source: Box::new(kube::Error::SerdeError(e)),
+        })?;
+    let api = nodeclaims(kube);
+    let created = api
+        .create(&PostParams::default(), &obj)
+        .await
+        .map_err(api_err("create nodeclaim", &name))?;
+    api.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": { "nodeName": node } })),
+    )
+    .await
+    .map_err(api_err("patch nodeclaim status", &name))?;
+    let uid = created.metadata.uid.clone().unwrap_or_default();
+    kube.patch_node(
+        node,
+        &Patch::Merge(json!({ "metadata": {
+            "labels": { "karpenter.sh/nodepool": "default", "karpenter.sh/registered": "true" },
+            "ownerReferences": [{
+                "apiVersion": NODECLAIM_API_VERSION,
+                "kind": "NodeClaim",
+                "name": name,
+                "uid": uid,
+                "blockOwnerDeletion": true,
+            }],
+        } })),
+    )
+    .await?;
+    serde_json::to_value(&created).map_err(|e| Error::Api {
+        action: "read nodeclaim",
+        name,
+        source: Box::new(kube::Error::SerdeError(e)),
+    })
+}
+
+async fn expire(kube: &Kube, cfg: &Config, node: &str) -> Result<Option<Outcome>, Error> {
+    let name = nodeclaim_name(node);
+    let api = nodeclaims(kube);
+    let claim = api.get(&name).await.map_err(api_err("get nodeclaim", &name))?;
+    let spec = |k: &str| claim.data.pointer(&format!("/spec/{k}")).and_then(|v| v.as_str());
+    let expire_after = spec("expireAfter").unwrap_or("720h");
+    if expire_after == "Never" {
+        return Ok(None);
+    }
+    let bad = |what: &str| Error::Api {
+        action: "read nodeclaim",
+        name: name.clone(),
+        source: Box::new(kube::Error::Service(what.to_string().into())),
+    };
+    let after = go_duration(expire_after).ok_or_else(|| bad("spec.expireAfter"))?;
+    let tgp = match spec("terminationGracePeriod") {
+        Some(g) => Some(go_duration(g).ok_or_else(|| bad("spec.terminationGracePeriod"))?),
+        None => None,
+    };
+    let created = claim
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .ok_or_else(|| bad("metadata.creationTimestamp"))?;
+    let expiry = created
+        .checked_add(k8s_openapi::jiff::SignedDuration::try_from(after).unwrap_or_default())
+        .unwrap_or(created);
+    let left = expiry.duration_since(k8s_openapi::jiff::Timestamp::now());
+    if left.is_positive() {
+        pause(Duration::try_from(left).unwrap_or_default()).await;
+    }
+    // Forceful: the NodeClaim is deleted (its finalizer holds it), and the node terminated.
+    api.delete(&name, &DeleteParams::default())
+        .await
+        .map_err(api_err("delete nodeclaim", &name))?;
+    let outcome = terminate(kube, cfg, node, tgp).await?;
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+    )
+    .await
+    .map_err(api_err("remove nodeclaim finalizer", &name))?;
+    Ok(Some(outcome))
 }
 
 /// The pick of a graceful or eventual method (`types.go` `NewCandidate`).
@@ -263,10 +443,15 @@ async fn blocker(
 }
 
 /// The termination controller's drain, then the Node delete (steps 3–4).
-async fn terminate(kube: &Kube, cfg: &Config, node: &str) -> Result<Outcome, Error> {
+async fn terminate(
+    kube: &Kube,
+    cfg: &Config,
+    node: &str,
+    tgp: Option<Duration>,
+) -> Result<Outcome, Error> {
     let start = Instant::now();
-    let deadline = cfg.termination_grace_period.map(|tgp| start + tgp);
-    if let Some(tgp) = cfg.termination_grace_period {
+    let deadline = tgp.map(|tgp| start + tgp);
+    if let Some(tgp) = tgp {
         // Karpenter writes the node's deadline where the node's agents can read it.
         let at = k8s_openapi::jiff::Timestamp::now()
             .checked_add(k8s_openapi::jiff::SignedDuration::try_from(tgp).unwrap_or_default())
