@@ -176,9 +176,9 @@ async fn an_expiring_nodeclaim_fences_at_the_lead_and_its_match_ends_before_the_
                 && r.resource.as_deref() == Some("nodes")
                 && r.status < 300
                 && r.response.as_ref().is_some_and(|o| {
-                    o["spec"]["taints"].as_array().is_some_and(|ts| {
-                        ts.iter().any(|t| t["key"] == "lastcall.dev/draining")
-                    })
+                    o["spec"]["taints"]
+                        .as_array()
+                        .is_some_and(|ts| ts.iter().any(|t| t["key"] == "lastcall.dev/draining"))
                 })
         })
         .into_iter()
@@ -245,7 +245,10 @@ async fn an_expiring_nodeclaim_fences_at_the_lead_and_its_match_ends_before_the_
 
     // The match ends on its own before the expiry; Karpenter then finds nothing to kill.
     c.sdk_shutdown("default", &playing.name).unwrap();
-    assert!(Timestamp::now() < expiry, "the match ended after the expiry");
+    assert!(
+        Timestamp::now() < expiry,
+        "the match ended after the expiry"
+    );
     let outcome = tokio::time::timeout(
         Duration::from_secs((EXPIRE_S + GRACE_S).unsigned_abs() + 60),
         expiration,

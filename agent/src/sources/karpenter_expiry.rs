@@ -389,7 +389,9 @@ async fn run(ctx: SourceContext, kube: super::KubeAccess) {
                         }
                     }
                 }
-                let notice = claim.as_ref().and_then(|c| c.notice(lead, Timestamp::now()));
+                let notice = claim
+                    .as_ref()
+                    .and_then(|c| c.notice(lead, Timestamp::now()));
                 let status = notice.as_ref().map(|n| n.cause.as_str());
                 let changed = super::publish(&ctx.out, Report::Known(notice.into_iter().collect()));
                 if changed && let Some(status) = status {

@@ -65,7 +65,10 @@ pub fn start_source(source: Source, start: StartTask, args: &[&str]) -> Started 
         )),
         kube: None,
         node_warnings: super::NodeWarnings::new(move |reason, note| {
-            warned.lock().unwrap_or_else(|e| e.into_inner()).push((reason, note));
+            warned
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((reason, note));
         }),
         shutdown: shutdown.clone(),
     })

@@ -241,7 +241,9 @@ async fn denied_heartbeats_announce_the_hook_timeout_and_never_crash() {
     assert_eq!(warned.len(), 1, "{warned:?}");
     assert_eq!(warned[0].0, HEARTBEAT_DENIED);
     assert!(
-        warned[0].1.contains("autoscaling:RecordLifecycleActionHeartbeat")
+        warned[0]
+            .1
+            .contains("autoscaling:RecordLifecycleActionHeartbeat")
             && warned[0].1.contains("heartbeat timeout"),
         "{}",
         warned[0].1

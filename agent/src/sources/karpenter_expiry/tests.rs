@@ -58,17 +58,15 @@ fn the_owner_is_the_karpenter_nodeclaim_owner_reference() {
         },
     ]);
     assert_eq!(owner(&node), None, "another group's NodeClaim");
-    node.metadata
-        .owner_references
-        .as_mut()
-        .unwrap()
-        .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+    node.metadata.owner_references.as_mut().unwrap().push(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
             api_version: "karpenter.sh/v1".into(),
             kind: "NodeClaim".into(),
             name: "default-abc12".into(),
             uid: "u1".into(),
             ..Default::default()
-        });
+        },
+    );
     assert_eq!(
         owner(&node),
         Some(Owner {
@@ -102,7 +100,10 @@ fn without_a_grace_period_nothing_dies_and_the_end_is_the_expiry() {
     let expiry = t("2026-12-03T00:00:00Z");
     assert_eq!((c.expiry(), c.end()), (Some(expiry), Some(expiry)));
     let due = c.notice(HOUR, expiry).unwrap();
-    assert_eq!((due.severity, due.deadline), (Severity::Drain, Some(expiry)));
+    assert_eq!(
+        (due.severity, due.deadline),
+        (Severity::Drain, Some(expiry))
+    );
 }
 
 #[test]
@@ -120,7 +121,10 @@ fn never_and_unreadable_claims_are_no_signal() {
     assert!(read_claim(&no_time).is_err());
     // Karpenter's default when the field is absent.
     let mut default = claim(json!("1h"), None);
-    default["spec"].as_object_mut().unwrap().remove("expireAfter");
+    default["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("expireAfter");
     assert_eq!(
         read_claim(&default).unwrap().expire_after,
         ExpireAfter::After(720 * HOUR)

@@ -26,9 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Taint;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -308,12 +306,11 @@ async fn launch(kube: &Kube, node: &str, spec: &NodeClaimSpec) -> Result<Value, 
     if let Some(g) = &spec.termination_grace_period {
         body["spec"]["terminationGracePeriod"] = json!(g);
     }
-    let obj: DynamicObject =
-        serde_json::from_value(body).map_err(|e| Error::Api {
-            action: "build nodeclaim",
-            name: name.clone(),
-            source: Box::new(kube::Error::SerdeError(e)),
-        })?;
+    let obj: DynamicObject = serde_json::from_value(body).map_err(|e| Error::Api {
+        action: "build nodeclaim",
+        name: name.clone(),
+        source: Box::new(kube::Error::SerdeError(e)),
+    })?;
     let api = nodeclaims(kube);
     let created = api
         .create(&PostParams::default(), &obj)
@@ -351,8 +348,16 @@ async fn launch(kube: &Kube, node: &str, spec: &NodeClaimSpec) -> Result<Value, 
 async fn expire(kube: &Kube, cfg: &Config, node: &str) -> Result<Option<Outcome>, Error> {
     let name = nodeclaim_name(node);
     let api = nodeclaims(kube);
-    let claim = api.get(&name).await.map_err(api_err("get nodeclaim", &name))?;
-    let spec = |k: &str| claim.data.pointer(&format!("/spec/{k}")).and_then(|v| v.as_str());
+    let claim = api
+        .get(&name)
+        .await
+        .map_err(api_err("get nodeclaim", &name))?;
+    let spec = |k: &str| {
+        claim
+            .data
+            .pointer(&format!("/spec/{k}"))
+            .and_then(|v| v.as_str())
+    };
     let expire_after = spec("expireAfter").unwrap_or("720h");
     if expire_after == "Never" {
         return Ok(None);
