@@ -81,7 +81,9 @@ async fn run() -> anyhow::Result<()> {
     for (phase, s) in &world.setup {
         println!("- setup: {phase} after {s:.1} s");
     }
-    let agent_kb = world.rss_with_agents.saturating_sub(world.rss_before_agents);
+    let agent_kb = world
+        .rss_with_agents
+        .saturating_sub(world.rss_before_agents);
     println!(
         "- this process: RSS {} before the agents, {} with them: **{:.0} KiB per agent**; {} open fds ({:.1} per agent); emulator process RSS {}, {} open fds",
         mib(world.rss_before_agents),
@@ -138,7 +140,11 @@ async fn run() -> anyhow::Result<()> {
     // Baselines.
     let (items, list_bytes, list_time) = world.original_list().await?;
     let u = if spec.unfiltered_sample > 0 {
-        Some(world.unfiltered(window.min(Duration::from_secs(20))).await?)
+        Some(
+            world
+                .unfiltered(window.min(Duration::from_secs(20)))
+                .await?,
+        )
     } else {
         None
     };
@@ -215,17 +221,20 @@ async fn run() -> anyhow::Result<()> {
     println!("| measure | value |");
     println!("|---|---|");
     println!("| connected clients | {:.0} |", g("connected_clients"));
-    println!(
-        "| pubsub channels | {:.0} |",
-        g("pubsub_channels")
-    );
+    println!("| pubsub channels | {:.0} |", g("pubsub_channels"));
     println!("| used_memory | {} |", mib(g("used_memory") as u64 / 1024));
-    println!("| used_memory_rss | {} |", mib(g("used_memory_rss") as u64 / 1024));
+    println!(
+        "| used_memory_rss | {} |",
+        mib(g("used_memory_rss") as u64 / 1024)
+    );
     println!(
         "| CPU, steady window incl. one republish round | {:.2} s |",
         s.redis_cpu
     );
-    println!("| republish round ({n} SET + PUBLISH) | {} |", secs(s.republish));
+    println!(
+        "| republish round ({n} SET + PUBLISH) | {} |",
+        secs(s.republish)
+    );
     for (name, r) in &reports {
         println!(
             "| {name} drain: first PUBLISH → last fence ({} publishes over 1 s) | {} |",
@@ -234,13 +243,13 @@ async fn run() -> anyhow::Result<()> {
         );
         println!("| {name} drain: CPU | {:.2} s |", r.redis_cpu);
     }
-    println!("| total CPU so far (user + sys) | {:.2} s |", g("used_cpu_user") + g("used_cpu_sys"));
-    println!();
-    let gen = &world.generated;
     println!(
-        "Background load generated over the run: {:?}",
-        gen
+        "| total CPU so far (user + sys) | {:.2} s |",
+        g("used_cpu_user") + g("used_cpu_sys")
     );
+    println!();
+    let generated = &world.generated;
+    println!("Background load generated over the run: {:?}", generated);
     world.shutdown().await;
     Ok(())
 }
@@ -260,7 +269,10 @@ fn print_drain(name: &str, n: usize, fence: &mut [Duration], r: &DrainReport) {
         r.doomed,
         secs(r.done_after)
     );
-    println!("| matches killed (allocated servers deleted) | **{}** |", r.killed.len());
+    println!(
+        "| matches killed (allocated servers deleted) | **{}** |",
+        r.killed.len()
+    );
     println!(
         "| allocations after the first round of releases past the fence | **{}** |",
         r.late_allocations.len()
@@ -298,7 +310,10 @@ fn print_drain(name: &str, n: usize, fence: &mut [Duration], r: &DrainReport) {
         "| 429s received (APF not on in the emulator yet) | {} |",
         r.status_429
     );
-    println!("| 409s (allocation races lost, both sides) | {} |", r.conflicts_409);
+    println!(
+        "| 409s (allocation races lost, both sides) | {} |",
+        r.conflicts_409
+    );
     println!(
         "| CPU: emulator / agents / side | {} / {} / {} |",
         secs(r.cpu.emulator),

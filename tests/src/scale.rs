@@ -273,6 +273,11 @@ pub fn redis_cpu(info: &HashMap<String, f64>) -> f64 {
         + info.get("used_cpu_sys").copied().unwrap_or(0.0)
 }
 
+/// A progress line on stderr (a scale run takes minutes).
+fn progress(what: &str) {
+    eprintln!("[scale] {what}");
+}
+
 /// The running world.
 pub struct ScaleWorld {
     pub spec: ScaleSpec,
@@ -285,7 +290,8 @@ pub struct ScaleWorld {
     stop: CancellationToken,
     /// Writes the background generators made, by kind.
     pub generated: Arc<Generated>,
-    /// Servers won by allocators, with when.
+    /// Servers won by allocators over the whole run, with when (their matches end when
+    /// their node drains).
     pub won: Arc<std::sync::Mutex<Vec<(String, SystemTime)>>>,
     /// Setup phases (name, seconds).
     pub setup: Vec<(String, f64)>,
@@ -329,7 +335,11 @@ impl ScaleWorld {
         let t = Instant::now();
         let spec2 = spec.clone();
         let emulator = tokio::task::spawn_blocking(move || start_emulator(&spec2)).await??;
-        setup.push(("emulator up, world preloaded".to_string(), t.elapsed().as_secs_f64()));
+        setup.push((
+            "emulator up, world preloaded".to_string(),
+            t.elapsed().as_secs_f64(),
+        ));
+        progress(&format!("emulator up at {}", emulator.url));
         let journal = RemoteJournal::new(&emulator.url);
         let side = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -393,19 +403,20 @@ impl ScaleWorld {
         world
             .setup
             .push(("agents started".into(), t.elapsed().as_secs_f64()));
+        progress("agents started");
         for a in &world.agents {
             try_eventually(
                 "an agent subscribes to Redis",
                 Duration::from_secs(300),
                 Duration::from_millis(100),
                 || async {
-                    (metric(&scrape(a.admin).await, "lastcall_redis_connected", &[])
-                        == Some(1.0))
-                    .then_some(())
+                    (metric(&scrape(a.admin).await, "lastcall_redis_connected", &[]) == Some(1.0))
+                        .then_some(())
                 },
             )
             .await?;
         }
+        progress("agents subscribed to Redis");
         let n = world.spec.agents;
         let gl = &world.gl;
         try_eventually(
@@ -423,10 +434,14 @@ impl ScaleWorld {
             },
         )
         .await?;
+        world.setup.push((
+            "agents subscribed and registered".into(),
+            t.elapsed().as_secs_f64(),
+        ));
+        progress("agents subscribed and registered");
         world
-            .setup
-            .push(("agents subscribed and registered".into(), t.elapsed().as_secs_f64()));
-        world.settle(Duration::from_secs(2), Duration::from_secs(120)).await?;
+            .settle(Duration::from_secs(2), Duration::from_secs(120))
+            .await?;
         world.rss_with_agents = status_kb("self", "VmRSS");
         world.fds_with_agents = open_fds("self");
         Ok(world)
@@ -550,7 +565,10 @@ impl ScaleWorld {
                     }
                     g.pods_created.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(Duration::from_secs(5)).await;
-                    match pods.delete(&name, &DeleteParams::default().grace_period(0)).await {
+                    match pods
+                        .delete(&name, &DeleteParams::default().grace_period(0))
+                        .await
+                    {
                         Ok(_) => g.pods_deleted.fetch_add(1, Ordering::Relaxed),
                         Err(_) => g.errors.fetch_add(1, Ordering::Relaxed),
                     };
@@ -585,7 +603,11 @@ impl ScaleWorld {
                     let patch = json!({"metadata": {"annotations": {
                         "agones.dev/sdk-round": round.to_string()}}});
                     match gss
-                        .patch(&server_name(i, k), &PatchParams::default(), &Patch::Merge(&patch))
+                        .patch(
+                            &server_name(i, k),
+                            &PatchParams::default(),
+                            &Patch::Merge(&patch),
+                        )
                         .await
                     {
                         Ok(_) => g.gameserver_writes.fetch_add(1, Ordering::Relaxed),
@@ -613,7 +635,10 @@ impl ScaleWorld {
                     let name = obj.metadata.name.unwrap_or_default();
                     let (pods, g) = (pods.clone(), g4.clone());
                     tokio::spawn(async move {
-                        match pods.delete(&name, &DeleteParams::default().grace_period(0)).await {
+                        match pods
+                            .delete(&name, &DeleteParams::default().grace_period(0))
+                            .await
+                        {
                             Ok(_) | Err(kube::Error::Api(_)) => {
                                 g.gc_deletes.fetch_add(1, Ordering::Relaxed)
                             }
@@ -661,19 +686,17 @@ impl ScaleWorld {
     /// otherwise), reads one of its servers and, if it is Ready and not labelled
     /// `lastcall.dev/node-draining`, updates it to Allocated with its resourceVersion, as
     /// Agones' allocator does from its informer cache with the exclusion selector.
-    pub async fn start_allocators(
-        &self,
-        doomed: Arc<Vec<usize>>,
-    ) -> anyhow::Result<CancellationToken> {
+    pub async fn start_allocators(&self, doomed: Arc<Vec<usize>>) -> anyhow::Result<Allocators> {
         let stop = self.stop.child_token();
         let client = self.client("agones-allocator").await?;
         let n = self.spec.agents;
         let per = self.spec.servers_per_node;
+        let mut tasks = vec![];
         for _ in 0..self.spec.allocators {
             let gss: Api<DynamicObject> =
                 Api::namespaced_with(client.clone(), NAMESPACE, &gameserver_resource());
             let (stop, doomed, won) = (stop.clone(), doomed.clone(), self.won.clone());
-            self.side.spawn(async move {
+            tasks.push(self.side.spawn(async move {
                 while !stop.is_cancelled() {
                     let (i, k) = {
                         let mut r = rand::rng();
@@ -690,11 +713,10 @@ impl ScaleWorld {
                         continue;
                     };
                     let ready = gs.data["status"]["state"] == "Ready";
-                    let excluded = gs
-                        .metadata
-                        .labels
-                        .as_ref()
-                        .is_some_and(|l| l.get(DRAINING_LABEL).map(String::as_str) == Some("true"));
+                    let excluded =
+                        gs.metadata.labels.as_ref().is_some_and(|l| {
+                            l.get(DRAINING_LABEL).map(String::as_str) == Some("true")
+                        });
                     if !ready || excluded || gs.metadata.deletion_timestamp.is_some() {
                         tokio::time::sleep(Duration::from_millis(5)).await;
                         continue;
@@ -707,9 +729,9 @@ impl ScaleWorld {
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-            });
+            }));
         }
-        Ok(stop)
+        Ok(Allocators { stop, tasks })
     }
 
     /// Ends every match on `nodes` (the preloaded Allocated servers and those allocators
@@ -741,7 +763,9 @@ impl ScaleWorld {
             self.side.spawn(async move {
                 tokio::time::sleep(delay).await;
                 match gss.delete(&name, &DeleteParams::default()).await {
-                    Ok(_) | Err(kube::Error::Api(_)) => g.matches_ended.fetch_add(1, Ordering::Relaxed),
+                    Ok(_) | Err(kube::Error::Api(_)) => {
+                        g.matches_ended.fetch_add(1, Ordering::Relaxed)
+                    }
                     Err(_) => g.errors.fetch_add(1, Ordering::Relaxed),
                 };
             });
@@ -763,7 +787,6 @@ impl ScaleWorld {
     /// `over`, with the allocators racing it and matches ending; waits until every doomed
     /// node is deregistered, and reads what happened from the journals.
     pub async fn drain(&self, doomed: Vec<usize>, over: Duration) -> anyhow::Result<DrainReport> {
-        self.won.lock().unwrap_or_else(|p| p.into_inner()).clear();
         let start_seq = self.next_seq().await?;
         let cpu0 = self.cpu();
         let mut rconn = self.redis.client().await?;
@@ -799,9 +822,10 @@ impl ScaleWorld {
         };
         fenced_all.await?;
         let fenced_after = started.elapsed();
+        progress(&format!("{} nodes fenced", doomed.len()));
         // Give the allocators a moment past the fences, then stop them and end the matches.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        allocators.cancel();
+        allocators.stop().await;
         peak_fds = peak_fds.max(open_fds("self"));
         self.end_matches(&doomed).await?;
         let ids: HashSet<String> = doomed.iter().map(|&i| iid(i)).collect();
@@ -816,6 +840,7 @@ impl ScaleWorld {
         )
         .await?;
         let done_after = started.elapsed();
+        progress(&format!("{} nodes deregistered", doomed.len()));
         peak_fds = peak_fds.max(open_fds("self"));
         let cpu1 = self.cpu();
         let r1 = redis_info(&mut rconn).await?;
@@ -840,7 +865,13 @@ impl ScaleWorld {
     /// The sequence number the next journal entry will get: every request is one entry,
     /// numbered from 0.
     pub async fn next_seq(&self) -> anyhow::Result<u64> {
-        Ok(self.journal.traffic().await?.values().map(|t| t.requests).sum())
+        Ok(self
+            .journal
+            .traffic()
+            .await?
+            .values()
+            .map(|t| t.requests)
+            .sum())
     }
 
     /// CPU so far: the emulator process, this process's agent threads and side threads.
@@ -869,6 +900,20 @@ impl ScaleWorld {
         .await;
         self.side.shutdown_background();
         drop(self.emulator);
+    }
+}
+
+/// The running allocator loops.
+pub struct Allocators {
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Allocators {
+    /// Stops them and waits for the allocations in flight, so every match won is known.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        futures::future::join_all(self.tasks).await;
     }
 }
 
@@ -1051,8 +1096,7 @@ impl DrainReport {
                 let round = first_delete
                     .get(node)
                     .and_then(|m| m.values().max().copied());
-                if round.is_some_and(|w| a.seq > w) && !failed_delete_before(name, a.seq, *fseq)
-                {
+                if round.is_some_and(|w| a.seq > w) && !failed_delete_before(name, a.seq, *fseq) {
                     late.push(name.to_string());
                 }
             }
@@ -1082,9 +1126,8 @@ impl DrainReport {
                     .or_default() += 1;
             }
         }
-        let is_event_write = |r: &JournalEntry| {
-            r.resource.as_deref() == Some("events") && r.verb.is_mutating()
-        };
+        let is_event_write =
+            |r: &JournalEntry| r.resource.as_deref() == Some("events") && r.verb.is_mutating();
         DrainReport {
             doomed: doomed.len(),
             fence,
@@ -1231,13 +1274,13 @@ impl ScaleWorld {
             let client = self.client(&format!("unfiltered-{j}")).await?;
             let gs_writer = reflector::store::Writer::new(gameserver_resource());
             let gs_reader2 = gs_writer.as_reader();
-            let gs_api: Api<DynamicObject> =
-                Api::all_with(client.clone(), &gameserver_resource());
+            let gs_api: Api<DynamicObject> = Api::all_with(client.clone(), &gameserver_resource());
             let (pod_reader, pod_writer) = reflector::store::<Pod>();
             let pod_api: Api<Pod> = Api::all(client);
             let stop1 = stop.clone();
             tokio::spawn(async move {
-                let s = reflector::reflector(gs_writer, watcher(gs_api, watcher::Config::default()));
+                let s =
+                    reflector::reflector(gs_writer, watcher(gs_api, watcher::Config::default()));
                 let mut s = std::pin::pin!(s);
                 loop {
                     tokio::select! {
@@ -1248,7 +1291,8 @@ impl ScaleWorld {
             });
             let stop2 = stop.clone();
             tokio::spawn(async move {
-                let s = reflector::reflector(pod_writer, watcher(pod_api, watcher::Config::default()));
+                let s =
+                    reflector::reflector(pod_writer, watcher(pod_api, watcher::Config::default()));
                 let mut s = std::pin::pin!(s);
                 loop {
                     tokio::select! {

@@ -40,7 +40,10 @@ async fn scale_promises_hold_with_200_agents() {
     );
     assert_eq!(steady.agents.requests, steady.agent_watch_renewals);
     assert!(
-        steady.by_identity.get("kubelet").is_some_and(|t| t.requests > 0),
+        steady
+            .by_identity
+            .get("kubelet")
+            .is_some_and(|t| t.requests > 0),
         "the kubelet load ran"
     );
 
@@ -65,8 +68,16 @@ async fn scale_promises_hold_with_200_agents() {
             r.event_writes,
             r.status_429
         );
-        assert_eq!(r.fence.len(), doomed.len(), "{name}: every doomed node fenced");
-        assert!(r.killed.is_empty(), "{name}: matches killed: {:?}", r.killed);
+        assert_eq!(
+            r.fence.len(),
+            doomed.len(),
+            "{name}: every doomed node fenced"
+        );
+        assert!(
+            r.killed.is_empty(),
+            "{name}: matches killed: {:?}",
+            r.killed
+        );
         assert!(
             r.late_allocations.is_empty(),
             "{name}: allocations after the first round of releases past the fence: {:?}",

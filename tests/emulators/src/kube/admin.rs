@@ -65,8 +65,7 @@ async fn journal(State(s): State<Arc<ServerState>>, Query(q): Query<Since>) -> J
                 e.name,
                 e.subresource,
                 e.status,
-                e.at
-                    .duration_since(SystemTime::UNIX_EPOCH)
+                e.at.duration_since(SystemTime::UNIX_EPOCH)
                     .unwrap_or_default()
                     .as_micros() as u64,
             ])

@@ -210,7 +210,7 @@ pub fn kubeconfig_yaml(url: &str, identity: &str) -> String {
     // JSON strings are valid YAML scalars, so quoting needs no YAML library.
     let q = |s: &str| serde_json::Value::String(s.to_string()).to_string();
     format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: lastcall-emulator\n  cluster:\n    server: {server}\ncontexts:\n- name: lastcall-emulator\n  context:\n    cluster: lastcall-emulator\n    user: {user}\n    namespace: default\ncurrent-context: lastcall-emulator\nusers:\n- name: {user}\n  user:\n    token: {user}\n",
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: lastcall-emulator\n  cluster:\n    server: {server}\ncontexts:\n- name: lastcall-emulator\n  context:\n    cluster: lastcall-emulator\n    user: {user}\n    namespace: default\ncurrent-context: lastcall-emulator\nusers:\n- name: {user}\n  user:\n    token: {user}\n",
         server = q(url),
         user = q(identity),
     )
