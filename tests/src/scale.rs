@@ -722,7 +722,11 @@ impl ScaleWorld {
                         continue;
                     }
                     gs.data["status"]["state"] = json!("Allocated");
-                    if let Ok(_) = gss.replace(&name, &PostParams::default(), &gs).await {
+                    if gss
+                        .replace(&name, &PostParams::default(), &gs)
+                        .await
+                        .is_ok()
+                    {
                         won.lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .push((name, SystemTime::now()));

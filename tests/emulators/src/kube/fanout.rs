@@ -176,3 +176,61 @@ impl Fanout {
         self.lock().types.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kube::resources::{CONFIGMAPS, PODS};
+    use serde_json::json;
+
+    fn selectors(rt: &ResourceType, labels: Option<&str>, fields: Option<&str>) -> Selectors {
+        Selectors::parse(rt, labels, fields).unwrap()
+    }
+
+    fn names(sub: &mut Subscription) -> Vec<String> {
+        let mut out = vec![];
+        while let Ok(ev) = sub.rx.try_recv() {
+            out.push(ev.name.clone());
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn events_reach_only_the_watches_that_can_want_them() {
+        let store = Store::new(100);
+        let stop = CancellationToken::new();
+        let fanout = Fanout::start(&store, stop.clone());
+        let mut on_a = fanout.subscribe(&PODS, &selectors(&PODS, None, Some("spec.nodeName=a")));
+        let mut labelled = fanout.subscribe(&PODS, &selectors(&PODS, Some("app=x"), None));
+        let mut every_pod = fanout.subscribe(&PODS, &selectors(&PODS, None, None));
+        let mut configmaps = fanout.subscribe(&CONFIGMAPS, &selectors(&CONFIGMAPS, None, None));
+        let pod = |name: &str, node: &str, app: &str| json!({"metadata": {"name": name, "labels": {"app": app}}, "spec": {"nodeName": node}});
+        store
+            .create(&PODS, Some("default"), pod("p1", "a", "y"))
+            .unwrap();
+        store
+            .create(&PODS, Some("default"), pod("p2", "b", "x"))
+            .unwrap();
+        // Moving off the index key still reaches the watch that held it (its DELETED).
+        store
+            .modify(&PODS, Some("default"), "p1", |o| {
+                o["spec"]["nodeName"] = json!("c");
+                Ok(())
+            })
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert_eq!(names(&mut on_a), ["p1", "p1"]);
+        assert_eq!(names(&mut labelled), ["p2"]);
+        assert_eq!(names(&mut every_pod), ["p1", "p2", "p1"]);
+        assert!(names(&mut configmaps).is_empty());
+        // A dropped watch is unregistered.
+        drop(on_a);
+        let field_keys = fanout.lock().types[&PODS]
+            .keyed
+            .keys()
+            .filter(|k| matches!(k, IndexKey::Field { .. }))
+            .count();
+        assert_eq!(field_keys, 0);
+        stop.cancel();
+    }
+}
