@@ -286,7 +286,9 @@ pub struct ScaleWorld {
     pub gl: GameLiftEmulator,
     pub redis: RedisServer,
     pub agents: Vec<InProcessAgent>,
-    side: tokio::runtime::Runtime,
+    /// Always `Some` until dropped: shut down in the background, since a world is dropped
+    /// inside an async context.
+    side: Option<tokio::runtime::Runtime>,
     stop: CancellationToken,
     /// Writes the background generators made, by kind.
     pub generated: Arc<Generated>,
@@ -347,6 +349,7 @@ impl ScaleWorld {
             .enable_all()
             .build()?;
         let gl = side.spawn(GameLiftEmulator::start()).await??;
+        let side = Some(side);
         let ids: Vec<String> = (0..spec.agents).map(iid).collect();
         gl.add_instances(GROUP, &ids, InstanceStatus::Active);
         let redis = RedisServer::start().await?;
@@ -496,7 +499,7 @@ impl ScaleWorld {
         let kubelet = self.client("kubelet").await?;
         let period = self.spec.node_status_period;
         let (stop1, g1) = (stop.clone(), g.clone());
-        self.side.spawn(async move {
+        self.side().spawn(async move {
             let nodes: Api<Node> = Api::all(kubelet);
             let limit = Arc::new(Semaphore::new(32));
             let mut tick = tokio::time::interval(period / n.max(1) as u32);
@@ -536,7 +539,7 @@ impl ScaleWorld {
         let churn = self.client("pod-churn").await?;
         let rate = self.spec.pod_churn_per_sec;
         let (stop2, g2) = (stop.clone(), g.clone());
-        self.side.spawn(async move {
+        self.side().spawn(async move {
             let pods: Api<Pod> = Api::namespaced(churn, "batch");
             let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -582,7 +585,7 @@ impl ScaleWorld {
         let allocated = self.spec.allocated_per_node.max(1);
         let (stop3, g3) = (stop.clone(), g.clone());
         let agones3 = agones.clone();
-        self.side.spawn(async move {
+        self.side().spawn(async move {
             let gss: Api<DynamicObject> =
                 Api::namespaced_with(agones3, NAMESPACE, &gameserver_resource());
             let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
@@ -621,7 +624,7 @@ impl ScaleWorld {
 
         // Garbage collection: the pod of a deleted GameServer goes with it.
         let (stop4, g4) = (stop, g);
-        self.side.spawn(async move {
+        self.side().spawn(async move {
             let gss: Api<DynamicObject> = Api::all_with(agones.clone(), &gameserver_resource());
             let pods: Api<Pod> = Api::namespaced(agones, NAMESPACE);
             let mut stream = std::pin::pin!(watcher(gss, watcher::Config::default()));
@@ -696,7 +699,7 @@ impl ScaleWorld {
             let gss: Api<DynamicObject> =
                 Api::namespaced_with(client.clone(), NAMESPACE, &gameserver_resource());
             let (stop, doomed, won) = (stop.clone(), doomed.clone(), self.won.clone());
-            tasks.push(self.side.spawn(async move {
+            tasks.push(self.side().spawn(async move {
                 while !stop.is_cancelled() {
                     let (i, k) = {
                         let mut r = rand::rng();
@@ -764,7 +767,7 @@ impl ScaleWorld {
         for name in names {
             let (gss, g) = (gss.clone(), g.clone());
             let delay = Duration::from_millis(rand::rng().random_range(1000..6000));
-            self.side.spawn(async move {
+            self.side().spawn(async move {
                 tokio::time::sleep(delay).await;
                 match gss.delete(&name, &DeleteParams::default()).await {
                     Ok(_) | Err(kube::Error::Api(_)) => {
@@ -894,16 +897,21 @@ impl ScaleWorld {
     }
 
     /// Stops the agents, the background load and the emulator.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         self.stop.cancel();
         futures::future::join_all(
-            self.agents
+            std::mem::take(&mut self.agents)
                 .into_iter()
                 .map(|a| a.stop_within(Duration::from_secs(10))),
         )
         .await;
-        self.side.shutdown_background();
-        drop(self.emulator);
+    }
+
+    /// The side runtime (GameLift emulator, background load).
+    fn side(&self) -> &tokio::runtime::Runtime {
+        self.side
+            .as_ref()
+            .expect("the side runtime lives as long as the world")
     }
 }
 
@@ -918,6 +926,15 @@ impl Allocators {
     pub async fn stop(self) {
         self.stop.cancel();
         futures::future::join_all(self.tasks).await;
+    }
+}
+
+impl Drop for ScaleWorld {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(rt) = self.side.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
