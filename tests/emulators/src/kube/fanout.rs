@@ -213,15 +213,15 @@ mod tests {
             .unwrap();
         // Moving off the index key still reaches the watch that held it (its DELETED).
         store
-            .modify(&PODS, Some("default"), "p1", |o| {
-                o["spec"]["nodeName"] = json!("c");
+            .modify(&PODS, Some("default"), "p2", |o| {
+                o["metadata"]["labels"]["app"] = json!("z");
                 Ok(())
             })
             .unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        assert_eq!(names(&mut on_a), ["p1", "p1"]);
-        assert_eq!(names(&mut labelled), ["p2"]);
-        assert_eq!(names(&mut every_pod), ["p1", "p2", "p1"]);
+        assert_eq!(names(&mut on_a), ["p1"]);
+        assert_eq!(names(&mut labelled), ["p2", "p2"]);
+        assert_eq!(names(&mut every_pod), ["p1", "p2", "p2"]);
         assert!(names(&mut configmaps).is_empty());
         // A dropped watch is unregistered.
         drop(on_a);
