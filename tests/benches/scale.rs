@@ -203,7 +203,7 @@ async fn run() -> anyhow::Result<()> {
     println!();
 
     // 2 and 3. Drains.
-    let mut rconn = world.redis.client().await?;
+    let mut rconn = world.redis_conn().await?;
     let tenth: Vec<usize> = (0..n).filter(|i| i % 10 == 0).collect();
     let half: Vec<usize> = (0..n).filter(|i| (1..=5).contains(&(i % 10))).collect();
     let mut reports = vec![];

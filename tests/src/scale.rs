@@ -373,7 +373,7 @@ impl ScaleWorld {
         };
         world.start_background().await?;
         // Pubsub's cache: every instance ACTIVE before its agent starts.
-        let mut conn = world.redis.client().await?;
+        let mut conn = world.redis_conn().await?;
         for i in 0..world.spec.agents {
             let _: () = redis::cmd("SET")
                 .arg(cache_key(&iid(i)))
@@ -452,6 +452,13 @@ impl ScaleWorld {
 
     pub fn url(&self) -> &str {
         &self.emulator.url
+    }
+
+    /// A connection to the world's Redis for the harness, with 30 s timeouts: a loaded
+    /// machine must slow the harness's own writes down, not fail them.
+    pub async fn redis_conn(&self) -> anyhow::Result<redis::aio::MultiplexedConnection> {
+        let client = redis::Client::open(self.redis.url())?;
+        Ok(lastcall_common::redis_conn::connect(&client, Duration::from_secs(30)).await?)
     }
 
     pub fn emulator_pid(&self) -> String {
@@ -662,7 +669,7 @@ impl ScaleWorld {
         status: Status,
         over: Duration,
     ) -> anyhow::Result<BTreeMap<usize, SystemTime>> {
-        let mut conn = self.redis.client().await?;
+        let mut conn = self.redis_conn().await?;
         let mut at = BTreeMap::new();
         let start = Instant::now();
         let step = over / nodes.len().max(1) as u32;
@@ -796,7 +803,7 @@ impl ScaleWorld {
     pub async fn drain(&self, doomed: Vec<usize>, over: Duration) -> anyhow::Result<DrainReport> {
         let start_seq = self.next_seq().await?;
         let cpu0 = self.cpu();
-        let mut rconn = self.redis.client().await?;
+        let mut rconn = self.redis_conn().await?;
         let r0 = redis_info(&mut rconn).await?;
         let doomed = Arc::new(doomed);
         let allocators = self.start_allocators(doomed.clone()).await?;
@@ -1201,7 +1208,7 @@ impl ScaleWorld {
     /// One steady-state window of `window`, with one pubsub round (ACTIVE republished for
     /// every instance, as pubsub does every period) at its start.
     pub async fn steady(&self, window: Duration) -> anyhow::Result<SteadyReport> {
-        let mut rconn = self.redis.client().await?;
+        let mut rconn = self.redis_conn().await?;
         let r0 = redis_info(&mut rconn).await?;
         let t0 = self.journal.traffic().await?;
         let seq0 = self.next_seq().await?;
