@@ -13,6 +13,7 @@ pub mod agent;
 pub mod asg;
 pub mod bench;
 pub mod demo;
+pub mod scale;
 pub mod timeline;
 pub mod webhook;
 pub mod world;

@@ -3,6 +3,11 @@
 //!
 //! Prints the server URL on stdout, writes a kubeconfig pointing at it, and serves until
 //! SIGTERM or SIGINT, then exits 0.
+//!
+//! For scale runs: `--preload-nodes N --preload-servers-per-node M` writes a store-only
+//! world (`lastcall_emulators::cluster::preload`) before serving, and `--admin` serves the
+//! journal at `/_emulator/traffic` and `/_emulator/journal` (`kube::admin`), so the
+//! harness measures its agents in one process and the emulator's cost in this one.
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
@@ -10,7 +15,8 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::Parser;
-use lastcall_emulators::kube::{DEFAULT_HISTORY, Emulator, Store};
+use lastcall_emulators::cluster::preload::{Preload, preload};
+use lastcall_emulators::kube::{DEFAULT_HISTORY, Emulator, Options, Store};
 use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Parser, Debug)]
@@ -28,6 +34,22 @@ struct Args {
     /// Watch events kept for resumption.
     #[arg(long, default_value_t = DEFAULT_HISTORY)]
     history: usize,
+    /// Seconds between BOOKMARK events on watches that allow them (a real API server
+    /// sends one about every minute).
+    #[arg(long, default_value_t = 10)]
+    bookmark_interval_secs: u64,
+    /// Serve the read-only journal endpoints under `/_emulator/`.
+    #[arg(long)]
+    admin: bool,
+    /// Store-only nodes to create before serving.
+    #[arg(long, default_value_t = 0)]
+    preload_nodes: usize,
+    /// GameServers (each with its Running pod) per preloaded node.
+    #[arg(long, default_value_t = 0)]
+    preload_servers_per_node: usize,
+    /// Of those, how many are Allocated (the rest are Ready).
+    #[arg(long, default_value_t = 0)]
+    preload_allocated_per_node: usize,
 }
 
 #[tokio::main]
@@ -35,7 +57,23 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let emulator = Emulator::start_with(Store::new(args.history), args.listen).await?;
+    let store = Store::new(args.history);
+    if args.preload_nodes > 0 {
+        preload(
+            &store,
+            &Preload {
+                nodes: args.preload_nodes,
+                servers_per_node: args.preload_servers_per_node,
+                allocated_per_node: args.preload_allocated_per_node,
+            },
+        )
+        .map_err(|e| anyhow::anyhow!("preloading the store: {e}"))?;
+    }
+    let options = Options {
+        admin: args.admin,
+        bookmark_interval: std::time::Duration::from_secs(args.bookmark_interval_secs.max(1)),
+    };
+    let emulator = Emulator::start_with_options(store, args.listen, options).await?;
     if let Some(path) = &args.kubeconfig_out {
         emulator
             .write_kubeconfig(path, &args.identity)

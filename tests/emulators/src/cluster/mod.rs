@@ -22,6 +22,7 @@ pub mod kubelet;
 mod model;
 pub mod node_lifecycle;
 pub mod objects;
+pub mod preload;
 pub mod scheduler;
 pub mod taint_manager;
 mod writes;

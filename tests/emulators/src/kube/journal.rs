@@ -36,6 +36,22 @@ impl Verb {
             Verb::DeleteCollection => "deletecollection",
         }
     }
+
+    /// The verb named `s` ([`Verb::as_str`] backwards).
+    pub fn parse(s: &str) -> Option<Verb> {
+        [
+            Verb::Get,
+            Verb::List,
+            Verb::Watch,
+            Verb::Create,
+            Verb::Update,
+            Verb::Patch,
+            Verb::Delete,
+            Verb::DeleteCollection,
+        ]
+        .into_iter()
+        .find(|v| v.as_str() == s)
+    }
 }
 
 /// One served request.

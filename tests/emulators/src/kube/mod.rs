@@ -12,8 +12,10 @@
 //! hangs, late watch delivery). `docs/testing/kube-emulator.md` lists what is and is not
 //! implemented.
 
+pub mod admin;
 pub mod discovery;
 pub mod eviction;
+pub mod fanout;
 pub mod faults;
 pub mod journal;
 pub mod patch;
@@ -53,12 +55,15 @@ pub const DEFAULT_BOOKMARK_INTERVAL: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug)]
 pub struct Options {
     pub bookmark_interval: Duration,
+    /// Serve the read-only journal endpoints of [`admin`] (for an emulator in its own process).
+    pub admin: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             bookmark_interval: DEFAULT_BOOKMARK_INTERVAL,
+            admin: false,
         }
     }
 }
@@ -69,6 +74,8 @@ pub struct Emulator {
     addr: SocketAddr,
     stop: CancellationToken,
     task: JoinHandle<()>,
+    /// Stops the watch fan-out task when the emulator goes.
+    _fanout: tokio_util::sync::DropGuard,
 }
 
 impl Emulator {
@@ -95,6 +102,8 @@ impl Emulator {
             .await
             .with_context(|| format!("binding the Kubernetes API emulator to {addr}"))?;
         let addr = listener.local_addr()?;
+        let fanout_stop = CancellationToken::new();
+        let fanout = fanout::Fanout::start(&store, fanout_stop.clone());
         let state = Arc::new(ServerState {
             store,
             journal: Journal::default(),
@@ -102,16 +111,20 @@ impl Emulator {
             watches: Mutex::new(CancellationToken::new()),
             bookmark_interval: options.bookmark_interval,
             addr,
+            fanout,
         });
-        let app = axum::Router::new()
-            .fallback(server::handle)
-            .with_state(state.clone());
+        let mut app = axum::Router::new();
+        if options.admin {
+            app = admin::routes(app);
+        }
+        let app = app.fallback(server::handle).with_state(state.clone());
         let (stop, task) = crate::net::serve(listener, app, "the Kubernetes API emulator");
         Ok(Emulator {
             state,
             addr,
             stop,
             task,
+            _fanout: fanout_stop.drop_guard(),
         })
     }
 
@@ -153,23 +166,12 @@ impl Emulator {
     /// The client config for `identity`, for code that builds its own client from it (the
     /// agent does, exactly as in production).
     pub async fn config_for(&self, identity: &str) -> anyhow::Result<::kube::Config> {
-        let kubeconfig = ::kube::config::Kubeconfig::from_yaml(&self.kubeconfig_yaml(identity))?;
-        Ok(::kube::Config::from_custom_kubeconfig(
-            kubeconfig,
-            &::kube::config::KubeConfigOptions::default(),
-        )
-        .await?)
+        config_for_url(&self.url(), identity).await
     }
 
     /// A kubeconfig for this server (token = `identity`, namespace `default`).
     pub fn kubeconfig_yaml(&self, identity: &str) -> String {
-        // JSON strings are valid YAML scalars, so quoting needs no YAML library.
-        let q = |s: &str| serde_json::Value::String(s.to_string()).to_string();
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: lastcall-emulator\n  cluster:\n    server: {server}\ncontexts:\n- name: lastcall-emulator\n  context:\n    cluster: lastcall-emulator\n    user: {user}\n    namespace: default\ncurrent-context: lastcall-emulator\nusers:\n- name: {user}\n  user:\n    token: {user}\n",
-            server = q(&self.url()),
-            user = q(identity),
-        )
+        kubeconfig_yaml(&self.url(), identity)
     }
 
     /// Writes the kubeconfig atomically (temporary file, then rename), so a process
@@ -201,4 +203,25 @@ impl Emulator {
             tracing::error!(error = %e, "Kubernetes API emulator task failed");
         }
     }
+}
+
+/// A kubeconfig for the server at `url` (token = `identity`, namespace `default`).
+pub fn kubeconfig_yaml(url: &str, identity: &str) -> String {
+    // JSON strings are valid YAML scalars, so quoting needs no YAML library.
+    let q = |s: &str| serde_json::Value::String(s.to_string()).to_string();
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: lastcall-emulator\n  cluster:\n    server: {server}\ncontexts:\n- name: lastcall-emulator\n  context:\n    cluster: lastcall-emulator\n    user: {user}\n    namespace: default\ncurrent-context: lastcall-emulator\nusers:\n- name: {user}\n  user:\n    token: {user}\n",
+        server = q(url),
+        user = q(identity),
+    )
+}
+
+/// The client config for `identity` on the server at `url` (an emulator in another process).
+pub async fn config_for_url(url: &str, identity: &str) -> anyhow::Result<::kube::Config> {
+    let kubeconfig = ::kube::config::Kubeconfig::from_yaml(&kubeconfig_yaml(url, identity))?;
+    Ok(::kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &::kube::config::KubeConfigOptions::default(),
+    )
+    .await?)
 }

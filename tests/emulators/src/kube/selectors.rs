@@ -561,6 +561,42 @@ fn field_value(obj: &Value, field: &str) -> String {
     }
 }
 
+/// An equality requirement a watch can be found by (see [`super::fanout`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum IndexKey {
+    Field { field: String, value: String },
+    Label { key: String, value: String },
+}
+
+impl IndexKey {
+    /// The same key name with `value`.
+    pub fn with_value(&self, value: String) -> IndexKey {
+        match self {
+            IndexKey::Field { field, .. } => IndexKey::Field {
+                field: field.clone(),
+                value,
+            },
+            IndexKey::Label { key, .. } => IndexKey::Label {
+                key: key.clone(),
+                value,
+            },
+        }
+    }
+
+    /// This key's value in `obj` (a missing field reads as the selectors read it; a
+    /// missing label has none).
+    pub fn value_in(&self, obj: &Value) -> Option<String> {
+        match self {
+            IndexKey::Field { field, .. } => Some(field_value(obj, field)),
+            IndexKey::Label { key, .. } => obj
+                .pointer("/metadata/labels")
+                .and_then(|l| l.get(key))
+                .and_then(Value::as_str)
+                .map(str::to_string),
+        }
+    }
+}
+
 /// Both selectors of a list or watch.
 #[derive(Clone, Debug, Default)]
 pub struct Selectors {
@@ -592,6 +628,25 @@ impl Selectors {
 
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty() && self.fields.is_empty()
+    }
+
+    /// One requirement every matching object meets with a single value, to index a watch
+    /// by: a field equality first, else a label equality (or `in` of one value).
+    pub fn index_key(&self) -> Option<IndexKey> {
+        if let Some(r) = self.fields.requirements.iter().find(|r| r.equal) {
+            return Some(IndexKey::Field {
+                field: r.field.clone(),
+                value: r.value.clone(),
+            });
+        }
+        self.labels
+            .requirements
+            .iter()
+            .find(|r| matches!(r.op, Op::Eq | Op::In) && r.values.len() == 1)
+            .map(|r| IndexKey::Label {
+                key: r.key.clone(),
+                value: r.values[0].clone(),
+            })
     }
 }
 

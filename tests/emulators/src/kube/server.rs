@@ -40,6 +40,8 @@ pub struct ServerState {
     pub watches: Mutex<CancellationToken>,
     pub bookmark_interval: Duration,
     pub addr: SocketAddr,
+    /// Store changes, handed to the watches that can want them.
+    pub fanout: super::fanout::Fanout,
 }
 
 impl ServerState {
@@ -526,6 +528,7 @@ fn start_watch(
         bookmark_interval: s.bookmark_interval,
         faults: s.faults.clone(),
         key,
+        fanout: s.fanout.clone(),
     };
     let req = WatchRequest {
         rt,

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use serde_json::{Value, json};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::fanout::{Fanout, Subscription};
 use super::faults::{Faults, WatchKey};
 use super::journal::Journal;
 use super::resources::ResourceType;
@@ -98,6 +99,8 @@ pub struct WatchContext {
     pub faults: Faults,
     /// What this watch is, for matching those rules.
     pub key: WatchKey,
+    /// Where the store's changes come from, already narrowed to what this watch can want.
+    pub fanout: Fanout,
 }
 
 /// Lines on their way to the client, stamped with the moment the server produced them.
@@ -123,19 +126,24 @@ enum Opening {
 /// Too-old resourceVersions produce a stream with one ERROR event (410 Expired), as a
 /// real server sends.
 pub fn start(ctx: WatchContext, req: WatchRequest) -> Body {
+    // Registered before the starting point is read: nothing after it can be missed, and
+    // what came before it is skipped by resourceVersion.
+    let sub = ctx.fanout.subscribe(&req.rt, &req.selectors);
     let (opening, rx) = if req.start == WatchStart::Now || req.send_initial_events {
         let sel = req.selectors.clone();
-        let (objs, rv, rx) =
-            ctx.store
-                .snapshot_and_subscribe(&req.rt, req.namespace.as_deref(), move |o| sel.matches(o));
-        (Opening::Snapshot(objs, rv), Some(rx))
+        let page = ctx
+            .store
+            .list_page(&req.rt, req.namespace.as_deref(), None, None, move |o| {
+                sel.matches(o)
+            });
+        (Opening::Snapshot(page.items, page.rv), Some(sub))
     } else {
         let from = match req.start {
             WatchStart::After(rv) => rv,
             WatchStart::Now => 0,
         };
-        match ctx.store.subscribe_since(from) {
-            Ok((past, rx)) => (Opening::Replay(past, from), Some(rx)),
+        match ctx.store.events_since(from) {
+            Ok(past) => (Opening::Replay(past, from), Some(sub)),
             Err(e) => (Opening::Expired(e.to_status()), None),
         }
     };
@@ -227,7 +235,7 @@ async fn run(
     ctx: WatchContext,
     req: WatchRequest,
     opening: Opening,
-    rx: Option<broadcast::Receiver<Arc<StoreEvent>>>,
+    rx: Option<Subscription>,
     tx: Outbox,
 ) {
     let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
@@ -260,8 +268,8 @@ async fn run(
                     return;
                 }
             }
-            r = rx.recv() => match r {
-                Ok(ev) => {
+            r = rx.rx.recv() => match r {
+                Some(ev) => {
                     if ev.rv <= last_rv {
                         continue;
                     }
@@ -272,9 +280,9 @@ async fn run(
                         return;
                     }
                 }
-                // Fell behind the live channel (or the store is gone): end the stream;
+                // Fell behind the live feed (or the server is stopping): end the stream;
                 // the client re-watches from the last resourceVersion it saw.
-                Err(broadcast::error::RecvError::Lagged(_)) | Err(broadcast::error::RecvError::Closed) => return,
+                None => return,
             }
         }
     }

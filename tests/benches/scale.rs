@@ -1,0 +1,333 @@
+//! Scale: 2,000 agents on one control plane.
+//!
+//! Run: `nice cargo bench -p lastcall-testkit --bench scale` (`LASTCALL_SCALE_AGENTS`,
+//! `LASTCALL_SCALE_SERVERS`, `LASTCALL_SCALE_ALLOCATED`, `LASTCALL_SCALE_UNFILTERED`,
+//! `LASTCALL_SCALE_WINDOW` seconds change the world; `LASTCALL_BENCH_LOG=warn` prints the
+//! agents' logs).
+//!
+//! The world is `lastcall_testkit::scale`: the Kubernetes API emulator in its own process
+//! over a store-only world, the agents in this one (built as the binary builds them, each
+//! with its own identity and filtered watches, FleetIQ mode), one GameLift emulator and the
+//! background load on a side runtime, one private redis-server. Scenarios, in order:
+//!
+//! 1. steady state: requests/s and watch events/s at the API, per agent and in total, with
+//!    one pubsub republish round; agent RSS per agent; emulator, agent, side and Redis CPU.
+//!    Baselines: a sample of unfiltered watchers (every GameServer and pod, cached), scaled
+//!    to the agent count, and one cluster-wide GameServer LIST (the original adapter's
+//!    per-check read), scaled to a drain.
+//! 2. 10% of the nodes doomed by FleetIQ DRAINING within one second, allocators racing.
+//! 3. 50% of the (remaining) nodes, the same way.
+//! 4. Redis: subscribers, CPU and memory across the run; PUBLISH → last fence from 2 and 3.
+
+use std::time::Duration;
+
+use lastcall_testkit::kube::Traffic;
+use lastcall_testkit::scale::{
+    DrainReport, ScaleSpec, ScaleWorld, open_fds, redis_info, status_kb,
+};
+
+fn main() -> anyhow::Result<()> {
+    if let Ok(filter) = std::env::var("LASTCALL_BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    // The agents' runtime; its threads are what "agents" CPU counts (less the side runtime).
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("agents")
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
+fn pct(samples: &mut [Duration], p: f64) -> String {
+    lastcall_testkit::bench::ms(lastcall_testkit::bench::percentile(samples, p), 0)
+}
+
+fn per_s(n: u64, window: Duration) -> f64 {
+    n as f64 / window.as_secs_f64().max(1e-9)
+}
+
+fn mib(kb: u64) -> String {
+    format!("{:.1} MiB", kb as f64 / 1024.0)
+}
+
+async fn run() -> anyhow::Result<()> {
+    let spec = ScaleSpec::from_env(2000);
+    let window = Duration::from_secs(
+        std::env::var("LASTCALL_SCALE_WINDOW")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(30),
+    );
+    let n = spec.agents;
+    println!(
+        "# Scale: {n} agents, {} game servers per node ({} Allocated), kubelet status every {:?}, {:.0} pod churn/s, {:.0} GameServer writes/s",
+        spec.servers_per_node,
+        spec.allocated_per_node,
+        spec.node_status_period,
+        spec.pod_churn_per_sec,
+        spec.gameserver_writes_per_sec
+    );
+    println!();
+    let world = ScaleWorld::start(spec.clone()).await?;
+    let epid = world.emulator_pid();
+    for (phase, s) in &world.setup {
+        println!("- setup: {phase} after {s:.1} s");
+    }
+    let agent_kb = world
+        .rss_with_agents
+        .saturating_sub(world.rss_before_agents);
+    println!(
+        "- this process: RSS {} before the agents, {} with them: **{:.0} KiB per agent**; {} open fds ({:.1} per agent); emulator process RSS {}, {} open fds",
+        mib(world.rss_before_agents),
+        mib(world.rss_with_agents),
+        agent_kb as f64 / n as f64,
+        world.fds_with_agents,
+        world.fds_with_agents as f64 / n as f64,
+        mib(status_kb(&epid, "VmRSS")),
+        open_fds(&epid),
+    );
+    println!();
+
+    // 1. Steady state.
+    let s = world.steady(window).await?;
+    let w = s.window;
+    println!("## 1. Steady state, {} s window", w.as_secs());
+    println!();
+    println!("| who | requests/s | watch events/s | bytes/s |");
+    println!("|---|---|---|---|");
+    let row = |who: &str, t: &Traffic, div: f64| {
+        println!(
+            "| {who} | {:.3} | {:.3} | {:.0} |",
+            per_s(t.requests, w) / div,
+            per_s(t.watch_events, w) / div,
+            per_s(t.bytes, w) / div
+        );
+    };
+    row(&format!("all {n} agents"), &s.agents, 1.0);
+    row("per agent (mean)", &s.agents, n as f64);
+    println!(
+        "| busiest agent, requests in the window | {} | | |",
+        s.max_agent_requests
+    );
+    println!(
+        "| agents' requests in the window: watch renewals (server-ended watches resumed) / anything else | {} / {} | | |",
+        s.agent_watch_renewals,
+        s.agent_other_requests.values().sum::<u64>()
+    );
+    for (id, t) in &s.by_identity {
+        row(id, t, 1.0);
+    }
+    row("everyone", &s.all, 1.0);
+    println!();
+    println!(
+        "CPU over the window: emulator process {} , agents {} , side runtime (GameLift emulator + load generators) {} , redis-server {:.2} s. Pubsub round (SET + PUBLISH ACTIVE for {n} instances): {}.",
+        secs(s.cpu.emulator),
+        secs(s.cpu.agents()),
+        secs(s.cpu.side),
+        s.redis_cpu,
+        secs(s.republish),
+    );
+    println!();
+
+    // Baselines.
+    let (items, list_bytes, list_time) = world.original_list().await?;
+    let u = if spec.unfiltered_sample > 0 {
+        Some(
+            world
+                .unfiltered(window.min(Duration::from_secs(20)))
+                .await?,
+        )
+    } else {
+        None
+    };
+    println!("### Baselines (same run)");
+    println!();
+    println!("| what | requests/s | watch events/s | bytes/s | memory |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| lastcall, all {n} agents, steady | {:.3} | {:.1} | {:.0} | {} |",
+        per_s(s.agents.requests, w),
+        per_s(s.agents.watch_events, w),
+        per_s(s.agents.bytes, w),
+        mib(agent_kb)
+    );
+    if let Some(u) = &u {
+        let uw = u.window;
+        println!(
+            "| unfiltered watches (every GameServer and pod), per watcher, measured on {} | {:.3} | {:.1} | {:.0} | {} |",
+            u.sample,
+            per_s(u.window_traffic.requests, uw),
+            per_s(u.window_traffic.watch_events, uw),
+            per_s(u.window_traffic.bytes, uw),
+            mib(u.rss_kb_each)
+        );
+        println!(
+            "| unfiltered × {n} (computed) | {:.1} | {:.0} | {:.0} | {} |",
+            per_s(u.window_traffic.requests, uw) * n as f64,
+            per_s(u.window_traffic.watch_events, uw) * n as f64,
+            per_s(u.window_traffic.bytes, uw) * n as f64,
+            mib(u.rss_kb_each * n as u64)
+        );
+        println!(
+            "| unfiltered: each watcher's initial sync ({}) | {} | {} | {} | |",
+            secs(u.sync_time),
+            u.sync.requests,
+            u.sync.watch_events,
+            u.sync.bytes
+        );
+        println!(
+            "| unfiltered initial syncs × {n} (a rollout, computed) | {} | {} | {} | |",
+            u.sync.requests * n as u64,
+            u.sync.watch_events * n as u64,
+            u.sync.bytes * n as u64
+        );
+    }
+    let draining = (n / 10).max(1) as f64;
+    println!(
+        "| original: one cluster-wide GameServer LIST ({items} items, {}) | | | {list_bytes} bytes | |",
+        lastcall_testkit::bench::ms(list_time, 0)
+    );
+    println!(
+        "| original during a 10% drain: {draining:.0} draining nodes × 1 LIST / 60 s (computed) | {:.2} | | {:.0} | |",
+        draining / 60.0,
+        draining / 60.0 * list_bytes as f64
+    );
+    println!();
+
+    // 2 and 3. Drains.
+    let mut rconn = world.redis_conn().await?;
+    let tenth: Vec<usize> = (0..n).filter(|i| i % 10 == 0).collect();
+    let half: Vec<usize> = (0..n).filter(|i| (1..=5).contains(&(i % 10))).collect();
+    let mut reports = vec![];
+    for (name, doomed) in [("10%", tenth), ("50%", half)] {
+        let r = world.drain(doomed, Duration::from_secs(1)).await?;
+        print_drain(name, n, &mut r.fence.clone(), &r);
+        reports.push((name, r));
+    }
+
+    // 4. Redis.
+    let info = redis_info(&mut rconn).await?;
+    let g = |k: &str| info.get(k).copied().unwrap_or(0.0);
+    println!("## 4. Redis: {n} subscribers on one redis-server");
+    println!();
+    println!("| measure | value |");
+    println!("|---|---|");
+    println!("| connected clients | {:.0} |", g("connected_clients"));
+    println!("| pubsub channels | {:.0} |", g("pubsub_channels"));
+    println!("| used_memory | {} |", mib(g("used_memory") as u64 / 1024));
+    println!(
+        "| used_memory_rss | {} |",
+        mib(g("used_memory_rss") as u64 / 1024)
+    );
+    println!(
+        "| CPU, steady window incl. one republish round | {:.2} s |",
+        s.redis_cpu
+    );
+    println!(
+        "| republish round ({n} SET + PUBLISH) | {} |",
+        secs(s.republish)
+    );
+    for (name, r) in &reports {
+        println!(
+            "| {name} drain: first PUBLISH → last fence ({} publishes over 1 s) | {} |",
+            r.doomed,
+            secs(r.last_fence)
+        );
+        println!("| {name} drain: CPU | {:.2} s |", r.redis_cpu);
+    }
+    println!(
+        "| total CPU so far (user + sys) | {:.2} s |",
+        g("used_cpu_user") + g("used_cpu_sys")
+    );
+    println!();
+    let generated = &world.generated;
+    println!("Background load generated over the run: {:?}", generated);
+    world.shutdown().await;
+    Ok(())
+}
+
+fn print_drain(name: &str, n: usize, fence: &mut [Duration], r: &DrainReport) {
+    println!(
+        "## {} {name} of the nodes doomed within one second ({} of {n}), allocators racing",
+        if name == "10%" { "2." } else { "3." },
+        r.doomed
+    );
+    println!();
+    println!("| measure | value |");
+    println!("|---|---|");
+    println!(
+        "| drains completed (deregistered) | {} of {} in {} |",
+        r.doomed,
+        r.doomed,
+        secs(r.done_after)
+    );
+    println!(
+        "| matches killed (allocated servers deleted) | **{}** |",
+        r.killed.len()
+    );
+    println!(
+        "| allocations after the first round of releases past the fence | **{}** |",
+        r.late_allocations.len()
+    );
+    println!(
+        "| allocations during the run / on doomed nodes after their fence (protected) | {} / {} |",
+        r.allocations, r.allocations_after_fence
+    );
+    println!(
+        "| signal → fence p50 / p99 / max | {} / {} / {} |",
+        pct(fence, 0.5),
+        pct(fence, 0.99),
+        pct(fence, 1.0)
+    );
+    println!("| first signal → last fence | {} |", secs(r.last_fence));
+    println!(
+        "| requests at the API, whole drain (agents) | {} ({}) |",
+        r.requests, r.agent_requests
+    );
+    println!(
+        "| peak requests/s, everyone (agents) | {} ({}) |",
+        r.peak_rps, r.peak_agent_rps
+    );
+    println!(
+        "| agent requests per doomed node | {:.1} |",
+        r.agent_requests as f64 / r.doomed.max(1) as f64
+    );
+    println!(
+        "| Event writes (share of agent requests; of all) | {} ({:.1}%; {:.1}%) |",
+        r.event_writes,
+        100.0 * r.agent_event_writes as f64 / r.agent_requests.max(1) as f64,
+        100.0 * r.event_writes as f64 / r.requests.max(1) as f64
+    );
+    println!(
+        "| 429s received (APF not on in the emulator yet) | {} |",
+        r.status_429
+    );
+    println!(
+        "| 409s (allocation races lost, both sides) | {} |",
+        r.conflicts_409
+    );
+    println!(
+        "| CPU: emulator / agents / side | {} / {} / {} |",
+        secs(r.cpu.emulator),
+        secs(r.cpu.agents()),
+        secs(r.cpu.side)
+    );
+    println!("| this process's open fds, peak sampled | {} |", r.peak_fds);
+    println!();
+    println!("Agent requests by kind:");
+    println!();
+    println!("| request | count |");
+    println!("|---|---|");
+    for (k, v) in &r.agent_requests_by_kind {
+        println!("| {k} | {v} |");
+    }
+    println!();
+}

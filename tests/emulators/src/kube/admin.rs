@@ -1,0 +1,160 @@
+//! Read-only endpoints that expose the journal of an emulator running as its own process
+//! (`lastcall-kube-emulator --admin`), so a scale harness can keep the emulator's CPU, memory
+//! and file descriptors out of the process whose agents it measures.
+//!
+//! `GET /_emulator/traffic`: per-identity totals, `{"<identity>": [requests, watch events,
+//! bytes]}` (`""` for requests without a token). `GET /_emulator/journal?since=SEQ`: the
+//! entries from `SEQ` on, without their response bodies. A real API server serves neither
+//! path; no client of the API ever asks for them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::extract::{Query, State};
+use axum::response::Json;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::journal::{JournalEntry, Traffic, Verb};
+use super::server::ServerState;
+
+pub const TRAFFIC_PATH: &str = "/_emulator/traffic";
+pub const JOURNAL_PATH: &str = "/_emulator/journal";
+
+/// The admin routes over `state`.
+pub(super) fn routes(router: axum::Router<Arc<ServerState>>) -> axum::Router<Arc<ServerState>> {
+    router
+        .route(TRAFFIC_PATH, axum::routing::get(traffic))
+        .route(JOURNAL_PATH, axum::routing::get(journal))
+}
+
+async fn traffic(State(s): State<Arc<ServerState>>) -> Json<Value> {
+    let map: serde_json::Map<String, Value> = s
+        .journal
+        .traffic()
+        .into_iter()
+        .map(|(id, t)| {
+            (
+                id.unwrap_or_default(),
+                json!([t.requests, t.watch_events, t.bytes]),
+            )
+        })
+        .collect();
+    Json(Value::Object(map))
+}
+
+#[derive(Deserialize)]
+struct Since {
+    #[serde(default)]
+    since: u64,
+}
+
+async fn journal(State(s): State<Arc<ServerState>>, Query(q): Query<Since>) -> Json<Value> {
+    let entries: Vec<Value> = s
+        .journal
+        .filter(|e| e.seq >= q.since)
+        .iter()
+        .map(|e| {
+            json!([
+                e.seq,
+                e.identity,
+                e.verb.as_str(),
+                e.resource,
+                e.namespace,
+                e.name,
+                e.subresource,
+                e.status,
+                e.at.duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_micros() as u64,
+            ])
+        })
+        .collect();
+    Json(Value::Array(entries))
+}
+
+/// Reads the admin endpoints of an emulator at `base` (`http://127.0.0.1:PORT`).
+#[derive(Clone)]
+pub struct RemoteJournal {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl RemoteJournal {
+    pub fn new(base: &str) -> Self {
+        Self {
+            base: base.trim_end_matches('/').to_string(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// Per-identity totals so far.
+    pub async fn traffic(&self) -> anyhow::Result<HashMap<Option<String>, Traffic>> {
+        let v: HashMap<String, [u64; 3]> = self
+            .http
+            .get(format!("{}{TRAFFIC_PATH}", self.base))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        Ok(v.into_iter()
+            .map(|(id, [requests, watch_events, bytes])| {
+                (
+                    (!id.is_empty()).then_some(id),
+                    Traffic {
+                        requests,
+                        watch_events,
+                        bytes,
+                    },
+                )
+            })
+            .collect())
+    }
+
+    /// Entries from sequence number `since` on (response bodies left out).
+    pub async fn entries_since(&self, since: u64) -> anyhow::Result<Vec<JournalEntry>> {
+        type Row = (
+            u64,
+            Option<String>,
+            String,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            u16,
+            u64,
+        );
+        let rows: Vec<Row> = self
+            .http
+            .get(format!("{}{JOURNAL_PATH}?since={since}", self.base))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        rows.into_iter()
+            .map(
+                |(seq, identity, verb, resource, namespace, name, subresource, status, at)| {
+                    Ok(JournalEntry {
+                        seq,
+                        identity,
+                        verb: Verb::parse(&verb)
+                            .ok_or_else(|| anyhow::anyhow!("unknown verb {verb:?}"))?,
+                        method: String::new(),
+                        path: String::new(),
+                        query: String::new(),
+                        status,
+                        resource,
+                        namespace,
+                        name,
+                        subresource,
+                        at: SystemTime::UNIX_EPOCH + Duration::from_micros(at),
+                        response: None,
+                    })
+                },
+            )
+            .collect()
+    }
+}

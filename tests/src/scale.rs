@@ -1,0 +1,1396 @@
+//! Scale mode: thousands of in-process agents on one emulated control plane.
+//!
+//! The Kubernetes API emulator runs as its own process (`lastcall-kube-emulator --admin`)
+//! over a store-only world (`cluster::preload`: Nodes, bound Running pods and claimed
+//! GameServers, no scheduler, kubelet or Agones controllers), so its CPU, memory and file
+//! descriptors are measured apart from the agents'. The agents run in this process, one
+//! identity and one set of server-side filtered watches each, built by
+//! [`InProcessAgent::start`] exactly as the binary builds them, in FleetIQ mode against one
+//! GameLift emulator and one private `redis-server`.
+//!
+//! Around them, on a side runtime whose threads are named [`SIDE_THREAD`] (so their CPU is
+//! not counted as the agents'): the GameLift emulator, and the background load a real
+//! cluster makes: kubelet Node status updates (every node every `node_status_period`),
+//! pod churn (short-lived non-game pods bound to random nodes), Agones GameServer writes
+//! (SDK annotations on Allocated servers), the garbage collection of the pods of deleted
+//! GameServers, allocators racing drains, and matches ending.
+//!
+//! Measurements come from the emulator's journal (read over its admin endpoints), GameLift's
+//! call log, `/proc` (per-thread CPU, RSS, file descriptors) and Redis `INFO`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context as _, anyhow, ensure};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use lastcall_common::fleetiq::{InstanceStatus as Status, StatusMessage, cache_key};
+use rand::Rng;
+use serde_json::json;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::{InProcessAgent, config, metric, scrape};
+use crate::cluster::allocator::gameserver_resource;
+use crate::cluster::preload::{NAMESPACE, node_name, node_of, server_name};
+use crate::eventually::try_eventually;
+use crate::gamelift::{GameLiftEmulator, InstanceStatus};
+use crate::kube::admin::RemoteJournal;
+use crate::kube::{JournalEntry, Traffic, Verb, config_for_url};
+use crate::redis::RedisServer;
+
+/// The game server group every scale agent belongs to.
+pub const GROUP: &str = "scale-group";
+/// Name prefix of the side runtime's threads (GameLift emulator, load generators).
+pub const SIDE_THREAD: &str = "side";
+const DRAINING_LABEL: &str = "lastcall.dev/node-draining";
+
+/// API Priority and Fairness in the emulator, once it exists.
+///
+/// TODO(merge of h18a's `tests/emulators/src/kube/apf.rs`): switch the limiter on here (the
+/// emulator binary's flags for it go into `emulator_args`) and read its 429 counters; until
+/// then [`ScaleSpec::apf`] is `None` and the 429s reported are those in the journal (0).
+#[derive(Clone, Debug, Default)]
+pub struct ApfOptions {
+    /// Extra `lastcall-kube-emulator` flags that turn the limiter on.
+    pub emulator_args: Vec<String>,
+}
+
+/// The size and background load of a scale world.
+#[derive(Clone, Debug)]
+pub struct ScaleSpec {
+    /// Nodes, one agent each.
+    pub agents: usize,
+    pub servers_per_node: usize,
+    pub allocated_per_node: usize,
+    /// Every node's status is written this often (the kubelet's `nodeStatusUpdateFrequency`).
+    pub node_status_period: Duration,
+    /// Short-lived non-game pods created (and deleted a few seconds later) per second.
+    pub pod_churn_per_sec: f64,
+    /// Agones GameServer writes (SDK annotations on Allocated servers) per second.
+    pub gameserver_writes_per_sec: f64,
+    /// Concurrent allocator loops during drains.
+    pub allocators: usize,
+    /// Unfiltered watchers started as a sample for the comparison.
+    pub unfiltered_sample: usize,
+    pub apf: Option<ApfOptions>,
+}
+
+impl ScaleSpec {
+    /// `agents` nodes of 20 servers (5 Allocated) under a 10 s kubelet cadence, with pod
+    /// churn and GameServer writes that grow with the cluster.
+    pub fn new(agents: usize) -> Self {
+        ScaleSpec {
+            agents,
+            servers_per_node: 20,
+            allocated_per_node: 5,
+            node_status_period: Duration::from_secs(10),
+            pod_churn_per_sec: (agents as f64 / 100.0).max(1.0),
+            gameserver_writes_per_sec: (agents as f64 / 20.0).max(1.0),
+            allocators: 8,
+            unfiltered_sample: 5,
+            apf: None,
+        }
+    }
+
+    /// [`ScaleSpec::new`] with `LASTCALL_SCALE_AGENTS`, `LASTCALL_SCALE_SERVERS`,
+    /// `LASTCALL_SCALE_ALLOCATED` and `LASTCALL_SCALE_UNFILTERED` applied when set.
+    pub fn from_env(default_agents: usize) -> Self {
+        let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+        let mut s = ScaleSpec::new(var("LASTCALL_SCALE_AGENTS").unwrap_or(default_agents));
+        if let Some(n) = var("LASTCALL_SCALE_SERVERS") {
+            s.servers_per_node = n;
+        }
+        if let Some(n) = var("LASTCALL_SCALE_ALLOCATED") {
+            s.allocated_per_node = n;
+        }
+        if let Some(n) = var("LASTCALL_SCALE_UNFILTERED") {
+            s.unfiltered_sample = n;
+        }
+        s
+    }
+}
+
+/// CPU time (user + system) of the threads of this process, summed by name, from
+/// `/proc/self/task/*/stat` (100 Hz ticks).
+pub fn thread_cpu() -> HashMap<String, Duration> {
+    let mut out: HashMap<String, Duration> = HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for t in dir.flatten() {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            continue;
+        };
+        if let Some((name, cpu)) = parse_stat(&stat) {
+            *out.entry(name).or_default() += cpu;
+        }
+    }
+    out
+}
+
+/// (comm, utime + stime) of a `/proc/.../stat` line.
+fn parse_stat(stat: &str) -> Option<(String, Duration)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let name = stat.get(open + 1..close)?.to_string();
+    let f: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some((name, Duration::from_millis(ticks * 10)))
+}
+
+/// CPU time of process `pid` (`"self"` for this one).
+pub fn process_cpu(pid: &str) -> Duration {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| parse_stat(&s))
+        .map(|(_, d)| d)
+        .unwrap_or_default()
+}
+
+/// A `/proc/<pid>/status` field in kB (`VmRSS`, `VmHWM`).
+pub fn status_kb(pid: &str, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix(field)?
+                    .trim_start_matches(':')
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// Open file descriptors of process `pid`.
+pub fn open_fds(pid: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Sum of per-identity traffic whose identity starts with `prefix`, between two snapshots.
+pub fn traffic_delta(
+    after: &HashMap<Option<String>, Traffic>,
+    before: &HashMap<Option<String>, Traffic>,
+    pred: impl Fn(&str) -> bool,
+) -> Traffic {
+    let mut t = Traffic::default();
+    for (id, a) in after {
+        let Some(id) = id else { continue };
+        if !pred(id) {
+            continue;
+        }
+        let b = before.get(&Some(id.clone())).copied().unwrap_or_default();
+        t.requests += a.requests - b.requests;
+        t.watch_events += a.watch_events - b.watch_events;
+        t.bytes += a.bytes - b.bytes;
+    }
+    t
+}
+
+/// Whether a journal identity is one of the scale agents.
+pub fn is_agent(identity: &str) -> bool {
+    identity.starts_with("agent-")
+}
+
+/// The emulator child process; killed on drop.
+struct EmulatorProcess {
+    child: Child,
+    url: String,
+}
+
+impl Drop for EmulatorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_emulator(spec: &ScaleSpec) -> anyhow::Result<EmulatorProcess> {
+    use std::io::BufRead as _;
+    let bin = crate::bins::try_workspace_binary("lastcall-emulators", "lastcall-kube-emulator")?;
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "--history",
+        "50000",
+        "--bookmark-interval-secs",
+        "60",
+        "--preload-nodes",
+        &spec.agents.to_string(),
+        "--preload-servers-per-node",
+        &spec.servers_per_node.to_string(),
+        "--preload-allocated-per-node",
+        &spec.allocated_per_node.to_string(),
+    ]);
+    if let Some(apf) = &spec.apf {
+        cmd.args(&apf.emulator_args);
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting lastcall-kube-emulator")?;
+    let stdout = child.stdout.take().context("emulator stdout")?;
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .context("reading the emulator's URL")?;
+    let url = line.trim().to_string();
+    ensure!(url.starts_with("http://"), "emulator printed {url:?}");
+    Ok(EmulatorProcess { child, url })
+}
+
+/// Redis `INFO` fields as numbers.
+pub async fn redis_info(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> anyhow::Result<HashMap<String, f64>> {
+    let text: String = redis::cmd("INFO").arg("all").query_async(conn).await?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            Some((k.to_string(), v.trim().parse().ok()?))
+        })
+        .collect())
+}
+
+/// Redis CPU seconds (user + sys) in an `INFO` answer.
+pub fn redis_cpu(info: &HashMap<String, f64>) -> f64 {
+    info.get("used_cpu_user").copied().unwrap_or(0.0)
+        + info.get("used_cpu_sys").copied().unwrap_or(0.0)
+}
+
+/// A progress line on stderr (a scale run takes minutes).
+fn progress(what: &str) {
+    eprintln!("[scale] {what}");
+}
+
+/// The running world.
+pub struct ScaleWorld {
+    pub spec: ScaleSpec,
+    emulator: EmulatorProcess,
+    pub journal: RemoteJournal,
+    pub gl: GameLiftEmulator,
+    pub redis: RedisServer,
+    pub agents: Vec<InProcessAgent>,
+    /// Always `Some` until dropped: shut down in the background, since a world is dropped
+    /// inside an async context.
+    side: Option<tokio::runtime::Runtime>,
+    stop: CancellationToken,
+    /// Writes the background generators made, by kind.
+    pub generated: Arc<Generated>,
+    /// Servers won by allocators over the whole run, with when (their matches end when
+    /// their node drains).
+    pub won: Arc<std::sync::Mutex<Vec<(String, SystemTime)>>>,
+    /// Setup phases (name, seconds).
+    pub setup: Vec<(String, f64)>,
+    /// This process's RSS (kB) before the agents started and once they had settled.
+    pub rss_before_agents: u64,
+    pub rss_with_agents: u64,
+    pub fds_with_agents: usize,
+}
+
+/// Counters of the background generators.
+#[derive(Default, Debug)]
+pub struct Generated {
+    pub node_status: AtomicU64,
+    pub pods_created: AtomicU64,
+    pub pods_deleted: AtomicU64,
+    pub gameserver_writes: AtomicU64,
+    pub gc_deletes: AtomicU64,
+    pub matches_ended: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+fn iid(i: usize) -> String {
+    crate::gamelift::instance_id(&node_name(i))
+}
+
+fn status_body(i: usize, s: Status) -> String {
+    StatusMessage {
+        group_name: Some(GROUP.into()),
+        group_arn: Some(GameLiftEmulator::group_arn(GROUP)),
+        instance_id: iid(i),
+        status: s,
+    }
+    .to_python_json()
+}
+
+impl ScaleWorld {
+    /// Starts the emulator process, GameLift, Redis, the background load and every agent,
+    /// and returns once every agent is subscribed and has registered.
+    pub async fn start(spec: ScaleSpec) -> anyhow::Result<ScaleWorld> {
+        let mut setup = vec![];
+        let t = Instant::now();
+        let spec2 = spec.clone();
+        let emulator = tokio::task::spawn_blocking(move || start_emulator(&spec2)).await??;
+        setup.push((
+            "emulator up, world preloaded".to_string(),
+            t.elapsed().as_secs_f64(),
+        ));
+        progress(&format!("emulator up at {}", emulator.url));
+        let journal = RemoteJournal::new(&emulator.url);
+        let side = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(SIDE_THREAD)
+            .enable_all()
+            .build()?;
+        let gl = side.spawn(GameLiftEmulator::start()).await??;
+        let side = Some(side);
+        let ids: Vec<String> = (0..spec.agents).map(iid).collect();
+        gl.add_instances(GROUP, &ids, InstanceStatus::Active);
+        let redis = RedisServer::start().await?;
+        let stop = CancellationToken::new();
+        let generated = Arc::new(Generated::default());
+        let mut world = ScaleWorld {
+            spec,
+            emulator,
+            journal,
+            gl,
+            redis,
+            agents: vec![],
+            side,
+            stop,
+            generated,
+            won: Arc::default(),
+            setup,
+            rss_before_agents: 0,
+            rss_with_agents: 0,
+            fds_with_agents: 0,
+        };
+        world.start_background().await?;
+        // Pubsub's cache: every instance ACTIVE before its agent starts.
+        let mut conn = world.redis_conn().await?;
+        for i in 0..world.spec.agents {
+            let _: () = redis::cmd("SET")
+                .arg(cache_key(&iid(i)))
+                .arg(status_body(i, Status::Active))
+                .query_async(&mut conn)
+                .await?;
+        }
+        world.rss_before_agents = status_kb("self", "VmRSS");
+        let t = Instant::now();
+        let gamelift = world.gl.sdk_client().await;
+        let url = world.redis.url();
+        for i in 0..world.spec.agents {
+            let node = node_name(i);
+            let id = iid(i);
+            let args = [
+                "--game-server-group",
+                GROUP,
+                "--instance-id",
+                &id,
+                "--redis-url",
+                &url,
+            ];
+            let kube = config_for_url(&world.emulator.url, &format!("agent-{node}")).await?;
+            world.agents.push(
+                InProcessAgent::start(config(&node, &args), kube, Some(gamelift.clone()))
+                    .await
+                    .with_context(|| format!("agent {i}"))?,
+            );
+        }
+        world
+            .setup
+            .push(("agents started".into(), t.elapsed().as_secs_f64()));
+        progress("agents started");
+        for a in &world.agents {
+            try_eventually(
+                "an agent subscribes to Redis",
+                Duration::from_secs(300),
+                Duration::from_millis(100),
+                || async {
+                    (metric(&scrape(a.admin).await, "lastcall_redis_connected", &[]) == Some(1.0))
+                        .then_some(())
+                },
+            )
+            .await?;
+        }
+        progress("agents subscribed to Redis");
+        let n = world.spec.agents;
+        let gl = &world.gl;
+        try_eventually(
+            "every agent registered with GameLift",
+            Duration::from_secs(300),
+            Duration::from_millis(250),
+            || async {
+                let registered: HashSet<String> = gl
+                    .calls()
+                    .into_iter()
+                    .filter(|c| c.op == "RegisterGameServer" && c.outcome == "ok")
+                    .filter_map(|c| c.input["InstanceId"].as_str().map(str::to_string))
+                    .collect();
+                (registered.len() >= n).then_some(())
+            },
+        )
+        .await?;
+        world.setup.push((
+            "agents subscribed and registered".into(),
+            t.elapsed().as_secs_f64(),
+        ));
+        progress("agents subscribed and registered");
+        world
+            .settle(Duration::from_secs(2), Duration::from_secs(120))
+            .await?;
+        world.rss_with_agents = status_kb("self", "VmRSS");
+        world.fds_with_agents = open_fds("self");
+        Ok(world)
+    }
+
+    pub fn url(&self) -> &str {
+        &self.emulator.url
+    }
+
+    /// A connection to the world's Redis for the harness, with 30 s timeouts: a loaded
+    /// machine must slow the harness's own writes down, not fail them.
+    pub async fn redis_conn(&self) -> anyhow::Result<redis::aio::MultiplexedConnection> {
+        let client = redis::Client::open(self.redis.url())?;
+        Ok(lastcall_common::redis_conn::connect(&client, Duration::from_secs(30)).await?)
+    }
+
+    pub fn emulator_pid(&self) -> String {
+        self.emulator.child.id().to_string()
+    }
+
+    /// Waits until the agents have made no request for `quiet`.
+    pub async fn settle(&self, quiet: Duration, limit: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + limit;
+        let agent_requests = |t: &HashMap<Option<String>, Traffic>| -> u64 {
+            t.iter()
+                .filter(|(id, _)| id.as_deref().is_some_and(is_agent))
+                .map(|(_, t)| t.requests)
+                .sum()
+        };
+        let mut last = agent_requests(&self.journal.traffic().await?);
+        loop {
+            tokio::time::sleep(quiet).await;
+            let now = agent_requests(&self.journal.traffic().await?);
+            if now == last {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the agents did not settle within {limit:?}"
+            );
+            last = now;
+        }
+    }
+
+    async fn client(&self, identity: &str) -> anyhow::Result<kube::Client> {
+        Ok(kube::Client::try_from(
+            config_for_url(&self.emulator.url, identity).await?,
+        )?)
+    }
+
+    /// The background generators: kubelet Node status, pod churn, GameServer writes and the
+    /// pod garbage collector, on the side runtime until [`ScaleWorld::shutdown`].
+    async fn start_background(&self) -> anyhow::Result<()> {
+        let n = self.spec.agents;
+        let stop = self.stop.clone();
+        let g = self.generated.clone();
+
+        // kubelet: every node's status every period, spread evenly.
+        let kubelet = self.client("kubelet").await?;
+        let period = self.spec.node_status_period;
+        let (stop1, g1) = (stop.clone(), g.clone());
+        self.side().spawn(async move {
+            let nodes: Api<Node> = Api::all(kubelet);
+            let limit = Arc::new(Semaphore::new(32));
+            let mut tick = tokio::time::interval(period / n.max(1) as u32);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut i = 0usize;
+            loop {
+                tokio::select! {
+                    () = stop1.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let Ok(permit) = limit.clone().acquire_owned().await else {
+                    return;
+                };
+                let (nodes, g) = (nodes.clone(), g1.clone());
+                let name = node_name(i % n);
+                i += 1;
+                tokio::spawn(async move {
+                    let now = crate::kube::store::now_rfc3339();
+                    let patch = json!({"status": {"conditions": [{
+                        "type": "Ready", "status": "True", "reason": "KubeletReady",
+                        "message": "kubelet is posting ready status",
+                        "lastHeartbeatTime": now,
+                    }]}});
+                    match nodes
+                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                    {
+                        Ok(_) => g.node_status.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => g.errors.fetch_add(1, Ordering::Relaxed),
+                    };
+                    drop(permit);
+                });
+            }
+        });
+
+        // Pod churn: a short-lived non-game pod bound to a random node, deleted 5 s later.
+        let churn = self.client("pod-churn").await?;
+        let rate = self.spec.pod_churn_per_sec;
+        let (stop2, g2) = (stop.clone(), g.clone());
+        self.side().spawn(async move {
+            let pods: Api<Pod> = Api::namespaced(churn, "batch");
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut k = 0u64;
+            loop {
+                tokio::select! {
+                    () = stop2.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                k += 1;
+                let node = node_name(rand::rng().random_range(0..n));
+                let name = format!("job-{k}");
+                let pod: Pod = match serde_json::from_value(json!({
+                    "metadata": {"name": name, "namespace": "batch", "labels": {"app": "job"}},
+                    "spec": {"nodeName": node, "restartPolicy": "Never",
+                             "containers": [{"name": "job", "image": "job"}]},
+                })) {
+                    Ok(p) => p,
+                    Err(_) => continue,
+                };
+                let (pods, g) = (pods.clone(), g2.clone());
+                tokio::spawn(async move {
+                    if pods.create(&PostParams::default(), &pod).await.is_err() {
+                        g.errors.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    g.pods_created.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    match pods
+                        .delete(&name, &DeleteParams::default().grace_period(0))
+                        .await
+                    {
+                        Ok(_) => g.pods_deleted.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => g.errors.fetch_add(1, Ordering::Relaxed),
+                    };
+                });
+            }
+        });
+
+        // Agones: SDK annotations on Allocated servers (a status write per match event).
+        let agones = self.client("agones-controller").await?;
+        let rate = self.spec.gameserver_writes_per_sec;
+        let allocated = self.spec.allocated_per_node.max(1);
+        let (stop3, g3) = (stop.clone(), g.clone());
+        let agones3 = agones.clone();
+        self.side().spawn(async move {
+            let gss: Api<DynamicObject> =
+                Api::namespaced_with(agones3, NAMESPACE, &gameserver_resource());
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut round = 0u64;
+            loop {
+                tokio::select! {
+                    () = stop3.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                round += 1;
+                let (i, k) = {
+                    let mut r = rand::rng();
+                    (r.random_range(0..n), r.random_range(0..allocated))
+                };
+                let (gss, g) = (gss.clone(), g3.clone());
+                tokio::spawn(async move {
+                    let patch = json!({"metadata": {"annotations": {
+                        "agones.dev/sdk-round": round.to_string()}}});
+                    match gss
+                        .patch(
+                            &server_name(i, k),
+                            &PatchParams::default(),
+                            &Patch::Merge(&patch),
+                        )
+                        .await
+                    {
+                        Ok(_) => g.gameserver_writes.fetch_add(1, Ordering::Relaxed),
+                        // A server whose match ended is gone: not an error of the load.
+                        Err(kube::Error::Api(s)) if s.code == 404 => 0,
+                        Err(_) => g.errors.fetch_add(1, Ordering::Relaxed),
+                    };
+                });
+            }
+        });
+
+        // Garbage collection: the pod of a deleted GameServer goes with it.
+        let (stop4, g4) = (stop, g);
+        self.side().spawn(async move {
+            let gss: Api<DynamicObject> = Api::all_with(agones.clone(), &gameserver_resource());
+            let pods: Api<Pod> = Api::namespaced(agones, NAMESPACE);
+            let mut stream = std::pin::pin!(watcher(gss, watcher::Config::default()));
+            loop {
+                let ev = tokio::select! {
+                    () = stop4.cancelled() => return,
+                    ev = stream.next() => ev,
+                };
+                let Some(ev) = ev else { return };
+                if let Ok(watcher::Event::Delete(obj)) = ev {
+                    let name = obj.metadata.name.unwrap_or_default();
+                    let (pods, g) = (pods.clone(), g4.clone());
+                    tokio::spawn(async move {
+                        match pods
+                            .delete(&name, &DeleteParams::default().grace_period(0))
+                            .await
+                        {
+                            Ok(_) | Err(kube::Error::Api(_)) => {
+                                g.gc_deletes.fetch_add(1, Ordering::Relaxed)
+                            }
+                            Err(_) => g.errors.fetch_add(1, Ordering::Relaxed),
+                        };
+                    });
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Publishes `status` for every instance in `nodes` as pubsub does (SET, then
+    /// PUBLISH), spread evenly over `over`. Returns when each was published.
+    pub async fn publish(
+        &self,
+        nodes: &[usize],
+        status: Status,
+        over: Duration,
+    ) -> anyhow::Result<BTreeMap<usize, SystemTime>> {
+        let mut conn = self.redis_conn().await?;
+        let mut at = BTreeMap::new();
+        let start = Instant::now();
+        let step = over / nodes.len().max(1) as u32;
+        for (k, &i) in nodes.iter().enumerate() {
+            let due = start + step * k as u32;
+            tokio::time::sleep_until(due.into()).await;
+            let body = status_body(i, status);
+            let _: () = redis::cmd("SET")
+                .arg(cache_key(&iid(i)))
+                .arg(&body)
+                .query_async(&mut conn)
+                .await?;
+            at.insert(i, SystemTime::now());
+            let _: i64 = redis::cmd("PUBLISH")
+                .arg(iid(i))
+                .arg(&body)
+                .query_async(&mut conn)
+                .await?;
+        }
+        Ok(at)
+    }
+
+    /// Starts the allocators: each loop picks a doomed node half the time (any node
+    /// otherwise), reads one of its servers and, if it is Ready and not labelled
+    /// `lastcall.dev/node-draining`, updates it to Allocated with its resourceVersion, as
+    /// Agones' allocator does from its informer cache with the exclusion selector.
+    pub async fn start_allocators(&self, doomed: Arc<Vec<usize>>) -> anyhow::Result<Allocators> {
+        let stop = self.stop.child_token();
+        let client = self.client("agones-allocator").await?;
+        let n = self.spec.agents;
+        let per = self.spec.servers_per_node;
+        let mut tasks = vec![];
+        for _ in 0..self.spec.allocators {
+            let gss: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), NAMESPACE, &gameserver_resource());
+            let (stop, doomed, won) = (stop.clone(), doomed.clone(), self.won.clone());
+            tasks.push(self.side().spawn(async move {
+                while !stop.is_cancelled() {
+                    let (i, k) = {
+                        let mut r = rand::rng();
+                        let i = if r.random_bool(0.5) && !doomed.is_empty() {
+                            doomed[r.random_range(0..doomed.len())]
+                        } else {
+                            r.random_range(0..n)
+                        };
+                        (i, r.random_range(0..per))
+                    };
+                    let name = server_name(i, k);
+                    let Ok(mut gs) = gss.get(&name).await else {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    };
+                    let ready = gs.data["status"]["state"] == "Ready";
+                    let excluded =
+                        gs.metadata.labels.as_ref().is_some_and(|l| {
+                            l.get(DRAINING_LABEL).map(String::as_str) == Some("true")
+                        });
+                    if !ready || excluded || gs.metadata.deletion_timestamp.is_some() {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                    gs.data["status"]["state"] = json!("Allocated");
+                    if gss
+                        .replace(&name, &PostParams::default(), &gs)
+                        .await
+                        .is_ok()
+                    {
+                        won.lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((name, SystemTime::now()));
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }));
+        }
+        Ok(Allocators { stop, tasks })
+    }
+
+    /// Ends every match on `nodes` (the preloaded Allocated servers and those allocators
+    /// won there) after a random 1–6 s each, as players finish: the GameServer is deleted
+    /// and the garbage collector removes its pod.
+    pub async fn end_matches(&self, nodes: &[usize]) -> anyhow::Result<()> {
+        let client = self.client("agones-controller").await?;
+        let gss: Api<DynamicObject> =
+            Api::namespaced_with(client, NAMESPACE, &gameserver_resource());
+        let doomed: HashSet<String> = nodes.iter().map(|&i| node_name(i)).collect();
+        let mut names: Vec<String> = nodes
+            .iter()
+            .flat_map(|&i| (0..self.spec.allocated_per_node).map(move |k| server_name(i, k)))
+            .collect();
+        names.extend(
+            self.won
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .filter(|(s, _)| node_of(s).is_some_and(|n| doomed.contains(n)))
+                .map(|(s, _)| s.clone()),
+        );
+        names.sort();
+        names.dedup();
+        let g = self.generated.clone();
+        for name in names {
+            let (gss, g) = (gss.clone(), g.clone());
+            let delay = Duration::from_millis(rand::rng().random_range(1000..6000));
+            self.side().spawn(async move {
+                tokio::time::sleep(delay).await;
+                match gss.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) | Err(kube::Error::Api(_)) => {
+                        g.matches_ended.fetch_add(1, Ordering::Relaxed)
+                    }
+                    Err(_) => g.errors.fetch_add(1, Ordering::Relaxed),
+                };
+            });
+        }
+        Ok(())
+    }
+
+    /// Instances GameLift recorded a successful `DeregisterGameServer` for.
+    pub fn deregistered(&self) -> HashSet<String> {
+        self.gl
+            .calls()
+            .into_iter()
+            .filter(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
+            .filter_map(|c| c.input["GameServerId"].as_str().map(str::to_string))
+            .collect()
+    }
+
+    /// Runs one drain of `doomed` (node indices), signalled by FleetIQ DRAINING within
+    /// `over`, with the allocators racing it and matches ending; waits until every doomed
+    /// node is deregistered, and reads what happened from the journals.
+    pub async fn drain(&self, doomed: Vec<usize>, over: Duration) -> anyhow::Result<DrainReport> {
+        let start_seq = self.next_seq().await?;
+        let cpu0 = self.cpu();
+        let mut rconn = self.redis_conn().await?;
+        let r0 = redis_info(&mut rconn).await?;
+        let doomed = Arc::new(doomed);
+        let allocators = self.start_allocators(doomed.clone()).await?;
+        // Let the allocators warm up so the race is on when the signal lands.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let t0 = SystemTime::now();
+        let started = Instant::now();
+        let published = self.publish(&doomed, Status::Draining, over).await?;
+        let mut peak_fds = open_fds("self");
+        // Matches end once their nodes are fenced (players finish their round).
+        let fenced_all = async {
+            try_eventually(
+                "every doomed node fenced",
+                Duration::from_secs(600),
+                Duration::from_millis(500),
+                || async {
+                    let e = self.journal.entries_since(start_seq).await.ok()?;
+                    let fenced: HashSet<&str> = e
+                        .iter()
+                        .filter(|r| fence_write(r))
+                        .filter_map(|r| r.name.as_deref())
+                        .collect();
+                    doomed
+                        .iter()
+                        .all(|&i| fenced.contains(node_name(i).as_str()))
+                        .then_some(())
+                },
+            )
+            .await
+        };
+        fenced_all.await?;
+        let fenced_after = started.elapsed();
+        progress(&format!("{} nodes fenced", doomed.len()));
+        // Give the allocators a moment past the fences, then stop them and end the matches.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        allocators.stop().await;
+        peak_fds = peak_fds.max(open_fds("self"));
+        self.end_matches(&doomed).await?;
+        let ids: HashSet<String> = doomed.iter().map(|&i| iid(i)).collect();
+        try_eventually(
+            "every doomed node deregistered",
+            Duration::from_secs(900),
+            Duration::from_millis(500),
+            || async {
+                let d = self.deregistered();
+                ids.iter().all(|i| d.contains(i)).then_some(())
+            },
+        )
+        .await?;
+        let done_after = started.elapsed();
+        progress(&format!("{} nodes deregistered", doomed.len()));
+        peak_fds = peak_fds.max(open_fds("self"));
+        let cpu1 = self.cpu();
+        let r1 = redis_info(&mut rconn).await?;
+        let entries = self.journal.entries_since(start_seq).await?;
+        let won = self.won.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Ok(DrainReport::build(
+            self.spec.agents,
+            self.spec.allocated_per_node,
+            &doomed,
+            &published,
+            t0,
+            &entries,
+            &won,
+            fenced_after,
+            done_after,
+            cpu1.since(&cpu0),
+            redis_cpu(&r1) - redis_cpu(&r0),
+            peak_fds,
+        ))
+    }
+
+    /// The sequence number the next journal entry will get: every request is one entry,
+    /// numbered from 0.
+    pub async fn next_seq(&self) -> anyhow::Result<u64> {
+        Ok(self
+            .journal
+            .traffic()
+            .await?
+            .values()
+            .map(|t| t.requests)
+            .sum())
+    }
+
+    /// CPU so far: the emulator process, this process's agent threads and side threads.
+    pub fn cpu(&self) -> CpuSample {
+        let threads = thread_cpu();
+        let side: Duration = threads
+            .iter()
+            .filter(|(k, _)| k.starts_with(SIDE_THREAD))
+            .map(|(_, v)| *v)
+            .sum();
+        CpuSample {
+            emulator: process_cpu(&self.emulator_pid()),
+            process: process_cpu("self"),
+            side,
+        }
+    }
+
+    /// Stops the agents, the background load and the emulator.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        futures::future::join_all(
+            std::mem::take(&mut self.agents)
+                .into_iter()
+                .map(|a| a.stop_within(Duration::from_secs(10))),
+        )
+        .await;
+    }
+
+    /// The side runtime (GameLift emulator, background load).
+    fn side(&self) -> &tokio::runtime::Runtime {
+        self.side
+            .as_ref()
+            .expect("the side runtime lives as long as the world")
+    }
+}
+
+/// The running allocator loops.
+pub struct Allocators {
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Allocators {
+    /// Stops them and waits for the allocations in flight, so every match won is known.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        futures::future::join_all(self.tasks).await;
+    }
+}
+
+impl Drop for ScaleWorld {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(rt) = self.side.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Whether `r` is an agent's accepted write to its Node (the fence is the first one).
+fn fence_write(r: &JournalEntry) -> bool {
+    r.identity.as_deref().is_some_and(is_agent)
+        && r.verb == Verb::Patch
+        && r.resource.as_deref() == Some("nodes")
+        && r.subresource.is_none()
+        && r.status < 300
+}
+
+/// CPU counters at one moment.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuSample {
+    /// The emulator process (user + system).
+    pub emulator: Duration,
+    /// This whole process.
+    pub process: Duration,
+    /// This process's side runtime (GameLift emulator, load generators).
+    pub side: Duration,
+}
+
+impl CpuSample {
+    pub fn since(&self, before: &CpuSample) -> CpuSample {
+        CpuSample {
+            emulator: self.emulator.saturating_sub(before.emulator),
+            process: self.process.saturating_sub(before.process),
+            side: self.side.saturating_sub(before.side),
+        }
+    }
+
+    /// This process less its side runtime: the agents (and the harness's own light work).
+    pub fn agents(&self) -> Duration {
+        self.process.saturating_sub(self.side)
+    }
+}
+
+/// What one drain showed.
+#[derive(Debug)]
+pub struct DrainReport {
+    pub doomed: usize,
+    /// Signal (the node's PUBLISH) → its agent's fence, per node.
+    pub fence: Vec<Duration>,
+    /// First PUBLISH → the last fence.
+    pub last_fence: Duration,
+    /// Start → every node fenced / every node deregistered (polled).
+    pub fenced_after: Duration,
+    pub done_after: Duration,
+    /// Agent DELETEs of a GameServer after its allocation, or of a preloaded Allocated one.
+    pub killed: Vec<String>,
+    /// Allocations that succeeded on a doomed node after its agent's first round of
+    /// releases past the fence was answered (servers whose own DELETE failed excepted).
+    pub late_allocations: Vec<String>,
+    /// Allocations on doomed nodes after their fence (then protected by the agent).
+    pub allocations_after_fence: usize,
+    pub allocations: usize,
+    pub requests: u64,
+    pub agent_requests: u64,
+    pub peak_rps: u64,
+    pub peak_agent_rps: u64,
+    pub event_writes: u64,
+    pub agent_event_writes: u64,
+    pub status_429: u64,
+    pub conflicts_409: u64,
+    pub agent_requests_by_kind: BTreeMap<String, u64>,
+    pub cpu: CpuSample,
+    pub redis_cpu: f64,
+    pub peak_fds: usize,
+    pub window: Duration,
+}
+
+impl DrainReport {
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        _agents: usize,
+        allocated_per_node: usize,
+        doomed: &[usize],
+        published: &BTreeMap<usize, SystemTime>,
+        t0: SystemTime,
+        entries: &[JournalEntry],
+        _won: &[(String, SystemTime)],
+        fenced_after: Duration,
+        done_after: Duration,
+        cpu: CpuSample,
+        redis_cpu: f64,
+        peak_fds: usize,
+    ) -> DrainReport {
+        let doomed_names: HashMap<String, usize> =
+            doomed.iter().map(|&i| (node_name(i), i)).collect();
+        let mut fence_at: HashMap<String, (u64, SystemTime)> = HashMap::new();
+        for r in entries.iter().filter(|r| fence_write(r)) {
+            if let Some(n) = &r.name
+                && doomed_names.contains_key(n)
+            {
+                fence_at.entry(n.clone()).or_insert((r.seq, r.at));
+            }
+        }
+        let mut fence = vec![];
+        let mut last = t0;
+        for (n, i) in &doomed_names {
+            if let (Some((_, at)), Some(p)) = (fence_at.get(n), published.get(i)) {
+                fence.push(at.duration_since(*p).unwrap_or_default());
+                last = last.max(*at);
+            }
+        }
+        let first_publish = published.values().min().copied().unwrap_or(t0);
+        let by_agent = |r: &JournalEntry| r.identity.as_deref().is_some_and(is_agent);
+        let on_gs = |r: &JournalEntry| r.resource.as_deref() == Some("gameservers");
+        let allocations: Vec<&JournalEntry> = entries
+            .iter()
+            .filter(|r| {
+                r.identity.as_deref() == Some("agones-allocator")
+                    && r.verb == Verb::Update
+                    && r.status < 300
+            })
+            .collect();
+        let preallocated: HashSet<String> = doomed
+            .iter()
+            .flat_map(|&i| (0..allocated_per_node).map(move |k| server_name(i, k)))
+            .collect();
+        let mut killed = vec![];
+        for d in entries
+            .iter()
+            .filter(|r| by_agent(r) && on_gs(r) && r.verb == Verb::Delete && r.status < 300)
+        {
+            let name = d.name.clone().unwrap_or_default();
+            let after_alloc = allocations
+                .iter()
+                .any(|a| a.name == d.name && a.seq < d.seq);
+            if after_alloc || preallocated.contains(&name) {
+                killed.push(name);
+            }
+        }
+        // Per doomed node: the agent's first round of releases past the fence (the first
+        // DELETE of each server) is answered by the latest of those DELETEs.
+        let mut first_delete: HashMap<&str, HashMap<&str, u64>> = HashMap::new();
+        for d in entries
+            .iter()
+            .filter(|r| by_agent(r) && on_gs(r) && r.verb == Verb::Delete)
+        {
+            let (Some(name), Some(node)) = (d.name.as_deref(), d.name.as_deref().and_then(node_of))
+            else {
+                continue;
+            };
+            let Some((fseq, _)) = fence_at.get(node) else {
+                continue;
+            };
+            if d.seq > *fseq {
+                first_delete
+                    .entry(node)
+                    .or_default()
+                    .entry(name)
+                    .or_insert(d.seq);
+            }
+        }
+        let failed_delete_before = |name: &str, before: u64, fence: u64| {
+            entries.iter().any(|d| {
+                by_agent(d)
+                    && on_gs(d)
+                    && d.verb == Verb::Delete
+                    && (d.status == 429 || d.status >= 500)
+                    && d.name.as_deref() == Some(name)
+                    && d.seq > fence
+                    && d.seq < before
+            })
+        };
+        let mut late = vec![];
+        let mut after_fence = 0;
+        for a in &allocations {
+            let Some(name) = a.name.as_deref() else {
+                continue;
+            };
+            let Some(node) = node_of(name) else { continue };
+            let Some((fseq, _)) = fence_at.get(node) else {
+                continue;
+            };
+            if a.seq > *fseq {
+                after_fence += 1;
+                let round = first_delete
+                    .get(node)
+                    .and_then(|m| m.values().max().copied());
+                if round.is_some_and(|w| a.seq > w) && !failed_delete_before(name, a.seq, *fseq) {
+                    late.push(name.to_string());
+                }
+            }
+        }
+        let second = |r: &JournalEntry| {
+            r.at.duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs()
+        };
+        let mut per_sec: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
+        for r in entries {
+            let e = per_sec.entry(second(r)).or_default();
+            e.0 += 1;
+            if by_agent(r) {
+                e.1 += 1;
+                *by_kind
+                    .entry(format!(
+                        "{} {}{}",
+                        r.verb.as_str(),
+                        r.resource.as_deref().unwrap_or("-"),
+                        r.subresource
+                            .as_deref()
+                            .map(|s| format!("/{s}"))
+                            .unwrap_or_default()
+                    ))
+                    .or_default() += 1;
+            }
+        }
+        let is_event_write =
+            |r: &JournalEntry| r.resource.as_deref() == Some("events") && r.verb.is_mutating();
+        DrainReport {
+            doomed: doomed.len(),
+            fence,
+            last_fence: last.duration_since(first_publish).unwrap_or_default(),
+            fenced_after,
+            done_after,
+            killed,
+            late_allocations: late,
+            allocations_after_fence: after_fence,
+            allocations: allocations.len(),
+            requests: entries.len() as u64,
+            agent_requests: entries.iter().filter(|r| by_agent(r)).count() as u64,
+            peak_rps: per_sec.values().map(|v| v.0).max().unwrap_or(0),
+            peak_agent_rps: per_sec.values().map(|v| v.1).max().unwrap_or(0),
+            event_writes: entries.iter().filter(|r| is_event_write(r)).count() as u64,
+            agent_event_writes: entries
+                .iter()
+                .filter(|r| by_agent(r) && is_event_write(r))
+                .count() as u64,
+            status_429: entries.iter().filter(|r| r.status == 429).count() as u64,
+            conflicts_409: entries.iter().filter(|r| r.status == 409).count() as u64,
+            agent_requests_by_kind: by_kind,
+            cpu,
+            redis_cpu,
+            peak_fds,
+            window: done_after,
+        }
+    }
+}
+
+/// What the steady state showed over one window.
+#[derive(Debug)]
+pub struct SteadyReport {
+    pub window: Duration,
+    pub agents: Traffic,
+    /// Of the agents' requests, the WATCHes that renew a watch the server ended (kube's
+    /// watcher asks for a 290 s timeout, then resumes from its last resourceVersion).
+    pub agent_watch_renewals: u64,
+    /// The agents' other requests (the promise: 0), by `verb resource`.
+    pub agent_other_requests: BTreeMap<String, u64>,
+    pub max_agent_requests: u64,
+    pub all: Traffic,
+    pub by_identity: BTreeMap<String, Traffic>,
+    pub cpu: CpuSample,
+    pub redis_cpu: f64,
+    pub republish: Duration,
+}
+
+impl ScaleWorld {
+    /// One steady-state window of `window`, with one pubsub round (ACTIVE republished for
+    /// every instance, as pubsub does every period) at its start.
+    pub async fn steady(&self, window: Duration) -> anyhow::Result<SteadyReport> {
+        let mut rconn = self.redis_conn().await?;
+        let r0 = redis_info(&mut rconn).await?;
+        let t0 = self.journal.traffic().await?;
+        let seq0 = self.next_seq().await?;
+        let cpu0 = self.cpu();
+        let start = Instant::now();
+        let all: Vec<usize> = (0..self.spec.agents).collect();
+        self.publish(&all, Status::Active, Duration::ZERO).await?;
+        let republish = start.elapsed();
+        tokio::time::sleep(window.saturating_sub(start.elapsed())).await;
+        let t1 = self.journal.traffic().await?;
+        let cpu1 = self.cpu();
+        let r1 = redis_info(&mut rconn).await?;
+        let seq1 = self.next_seq().await?;
+        let mut agent_watch_renewals = 0;
+        let mut agent_other_requests = BTreeMap::new();
+        for r in self.journal.entries_since(seq0).await? {
+            if r.seq >= seq1 || !r.identity.as_deref().is_some_and(is_agent) {
+                continue;
+            }
+            if r.verb == Verb::Watch {
+                agent_watch_renewals += 1;
+            } else {
+                *agent_other_requests
+                    .entry(format!(
+                        "{} {}",
+                        r.verb.as_str(),
+                        r.resource.as_deref().unwrap_or("-")
+                    ))
+                    .or_default() += 1;
+            }
+        }
+        let mut by_identity = BTreeMap::new();
+        for id in t1.keys().flatten() {
+            if is_agent(id) {
+                continue;
+            }
+            let d = traffic_delta(&t1, &t0, |x| x == id);
+            if d != Traffic::default() {
+                by_identity.insert(id.clone(), d);
+            }
+        }
+        let max_agent_requests = t1
+            .keys()
+            .flatten()
+            .filter(|id| is_agent(id))
+            .map(|id| traffic_delta(&t1, &t0, |x| x == id).requests)
+            .max()
+            .unwrap_or(0);
+        Ok(SteadyReport {
+            window,
+            agents: traffic_delta(&t1, &t0, is_agent),
+            agent_watch_renewals,
+            agent_other_requests,
+            max_agent_requests,
+            all: traffic_delta(&t1, &t0, |_| true),
+            by_identity,
+            cpu: cpu1.since(&cpu0),
+            redis_cpu: redis_cpu(&r1) - redis_cpu(&r0),
+            republish,
+        })
+    }
+}
+
+/// What a sample of agents without server-side filtering would cost.
+#[derive(Debug)]
+pub struct UnfilteredReport {
+    pub sample: usize,
+    /// Initial LIST + watch traffic per watcher until synced.
+    pub sync: Traffic,
+    pub sync_time: Duration,
+    /// Per watcher over the window.
+    pub window_traffic: Traffic,
+    pub window: Duration,
+    /// RSS growth of this process per watcher (kB), its caches held.
+    pub rss_kb_each: u64,
+}
+
+impl ScaleWorld {
+    /// `sample` watchers that keep every GameServer and every pod of the cluster in a
+    /// reflector cache (what an agent without server-side filtering needs to find its own),
+    /// measured over `window` of the same background load.
+    pub async fn unfiltered(&self, window: Duration) -> anyhow::Result<UnfilteredReport> {
+        use kube::runtime::reflector;
+        let k = self.spec.unfiltered_sample.max(1);
+        let rss0 = status_kb("self", "VmRSS");
+        let t0 = self.journal.traffic().await?;
+        let start = Instant::now();
+        let stop = self.stop.child_token();
+        let mut readers = vec![];
+        for j in 0..k {
+            let client = self.client(&format!("unfiltered-{j}")).await?;
+            let gs_writer = reflector::store::Writer::new(gameserver_resource());
+            let gs_reader2 = gs_writer.as_reader();
+            let gs_api: Api<DynamicObject> = Api::all_with(client.clone(), &gameserver_resource());
+            let (pod_reader, pod_writer) = reflector::store::<Pod>();
+            let pod_api: Api<Pod> = Api::all(client);
+            let stop1 = stop.clone();
+            tokio::spawn(async move {
+                let s =
+                    reflector::reflector(gs_writer, watcher(gs_api, watcher::Config::default()));
+                let mut s = std::pin::pin!(s);
+                loop {
+                    tokio::select! {
+                        () = stop1.cancelled() => return,
+                        n = s.next() => if n.is_none() { return },
+                    }
+                }
+            });
+            let stop2 = stop.clone();
+            tokio::spawn(async move {
+                let s =
+                    reflector::reflector(pod_writer, watcher(pod_api, watcher::Config::default()));
+                let mut s = std::pin::pin!(s);
+                loop {
+                    tokio::select! {
+                        () = stop2.cancelled() => return,
+                        n = s.next() => if n.is_none() { return },
+                    }
+                }
+            });
+            readers.push((gs_reader2, pod_reader));
+        }
+        for (g, p) in &readers {
+            g.wait_until_ready().await.map_err(|e| anyhow!("{e}"))?;
+            p.wait_until_ready().await.map_err(|e| anyhow!("{e}"))?;
+        }
+        let sync_time = start.elapsed();
+        let t1 = self.journal.traffic().await?;
+        let rss1 = status_kb("self", "VmRSS");
+        tokio::time::sleep(window).await;
+        let t2 = self.journal.traffic().await?;
+        stop.cancel();
+        let per = |t: Traffic| Traffic {
+            requests: t.requests / k as u64,
+            watch_events: t.watch_events / k as u64,
+            bytes: t.bytes / k as u64,
+        };
+        let unf = |id: &str| id.starts_with("unfiltered-");
+        let report = UnfilteredReport {
+            sample: k,
+            sync: per(traffic_delta(&t1, &t0, unf)),
+            sync_time,
+            window_traffic: per(traffic_delta(&t2, &t1, unf)),
+            window,
+            rss_kb_each: rss1.saturating_sub(rss0) / k as u64,
+        };
+        drop(readers);
+        Ok(report)
+    }
+
+    /// One cluster-wide GameServer LIST, as the original adapter makes per check: (items,
+    /// response bytes, time).
+    pub async fn original_list(&self) -> anyhow::Result<(usize, u64, Duration)> {
+        let client = self.client("original-list").await?;
+        let before = self.journal.traffic().await?;
+        let t = Instant::now();
+        let list = Api::<DynamicObject>::all_with(client, &gameserver_resource())
+            .list(&ListParams::default())
+            .await?;
+        let took = t.elapsed();
+        let after = self.journal.traffic().await?;
+        let d = traffic_delta(&after, &before, |id| id == "original-list");
+        Ok((list.items.len(), d.bytes, took))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_parsing_handles_spaces_in_names() {
+        let line = "123 (side worker) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0";
+        let (name, cpu) = parse_stat(line).unwrap();
+        assert_eq!(name, "side worker");
+        assert_eq!(cpu, Duration::from_millis(3000));
+    }
+
+    #[test]
+    fn this_process_has_cpu_and_threads() {
+        assert!(!thread_cpu().is_empty());
+        assert!(status_kb("self", "VmRSS") > 0);
+        assert!(open_fds("self") > 0);
+    }
+}

@@ -1,0 +1,89 @@
+//! The scale bench's promises on a reduced world (100 agents by default, which keeps the
+//! test near a minute in CI; `LASTCALL_SCALE_AGENTS=200` or more to change): in-process agents built as the binary builds them,
+//! each with its own identity and filtered watches, on a store-only emulator in its own
+//! process, under kubelet, pod-churn and Agones background load.
+//!
+//! - steady state: no agent makes a Kubernetes request (other than resuming a watch the
+//!   server ended after its timeout);
+//! - 10% and then another 50% of the nodes doomed by FleetIQ within one second while
+//!   allocators run with the exclusion selector: every drain completes (deregistered), no
+//!   agent deletes an allocated server, and no allocation succeeds on a doomed node after
+//!   its agent's first round of releases past the fence (by the emulator's journal).
+//!
+//! The figures at 2,000 agents are the bench's: `cargo bench -p lastcall-testkit --bench scale`.
+
+use std::time::Duration;
+
+use lastcall_testkit::scale::{ScaleSpec, ScaleWorld};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_promises_hold() {
+    let mut spec = ScaleSpec::from_env(100);
+    spec.unfiltered_sample = 0;
+    let n = spec.agents;
+    let world = ScaleWorld::start(spec).await.expect("scale world");
+    eprintln!("setup: {:?}", world.setup);
+
+    let steady = world
+        .steady(Duration::from_secs(12))
+        .await
+        .expect("steady window");
+    eprintln!(
+        "steady 12 s: agents {:?}, everyone {:?}, background {:?}",
+        steady.agents, steady.all, steady.by_identity
+    );
+    // The only requests allowed: a watch the server ended (kube asks for 290 s) resumed.
+    assert!(
+        steady.agent_other_requests.is_empty(),
+        "agents made Kubernetes requests in steady state: {:?}",
+        steady.agent_other_requests
+    );
+    assert_eq!(steady.agents.requests, steady.agent_watch_renewals);
+    assert!(
+        steady
+            .by_identity
+            .get("kubelet")
+            .is_some_and(|t| t.requests > 0),
+        "the kubelet load ran"
+    );
+
+    let tenth: Vec<usize> = (0..n).filter(|i| i % 10 == 0).collect();
+    let half: Vec<usize> = (0..n).filter(|i| (1..=5).contains(&(i % 10))).collect();
+    for (name, doomed) in [("10%", tenth), ("50%", half)] {
+        let r = world
+            .drain(doomed.clone(), Duration::from_secs(1))
+            .await
+            .unwrap_or_else(|e| panic!("{name} drain: {e:#}"));
+        eprintln!(
+            "{name}: {} doomed, fenced after {:?}, done after {:?}, last fence {:?}, {} allocations ({} after a fence), {} requests (agents {}), peak {} req/s, events {}, 429s {}",
+            r.doomed,
+            r.fenced_after,
+            r.done_after,
+            r.last_fence,
+            r.allocations,
+            r.allocations_after_fence,
+            r.requests,
+            r.agent_requests,
+            r.peak_rps,
+            r.event_writes,
+            r.status_429
+        );
+        assert_eq!(
+            r.fence.len(),
+            doomed.len(),
+            "{name}: every doomed node fenced"
+        );
+        assert!(
+            r.killed.is_empty(),
+            "{name}: matches killed: {:?}",
+            r.killed
+        );
+        assert!(
+            r.late_allocations.is_empty(),
+            "{name}: allocations after the first round of releases past the fence: {:?}",
+            r.late_allocations
+        );
+        assert!(r.allocations > 0, "{name}: the allocators ran");
+    }
+    world.shutdown().await;
+}
