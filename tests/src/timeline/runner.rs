@@ -391,6 +391,10 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let t0 = SystemTime::now();
     let mut applied = vec![];
     let mut scheduled_id = 0u32;
+    // GCE's `maintenance-event` as last set to a real value, and whether an empty body
+    // (a glitch) stands in for it now.
+    let mut gce_event = "NONE";
+    let mut gce_glitch = false;
     // The last step ends every match left, so a drain can finish.
     let steps: Vec<(u64, Action, bool)> = tl
         .steps
@@ -429,9 +433,20 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 let t = ceil_secs(t0 + Duration::from_millis(*at_ms));
                 imds.set_spot_action(Some(json!({"action": "terminate", "time": rfc3339(t)})));
             }
-            Action::GceTerminate => gce.set("maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE"),
-            Action::GceNone => gce.set("maintenance-event", "NONE"),
-            Action::GceEmpty => gce.set("maintenance-event", ""),
+            Action::GceTerminate => {
+                gce_event = "TERMINATE_ON_HOST_MAINTENANCE";
+                gce_glitch = false;
+                gce.set("maintenance-event", gce_event);
+            }
+            Action::GceNone => {
+                gce_event = "NONE";
+                gce_glitch = false;
+                gce.set("maintenance-event", gce_event);
+            }
+            Action::GceEmpty => {
+                gce_glitch = true;
+                gce.set("maintenance-event", "");
+            }
             Action::GcePreempted => gce.set("preempted", "TRUE"),
             Action::AsgTerminate => {
                 asg.begin_termination(&iid).context(what.clone())?;
@@ -637,6 +652,14 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     }
     for a in allocations {
         let _ = a.await;
+    }
+    // An empty body is a glitch, and a glitch ends: the metadata server answers its real
+    // value again before the settle. Left standing, an agent started during it has never
+    // read the source, so it holds the drain GCE asked for (as it must: an unknown source
+    // neither cancels nor finishes a drain), and the settle would time a broken metadata
+    // server rather than the agent. The truth is unchanged: an empty body never changed it.
+    if gce_glitch {
+        gce.set("maintenance-event", gce_event);
     }
 
     // Settle: the drain ends, deregistered or cancelled.
