@@ -67,6 +67,47 @@ pub struct Run {
     pub setup: Duration,
     /// Agent tasks that ended with an error on a clean stop.
     pub agent_errors: Vec<String>,
+    /// When the process could not run (see [`StallProbe`]): each stall's end and length.
+    pub stalls: Vec<(SystemTime, Duration)>,
+}
+
+/// How often the stall probe wakes.
+const PROBE_EVERY: Duration = Duration::from_millis(20);
+/// Timer lateness below this is ordinary scheduling jitter, not a stall.
+const PROBE_JITTER: Duration = Duration::from_millis(20);
+
+/// Measures when this process could not run: a task on the agents' runtime that sleeps
+/// `PROBE_EVERY` and records how late it woke. A shared machine can leave the whole process
+/// (the in-process agents, the emulators and the runner alike) without a CPU for seconds;
+/// the checker then allows the agent that much longer to react, as it could not have.
+struct StallProbe {
+    stalls: std::sync::Arc<std::sync::Mutex<Vec<(SystemTime, Duration)>>>,
+    task: JoinHandle<()>,
+}
+
+impl StallProbe {
+    fn start() -> StallProbe {
+        let stalls = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
+        let out = stalls.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let before = tokio::time::Instant::now();
+                tokio::time::sleep(PROBE_EVERY).await;
+                let late = before.elapsed().saturating_sub(PROBE_EVERY);
+                if late > PROBE_JITTER
+                    && let Ok(mut v) = out.lock()
+                {
+                    v.push((SystemTime::now(), late));
+                }
+            }
+        });
+        StallProbe { stalls, task }
+    }
+
+    fn stop(self) -> Vec<(SystemTime, Duration)> {
+        self.task.abort();
+        self.stalls.lock().map(|v| v.clone()).unwrap_or_default()
+    }
 }
 
 fn status(fleet_status: Status, iid: &str) -> String {
@@ -387,6 +428,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let alloc_client = cluster.client_without_retry("agones-allocator").await?;
     let setup = setup_started.elapsed();
     let mut allocations: Vec<JoinHandle<()>> = vec![];
+    let probe = StallProbe::start();
     let start = tokio::time::Instant::now();
     let t0 = SystemTime::now();
     let mut applied = vec![];
@@ -716,6 +758,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     // A little longer, so late mistakes land in the journal too.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
+    let stalls = probe.stop();
     let mut agent_errors = vec![];
     for (a, _) in agents.live.drain(..) {
         a.abort();
@@ -781,6 +824,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         settled,
         setup,
         agent_errors,
+        stalls,
     })
 }
 
