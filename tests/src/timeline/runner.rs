@@ -121,12 +121,13 @@ fn status(fleet_status: Status, iid: &str) -> String {
 }
 
 /// Caches and publishes `body` as pubsub does, retrying a connection that a loaded machine
-/// let time out.
-async fn publish(redis: &RedisServer, iid: &str, body: &str) -> anyhow::Result<()> {
+/// let time out. Returns when the attempt that worked sent it: the moment the truth
+/// changed, however long the connection took.
+async fn publish(redis: &RedisServer, iid: &str, body: &str) -> anyhow::Result<SystemTime> {
     let mut last = None;
     for _ in 0..5 {
         match publish_once(redis, iid, body).await {
-            Ok(()) => return Ok(()),
+            Ok(at) => return Ok(at),
             Err(e) => last = Some(e),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -134,8 +135,9 @@ async fn publish(redis: &RedisServer, iid: &str, body: &str) -> anyhow::Result<(
     Err(last.unwrap_or_else(|| anyhow::anyhow!("publish")))
 }
 
-async fn publish_once(redis: &RedisServer, iid: &str, body: &str) -> anyhow::Result<()> {
+async fn publish_once(redis: &RedisServer, iid: &str, body: &str) -> anyhow::Result<SystemTime> {
     let mut c = redis.client().await?;
+    let at = SystemTime::now();
     let _: () = ::redis::cmd("SET")
         .arg(cache_key(iid))
         .arg(body)
@@ -146,16 +148,18 @@ async fn publish_once(redis: &RedisServer, iid: &str, body: &str) -> anyhow::Res
         .arg(body)
         .query_async(&mut c)
         .await?;
-    Ok(())
+    Ok(at)
 }
 
 /// Reads, edits and replaces the Node as `api`'s identity, retrying lost races (409).
-async fn edit_node(api: &Api<Node>, f: impl Fn(&mut Node)) -> anyhow::Result<()> {
+/// Returns when the replace that was accepted was sent (the moment the truth changed).
+async fn edit_node(api: &Api<Node>, f: impl Fn(&mut Node)) -> anyhow::Result<SystemTime> {
     for _ in 0..20 {
         let mut n = api.get(NODE).await?;
         f(&mut n);
+        let at = SystemTime::now();
         match api.replace(NODE, &PostParams::default(), &n).await {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(at),
             Err(kube::Error::Api(e)) if e.code == 409 => continue,
             // An injected fault on Node writes hits the test's writers too: try again.
             Err(kube::Error::Api(e)) if e.code >= 500 => {
@@ -447,7 +451,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     for (at_ms, action, all) in steps {
         let what = format!("step t+{at_ms} ms {action:?}");
         tokio::time::sleep_until(start + Duration::from_millis(at_ms)).await;
-        let at = SystemTime::now();
+        let mut at = SystemTime::now();
         let mut note = String::new();
         match &action {
             Action::ImdsScheduled {
@@ -529,11 +533,11 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 };
                 // GameLift says what Redis says: the agent may also ask GameLift.
                 gl.set_instance_status(&iid, gs);
-                publish(redis, &iid, &status(s, &iid)).await.context(what)?;
+                at = publish(redis, &iid, &status(s, &iid)).await.context(what)?;
             }
             Action::Manual(on) => {
                 let on = *on;
-                edit_node(&operator, |n| {
+                at = edit_node(&operator, |n| {
                     let labels = n.metadata.labels.get_or_insert_default();
                     if on {
                         labels.insert("lastcall.dev/drain".into(), "true".into());
@@ -546,7 +550,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             }
             Action::Karpenter(on) => {
                 let on = *on;
-                edit_node(&karpenter, |n| {
+                at = edit_node(&karpenter, |n| {
                     let taints = n
                         .spec
                         .get_or_insert_default()
@@ -565,7 +569,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 .context(what)?;
             }
             Action::RevertTaint => {
-                edit_node(&reverter, |n| {
+                at = edit_node(&reverter, |n| {
                     if let Some(t) = n.spec.as_mut().and_then(|s| s.taints.as_mut()) {
                         t.retain(|t| t.key != "lastcall.dev/draining");
                     }
