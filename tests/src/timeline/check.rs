@@ -762,10 +762,30 @@ fn asg_lifecycle(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                     });
                 }
             }
-            // Whether or not the agent knew of the match, it heartbeats until it completes.
+            // Whether or not the agent knew of the match, it heartbeats until it completes:
+            // within each heartbeat timeout it must get a heartbeat in, given the reaction
+            // time to run in. A process stalled for more of the timeout than that leaves
+            // (the timeout here is seconds, not production's minutes) could not have, and
+            // is not held against the agent.
             Happening::TimedOut { global, result } => {
                 let running = cx.running_at(*at, Duration::ZERO);
-                if !running.is_empty() {
+                let last = cx
+                    .run
+                    .asg
+                    .iter()
+                    .filter(|(t, h)| {
+                        t <= at
+                            && matches!(
+                                h,
+                                Happening::WaitStarted { .. } | Happening::HeartbeatRecorded
+                            )
+                    })
+                    .map(|(t, _)| *t)
+                    .max();
+                let timeout = Duration::from_secs(cx.run.timeline.asg_heartbeat_s);
+                let could_run =
+                    last.map_or(timeout, |l| timeout.saturating_sub(cx.stalled(l, *at)));
+                if !running.is_empty() && (*global || could_run >= lag()) {
                     hits.push(Hit {
                         invariant: Invariant::AsgTimedOut,
                         at: *at,

@@ -104,6 +104,10 @@ impl StallProbe {
         StallProbe { stalls, task }
     }
 
+    fn stalls_now(&self) -> Vec<(SystemTime, Duration)> {
+        self.stalls.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
     fn stop(self) -> Vec<(SystemTime, Duration)> {
         self.task.abort();
         self.stalls.lock().map(|v| v.clone()).unwrap_or_default()
@@ -714,24 +718,41 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let asg_began = applied
         .iter()
         .any(|a| matches!(a.action, Action::AsgTerminate));
+    // The bound is SETTLE of time the process could run: stalls within it extend it (up to
+    // twice SETTLE more), as for the reaction time the checker allows.
+    let settle_started = tokio::time::Instant::now();
     let settled = try_eventually(
         "the drain ends",
-        SETTLE,
+        SETTLE * 3,
         Duration::from_millis(50),
         || async {
-            // The Auto Scaling wait ends with the drain: the agent lets the instance go.
+            let stalled = crate::timeline::check::stalled_within(
+                &probe.stalls_now(),
+                settled_from,
+                SystemTime::now(),
+            );
+            if settle_started.elapsed() > SETTLE + stalled.min(SETTLE * 2) {
+                return Some(Err(format!(
+                    "the drain ends within {SETTLE:?} (and {} ms the process stalled)",
+                    stalled.as_millis()
+                )));
+            }
+            // The Auto Scaling wait ends with the drain: the agent lets the instance go. A
+            // wait that timed out is over too (the checker judges the timeout itself).
             let completed = !asg_began
-                || asg
-                    .journal()
-                    .iter()
-                    .any(|e| matches!(e.happening, Happening::Completed { .. }));
+                || asg.journal().iter().any(|e| {
+                    matches!(
+                        e.happening,
+                        Happening::Completed { .. } | Happening::TimedOut { .. }
+                    )
+                });
             if completed
                 && gl
                     .calls()
                     .iter()
                     .any(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
             {
-                return Some(SystemTime::now());
+                return Some(Ok(SystemTime::now()));
             }
             if live_at_end.is_empty() {
                 let node = cluster.node(NODE)?;
@@ -741,19 +762,19 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                             || g.annotations.contains_key("lastcall.dev/drain-deadline")
                     });
                 if !ours {
-                    return Some(SystemTime::now());
+                    return Some(Ok(SystemTime::now()));
                 }
             }
             None
         },
     )
     .await
+    .map_err(|e| format!("{} within {:?}", e.what, e.within))
+    .and_then(|r| r)
     .map_err(|e| {
         let node = cluster.node(NODE).unwrap_or(Value::Null);
         format!(
-            "{} within {:?}; live signals {:?}; requests held by a hang fault: {}; Node {}",
-            e.what,
-            e.within,
+            "{e}; live signals {:?}; requests held by a hang fault: {}; Node {}",
             live_at_end.keys().collect::<Vec<_>>(),
             cluster.emulator().faults().hung_now(),
             node_summary(&node)
