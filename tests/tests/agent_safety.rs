@@ -765,14 +765,33 @@ async fn released_servers_are_not_written_again_after_a_cancel() {
             && r.resource.as_deref() == Some("gameservers")
             && r.status == 404
     });
+    // Each ghost's whole history (who did what to it, when), so a failure explains itself.
+    let names: Vec<String> = j
+        .filter(|r| {
+            r.identity.as_deref() == Some("agent-n1")
+                && r.resource.as_deref() == Some("gameservers")
+                && r.status == 404
+        })
+        .into_iter()
+        .filter_map(|r| r.name)
+        .collect();
+    let history: Vec<_> = j
+        .filter(|r| r.name.as_ref().is_some_and(|n| names.contains(n)))
+        .iter()
+        .map(|r| {
+            (
+                r.seq,
+                r.identity.clone().unwrap_or_default(),
+                r.verb.as_str(),
+                r.resource.clone().unwrap_or_default(),
+                r.subresource.clone().unwrap_or_default(),
+                r.status,
+            )
+        })
+        .collect();
     assert_eq!(
-        ghosts,
-        0,
-        "writes to servers the agent itself deleted: {:?}",
-        j.filter(|r| r.identity.as_deref() == Some("agent-n1") && r.status == 404)
-            .iter()
-            .map(|r| (r.seq, r.verb.as_str(), r.name.clone()))
-            .collect::<Vec<_>>()
+        ghosts, 0,
+        "writes to servers the agent itself deleted; their history: {history:#?}"
     );
     agent.stop().await.unwrap();
 }

@@ -44,6 +44,9 @@ enum LaunchError {
     Other(#[from] anyhow::Error),
 }
 
+/// Connect and answer timeout of the tests' own Redis connections ([`RedisServer::client`]).
+const HARNESS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// TLS files generated for one test: a CA, and a server certificate it signed for
 /// `127.0.0.1`.
 #[derive(Clone, Debug)]
@@ -199,10 +202,18 @@ impl RedisServer {
         }
     }
 
-    /// A fresh multiplexed connection to this server.
+    /// A fresh multiplexed connection to this server, for the tests' own writes. Its
+    /// timeouts are generous: the client's defaults (1 s to connect, 500 ms per answer) fail
+    /// a test's `SET` on a loaded shared machine while the server is fine. A dead server
+    /// still fails at once (connection refused).
     pub async fn client(&self) -> anyhow::Result<::redis::aio::MultiplexedConnection> {
         let client = open_client(self.port, &self.mode)?;
-        Ok(client.get_multiplexed_async_connection().await?)
+        let config = ::redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(HARNESS_TIMEOUT))
+            .set_response_timeout(Some(HARNESS_TIMEOUT));
+        Ok(client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?)
     }
 
     /// `REPLICAOF 127.0.0.1 <primary>`: from now on writes answer `READONLY`, as after a

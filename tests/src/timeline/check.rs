@@ -145,6 +145,23 @@ fn model_key(k: &str) -> bool {
     k.starts_with("node.kubernetes.io/")
 }
 
+/// How long, within `[from, to]`, the process could not run: the overlap of each stall
+/// (its end, its length) with the window.
+pub fn stalled_within(
+    stalls: &[(SystemTime, Duration)],
+    from: SystemTime,
+    to: SystemTime,
+) -> Duration {
+    stalls
+        .iter()
+        .map(|(end, len)| {
+            let start = end.checked_sub(*len).unwrap_or(*end);
+            let (a, b) = (start.max(from), (*end).min(to));
+            b.duration_since(a).unwrap_or_default()
+        })
+        .sum()
+}
+
 struct Ctx<'a> {
     run: &'a Run,
     truth: Truth,
@@ -157,10 +174,46 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    /// The reaction time allowed at `t`: doubled shortly after an agent (re)start, which
-    /// reads every source and the cluster afresh; one request deadline more after a request
-    /// was made to hang (the agent waits that long for it, then retries).
+    /// The reaction time allowed for a write at `t`: [`Ctx::base_lag_at`], plus however
+    /// long the process could not run within it (a stall delays the agent as much as it
+    /// delays the clock's hands; on a quiet machine there are none).
     fn lag_at(&self, t: SystemTime) -> Duration {
+        let base = self.base_lag_at(t);
+        let mut allowed = base;
+        for _ in 0..8 {
+            let next = base + self.stalled(t.checked_sub(allowed).unwrap_or(t), t);
+            if next == allowed {
+                break;
+            }
+            allowed = next;
+        }
+        allowed
+    }
+
+    /// The reaction time allowed after the truth changed at `c`: as [`Ctx::lag_at`], with
+    /// the stalls counted forwards from the change.
+    fn reaction_after(&self, c: SystemTime) -> Duration {
+        let base = self.base_lag_at(c + lag());
+        let mut allowed = base;
+        for _ in 0..8 {
+            let next = base + self.stalled(c, c + allowed);
+            if next == allowed {
+                break;
+            }
+            allowed = next;
+        }
+        allowed
+    }
+
+    fn stalled(&self, from: SystemTime, to: SystemTime) -> Duration {
+        stalled_within(&self.run.stalls, from, to)
+    }
+
+    /// The reaction time allowed at `t` on a machine that runs the process: doubled shortly
+    /// after an agent (re)start, which reads every source and the cluster afresh; one
+    /// request deadline more after a request was made to hang (the agent waits that long
+    /// for it, then retries).
+    fn base_lag_at(&self, t: SystemTime) -> Duration {
         let lag = lag();
         let within = |a: &super::truth::Applied, d: Duration| {
             a.at <= t && t.duration_since(a.at).unwrap_or_default() < d
@@ -418,7 +471,7 @@ fn announced(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     }
     // Left standing: the lag after each change of the truth, every in-use server's value.
     for c in cx.truth.changes() {
-        let at = c + cx.lag_at(c + lag());
+        let at = c + cx.reaction_after(c);
         let Some(b) = bound(c, at) else { continue };
         for (name, h) in &history {
             let Some((_, seq, Some(d))) = h.iter().rev().find(|(t, _, _)| *t <= at) else {
@@ -709,10 +762,30 @@ fn asg_lifecycle(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                     });
                 }
             }
-            // Whether or not the agent knew of the match, it heartbeats until it completes.
+            // Whether or not the agent knew of the match, it heartbeats until it completes:
+            // within each heartbeat timeout it must get a heartbeat in, given the reaction
+            // time to run in. A process stalled for more of the timeout than that leaves
+            // (the timeout here is seconds, not production's minutes) could not have, and
+            // is not held against the agent.
             Happening::TimedOut { global, result } => {
                 let running = cx.running_at(*at, Duration::ZERO);
-                if !running.is_empty() {
+                let last = cx
+                    .run
+                    .asg
+                    .iter()
+                    .filter(|(t, h)| {
+                        t <= at
+                            && matches!(
+                                h,
+                                Happening::WaitStarted { .. } | Happening::HeartbeatRecorded
+                            )
+                    })
+                    .map(|(t, _)| *t)
+                    .max();
+                let timeout = Duration::from_secs(cx.run.timeline.asg_heartbeat_s);
+                let could_run =
+                    last.map_or(timeout, |l| timeout.saturating_sub(cx.stalled(l, *at)));
+                if !running.is_empty() && (*global || could_run >= lag()) {
                     hits.push(Hit {
                         invariant: Invariant::AsgTimedOut,
                         at: *at,
@@ -803,6 +876,14 @@ pub fn report(run: &Run, hits: &[Hit]) -> String {
     for (id, at) in &run.azure_approvals {
         let _ = writeln!(s, "  {:>9}  azure approved {id}", rel(*at));
     }
+    let stalled: Duration = run.stalls.iter().map(|(_, d)| *d).sum();
+    let longest = run.stalls.iter().map(|(_, d)| *d).max().unwrap_or_default();
+    let _ = writeln!(
+        s,
+        "stalls (the process could not run): {} ms in all, longest {} ms",
+        stalled.as_millis(),
+        longest.as_millis()
+    );
     let _ = writeln!(
         s,
         "settled: {}",
@@ -897,4 +978,21 @@ fn entry_line(e: &JournalEntry, rel: &dyn Fn(SystemTime) -> String) -> String {
         e.status,
         extra
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stalls_count_where_they_overlap_the_window() {
+        let t = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(1_000_000 + ms);
+        let ms = Duration::from_millis;
+        // [100, 400] and [900, 1000].
+        let stalls = [(t(400), ms(300)), (t(1000), ms(100))];
+        assert_eq!(stalled_within(&stalls, t(0), t(2000)), ms(400));
+        assert_eq!(stalled_within(&stalls, t(300), t(950)), ms(150));
+        assert_eq!(stalled_within(&stalls, t(400), t(900)), ms(0));
+        assert_eq!(stalled_within(&[], t(0), t(2000)), ms(0));
+    }
 }

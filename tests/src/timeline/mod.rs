@@ -71,7 +71,16 @@ pub async fn run_one(seed: u64, dims: Dimensions, redis: &RedisServer) -> Outcom
 
 /// Runs the timelines of `seeds`, `concurrency` at a time, sharing one Redis.
 pub async fn run_many(seeds: Vec<u64>, dims: Dimensions, concurrency: usize) -> Vec<Outcome> {
-    let redis = RedisServer::start().await.expect("redis-server");
+    // A loaded machine can keep a fresh redis-server from answering its first PING in time
+    // (it ended a long bench run between two chunks): try again before giving up.
+    let mut started = RedisServer::start().await;
+    for _ in 0..2 {
+        if started.is_ok() {
+            break;
+        }
+        started = RedisServer::start().await;
+    }
+    let redis = started.expect("redis-server");
     let redis = &redis;
     futures::stream::iter(seeds)
         .map(|seed| run_one(seed, dims, redis))

@@ -67,6 +67,51 @@ pub struct Run {
     pub setup: Duration,
     /// Agent tasks that ended with an error on a clean stop.
     pub agent_errors: Vec<String>,
+    /// When the process could not run (see [`StallProbe`]): each stall's end and length.
+    pub stalls: Vec<(SystemTime, Duration)>,
+}
+
+/// How often the stall probe wakes.
+const PROBE_EVERY: Duration = Duration::from_millis(20);
+/// Timer lateness below this is ordinary scheduling jitter, not a stall.
+const PROBE_JITTER: Duration = Duration::from_millis(20);
+
+/// Measures when this process could not run: a task on the agents' runtime that sleeps
+/// `PROBE_EVERY` and records how late it woke. A shared machine can leave the whole process
+/// (the in-process agents, the emulators and the runner alike) without a CPU for seconds;
+/// the checker then allows the agent that much longer to react, as it could not have.
+struct StallProbe {
+    stalls: std::sync::Arc<std::sync::Mutex<Vec<(SystemTime, Duration)>>>,
+    task: JoinHandle<()>,
+}
+
+impl StallProbe {
+    fn start() -> StallProbe {
+        let stalls = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
+        let out = stalls.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let before = tokio::time::Instant::now();
+                tokio::time::sleep(PROBE_EVERY).await;
+                let late = before.elapsed().saturating_sub(PROBE_EVERY);
+                if late > PROBE_JITTER
+                    && let Ok(mut v) = out.lock()
+                {
+                    v.push((SystemTime::now(), late));
+                }
+            }
+        });
+        StallProbe { stalls, task }
+    }
+
+    fn stalls_now(&self) -> Vec<(SystemTime, Duration)> {
+        self.stalls.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    fn stop(self) -> Vec<(SystemTime, Duration)> {
+        self.task.abort();
+        self.stalls.lock().map(|v| v.clone()).unwrap_or_default()
+    }
 }
 
 fn status(fleet_status: Status, iid: &str) -> String {
@@ -80,12 +125,13 @@ fn status(fleet_status: Status, iid: &str) -> String {
 }
 
 /// Caches and publishes `body` as pubsub does, retrying a connection that a loaded machine
-/// let time out.
-async fn publish(redis: &RedisServer, iid: &str, body: &str) -> anyhow::Result<()> {
+/// let time out. Returns when the attempt that worked sent it: the moment the truth
+/// changed, however long the connection took.
+async fn publish(redis: &RedisServer, iid: &str, body: &str) -> anyhow::Result<SystemTime> {
     let mut last = None;
     for _ in 0..5 {
         match publish_once(redis, iid, body).await {
-            Ok(()) => return Ok(()),
+            Ok(at) => return Ok(at),
             Err(e) => last = Some(e),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -93,8 +139,9 @@ async fn publish(redis: &RedisServer, iid: &str, body: &str) -> anyhow::Result<(
     Err(last.unwrap_or_else(|| anyhow::anyhow!("publish")))
 }
 
-async fn publish_once(redis: &RedisServer, iid: &str, body: &str) -> anyhow::Result<()> {
+async fn publish_once(redis: &RedisServer, iid: &str, body: &str) -> anyhow::Result<SystemTime> {
     let mut c = redis.client().await?;
+    let at = SystemTime::now();
     let _: () = ::redis::cmd("SET")
         .arg(cache_key(iid))
         .arg(body)
@@ -105,16 +152,18 @@ async fn publish_once(redis: &RedisServer, iid: &str, body: &str) -> anyhow::Res
         .arg(body)
         .query_async(&mut c)
         .await?;
-    Ok(())
+    Ok(at)
 }
 
 /// Reads, edits and replaces the Node as `api`'s identity, retrying lost races (409).
-async fn edit_node(api: &Api<Node>, f: impl Fn(&mut Node)) -> anyhow::Result<()> {
+/// Returns when the replace that was accepted was sent (the moment the truth changed).
+async fn edit_node(api: &Api<Node>, f: impl Fn(&mut Node)) -> anyhow::Result<SystemTime> {
     for _ in 0..20 {
         let mut n = api.get(NODE).await?;
         f(&mut n);
+        let at = SystemTime::now();
         match api.replace(NODE, &PostParams::default(), &n).await {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(at),
             Err(kube::Error::Api(e)) if e.code == 409 => continue,
             // An injected fault on Node writes hits the test's writers too: try again.
             Err(kube::Error::Api(e)) if e.code >= 500 => {
@@ -387,10 +436,15 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let alloc_client = cluster.client_without_retry("agones-allocator").await?;
     let setup = setup_started.elapsed();
     let mut allocations: Vec<JoinHandle<()>> = vec![];
+    let probe = StallProbe::start();
     let start = tokio::time::Instant::now();
     let t0 = SystemTime::now();
     let mut applied = vec![];
     let mut scheduled_id = 0u32;
+    // GCE's `maintenance-event` as last set to a real value, and whether an empty body
+    // (a glitch) stands in for it now.
+    let mut gce_event = "NONE";
+    let mut gce_glitch = false;
     // The last step ends every match left, so a drain can finish.
     let steps: Vec<(u64, Action, bool)> = tl
         .steps
@@ -401,7 +455,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     for (at_ms, action, all) in steps {
         let what = format!("step t+{at_ms} ms {action:?}");
         tokio::time::sleep_until(start + Duration::from_millis(at_ms)).await;
-        let at = SystemTime::now();
+        let mut at = SystemTime::now();
         let mut note = String::new();
         match &action {
             Action::ImdsScheduled {
@@ -429,9 +483,20 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 let t = ceil_secs(t0 + Duration::from_millis(*at_ms));
                 imds.set_spot_action(Some(json!({"action": "terminate", "time": rfc3339(t)})));
             }
-            Action::GceTerminate => gce.set("maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE"),
-            Action::GceNone => gce.set("maintenance-event", "NONE"),
-            Action::GceEmpty => gce.set("maintenance-event", ""),
+            Action::GceTerminate => {
+                gce_event = "TERMINATE_ON_HOST_MAINTENANCE";
+                gce_glitch = false;
+                gce.set("maintenance-event", gce_event);
+            }
+            Action::GceNone => {
+                gce_event = "NONE";
+                gce_glitch = false;
+                gce.set("maintenance-event", gce_event);
+            }
+            Action::GceEmpty => {
+                gce_glitch = true;
+                gce.set("maintenance-event", "");
+            }
             Action::GcePreempted => gce.set("preempted", "TRUE"),
             Action::AsgTerminate => {
                 asg.begin_termination(&iid).context(what.clone())?;
@@ -472,11 +537,11 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 };
                 // GameLift says what Redis says: the agent may also ask GameLift.
                 gl.set_instance_status(&iid, gs);
-                publish(redis, &iid, &status(s, &iid)).await.context(what)?;
+                at = publish(redis, &iid, &status(s, &iid)).await.context(what)?;
             }
             Action::Manual(on) => {
                 let on = *on;
-                edit_node(&operator, |n| {
+                at = edit_node(&operator, |n| {
                     let labels = n.metadata.labels.get_or_insert_default();
                     if on {
                         labels.insert("lastcall.dev/drain".into(), "true".into());
@@ -489,7 +554,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             }
             Action::Karpenter(on) => {
                 let on = *on;
-                edit_node(&karpenter, |n| {
+                at = edit_node(&karpenter, |n| {
                     let taints = n
                         .spec
                         .get_or_insert_default()
@@ -508,7 +573,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 .context(what)?;
             }
             Action::RevertTaint => {
-                edit_node(&reverter, |n| {
+                at = edit_node(&reverter, |n| {
                     if let Some(t) = n.spec.as_mut().and_then(|s| s.taints.as_mut()) {
                         t.retain(|t| t.key != "lastcall.dev/draining");
                     }
@@ -638,6 +703,14 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     for a in allocations {
         let _ = a.await;
     }
+    // An empty body is a glitch, and a glitch ends: the metadata server answers its real
+    // value again before the settle. Left standing, an agent started during it has never
+    // read the source, so it holds the drain GCE asked for (as it must: an unknown source
+    // neither cancels nor finishes a drain), and the settle would time a broken metadata
+    // server rather than the agent. The truth is unchanged: an empty body never changed it.
+    if gce_glitch {
+        gce.set("maintenance-event", gce_event);
+    }
 
     // Settle: the drain ends, deregistered or cancelled.
     let settled_from = SystemTime::now();
@@ -645,24 +718,41 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let asg_began = applied
         .iter()
         .any(|a| matches!(a.action, Action::AsgTerminate));
+    // The bound is SETTLE of time the process could run: stalls within it extend it (up to
+    // twice SETTLE more), as for the reaction time the checker allows.
+    let settle_started = tokio::time::Instant::now();
     let settled = try_eventually(
         "the drain ends",
-        SETTLE,
+        SETTLE * 3,
         Duration::from_millis(50),
         || async {
-            // The Auto Scaling wait ends with the drain: the agent lets the instance go.
+            let stalled = crate::timeline::check::stalled_within(
+                &probe.stalls_now(),
+                settled_from,
+                SystemTime::now(),
+            );
+            if settle_started.elapsed() > SETTLE + stalled.min(SETTLE * 2) {
+                return Some(Err(format!(
+                    "the drain ends within {SETTLE:?} (and {} ms the process stalled)",
+                    stalled.as_millis()
+                )));
+            }
+            // The Auto Scaling wait ends with the drain: the agent lets the instance go. A
+            // wait that timed out is over too (the checker judges the timeout itself).
             let completed = !asg_began
-                || asg
-                    .journal()
-                    .iter()
-                    .any(|e| matches!(e.happening, Happening::Completed { .. }));
+                || asg.journal().iter().any(|e| {
+                    matches!(
+                        e.happening,
+                        Happening::Completed { .. } | Happening::TimedOut { .. }
+                    )
+                });
             if completed
                 && gl
                     .calls()
                     .iter()
                     .any(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
             {
-                return Some(SystemTime::now());
+                return Some(Ok(SystemTime::now()));
             }
             if live_at_end.is_empty() {
                 let node = cluster.node(NODE)?;
@@ -672,19 +762,19 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                             || g.annotations.contains_key("lastcall.dev/drain-deadline")
                     });
                 if !ours {
-                    return Some(SystemTime::now());
+                    return Some(Ok(SystemTime::now()));
                 }
             }
             None
         },
     )
     .await
+    .map_err(|e| format!("{} within {:?}", e.what, e.within))
+    .and_then(|r| r)
     .map_err(|e| {
         let node = cluster.node(NODE).unwrap_or(Value::Null);
         format!(
-            "{} within {:?}; live signals {:?}; requests held by a hang fault: {}; Node {}",
-            e.what,
-            e.within,
+            "{e}; live signals {:?}; requests held by a hang fault: {}; Node {}",
             live_at_end.keys().collect::<Vec<_>>(),
             cluster.emulator().faults().hung_now(),
             node_summary(&node)
@@ -693,6 +783,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     // A little longer, so late mistakes land in the journal too.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
+    let stalls = probe.stop();
     let mut agent_errors = vec![];
     for (a, _) in agents.live.drain(..) {
         a.abort();
@@ -758,6 +849,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         settled,
         setup,
         agent_errors,
+        stalls,
     })
 }
 
