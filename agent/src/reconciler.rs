@@ -22,9 +22,9 @@ use tracing::{debug, info, warn};
 
 use crate::actuator::{ActError, Actuator, Release, ReleaseOutcome};
 use crate::drain_events::PassLog;
+use crate::drain_timing::DrainTiming;
 use crate::dry_run::narration::{Narration, Narrator, PassView};
 use crate::dry_run::overlay::{Found, Overlay};
-use crate::drain_timing::DrainTiming;
 use crate::metrics::{
     ActionLabel, ActionResult, Metrics, NoticeLabels, PhaseLabel, ResultLabel, StateLabel,
 };
@@ -292,9 +292,7 @@ impl Reconciler {
             fleets: BTreeMap::new(),
         };
         if let Some(sim) = &mut self.sim {
-            sim.found = sim
-                .overlay
-                .lay_over(&mut observed, jiff::Timestamp::now());
+            sim.found = sim.overlay.lay_over(&mut observed, jiff::Timestamp::now());
         }
         Ok(observed)
     }

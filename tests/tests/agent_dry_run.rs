@@ -19,7 +19,12 @@ fn texts(agent: &InProcessAgent) -> String {
         .narration
         .steps()
         .iter()
-        .map(|s| format!("{:>3} {:>8.3}s {:<15} {}", s.n, s.after_start_s, s.kind, s.text))
+        .map(|s| {
+            format!(
+                "{:>3} {:>8.3}s {:<15} {}",
+                s.n, s.after_start_s, s.kind, s.text
+            )
+        })
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -84,8 +89,14 @@ async fn dry_run_narrates_the_whole_drain_and_sends_nothing() {
     let got = kinds(&agent);
     // The order a real drain takes: the fence before any release or protection (the one
     // Node write is a barrier), then the deadlines, then the wait.
-    assert_order(&agent, &["signal", "fence", "release", "deadline", "waiting"]);
-    assert_order(&agent, &["fence", "protect", "deadline", "match_deadline", "waiting"]);
+    assert_order(
+        &agent,
+        &["signal", "fence", "release", "deadline", "waiting"],
+    );
+    assert_order(
+        &agent,
+        &["fence", "protect", "deadline", "match_deadline", "waiting"],
+    );
     // Every Ready server released once, the match protected, never released.
     for name in &ready {
         let n = steps
@@ -110,7 +121,10 @@ async fn dry_run_narrates_the_whole_drain_and_sends_nothing() {
         "{}",
         fence.text
     );
-    let deadline = steps.iter().find(|s| s.kind == "deadline").expect("deadline");
+    let deadline = steps
+        .iter()
+        .find(|s| s.kind == "deadline")
+        .expect("deadline");
     assert!(
         deadline.text.contains("reason preemption") && deadline.text.contains("hard deadline"),
         "{}",
@@ -130,7 +144,11 @@ async fn dry_run_narrates_the_whole_drain_and_sends_nothing() {
     let waiting = steps.iter().find(|s| s.kind == "waiting").expect("waiting");
     assert!(waiting.text.contains(&matched.name), "{}", waiting.text);
     // Timing: numbered in order, times never going back, and counted from the drain's start.
-    assert!(steps.windows(2).all(|p| p[0].n < p[1].n && p[0].at <= p[1].at));
+    assert!(
+        steps
+            .windows(2)
+            .all(|p| p[0].n < p[1].n && p[0].at <= p[1].at)
+    );
     assert!(steps.iter().all(|s| s.after_start_s >= 0.0));
     assert!(
         !got.contains(&"deregister"),
@@ -146,7 +164,14 @@ async fn dry_run_narrates_the_whole_drain_and_sends_nothing() {
     let got = kinds(&agent);
     assert_order(
         &agent,
-        &["signal", "fence", "protect", "match_ended", "deregister", "done"],
+        &[
+            "signal",
+            "fence",
+            "protect",
+            "match_ended",
+            "deregister",
+            "done",
+        ],
     );
     assert!(first(&got, "waiting") < first(&got, "match_ended"));
     assert_eq!(
@@ -159,9 +184,11 @@ async fn dry_run_narrates_the_whole_drain_and_sends_nothing() {
     println!("{}", texts(&agent));
 
     // Zero mutating requests: nothing of the agent's in the kube journal but reads...
-    let writes = w.cluster.emulator().journal().filter(|r| {
-        r.identity.as_deref() == Some("agent-n1") && r.verb.is_mutating()
-    });
+    let writes = w
+        .cluster
+        .emulator()
+        .journal()
+        .filter(|r| r.identity.as_deref() == Some("agent-n1") && r.verb.is_mutating());
     assert!(
         writes.is_empty(),
         "dry run wrote: {:?}",

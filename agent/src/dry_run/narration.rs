@@ -91,6 +91,15 @@ pub struct Narrator {
     phase: Option<Phase>,
 }
 
+/// A pass that had to read servers it could not see yet shows an incomplete node: nothing
+/// is concluded from it.
+fn complete(plan: &Plan) -> bool {
+    !plan
+        .actions
+        .iter()
+        .any(|a| matches!(a, Action::ClaimGameServer { .. }))
+}
+
 fn since(start: Option<Timestamp>, at: Timestamp) -> f64 {
     start.map_or(0.0, |s| {
         let d = at.duration_since(s).as_secs_f64();
@@ -201,8 +210,9 @@ impl Narrator {
                 (
                     "claim",
                     format!(
-                        "would label GameServer {namespace}/{name} {}=<node> so the agent's watch sees it (read directly instead)",
-                        keys::LABEL_NODE
+                        "would label GameServer {namespace}/{name} {}={} so the agent's watch sees it (read directly instead)",
+                        keys::LABEL_NODE,
+                        keys::node_label_value(&observed.node.name)
                     ),
                 )
             }
@@ -335,21 +345,19 @@ impl Narrator {
             }
             self.signal = signal;
         }
+        if complete(plan) {
+            self.ended(obs, now);
+        }
     }
 
     /// What the pass shows once its steps have "landed": the deadlines, the wait for
     /// matches, a match that ended, the settle, the end.
     pub fn passed(&mut self, v: &PassView<'_>) {
         let (plan, obs, now) = (v.plan, v.observed, v.now);
-        // A pass that had to read servers it could not see yet shows an incomplete node:
-        // nothing is concluded from it.
-        let complete = !plan
-            .actions
-            .iter()
-            .any(|a| matches!(a, Action::ClaimGameServer { .. }));
+        let complete = complete(plan);
         let draining = matches!(plan.phase, Phase::Fencing | Phase::Draining);
-        if complete {
-            self.matches(v, draining);
+        if complete && draining {
+            self.deadlines(v);
         }
         if complete && plan.phase == Phase::Draining && plan.actions.is_empty() {
             let mut waiting: Vec<String> = self.in_use.values().cloned().collect();
@@ -425,10 +433,9 @@ impl Narrator {
         self.claimed.retain(|k| live.contains(k));
     }
 
-    /// The deadline told once per change, each in-use server's hard deadline once per change,
-    /// and the matches that ended since the last complete pass.
-    fn matches(&mut self, v: &PassView<'_>, draining: bool) {
-        let (obs, now) = (v.observed, v.now);
+    /// The matches that ended since the last complete pass, before this pass's steps (the
+    /// deregistration an empty node gets follows them).
+    fn ended(&mut self, obs: &Observed, now: Timestamp) {
         let in_use: BTreeMap<String, String> = obs
             .game_servers
             .iter()
@@ -451,7 +458,12 @@ impl Narrator {
         }
         self.in_use = in_use;
         self.fates.retain(|uid, _| self.in_use.contains_key(uid));
-        if !draining || self.in_use.is_empty() {
+    }
+
+    /// The deadline told once per change, and each match's hard deadline once per change.
+    fn deadlines(&mut self, v: &PassView<'_>) {
+        let (obs, now) = (v.observed, v.now);
+        if self.in_use.is_empty() {
             return;
         }
         let d = v.deadlines;
@@ -484,15 +496,29 @@ impl Narrator {
                 eviction::EvictionSafe::Never => "eviction.safe Never".to_string(),
                 eviction::EvictionSafe::OnUpgrade => "eviction.safe OnUpgrade".to_string(),
                 eviction::EvictionSafe::Always => "eviction.safe Always".to_string(),
-                eviction::EvictionSafe::Unknown(raw) => format!("eviction.safe {raw:?}, treated as Never"),
+                eviction::EvictionSafe::Unknown(raw) => {
+                    format!("eviction.safe {raw:?}, treated as Never")
+                }
             };
-            let fate = match eviction::verdict(
+            let verdict = eviction::verdict(
                 &Subject::of(gs, pod),
                 d.pressure.as_ref(),
                 &v.config.eviction,
                 now,
-            ) {
-                Verdict::EndGracefully { at, at_risk } => format!(
+            );
+            let fate = match (verdict, pod.filter(|p| p.deleting)) {
+                (Verdict::Protect { at_risk }, Some(p)) => format!(
+                    "its pod is terminating: the match is ending{}{}",
+                    p.deletion_timestamp
+                        .map(|t| format!(", killed by {}", format_precise(t)))
+                        .unwrap_or_default(),
+                    if at_risk {
+                        " (after the hard deadline: at risk)"
+                    } else {
+                        ""
+                    }
+                ),
+                (Verdict::EndGracefully { at, at_risk }, _) => format!(
                     "would end it gracefully at {} (hard deadline − its {} s grace; {safe}){}",
                     format_precise(at),
                     pod.map_or(0, |p| p.termination_grace.as_secs()),
@@ -502,13 +528,11 @@ impl Narrator {
                         ""
                     }
                 ),
-                Verdict::Protect { at_risk: true } => format!(
-                    "at risk: would not be ended early ({safe}{}), and the node may go before the match ends",
-                    if pod.is_some_and(|p| p.deleting) {
-                        ", already terminating"
-                    } else {
-                        ""
-                    }
+                (Verdict::Protect { .. }, None) if pod.is_none() => {
+                    "its pod is not seen (gone, or not yet seen): never ended early".to_string()
+                }
+                (Verdict::Protect { at_risk: true }, None) => format!(
+                    "at risk: would not be ended early ({safe}), and the node may go before the match ends"
                 ),
                 _ => "runs to its end".to_string(),
             };

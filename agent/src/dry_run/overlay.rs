@@ -133,8 +133,16 @@ impl Overlay {
             } => {
                 let m = self.marks(&gs.uid, &gs.namespace, &gs.name);
                 let a = set(&mut m.labels, keys::LABEL_NODE_DRAINING, Some("true"));
-                let b = set(&mut m.annotations, keys::ANN_GS_DEADLINE, Some(deadline.as_str()));
-                let c = set(&mut m.annotations, keys::ANN_GS_REASON, Some(reason.as_str()));
+                let b = set(
+                    &mut m.annotations,
+                    keys::ANN_GS_DEADLINE,
+                    Some(deadline.as_str()),
+                );
+                let c = set(
+                    &mut m.annotations,
+                    keys::ANN_GS_REASON,
+                    Some(reason.as_str()),
+                );
                 a | b | c
             }
             Action::Exclude { gs } => {

@@ -117,7 +117,10 @@ fn kinds(plan: &Plan) -> Vec<&'static str> {
 
 #[test]
 fn the_whole_drain_follows_from_what_the_dry_run_did_not_send() {
-    let mut real = world(vec![gs("ready", GsState::Ready), gs("match", GsState::Allocated)]);
+    let mut real = world(vec![
+        gs("ready", GsState::Ready),
+        gs("match", GsState::Allocated),
+    ]);
     let deadline = t0() + jiff::SignedDuration::from_secs(120);
     let n = notice(Severity::Terminate, Some(deadline));
     let mut o = Overlay::default();
@@ -159,7 +162,10 @@ fn the_whole_drain_follows_from_what_the_dry_run_did_not_send() {
 
 #[test]
 fn without_the_overlay_the_plan_never_gets_past_the_fence() {
-    let real = world(vec![gs("ready", GsState::Ready), gs("match", GsState::Allocated)]);
+    let real = world(vec![
+        gs("ready", GsState::Ready),
+        gs("match", GsState::Allocated),
+    ]);
     let n = notice(Severity::Drain, None);
     for _ in 0..3 {
         let p = policy::plan(&policy::Inputs {
@@ -200,7 +206,10 @@ fn a_released_server_allocated_for_real_comes_back_as_a_match() {
 
 #[test]
 fn what_is_gone_for_real_is_forgotten() {
-    let real = world(vec![gs("ready", GsState::Ready), gs("match", GsState::Allocated)]);
+    let real = world(vec![
+        gs("ready", GsState::Ready),
+        gs("match", GsState::Allocated),
+    ]);
     let n = notice(Severity::Drain, None);
     let mut o = Overlay::default();
     pass(&real, &mut o, &n, t0());
