@@ -1,5 +1,10 @@
 //! Dry-run mode: every outside write (Kubernetes or GameLift) is logged, counted and
-//! recorded instead of sent, through the same code path up to the wire.
+//! recorded instead of sent, through the same code path up to the wire. The reconciler lays
+//! what it did not send over what it observes ([`overlay`]), so each plan follows as if the
+//! last step had landed, and tells the whole drain step by step ([`narration`]).
+
+pub mod narration;
+pub mod overlay;
 
 use std::sync::{Arc, Mutex};
 

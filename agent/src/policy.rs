@@ -636,6 +636,28 @@ fn announced(inp: &Inputs<'_>, progress: &Progress, driver: Option<&Notice>) -> 
     (format_ts(deadline), reason.to_string())
 }
 
+/// The deadlines a plan works to, for telling them (the dry run's narration): the same rule
+/// the plan applies, decided nowhere else.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeadlineView {
+    /// Announced to protected servers (`lastcall.dev/drain-deadline`).
+    pub announced: String,
+    pub reason: String,
+    /// What presses on the node for hard deadlines (see `eviction::verdict`).
+    pub pressure: Option<Pressure>,
+}
+
+/// This pass's [`DeadlineView`], for the notice driving the drain (`Plan::driver`).
+pub fn deadline_view(inp: &Inputs<'_>, driver: Option<&Notice>) -> DeadlineView {
+    let progress = Progress::from_annotations(&inp.observed.node.annotations);
+    let (announced, reason) = announced(inp, &progress, driver);
+    DeadlineView {
+        announced,
+        reason,
+        pressure: pressure(inp, &progress),
+    }
+}
+
 /// What the game-server work found.
 struct Work {
     /// Something on the node may still host or start a match.

@@ -23,6 +23,8 @@ use tracing::{debug, info, warn};
 use crate::actuator::{ActError, Actuator, Release, ReleaseOutcome};
 use crate::drain_events::PassLog;
 use crate::drain_timing::DrainTiming;
+use crate::dry_run::narration::{Narration, Narrator, PassView};
+use crate::dry_run::overlay::{Found, Overlay};
 use crate::metrics::{
     ActionLabel, ActionResult, Metrics, NoticeLabels, PhaseLabel, ResultLabel, StateLabel,
 };
@@ -57,6 +59,16 @@ pub struct Reconciler {
     own: OwnWrites,
     timing: DrainTiming,
     reverted: Reverted,
+    /// Dry run only: what it did not send, laid over what it observes, and its narration.
+    sim: Option<Simulation>,
+}
+
+/// A dry run's memory (see `dry_run`).
+struct Simulation {
+    overlay: Overlay,
+    narrator: Narrator,
+    /// What the overlay found in this pass's view, for the narration.
+    found: Vec<Found>,
 }
 
 #[derive(Default)]
@@ -142,6 +154,7 @@ impl Reconciler {
         resync: Duration,
         trigger: Arc<Notify>,
     ) -> Self {
+        let dry_run = actuator.is_dry_run();
         Self {
             node_name,
             stores,
@@ -157,9 +170,21 @@ impl Reconciler {
             own: OwnWrites::default(),
             timing: DrainTiming::default(),
             reverted: Reverted::default(),
+            sim: dry_run.then(|| Simulation {
+                overlay: Overlay::default(),
+                narrator: Narrator::new(Narration::default()),
+                found: vec![],
+            }),
             drain_state: watch::channel(None).0,
             node_empty: watch::channel(false).0,
             owner: crate::owner::Owner::sole(),
+        }
+    }
+
+    /// A dry run tells its steps to `out` too (tests and embedders read it in-process).
+    pub fn narrate_to(&mut self, out: Narration) {
+        if let Some(sim) = &mut self.sim {
+            sim.narrator = Narrator::new(out);
         }
     }
 
@@ -260,12 +285,16 @@ impl Reconciler {
             }
         }
 
-        Ok(Observed {
+        let mut observed = Observed {
             node,
             game_servers,
             pods,
             fleets: BTreeMap::new(),
-        })
+        };
+        if let Some(sim) = &mut self.sim {
+            sim.found = sim.overlay.lay_over(&mut observed, jiff::Timestamp::now());
+        }
+        Ok(observed)
     }
 
     /// Release pacing only: what it knows of each Fleet with Ready servers here (one GET
@@ -616,8 +645,42 @@ impl Reconciler {
         self.record_gauges(&plan, &observed);
         self.timing
             .planned(&plan, self.board.last_change(), Instant::now());
+        let deadlines = self.sim.is_some().then(|| {
+            policy::deadline_view(
+                &policy::Inputs {
+                    notices: &notices,
+                    unknown_sources: &unknown,
+                    fleetiq_deregistered: self.actuator.fleetiq().is_deregistered(),
+                    observed: &observed,
+                    config: &self.config,
+                    now,
+                },
+                plan.driver.as_ref(),
+            )
+        });
 
+        if let (Some(sim), Some(deadlines)) = (&mut self.sim, &deadlines) {
+            let found = std::mem::take(&mut sim.found);
+            sim.narrator.planned(&PassView {
+                plan: &plan,
+                observed: &observed,
+                deadlines,
+                config: &self.config,
+                now,
+                found: &found,
+            });
+        }
         let result = self.apply(&plan, &observed).await;
+        if let (Some(sim), Some(deadlines)) = (&mut self.sim, &deadlines) {
+            sim.narrator.passed(&PassView {
+                plan: &plan,
+                observed: &observed,
+                deadlines,
+                config: &self.config,
+                now: jiff::Timestamp::now(),
+                found: &[],
+            });
+        }
         let label = match &result {
             Ok(_) => "ok",
             Err(ActError::Conflict(_)) => "conflict",
@@ -639,7 +702,14 @@ impl Reconciler {
                 Ok(if applied > 0 {
                     Pass::Again
                 } else {
-                    Pass::Settled(earliest(plan.wake_at, self.reverted_retry()))
+                    let overlay = self
+                        .sim
+                        .as_ref()
+                        .and_then(|s| s.overlay.wake_at(jiff::Timestamp::now()));
+                    Pass::Settled(earliest(
+                        earliest(plan.wake_at, self.reverted_retry()),
+                        overlay,
+                    ))
                 })
             }
             Err(ActError::Conflict(e)) => {
@@ -751,6 +821,14 @@ impl Reconciler {
                 continue;
             }
             match self.apply_one(action, observed, log).await {
+                // A dry run made progress only if the step changed what planning sees (or
+                // read a server it could not see): a re-planned step never spins the loop.
+                Ok(done) if self.sim.is_some() => {
+                    let changed = self.simulate(action, observed);
+                    if changed || (done && matches!(action, Action::ClaimGameServer { .. })) {
+                        applied += 1;
+                    }
+                }
                 Ok(true) => {
                     applied += 1;
                     self.count(action, "ok");
@@ -770,10 +848,7 @@ impl Reconciler {
             // Something failed: retry with backoff (never wait for the resync: a Ready server
             // whose delete failed must not stay allocatable for long).
             Some(e) if applied == 0 => Err(e),
-            Some(_) => Ok(applied),
-            // A dry run changes nothing, so re-planning at once would only spin.
-            None if self.actuator.is_dry_run() => Ok(0),
-            None => Ok(applied),
+            Some(_) | None => Ok(applied),
         }
     }
 
@@ -800,8 +875,8 @@ impl Reconciler {
                 let obj = a.claim_gameserver(namespace, name).await?;
                 let claimed = obj.is_some();
                 self.remember(obj);
-                // In dry-run mode the "claim" is a read: it changes nothing.
-                Ok(claimed && !a.is_dry_run())
+                // In dry-run mode the "claim" is a read: the next pass plans with it.
+                Ok(claimed)
             }
             Action::Protect {
                 gs,
@@ -884,6 +959,20 @@ impl Reconciler {
         }
     }
 
+    /// Dry run: a step that was not sent, laid over what planning sees as if it had landed,
+    /// and told. Returns whether planning sees anything new.
+    fn simulate(&mut self, action: &Action, observed: &Observed) -> bool {
+        let Some(sim) = &mut self.sim else {
+            return false;
+        };
+        let now = jiff::Timestamp::now();
+        let changed = sim.overlay.record(action, observed, now);
+        if changed || matches!(action, Action::ClaimGameServer { .. }) {
+            sim.narrator.applied(action, observed, now);
+        }
+        changed
+    }
+
     /// After a write succeeded: whether its answer carries what it wrote. One that does not
     /// (an admission webhook reverted it) pauses writes to that object, doubling each time,
     /// and is told; one that does ends the pause.
@@ -961,6 +1050,13 @@ impl Reconciler {
                 .inc();
             self.count(&Action::Release { gs: gs.clone() }, label);
             match r {
+                Ok(Release::Deleted) if self.sim.is_some() => {
+                    // Not sent: the overlay treats the server as gone, for planning only.
+                    let action = Action::Release { gs: gs.clone() };
+                    if self.simulate(&action, observed) {
+                        applied += 1;
+                    }
+                }
                 Ok(Release::Deleted) => {
                     if let Some(fleet) = observed
                         .game_servers

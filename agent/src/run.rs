@@ -44,6 +44,8 @@ pub struct Overrides {
     /// Credentials for the AWS clients sources build (the Auto Scaling lifecycle source);
     /// `None`: the default AWS chain, as in production.
     pub aws_credentials: Option<aws_sdk_autoscaling::config::Credentials>,
+    /// Under `--dry-run`, the narration is also told here (read in-process).
+    pub narration: Option<crate::dry_run::narration::Narration>,
 }
 
 /// How long the tasks may take to stop after SIGTERM before they are abandoned.
@@ -82,6 +84,7 @@ pub struct Agent {
     /// This agent's pod, when ownership is on.
     identity: Option<PodId>,
     aws_credentials: Option<aws_sdk_autoscaling::config::Credentials>,
+    narration: Option<crate::dry_run::narration::Narration>,
 }
 
 impl Agent {
@@ -125,6 +128,7 @@ impl Agent {
             sources,
             identity,
             aws_credentials: overrides.aws_credentials,
+            narration: overrides.narration,
         })
     }
 
@@ -142,6 +146,7 @@ impl Agent {
             sources: registry_sources,
             identity,
             aws_credentials,
+            narration,
         } = self;
         let mut tasks = JoinSet::new();
         let stop = shutdown.child_token();
@@ -228,7 +233,13 @@ impl Agent {
         );
         reconciler.owner = owner.clone();
         reconciler.node_empty = empty_tx;
-        if config.publish_drain_state
+        if let Some(n) = narration {
+            reconciler.narrate_to(n);
+        }
+        if config.publish_drain_state && config.dry_run {
+            // The webhook would ask Agones for replacements of a drain that is not happening.
+            info!(message = "dry run: this node's drain state is not published");
+        } else if config.publish_drain_state
             && let Some(target) = config.redis_url.clone()
         {
             let publisher = crate::drain_state::Publisher {

@@ -35,7 +35,7 @@ pub const MAX_CONNECTIONS: usize = 256;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Shared readiness state. Cheap to clone.
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Health {
     checks: Arc<Mutex<BTreeMap<&'static str, Check>>>,
 }

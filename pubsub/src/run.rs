@@ -27,9 +27,9 @@ use crate::metrics::{GroupLabels, GroupReasonLabels, GroupStatusLabels, Metrics}
 use crate::poller::{Budget, PollErrorKind, Poller};
 use crate::publisher::{Outgoing, PublishReport, Publisher, READY_REDIS};
 use crate::rate::RateLimiter;
-use crate::webhook::Webhook;
 use crate::webhook::drain::DrainReader;
 use crate::webhook::tls::ReloadingCert;
+use crate::webhook::{READY_WEBHOOK, Webhook};
 use lastcall_common::redis_conn;
 
 /// Name of the readiness check that some group was published recently.
@@ -163,10 +163,15 @@ impl Pubsub {
     pub fn new(config: &Config, gamelift: aws_sdk_gamelift::Client) -> Result<Self, Error> {
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
-        let health = Health::new(&[READY_REDIS, READY_PUBLISHING]);
+        let settings = config.webhook_settings().map_err(Error::Config)?;
+        let health = if settings.is_some() {
+            Health::new(&[READY_REDIS, READY_PUBLISHING, READY_WEBHOOK])
+        } else {
+            Health::new(&[READY_REDIS, READY_PUBLISHING])
+        };
         let publisher =
             Publisher::new(config, metrics.clone(), health.clone()).map_err(Error::Redis)?;
-        let webhook = match config.webhook_settings().map_err(Error::Config)? {
+        let webhook = match settings {
             None => None,
             Some(settings) => {
                 let metrics = WebhookMetrics::register(&mut registry);
@@ -181,7 +186,12 @@ impl Pubsub {
                     settings.drain_state_max_age,
                     metrics.clone(),
                 );
-                Some(Arc::new(Webhook::new(settings.policy, reader, metrics)))
+                Some(Arc::new(Webhook::new(
+                    settings.policy,
+                    reader,
+                    metrics,
+                    health.clone(),
+                )))
             }
         };
         Ok(Self {
@@ -372,12 +382,19 @@ impl Pubsub {
 
     /// Ready means: a usable, non-empty groups file, and some group published within
     /// `--ready-periods` periods. A rollout with broken IAM (every group failing) is
-    /// therefore not ready and does not replace a working pod.
+    /// therefore not ready and does not replace a working pod. With the webhook on, a usable
+    /// groups file that lists no groups means the webhook is the whole job: publishing has
+    /// nothing to wait for (the `webhook` and `redis` checks still apply).
     fn set_readiness(&self, state: &CycleState, had_groups: bool, groups: usize) {
         let (ok, detail) = if !had_groups {
             (
                 false,
                 "no usable groups file yet (see config_reloads)".to_string(),
+            )
+        } else if groups == 0 && self.webhook.is_some() {
+            (
+                true,
+                "no game server groups: pubsub serves the FleetAutoscaler webhook only".to_string(),
             )
         } else if groups == 0 {
             (

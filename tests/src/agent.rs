@@ -24,6 +24,8 @@ pub fn config(node: &str, extra: &[&str]) -> Config {
 /// One agent task in this process.
 pub struct InProcessAgent {
     pub admin: SocketAddr,
+    /// Under `--dry-run`, the steps the agent narrated, in order.
+    pub narration: lastcall_agent::dry_run::narration::Narration,
     shutdown: CancellationToken,
     handle: JoinHandle<anyhow::Result<()>>,
 }
@@ -48,12 +50,14 @@ impl InProcessAgent {
     ) -> anyhow::Result<Self> {
         let shutdown = CancellationToken::new();
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let narration = lastcall_agent::dry_run::narration::Narration::default();
         let overrides = Overrides {
             kube: Some(kube),
             gamelift,
             bound: Some(tx),
             sources,
             aws_credentials: Some(test_credentials()),
+            narration: Some(narration.clone()),
         };
         let handle = tokio::spawn(run(config, overrides, shutdown.clone()));
         let admin = rx
@@ -61,6 +65,7 @@ impl InProcessAgent {
             .map_err(|_| anyhow::anyhow!("agent exited before binding"))?;
         Ok(Self {
             admin,
+            narration,
             shutdown,
             handle,
         })

@@ -9,7 +9,8 @@ use lastcall_common::fleetiq::{InstanceStatus as Status, StatusMessage, cache_ke
 
 use crate::agent::{InProcessAgent, config, metric};
 use crate::cluster::{
-    AllocationRequest, Cluster, ClusterConfig, FleetSpec, GameServerState, GameServerView, NodeSpec,
+    AllocationRequest, Cluster, ClusterConfig, EvictionSafe, FleetSpec, GameServerState,
+    GameServerView, NodeSpec,
 };
 use crate::eventually::wait_for;
 use crate::gamelift::{GameLiftEmulator, InstanceStatus};
@@ -33,6 +34,8 @@ pub struct WorldSpec {
     pub tolerations: Vec<Toleration>,
     /// The pods' `terminationGracePeriodSeconds`.
     pub grace_seconds: i64,
+    /// The Fleet's `eviction.safe` (`None`: Agones' default, `Never`).
+    pub eviction_safe: Option<EvictionSafe>,
 }
 
 impl WorldSpec {
@@ -44,7 +47,13 @@ impl WorldSpec {
             extra_nodes: vec!["n2".into()],
             tolerations: vec![],
             grace_seconds: 1,
+            eviction_safe: None,
         }
+    }
+
+    pub fn eviction_safe(mut self, safe: EvictionSafe) -> Self {
+        self.eviction_safe = Some(safe);
+        self
     }
 
     pub fn grace_seconds(mut self, s: i64) -> Self {
@@ -81,6 +90,9 @@ impl World {
             let mut fleet = FleetSpec::new(FLEET, total as i64).grace_seconds(spec.grace_seconds);
             for t in &spec.tolerations {
                 fleet = fleet.toleration(t.clone());
+            }
+            if let Some(safe) = spec.eviction_safe {
+                fleet = fleet.eviction_safe(safe);
             }
             cluster.create_fleet(fleet).expect("fleet");
             cluster

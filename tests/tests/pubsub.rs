@@ -1347,6 +1347,66 @@ async fn access_denied_everywhere_is_not_ready_and_on_one_group_shows_in_its_sta
     assert!(!h.pubsub.health().is_ready(), "no groups is not ready");
 }
 
+/// With the webhook on and no groups, the webhook is the whole job: `/readyz` is ready once
+/// the webhook serves and Redis answers, not waiting for a publish that never comes. Without
+/// the webhook, the same empty list is still not ready.
+#[tokio::test]
+async fn webhook_only_is_ready_once_the_webhook_serves() {
+    let mut h = Harness::start(
+        &[],
+        &[
+            "--webhook-listen",
+            "127.0.0.1:0",
+            "--webhook-max-replicas",
+            "100",
+        ],
+    )
+    .await;
+    let detail = |h: &Harness| format!("{:?}", h.pubsub.health());
+    h.cycle().await;
+    assert!(
+        !h.pubsub.health().is_ready(),
+        "not before the webhook serves: {}",
+        detail(&h)
+    );
+    let webhook = h.pubsub.webhook().expect("webhook configured").clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let stop = CancellationToken::new();
+    let served = tokio::spawn(lastcall_pubsub::webhook::serve(
+        listener,
+        webhook,
+        None,
+        stop.clone(),
+    ));
+    wait_for("the webhook serves", || async {
+        h.pubsub.health().is_ready().then_some(())
+    })
+    .await;
+    // Still ready after more cycles: nothing waits for a group to be published.
+    h.cycle().await;
+    assert!(h.pubsub.health().is_ready(), "{}", detail(&h));
+    assert_eq!(h.emulator.calls().len(), 0, "no groups, no GameLift calls");
+    // Redis is still required: it is where the drain state lives.
+    h.redis.kill().await;
+    h.cycle().await;
+    assert!(!h.pubsub.health().is_ready(), "Redis down means not ready");
+    h.redis.restart().await.unwrap();
+    wait_for("ready again once Redis is back", || async {
+        h.cycle().await;
+        h.pubsub.health().is_ready().then_some(())
+    })
+    .await;
+    // A stopped webhook listener is not ready.
+    stop.cancel();
+    served.await.unwrap().unwrap();
+    assert!(!h.pubsub.health().is_ready(), "{}", detail(&h));
+
+    // Without the webhook, an empty groups list stays not ready.
+    let plain = Harness::start(&[], &[]).await;
+    plain.cycle().await;
+    assert!(!plain.pubsub.health().is_ready());
+}
+
 // ---------------------------------------------------------------------------------------
 // With the agent's FleetIQ source
 // ---------------------------------------------------------------------------------------

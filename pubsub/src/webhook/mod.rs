@@ -32,6 +32,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use lastcall_common::admin::Health;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -56,12 +57,18 @@ pub const QUERY_BUFFER: &str = "buffer";
 pub const QUERY_MIN: &str = "min";
 pub const QUERY_MAX: &str = "max";
 
+/// Name of pubsub's readiness check that the webhook is serving (present only when the
+/// webhook is configured).
+pub const READY_WEBHOOK: &str = "webhook";
+
 /// The webhook: service-wide policy, drain state reader, metrics.
 #[derive(Debug)]
 pub struct Webhook {
     policy: Policy,
     reader: DrainReader,
     metrics: WebhookMetrics,
+    /// pubsub's readiness: [`serve`] sets [`READY_WEBHOOK`] while it serves.
+    health: Health,
 }
 
 /// An answer: the status and body.
@@ -71,11 +78,17 @@ struct Answer {
 }
 
 impl Webhook {
-    pub fn new(policy: Policy, reader: DrainReader, metrics: WebhookMetrics) -> Self {
+    pub fn new(
+        policy: Policy,
+        reader: DrainReader,
+        metrics: WebhookMetrics,
+        health: Health,
+    ) -> Self {
         Self {
             policy,
             reader,
             metrics,
+            health,
         }
     }
 
@@ -287,18 +300,35 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let router = webhook.router();
-    match tls {
-        None => lastcall_common::admin::serve(listener, router, shutdown)
-            .await
-            .map_err(ServeError::Io),
+    // Every answer is either from the drain state or explicitly held (never a guessed
+    // scale-down), so serving is all this check asks.
+    let serving = || {
+        webhook.health.set(
+            READY_WEBHOOK,
+            true,
+            "serving reviews (held, no scale-down, while the drain state cannot be read)",
+        );
+    };
+    let result = match tls {
+        None => {
+            serving();
+            lastcall_common::admin::serve(listener, router, shutdown)
+                .await
+                .map_err(ServeError::Io)
+        }
         Some(cert) => {
             let config = cert.server_config().map_err(ServeError::Tls)?;
             tokio::spawn(cert.watch(webhook.metrics.clone(), shutdown.clone()));
+            serving();
             tls::serve(listener, router, config, shutdown)
                 .await
                 .map_err(ServeError::Io)
         }
-    }
+    };
+    webhook
+        .health
+        .set(READY_WEBHOOK, false, "the webhook listener stopped");
+    result
 }
 
 /// Why the webhook server stopped.
