@@ -904,6 +904,7 @@ async fn watch_bookmarks_timeout_and_initial_events() {
         "127.0.0.1:0".parse().unwrap(),
         Options {
             bookmark_interval: Duration::from_millis(50),
+            ..Options::default()
         },
     )
     .await

@@ -12,6 +12,7 @@
 //! hangs, late watch delivery). `docs/testing/kube-emulator.md` lists what is and is not
 //! implemented.
 
+pub mod apf;
 pub mod discovery;
 pub mod eviction;
 pub mod faults;
@@ -34,6 +35,7 @@ use anyhow::Context as _;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use apf::{Apf, ApfConfig, ApfStats};
 pub use faults::{FaultAction, FaultRule, Faults, Method, WatchDelay, WatchKey};
 pub use journal::{Journal, JournalEntry, Traffic, Verb};
 pub use resources::ResourceType;
@@ -53,12 +55,16 @@ pub const DEFAULT_BOOKMARK_INTERVAL: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug)]
 pub struct Options {
     pub bookmark_interval: Duration,
+    /// API Priority and Fairness from the start (see [`apf`]); `None`: off until
+    /// [`Emulator::apf`] enables it.
+    pub apf: Option<ApfConfig>,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             bookmark_interval: DEFAULT_BOOKMARK_INTERVAL,
+            apf: None,
         }
     }
 }
@@ -95,6 +101,10 @@ impl Emulator {
             .await
             .with_context(|| format!("binding the Kubernetes API emulator to {addr}"))?;
         let addr = listener.local_addr()?;
+        let apf = Apf::default();
+        if let Some(c) = options.apf {
+            apf.enable(c);
+        }
         let state = Arc::new(ServerState {
             store,
             journal: Journal::default(),
@@ -102,6 +112,7 @@ impl Emulator {
             watches: Mutex::new(CancellationToken::new()),
             bookmark_interval: options.bookmark_interval,
             addr,
+            apf,
         });
         let app = axum::Router::new()
             .fallback(server::handle)
@@ -186,6 +197,11 @@ impl Emulator {
 
     pub fn faults(&self) -> &Faults {
         &self.state.faults
+    }
+
+    /// API Priority and Fairness: off by default; [`Apf::enable`] turns it on.
+    pub fn apf(&self) -> &Apf {
+        &self.state.apf
     }
 
     /// Ends every open watch stream now (clients see the stream close and re-watch).
