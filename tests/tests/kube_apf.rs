@@ -48,6 +48,12 @@ fn requests_of(emu: &Emulator, who: &str) -> Vec<JournalEntry> {
         .filter(|e| e.identity.as_deref() == Some(who) && e.verb != Verb::Watch)
 }
 
+/// kubectl sends no bearer token to a plain-HTTP server: its requests have no identity.
+fn kubectl_requests(emu: &Emulator) -> Vec<JournalEntry> {
+    emu.journal()
+        .filter(|e| e.identity.is_none() && e.verb != Verb::Watch)
+}
+
 /// The gaps between consecutive requests, as the journal timed them.
 fn gaps(entries: &[JournalEntry]) -> Vec<Duration> {
     entries
@@ -136,7 +142,7 @@ async fn a_refusal_is_the_real_servers_to_kubectl_kube_rs_and_raw_http() {
         out.contains("the server has received too many requests and has asked us to try again later"),
         "{out}"
     );
-    let tried = requests_of(&emu, "kubectl");
+    let tried = kubectl_requests(&emu);
     assert!(tried.len() >= 2, "kubectl retried: {}", tried.len());
     assert!(tried.iter().all(|e| e.status == 429));
     for g in gaps(&tried) {
@@ -176,12 +182,17 @@ async fn a_refusal_is_the_real_servers_to_kubectl_kube_rs_and_raw_http() {
 
     // Every refusal is journaled and counted per user.
     let stats = emu.apf().stats();
-    for who in ["raw", "kube-rs", "kubectl", "kube-rs-retry"] {
+    for who in [Some("raw"), Some("kube-rs"), None, Some("kube-rs-retry")] {
         let journaled = emu
             .journal()
-            .count(|e| e.identity.as_deref() == Some(who) && e.status == 429);
-        assert_eq!(stats.rejected_for(who) as usize, journaled, "{who}");
-        assert!(journaled >= 1, "{who}");
+            .count(|e| e.identity.as_deref() == who && e.status == 429);
+        let counted = stats
+            .rejected
+            .get(&who.map(str::to_string))
+            .copied()
+            .unwrap_or(0);
+        assert_eq!(counted as usize, journaled, "{who:?}");
+        assert!(journaled >= 1, "{who:?}");
     }
     assert_eq!(stats.rejected_for("watcher"), 0);
     assert_eq!(stats.peak_in_flight, 1);
@@ -245,6 +256,7 @@ async fn a_flooding_user_is_refused_while_a_light_user_gets_through() {
     })
     .await
     .expect("kubectl");
+    // It gets through; its discovery burst may overflow its queue, which it retries.
     assert!(ok && out.contains("node/n1"), "{out}");
     let flood_during = emu
         .journal()
@@ -256,7 +268,6 @@ async fn a_flooding_user_is_refused_while_a_light_user_gets_through() {
 
     let stats = emu.apf().stats();
     assert_eq!(stats.rejected_for("light"), 0);
-    assert_eq!(stats.rejected_for("kubectl"), 0);
     assert!(
         requests_of(&emu, "light").iter().all(|e| e.status == 200),
         "every light request served"
@@ -274,5 +285,8 @@ async fn a_flooding_user_is_refused_while_a_light_user_gets_through() {
         emu.journal()
             .count(|e| e.identity.as_deref() == Some("flood") && e.status == 429)
     );
-    eprintln!("{stats:?}");
+    eprintln!(
+        "{stats:?}; kubectl's requests {}",
+        kubectl_requests(&emu).len()
+    );
 }
