@@ -209,7 +209,11 @@ impl Reconciler {
             };
             // Throttled: sleep out the server's Retry-After here, responsive to shutdown,
             // rather than plan and then wait inside the client.
-            let wait = wait.max(self.throttle.as_ref().map_or(Duration::ZERO, |t| t.remaining()));
+            let wait = wait.max(
+                self.throttle
+                    .as_ref()
+                    .map_or(Duration::ZERO, |t| t.remaining()),
+            );
             if wait.is_zero() {
                 continue;
             }

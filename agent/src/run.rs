@@ -379,7 +379,12 @@ pub async fn cleanup_cooperation(
             .context("loading the Kubernetes client config")?,
     };
     let (metrics, _) = Metrics::new();
-    let client = kube_client(cfg, config.request_timeout, &metrics, &Throttle::new(metrics.clone()))?;
+    let client = kube_client(
+        cfg,
+        config.request_timeout,
+        &metrics,
+        &Throttle::new(metrics.clone()),
+    )?;
     let summary = crate::cooperation::cleanup::run(client).await?;
     if summary.failed > 0 {
         anyhow::bail!("{} pod(s) could not be cleaned up", summary.failed);

@@ -127,7 +127,10 @@ pub fn retry_after<B>(res: &Response<B>) -> Option<Duration> {
 
 /// Whether a request is an eviction, whose 429 is a disruption budget's answer.
 fn is_eviction<B>(req: &Request<B>) -> bool {
-    req.uri().path().trim_end_matches('/').ends_with("/eviction")
+    req.uri()
+        .path()
+        .trim_end_matches('/')
+        .ends_with("/eviction")
 }
 
 impl<S> Layer<S> for Throttle {

@@ -261,7 +261,10 @@ mod tests {
             slots[((w.as_millis() - 1000) / 100) as usize] += 1;
         }
         for (i, n) in slots.iter().enumerate() {
-            assert!((60..=140).contains(n), "slot {i} holds {n} of 1000: {slots:?}");
+            assert!(
+                (60..=140).contains(n),
+                "slot {i} holds {n} of 1000: {slots:?}"
+            );
         }
         let distinct: std::collections::HashSet<_> = waits.iter().collect();
         assert!(distinct.len() > 900, "{} distinct waits", distinct.len());

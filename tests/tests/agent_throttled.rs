@@ -73,7 +73,9 @@ async fn drains_end_under_throttling_and_agents_wait_out_retry_after() {
     let mut allocated = BTreeSet::new();
     for node in NODES {
         for i in 0..ALLOCATED_PER_NODE {
-            cluster.sdk_allocate(NS, &server(node, i)).expect("allocate");
+            cluster
+                .sdk_allocate(NS, &server(node, i))
+                .expect("allocate");
             allocated.insert(server(node, i));
         }
     }
@@ -112,7 +114,9 @@ async fn drains_end_under_throttling_and_agents_wait_out_retry_after() {
             .patch(
                 node,
                 &PatchParams::default(),
-                &Patch::Merge(&serde_json::json!({"metadata": {"labels": {"lastcall.dev/drain": "true"}}})),
+                &Patch::Merge(
+                    &serde_json::json!({"metadata": {"labels": {"lastcall.dev/drain": "true"}}}),
+                ),
             )
             .await
             .expect("drain label");
@@ -153,8 +157,11 @@ async fn drains_end_under_throttling_and_agents_wait_out_retry_after() {
         Duration::from_millis(100),
         || async {
             for a in &agents {
-                if metric(&a.metrics().await, "lastcall_drain_phase", &[("phase", "empty")])
-                    != Some(1.0)
+                if metric(
+                    &a.metrics().await,
+                    "lastcall_drain_phase",
+                    &[("phase", "empty")],
+                ) != Some(1.0)
                 {
                     return None;
                 }
@@ -182,7 +189,10 @@ async fn drains_end_under_throttling_and_agents_wait_out_retry_after() {
         })
         .filter_map(|e| e.name.as_deref())
         .collect();
-    assert!(deleted_in_use.is_empty(), "allocated servers deleted: {deleted_in_use:?}");
+    assert!(
+        deleted_in_use.is_empty(),
+        "allocated servers deleted: {deleted_in_use:?}"
+    );
 
     // The race happened: the agents were refused, and more than once each.
     let refused: BTreeMap<String, u64> = agent_ids
@@ -195,7 +205,11 @@ async fn drains_end_under_throttling_and_agents_wait_out_retry_after() {
     );
 
     // After each refusal, the same request came back no earlier than Retry-After.
-    let by_seq: BTreeMap<u64, usize> = journal.iter().enumerate().map(|(i, e)| (e.seq, i)).collect();
+    let by_seq: BTreeMap<u64, usize> = journal
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.seq, i))
+        .collect();
     let mut retried = 0;
     let mut shortest = Duration::MAX;
     for r in rejections.iter().filter(|r| is_agent(&r.identity)) {
@@ -231,7 +245,10 @@ async fn drains_end_under_throttling_and_agents_wait_out_retry_after() {
         counted += metric_sum(&a.metrics().await, "lastcall_kube_throttled_total", &[]);
     }
     let agent_429s = rejections.iter().filter(|r| is_agent(&r.identity)).count();
-    assert_eq!(counted as usize, agent_429s, "lastcall_kube_throttled_total");
+    assert_eq!(
+        counted as usize, agent_429s,
+        "lastcall_kube_throttled_total"
+    );
     eprintln!(
         "429s per agent {refused:?}; {retried} refused requests retried, the soonest {shortest:?} later; peak in flight {}, requests by agents {}",
         stats.peak_in_flight,

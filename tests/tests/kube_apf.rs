@@ -119,9 +119,7 @@ async fn a_refusal_is_the_real_servers_to_kubectl_kube_rs_and_raw_http() {
 
     // A watch is long-running: it takes no seat, so it starts while the seat is held.
     let watcher: Api<Node> = Api::all(emu.client_no_retry("watcher").await.expect("client"));
-    let stream = watcher
-        .watch(&WatchParams::default().timeout(1), "0")
-        .await;
+    let stream = watcher.watch(&WatchParams::default().timeout(1), "0").await;
     assert!(stream.is_ok(), "a watch is exempt");
     drop(stream);
 
@@ -137,9 +135,14 @@ async fn a_refusal_is_the_real_servers_to_kubectl_kube_rs_and_raw_http() {
     })
     .await
     .expect("kubectl");
-    assert!(!ok, "kubectl must fail while every request is refused: {out}");
     assert!(
-        out.contains("the server has received too many requests and has asked us to try again later"),
+        !ok,
+        "kubectl must fail while every request is refused: {out}"
+    );
+    assert!(
+        out.contains(
+            "the server has received too many requests and has asked us to try again later"
+        ),
         "{out}"
     );
     let tried = kubectl_requests(&emu);
@@ -167,7 +170,10 @@ async fn a_refusal_is_the_real_servers_to_kubectl_kube_rs_and_raw_http() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     emu.faults().release_hangs();
     held.await.expect("holder");
-    let node = got.await.expect("task").expect("served after the seat came free");
+    let node = got
+        .await
+        .expect("task")
+        .expect("served after the seat came free");
     assert_eq!(node.metadata.name.as_deref(), Some("n1"));
     let tried = requests_of(&emu, "kube-rs-retry");
     assert_eq!(tried.first().map(|e| e.status), Some(429));

@@ -176,10 +176,8 @@ impl State {
         match self.config.as_ref().and_then(|c| c.rate) {
             Some(rate) if rate > 0.0 => {
                 let missing = (1.0 - self.tokens).max(0.0);
-                Duration::from_secs_f64(missing / rate).clamp(
-                    Duration::from_millis(1),
-                    Duration::from_millis(50),
-                )
+                Duration::from_secs_f64(missing / rate)
+                    .clamp(Duration::from_millis(1), Duration::from_millis(50))
             }
             _ => Duration::from_millis(50),
         }
@@ -552,7 +550,11 @@ mod tests {
             drop(apf.admit(&user("a"), false).await.expect("admitted"));
         }
         // Two from the burst, five more at 50/s: at least 100 ms.
-        assert!(start.elapsed() >= Duration::from_millis(95), "{:?}", start.elapsed());
+        assert!(
+            start.elapsed() >= Duration::from_millis(95),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[test]
