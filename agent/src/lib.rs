@@ -27,4 +27,5 @@ pub mod request_deadline;
 pub mod reverted;
 pub mod run;
 pub mod sources;
+pub mod throttle;
 pub mod watches;

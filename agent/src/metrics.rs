@@ -108,6 +108,8 @@ pub struct Metrics {
     pub events: Family<ResultLabel, Counter>,
     /// Kubernetes API requests abandoned at `--request-timeout`, by HTTP verb.
     pub request_timeouts: Family<VerbLabel, Counter>,
+    /// 429s from the API server (throttling, not a disruption budget), by HTTP verb.
+    pub throttled: Family<VerbLabel, Counter>,
     /// 1 while this agent owns its node (see `owner`).
     pub node_owner: Gauge,
 }
@@ -151,6 +153,7 @@ impl Metrics {
             watch_errors: Family::default(),
             events: Family::default(),
             request_timeouts: Family::default(),
+            throttled: Family::default(),
             node_owner: Gauge::default(),
         };
         let mut r = Registry::with_prefix("lastcall");
@@ -163,6 +166,11 @@ impl Metrics {
             "kube_request_timeouts",
             "Kubernetes API requests abandoned at --request-timeout, by verb",
             m.request_timeouts.clone(),
+        );
+        r.register(
+            "kube_throttled",
+            "Kubernetes API requests refused with 429 (API Priority and Fairness), by verb; the agent then waits Retry-After plus jitter",
+            m.throttled.clone(),
         );
         r.register(
             "node_owner",

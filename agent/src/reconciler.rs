@@ -55,6 +55,8 @@ pub struct Reconciler {
     pub node_empty: watch::Sender<bool>,
     /// Plans and acts only while this agent owns the node (`crate::owner`).
     pub owner: crate::owner::Owner,
+    /// When the API server asked the agent to wait (429 with Retry-After): no pass before.
+    pub throttle: Option<crate::throttle::Throttle>,
     state: LocalState,
     own: OwnWrites,
     timing: DrainTiming,
@@ -178,6 +180,7 @@ impl Reconciler {
             drain_state: watch::channel(None).0,
             node_empty: watch::channel(false).0,
             owner: crate::owner::Owner::sole(),
+            throttle: None,
         }
     }
 
@@ -229,6 +232,13 @@ impl Reconciler {
                     d
                 }
             };
+            // Throttled: sleep out the server's Retry-After here, responsive to shutdown,
+            // rather than plan and then wait inside the client.
+            let wait = wait.max(
+                self.throttle
+                    .as_ref()
+                    .map_or(Duration::ZERO, |t| t.remaining()),
+            );
             if wait.is_zero() {
                 continue;
             }

@@ -26,6 +26,7 @@ use crate::owner::{self, Owner, Ownership, PodId};
 use crate::policy::PolicyConfig;
 use crate::reconciler::{HEALTH_KUBE, Reconciler};
 use crate::request_deadline::RequestDeadline;
+use crate::throttle::Throttle;
 use crate::{sources, watches};
 
 /// Pre-built clients, for running the agent in-process (tests, the demo).
@@ -79,6 +80,8 @@ pub struct Agent {
     client: kube::Client,
     /// Watches (their own long-poll timeout).
     watch_client: kube::Client,
+    /// 429s' Retry-After, shared by both clients and the reconciler.
+    throttle: Throttle,
     gamelift: Option<aws_sdk_gamelift::Client>,
     sources: Vec<sources::Registered>,
     /// This agent's pod, when ownership is on.
@@ -109,8 +112,9 @@ impl Agent {
                 .context("loading the Kubernetes client config")?,
         };
         let identity = identity(&config, &cfg.default_namespace);
-        let client = kube_client(cfg.clone(), config.request_timeout, &metrics)?;
-        let watch_client = watch_client(cfg)?;
+        let throttle = Throttle::new(metrics.clone());
+        let client = kube_client(cfg.clone(), config.request_timeout, &metrics, &throttle)?;
+        let watch_client = watch_client(cfg, &throttle)?;
         let sources = sources::REGISTRY
             .iter()
             .chain(overrides.sources.iter())
@@ -124,6 +128,7 @@ impl Agent {
             listener,
             client,
             watch_client,
+            throttle,
             gamelift: overrides.gamelift.map(gamelift::with_timeouts),
             sources,
             identity,
@@ -142,6 +147,7 @@ impl Agent {
             listener,
             client,
             watch_client,
+            throttle,
             gamelift,
             sources: registry_sources,
             identity,
@@ -232,6 +238,7 @@ impl Agent {
             trigger,
         );
         reconciler.owner = owner.clone();
+        reconciler.throttle = Some(throttle);
         reconciler.node_empty = empty_tx;
         if let Some(n) = narration {
             reconciler.narrate_to(n);
@@ -394,7 +401,12 @@ pub async fn cleanup_cooperation(
             .context("loading the Kubernetes client config")?,
     };
     let (metrics, _) = Metrics::new();
-    let client = kube_client(cfg, config.request_timeout, &metrics)?;
+    let client = kube_client(
+        cfg,
+        config.request_timeout,
+        &metrics,
+        &Throttle::new(metrics.clone()),
+    )?;
     let summary = crate::cooperation::cleanup::run(client).await?;
     if summary.failed > 0 {
         anyhow::bail!("{} pod(s) could not be cleaned up", summary.failed);
@@ -554,12 +566,15 @@ impl Running {
 
 /// The agent's Kubernetes client for requests. kube retries 429/503/504 up to 15 times on
 /// its own, for minutes; the reconciler has its own capped, jittered backoff and must stay
-/// responsive to new signals, so that retry is off. Every request gets `request_timeout`
-/// (see `request_deadline`). Tests build their agents through this too.
+/// responsive to new signals, so that retry is off. A 429's `Retry-After` holds every
+/// request of the agent (see `throttle`). Every request gets `request_timeout` (see
+/// `request_deadline`), counted from when it leaves. Tests build their agents through this
+/// too.
 pub fn kube_client(
     mut cfg: kube::Config,
     request_timeout: Duration,
     metrics: &Metrics,
+    throttle: &Throttle,
 ) -> anyhow::Result<kube::Client> {
     cfg.default_retry = false;
     // The deadline layer ends a request without headers first (and counts it); these bound
@@ -573,17 +588,20 @@ pub fn kube_client(
         kube::client::ClientBuilder::try_from(cfg).context("building the Kubernetes client")?;
     Ok(builder
         .with_layer(&RequestDeadline::new(request_timeout, metrics.clone()))
+        .with_layer(throttle)
         .build())
 }
 
 /// The client of the watches: no request deadline (a watch is a long poll), but a read
 /// timeout longer than the poll, so a watch on a connection that died silently ends and is
-/// re-established.
-pub fn watch_client(mut cfg: kube::Config) -> anyhow::Result<kube::Client> {
+/// re-established. Its lists and watches wait out a 429's `Retry-After` too (`throttle`).
+pub fn watch_client(mut cfg: kube::Config, throttle: &Throttle) -> anyhow::Result<kube::Client> {
     cfg.default_retry = false;
     cfg.read_timeout = Some(WATCH_READ_TIMEOUT);
     cfg.reset_reader_on_write = true;
-    kube::Client::try_from(cfg).context("building the Kubernetes watch client")
+    let builder = kube::client::ClientBuilder::try_from(cfg)
+        .context("building the Kubernetes watch client")?;
+    Ok(builder.with_layer(throttle).build())
 }
 
 async fn admin_task(

@@ -92,3 +92,139 @@ async fn a_drain_of_4_ready_2_allocated_1_reserved_costs_at_most_12_requests() {
         "no cluster-wide GameServer LIST"
     );
 }
+
+/// One drain and its cancel, by the journal.
+struct Cycle {
+    /// The agent's requests (watches excluded), by kind.
+    by_kind: BTreeMap<String, usize>,
+    total: usize,
+    /// PATCHes that put the ownership label on a server that landed on the node during
+    /// the window (replacements coming back once the node is uncordoned).
+    claims: usize,
+    /// What a hand-written client would send for the same outcome (see [`bare_client`]).
+    bare: usize,
+}
+
+/// The fewest requests for the outcome of a drain and its cancel, written by hand: one
+/// guarded Node patch to fence (cordon, taint, record), one preconditioned DELETE per
+/// Ready server, one merge patch per in-use server (label and both annotations at once);
+/// then for the cancel one Node patch (uncordon, untaint, records removed) and one merge
+/// patch per protected server. No Events, no reads, no claims: it is given the server
+/// list and their states.
+fn bare_client(ready: usize, in_use: usize) -> usize {
+    1 + ready + in_use + 1 + in_use
+}
+
+/// Drains n1 (16 Ready, 4 Allocated) by FleetIQ `DRAINING`, waits until the Ready servers
+/// are released and the matches protected, cancels with `ACTIVE`, waits until every mark
+/// is gone (and, with no spare node, until the replacements that come back are claimed),
+/// then lets resync passes run.
+async fn drain_and_cancel(spare_node: bool) -> Cycle {
+    let extra: &[&str] = if spare_node { &["n2"] } else { &[] };
+    let w = World::start(WorldSpec::new(16, 4, 0).extra_nodes(extra)).await;
+    let agent = w.agent(&[]).await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let journal = w.cluster.emulator().journal();
+    let start = journal.entries().last().map(|e| e.seq).unwrap_or(0);
+    let here = w.on("n1");
+    let ready = here.iter().filter(|g| g.state == Some(S::Ready)).count();
+    let in_use = here.len() - ready;
+    let before: std::collections::BTreeSet<String> = here.iter().map(|g| g.name.clone()).collect();
+
+    w.status(Status::Draining).await;
+    wait_for("Ready released, in-use servers protected", || async {
+        let here = w.on("n1");
+        let protected = here
+            .iter()
+            .filter(|g| g.annotations.contains_key("lastcall.dev/drain-deadline"))
+            .count();
+        (here.len() == in_use && protected == in_use).then_some(())
+    })
+    .await;
+    w.status(Status::Active).await;
+    wait_for("cancelled: uncordoned, untainted, unmarked", || async {
+        let n = w.node().await;
+        let unmarked = w.on("n1").iter().all(|g| {
+            !g.annotations.contains_key("lastcall.dev/drain-deadline")
+                && !g.labels.contains_key("lastcall.dev/node-draining")
+        });
+        (!lastcall_testkit::world::cordoned(&n)
+            && !lastcall_testkit::world::has_taint(&n, "lastcall.dev/draining")
+            && unmarked)
+            .then_some(())
+    })
+    .await;
+    if !spare_node {
+        wait_for("the replacements back on n1", || async {
+            (w.on("n1").len() == ready + in_use).then_some(())
+        })
+        .await;
+        w.claimed_all().await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+
+    let cycle: Vec<JournalEntry> = journal.filter(|e| {
+        e.seq > start && e.identity.as_deref() == Some("agent-n1") && e.verb != Verb::Watch
+    });
+    let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
+    for e in &cycle {
+        *by_kind.entry(describe(e)).or_default() += 1;
+    }
+    let claims = cycle
+        .iter()
+        .filter(|e| {
+            e.verb == Verb::Patch
+                && e.resource.as_deref() == Some("gameservers")
+                && e.name.as_ref().is_some_and(|n| !before.contains(n))
+        })
+        .count();
+    drop(agent);
+    Cycle {
+        by_kind,
+        total: cycle.len(),
+        claims,
+        bare: bare_client(ready, in_use),
+    }
+}
+
+/// How much more than the hand-written client a drain and its cancel may cost.
+const BOUND: f64 = 1.5;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_and_its_cancel_cost_at_most_1_5x_a_hand_written_client() {
+    let c = drain_and_cancel(true).await;
+    let ratio = c.total as f64 / c.bare as f64;
+    eprintln!(
+        "drain + cancel, 16 Ready + 4 Allocated, replacements elsewhere: {} requests, bare client {}, ratio {ratio:.2} {:#?}",
+        c.total, c.bare, c.by_kind
+    );
+    assert_eq!(c.claims, 0, "nothing landed on n1: {:#?}", c.by_kind);
+    assert!(
+        ratio <= BOUND,
+        "{} requests for a drain and its cancel, {ratio:.2}× the bare client's {} (bound {BOUND}×): {:#?}",
+        c.total,
+        c.bare,
+        c.by_kind
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replacements_that_come_back_after_a_cancel_cost_one_claim_each() {
+    let c = drain_and_cancel(false).await;
+    let without_claims = c.total - c.claims;
+    let ratio = without_claims as f64 / c.bare as f64;
+    eprintln!(
+        "drain + cancel, 16 Ready + 4 Allocated, replacements back on the node: {} requests ({} claims of servers that landed), bare client {}, ratio without the claims {ratio:.2} {:#?}",
+        c.total, c.claims, c.bare, c.by_kind
+    );
+    // One ownership label per server that landed on the node, never more.
+    assert_eq!(c.claims, 16, "{:#?}", c.by_kind);
+    assert!(
+        ratio <= BOUND,
+        "{without_claims} requests besides the claims, {ratio:.2}× the bare client's {} (bound {BOUND}×): {:#?}",
+        c.bare,
+        c.by_kind
+    );
+}

@@ -109,16 +109,18 @@ impl Journal {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Appends an entry, assigning its `seq`.
-    pub fn record(&self, mut entry: JournalEntry) {
+    /// Appends an entry, assigning its `seq`, which it returns.
+    pub fn record(&self, mut entry: JournalEntry) -> u64 {
         let mut g = self.lock();
         entry.seq = g.next_seq;
+        let seq = entry.seq;
         g.next_seq += 1;
         g.traffic
             .entry(entry.identity.clone())
             .or_default()
             .requests += 1;
         g.entries.push(entry);
+        seq
     }
 
     /// Adds response bytes (and watch events) to an identity's totals.

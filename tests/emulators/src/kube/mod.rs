@@ -13,6 +13,7 @@
 //! implemented.
 
 pub mod admin;
+pub mod apf;
 pub mod discovery;
 pub mod eviction;
 pub mod fanout;
@@ -36,6 +37,7 @@ use anyhow::Context as _;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use apf::{Apf, ApfConfig, ApfStats};
 pub use faults::{FaultAction, FaultRule, Faults, Method, WatchDelay, WatchKey};
 pub use journal::{Journal, JournalEntry, Traffic, Verb};
 pub use resources::ResourceType;
@@ -57,6 +59,9 @@ pub struct Options {
     pub bookmark_interval: Duration,
     /// Serve the read-only journal endpoints of [`admin`] (for an emulator in its own process).
     pub admin: bool,
+    /// API Priority and Fairness from the start (see [`apf`]); `None`: off until
+    /// [`Emulator::apf`] enables it.
+    pub apf: Option<ApfConfig>,
 }
 
 impl Default for Options {
@@ -64,6 +69,7 @@ impl Default for Options {
         Options {
             bookmark_interval: DEFAULT_BOOKMARK_INTERVAL,
             admin: false,
+            apf: None,
         }
     }
 }
@@ -104,6 +110,10 @@ impl Emulator {
         let addr = listener.local_addr()?;
         let fanout_stop = CancellationToken::new();
         let fanout = fanout::Fanout::start(&store, fanout_stop.clone());
+        let apf = Apf::default();
+        if let Some(c) = options.apf {
+            apf.enable(c);
+        }
         let state = Arc::new(ServerState {
             store,
             journal: Journal::default(),
@@ -112,6 +122,7 @@ impl Emulator {
             bookmark_interval: options.bookmark_interval,
             addr,
             fanout,
+            apf,
         });
         let mut app = axum::Router::new();
         if options.admin {
@@ -188,6 +199,11 @@ impl Emulator {
 
     pub fn faults(&self) -> &Faults {
         &self.state.faults
+    }
+
+    /// API Priority and Fairness: off by default; [`Apf::enable`] turns it on.
+    pub fn apf(&self) -> &Apf {
+        &self.state.apf
     }
 
     /// Ends every open watch stream now (clients see the stream close and re-watch).

@@ -17,6 +17,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::apf::{self, Apf};
 use super::discovery;
 use super::eviction;
 use super::faults::{FaultAction, Faults, WatchKey};
@@ -42,6 +43,8 @@ pub struct ServerState {
     pub addr: SocketAddr,
     /// Store changes, handed to the watches that can want them.
     pub fanout: super::fanout::Fanout,
+    /// API Priority and Fairness (off unless enabled).
+    pub apf: Apf,
 }
 
 impl ServerState {
@@ -220,6 +223,35 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         format!("{path}?{query}")
     };
 
+    let entry = |status: StatusCode, response: Option<Arc<Value>>| JournalEntry {
+        seq: 0,
+        identity: identity.clone(),
+        verb,
+        method: method.to_string(),
+        path: path.clone(),
+        query: query.clone(),
+        status: status.as_u16(),
+        resource: resource.clone(),
+        namespace: namespace.clone(),
+        name: name.clone(),
+        subresource: subresource.clone(),
+        at: std::time::SystemTime::now(),
+        response,
+    };
+    // Admission comes first, as in the real filter chain: a request held by a fault holds
+    // its seat, as a slow request would.
+    let exempt = apf::exempt(verb == Verb::Watch, &path);
+    let seat = match s.apf.admit(&identity, exempt).await {
+        Ok(seat) => seat,
+        Err(refused) => {
+            let seq = s.journal.record(entry(StatusCode::TOO_MANY_REQUESTS, None));
+            s.journal
+                .add_traffic(&identity, apf::TOO_MANY_REQUESTS.len() as u64, 0);
+            s.apf.rejected(&identity, seq, &refused);
+            return apf::too_many_requests(&refused);
+        }
+    };
+
     let reply = match s.faults.take(&method, &path_and_query) {
         Some(FaultAction::Status(code)) => Reply::from(ApiError::new(
             code,
@@ -263,21 +295,8 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         // Stream bytes are counted as they are sent.
         Reply::Stream(body) => (StatusCode::OK, json_response(StatusCode::OK, body)),
     };
-    s.journal.record(JournalEntry {
-        seq: 0,
-        identity,
-        verb,
-        method: method.to_string(),
-        path,
-        query,
-        status: status.as_u16(),
-        resource,
-        namespace,
-        name,
-        subresource,
-        at: std::time::SystemTime::now(),
-        response: written,
-    });
+    s.journal.record(entry(status, written));
+    drop(seat);
     response
 }
 
