@@ -82,6 +82,8 @@ pub struct Agent {
     /// This agent's pod, when ownership is on.
     identity: Option<PodId>,
     aws_credentials: Option<aws_sdk_autoscaling::config::Credentials>,
+    /// Webhook notifications, when a URL is configured.
+    notify: Option<(crate::notify::Notifier, crate::notify::Poster)>,
 }
 
 impl Agent {
@@ -108,6 +110,7 @@ impl Agent {
         let identity = identity(&config, &cfg.default_namespace);
         let client = kube_client(cfg.clone(), config.request_timeout, &metrics)?;
         let watch_client = watch_client(cfg)?;
+        let notify = notifications(&config, &metrics)?;
         let sources = sources::REGISTRY
             .iter()
             .chain(overrides.sources.iter())
@@ -125,6 +128,7 @@ impl Agent {
             sources,
             identity,
             aws_credentials: overrides.aws_credentials,
+            notify,
         })
     }
 
@@ -142,6 +146,7 @@ impl Agent {
             sources: registry_sources,
             identity,
             aws_credentials,
+            notify,
         } = self;
         let mut tasks = JoinSet::new();
         let stop = shutdown.child_token();
@@ -221,6 +226,15 @@ impl Agent {
         );
         reconciler.owner = owner.clone();
         reconciler.node_empty = empty_tx;
+        if let Some((notifier, poster)) = notify {
+            reconciler.notifier = notifier;
+            let s = stop.clone();
+            tasks.spawn(async move {
+                poster.run(s.clone()).await;
+                s.cancelled().await;
+                "notify"
+            });
+        }
         if config.publish_drain_state
             && let Some(target) = config.redis_url.clone()
         {
@@ -273,6 +287,32 @@ impl Agent {
             identity,
         }
     }
+}
+
+/// The webhook notifier, when `--notify-url-file` or `LASTCALL_NOTIFY_URL` names a URL. An
+/// unreadable or malformed URL fails start-up (the error never shows the URL). A dry run
+/// sends none: it changes nothing, so it has nothing to announce.
+fn notifications(
+    config: &Config,
+    metrics: &Metrics,
+) -> anyhow::Result<Option<(crate::notify::Notifier, crate::notify::Poster)>> {
+    use crate::notify::{Settings, URL_ENV};
+    let env = std::env::var(URL_ENV).ok().filter(|v| !v.trim().is_empty());
+    let Some(url) = Settings::url(config.notify_url_file.as_deref(), env)? else {
+        return Ok(None);
+    };
+    if config.dry_run {
+        info!(message = "dry run: webhook notifications are off");
+        return Ok(None);
+    }
+    let settings = Settings::new(
+        url,
+        config.notify_template.clone(),
+        config.notify_timeout,
+        config.node_name.clone(),
+        config.notify_cluster.clone(),
+    );
+    crate::notify::start(settings, metrics.clone()).map(Some)
 }
 
 /// What every task source is handed besides its config and metrics.

@@ -943,6 +943,16 @@ const FLAG_PATHS: &[(&str, &str, &[&str])] = &[
     ),
     ("agent", "--listen", &["agent.listenHost", "agent.port"]),
     ("agent", "--publish-period", &["pubsub.period"]),
+    // The webhook URL is a secret: a file mounted from notifications.existingSecret.
+    (
+        "agent",
+        "--notify-url-file",
+        &[
+            "notifications.enabled",
+            "notifications.existingSecret",
+            "notifications.existingSecretKey",
+        ],
+    ),
     ("pubsub", "--config-file", &["fleetiq.gameServerGroups"]),
     (
         "pubsub",
@@ -1029,8 +1039,11 @@ fn flag_value_problems(component: &str, help: &str, values: &Value, template: &s
             continue;
         }
         let name = o.flag.trim_start_matches("--");
-        let path = match name.strip_prefix("webhook-") {
-            Some(rest) if component == "pubsub" => format!("pubsub.webhook.{}", camel(rest)),
+        let path = match (name.strip_prefix("webhook-"), name.strip_prefix("notify-")) {
+            (Some(rest), _) if component == "pubsub" => {
+                format!("pubsub.webhook.{}", camel(rest))
+            }
+            (_, Some(rest)) if component == "agent" => format!("notifications.{}", camel(rest)),
             _ => format!("{component}.{}", camel(name)),
         };
         let Some(v) = value_at(values, &path) else {
