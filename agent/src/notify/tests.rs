@@ -117,7 +117,11 @@ async fn a_hanging_or_absent_receiver_fails_within_bounds_and_the_queue_drops_th
         (counted(&m, Event::DrainStarted, "failed") == 1).then_some(())
     })
     .await;
-    assert_eq!(r.received().len(), ATTEMPTS as usize, "timeouts are retried");
+    assert_eq!(
+        r.received().len(),
+        ATTEMPTS as usize,
+        "timeouts are retried"
+    );
     stop.cancel();
 
     let (n, m, stop) = run(&refusing_url(), Duration::from_millis(200));
@@ -130,8 +134,8 @@ async fn a_hanging_or_absent_receiver_fails_within_bounds_and_the_queue_drops_th
 
     // A poster that is not running: the queue fills and then drops, never blocks.
     let (metrics, _) = Metrics::new();
-    let (n, _poster) = start(settings(&r.url(), Duration::from_secs(1)), metrics.clone())
-        .expect("start");
+    let (n, _poster) =
+        start(settings(&r.url(), Duration::from_secs(1)), metrics.clone()).expect("start");
     for _ in 0..QUEUE + 3 {
         n.send(note(Event::Empty, "queued"));
     }
@@ -180,14 +184,14 @@ fn the_url_comes_from_the_file_then_the_environment_and_errors_hide_it() {
     assert!(Settings::url(None, None).expect("ok").is_none());
     for bad in ["", "   \n", "ftp://h/SECRET", "not a url SECRET", "http://"] {
         std::fs::write(&file, bad).expect("write");
-        let err = format!(
-            "{:#}",
-            Settings::url(Some(&file), None).expect_err(bad)
-        );
+        let err = format!("{:#}", Settings::url(Some(&file), None).expect_err(bad));
         assert!(err.contains("--notify-url-file"), "{err}");
         assert!(!err.contains("SECRET"), "{err}");
     }
     let missing = dir.path().join("missing");
-    let err = format!("{:#}", Settings::url(Some(&missing), None).expect_err("missing"));
+    let err = format!(
+        "{:#}",
+        Settings::url(Some(&missing), None).expect_err("missing")
+    );
     assert!(err.contains("reading --notify-url-file"), "{err}");
 }
