@@ -10,6 +10,9 @@ use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::Duration;
 
 use clap::Parser;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
 use lastcall_agent::config::Config;
 use lastcall_common::fleetiq::InstanceStatus as Status;
 use lastcall_testkit::agent::{InProcessAgent, config, metric, metric_sum};
@@ -333,6 +336,56 @@ async fn a_cancel_notifies_start_then_cancel_once_also_across_a_restart() {
         "{reasons:?}"
     );
     assert!(reasons.iter().any(|r| r == "DrainCancelled"), "{reasons:?}");
+    assert_not_logged(r.token());
+    w.cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fleetiq_the_drained_node_is_told_empty_once() {
+    logs();
+    let r = WebhookReceiver::start().await.expect("receiver");
+    let file = url_file(&r.url());
+    let w = World::start(WorldSpec::new(1, 1, 0)).await;
+    let mut args: Vec<String> = ["--resync-interval", "1s"].map(String::from).to_vec();
+    args.extend(notify_args(&file, &[]));
+    let agent = w.start_agent(&args).await;
+    w.claimed_all().await;
+    let keep = w.allocated();
+    // The operator's drain label: no FleetIQ, so nothing to deregister.
+    Api::<Node>::all(w.cluster.client())
+        .patch(
+            NODE,
+            &PatchParams::default(),
+            &Patch::Merge(
+                &serde_json::json!({"metadata": {"labels": {"lastcall.dev/drain": "true"}}}),
+            ),
+        )
+        .await
+        .expect("label");
+    w.fenced_and_released(&keep).await;
+    assert_eq!(events(&r.received()), ["drain_started"]);
+    w.cluster
+        .sdk_shutdown(NS, &keep.name)
+        .expect("sdk shutdown");
+    wait_for("empty told", || async {
+        (r.received().len() == 2).then_some(())
+    })
+    .await;
+    let passes = metric_sum(&agent.metrics().await, "lastcall_reconciles_total", &[]);
+    wait_for("three more passes", || async {
+        (metric_sum(&agent.metrics().await, "lastcall_reconciles_total", &[]) >= passes + 3.0)
+            .then_some(())
+    })
+    .await;
+    agent.stop().await.expect("clean stop");
+    let got = r.received();
+    assert_eq!(events(&got), ["drain_started", "empty"], "{got:#?}");
+    let j = got[1].json.clone().unwrap_or_default();
+    assert_eq!(
+        (j["reason"].as_str(), j["source"].as_str()),
+        (Some("manual"), Some("manual")),
+        "{j}"
+    );
     assert_not_logged(r.token());
     w.cluster.shutdown().await;
 }

@@ -1067,6 +1067,11 @@ fn flag_value_problems(component: &str, help: &str, values: &Value, template: &s
         }
         let chart_default = as_flag_value(v);
         let binary_default = match (&o.default, &o.value) {
+            // clap quotes a default that is empty or holds spaces or quotes, with Rust's
+            // string escapes (JSON's, for what a default holds).
+            (Some(d), _) if d.len() >= 2 && d.starts_with('"') && d.ends_with('"') => {
+                serde_json::from_str::<String>(d).unwrap_or_else(|_| d.clone())
+            }
             (Some(d), _) => d.clone(),
             (None, None) => "false".to_string(), // a switch
             (None, Some(_)) => String::new(),    // unset
