@@ -312,6 +312,29 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_CLEANUP_COOPERATION")]
     pub cleanup_cooperation: bool,
 
+    /// File holding the webhook URL that drain notifications are POSTed to (Slack incoming
+    /// webhook, Teams workflow, any JSON receiver); mount it from a Secret. Unset: the
+    /// environment variable LASTCALL_NOTIFY_URL if set, else no notifications. The URL is
+    /// never logged. See docs/notifications.md.
+    #[arg(long, env = "LASTCALL_NOTIFY_URL_FILE")]
+    pub notify_url_file: Option<std::path::PathBuf>,
+
+    /// Body of each notification: JSON with placeholders {event}, {node}, {cluster},
+    /// {reason}, {source}, {deadline}, {message}, filled in JSON-escaped (so they go inside
+    /// JSON strings). Checked at start-up: an unknown placeholder or a body that is not a
+    /// JSON object fails the flag.
+    #[arg(long, env = "LASTCALL_NOTIFY_TEMPLATE", default_value = crate::notify::template::DEFAULT, value_parser = crate::notify::Template::parse)]
+    pub notify_template: crate::notify::Template,
+
+    /// Time limit of each notification attempt (connecting, at most 2 s of it, and the
+    /// answer); failed attempts are retried twice, then the notification is dropped.
+    #[arg(long, env = "LASTCALL_NOTIFY_TIMEOUT", default_value = "5s", value_parser = positive_duration)]
+    pub notify_timeout: Duration,
+
+    /// The cluster's name for {cluster} in notifications.
+    #[arg(long, env = "LASTCALL_NOTIFY_CLUSTER", default_value = "")]
+    pub notify_cluster: String,
+
     /// Log filter, e.g. info or lastcall_agent=debug,info. RUST_LOG overrides it.
     #[arg(long, env = "LASTCALL_LOG_LEVEL", default_value = "info", value_parser = lastcall_common::telemetry::parse_level)]
     pub log_level: String,
@@ -408,6 +431,11 @@ mod tests {
             (vec!["--imds-endpoint", "ftp://x"], "--imds-endpoint"),
             (vec!["--release-concurrency", "0"], "--release-concurrency"),
             (vec!["--listen", "nowhere"], "--listen"),
+            (
+                vec!["--notify-template", r#"{"text":"{nodename}"}"#],
+                "--notify-template",
+            ),
+            (vec!["--notify-timeout", "0s"], "--notify-timeout"),
         ] {
             let err = parse(&args).unwrap_err();
             assert_eq!(err.exit_code(), 2);

@@ -17,6 +17,7 @@ pub mod fleetiq;
 pub mod keys;
 pub mod metrics;
 pub mod notice;
+pub mod notify;
 pub mod observed;
 pub mod own_writes;
 pub mod owner;

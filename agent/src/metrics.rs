@@ -68,6 +68,12 @@ pub struct SourceLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventOutcome {
+    pub event: &'static str,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VerbLabel {
     pub verb: &'static str,
 }
@@ -112,6 +118,8 @@ pub struct Metrics {
     pub throttled: Family<VerbLabel, Counter>,
     /// 1 while this agent owns its node (see `owner`).
     pub node_owner: Gauge,
+    /// Webhook notifications, by drain event and outcome (see `notify`).
+    pub notifications: Family<EventOutcome, Counter>,
 }
 
 impl Metrics {
@@ -155,6 +163,7 @@ impl Metrics {
             request_timeouts: Family::default(),
             throttled: Family::default(),
             node_owner: Gauge::default(),
+            notifications: Family::default(),
         };
         let mut r = Registry::with_prefix("lastcall");
         r.register(
@@ -311,6 +320,11 @@ impl Metrics {
             "watch_errors",
             "Kubernetes watch errors, by watched kind",
             m.watch_errors.clone(),
+        );
+        r.register(
+            "notifications",
+            "Webhook notifications of drain events (--notify-url-file), by event and outcome (sent, failed, dropped)",
+            m.notifications.clone(),
         );
         r.register(
             "events",

@@ -57,6 +57,8 @@ pub struct Reconciler {
     pub owner: crate::owner::Owner,
     /// When the API server asked the agent to wait (429 with Retry-After): no pass before.
     pub throttle: Option<crate::throttle::Throttle>,
+    /// Webhook notifications of the drain's moments (`crate::notify`); off by default.
+    pub notifier: crate::notify::Notifier,
     state: LocalState,
     own: OwnWrites,
     timing: DrainTiming,
@@ -84,6 +86,11 @@ struct LocalState {
     last_release: BTreeMap<(String, String), jiff::Timestamp>,
     /// Release pacing: what was last read of each Fleet, and releases it may not show yet.
     fleet_reads: BTreeMap<(String, String), FleetRead>,
+    /// Notifications: the hard deadline of this drain was told (once per drain).
+    told_deadline: bool,
+    /// Notifications: this process saw this drain with game servers still on the node, so
+    /// the node becoming empty is a moment it saw happen (not one a restart finds).
+    seen_busy: bool,
 }
 
 /// Release pacing's view of one Fleet's status.
@@ -181,6 +188,7 @@ impl Reconciler {
             node_empty: watch::channel(false).0,
             owner: crate::owner::Owner::sole(),
             throttle: None,
+            notifier: crate::notify::Notifier::off(),
         }
     }
 
@@ -704,8 +712,10 @@ impl Reconciler {
             Ok(applied) => {
                 // Sources honour --dry-run themselves (they count, never send).
                 let empty = applied == 0 && plan.is_handed_off(&self.config);
+                let was_empty = *self.node_empty.borrow();
                 self.node_empty
                     .send_if_modified(|v| std::mem::replace(v, empty) != empty);
+                self.notify_empty(&plan, empty, was_empty);
                 let progress = Progress::from_annotations(&observed.node.annotations);
                 self.timing
                     .applied(&plan, &progress, &self.metrics, Instant::now());
@@ -780,7 +790,128 @@ impl Reconciler {
         let mut log = PassLog::default();
         let result = self.apply_steps(plan, observed, &mut log).await;
         self.tell(plan, &log);
+        self.notify(plan, &log, observed);
         result
+    }
+
+    /// Webhook notifications for the pass's moments, from the same log as its Event, so
+    /// each is sent once per transition: a drain's start and cancel are decided by the
+    /// Node's record (a restarted agent finds the drain recorded and starts none), a
+    /// deregistration happens once per node.
+    fn notify(&mut self, plan: &Plan, log: &PassLog, observed: &Observed) {
+        use crate::notify::{Event, Notification};
+        if !self.notifier.is_on() {
+            return;
+        }
+        let progress = Progress::from_annotations(&observed.node.annotations);
+        let (reason, source) = match &plan.driver {
+            Some(d) => (d.cause.as_str(), d.source.as_str()),
+            // A cancel has no driver left: what the Node recorded.
+            None => (
+                progress.cause.map_or("", |c| c.as_str()),
+                progress
+                    .record
+                    .entries()
+                    .first()
+                    .map_or("", |e| e.source.as_str()),
+            ),
+        };
+        let hard = plan.driver.as_ref().and_then(|d| d.deadline);
+        let announced = log.deadline.as_ref().map(|(d, _)| d.clone());
+        let note = |event: Event, deadline: Option<String>, message: String| Notification {
+            event,
+            reason: reason.to_string(),
+            source: source.to_string(),
+            deadline: deadline.unwrap_or_default(),
+            message,
+        };
+        let mut out = vec![];
+        for e in &log.node {
+            match e {
+                policy::NodeEvent::DrainStarted => {
+                    self.state.told_deadline = false;
+                    let deadline = announced.clone().or(hard.map(|t| t.to_string()));
+                    let until = deadline
+                        .as_deref()
+                        .map(|d| format!(" Running matches may go on until {d}."))
+                        .unwrap_or_default();
+                    out.push(note(
+                        Event::DrainStarted,
+                        deadline,
+                        format!(
+                            "Drain started: {reason} ({source}). No new game servers land here; idle ones are released.{until}"
+                        ),
+                    ));
+                }
+                policy::NodeEvent::DrainCancelled => {
+                    self.state.told_deadline = false;
+                    self.state.seen_busy = false;
+                    out.push(note(
+                        Event::DrainCancelled,
+                        None,
+                        "Signal cleared before the node was empty; lastcall undid its changes and the node takes game servers again.".into(),
+                    ));
+                }
+                policy::NodeEvent::NodeFenced => {}
+            }
+        }
+        if !log.ended.is_empty() && !self.state.told_deadline {
+            self.state.told_deadline = true;
+            let deadline = hard.map(|t| t.to_string());
+            let at = deadline.as_deref().unwrap_or("its deadline");
+            out.push(note(
+                Event::HardDeadline,
+                deadline.clone(),
+                format!(
+                    "The node goes at {at}: started the graceful termination of {} match(es) so each gets its whole grace period.",
+                    log.ended.len()
+                ),
+            ));
+        }
+        if log.deregistered {
+            self.state.seen_busy = false;
+            out.push(note(
+                Event::Deregistered,
+                None,
+                "No game servers in use; deregistered from FleetIQ.".into(),
+            ));
+        }
+        for n in out {
+            info!(message = "notifying", event = n.event.as_str());
+            self.notifier.send(n);
+        }
+    }
+
+    /// Without FleetIQ, the moment a drain's node is empty and may be taken. Sent only when
+    /// this process saw the drain busy first, so a restart on an empty node sends none.
+    fn notify_empty(&mut self, plan: &Plan, empty_now: bool, was_empty: bool) {
+        if !self.notifier.is_on() || self.config.deregister {
+            return;
+        }
+        match plan.phase {
+            Phase::Idle | Phase::Cancelling => self.state.seen_busy = false,
+            Phase::Fencing | Phase::Draining => self.state.seen_busy = true,
+            Phase::Empty | Phase::Deregistered => {}
+        }
+        if empty_now && !was_empty && self.state.seen_busy {
+            self.state.seen_busy = false;
+            info!(message = "notifying", event = "empty");
+            self.notifier.send(crate::notify::Notification {
+                event: crate::notify::Event::Empty,
+                reason: plan
+                    .driver
+                    .as_ref()
+                    .map_or("", |d| d.cause.as_str())
+                    .to_string(),
+                source: plan
+                    .driver
+                    .as_ref()
+                    .map_or("", |d| d.source.as_str())
+                    .to_string(),
+                deadline: String::new(),
+                message: "No game servers left; the drained node may be taken.".into(),
+            });
+        }
     }
 
     /// One Event for the pass, on the Node, telling each step that succeeded.

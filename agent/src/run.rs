@@ -88,6 +88,8 @@ pub struct Agent {
     identity: Option<PodId>,
     aws_credentials: Option<aws_sdk_autoscaling::config::Credentials>,
     narration: Option<crate::dry_run::narration::Narration>,
+    /// Webhook notifications, when a URL is configured.
+    notify: Option<(crate::notify::Notifier, crate::notify::Poster)>,
 }
 
 impl Agent {
@@ -115,6 +117,7 @@ impl Agent {
         let throttle = Throttle::new(metrics.clone());
         let client = kube_client(cfg.clone(), config.request_timeout, &metrics, &throttle)?;
         let watch_client = watch_client(cfg, &throttle)?;
+        let notify = notifications(&config, &metrics)?;
         let sources = sources::REGISTRY
             .iter()
             .chain(overrides.sources.iter())
@@ -134,6 +137,7 @@ impl Agent {
             identity,
             aws_credentials: overrides.aws_credentials,
             narration: overrides.narration,
+            notify,
         })
     }
 
@@ -153,6 +157,7 @@ impl Agent {
             identity,
             aws_credentials,
             narration,
+            notify,
         } = self;
         let mut tasks = JoinSet::new();
         let stop = shutdown.child_token();
@@ -243,6 +248,15 @@ impl Agent {
         if let Some(n) = narration {
             reconciler.narrate_to(n);
         }
+        if let Some((notifier, poster)) = notify {
+            reconciler.notifier = notifier;
+            let s = stop.clone();
+            tasks.spawn(async move {
+                poster.run(s.clone()).await;
+                s.cancelled().await;
+                "notify"
+            });
+        }
         if config.publish_drain_state && config.dry_run {
             // The webhook would ask Agones for replacements of a drain that is not happening.
             info!(message = "dry run: this node's drain state is not published");
@@ -298,6 +312,32 @@ impl Agent {
             identity,
         }
     }
+}
+
+/// The webhook notifier, when `--notify-url-file` or `LASTCALL_NOTIFY_URL` names a URL. An
+/// unreadable or malformed URL fails start-up (the error never shows the URL). A dry run
+/// sends none: it changes nothing, so it has nothing to announce.
+fn notifications(
+    config: &Config,
+    metrics: &Metrics,
+) -> anyhow::Result<Option<(crate::notify::Notifier, crate::notify::Poster)>> {
+    use crate::notify::{Settings, URL_ENV};
+    let env = std::env::var(URL_ENV).ok().filter(|v| !v.trim().is_empty());
+    let Some(url) = Settings::url(config.notify_url_file.as_deref(), env)? else {
+        return Ok(None);
+    };
+    if config.dry_run {
+        info!(message = "dry run: webhook notifications are off");
+        return Ok(None);
+    }
+    let settings = Settings::new(
+        url,
+        config.notify_template.clone(),
+        config.notify_timeout,
+        config.node_name.clone(),
+        config.notify_cluster.clone(),
+    );
+    crate::notify::start(settings, metrics.clone()).map(Some)
 }
 
 /// What every task source is handed besides its config and metrics.

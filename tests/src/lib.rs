@@ -7,6 +7,7 @@
 
 pub use lastcall_emulators::{
     autoscaling, bins, cluster, eventually, gamelift, gce, imds, kube, net, process, redis,
+    webhook_receiver,
 };
 
 pub mod agent;

@@ -964,6 +964,16 @@ const FLAG_PATHS: &[(&str, &str, &[&str])] = &[
     ),
     ("agent", "--listen", &["agent.listenHost", "agent.port"]),
     ("agent", "--publish-period", &["pubsub.period"]),
+    // The webhook URL is a secret: a file mounted from notifications.existingSecret.
+    (
+        "agent",
+        "--notify-url-file",
+        &[
+            "notifications.enabled",
+            "notifications.existingSecret",
+            "notifications.existingSecretKey",
+        ],
+    ),
     ("pubsub", "--config-file", &["fleetiq.gameServerGroups"]),
     (
         "pubsub",
@@ -1050,8 +1060,11 @@ fn flag_value_problems(component: &str, help: &str, values: &Value, template: &s
             continue;
         }
         let name = o.flag.trim_start_matches("--");
-        let path = match name.strip_prefix("webhook-") {
-            Some(rest) if component == "pubsub" => format!("pubsub.webhook.{}", camel(rest)),
+        let path = match (name.strip_prefix("webhook-"), name.strip_prefix("notify-")) {
+            (Some(rest), _) if component == "pubsub" => {
+                format!("pubsub.webhook.{}", camel(rest))
+            }
+            (_, Some(rest)) if component == "agent" => format!("notifications.{}", camel(rest)),
             _ => format!("{component}.{}", camel(name)),
         };
         let Some(v) = value_at(values, &path) else {
@@ -1075,6 +1088,11 @@ fn flag_value_problems(component: &str, help: &str, values: &Value, template: &s
         }
         let chart_default = as_flag_value(v);
         let binary_default = match (&o.default, &o.value) {
+            // clap quotes a default that is empty or holds spaces or quotes, with Rust's
+            // string escapes (JSON's, for what a default holds).
+            (Some(d), _) if d.len() >= 2 && d.starts_with('"') && d.ends_with('"') => {
+                serde_json::from_str::<String>(d).unwrap_or_else(|_| d.clone())
+            }
             (Some(d), _) => d.clone(),
             (None, None) => "false".to_string(), // a switch
             (None, Some(_)) => String::new(),    // unset

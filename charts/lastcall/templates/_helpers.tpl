@@ -160,6 +160,29 @@ only ever lives in the Secret. With redis.tls.caSecret, REDIS_CA_FILE names the 
 {{- end }}
 {{- end -}}
 
+{{/* The agent's volumes: the Redis CA, and the Secret holding the notification URL. */}}
+{{- define "lastcall.agentMounts" -}}
+{{ include "lastcall.redisCaMount" . }}
+{{- if .Values.notifications.enabled }}
+- name: notify-url
+  mountPath: /etc/lastcall/notify
+  readOnly: true
+{{- end }}
+{{- end -}}
+{{- define "lastcall.agentVolumes" -}}
+{{ include "lastcall.redisCaVolume" . }}
+{{- with .Values.notifications }}
+{{- if .enabled }}
+- name: notify-url
+  secret:
+    secretName: {{ required "notifications.existingSecret is required when notifications.enabled is true: a Secret holding the webhook URL" .existingSecret }}
+    items:
+      - key: {{ .existingSecretKey }}
+        path: {{ .existingSecretKey }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{/*
 Rolls the pods when a setting they read from outside their own spec changes (the Redis
 wiring, the groups). A Secret's content is not visible to the chart: after rotating one,

@@ -21,3 +21,4 @@ pub mod kube;
 pub mod net;
 pub mod process;
 pub mod redis;
+pub mod webhook_receiver;
