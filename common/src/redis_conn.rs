@@ -314,10 +314,7 @@ pub async fn connect_any(client: &AnyClient, timeout: Duration) -> redis::RedisR
 pub async fn cluster_nodes(
     conn: &mut redis::cluster_async::ClusterConnection,
 ) -> redis::RedisResult<Vec<NodeAddr>> {
-    let map: redis::Value = redis::cmd("CLUSTER")
-        .arg("SLOTS")
-        .query_async(conn)
-        .await?;
+    let map: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
     Ok(parse_cluster_slots(&map))
 }
 

@@ -150,7 +150,8 @@ impl RedisTarget {
     /// The single node `host:port` with this URL's scheme, credentials and database: how a
     /// node learned from a cluster's topology is reached.
     pub fn node(&self, host: &str, port: u16) -> Result<RedisTarget, RedisUrlError> {
-        let mut u = url::Url::parse(&self.url).map_err(|e| RedisUrlError::Invalid(e.to_string()))?;
+        let mut u =
+            url::Url::parse(&self.url).map_err(|e| RedisUrlError::Invalid(e.to_string()))?;
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let host = if bare.contains(':') {
             format!("[{bare}]")
@@ -212,9 +213,7 @@ impl fmt::Display for RedisTarget {
                 match shown.split_once("://") {
                     Some((scheme, rest)) if self.cluster => {
                         // The further nodes go after the first one's host and port.
-                        let authority_end = rest
-                            .find(['/', '?'])
-                            .unwrap_or(rest.len());
+                        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
                         let (authority, tail) = rest.split_at(authority_end);
                         write!(f, "{scheme}+cluster://{authority}")?;
                         for seed in &self.more_seeds {
@@ -318,8 +317,9 @@ mod tests {
 
     #[test]
     fn a_cluster_url_may_name_several_nodes() {
-        let t = RedisTarget::parse("rediss+cluster://u:pw@10.0.0.1:6379,10.0.0.2:6380, node-c:7000")
-            .unwrap();
+        let t =
+            RedisTarget::parse("rediss+cluster://u:pw@10.0.0.1:6379,10.0.0.2:6380, node-c:7000")
+                .unwrap();
         let seeds: Vec<String> = t.seeds().iter().map(|s| s.url().to_string()).collect();
         assert_eq!(
             seeds,

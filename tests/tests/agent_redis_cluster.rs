@@ -71,12 +71,7 @@ fn gamelift_says(w: &World, iid: &str, status: Status) {
 
 /// Publishes `status` for `iid` (of world `w`) through pubsub's script (cache keys, then PUBLISH), retrying
 /// until Redis took it: once this returns, the notice is in the cluster.
-async fn publish(
-    p: &lastcall_pubsub::publisher::Publisher,
-    w: &World,
-    iid: &str,
-    status: Status,
-) {
+async fn publish(p: &lastcall_pubsub::publisher::Publisher, w: &World, iid: &str, status: Status) {
     gamelift_says(w, iid, status);
     let body = StatusMessage {
         group_name: Some(GROUP.into()),
@@ -85,16 +80,21 @@ async fn publish(
         status,
     }
     .to_python_json();
-    eventually("pubsub published the status", FAILOVER_WITHIN, POLL, || async {
-        let r = p
-            .publish(&[lastcall_pubsub::publisher::Outgoing {
-                instance_id: iid.to_string(),
-                body: body.clone(),
-                polled_at_ms: jiff::Timestamp::now().as_millisecond(),
-            }])
-            .await;
-        (r.published == 1).then_some(())
-    })
+    eventually(
+        "pubsub published the status",
+        FAILOVER_WITHIN,
+        POLL,
+        || async {
+            let r = p
+                .publish(&[lastcall_pubsub::publisher::Outgoing {
+                    instance_id: iid.to_string(),
+                    body: body.clone(),
+                    polled_at_ms: jiff::Timestamp::now().as_millisecond(),
+                }])
+                .await;
+            (r.published == 1).then_some(())
+        },
+    )
     .await;
 }
 
@@ -135,26 +135,36 @@ async fn connected(agent: &InProcessAgent) {
 
 /// The node of `channel`'s only subscriber, once there is exactly one.
 async fn subscribed_through(cluster: &RedisCluster, channel: &str) -> u16 {
-    eventually("exactly one subscriber of the channel", FAILOVER_WITHIN, POLL, || async {
-        let mut on = Vec::new();
-        for port in cluster.live_ports() {
-            for _ in 0..cluster.subscribers_on(port, channel).await {
-                on.push(port);
+    eventually(
+        "exactly one subscriber of the channel",
+        FAILOVER_WITHIN,
+        POLL,
+        || async {
+            let mut on = Vec::new();
+            for port in cluster.live_ports() {
+                for _ in 0..cluster.subscribers_on(port, channel).await {
+                    on.push(port);
+                }
             }
-        }
-        (on.len() == 1).then(|| on[0])
-    })
+            (on.len() == 1).then(|| on[0])
+        },
+    )
     .await
 }
 
 /// The drain's notice on the Node names `cause`.
 async fn notice_names(w: &World, cause: &str) {
-    eventually("the drain notice names the new cause", FAILOVER_WITHIN, POLL, || async {
-        let n: Node = w.node().await;
-        annotation(&n, "lastcall.dev/drain-notice")
-            .is_some_and(|a| a.contains(&format!("\"{cause}\"")))
-            .then_some(())
-    })
+    eventually(
+        "the drain notice names the new cause",
+        FAILOVER_WITHIN,
+        POLL,
+        || async {
+            let n: Node = w.node().await;
+            annotation(&n, "lastcall.dev/drain-notice")
+                .is_some_and(|a| a.contains(&format!("\"{cause}\"")))
+                .then_some(())
+        },
+    )
     .await;
 }
 
@@ -309,9 +319,12 @@ async fn a_drain_survives_a_cluster_failover_then_its_node_killed() {
     connected(&a).await;
     let seen = signals(&a.metrics().await);
     publish(&pubsub, &w, IID, Status::SpotTerminating).await;
-    eventually("the notice after the kill arrives", FAILOVER_WITHIN, POLL, || async {
-        (signals(&a.metrics().await) > seen).then_some(())
-    })
+    eventually(
+        "the notice after the kill arrives",
+        FAILOVER_WITHIN,
+        POLL,
+        || async { (signals(&a.metrics().await) > seen).then_some(()) },
+    )
     .await;
     never_deleted_by_the_agent(&w, &keep).await;
     w.finish_drain(&keep).await;

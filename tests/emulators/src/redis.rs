@@ -668,6 +668,11 @@ impl RedisCluster {
     /// Starts the servers, creates the cluster with `redis-cli --cluster create`, and waits
     /// until every node says `cluster_state:ok` and sees every replica attached.
     pub async fn start(primaries: usize, replicas: usize) -> anyhow::Result<RedisCluster> {
+        if !crate::process::on_path("redis-cli") {
+            bail!(
+                "redis-cli is not on PATH; it creates the cluster: `apt-get install -y redis-tools`"
+            );
+        }
         let mode = Mode {
             cluster: true,
             ..Mode::default()
@@ -798,9 +803,9 @@ impl RedisCluster {
             .with_context(|| format!("no node on port {port}"))?;
         node.kill().await;
         self.wait("the killed node's replica took over", |views| {
-            views.iter().all(|(ok, nodes)| {
-                *ok && nodes.iter().all(|n| !(n.port == port && n.primary))
-            })
+            views
+                .iter()
+                .all(|(ok, nodes)| *ok && nodes.iter().all(|n| !(n.port == port && n.primary)))
         })
         .await
     }
