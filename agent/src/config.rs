@@ -42,7 +42,10 @@ pub struct Config {
     pub redis_channel: Option<String>,
 
     /// Redis endpoint: host[:port][/db] (the original form), redis://… or rediss://… (TLS),
-    /// optionally with user:password@.
+    /// optionally with user:password@; a Redis Cluster as redis+cluster://[user:pass@]host[:port]
+    /// or rediss+cluster://…, naming the configuration endpoint or one or more nodes
+    /// (comma-separated host:port). On a cluster the subscription goes through the first
+    /// node named and moves to another known node when that one fails.
     #[arg(long, env = "REDIS_URL", value_parser = RedisTarget::parse)]
     pub redis_url: Option<RedisTarget>,
 

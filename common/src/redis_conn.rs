@@ -7,7 +7,9 @@
 //! error means "rebuild the connection" (timeout, READONLY after a failover, auth) and must
 //! log it as one clear line with a bounded metric label.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::io::tcp::{TcpSettings, socket2::TcpKeepalive};
@@ -126,12 +128,88 @@ pub async fn connect(
 }
 
 /// A client for a single Redis or a Redis Cluster, as the target says.
-// Built once per process and cloned rarely: its size does not matter.
-#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 pub enum AnyClient {
     Single(redis::Client),
-    Cluster(redis::cluster::ClusterClient),
+    Cluster(ClusterSeeds),
+}
+
+/// How to reach a Redis Cluster: the nodes the URL names, and every node learned from the
+/// cluster's own slot map since (shared by clones). Each connection starts from all of
+/// them, so a dead or replaced seed node costs nothing while any known node answers.
+#[derive(Clone)]
+pub struct ClusterSeeds {
+    target: RedisTarget,
+    ca: Option<CaFile>,
+    learned: Arc<Mutex<Vec<NodeAddr>>>,
+}
+
+/// A cluster node as the slot map names it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeAddr {
+    pub host: String,
+    pub port: u16,
+}
+
+impl fmt::Display for NodeAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl ClusterSeeds {
+    /// Every node known, as single-node targets: the URL's first, then the learned ones
+    /// (primaries and replicas, in slot-map order) not named by the URL.
+    pub fn nodes(&self) -> Vec<RedisTarget> {
+        let mut out = self.target.seeds();
+        let learned = self
+            .learned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for n in learned {
+            if let Ok(t) = self.target.node(&n.host, n.port)
+                && !out.iter().any(|o| o.url() == t.url())
+            {
+                out.push(t);
+            }
+        }
+        out
+    }
+
+    /// Replaces the learned nodes (an empty map changes nothing).
+    pub fn learn(&self, nodes: Vec<NodeAddr>) {
+        if !nodes.is_empty() {
+            *self.learned.lock().unwrap_or_else(|p| p.into_inner()) = nodes;
+        }
+    }
+
+    fn client(&self) -> redis::RedisResult<redis::cluster::ClusterClient> {
+        let mut infos = Vec::new();
+        for node in self.nodes() {
+            infos.push(
+                node.url()
+                    .into_connection_info()?
+                    .set_tcp_settings(tcp_settings()),
+            );
+        }
+        let mut builder = redis::cluster::ClusterClient::builder(infos)
+            .tcp_settings(tcp_settings())
+            // A failover moves slots for a few seconds: retry a redirected or refused
+            // command a few times, then fail it to the caller, who counts and retries.
+            .retries(4);
+        if let Some(ca) = self.ca.as_ref().filter(|_| self.target.is_tls()) {
+            builder = builder.certs(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.pem.clone()),
+            });
+        }
+        builder.build()
+    }
 }
 
 /// A connection to a single Redis or to a Redis Cluster. In a cluster each command goes to
@@ -180,53 +258,104 @@ impl redis::aio::ConnectionLike for AnyConn {
     }
 }
 
-/// Builds the client for `target`, a cluster client for `redis+cluster://` and
-/// `rediss+cluster://` (seeded with the URL's node; the rest of the cluster is learned from
-/// it), with the same socket options and CA as [`client`]. No I/O.
+/// Builds the client for `target`: for `redis+cluster://` and `rediss+cluster://` a cluster
+/// client seeded with every node the URL names, and later with every node learned from
+/// the slot map too; the same socket options and CA as [`client`]. No I/O.
 pub fn any_client(target: &RedisTarget, ca: Option<&CaFile>) -> redis::RedisResult<AnyClient> {
     if !target.is_cluster() {
         return client(target, ca).map(AnyClient::Single);
     }
-    let info = target
-        .url()
-        .into_connection_info()?
-        .set_tcp_settings(tcp_settings());
-    let mut builder = redis::cluster::ClusterClient::builder(vec![info])
-        .tcp_settings(tcp_settings())
-        // A failover moves slots for a few seconds: retry a redirected or refused command
-        // a few times, then fail it to the caller, who counts and retries next batch.
-        .retries(4);
-    if let Some(ca) = ca.filter(|_| target.is_tls()) {
-        builder = builder.certs(redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(ca.pem.clone()),
-        });
-    }
-    builder.build().map(AnyClient::Cluster)
+    let seeds = ClusterSeeds {
+        target: target.clone(),
+        ca: ca.cloned(),
+        learned: Arc::default(),
+    };
+    // Checked now, so a bad URL fails at start.
+    seeds.client()?;
+    Ok(AnyClient::Cluster(seeds))
 }
 
-/// Opens a connection (for a cluster: learns the slot map and connects to its nodes) with
-/// both timeouts set, bounded as [`connect`] is.
+/// Opens a connection (for a cluster: from every known node, learns the slot map,
+/// connects to its nodes and remembers them) with both timeouts set, bounded as
+/// [`connect`] is.
 pub async fn connect_any(client: &AnyClient, timeout: Duration) -> redis::RedisResult<AnyConn> {
-    let cluster = match client {
+    let seeds = match client {
         AnyClient::Single(c) => return connect(c, timeout).await.map(AnyConn::Single),
         AnyClient::Cluster(c) => c,
     };
+    let cluster = seeds.client()?;
     let config = redis::cluster::ClusterConfig::new()
         .set_connection_timeout(timeout)
         .set_response_timeout(timeout);
-    match tokio::time::timeout(
+    let mut conn = match tokio::time::timeout(
         timeout.saturating_mul(2),
         cluster.get_async_connection_with_config(config),
     )
     .await
     {
-        Ok(r) => r.map(AnyConn::Cluster),
-        Err(_) => Err(RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "connecting to the Redis Cluster timed out",
-        ))),
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "connecting to the Redis Cluster timed out",
+            )));
+        }
+    };
+    // Best effort: the connection works without it, and the last map learned stays.
+    match tokio::time::timeout(timeout, cluster_nodes(&mut conn)).await {
+        Ok(Ok(nodes)) => seeds.learn(nodes),
+        Ok(Err(e)) => tracing::debug!(message = "reading the cluster's nodes failed", error = %e),
+        Err(_) => tracing::debug!(message = "reading the cluster's nodes timed out"),
     }
+    Ok(AnyConn::Cluster(conn))
+}
+
+/// Every node of the cluster, primaries and replicas, from `CLUSTER SLOTS`.
+pub async fn cluster_nodes(
+    conn: &mut redis::cluster_async::ClusterConnection,
+) -> redis::RedisResult<Vec<NodeAddr>> {
+    let map: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
+    Ok(parse_cluster_slots(&map))
+}
+
+/// Parses a `CLUSTER SLOTS` answer: per range `[start, end, [host, port, id, …], replicas…]`.
+/// A node whose host is unknown (`""` or `"?"`) is left out; each node is listed once.
+pub fn parse_cluster_slots(map: &redis::Value) -> Vec<NodeAddr> {
+    use redis::Value;
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    let mut out: Vec<NodeAddr> = Vec::new();
+    let Value::Array(ranges) = map else {
+        return out;
+    };
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            continue;
+        };
+        for node in fields.iter().skip(2) {
+            let Value::Array(parts) = node else { continue };
+            let host = parts.first().and_then(text);
+            let port = match parts.get(1) {
+                Some(Value::Int(p)) => u16::try_from(*p).ok(),
+                Some(v) => text(v).and_then(|p| p.parse().ok()),
+                None => None,
+            };
+            if let (Some(host), Some(port)) = (host, port)
+                && !host.is_empty()
+                && host != "?"
+                && port != 0
+            {
+                let n = NodeAddr { host, port };
+                if !out.contains(&n) {
+                    out.push(n);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// What kind of Redis failure happened. Labels are fixed, for metrics.
@@ -387,6 +516,74 @@ mod tests {
         assert_eq!(classify(&server("SOMETHING")), ErrorClass::Server);
         assert!(ErrorClass::ReadOnly.needs_new_connection());
         assert!(!ErrorClass::OutOfMemory.needs_new_connection());
+    }
+
+    #[test]
+    fn parses_the_cluster_slot_map() {
+        use redis::Value;
+        let node = |host: &str, port: i64| {
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let map = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node("10.0.0.1", 7000),
+                node("10.0.0.4", 7003),
+            ]),
+            Value::Array(vec![
+                Value::Int(5461),
+                Value::Int(10922),
+                node("10.0.0.2", 7001),
+                node("?", 7004),
+                node("", 7005),
+            ]),
+            Value::Array(vec![
+                Value::Int(10923),
+                Value::Int(16383),
+                node("10.0.0.1", 7000),
+            ]),
+            Value::Nil,
+        ]);
+        let got: Vec<String> = parse_cluster_slots(&map)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(got, ["10.0.0.1:7000", "10.0.0.4:7003", "10.0.0.2:7001"]);
+        assert!(parse_cluster_slots(&Value::Nil).is_empty());
+    }
+
+    #[test]
+    fn a_cluster_client_knows_the_url_nodes_then_the_learned_ones() {
+        let target =
+            RedisTarget::parse("redis+cluster://u:pw@10.0.0.1:7000,10.0.0.2:7001").unwrap();
+        let AnyClient::Cluster(seeds) = any_client(&target, None).unwrap() else {
+            panic!("a cluster client");
+        };
+        seeds.learn(vec![
+            NodeAddr {
+                host: "10.0.0.2".into(),
+                port: 7001,
+            },
+            NodeAddr {
+                host: "10.0.0.3".into(),
+                port: 7002,
+            },
+        ]);
+        seeds.learn(Vec::new());
+        let urls: Vec<String> = seeds.nodes().iter().map(|n| n.url().to_string()).collect();
+        assert_eq!(
+            urls,
+            [
+                "redis://u:pw@10.0.0.1:7000",
+                "redis://u:pw@10.0.0.2:7001",
+                "redis://u:pw@10.0.0.3:7002"
+            ]
+        );
     }
 
     #[test]

@@ -6,8 +6,11 @@
 //! instead of a reconnect loop.
 //!
 //! `redis+cluster://` and `rediss+cluster://` name a Redis Cluster (cluster-mode ElastiCache,
-//! Memorystore Cluster, or your own) by one or more of its nodes: the client learns the
-//! slot map from it and follows `MOVED`/`ASK`. In cluster mode the keys of one instance carry
+//! Memorystore Cluster, or your own) by one or more of its nodes, comma-separated
+//! (`redis+cluster://user:pw@10.0.0.1:6379,10.0.0.2:6379`; the credentials and TLS apply to
+//! all): the client learns the slot map from any of them and follows `MOVED`/`ASK`, and
+//! remembers the other nodes it learned, so losing the node it started from loses nothing.
+//! In cluster mode the keys of one instance carry
 //! its id as a hash tag (`lastcall:status:{i-0123…}`), so they share a slot and one atomic
 //! script can write them all ([`InstanceKeys`]).
 
@@ -18,9 +21,12 @@ use redis::IntoConnectionInfo;
 /// A validated Redis endpoint.
 #[derive(Clone)]
 pub struct RedisTarget {
-    /// A `redis://` or `rediss://` URL (the `+cluster` marker is kept in `cluster`).
+    /// A `redis://` or `rediss://` URL (the `+cluster` marker is kept in `cluster`): the
+    /// first node named.
     url: String,
     cluster: bool,
+    /// The other nodes a cluster URL names, as `host:port`, in order.
+    more_seeds: Vec<String>,
 }
 
 /// Names of the keys pubsub writes and agents read for one instance. The default is the
@@ -84,6 +90,11 @@ impl RedisTarget {
             Some((scheme, _)) => return Err(RedisUrlError::Scheme(scheme.to_string())),
             None => (format!("redis://{raw}"), false),
         };
+        let (url, more_seeds) = if cluster {
+            split_seeds(&url)?
+        } else {
+            (url, Vec::new())
+        };
         let parsed = url::Url::parse(&url).map_err(|e| RedisUrlError::Invalid(e.to_string()))?;
         if parsed.host_str().is_none_or(str::is_empty) {
             return Err(RedisUrlError::Invalid("missing host".into()));
@@ -96,7 +107,70 @@ impl RedisTarget {
                 "a Redis Cluster has only database 0".into(),
             ));
         }
-        Ok(Self { url, cluster })
+        let target = Self {
+            url,
+            cluster,
+            more_seeds: Vec::new(),
+        };
+        for seed in &more_seeds {
+            let (host, port) = seed
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+                .ok_or_else(|| {
+                    RedisUrlError::Invalid(format!("{seed:?}: a further node needs host:port"))
+                })?;
+            target.node(host, port)?;
+        }
+        Ok(Self {
+            more_seeds,
+            ..target
+        })
+    }
+
+    /// Every node the URL names, first one first, each as a single-node target with the
+    /// URL's scheme, credentials and database.
+    pub fn seeds(&self) -> Vec<RedisTarget> {
+        let mut out = vec![Self {
+            url: self.url.clone(),
+            cluster: false,
+            more_seeds: Vec::new(),
+        }];
+        for seed in &self.more_seeds {
+            if let Some((host, port)) = seed
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+                && let Ok(t) = self.node(host, port)
+            {
+                out.push(t);
+            }
+        }
+        out
+    }
+
+    /// The single node `host:port` with this URL's scheme, credentials and database: how a
+    /// node learned from a cluster's topology is reached.
+    pub fn node(&self, host: &str, port: u16) -> Result<RedisTarget, RedisUrlError> {
+        let mut u =
+            url::Url::parse(&self.url).map_err(|e| RedisUrlError::Invalid(e.to_string()))?;
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let host = if bare.contains(':') {
+            format!("[{bare}]")
+        } else {
+            bare.to_string()
+        };
+        u.set_host(Some(&host))
+            .map_err(|e| RedisUrlError::Invalid(format!("{host}: {e}")))?;
+        u.set_port(Some(port))
+            .map_err(|()| RedisUrlError::Invalid(format!("{host}: no port allowed")))?;
+        let url = u.to_string();
+        url.as_str()
+            .into_connection_info()
+            .map_err(|e| RedisUrlError::Invalid(e.to_string()))?;
+        Ok(Self {
+            url,
+            cluster: false,
+            more_seeds: Vec::new(),
+        })
     }
 
     /// Whether this names a Redis Cluster (`redis+cluster://`, `rediss+cluster://`).
@@ -137,13 +211,44 @@ impl fmt::Display for RedisTarget {
                 }
                 let shown = u.as_str();
                 match shown.split_once("://") {
-                    Some((scheme, rest)) if self.cluster => write!(f, "{scheme}+cluster://{rest}"),
+                    Some((scheme, rest)) if self.cluster => {
+                        // The further nodes go after the first one's host and port.
+                        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+                        let (authority, tail) = rest.split_at(authority_end);
+                        write!(f, "{scheme}+cluster://{authority}")?;
+                        for seed in &self.more_seeds {
+                            write!(f, ",{seed}")?;
+                        }
+                        f.write_str(tail)
+                    }
                     _ => f.write_str(shown),
                 }
             }
             Err(_) => f.write_str("<invalid>"),
         }
     }
+}
+
+/// Splits `scheme://[userinfo@]host1[:port1],host2:port2,…[/db][?query]` into the URL of
+/// the first node and the further `host:port`s.
+fn split_seeds(url: &str) -> Result<(String, Vec<String>), RedisUrlError> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Ok((url.to_string(), Vec::new()));
+    };
+    let start = rest.rfind('@').map_or(0, |at| at + 1);
+    let end = rest[start..]
+        .find(['/', '?'])
+        .map_or(rest.len(), |i| start + i);
+    let mut hosts = rest[start..end].split(',').map(str::trim);
+    let first = hosts.next().unwrap_or_default();
+    let more: Vec<String> = hosts.map(str::to_string).collect();
+    if more.iter().any(String::is_empty) {
+        return Err(RedisUrlError::Invalid("an empty node in the list".into()));
+    }
+    Ok((
+        format!("{scheme}://{}{first}{}", &rest[..start], &rest[end..]),
+        more,
+    ))
 }
 
 impl fmt::Debug for RedisTarget {
@@ -208,6 +313,45 @@ mod tests {
             crate::fleetiq::polled_at_key("i-1")
         );
         assert!(RedisTarget::parse("redis+cluster://cache:6379/2").is_err());
+    }
+
+    #[test]
+    fn a_cluster_url_may_name_several_nodes() {
+        let t =
+            RedisTarget::parse("rediss+cluster://u:pw@10.0.0.1:6379,10.0.0.2:6380, node-c:7000")
+                .unwrap();
+        let seeds: Vec<String> = t.seeds().iter().map(|s| s.url().to_string()).collect();
+        assert_eq!(
+            seeds,
+            [
+                "rediss://u:pw@10.0.0.1:6379",
+                "rediss://u:pw@10.0.0.2:6380",
+                "rediss://u:pw@node-c:7000"
+            ]
+        );
+        assert!(t.seeds().iter().all(|s| !s.is_cluster()));
+        assert_eq!(
+            t.to_string(),
+            "rediss+cluster://u:REDACTED@10.0.0.1:6379,10.0.0.2:6380,node-c:7000"
+        );
+        assert_eq!(t.url(), "rediss://u:pw@10.0.0.1:6379");
+        let one = RedisTarget::parse("redis+cluster://cache:6379").unwrap();
+        assert_eq!(one.seeds().len(), 1);
+        assert_eq!(
+            one.node("10.1.2.3", 7001).unwrap().url(),
+            "redis://10.1.2.3:7001"
+        );
+        assert_eq!(
+            t.node("::1", 7001).unwrap().url(),
+            "rediss://u:pw@[::1]:7001"
+        );
+        for bad in [
+            "redis+cluster://a:1,",
+            "redis+cluster://a:1,b",
+            "redis+cluster://a:1,b:notaport",
+        ] {
+            assert!(RedisTarget::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

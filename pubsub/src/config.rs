@@ -47,8 +47,8 @@ pub struct Config {
 
     /// Redis to publish to: `host[:port][/db]` (the original form), `redis://[user:pass@]host[:port][/db]`
     /// or `rediss://…` for TLS; a Redis Cluster (cluster-mode ElastiCache, Memorystore Cluster)
-    /// as `redis+cluster://[user:pass@]host[:port]` or `rediss+cluster://…`, naming any node
-    /// or the configuration endpoint.
+    /// as `redis+cluster://[user:pass@]host[:port]` or `rediss+cluster://…`, naming the
+    /// configuration endpoint or one or more nodes (comma-separated `host:port`).
     #[arg(long, env = "REDIS_URL", value_parser = parse_redis)]
     pub redis_url: RedisTarget,
 

@@ -57,6 +57,17 @@ pub struct RedisSource {
     pub ca_file: Option<CaFile>,
 }
 
+/// Which node the subscription goes through, kept across sessions: the next session
+/// starts from the node that last worked, or from the one after it when it was that
+/// node's connection that failed.
+#[derive(Default)]
+struct Subscription {
+    /// Index into the session's node list.
+    next: usize,
+    /// The node last subscribed through (its URL), to log a move.
+    node: Option<String>,
+}
+
 enum End {
     Shutdown,
     Failed { class: ErrorClass, error: String },
@@ -222,10 +233,29 @@ impl RedisSource {
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
         let mut last_class: Option<ErrorClass> = None;
         let mut polled_seen: Option<i64> = None;
+        // One client for the whole run: on a Redis Cluster it remembers the nodes learned
+        // from the slot map, so losing the URL's node loses nothing.
+        let keys_client = match redis_conn::any_client(&self.target, self.ca_file.as_ref()) {
+            Ok(c) => c,
+            Err(e) => {
+                // The URL and CA were checked at start; nothing a retry could change.
+                self.count_error(redis_conn::classify(&e));
+                warn!(message = "FleetIQ over Redis disabled: the Redis client cannot be built", error = %e, redis = %self.target);
+                shutdown.cancelled().await;
+                return;
+            }
+        };
+        let mut at = Subscription::default();
         loop {
             let began = Instant::now();
             let end = self
-                .session(&shutdown, &mut polled_seen, &mut last_class)
+                .session(
+                    &shutdown,
+                    &keys_client,
+                    &mut at,
+                    &mut polled_seen,
+                    &mut last_class,
+                )
                 .await;
             self.set_up(false);
             match end {
@@ -236,13 +266,7 @@ impl RedisSource {
                     }
                     let delay = backoff.next_delay();
                     self.metrics.redis_reconnects.inc();
-                    self.metrics
-                        .redis_errors
-                        .get_or_create(&SourceReason {
-                            source: SOURCE,
-                            reason: class.label(),
-                        })
-                        .inc();
+                    self.count_error(class);
                     let retry_in_ms = delay.as_millis() as u64;
                     let hint = class.hint(self.target.is_tls());
                     if last_class != Some(class) {
@@ -272,38 +296,113 @@ impl RedisSource {
         }
     }
 
-    async fn session(
+    fn count_error(&self, class: ErrorClass) {
+        self.metrics
+            .redis_errors
+            .get_or_create(&SourceReason {
+                source: SOURCE,
+                reason: class.label(),
+            })
+            .inc();
+    }
+
+    /// The nodes a SUBSCRIBE may go through: the target itself, or on a Redis Cluster
+    /// every node known (the URL's, then those learned from the slot map). A cluster
+    /// broadcasts every PUBLISH to all its nodes, so any of them hears the channel.
+    fn subscribe_nodes(&self, keys_client: &redis_conn::AnyClient) -> Vec<RedisTarget> {
+        match keys_client {
+            redis_conn::AnyClient::Cluster(seeds) => seeds.nodes(),
+            redis_conn::AnyClient::Single(_) => vec![self.target.clone()],
+        }
+    }
+
+    /// SUBSCRIBEs through the first node, from `at` on, that accepts. Each node that fails
+    /// is counted in `redis_errors`; subscribing past failed nodes is one warning naming
+    /// them. Only when every node failed does the session fail (and back off).
+    async fn subscribe(
         &self,
-        shutdown: &CancellationToken,
-        polled_seen: &mut Option<i64>,
-        last_class: &mut Option<ErrorClass>,
-    ) -> End {
-        let client = match redis_conn::client(&self.target, self.ca_file.as_ref()) {
+        nodes: &[RedisTarget],
+        at: &mut Subscription,
+    ) -> Result<(redis::aio::PubSubSink, redis::aio::PubSubStream), End> {
+        let mut last = failed(ErrorClass::Connection, "no Redis node to subscribe through");
+        let mut skipped: Vec<String> = Vec::new();
+        for step in 0..nodes.len() {
+            let i = (at.next + step) % nodes.len();
+            let node = &nodes[i];
+            match self.subscribe_through(node).await {
+                Ok(pair) => {
+                    at.next = i;
+                    if !skipped.is_empty() {
+                        warn!(
+                            message = "Redis Cluster nodes refused the FleetIQ subscription; subscribed through another",
+                            node = %node,
+                            failed = %trim_for_log(&skipped.join("; "), 600),
+                        );
+                    }
+                    if at.node.as_ref().is_some_and(|n| n != node.url()) {
+                        info!(message = "FleetIQ subscription moved to another Redis node", node = %node);
+                    }
+                    at.node = Some(node.url().to_string());
+                    return Ok(pair);
+                }
+                Err(end) => {
+                    if let End::Failed { class, error } = &end
+                        && nodes.len() > 1
+                    {
+                        self.count_error(*class);
+                        debug!(message = "cannot subscribe through this Redis node", node = %node, reason = class.label(), error = %trim_for_log(error, 300));
+                        skipped.push(format!("{node}: {}", class.label()));
+                    }
+                    last = end;
+                }
+            }
+        }
+        at.next = (at.next + 1) % nodes.len().max(1);
+        Err(last)
+    }
+
+    async fn subscribe_through(
+        &self,
+        node: &RedisTarget,
+    ) -> Result<(redis::aio::PubSubSink, redis::aio::PubSubStream), End> {
+        let client = match redis_conn::client(node, self.ca_file.as_ref()) {
             Ok(c) => c,
-            Err(e) => return redis_failed("Redis client", &e),
+            Err(e) => return Err(redis_failed("Redis client", &e)),
         };
         let pubsub = match tokio::time::timeout(IO_TIMEOUT, client.get_async_pubsub()).await {
             Ok(Ok(p)) => p,
-            Ok(Err(e)) => return redis_failed("connect", &e),
-            Err(_) => return failed(ErrorClass::Timeout, "connect timed out"),
+            Ok(Err(e)) => return Err(redis_failed("connect", &e)),
+            Err(_) => return Err(failed(ErrorClass::Timeout, "connect timed out")),
         };
-        let (mut sink, mut stream) = pubsub.split();
+        let (mut sink, stream) = pubsub.split();
         match tokio::time::timeout(IO_TIMEOUT, sink.subscribe(&self.channel)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return redis_failed("SUBSCRIBE", &e),
-            Err(_) => return failed(ErrorClass::Timeout, "SUBSCRIBE timed out"),
+            Ok(Ok(())) => Ok((sink, stream)),
+            Ok(Err(e)) => Err(redis_failed("SUBSCRIBE", &e)),
+            Err(_) => Err(failed(ErrorClass::Timeout, "SUBSCRIBE timed out")),
         }
-        // Subscribed first, then read the cache: nothing published in between is missed.
-        // On a Redis Cluster the SUBSCRIBE above hears every PUBLISH from any node, but the
-        // keys live on their slot's primary: read them through a cluster connection.
-        let keys_client = match redis_conn::any_client(&self.target, self.ca_file.as_ref()) {
-            Ok(c) => c,
-            Err(e) => return redis_failed("Redis client", &e),
-        };
-        let mut conn = match redis_conn::connect_any(&keys_client, IO_TIMEOUT).await {
+    }
+
+    async fn session(
+        &self,
+        shutdown: &CancellationToken,
+        keys_client: &redis_conn::AnyClient,
+        at: &mut Subscription,
+        polled_seen: &mut Option<i64>,
+        last_class: &mut Option<ErrorClass>,
+    ) -> End {
+        // The keys: on a Redis Cluster they live on their slot's primary, so they are read
+        // through a cluster connection that follows MOVED/ASK; connecting also refreshes the
+        // nodes known.
+        let mut conn = match redis_conn::connect_any(keys_client, IO_TIMEOUT).await {
             Ok(conn) => conn,
             Err(e) => return redis_failed("connect for the cached status", &e),
         };
+        let nodes = self.subscribe_nodes(keys_client);
+        let (mut sink, mut stream) = match self.subscribe(&nodes, at).await {
+            Ok(pair) => pair,
+            Err(end) => return end,
+        };
+        // Subscribed first, then read the cache: nothing published in between is missed.
         match self.read_cache(&mut conn).await {
             Ok(Some((body, polled_at))) => {
                 *polled_seen = polled_at.or(*polled_seen);
@@ -320,14 +419,19 @@ impl RedisSource {
         if last_class.take().is_some() {
             info!(message = "Redis reachable again", channel = %self.channel, redis = %self.target);
         }
-        info!(message = "subscribed to FleetIQ status", channel = %self.channel, redis = %self.target);
+        let node = &nodes[at.next % nodes.len()];
+        info!(message = "subscribed to FleetIQ status", channel = %self.channel, redis = %self.target, node = %node);
         let mut ping = tokio::time::interval(self.ping_every);
         ping.tick().await;
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return End::Shutdown,
                 msg = stream.next() => match msg {
-                    None => return failed(ErrorClass::Connection, "connection closed"),
+                    None => {
+                        // The node went away: the next session starts from the next node.
+                        at.next = (at.next + 1) % nodes.len();
+                        return failed(ErrorClass::Connection, format!("the subscription's connection to {node} closed"));
+                    }
                     Some(m) => {
                         // The message's bytes are the original's; its polled-at time is
                         // beside the cache key (written before the PUBLISH).
@@ -347,10 +451,14 @@ impl RedisSource {
                     }
                 },
                 _ = ping.tick() => {
-                    match tokio::time::timeout(IO_TIMEOUT, sink.ping::<redis::Value>()).await {
-                        Ok(Ok(_)) => {}
-                        Ok(Err(e)) => return redis_failed("PING", &e),
-                        Err(_) => return failed(ErrorClass::Timeout, "PING timed out"),
+                    let pinged = match tokio::time::timeout(IO_TIMEOUT, sink.ping::<redis::Value>()).await {
+                        Ok(Ok(_)) => None,
+                        Ok(Err(e)) => Some(redis_failed("PING", &e)),
+                        Err(_) => Some(failed(ErrorClass::Timeout, "PING timed out")),
+                    };
+                    if let Some(end) = pinged {
+                        at.next = (at.next + 1) % nodes.len();
+                        return end;
                     }
                     let quiet = self
                         .view

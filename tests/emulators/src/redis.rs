@@ -8,7 +8,8 @@
 //! ([`RedisServer::replica_of`]); and be reached through a [`TcpProxy`] that can delay,
 //! blackhole or redirect traffic. [`RedisCluster`] starts a real Redis Cluster of such
 //! servers (`cluster-enabled yes`, created with `redis-cli --cluster create`), with replicas,
-//! and fails a primary over to its replica.
+//! fails a primary over to its replica (`CLUSTER FAILOVER`), or kills a node (SIGKILL) and
+//! waits until its replica took over.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -150,6 +151,11 @@ impl RedisServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Whether the process runs (it was not killed).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// `redis://127.0.0.1:P`, or for a secure server `rediss://user:password@127.0.0.1:P`.
@@ -673,6 +679,11 @@ impl RedisCluster {
     /// Starts the servers, creates the cluster with `redis-cli --cluster create`, and waits
     /// until every node says `cluster_state:ok` and sees every replica attached.
     pub async fn start(primaries: usize, replicas: usize) -> anyhow::Result<RedisCluster> {
+        if !crate::process::on_path("redis-cli") {
+            bail!(
+                "redis-cli is not on PATH; it creates the cluster: `apt-get install -y redis-tools`"
+            );
+        }
         let mode = Mode {
             cluster: true,
             ..Mode::default()
@@ -716,8 +727,31 @@ impl RedisCluster {
         format!("redis+cluster://127.0.0.1:{}", self.nodes[0].port())
     }
 
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,…` naming `ports` in that order.
+    pub fn url_through(&self, ports: &[u16]) -> String {
+        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// Every node's port, killed ones included.
     pub fn ports(&self) -> Vec<u16> {
         self.nodes.iter().map(RedisServer::port).collect()
+    }
+
+    /// The ports of the nodes still running.
+    pub fn live_ports(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .filter(|n| n.is_running())
+            .map(RedisServer::port)
+            .collect()
+    }
+
+    fn first_live(&self) -> anyhow::Result<u16> {
+        self.live_ports()
+            .first()
+            .copied()
+            .context("every node of the cluster was killed")
     }
 
     /// A plain connection to the node on `port`.
@@ -738,18 +772,53 @@ impl RedisCluster {
 
     /// The port of the primary serving `key`'s slot, as the first live node sees it.
     pub async fn primary_of(&self, key: &str) -> anyhow::Result<u16> {
-        let mut conn = self.node(self.nodes[0].port()).await?;
+        let seen_by = self.first_live()?;
+        let mut conn = self.node(seen_by).await?;
         let slot: u16 = ::redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(key)
             .query_async(&mut conn)
             .await?;
-        let nodes = self.nodes_seen_by(self.nodes[0].port()).await?;
+        let nodes = self.nodes_seen_by(seen_by).await?;
         nodes
             .iter()
             .find(|n| n.primary && n.slots.iter().any(|&(a, b)| a <= slot && slot <= b))
             .map(|n| n.port)
             .with_context(|| format!("no primary serves slot {slot}"))
+    }
+
+    /// Subscribers of `channel` on the node on `port` (`PUBSUB NUMSUB` counts the node's
+    /// own clients only), 0 for a killed node.
+    pub async fn subscribers_on(&self, port: u16, channel: &str) -> u64 {
+        let Ok(mut conn) = self.node(port).await else {
+            return 0;
+        };
+        let counts: Vec<(String, u64)> = ::redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        counts.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Kills the node on `port` with SIGKILL (no goodbye to the cluster), then waits until
+    /// every live node says `cluster_state:ok` and none counts it as a primary: a replica
+    /// of it, if it was a primary, was elected in its place (within the node timeout,
+    /// 1 s here, plus the election).
+    pub async fn kill(&mut self, port: u16) -> anyhow::Result<()> {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port() == port)
+            .with_context(|| format!("no node on port {port}"))?;
+        node.kill().await;
+        self.wait("the killed node's replica took over", |views| {
+            views
+                .iter()
+                .all(|(ok, nodes)| *ok && nodes.iter().all(|n| !(n.port == port && n.primary)))
+        })
+        .await
     }
 
     /// The replicas of the primary on `port`.
@@ -791,7 +860,8 @@ impl RedisCluster {
         let deadline = tokio::time::Instant::now() + CLUSTER_WITHIN;
         loop {
             let mut views = Vec::new();
-            for port in self.ports() {
+            let live = self.live_ports();
+            for port in live.iter().copied() {
                 let Ok(mut conn) = self.node(port).await else {
                     continue;
                 };
@@ -803,7 +873,7 @@ impl RedisCluster {
                 let nodes = self.nodes_seen_by(port).await.unwrap_or_default();
                 views.push((info.contains("cluster_state:ok"), nodes));
             }
-            if views.len() == self.nodes.len() && done(&views) {
+            if views.len() == live.len() && done(&views) {
                 return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
