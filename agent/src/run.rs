@@ -128,7 +128,8 @@ impl Agent {
         })
     }
 
-    /// Starts every task; each runs until `shutdown`.
+    /// Starts every task; each runs until `shutdown`. In order: the admin listener, the
+    /// watches, the signal sources, node ownership, the reconciler, then FleetIQ.
     pub fn spawn(self, shutdown: &CancellationToken) -> Running {
         let Agent {
             config,
@@ -143,48 +144,21 @@ impl Agent {
             identity,
             aws_credentials,
         } = self;
-        let mut tasks = JoinSet::new();
-        let stop = shutdown.child_token();
-        tasks.spawn(admin_task(
-            listener,
-            admin::router(registry, health.clone()),
-            stop.clone(),
-        ));
-
+        let mut tasks = Tasks::new(shutdown.child_token());
+        let router = admin::router(registry, health.clone());
+        tasks.spawn(|stop| admin_task(listener, router, stop));
         let trigger = Arc::new(Notify::new());
-        let (stores, watch_tasks) = watches::spawn(
-            watch_client,
-            &config.node_name,
-            trigger.clone(),
-            metrics.clone(),
-            stop.clone(),
-        );
-        for handle in watch_tasks {
-            // A watch task that panics must not leave the reconciler on a frozen cache.
-            tasks.spawn(async move {
-                let _ = handle.await;
-                "watch"
-            });
-        }
-        let (view_tx, view_rx) = watch::channel(FleetIqView::default());
-        let (iid_tx, iid_rx) = watch::channel(config.instance_id.clone());
-        let (empty_tx, empty_rx) = watch::channel(false);
+        let stores = spawn_watches(watch_client, &config, &trigger, &metrics, &mut tasks);
+        let feeds = Feeds::new(&config);
+        let shared = feeds.for_sources(aws_credentials);
         let board = spawn_sources(
             &config,
             &registry_sources,
-            SourceShared {
-                fleetiq: sources::fleetiq::Inputs {
-                    view: view_rx.clone(),
-                    instance_id: iid_rx,
-                },
-                node_empty: empty_rx,
-                aws_credentials,
-            },
+            shared,
             &metrics,
             &health,
             &trigger,
             &mut tasks,
-            &stop,
         );
         let actuator = Actuator::new(
             client.clone(),
@@ -192,7 +166,6 @@ impl Agent {
             config.dry_run,
             metrics.clone(),
         );
-
         // One agent acts on a node at a time (see `owner`); a dry run writes nothing, so
         // it needs no ownership.
         let identity = identity.filter(|_| !config.dry_run);
@@ -203,10 +176,8 @@ impl Agent {
             &actuator,
             &metrics,
             &mut tasks,
-            &stop,
         );
         actuator.fleetiq().gate(owner.clone());
-
         let mut reconciler = Reconciler::new(
             config.node_name.clone(),
             stores,
@@ -220,59 +191,156 @@ impl Agent {
             trigger,
         );
         reconciler.owner = owner.clone();
-        reconciler.node_empty = empty_tx;
-        if config.publish_drain_state
-            && let Some(target) = config.redis_url.clone()
-        {
-            let publisher = crate::drain_state::Publisher {
-                target,
-                ca: config.redis_ca_file.clone(),
-                node: config.node_name.clone(),
-                counts: reconciler.drain_state.subscribe(),
-                metrics: metrics.clone(),
-            };
-            // It clears what an earlier agent left: only the owner may.
-            let (o, s) = (owner.clone(), stop.clone());
-            tasks.spawn(async move {
-                if o.owned(&s).await {
-                    publisher.run(s).await;
-                }
-                "drain_state"
-            });
-        }
-        let s = stop.clone();
-        tasks.spawn(async move {
-            reconciler.run(s).await;
+        reconciler.node_empty = feeds.empty_tx;
+        spawn_drain_state(&config, &reconciler, &owner, &metrics, &mut tasks);
+        tasks.spawn(|stop| async move {
+            reconciler.run(stop).await;
             "reconciler"
         });
-
         if config.fleetiq_enabled() {
-            let ctx = FleetIqTask {
+            let fleetiq = FleetIqTask {
                 config: config.clone(),
-                client: client.clone(),
+                client,
                 sdk: gamelift,
                 actuator: actuator.clone(),
-                owner: owner.clone(),
+                owner,
                 metrics: metrics.clone(),
-                health: health.clone(),
-                view: view_tx,
-                iid: iid_tx,
+                health,
+                view: feeds.view_tx,
+                iid: feeds.iid_tx,
             };
-            let s = stop.clone();
-            tasks.spawn(async move {
-                ctx.run(s).await;
-                "fleetiq"
-            });
-            tasks.spawn(message_age(metrics.clone(), view_rx, stop.clone()));
+            fleetiq.spawn(feeds.view_rx, &mut tasks);
         }
         Running {
             config,
             tasks,
-            stop,
             actuator,
             identity,
         }
     }
+}
+
+/// The supervised tasks, each named for the supervisor's log, and the token that stops them.
+struct Tasks {
+    set: JoinSet<&'static str>,
+    stop: CancellationToken,
+}
+
+impl Tasks {
+    fn new(stop: CancellationToken) -> Self {
+        Self {
+            set: JoinSet::new(),
+            stop,
+        }
+    }
+
+    /// Starts the task `start` makes from the stop token; it returns its name when it ends.
+    fn spawn<F>(&mut self, start: impl FnOnce(CancellationToken) -> F)
+    where
+        F: Future<Output = &'static str> + Send + 'static,
+    {
+        self.set.spawn(start(self.stop.clone()));
+    }
+}
+
+/// The channels between the FleetIQ task, the sources and the reconciler.
+struct Feeds {
+    /// FleetIQ's current status, from Redis or the direct checks.
+    view_tx: watch::Sender<FleetIqView>,
+    view_rx: watch::Receiver<FleetIqView>,
+    /// The instance id, once known (a flag, or IMDS).
+    iid_tx: watch::Sender<Option<String>>,
+    iid_rx: watch::Receiver<Option<String>>,
+    /// Whether the node is empty, as the reconciler last planned.
+    empty_tx: watch::Sender<bool>,
+    empty_rx: watch::Receiver<bool>,
+}
+
+impl Feeds {
+    fn new(config: &Config) -> Self {
+        let (view_tx, view_rx) = watch::channel(FleetIqView::default());
+        let (iid_tx, iid_rx) = watch::channel(config.instance_id.clone());
+        let (empty_tx, empty_rx) = watch::channel(false);
+        Self {
+            view_tx,
+            view_rx,
+            iid_tx,
+            iid_rx,
+            empty_tx,
+            empty_rx,
+        }
+    }
+
+    fn for_sources(
+        &self,
+        aws_credentials: Option<aws_sdk_autoscaling::config::Credentials>,
+    ) -> SourceShared {
+        SourceShared {
+            fleetiq: sources::fleetiq::Inputs {
+                view: self.view_rx.clone(),
+                instance_id: self.iid_rx.clone(),
+            },
+            node_empty: self.empty_rx.clone(),
+            aws_credentials,
+        }
+    }
+}
+
+/// Starts the label-filtered watches of this node's objects; their stores feed the
+/// reconciler.
+fn spawn_watches(
+    watch_client: kube::Client,
+    config: &Config,
+    trigger: &Arc<Notify>,
+    metrics: &Metrics,
+    tasks: &mut Tasks,
+) -> watches::Stores {
+    let (stores, watch_tasks) = watches::spawn(
+        watch_client,
+        &config.node_name,
+        trigger.clone(),
+        metrics.clone(),
+        tasks.stop.clone(),
+    );
+    for handle in watch_tasks {
+        // A watch task that panics must not leave the reconciler on a frozen cache.
+        tasks.spawn(|_| async move {
+            let _ = handle.await;
+            "watch"
+        });
+    }
+    stores
+}
+
+/// `--publish-drain-state`: publishes the reconciler's drain counts to Redis. It clears what
+/// an earlier agent left, so only the owner runs it.
+fn spawn_drain_state(
+    config: &Config,
+    reconciler: &Reconciler,
+    owner: &Owner,
+    metrics: &Metrics,
+    tasks: &mut Tasks,
+) {
+    if !config.publish_drain_state {
+        return;
+    }
+    let Some(target) = config.redis_url.clone() else {
+        return;
+    };
+    let publisher = crate::drain_state::Publisher {
+        target,
+        ca: config.redis_ca_file.clone(),
+        node: config.node_name.clone(),
+        counts: reconciler.drain_state.subscribe(),
+        metrics: metrics.clone(),
+    };
+    let owner = owner.clone();
+    tasks.spawn(|stop| async move {
+        if owner.owned(&stop).await {
+            publisher.run(stop).await;
+        }
+        "drain_state"
+    });
 }
 
 /// What every task source is handed besides its config and metrics.
@@ -283,7 +351,6 @@ struct SourceShared {
 }
 
 /// Starts every registered signal source; they report to the returned board.
-#[allow(clippy::too_many_arguments)]
 fn spawn_sources(
     config: &Config,
     registry: &[sources::Registered],
@@ -291,9 +358,9 @@ fn spawn_sources(
     metrics: &Metrics,
     health: &Health,
     trigger: &Arc<Notify>,
-    tasks: &mut JoinSet<&'static str>,
-    stop: &CancellationToken,
+    tasks: &mut Tasks,
 ) -> sources::NoticeBoard {
+    let stop = &tasks.stop;
     let shared_config = Arc::new(config.clone());
     let fleetiq = config.fleetiq_enabled().then_some(shared.fleetiq);
     let (board, source_tasks) = sources::start_all(
@@ -318,7 +385,7 @@ fn spawn_sources(
     for (source, task) in source_tasks {
         // A source task runs until shutdown; one that ends early is fatal, like any task.
         let name = source.as_str();
-        tasks.spawn(async move {
+        tasks.spawn(|_| async move {
             task.await;
             name
         });
@@ -334,8 +401,7 @@ fn spawn_ownership(
     stores: &watches::Stores,
     actuator: &Actuator,
     metrics: &Metrics,
-    tasks: &mut JoinSet<&'static str>,
-    stop: &CancellationToken,
+    tasks: &mut Tasks,
 ) -> Owner {
     let Some(me) = identity else {
         metrics.node_owner.set(1);
@@ -350,9 +416,8 @@ fn spawn_ownership(
         owner: owner.clone(),
         metrics: metrics.clone(),
     };
-    let s = stop.clone();
-    tasks.spawn(async move {
-        ownership.run(s).await;
+    tasks.spawn(|stop| async move {
+        ownership.run(stop).await;
         "ownership"
     });
     owner
@@ -442,8 +507,7 @@ async fn message_age(
 /// The running agent: its tasks, and what shutting down needs.
 pub struct Running {
     config: Config,
-    tasks: JoinSet<&'static str>,
-    stop: CancellationToken,
+    tasks: Tasks,
     actuator: Actuator,
     identity: Option<PodId>,
 }
@@ -456,7 +520,7 @@ impl Running {
         let failure = tokio::select! {
             biased;
             () = shutdown.cancelled() => None,
-            ended = self.tasks.join_next() => match ended {
+            ended = self.tasks.set.join_next() => match ended {
                 // Tasks end on their own only after shutdown began.
                 _ if shutdown.is_cancelled() => None,
                 Some(Ok(name)) => Some(format!("task {name} ended unexpectedly")),
@@ -478,12 +542,12 @@ impl Running {
     /// Nothing mutates after the tasks stop but the two exit steps, in this order: the
     /// owner's last action, then the handover, so the next agent starts after it.
     async fn shut_down(mut self, clean: bool) {
-        self.stop.cancel();
+        self.tasks.stop.cancel();
         let _ = tokio::time::timeout(TASKS_GRACE, async {
-            while self.tasks.join_next().await.is_some() {}
+            while self.tasks.set.join_next().await.is_some() {}
         })
         .await;
-        self.tasks.abort_all();
+        self.tasks.set.abort_all();
         let node = self.config.node_name.clone();
         let owner = match &self.identity {
             Some(me) => tokio::time::timeout(
@@ -647,6 +711,16 @@ struct FleetIqTask {
 }
 
 impl FleetIqTask {
+    /// Starts the FleetIQ task and the message-age gauge it feeds.
+    fn spawn(self, view: watch::Receiver<FleetIqView>, tasks: &mut Tasks) {
+        let metrics = self.metrics.clone();
+        tasks.spawn(|stop| message_age(metrics, view, stop));
+        tasks.spawn(|stop| async move {
+            self.run(stop).await;
+            "fleetiq"
+        });
+    }
+
     async fn instance_id(&self, stop: &CancellationToken) -> Option<String> {
         if let Some(id) = &self.config.instance_id {
             return Some(id.clone());
@@ -671,7 +745,26 @@ impl FleetIqTask {
         }
     }
 
-    async fn run(self, stop: CancellationToken) {
+    /// The Redis subscription, when `--redis-url` is set: the channel defaults to the
+    /// instance id.
+    fn redis_source(&self, iid: &str) -> Option<RedisSource> {
+        let target = self.config.redis_url.clone()?;
+        Some(RedisSource {
+            target,
+            channel: self
+                .config
+                .redis_channel
+                .clone()
+                .unwrap_or_else(|| iid.to_string()),
+            instance_id: iid.to_string(),
+            metrics: self.metrics.clone(),
+            view: self.view.clone(),
+            ping_every: self.config.redis_ping_interval,
+            ca_file: self.config.redis_ca_file.clone(),
+        })
+    }
+
+    async fn run(mut self, stop: CancellationToken) {
         self.health
             .set(HEALTH_REGISTRATION, false, "waiting for the instance id");
         let Some(iid) = self.instance_id(&stop).await else {
@@ -680,7 +773,7 @@ impl FleetIqTask {
         };
         let _ = self.iid.send(Some(iid.clone()));
         let group = self.config.game_server_group.clone().unwrap_or_default();
-        let sdk = match self.sdk {
+        let sdk = match self.sdk.take() {
             Some(c) => c,
             None => {
                 gamelift::sdk_client(
@@ -708,20 +801,7 @@ impl FleetIqTask {
             self.health.clone(),
             stop.clone(),
         ));
-        if let Some(target) = self.config.redis_url.clone() {
-            let src = RedisSource {
-                target,
-                channel: self
-                    .config
-                    .redis_channel
-                    .clone()
-                    .unwrap_or_else(|| iid.clone()),
-                instance_id: iid.clone(),
-                metrics: self.metrics.clone(),
-                view: self.view.clone(),
-                ping_every: self.config.redis_ping_interval,
-                ca_file: self.config.redis_ca_file.clone(),
-            };
+        if let Some(src) = self.redis_source(&iid) {
             tasks.spawn(src.run(stop.clone()));
         } else {
             warn!(
