@@ -25,8 +25,7 @@ use crate::metrics::Metrics;
 use crate::owner::{self, Owner, Ownership, PodId};
 use crate::policy::PolicyConfig;
 use crate::reconciler::{HEALTH_KUBE, Reconciler};
-use crate::request_deadline::RequestDeadline;
-use crate::{sources, watches};
+use crate::{kube_client, sources, watches};
 
 /// Pre-built clients, for running the agent in-process (tests, the demo).
 #[derive(Default)]
@@ -52,8 +51,6 @@ const TASKS_GRACE: Duration = Duration::from_millis(800);
 const DEREGISTER_GRACE: Duration = Duration::from_secs(2);
 /// How long handing the node's ownership over may take (SIGTERM → exit stays under 5 s).
 const HANDOVER_GRACE: Duration = Duration::from_secs(1);
-/// The watches' client reads for longer than the watches' long polls (`timeoutSeconds` 290).
-const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(330);
 
 /// Runs the agent until `shutdown`: build every part, spawn every task, supervise them and
 /// shut down (see [`Agent::build`], [`Agent::spawn`], [`Running::supervise`]).
@@ -106,8 +103,8 @@ impl Agent {
                 .context("loading the Kubernetes client config")?,
         };
         let identity = identity(&config, &cfg.default_namespace);
-        let client = kube_client(cfg.clone(), config.request_timeout, &metrics)?;
-        let watch_client = watch_client(cfg)?;
+        let client = kube_client::for_requests(cfg.clone(), config.request_timeout, &metrics)?;
+        let watch_client = kube_client::for_watches(cfg)?;
         let sources = sources::REGISTRY
             .iter()
             .chain(overrides.sources.iter())
@@ -437,7 +434,7 @@ pub async fn cleanup_cooperation(
             .context("loading the Kubernetes client config")?,
     };
     let (metrics, _) = Metrics::new();
-    let client = kube_client(cfg, config.request_timeout, &metrics)?;
+    let client = kube_client::for_requests(cfg, config.request_timeout, &metrics)?;
     let summary = crate::cooperation::cleanup::run(client).await?;
     if summary.failed > 0 {
         anyhow::bail!("{} pod(s) could not be cleaned up", summary.failed);
@@ -592,40 +589,6 @@ impl Running {
             }
         }
     }
-}
-
-/// The agent's Kubernetes client for requests. kube retries 429/503/504 up to 15 times on
-/// its own, for minutes; the reconciler has its own capped, jittered backoff and must stay
-/// responsive to new signals, so that retry is off. Every request gets `request_timeout`
-/// (see `request_deadline`). Tests build their agents through this too.
-pub fn kube_client(
-    mut cfg: kube::Config,
-    request_timeout: Duration,
-    metrics: &Metrics,
-) -> anyhow::Result<kube::Client> {
-    cfg.default_retry = false;
-    // The deadline layer ends a request without headers first (and counts it); these bound
-    // the rest, e.g. a response body that stops arriving after its headers.
-    let socket = request_timeout.saturating_mul(2);
-    cfg.connect_timeout = Some(socket);
-    cfg.write_timeout = Some(socket);
-    cfg.read_timeout = Some(socket);
-    cfg.reset_reader_on_write = true;
-    let builder =
-        kube::client::ClientBuilder::try_from(cfg).context("building the Kubernetes client")?;
-    Ok(builder
-        .with_layer(&RequestDeadline::new(request_timeout, metrics.clone()))
-        .build())
-}
-
-/// The client of the watches: no request deadline (a watch is a long poll), but a read
-/// timeout longer than the poll, so a watch on a connection that died silently ends and is
-/// re-established.
-pub fn watch_client(mut cfg: kube::Config) -> anyhow::Result<kube::Client> {
-    cfg.default_retry = false;
-    cfg.read_timeout = Some(WATCH_READ_TIMEOUT);
-    cfg.reset_reader_on_write = true;
-    kube::Client::try_from(cfg).context("building the Kubernetes watch client")
 }
 
 async fn admin_task(
