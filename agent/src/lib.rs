@@ -15,6 +15,7 @@ pub mod dry_run;
 pub mod eviction;
 pub mod fleetiq;
 pub mod keys;
+pub mod kube_client;
 pub mod metrics;
 pub mod notice;
 pub mod notify;

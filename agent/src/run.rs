@@ -25,9 +25,8 @@ use crate::metrics::Metrics;
 use crate::owner::{self, Owner, Ownership, PodId};
 use crate::policy::PolicyConfig;
 use crate::reconciler::{HEALTH_KUBE, Reconciler};
-use crate::request_deadline::RequestDeadline;
 use crate::throttle::Throttle;
-use crate::{sources, watches};
+use crate::{kube_client, sources, watches};
 
 /// Pre-built clients, for running the agent in-process (tests, the demo).
 #[derive(Default)]
@@ -55,8 +54,6 @@ const TASKS_GRACE: Duration = Duration::from_millis(800);
 const DEREGISTER_GRACE: Duration = Duration::from_secs(2);
 /// How long handing the node's ownership over may take (SIGTERM → exit stays under 5 s).
 const HANDOVER_GRACE: Duration = Duration::from_secs(1);
-/// The watches' client reads for longer than the watches' long polls (`timeoutSeconds` 290).
-const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(330);
 
 /// Runs the agent until `shutdown`: build every part, spawn every task, supervise them and
 /// shut down (see [`Agent::build`], [`Agent::spawn`], [`Running::supervise`]).
@@ -115,8 +112,9 @@ impl Agent {
         };
         let identity = identity(&config, &cfg.default_namespace);
         let throttle = Throttle::new(metrics.clone());
-        let client = kube_client(cfg.clone(), config.request_timeout, &metrics, &throttle)?;
-        let watch_client = watch_client(cfg, &throttle)?;
+        let client =
+            kube_client::for_requests(cfg.clone(), config.request_timeout, &metrics, &throttle)?;
+        let watch_client = kube_client::for_watches(cfg, &throttle)?;
         let notify = notifications(&config, &metrics)?;
         let sources = sources::REGISTRY
             .iter()
@@ -141,7 +139,8 @@ impl Agent {
         })
     }
 
-    /// Starts every task; each runs until `shutdown`.
+    /// Starts every task; each runs until `shutdown`. In order: the admin listener, the
+    /// watches, the signal sources, node ownership, the reconciler, then FleetIQ.
     pub fn spawn(self, shutdown: &CancellationToken) -> Running {
         let Agent {
             config,
@@ -159,32 +158,13 @@ impl Agent {
             narration,
             notify,
         } = self;
-        let mut tasks = JoinSet::new();
-        let stop = shutdown.child_token();
-        tasks.spawn(admin_task(
-            listener,
-            admin::router(registry, health.clone()),
-            stop.clone(),
-        ));
-
+        let mut tasks = Tasks::new(shutdown.child_token());
+        let router = admin::router(registry, health.clone());
+        tasks.spawn(|stop| admin_task(listener, router, stop));
         let trigger = Arc::new(Notify::new());
-        let (stores, watch_tasks) = watches::spawn(
-            watch_client,
-            &config.node_name,
-            trigger.clone(),
-            metrics.clone(),
-            stop.clone(),
-        );
-        for handle in watch_tasks {
-            // A watch task that panics must not leave the reconciler on a frozen cache.
-            tasks.spawn(async move {
-                let _ = handle.await;
-                "watch"
-            });
-        }
-        let (view_tx, view_rx) = watch::channel(FleetIqView::default());
-        let (iid_tx, iid_rx) = watch::channel(config.instance_id.clone());
-        let (empty_tx, empty_rx) = watch::channel(false);
+        let stores = spawn_watches(watch_client, &config, &trigger, &metrics, &mut tasks);
+        let feeds = Feeds::new(&config);
+        // Before the sources: they may post Warning Events on the Node through it.
         let actuator = Actuator::new(
             client.clone(),
             config.node_name.clone(),
@@ -192,29 +172,24 @@ impl Agent {
             metrics.clone(),
         );
         let warn_on = actuator.clone();
+        let shared = feeds.for_sources(
+            aws_credentials,
+            sources::KubeAccess {
+                client: client.clone(),
+                node: stores.node.clone(),
+            },
+            sources::NodeWarnings::new(move |reason, note| {
+                warn_on.queue_event(&warn_on.node_ref(), reason, note, true);
+            }),
+        );
         let board = spawn_sources(
             &config,
             &registry_sources,
-            SourceShared {
-                fleetiq: sources::fleetiq::Inputs {
-                    view: view_rx.clone(),
-                    instance_id: iid_rx,
-                },
-                node_empty: empty_rx,
-                aws_credentials,
-                kube: sources::KubeAccess {
-                    client: client.clone(),
-                    node: stores.node.clone(),
-                },
-                node_warnings: sources::NodeWarnings::new(move |reason, note| {
-                    warn_on.queue_event(&warn_on.node_ref(), reason, note, true);
-                }),
-            },
+            shared,
             &metrics,
             &health,
             &trigger,
             &mut tasks,
-            &stop,
         );
         // One agent acts on a node at a time (see `owner`); a dry run writes nothing, so
         // it needs no ownership.
@@ -226,10 +201,8 @@ impl Agent {
             &actuator,
             &metrics,
             &mut tasks,
-            &stop,
         );
         actuator.fleetiq().gate(owner.clone());
-
         let mut reconciler = Reconciler::new(
             config.node_name.clone(),
             stores,
@@ -244,70 +217,40 @@ impl Agent {
         );
         reconciler.owner = owner.clone();
         reconciler.throttle = Some(throttle);
-        reconciler.node_empty = empty_tx;
+        reconciler.node_empty = feeds.empty_tx;
         if let Some(n) = narration {
             reconciler.narrate_to(n);
         }
         if let Some((notifier, poster)) = notify {
             reconciler.notifier = notifier;
-            let s = stop.clone();
-            tasks.spawn(async move {
-                poster.run(s.clone()).await;
-                s.cancelled().await;
+            tasks.spawn(|stop| async move {
+                poster.run(stop.clone()).await;
+                stop.cancelled().await;
                 "notify"
             });
         }
-        if config.publish_drain_state && config.dry_run {
-            // The webhook would ask Agones for replacements of a drain that is not happening.
-            info!(message = "dry run: this node's drain state is not published");
-        } else if config.publish_drain_state
-            && let Some(target) = config.redis_url.clone()
-        {
-            let publisher = crate::drain_state::Publisher {
-                target,
-                ca: config.redis_ca_file.clone(),
-                node: config.node_name.clone(),
-                counts: reconciler.drain_state.subscribe(),
-                metrics: metrics.clone(),
-            };
-            // It clears what an earlier agent left: only the owner may.
-            let (o, s) = (owner.clone(), stop.clone());
-            tasks.spawn(async move {
-                if o.owned(&s).await {
-                    publisher.run(s).await;
-                }
-                "drain_state"
-            });
-        }
-        let s = stop.clone();
-        tasks.spawn(async move {
-            reconciler.run(s).await;
+        spawn_drain_state(&config, &reconciler, &owner, &metrics, &mut tasks);
+        tasks.spawn(|stop| async move {
+            reconciler.run(stop).await;
             "reconciler"
         });
-
         if config.fleetiq_enabled() {
-            let ctx = FleetIqTask {
+            let fleetiq = FleetIqTask {
                 config: config.clone(),
-                client: client.clone(),
+                client,
                 sdk: gamelift,
                 actuator: actuator.clone(),
-                owner: owner.clone(),
+                owner,
                 metrics: metrics.clone(),
-                health: health.clone(),
-                view: view_tx,
-                iid: iid_tx,
+                health,
+                view: feeds.view_tx,
+                iid: feeds.iid_tx,
             };
-            let s = stop.clone();
-            tasks.spawn(async move {
-                ctx.run(s).await;
-                "fleetiq"
-            });
-            tasks.spawn(message_age(metrics.clone(), view_rx, stop.clone()));
+            fleetiq.spawn(feeds.view_rx, &mut tasks);
         }
         Running {
             config,
             tasks,
-            stop,
             actuator,
             identity,
         }
@@ -340,6 +283,138 @@ fn notifications(
     crate::notify::start(settings, metrics.clone()).map(Some)
 }
 
+/// The supervised tasks, each named for the supervisor's log, and the token that stops them.
+struct Tasks {
+    set: JoinSet<&'static str>,
+    stop: CancellationToken,
+}
+
+impl Tasks {
+    fn new(stop: CancellationToken) -> Self {
+        Self {
+            set: JoinSet::new(),
+            stop,
+        }
+    }
+
+    /// Starts the task `start` makes from the stop token; it returns its name when it ends.
+    fn spawn<F>(&mut self, start: impl FnOnce(CancellationToken) -> F)
+    where
+        F: Future<Output = &'static str> + Send + 'static,
+    {
+        self.set.spawn(start(self.stop.clone()));
+    }
+}
+
+/// The channels between the FleetIQ task, the sources and the reconciler.
+struct Feeds {
+    /// FleetIQ's current status, from Redis or the direct checks.
+    view_tx: watch::Sender<FleetIqView>,
+    view_rx: watch::Receiver<FleetIqView>,
+    /// The instance id, once known (a flag, or IMDS).
+    iid_tx: watch::Sender<Option<String>>,
+    iid_rx: watch::Receiver<Option<String>>,
+    /// Whether the node is empty, as the reconciler last planned.
+    empty_tx: watch::Sender<bool>,
+    empty_rx: watch::Receiver<bool>,
+}
+
+impl Feeds {
+    fn new(config: &Config) -> Self {
+        let (view_tx, view_rx) = watch::channel(FleetIqView::default());
+        let (iid_tx, iid_rx) = watch::channel(config.instance_id.clone());
+        let (empty_tx, empty_rx) = watch::channel(false);
+        Self {
+            view_tx,
+            view_rx,
+            iid_tx,
+            iid_rx,
+            empty_tx,
+            empty_rx,
+        }
+    }
+
+    fn for_sources(
+        &self,
+        aws_credentials: Option<aws_sdk_autoscaling::config::Credentials>,
+        kube: sources::KubeAccess,
+        node_warnings: sources::NodeWarnings,
+    ) -> SourceShared {
+        SourceShared {
+            fleetiq: sources::fleetiq::Inputs {
+                view: self.view_rx.clone(),
+                instance_id: self.iid_rx.clone(),
+            },
+            node_empty: self.empty_rx.clone(),
+            aws_credentials,
+            kube,
+            node_warnings,
+        }
+    }
+}
+
+/// Starts the label-filtered watches of this node's objects; their stores feed the
+/// reconciler.
+fn spawn_watches(
+    watch_client: kube::Client,
+    config: &Config,
+    trigger: &Arc<Notify>,
+    metrics: &Metrics,
+    tasks: &mut Tasks,
+) -> watches::Stores {
+    let (stores, watch_tasks) = watches::spawn(
+        watch_client,
+        &config.node_name,
+        trigger.clone(),
+        metrics.clone(),
+        tasks.stop.clone(),
+    );
+    for handle in watch_tasks {
+        // A watch task that panics must not leave the reconciler on a frozen cache.
+        tasks.spawn(|_| async move {
+            let _ = handle.await;
+            "watch"
+        });
+    }
+    stores
+}
+
+/// `--publish-drain-state`: publishes the reconciler's drain counts to Redis. It clears what
+/// an earlier agent left, so only the owner runs it.
+fn spawn_drain_state(
+    config: &Config,
+    reconciler: &Reconciler,
+    owner: &Owner,
+    metrics: &Metrics,
+    tasks: &mut Tasks,
+) {
+    if !config.publish_drain_state {
+        return;
+    }
+    if config.dry_run {
+        // The webhook would ask Agones for replacements of a drain that is not happening.
+        info!(message = "dry run: this node's drain state is not published");
+        return;
+    }
+    let Some(target) = config.redis_url.clone() else {
+        return;
+    };
+    let publisher = crate::drain_state::Publisher {
+        target,
+        ca: config.redis_ca_file.clone(),
+        node: config.node_name.clone(),
+        counts: reconciler.drain_state.subscribe(),
+        metrics: metrics.clone(),
+    };
+    let owner = owner.clone();
+    tasks.spawn(|stop| async move {
+        if owner.owned(&stop).await {
+            publisher.run(stop).await;
+        }
+        "drain_state"
+    });
+}
+
 /// What every task source is handed besides its config and metrics.
 struct SourceShared {
     fleetiq: sources::fleetiq::Inputs,
@@ -350,7 +425,6 @@ struct SourceShared {
 }
 
 /// Starts every registered signal source; they report to the returned board.
-#[allow(clippy::too_many_arguments)]
 fn spawn_sources(
     config: &Config,
     registry: &[sources::Registered],
@@ -358,9 +432,9 @@ fn spawn_sources(
     metrics: &Metrics,
     health: &Health,
     trigger: &Arc<Notify>,
-    tasks: &mut JoinSet<&'static str>,
-    stop: &CancellationToken,
+    tasks: &mut Tasks,
 ) -> sources::NoticeBoard {
+    let stop = &tasks.stop;
     let shared_config = Arc::new(config.clone());
     let fleetiq = config.fleetiq_enabled().then_some(shared.fleetiq);
     let (board, source_tasks) = sources::start_all(
@@ -387,7 +461,7 @@ fn spawn_sources(
     for (source, task) in source_tasks {
         // A source task runs until shutdown; one that ends early is fatal, like any task.
         let name = source.as_str();
-        tasks.spawn(async move {
+        tasks.spawn(|_| async move {
             task.await;
             name
         });
@@ -403,8 +477,7 @@ fn spawn_ownership(
     stores: &watches::Stores,
     actuator: &Actuator,
     metrics: &Metrics,
-    tasks: &mut JoinSet<&'static str>,
-    stop: &CancellationToken,
+    tasks: &mut Tasks,
 ) -> Owner {
     let Some(me) = identity else {
         metrics.node_owner.set(1);
@@ -419,9 +492,8 @@ fn spawn_ownership(
         owner: owner.clone(),
         metrics: metrics.clone(),
     };
-    let s = stop.clone();
-    tasks.spawn(async move {
-        ownership.run(s).await;
+    tasks.spawn(|stop| async move {
+        ownership.run(stop).await;
         "ownership"
     });
     owner
@@ -441,7 +513,7 @@ pub async fn cleanup_cooperation(
             .context("loading the Kubernetes client config")?,
     };
     let (metrics, _) = Metrics::new();
-    let client = kube_client(
+    let client = kube_client::for_requests(
         cfg,
         config.request_timeout,
         &metrics,
@@ -516,8 +588,7 @@ async fn message_age(
 /// The running agent: its tasks, and what shutting down needs.
 pub struct Running {
     config: Config,
-    tasks: JoinSet<&'static str>,
-    stop: CancellationToken,
+    tasks: Tasks,
     actuator: Actuator,
     identity: Option<PodId>,
 }
@@ -530,7 +601,7 @@ impl Running {
         let failure = tokio::select! {
             biased;
             () = shutdown.cancelled() => None,
-            ended = self.tasks.join_next() => match ended {
+            ended = self.tasks.set.join_next() => match ended {
                 // Tasks end on their own only after shutdown began.
                 _ if shutdown.is_cancelled() => None,
                 Some(Ok(name)) => Some(format!("task {name} ended unexpectedly")),
@@ -552,12 +623,12 @@ impl Running {
     /// Nothing mutates after the tasks stop but the two exit steps, in this order: the
     /// owner's last action, then the handover, so the next agent starts after it.
     async fn shut_down(mut self, clean: bool) {
-        self.stop.cancel();
+        self.tasks.stop.cancel();
         let _ = tokio::time::timeout(TASKS_GRACE, async {
-            while self.tasks.join_next().await.is_some() {}
+            while self.tasks.set.join_next().await.is_some() {}
         })
         .await;
-        self.tasks.abort_all();
+        self.tasks.set.abort_all();
         let node = self.config.node_name.clone();
         let owner = match &self.identity {
             Some(me) => tokio::time::timeout(
@@ -602,46 +673,6 @@ impl Running {
             }
         }
     }
-}
-
-/// The agent's Kubernetes client for requests. kube retries 429/503/504 up to 15 times on
-/// its own, for minutes; the reconciler has its own capped, jittered backoff and must stay
-/// responsive to new signals, so that retry is off. A 429's `Retry-After` holds every
-/// request of the agent (see `throttle`). Every request gets `request_timeout` (see
-/// `request_deadline`), counted from when it leaves. Tests build their agents through this
-/// too.
-pub fn kube_client(
-    mut cfg: kube::Config,
-    request_timeout: Duration,
-    metrics: &Metrics,
-    throttle: &Throttle,
-) -> anyhow::Result<kube::Client> {
-    cfg.default_retry = false;
-    // The deadline layer ends a request without headers first (and counts it); these bound
-    // the rest, e.g. a response body that stops arriving after its headers.
-    let socket = request_timeout.saturating_mul(2);
-    cfg.connect_timeout = Some(socket);
-    cfg.write_timeout = Some(socket);
-    cfg.read_timeout = Some(socket);
-    cfg.reset_reader_on_write = true;
-    let builder =
-        kube::client::ClientBuilder::try_from(cfg).context("building the Kubernetes client")?;
-    Ok(builder
-        .with_layer(&RequestDeadline::new(request_timeout, metrics.clone()))
-        .with_layer(throttle)
-        .build())
-}
-
-/// The client of the watches: no request deadline (a watch is a long poll), but a read
-/// timeout longer than the poll, so a watch on a connection that died silently ends and is
-/// re-established. Its lists and watches wait out a 429's `Retry-After` too (`throttle`).
-pub fn watch_client(mut cfg: kube::Config, throttle: &Throttle) -> anyhow::Result<kube::Client> {
-    cfg.default_retry = false;
-    cfg.read_timeout = Some(WATCH_READ_TIMEOUT);
-    cfg.reset_reader_on_write = true;
-    let builder = kube::client::ClientBuilder::try_from(cfg)
-        .context("building the Kubernetes watch client")?;
-    Ok(builder.with_layer(throttle).build())
 }
 
 async fn admin_task(
@@ -727,6 +758,16 @@ struct FleetIqTask {
 }
 
 impl FleetIqTask {
+    /// Starts the FleetIQ task and the message-age gauge it feeds.
+    fn spawn(self, view: watch::Receiver<FleetIqView>, tasks: &mut Tasks) {
+        let metrics = self.metrics.clone();
+        tasks.spawn(|stop| message_age(metrics, view, stop));
+        tasks.spawn(|stop| async move {
+            self.run(stop).await;
+            "fleetiq"
+        });
+    }
+
     async fn instance_id(&self, stop: &CancellationToken) -> Option<String> {
         if let Some(id) = &self.config.instance_id {
             return Some(id.clone());
@@ -751,7 +792,26 @@ impl FleetIqTask {
         }
     }
 
-    async fn run(self, stop: CancellationToken) {
+    /// The Redis subscription, when `--redis-url` is set: the channel defaults to the
+    /// instance id.
+    fn redis_source(&self, iid: &str) -> Option<RedisSource> {
+        let target = self.config.redis_url.clone()?;
+        Some(RedisSource {
+            target,
+            channel: self
+                .config
+                .redis_channel
+                .clone()
+                .unwrap_or_else(|| iid.to_string()),
+            instance_id: iid.to_string(),
+            metrics: self.metrics.clone(),
+            view: self.view.clone(),
+            ping_every: self.config.redis_ping_interval,
+            ca_file: self.config.redis_ca_file.clone(),
+        })
+    }
+
+    async fn run(mut self, stop: CancellationToken) {
         self.health
             .set(HEALTH_REGISTRATION, false, "waiting for the instance id");
         let Some(iid) = self.instance_id(&stop).await else {
@@ -760,7 +820,7 @@ impl FleetIqTask {
         };
         let _ = self.iid.send(Some(iid.clone()));
         let group = self.config.game_server_group.clone().unwrap_or_default();
-        let sdk = match self.sdk {
+        let sdk = match self.sdk.take() {
             Some(c) => c,
             None => {
                 gamelift::sdk_client(
@@ -788,20 +848,7 @@ impl FleetIqTask {
             self.health.clone(),
             stop.clone(),
         ));
-        if let Some(target) = self.config.redis_url.clone() {
-            let src = RedisSource {
-                target,
-                channel: self
-                    .config
-                    .redis_channel
-                    .clone()
-                    .unwrap_or_else(|| iid.clone()),
-                instance_id: iid.clone(),
-                metrics: self.metrics.clone(),
-                view: self.view.clone(),
-                ping_every: self.config.redis_ping_interval,
-                ca_file: self.config.redis_ca_file.clone(),
-            };
+        if let Some(src) = self.redis_source(&iid) {
             tasks.spawn(src.run(stop.clone()));
         } else {
             warn!(

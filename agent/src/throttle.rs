@@ -3,7 +3,7 @@
 //! When kube-apiserver's API Priority and Fairness (or max-in-flight) refuses a request it
 //! answers `429` with `Retry-After: <seconds>` and a plain-text body, not a `Status`, so
 //! kube-rs's error carries no retry hint: only the response headers do, and only a layer
-//! sees them. kube's own retry is off (see `run::kube_client`), so this layer makes the
+//! sees them. kube's own retry is off (see `kube_client`), so this layer makes the
 //! whole client wait: after a refusal, no request of this agent leaves before
 //! `Retry-After` plus a jitter (`lastcall_common::backoff::after_retry_after`), drawn per
 //! process, so thousands of agents refused at the same moment do not come back together.

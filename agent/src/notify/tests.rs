@@ -156,11 +156,7 @@ async fn failures_never_carry_the_url() {
         let (metrics, _) = Metrics::new();
         let (_n, poster) =
             start(settings(&url, Duration::from_millis(200)), metrics).expect("start");
-        let failure = poster
-            .attempt(r#"{"text":"x"}"#)
-            .await
-            .err()
-            .expect("fails");
+        let failure = poster.attempt(r#"{"text":"x"}"#).await.expect_err("fails");
         let secret = url.rsplit_once("/services/").map(|(_, s)| s).unwrap_or("");
         assert!(!failure.what.contains(secret), "{}", failure.what);
         assert!(!failure.what.contains("/services/"), "{}", failure.what);

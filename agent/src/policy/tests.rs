@@ -1,9 +1,12 @@
 //! Table tests for the drain rules, plus an idempotence check: applying a plan to the
 //! observed state and planning again must produce nothing new.
 
+use k8s_openapi::api::core::v1::Toleration;
+
 use super::*;
-use crate::notice::Severity;
-use crate::observed::{NodeView, PodView};
+use crate::notice::{Cause, Severity};
+use crate::observed::{GsState, NodeView, PodView};
+use crate::progress::{Recorded, format_precise, format_ts};
 use crate::sources::{NodeSignalConfig, fleetiq, node as node_signals};
 
 /// The notices plus what the Node signals say, as the notice board gives them.

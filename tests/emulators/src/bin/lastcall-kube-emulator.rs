@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::Parser;
 use lastcall_emulators::cluster::preload::{Preload, preload};
-use lastcall_emulators::kube::{DEFAULT_HISTORY, Emulator, Options, Store};
+use lastcall_emulators::kube::{ApfConfig, DEFAULT_HISTORY, Emulator, Options, Store};
 use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Parser, Debug)]
@@ -50,6 +50,18 @@ struct Args {
     /// Of those, how many are Allocated (the rest are Ready).
     #[arg(long, default_value_t = 0)]
     preload_allocated_per_node: usize,
+    /// API Priority and Fairness: requests served at once over all users (0: APF off).
+    #[arg(long, default_value_t = 0)]
+    apf_concurrency: usize,
+    /// APF: requests admitted per second over all users (0: no rate limit).
+    #[arg(long, default_value_t = 0.0)]
+    apf_rate: f64,
+    /// APF: requests one user may have waiting; one more is refused at once.
+    #[arg(long, default_value_t = 50)]
+    apf_queue_per_flow: usize,
+    /// APF: the `Retry-After` of every refusal, in seconds.
+    #[arg(long, default_value_t = 1)]
+    apf_retry_after_secs: u64,
 }
 
 #[tokio::main]
@@ -72,6 +84,14 @@ async fn main() -> anyhow::Result<()> {
     let options = Options {
         admin: args.admin,
         bookmark_interval: std::time::Duration::from_secs(args.bookmark_interval_secs.max(1)),
+        apf: (args.apf_concurrency > 0).then(|| ApfConfig {
+            concurrency: args.apf_concurrency,
+            rate: (args.apf_rate > 0.0).then_some(args.apf_rate),
+            burst: (args.apf_rate.ceil() as usize).max(1),
+            queue_per_flow: args.apf_queue_per_flow,
+            retry_after_secs: args.apf_retry_after_secs.max(1),
+            ..ApfConfig::default()
+        }),
     };
     let emulator = Emulator::start_with_options(store, args.listen, options).await?;
     if let Some(path) = &args.kubeconfig_out {

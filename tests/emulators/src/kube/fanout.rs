@@ -111,7 +111,7 @@ impl Fanout {
         let mut g = self.lock();
         let id = g.next;
         g.next += 1;
-        let t = g.types.entry(rt.clone()).or_default();
+        let t = g.types.entry(*rt).or_default();
         match &key {
             None => {
                 t.all.insert(id, tx);
@@ -124,7 +124,7 @@ impl Fanout {
         Subscription {
             rx,
             fanout: self.clone(),
-            rt: rt.clone(),
+            rt: *rt,
             key,
             id,
         }

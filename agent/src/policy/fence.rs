@@ -1,0 +1,98 @@
+//! The fence: the node-level write that keeps new matches off the node, and the claim on
+//! game-server pods whose GameServer the label-filtered watch cannot see yet.
+
+use std::collections::BTreeSet;
+
+use crate::keys;
+use crate::notice::Notice;
+use crate::observed::Observed;
+use crate::progress::{DrainRecord, Progress, Recorded, format_precise};
+
+use super::deadlines::deadlines;
+use super::taints::taint;
+use super::{Action, Inputs, NodeEvent, NodePatch};
+
+/// GameServer pods on this node whose GameServer the label-filtered watch cannot see yet.
+pub(super) fn claim_unlabelled(obs: &Observed) -> Vec<Action> {
+    let seen: BTreeSet<(&str, &str)> = obs
+        .game_servers
+        .iter()
+        .map(|g| (g.namespace.as_str(), g.name.as_str()))
+        .collect();
+    let mut out = vec![];
+    for pod in &obs.pods {
+        if let Some(gs) = &pod.gameserver
+            && !pod.deleting
+            && !pod.finished
+            && !seen.contains(&(pod.namespace.as_str(), gs.as_str()))
+        {
+            out.push(Action::ClaimGameServer {
+                namespace: pod.namespace.clone(),
+                name: gs.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// The node-level fence: cordon, our taint, progress annotations and the drain record.
+/// `None` when already there.
+pub(super) fn fence_patch(
+    inp: &Inputs<'_>,
+    progress: &Progress,
+    driver: Option<&Notice>,
+) -> Option<NodePatch> {
+    let node = &inp.observed.node;
+    let mut patch = NodePatch {
+        resource_version: node.resource_version.clone(),
+        ..Default::default()
+    };
+    // Karpenter, the cluster autoscaler or someone else may already keep new pods off the
+    // node; then lastcall does only the game-server work and never cordons on top.
+    if !node.unschedulable && driver.is_none_or(|d| d.cordon) {
+        patch.unschedulable = Some(true);
+        if !progress.cordoned_by_us {
+            patch
+                .set_annotations
+                .insert(keys::ANN_CORDONED.into(), "true".into());
+        }
+    }
+    if !node.has_taint(keys::TAINT_DRAINING) {
+        let source = driver.map_or("lastcall", |d| d.source.as_str());
+        let mut taints = node.taints.clone();
+        taints.push(taint(keys::TAINT_DRAINING, source, "NoSchedule"));
+        patch.taints = Some(taints);
+    }
+    // To the sub-second (the settle counts from it); a garbled start is written anew, so
+    // the settle is never shortened by it.
+    if progress.start().is_none() && progress.deregistered.is_none() {
+        patch
+            .set_annotations
+            .insert(keys::ANN_STARTED.into(), format_precise(inp.now));
+    }
+    if let Some(d) = driver
+        && progress.deregistered.is_none()
+    {
+        if progress.cause != Some(d.cause) {
+            patch
+                .set_annotations
+                .insert(keys::ANN_CAUSE.into(), d.cause.as_str().into());
+        }
+        // Who asks now, as the deadline rule keeps it.
+        let record = DrainRecord {
+            entries: deadlines(inp, progress).record(),
+        };
+        if !record.entries.is_empty() && progress.record != Recorded::Valid(record.clone()) {
+            patch
+                .set_annotations
+                .insert(keys::ANN_NOTICE.into(), record.to_annotation());
+        }
+    }
+    if progress.started.is_none() && patch.set_annotations.contains_key(keys::ANN_STARTED) {
+        patch.events.push(NodeEvent::DrainStarted);
+    }
+    if patch.unschedulable == Some(true) || patch.taints.is_some() {
+        patch.events.push(NodeEvent::NodeFenced);
+    }
+    (!patch.is_empty()).then_some(patch)
+}
