@@ -570,7 +570,11 @@ async fn launch(port: u16, dir: &Path, mode: &Mode) -> Result<Child, LaunchError
         command
             .args(["--cluster-enabled", "yes"])
             .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
-            .args(["--cluster-node-timeout", "1000"]);
+            .args(["--cluster-node-timeout", "1000"])
+            // A replica whose master was idle (pinged every 10 s) may count its data as too
+            // old for the 1 s node timeout (factor 10 → 20 s) and never stand for election;
+            // the tests kill primaries to see the failover, not Redis's staleness rule.
+            .args(["--cluster-replica-validity-factor", "0"]);
     }
     if mode.acl {
         command.args(["--user", "default", "off"]).args([
