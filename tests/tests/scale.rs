@@ -1,4 +1,4 @@
-//! The scale bench's promises on a reduced world (20 agents by default, which keeps the
+//! The scale bench's promises on a reduced world (100 agents by default, which keeps the
 //! test near a minute in CI; `LASTCALL_SCALE_AGENTS=200` or more to change): in-process agents built as the binary builds them,
 //! each with its own identity and filtered watches, on a store-only emulator in its own
 //! process, under kubelet, pod-churn and Agones background load.
@@ -18,7 +18,7 @@ use lastcall_testkit::scale::{ScaleSpec, ScaleWorld};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_promises_hold() {
-    let mut spec = ScaleSpec::from_env(20);
+    let mut spec = ScaleSpec::from_env(100);
     spec.unfiltered_sample = 0;
     let n = spec.agents;
     let world = ScaleWorld::start(spec).await.expect("scale world");
