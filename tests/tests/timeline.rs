@@ -3,7 +3,7 @@
 //! rollouts, API faults, allocations and match ends, checked against the emulators'
 //! journals. Zero invariant hits allowed.
 //!
-//! `TIMELINE_COUNT` sets how many (default 100: about 2.5 min at 1.5 s each on a quiet
+//! `TIMELINE_COUNT` sets how many (default 200: about 5 min at 1.5 s each on a quiet
 //! machine, within the cold CI run's budget), `TIMELINE_SEED=<n>` replays one,
 //! `TIMELINE_DISABLE=two_agents,hangs` switches generator dimensions off.
 
@@ -11,7 +11,7 @@ use lastcall_testkit::timeline::{from_env, run_many, summary};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_timelines_keep_every_invariant() {
-    let (seeds, dims, concurrency) = from_env(100);
+    let (seeds, dims, concurrency) = from_env(200);
     let n = seeds.len();
     let started = std::time::Instant::now();
     let outcomes = run_many(seeds, dims, concurrency).await;
