@@ -354,6 +354,15 @@ pub struct Observed {
 }
 
 impl Observed {
+    /// The termination grace of pod `namespace/name`, or the Kubernetes default when the
+    /// pod watch does not show it.
+    pub fn termination_grace(&self, namespace: &str, name: &str) -> Duration {
+        self.pods
+            .iter()
+            .find(|p| p.namespace == namespace && p.name == name)
+            .map_or(DEFAULT_TERMINATION_GRACE, |p| p.termination_grace)
+    }
+
     /// The pod running `gs` on this node, if the pod watch shows it.
     pub fn pod_of(&self, gs: &GameServerView) -> Option<&PodView> {
         self.pods.iter().find(|p| {

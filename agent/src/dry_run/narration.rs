@@ -262,13 +262,7 @@ impl Narrator {
                 ),
             ),
             Action::EndGracefully { namespace, pod, .. } => {
-                let grace = observed
-                    .pods
-                    .iter()
-                    .find(|p| &p.namespace == namespace && &p.name == pod)
-                    .map_or(crate::observed::DEFAULT_TERMINATION_GRACE, |p| {
-                        p.termination_grace
-                    });
+                let grace = observed.termination_grace(namespace, pod);
                 (
                     "end_match",
                     format!(

@@ -178,13 +178,7 @@ impl Overlay {
                 true
             }
             Action::EndGracefully { namespace, pod, .. } => {
-                let grace = observed
-                    .pods
-                    .iter()
-                    .find(|p| &p.namespace == namespace && &p.name == pod)
-                    .map_or(crate::observed::DEFAULT_TERMINATION_GRACE, |p| {
-                        p.termination_grace
-                    });
+                let grace = observed.termination_grace(namespace, pod);
                 let kill_at = jiff::SignedDuration::try_from(grace)
                     .ok()
                     .and_then(|g| now.checked_add(g).ok())
