@@ -98,7 +98,8 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_COMPAT_TAINTS")]
     pub compat_taints: bool,
 
-    /// Log and count every mutating call instead of sending it.
+    /// Send no mutating call: log and count each instead, and narrate the whole drain
+    /// (fence, releases, protections, deadlines, deregistration) as if each had landed.
     #[arg(long, env = "LASTCALL_DRY_RUN")]
     pub dry_run: bool,
 
