@@ -141,6 +141,21 @@ async fn run(case: &Case) {
     scripted::say(vec![]);
 
     let entries = cluster.emulator().journal().entries();
+    // One fence. (A record the agent could not read back once made it write the Node again
+    // on every pass: thousands of PATCHes in these few seconds.)
+    let node_writes = entries
+        .iter()
+        .filter(|e| {
+            e.identity.as_deref() == Some("agent-n1")
+                && e.verb.is_mutating()
+                && e.resource.as_deref() == Some("nodes")
+        })
+        .count();
+    assert!(
+        (1..=2).contains(&node_writes),
+        "{:?}: {node_writes} Node writes",
+        case.cause
+    );
     let seq_of = |name: &str| {
         entries
             .iter()

@@ -88,5 +88,13 @@ async fn a_source_added_as_one_file_and_one_line_drains_and_cancels() {
         w.on("n1").iter().filter(|g| g.uid == allocated.uid).count(),
         1
     );
+    // The fence and the cancel, each once. (The record of a source outside the built-in
+    // registry once read back as unreadable, so every pass wrote the Node again.)
+    let node_writes = w.cluster.emulator().journal().count(|r| {
+        r.identity.as_deref() == Some("agent-n1")
+            && r.verb.is_mutating()
+            && r.resource.as_deref() == Some("nodes")
+    });
+    assert!((2..=4).contains(&node_writes), "{node_writes} Node writes");
     agent.stop().await.expect("clean stop");
 }

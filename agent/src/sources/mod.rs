@@ -16,7 +16,8 @@ pub mod node;
 #[cfg(test)]
 mod test_support;
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use futures::future::BoxFuture;
 use jiff::Timestamp;
@@ -128,12 +129,39 @@ pub const REGISTRY: &[Registered] = &[
     Registered { source: node::FOREIGN_CORDON, kind: Kind::Node(node::foreign_cordon) },
 ];
 
-/// The source registered under `name` (as read back from the Node), if this version knows it.
+/// The source registered under `name` (as read back from the Node), if this process knows
+/// it: a line of [`REGISTRY`] or a source an embedder started in-process.
 pub fn by_name(name: &str) -> Option<Source> {
     REGISTRY
         .iter()
         .map(|r| r.source)
         .find(|s| s.as_str() == name)
+        .or_else(|| {
+            embedded()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .copied()
+                .find(|s| s.as_str() == name)
+        })
+}
+
+/// Sources started in-process beyond [`REGISTRY`] (see [`start_all`]). Without them the
+/// drain record such a source asked for would read back as unreadable, and be written
+/// again on every pass.
+fn embedded() -> &'static Mutex<BTreeSet<Source>> {
+    static EMBEDDED: OnceLock<Mutex<BTreeSet<Source>>> = OnceLock::new();
+    EMBEDDED.get_or_init(Default::default)
+}
+
+/// Lets [`by_name`] resolve every source of `registry` that [`REGISTRY`] lacks.
+fn remember_embedded(registry: &[Registered]) {
+    let mut known = embedded().lock().unwrap_or_else(|e| e.into_inner());
+    for r in registry {
+        if !REGISTRY.iter().any(|k| k.source == r.source) {
+            known.insert(r.source);
+        }
+    }
 }
 
 /// The merged view of every running source, read by the reconciler.
@@ -245,6 +273,7 @@ pub fn start_all(
 ) -> (NoticeBoard, Vec<(Source, BoxFuture<'static, ()>)>) {
     let mut board = NoticeBoard::new(registry, node_config);
     let mut tasks = vec![];
+    remember_embedded(registry);
     for r in registry {
         if let Kind::Task(start) = r.kind {
             let (tx, rx) = watch::channel(Report::Unknown);
@@ -272,5 +301,41 @@ mod tests {
             assert_eq!(by_name(r.source.as_str()), Some(r.source));
         }
         assert_eq!(by_name("mars"), None);
+    }
+
+    /// A record an in-process source asked for reads back as written, so the fence does not
+    /// write it again on every pass.
+    #[test]
+    fn an_embedded_sources_record_reads_back() {
+        use crate::deadline::Entry;
+        use crate::progress::DrainRecord;
+        const MOON: Source = Source("moon");
+        let record = DrainRecord {
+            entries: vec![Entry {
+                source: MOON,
+                cause: crate::notice::Cause::Maintenance,
+                severity: crate::notice::Severity::Terminate,
+                deadline: None,
+                cancellable: false,
+                first_seen: Timestamp::UNIX_EPOCH,
+            }],
+        };
+        assert_eq!(
+            DrainRecord::parse(&record.to_annotation()),
+            None,
+            "unknown yet"
+        );
+        fn never(_: SourceContext) -> Option<BoxFuture<'static, ()>> {
+            None
+        }
+        remember_embedded(&[Registered {
+            source: MOON,
+            kind: Kind::Task(never),
+        }]);
+        assert_eq!(by_name("moon"), Some(MOON));
+        assert_eq!(
+            DrainRecord::parse(&record.to_annotation()),
+            Some(record.clone())
+        );
     }
 }
