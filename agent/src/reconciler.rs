@@ -149,6 +149,13 @@ enum Pass {
 /// Pause before re-planning after a conflict, so a lagging watch cannot make us spin.
 const CONFLICT_PAUSE: Duration = Duration::from_millis(100);
 
+/// Passes in a row that each applied something before the loop treats the plan as not
+/// converging and backs off like a failure. A drain takes a handful (fence, releases,
+/// protections, each as its own pass at most); a plan that asks for the same writes for
+/// ever (a write that never shows, a planning gap) would otherwise spin the reconciler,
+/// and with it every write it sends, as fast as the API answers.
+const MAX_PASSES_AGAIN: u32 = 16;
+
 impl Reconciler {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -211,6 +218,10 @@ impl Reconciler {
         }
         self.health.set(HEALTH_KUBE, true, "watching");
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+        // Its own, short: an unsettled pass still applies every action it plans (a hard
+        // deadline's among them), so its retries must stay close together.
+        let mut unsettled = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        let mut again = 0u32;
         loop {
             if !self.owner.is_owner() {
                 // Another agent acts on this node: keep the caches warm, stay ready, write
@@ -220,9 +231,33 @@ impl Reconciler {
                 }
                 continue;
             }
-            let wait = match self.pass().await {
+            let pass = self.pass().await;
+            again = if matches!(pass, Ok(Pass::Again)) {
+                again + 1
+            } else {
+                0
+            };
+            let wait = match pass {
+                Ok(Pass::Again) if again > MAX_PASSES_AGAIN => {
+                    let d = unsettled.next_delay();
+                    self.metrics
+                        .reconciles
+                        .get_or_create(&ResultLabel {
+                            result: "unsettled",
+                        })
+                        .inc();
+                    warn!(
+                        message = "the plan keeps applying writes that do not settle; backing off",
+                        passes = again,
+                        retry_in_ms = d.as_millis() as u64
+                    );
+                    d
+                }
                 Ok(Pass::Again) => {
                     backoff.reset();
+                    unsettled.reset();
+                    // Let the watches and the rest of the runtime run between passes.
+                    tokio::task::yield_now().await;
                     Duration::ZERO
                 }
                 Ok(Pass::Settled(wake_at)) => {
