@@ -205,9 +205,18 @@ impl Truth {
         let mut segments = vec![(SystemTime::UNIX_EPOCH, live.clone())];
         for a in applied {
             let Some((id, s)) = a.effect else { continue };
-            // Spot and preemption are never withdrawn; a repeat keeps the first deadline.
-            if matches!(id, SignalId::ImdsSpot | SignalId::GcePreempted) && live.contains_key(&id) {
-                continue;
+            // Spot and preemption are never withdrawn, nor moved later: a repeat keeps the
+            // first deadline unless it states an earlier one (the instance goes then).
+            if matches!(id, SignalId::ImdsSpot | SignalId::GcePreempted)
+                && let Some(old) = live.get(&id)
+            {
+                let earlier = match (old.hard, s.and_then(|n| n.hard)) {
+                    (Some(o), Some(n)) => n < o,
+                    _ => false,
+                };
+                if !earlier {
+                    continue;
+                }
             }
             // A repeated GCE TERMINATE is the same event: its deadline stays anchored.
             if id == SignalId::GceMaintenance && s.is_some() && live.contains_key(&id) {
@@ -364,9 +373,17 @@ mod tests {
         assert_eq!(e(150), Some(at(3000)));
         // Rescheduled later: the current deadline is the new one, not the minimum.
         assert_eq!(e(350), Some(at(4000)));
-        // A second Spot notice does not move the first.
+        // A second Spot notice does not move the first later.
         assert_eq!(e(450), Some(at(4000)));
         assert_eq!(e(600), Some(at(5000)));
+        // One that states an earlier time does: the instance goes then.
+        let spot = Truth::build(&[
+            applied(200, SignalId::ImdsSpot, Some(hard(5000))),
+            applied(400, SignalId::ImdsSpot, Some(hard(3000))),
+        ]);
+        let e2 = |ms| earliest(spot.at(at(ms)), at(ms), Duration::ZERO);
+        assert_eq!(e2(300), Some(at(5000)));
+        assert_eq!(e2(450), Some(at(3000)));
         // A deadline already passed no longer bounds what is announced.
         assert_eq!(e(5001), None);
         assert_eq!(t.during(at(250), at(450)).len(), 2);
