@@ -2440,3 +2440,55 @@ async fn binding_assigns_a_node_once() {
     );
     assert_eq!(s.code, 404);
 }
+
+/// The journal is the order writes were applied in, and a write anyone has seen in the
+/// store is already journaled: the tests order what happened by it. (A write was once
+/// journaled after its response was built, so a test that saw it in the store could count
+/// the journal without it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_seen_in_the_store_is_already_journaled() {
+    let (emu, client) = setup().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "c"}, "data": {"n": "0"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    const WRITES: usize = 300;
+    let writer = tokio::spawn(async move {
+        for i in 1..=WRITES {
+            cms.patch(
+                "c",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"n": i.to_string()}})),
+            )
+            .await
+            .unwrap();
+        }
+    });
+    let journal = emu.journal();
+    let patched = || {
+        journal
+            .count(|e| e.method == "PATCH" && e.status < 300 && e.path.ends_with("/configmaps/c"))
+    };
+    let (mut checks, mut seen) = (0, 0);
+    while seen < WRITES {
+        // Read the store directly (as a test does), then the journal.
+        seen = emu
+            .store()
+            .get(&CONFIGMAPS, Some("default"), "c")
+            .and_then(|v| v["data"]["n"].as_str()?.parse().ok())
+            .unwrap_or(0);
+        let journaled = patched();
+        assert!(
+            journaled >= seen,
+            "the store shows write {seen}, the journal holds {journaled}"
+        );
+        checks += 1;
+        tokio::task::yield_now().await;
+    }
+    writer.await.unwrap();
+    assert_eq!(patched(), WRITES);
+    assert!(checks > WRITES / 10, "the reader kept up: {checks} checks");
+}

@@ -102,11 +102,32 @@ struct Inner {
 #[derive(Clone, Default)]
 pub struct Journal {
     inner: Arc<Mutex<Inner>>,
+    /// Held by a write from just before the store applies it until it is journaled, and
+    /// taken by every reader of entries: journal order is then the order writes were
+    /// applied, and a write anyone has seen in the store is already in the journal.
+    commit: Arc<Mutex<()>>,
 }
+
+/// A write in progress (see [`Journal::begin_write`]).
+pub struct WriteInProgress<'a>(#[allow(dead_code)] MutexGuard<'a, ()>);
 
 impl Journal {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The entries, once no write is between being applied and being journaled.
+    fn settled(&self) -> MutexGuard<'_, Inner> {
+        let _no_write_in_flight = self.commit.lock().unwrap_or_else(|p| p.into_inner());
+        self.lock()
+    }
+
+    /// Call before applying a write to the store, and keep until it is [`record`]ed. Must
+    /// not be held across an `.await`, nor while reading entries.
+    ///
+    /// [`record`]: Journal::record
+    pub fn begin_write(&self) -> WriteInProgress<'_> {
+        WriteInProgress(self.commit.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Appends an entry, assigning its `seq`, which it returns.
@@ -133,7 +154,7 @@ impl Journal {
 
     /// A copy of every entry so far.
     pub fn entries(&self) -> Vec<JournalEntry> {
-        self.lock().entries.clone()
+        self.settled().entries.clone()
     }
 
     /// Forgets entries and traffic totals (sequence numbers keep increasing).
@@ -144,7 +165,7 @@ impl Journal {
     }
 
     pub fn len(&self) -> usize {
-        self.lock().entries.len()
+        self.settled().entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -153,12 +174,12 @@ impl Journal {
 
     /// Entries satisfying `pred`.
     pub fn count(&self, pred: impl Fn(&JournalEntry) -> bool) -> usize {
-        self.lock().entries.iter().filter(|e| pred(e)).count()
+        self.settled().entries.iter().filter(|e| pred(e)).count()
     }
 
     /// Entries satisfying `pred`, copied.
     pub fn filter(&self, pred: impl Fn(&JournalEntry) -> bool) -> Vec<JournalEntry> {
-        self.lock()
+        self.settled()
             .entries
             .iter()
             .filter(|e| pred(e))

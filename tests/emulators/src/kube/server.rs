@@ -252,28 +252,36 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         }
     };
 
-    let reply = match s.faults.take(&method, &path_and_query) {
-        Some(FaultAction::Status(code)) => Reply::from(ApiError::new(
+    // Everything that waits comes first (faults, the body); then the write is applied and
+    // journaled with nothing awaited in between.
+    let body = match s.faults.take(&method, &path_and_query) {
+        Some(FaultAction::Status(code)) => Err(Reply::from(ApiError::new(
             code,
             format!("injected fault: status {code}"),
-        )),
+        ))),
         other => {
             match other {
                 Some(FaultAction::Delay(d)) => tokio::time::sleep(d).await,
                 Some(FaultAction::Hang) => s.faults.hang().await,
                 _ => {}
             }
-            match axum::body::to_bytes(req.into_body(), MAX_BODY).await {
-                Err(e) => Reply::from(ApiError::bad_request(&format!(
-                    "reading the request body: {e}"
-                ))),
-                Ok(body) => match route {
-                    Err(e) => e.into(),
-                    Ok(r) => dispatch(&s, r, &method, &q, &content_type, body, identity.clone())
-                        .unwrap_or_else(Reply::from),
-                },
-            }
+            axum::body::to_bytes(req.into_body(), MAX_BODY)
+                .await
+                .map_err(|e| {
+                    Reply::from(ApiError::bad_request(&format!(
+                        "reading the request body: {e}"
+                    )))
+                })
         }
+    };
+    let write = verb.is_mutating().then(|| s.journal.begin_write());
+    let reply = match body {
+        Err(reply) => reply,
+        Ok(body) => match route {
+            Err(e) => e.into(),
+            Ok(r) => dispatch(&s, r, &method, &q, &content_type, body, identity.clone())
+                .unwrap_or_else(Reply::from),
+        },
     };
 
     let mut written = None;
@@ -296,6 +304,7 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         Reply::Stream(body) => (StatusCode::OK, json_response(StatusCode::OK, body)),
     };
     s.journal.record(entry(status, written));
+    drop(write);
     drop(seat);
     response
 }
