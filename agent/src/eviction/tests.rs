@@ -403,7 +403,8 @@ fn never_ends_a_match_early() {
     // second either side of it.
     let mut deadlines = vec![None];
     deadlines.extend((-12..=18).map(|k| Some(now() + SignedDuration::from_mins(10 * k))));
-    for secs in [0, 30, 600, 3600] {
+    // (60: the terminating pods' kill, a minute out.)
+    for secs in [0, 30, 60, 600, 3600] {
         for delta in [-1, 0, 1] {
             deadlines.push(Some(now() + SignedDuration::from_secs(secs + delta)));
         }
@@ -487,6 +488,28 @@ fn never_ends_a_match_early() {
                                 if v.at_risk() {
                                     assert!(
                                         in_use && severity == Some(Severity::Terminate),
+                                        "{}",
+                                        ctx()
+                                    );
+                                }
+                                // A match whose pod already terminates: protected, at
+                                // risk only if the kubelet's kill comes after the VM's death.
+                                if let (
+                                    true,
+                                    false,
+                                    Some(Severity::Terminate),
+                                    Some(d),
+                                    Some(kill),
+                                ) = (
+                                    in_use,
+                                    deleting || terminal,
+                                    severity,
+                                    deadline,
+                                    pod.and_then(|p| p.deletion),
+                                ) {
+                                    assert_eq!(
+                                        v,
+                                        Verdict::Protect { at_risk: kill > d },
                                         "{}",
                                         ctx()
                                     );
