@@ -2480,11 +2480,21 @@ async fn a_write_seen_in_the_store_is_already_journaled() {
             .get(&CONFIGMAPS, Some("default"), "c")
             .and_then(|v| v["data"]["n"].as_str()?.parse().ok())
             .unwrap_or(0);
-        let journaled = patched();
+        let seen_at = std::time::SystemTime::now();
+        let journaled = journal
+            .filter(|e| e.method == "PATCH" && e.status < 300 && e.path.ends_with("/configmaps/c"));
         assert!(
-            journaled >= seen,
-            "the store shows write {seen}, the journal holds {journaled}"
+            journaled.len() >= seen,
+            "the store shows write {seen}, the journal holds {}",
+            journaled.len()
         );
+        // And its time is no later than the moment it was seen.
+        if let Some(e) = seen.checked_sub(1).and_then(|i| journaled.get(i)) {
+            assert!(
+                e.at <= seen_at,
+                "write {seen} journaled as after it was seen"
+            );
+        }
         checks += 1;
         tokio::task::yield_now().await;
     }

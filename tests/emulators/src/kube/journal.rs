@@ -72,8 +72,9 @@ pub struct JournalEntry {
     pub namespace: Option<String>,
     pub name: Option<String>,
     pub subresource: Option<String>,
-    /// When the response was produced (after the request took effect): wall-clock time, so
-    /// harnesses can set requests against deadlines and other emulators' journals.
+    /// When the request took effect (a write: the moment before the store applied it, so no
+    /// one can have seen its effect earlier): wall-clock time, so harnesses can set requests
+    /// against deadlines and other emulators' journals.
     pub at: SystemTime,
     /// For an accepted (2xx) mutating request, the JSON the server answered with: the object
     /// as it stood after the write (a `Status` for evictions and some deletes). Lets a

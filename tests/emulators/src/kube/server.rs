@@ -223,7 +223,7 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         format!("{path}?{query}")
     };
 
-    let entry = |status: StatusCode, response: Option<Arc<Value>>| JournalEntry {
+    let entry = |status: StatusCode, response: Option<Arc<Value>>, at| JournalEntry {
         seq: 0,
         identity: identity.clone(),
         verb,
@@ -235,7 +235,7 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         namespace: namespace.clone(),
         name: name.clone(),
         subresource: subresource.clone(),
-        at: std::time::SystemTime::now(),
+        at,
         response,
     };
     // Admission comes first, as in the real filter chain: a request held by a fault holds
@@ -244,7 +244,11 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
     let seat = match s.apf.admit(&identity, exempt).await {
         Ok(seat) => seat,
         Err(refused) => {
-            let seq = s.journal.record(entry(StatusCode::TOO_MANY_REQUESTS, None));
+            let seq = s.journal.record(entry(
+                StatusCode::TOO_MANY_REQUESTS,
+                None,
+                std::time::SystemTime::now(),
+            ));
             s.journal
                 .add_traffic(&identity, apf::TOO_MANY_REQUESTS.len() as u64, 0);
             s.apf.rejected(&identity, seq, &refused);
@@ -275,6 +279,8 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         }
     };
     let write = verb.is_mutating().then(|| s.journal.begin_write());
+    // When it was applied: no one can have seen its effect before this moment.
+    let applied_at = std::time::SystemTime::now();
     let reply = match body {
         Err(reply) => reply,
         Ok(body) => match route {
@@ -303,7 +309,7 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         // Stream bytes are counted as they are sent.
         Reply::Stream(body) => (StatusCode::OK, json_response(StatusCode::OK, body)),
     };
-    s.journal.record(entry(status, written));
+    s.journal.record(entry(status, written, applied_at));
     drop(write);
     drop(seat);
     response
