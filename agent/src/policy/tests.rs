@@ -1843,3 +1843,73 @@ fn a_cancel_removes_everything_lastcall_wrote_including_a_stale_hand_back() {
         Some(&"true".to_string())
     );
 }
+
+/// The phase names are metric label values and the Event reasons are what `kubectl get
+/// events` shows: both are documented, so a rename is a breaking change, caught here.
+#[test]
+fn phase_names_and_event_reasons_are_the_documented_ones() {
+    assert_eq!(
+        Phase::ALL.map(Phase::as_str),
+        [
+            "idle",
+            "fencing",
+            "draining",
+            "empty",
+            "deregistered",
+            "cancelling"
+        ]
+    );
+    let events = include_str!("../../../docs/events.md");
+    for e in [
+        NodeEvent::DrainStarted,
+        NodeEvent::NodeFenced,
+        NodeEvent::DrainCancelled,
+    ] {
+        assert_eq!(e.reason(), format!("{e:?}"));
+        assert!(
+            events.contains(&format!("| `{}` |", e.reason())),
+            "{e:?} in docs/events.md"
+        );
+    }
+}
+
+#[test]
+fn pacing_is_on_only_with_a_floor_or_an_interval() {
+    assert!(!Pacing::default().is_on());
+    let batch_only = Pacing {
+        batch: 5,
+        ..Pacing::default()
+    };
+    assert!(!batch_only.is_on(), "a batch size alone paces nothing");
+    let floor = Pacing {
+        floor: 1,
+        ..Pacing::default()
+    };
+    assert!(floor.is_on());
+    let interval = Pacing {
+        interval: Duration::from_millis(1),
+        ..Pacing::default()
+    };
+    assert!(interval.is_on());
+}
+
+/// A platform waiting for the node (an Auto Scaling hook, an Azure event) may have it only
+/// once it is empty and, with FleetIQ, deregistered.
+#[test]
+fn the_node_is_handed_off_once_empty_and_deregistered_where_fleetiq_is_on() {
+    let mut p = run(&observed(vec![]), &[], &cfg());
+    let no_fleetiq = cfg_no_deregister();
+    for phase in Phase::ALL {
+        p.phase = phase;
+        assert_eq!(
+            p.is_handed_off(&cfg()),
+            phase == Phase::Deregistered,
+            "{phase:?}, FleetIQ on"
+        );
+        assert_eq!(
+            p.is_handed_off(&no_fleetiq),
+            matches!(phase, Phase::Deregistered | Phase::Empty),
+            "{phase:?}, FleetIQ off"
+        );
+    }
+}
