@@ -440,10 +440,12 @@ impl Timeline {
                         },
                     });
                     // Moves later and earlier, then maybe it vanishes (a Spot eviction's
-                    // notice stays whatever the document says).
+                    // notice stays whatever the document says). Each version stands for at
+                    // least two of the agent's polls (200 ms): a real event stands for
+                    // minutes, and a version no poll could see is not one the agent missed.
                     let mut t2 = t;
                     for _ in 0..rng.random_range(0..=2) {
-                        t2 += rng.random_range(150..700);
+                        t2 += rng.random_range(450..1000);
                         nb = if rng.random_bool(0.5) {
                             nb + rng.random_range(1000..=3000)
                         } else {
@@ -461,7 +463,7 @@ impl Timeline {
                     }
                     if rng.random_bool(0.4) {
                         steps.push(Step {
-                            at_ms: t2 + rng.random_range(150..700),
+                            at_ms: t2 + rng.random_range(450..1000),
                             action: Action::AzureGone { episode },
                         });
                     }
