@@ -1913,3 +1913,80 @@ fn the_node_is_handed_off_once_empty_and_deregistered_where_fleetiq_is_on() {
         );
     }
 }
+
+/// Without a readable record (an older agent's, or garbled), a restarted agent holds the
+/// drain while any source is unknown, except a manual one (its label is always known).
+#[test]
+fn an_unreadable_record_holds_the_drain_while_any_source_is_unknown_unless_manual() {
+    let unknown = [fleetiq::SOURCE];
+    for record in [Recorded::Absent, Recorded::Garbled] {
+        for cause in [None, Some(Cause::Viability), Some(Cause::Manual)] {
+            let progress = Progress {
+                cause,
+                record: record.clone(),
+                ..Progress::default()
+            };
+            assert_eq!(
+                super::cancel::held(&progress, &unknown),
+                cause != Some(Cause::Manual),
+                "{record:?} {cause:?}, a source unknown"
+            );
+            assert!(
+                !super::cancel::held(&progress, &[]),
+                "{record:?} {cause:?}, every source known"
+            );
+        }
+    }
+}
+
+/// A cancel takes back each mark it finds, even one left alone (a write that half
+/// landed, an older agent's), and leaves GKE's maintenance label to whoever set it unless
+/// lastcall's hand-back mark is beside it.
+#[test]
+fn a_cancel_takes_back_every_mark_and_only_its_own_gke_label() {
+    let (mut drained, _, _) = converge(&mixed(), &[draining()], &cfg());
+    drained
+        .node
+        .labels
+        .insert(keys::LABEL_GKE_PERFORM_MAINTENANCE.into(), "true".into());
+    // One mark each on the two matches and the reservation.
+    let marks = [
+        ("a1", keys::LABEL_NODE_DRAINING),
+        ("a2", keys::ANN_GS_DEADLINE),
+        ("s1", keys::ANN_GS_REASON),
+    ];
+    for (name, keep) in marks {
+        let g = gs_mut(&mut drained, name);
+        g.labels.remove(keys::LABEL_NODE_DRAINING);
+        g.annotations.remove(keys::ANN_GS_DEADLINE);
+        g.annotations.remove(keys::ANN_GS_REASON);
+        if keep == keys::LABEL_NODE_DRAINING {
+            g.labels.insert(keep.into(), "true".into());
+        } else {
+            g.annotations.insert(keep.into(), "x".into());
+        }
+    }
+    let p = run(&drained, &[], &cfg());
+    assert_eq!(p.phase, Phase::Cancelling);
+    let mut unprotected: Vec<&str> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Unprotect { gs } => Some(gs.name.as_str()),
+            _ => None,
+        })
+        .collect();
+    unprotected.sort_unstable();
+    assert_eq!(unprotected, ["a1", "a2", "s1"]);
+    let node_patch = p.actions.iter().find_map(|a| match a {
+        Action::PatchNode(n) => Some(n),
+        _ => None,
+    });
+    let node_patch = node_patch.expect("the cancel's Node write");
+    assert!(
+        !node_patch
+            .remove_labels
+            .contains(keys::LABEL_GKE_PERFORM_MAINTENANCE),
+        "not lastcall's: no hand-back mark"
+    );
+}
