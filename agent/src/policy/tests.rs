@@ -1990,3 +1990,104 @@ fn a_cancel_takes_back_every_mark_and_only_its_own_gke_label() {
         "not lastcall's: no hand-back mark"
     );
 }
+
+fn annotated_pods(p: &Plan) -> Vec<(usize, &str, bool)> {
+    p.actions
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| match a {
+            Action::AnnotatePod { pod, changes, .. } => Some((
+                i,
+                pod.as_str(),
+                changes.get(crate::cooperation::ANN_DO_NOT_DISRUPT) == Some(&Some("true".into())),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// With cooperation on, a match's protection goes first in the plan (before the Node
+/// write, which may conflict) and giving protection back goes last; a server or pod on its
+/// way out gets nothing.
+#[test]
+fn cooperation_protects_matches_first_and_gives_protection_back_last() {
+    use crate::cooperation::{ANN_DO_NOT_DISRUPT, ANN_MANAGED, ANN_SAFE_TO_EVICT, Mode};
+    let c = PolicyConfig {
+        cooperation: Mode::InUse,
+        ..cfg()
+    };
+    let mut obs = mixed();
+    // r1 was protected while it held a match; it is Ready again.
+    let r1 = obs.pods.iter_mut().find(|p| p.name == "r1").expect("r1");
+    r1.annotations
+        .insert(ANN_DO_NOT_DISRUPT.into(), "true".into());
+    r1.annotations
+        .insert(ANN_SAFE_TO_EVICT.into(), "false".into());
+    r1.annotations.insert(
+        ANN_MANAGED.into(),
+        format!("{ANN_DO_NOT_DISRUPT},{ANN_SAFE_TO_EVICT}"),
+    );
+    // a2 is being deleted; s1's pod is terminating.
+    gs_mut(&mut obs, "a2").deleting = true;
+    obs.pods
+        .iter_mut()
+        .find(|p| p.name == "s1")
+        .expect("s1")
+        .deleting = true;
+    let p = run(&obs, &[draining()], &c);
+    let pods = annotated_pods(&p);
+    let names: Vec<&str> = pods.iter().map(|(_, n, _)| *n).collect();
+    assert_eq!(names, ["a1", "r1"], "{:?}", p.actions);
+    let node_write = p
+        .actions
+        .iter()
+        .position(|a| matches!(a, Action::PatchNode(_)))
+        .expect("the fence");
+    let (a1_at, _, a1_protects) = pods[0];
+    let (r1_at, _, r1_protects) = pods[1];
+    assert!(a1_protects && !r1_protects);
+    assert!(a1_at < node_write, "protection before the Node write");
+    assert_eq!(r1_at, p.actions.len() - 1, "giving back last");
+
+    // The user's template sets do-not-disrupt itself: lastcall writes only safe-to-evict,
+    // and that is protection too.
+    let mut own = mixed();
+    gs_mut(&mut own, "a1")
+        .template_annotations
+        .insert(ANN_DO_NOT_DISRUPT.into());
+    let p = run(&own, &[draining()], &c);
+    let node_write = p
+        .actions
+        .iter()
+        .position(|a| matches!(a, Action::PatchNode(_)))
+        .expect("the fence");
+    let a1 = p.actions.iter().position(|a| {
+        matches!(a, Action::AnnotatePod { pod, changes, .. }
+            if pod == "a1" && changes.get(ANN_SAFE_TO_EVICT) == Some(&Some("false".into()))
+                && !changes.contains_key(ANN_DO_NOT_DISRUPT))
+    });
+    assert!(a1.is_some_and(|i| i < node_write), "{:?}", p.actions);
+}
+
+#[test]
+fn an_invalid_cooperation_label_warns_and_uses_the_flag() {
+    let c = PolicyConfig {
+        cooperation: crate::cooperation::Mode::InUse,
+        ..cfg()
+    };
+    let mut obs = mixed();
+    obs.node
+        .labels
+        .insert(crate::cooperation::LABEL_MODE.into(), "sometimes".into());
+    let p = run(&obs, &[], &c);
+    assert!(
+        p.warnings
+            .iter()
+            .any(|w| w.reason == "CooperationLabelInvalid" && w.note.contains("sometimes")),
+        "{:?}",
+        p.warnings
+    );
+    let mut names: Vec<&str> = annotated_pods(&p).iter().map(|(_, n, _)| *n).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["a1", "a2", "s1"], "in-use, from the flag");
+}
