@@ -2027,8 +2027,13 @@ fn cooperation_protects_matches_first_and_gives_protection_back_last() {
         ANN_MANAGED.into(),
         format!("{ANN_DO_NOT_DISRUPT},{ANN_SAFE_TO_EVICT}"),
     );
-    // a2 is being deleted; s1's pod is terminating.
+    // a2 is being deleted; s1's pod is terminating; a3's pod has exited.
     gs_mut(&mut obs, "a2").deleting = true;
+    let a3 = gs("a3", GsState::Allocated);
+    let mut a3_pod = pod_for(&a3);
+    a3_pod.finished = true;
+    obs.game_servers.push(a3);
+    obs.pods.push(a3_pod);
     obs.pods
         .iter_mut()
         .find(|p| p.name == "s1")
