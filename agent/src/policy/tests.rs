@@ -2096,3 +2096,48 @@ fn an_invalid_cooperation_label_warns_and_uses_the_flag() {
     names.sort_unstable();
     assert_eq!(names, ["a1", "a2", "s1"], "in-use, from the flag");
 }
+
+/// A source that joins a recorded drain is first seen now (and recorded in this pass);
+/// after deregistration nothing is recorded any more, so it counts from the drain's start
+/// and its default deadline does not move from pass to pass.
+#[test]
+fn a_joining_source_is_first_seen_now_until_deregistration_then_at_the_start() {
+    use crate::deadline::Entry;
+    use crate::progress::DrainRecord;
+    let start = now() - jiff::SignedDuration::from_mins(5);
+    let obs = observed(vec![]);
+    let notices = [draining()];
+    let c = cfg();
+    let inp = Inputs {
+        notices: &notices,
+        observed: &obs,
+        config: &c,
+        unknown_sources: &[],
+        fleetiq_deregistered: false,
+        now: now(),
+    };
+    let mut progress = Progress {
+        started: Some(start),
+        record: Recorded::Valid(DrainRecord {
+            entries: vec![Entry {
+                source: node_signals::MANUAL,
+                cause: Cause::Manual,
+                severity: Severity::Drain,
+                deadline: None,
+                cancellable: true,
+                first_seen: start,
+            }],
+        }),
+        ..Progress::default()
+    };
+    let first_seen = |p: &Progress| {
+        super::deadlines::deadlines(&inp, p)
+            .claims
+            .iter()
+            .find(|c| c.entry.source == fleetiq::SOURCE)
+            .map(|c| c.entry.first_seen)
+    };
+    assert_eq!(first_seen(&progress), Some(now()));
+    progress.deregistered = Some(now() - jiff::SignedDuration::from_secs(30));
+    assert_eq!(first_seen(&progress), Some(start));
+}
