@@ -2141,3 +2141,62 @@ fn a_joining_source_is_first_seen_now_until_deregistration_then_at_the_start() {
     progress.deregistered = Some(now() - jiff::SignedDuration::from_secs(30));
     assert_eq!(first_seen(&progress), Some(start));
 }
+
+/// The original's NoExecute taint comes only once no idle server is left to be killed
+/// by the taint manager outside the race-safe delete: a Ready one or one still starting
+/// holds it back, one already being deleted does not.
+#[test]
+fn compat_noexecute_taint_waits_for_every_idle_or_starting_server_to_go() {
+    let c = PolicyConfig {
+        compat_taints: true,
+        ..cfg()
+    };
+    let (mut o, _, _) = converge(&mixed(), &[draining()], &c);
+    o.node
+        .taints
+        .retain(|t| t.key != keys::COMPAT_TAINT_DRAINING);
+    o.node.annotations.remove(keys::ANN_COMPAT_DRAINING);
+    let adds_taint = |o: &Observed| {
+        run(o, &[draining()], &c).actions.iter().any(|a| {
+            matches!(a, Action::PatchNode(p) if p.taints.as_ref().is_some_and(|t| t.iter().any(|t| t.key == keys::COMPAT_TAINT_DRAINING)))
+        })
+    };
+    assert!(adds_taint(&o), "nothing idle left: the taint");
+    for (state, deleting, held) in [
+        (GsState::Ready, false, true),
+        (GsState::Scheduled, false, true),
+        (GsState::Ready, true, false),
+    ] {
+        let mut with = o.clone();
+        let mut g = gs("late", state.clone());
+        g.deleting = deleting;
+        with.pods.push(pod_for(&g));
+        with.game_servers.push(g);
+        assert_eq!(!adds_taint(&with), held, "{state:?}, deleting {deleting}");
+    }
+}
+
+/// `NodeFenced` is told for a fence that only taints (someone else cordoned) and for one
+/// that only cordons (our taint already there).
+#[test]
+fn node_fenced_is_told_for_a_taint_alone_and_for_a_cordon_alone() {
+    let fence_events = |o: &Observed| {
+        run(o, &[draining()], &cfg())
+            .actions
+            .iter()
+            .find_map(|a| match a {
+                Action::PatchNode(p) => Some(p.events.clone()),
+                _ => None,
+            })
+            .expect("a fence")
+    };
+    let mut cordoned_elsewhere = mixed();
+    cordoned_elsewhere.node.unschedulable = true;
+    assert!(fence_events(&cordoned_elsewhere).contains(&NodeEvent::NodeFenced));
+    let mut tainted_already = mixed();
+    tainted_already
+        .node
+        .taints
+        .push(taint(keys::TAINT_DRAINING, "fleetiq", "NoSchedule"));
+    assert!(fence_events(&tainted_already).contains(&NodeEvent::NodeFenced));
+}
