@@ -2200,3 +2200,54 @@ fn node_fenced_is_told_for_a_taint_alone_and_for_a_cordon_alone() {
         .push(taint(keys::TAINT_DRAINING, "fleetiq", "NoSchedule"));
     assert!(fence_events(&tainted_already).contains(&NodeEvent::NodeFenced));
 }
+
+/// A Terminate deadline moved earlier is announced again to every match, whether or not
+/// its `eviction.safe` lets lastcall end it at the deadline.
+#[test]
+fn a_deadline_moved_earlier_is_announced_to_every_match() {
+    use crate::eviction::EvictionSafe;
+    let mk = |name: &str, safe: EvictionSafe| {
+        let mut g = gs(name, GsState::Allocated);
+        g.eviction_safe = safe;
+        g
+    };
+    let obs0 = observed(vec![
+        mk("never", EvictionSafe::Never),
+        mk("always", EvictionSafe::Always),
+        mk("upgrade", EvictionSafe::OnUpgrade),
+    ]);
+    let d1 = now() + jiff::SignedDuration::from_secs(8);
+    let d2 = now() + jiff::SignedDuration::from_secs(7);
+    let notice = |d| Notice {
+        source: crate::sources::aws_imds::SOURCE,
+        id: "imds:maintenance".into(),
+        cause: Cause::Maintenance,
+        severity: Severity::Terminate,
+        deadline: Some(d),
+        cancellable: true,
+        cordon: true,
+        can_start_early: false,
+        estimated_deadline: false,
+        detail: String::new(),
+    };
+    let (o, _, _) = converge(&obs0, &[notice(d1)], &cfg());
+    assert!(
+        o.game_servers
+            .iter()
+            .all(|g| g.annotations.get(keys::ANN_GS_DEADLINE) == Some(&format_ts(d1)))
+    );
+    let p = run(&o, &[notice(d2)], &cfg());
+    let protected: Vec<&str> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Protect { gs, .. } => Some(gs.name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(protected, ["never", "always", "upgrade"]);
+    assert!(p.actions.iter().all(|a| match a {
+        Action::Protect { deadline, .. } => *deadline == format_ts(d2),
+        _ => true,
+    }));
+}

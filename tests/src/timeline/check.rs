@@ -477,7 +477,11 @@ fn announced(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             let Some((_, seq, Some(d))) = h.iter().rev().find(|(t, _, _)| *t <= at) else {
                 continue;
             };
-            if *d > b && cx.in_use(name, *seq + 1, at) {
+            // A match whose pod was already evicted or deleted (by lastcall at an earlier
+            // deadline, within the rules, or by anyone) has been told to end: there is
+            // nothing left to announce to it.
+            let told_to_end = cx.gone.get(name).is_some_and(|t| *t <= at);
+            if *d > b && cx.in_use(name, *seq + 1, at) && !told_to_end {
                 hits.push(Hit {
                     invariant: Invariant::AnnouncedTooLate,
                     at,
