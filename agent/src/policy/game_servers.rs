@@ -86,7 +86,8 @@ fn game_server_work(
     actions: &mut Vec<Action>,
 ) -> Work {
     let obs = inp.observed;
-    let mut busy = unseen_servers > 0;
+    // (A server not seen yet has a running pod: the pod check below counts it as busy.)
+    let mut busy = false;
     let mut all_in_use_tolerate = unseen_servers == 0;
     let mut wake_at: Option<Timestamp> = None;
     let mut releases = vec![];

@@ -2251,3 +2251,79 @@ fn a_deadline_moved_earlier_is_announced_to_every_match() {
         _ => true,
     }));
 }
+
+/// Pacing holds back Ready servers only: one not Ready yet cannot be allocated, so it goes
+/// at once whatever the floor.
+#[test]
+fn pacing_never_holds_a_server_that_is_not_ready_yet() {
+    let mut c = cfg();
+    c.pacing.floor = 4;
+    let mut o = fleet_servers(3);
+    for g in &mut o.game_servers {
+        g.labels
+            .insert(keys::LABEL_NODE_DRAINING.into(), "true".into());
+    }
+    o.game_servers[0].state = GsState::Scheduled;
+    o.fleets.insert(
+        ("default".to_string(), "f".to_string()),
+        crate::observed::FleetFacts {
+            ready_elsewhere: Some(0),
+            last_release: None,
+        },
+    );
+    let p = run(&o, &[draining()], &c);
+    let released: Vec<&str> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Release { gs } => Some(gs.name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(released, [o.game_servers[0].name.as_str()]);
+}
+
+/// No MatchesAtRisk warning when no match is at risk.
+#[test]
+fn matches_at_risk_is_warned_only_when_some_are() {
+    let at_risk = |p: &Plan| p.warnings.iter().any(|w| w.reason == "MatchesAtRisk");
+    let p = run(&mixed(), &[draining()], &cfg());
+    assert_eq!(p.at_risk, 0);
+    assert!(!at_risk(&p), "{:?}", p.warnings);
+    let spot = terminate_at(
+        Cause::Preemption,
+        now() + jiff::SignedDuration::from_secs(120),
+    );
+    let p = run(&mixed(), std::slice::from_ref(&spot), &cfg());
+    assert!(p.at_risk > 0 && at_risk(&p));
+}
+
+/// With no drain asked for, what an interrupted cancel left is taken back: our taint alone,
+/// or a hand-back mark alone.
+#[test]
+fn an_idle_node_takes_back_a_lone_taint_or_hand_back_mark() {
+    let mut tainted = mixed();
+    tainted
+        .node
+        .taints
+        .push(taint(keys::TAINT_DRAINING, "fleetiq", "NoSchedule"));
+    let p = run(&tainted, &[], &cfg());
+    assert!(
+        p.actions.iter().any(|a| matches!(a, Action::PatchNode(n)
+            if n.taints.as_ref().is_some_and(|t| !t.iter().any(|t| t.key == keys::TAINT_DRAINING)))),
+        "{:?}",
+        p.actions
+    );
+    let mut handed = mixed();
+    handed
+        .node
+        .annotations
+        .insert(keys::ANN_HANDED_BACK.into(), format_ts(now()));
+    let p = run(&handed, &[], &cfg());
+    assert!(
+        p.actions.iter().any(|a| matches!(a, Action::PatchNode(n)
+            if n.remove_annotations.contains(keys::ANN_HANDED_BACK))),
+        "{:?}",
+        p.actions
+    );
+}
