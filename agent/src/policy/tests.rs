@@ -2327,3 +2327,48 @@ fn an_idle_node_takes_back_a_lone_taint_or_hand_back_mark() {
         p.actions
     );
 }
+
+/// The interval is measured from the last release: exactly one interval later, the next
+/// batch goes.
+#[test]
+fn pacing_releases_again_exactly_one_interval_after_the_last() {
+    let mut c = cfg();
+    c.pacing.interval = Duration::from_secs(2);
+    let mut o = fleet_servers(3);
+    o.fleets.insert(
+        ("default".to_string(), "f".to_string()),
+        crate::observed::FleetFacts {
+            ready_elsewhere: None,
+            last_release: Some(now() - jiff::SignedDuration::from_secs(2)),
+        },
+    );
+    assert_eq!(released(&run(&o, &[draining()], &c)), 1);
+}
+
+/// A garbled drain start does not end the hold: the bound counts from now instead.
+#[test]
+fn a_garbled_drain_start_does_not_end_the_pacing_hold() {
+    let mut c = cfg();
+    c.pacing.floor = 4;
+    let mut o = fleet_servers(10);
+    for g in &mut o.game_servers {
+        g.labels
+            .insert(keys::LABEL_NODE_DRAINING.into(), "true".into());
+    }
+    o.fleets.insert(
+        ("default".to_string(), "f".to_string()),
+        crate::observed::FleetFacts {
+            ready_elsewhere: Some(0),
+            last_release: None,
+        },
+    );
+    o.node
+        .annotations
+        .insert(keys::ANN_STARTED.into(), "yesterday-ish".into());
+    // Counted from now, the drain has just started: the floor waits for the other draining
+    // nodes' marks, as at any start, and releases nothing yet (not everything, as an
+    // epoch start, long past its hold, would).
+    let p = run(&o, &[draining()], &c);
+    assert_eq!(released(&p), 0);
+    assert!(p.wake_at.is_some());
+}
