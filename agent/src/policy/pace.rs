@@ -14,10 +14,10 @@ use crate::progress::Progress;
 use super::{Action, GsRef, Inputs};
 
 /// With a floor, how long after its drain started a node first releases a paced server.
-const FLOOR_SETTLE: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
+pub(super) const FLOOR_SETTLE: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
 
 /// How long a Fleet held back by the floor waits before its status is read again.
-const FLOOR_RECHECK: jiff::SignedDuration = jiff::SignedDuration::from_secs(1);
+pub(super) const FLOOR_RECHECK: jiff::SignedDuration = jiff::SignedDuration::from_secs(1);
 
 fn wake(wake_at: &mut Option<Timestamp>, at: Timestamp) {
     *wake_at = Some(wake_at.map_or(at, |w| w.min(at)));

@@ -2372,3 +2372,36 @@ fn a_garbled_drain_start_does_not_end_the_pacing_hold() {
     assert_eq!(released(&p), 0);
     assert!(p.wake_at.is_some());
 }
+
+/// The floor decides once the other draining nodes can have marked their servers: exactly
+/// `FLOOR_SETTLE` after the start, not later; while nothing may go it looks again after
+/// `FLOOR_RECHECK`.
+#[test]
+fn the_floor_decides_at_its_settle_and_rechecks_while_nothing_may_go() {
+    use super::pace::{FLOOR_RECHECK, FLOOR_SETTLE};
+    let mut c = cfg();
+    c.pacing.floor = 4;
+    let mut o = fleet_servers(10);
+    for g in &mut o.game_servers {
+        g.labels
+            .insert(keys::LABEL_NODE_DRAINING.into(), "true".into());
+    }
+    o.fleets.insert(
+        ("default".to_string(), "f".to_string()),
+        crate::observed::FleetFacts {
+            ready_elsewhere: Some(0),
+            last_release: None,
+        },
+    );
+    o.node.annotations.insert(
+        keys::ANN_STARTED.into(),
+        format_precise(now() - FLOOR_SETTLE),
+    );
+    assert_eq!(released(&run(&o, &[draining()], &c)), 6);
+    // Everything here is needed for the floor: nothing goes, and it looks again soon.
+    let mut all_needed = c.clone();
+    all_needed.pacing.floor = 10;
+    let p = run(&o, &[draining()], &all_needed);
+    assert_eq!(released(&p), 0);
+    assert_eq!(p.wake_at, Some(now() + FLOOR_RECHECK));
+}
