@@ -125,8 +125,11 @@ impl Owner {
 
 /// How often the cached Node is looked at (memory only, no request).
 const LOOK_EVERY: Duration = Duration::from_millis(250);
-/// How often a live foreign owner's pod is looked up, at least.
-const RECHECK_OTHER: Duration = Duration::from_secs(5);
+/// How often a live foreign owner's pod is looked up, at least. Only a standby agent asks
+/// (a rollout's new pod until the old one hands over, or the replacement of an owner that
+/// died without handing over), and a node whose owner is gone mid-drain waits this long, so
+/// it is short: one GET a second on the few nodes rolling at once.
+const RECHECK_OTHER: Duration = Duration::from_secs(1);
 
 /// Takes and keeps the node's ownership; see the module doc.
 pub struct Ownership {
