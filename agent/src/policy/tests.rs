@@ -2256,21 +2256,8 @@ fn a_deadline_moved_earlier_is_announced_to_every_match() {
 /// at once whatever the floor.
 #[test]
 fn pacing_never_holds_a_server_that_is_not_ready_yet() {
-    let mut c = cfg();
-    c.pacing.floor = 4;
-    let mut o = fleet_servers(3);
-    for g in &mut o.game_servers {
-        g.labels
-            .insert(keys::LABEL_NODE_DRAINING.into(), "true".into());
-    }
+    let (c, mut o) = floor_of_four(3);
     o.game_servers[0].state = GsState::Scheduled;
-    o.fleets.insert(
-        ("default".to_string(), "f".to_string()),
-        crate::observed::FleetFacts {
-            ready_elsewhere: Some(0),
-            last_release: None,
-        },
-    );
     let p = run(&o, &[draining()], &c);
     let released: Vec<&str> = p
         .actions
@@ -2348,20 +2335,7 @@ fn pacing_releases_again_exactly_one_interval_after_the_last() {
 /// A garbled drain start does not end the hold: the bound counts from now instead.
 #[test]
 fn a_garbled_drain_start_does_not_end_the_pacing_hold() {
-    let mut c = cfg();
-    c.pacing.floor = 4;
-    let mut o = fleet_servers(10);
-    for g in &mut o.game_servers {
-        g.labels
-            .insert(keys::LABEL_NODE_DRAINING.into(), "true".into());
-    }
-    o.fleets.insert(
-        ("default".to_string(), "f".to_string()),
-        crate::observed::FleetFacts {
-            ready_elsewhere: Some(0),
-            last_release: None,
-        },
-    );
+    let (c, mut o) = floor_of_four(10);
     o.node
         .annotations
         .insert(keys::ANN_STARTED.into(), "yesterday-ish".into());
@@ -2379,20 +2353,7 @@ fn a_garbled_drain_start_does_not_end_the_pacing_hold() {
 #[test]
 fn the_floor_decides_at_its_settle_and_rechecks_while_nothing_may_go() {
     use super::pace::{FLOOR_RECHECK, FLOOR_SETTLE};
-    let mut c = cfg();
-    c.pacing.floor = 4;
-    let mut o = fleet_servers(10);
-    for g in &mut o.game_servers {
-        g.labels
-            .insert(keys::LABEL_NODE_DRAINING.into(), "true".into());
-    }
-    o.fleets.insert(
-        ("default".to_string(), "f".to_string()),
-        crate::observed::FleetFacts {
-            ready_elsewhere: Some(0),
-            last_release: None,
-        },
-    );
+    let (c, mut o) = floor_of_four(10);
     o.node.annotations.insert(
         keys::ANN_STARTED.into(),
         format_precise(now() - FLOOR_SETTLE),
@@ -2404,4 +2365,24 @@ fn the_floor_decides_at_its_settle_and_rechecks_while_nothing_may_go() {
     let p = run(&o, &[draining()], &all_needed);
     assert_eq!(released(&p), 0);
     assert_eq!(p.wake_at, Some(now() + FLOOR_RECHECK));
+}
+
+/// A floor of 4 and `n` Ready servers of one Fleet here, already marked as leaving, none
+/// Ready elsewhere.
+fn floor_of_four(n: usize) -> (PolicyConfig, Observed) {
+    let mut c = cfg();
+    c.pacing.floor = 4;
+    let mut o = fleet_servers(n);
+    for g in &mut o.game_servers {
+        g.labels
+            .insert(keys::LABEL_NODE_DRAINING.into(), "true".into());
+    }
+    o.fleets.insert(
+        ("default".to_string(), "f".to_string()),
+        crate::observed::FleetFacts {
+            ready_elsewhere: Some(0),
+            last_release: None,
+        },
+    );
+    (c, o)
 }
