@@ -647,22 +647,11 @@ impl Reconciler {
         let notices = self.board.notices(&observed.node, now);
         self.record_notices(&notices);
         let unknown = self.board.unknown();
-        let mut plan = policy::plan(&policy::Inputs {
-            notices: &notices,
-            unknown_sources: &unknown,
-            fleetiq_deregistered: self.actuator.fleetiq().is_deregistered(),
-            observed: &observed,
-            config: &self.config,
-            now,
-        });
+        let mut plan = policy::plan(&self.inputs(&notices, &unknown, &observed, now));
         if self.gone_from_fleetiq(&plan, &observed).await? {
             plan = policy::plan(&policy::Inputs {
-                notices: &notices,
-                unknown_sources: &unknown,
                 fleetiq_deregistered: true,
-                observed: &observed,
-                config: &self.config,
-                now,
+                ..self.inputs(&notices, &unknown, &observed, now)
             });
         }
         if plan.actions.contains(&Action::Deregister) && !self.actuator.is_dry_run() {
@@ -675,14 +664,7 @@ impl Reconciler {
                     .inc();
                 format!("confirming the node is empty: {e}")
             })?;
-            plan = policy::plan(&policy::Inputs {
-                notices: &notices,
-                unknown_sources: &unknown,
-                fleetiq_deregistered: self.actuator.fleetiq().is_deregistered(),
-                observed: &fresh,
-                config: &self.config,
-                now: jiff::Timestamp::now(),
-            });
+            plan = policy::plan(&self.inputs(&notices, &unknown, &fresh, jiff::Timestamp::now()));
             if !plan.actions.contains(&Action::Deregister) {
                 info!(
                     message = "a fresh read found game servers the watches had not shown yet; not deregistering"
@@ -700,14 +682,7 @@ impl Reconciler {
             .planned(&plan, self.board.last_change(), Instant::now());
         let deadlines = self.sim.is_some().then(|| {
             policy::deadline_view(
-                &policy::Inputs {
-                    notices: &notices,
-                    unknown_sources: &unknown,
-                    fleetiq_deregistered: self.actuator.fleetiq().is_deregistered(),
-                    observed: &observed,
-                    config: &self.config,
-                    now,
-                },
+                &self.inputs(&notices, &unknown, &observed, now),
                 plan.driver.as_ref(),
             )
         });
@@ -779,6 +754,24 @@ impl Reconciler {
                 Ok(Pass::Conflicted)
             }
             Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// What one plan is made from: the sources' notices and the observed state, now.
+    fn inputs<'a>(
+        &'a self,
+        notices: &'a [crate::notice::Notice],
+        unknown: &'a [crate::notice::Source],
+        observed: &'a Observed,
+        now: jiff::Timestamp,
+    ) -> policy::Inputs<'a> {
+        policy::Inputs {
+            notices,
+            unknown_sources: unknown,
+            fleetiq_deregistered: self.actuator.fleetiq().is_deregistered(),
+            observed,
+            config: &self.config,
+            now,
         }
     }
 
