@@ -4,7 +4,10 @@
 //!
 //! `GET /_emulator/traffic`: per-identity totals, `{"<identity>": [requests, watch events,
 //! bytes]}` (`""` for requests without a token). `GET /_emulator/journal?since=SEQ`: the
-//! entries from `SEQ` on, without their response bodies. A real API server serves neither
+//! entries from `SEQ` on, without their response bodies. `GET /_emulator/apf`: what API
+//! Priority and Fairness has done (`{"enabled", "peak_in_flight", "peak_queued",
+//! "queued_total", "rejected"}`), since a queued request is not journaled until it is
+//! served. A real API server serves neither
 //! path; no client of the API ever asks for them.
 
 use std::collections::HashMap;
@@ -21,12 +24,37 @@ use super::server::ServerState;
 
 pub const TRAFFIC_PATH: &str = "/_emulator/traffic";
 pub const JOURNAL_PATH: &str = "/_emulator/journal";
+pub const APF_PATH: &str = "/_emulator/apf";
 
 /// The admin routes over `state`.
 pub(super) fn routes(router: axum::Router<Arc<ServerState>>) -> axum::Router<Arc<ServerState>> {
     router
         .route(TRAFFIC_PATH, axum::routing::get(traffic))
         .route(JOURNAL_PATH, axum::routing::get(journal))
+        .route(APF_PATH, axum::routing::get(apf))
+}
+
+async fn apf(State(s): State<Arc<ServerState>>) -> Json<Value> {
+    let st = s.apf.stats();
+    Json(json!({
+        "enabled": s.apf.is_enabled(),
+        "peak_in_flight": st.peak_in_flight,
+        "peak_queued": st.peak_queued,
+        "queued_total": st.queued_total,
+        "rejected": st.rejected_total(),
+    }))
+}
+
+/// What API Priority and Fairness did, as `GET /_emulator/apf` reports it.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct RemoteApf {
+    pub enabled: bool,
+    pub peak_in_flight: usize,
+    pub peak_queued: usize,
+    /// Requests that waited for a seat or a token (then served or refused).
+    pub queued_total: u64,
+    /// 429s sent.
+    pub rejected: u64,
 }
 
 async fn traffic(State(s): State<Arc<ServerState>>) -> Json<Value> {
@@ -111,6 +139,18 @@ impl RemoteJournal {
                 )
             })
             .collect())
+    }
+
+    /// What API Priority and Fairness has done since it was enabled.
+    pub async fn apf(&self) -> anyhow::Result<RemoteApf> {
+        Ok(self
+            .http
+            .get(format!("{}{APF_PATH}", self.base))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?)
     }
 
     /// Entries from sequence number `since` on (response bodies left out).

@@ -139,6 +139,9 @@ struct State {
     /// Flows with waiters, in the order they are served.
     turn: VecDeque<Flow>,
     next_id: u64,
+    /// Whether the task handing out tokens to waiting requests runs (one per limiter:
+    /// waiters never poll, so thousands queued cost nothing while they wait).
+    ticking: bool,
     stats: ApfStats,
     rejections: Vec<Rejection>,
 }
@@ -355,6 +358,12 @@ impl Apf {
             g.stats.queued += 1;
             g.stats.queued_total += 1;
             g.stats.peak_queued = g.stats.peak_queued.max(g.stats.queued);
+            // A freed seat dispatches by itself (`Seat::drop`); tokens come with time, so a
+            // rate needs the ticker.
+            if cfg.rate.is_some() && !g.ticking {
+                g.ticking = true;
+                self.spawn_ticker();
+            }
             (id, rx, cfg.queue_wait, retry_after)
         };
         // Removes the entry if this future is dropped while it waits (the client left).
@@ -364,25 +373,38 @@ impl Apf {
             id,
             armed: true,
         };
-        let until = tokio::time::Instant::now() + wait;
-        loop {
-            let tick = self.lock().next_token_in();
-            let sleep_until = (tokio::time::Instant::now() + tick).min(until);
-            tokio::select! {
-                seat = &mut rx => {
-                    guard.armed = false;
-                    return seat.map_err(|_| Refused { retry_after });
-                }
-                () = tokio::time::sleep_until(sleep_until) => {}
-            }
-            let mut g = self.lock();
-            if tokio::time::Instant::now() >= until && g.remove_waiter(flow, id) {
+        tokio::select! {
+            seat = &mut rx => {
                 guard.armed = false;
-                return Err(Refused { retry_after });
+                seat.map_err(|_| Refused { retry_after })
             }
-            // Tokens may have come in: hand out what can start (possibly to this request).
-            self.dispatch_locked(&mut g);
+            () = tokio::time::sleep(wait) => {
+                if self.lock().remove_waiter(flow, id) {
+                    guard.armed = false;
+                    return Err(Refused { retry_after });
+                }
+                // Dispatched while the wait ended: the seat was sent under the lock.
+                guard.armed = false;
+                rx.await.map_err(|_| Refused { retry_after })
+            }
         }
+    }
+
+    /// Hands out tokens to waiting requests as they come in, until no request waits.
+    fn spawn_ticker(&self) {
+        let apf = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let tick = apf.lock().next_token_in();
+                tokio::time::sleep(tick).await;
+                let mut g = apf.lock();
+                apf.dispatch_locked(&mut g);
+                if g.turn.is_empty() || g.config.is_none() {
+                    g.ticking = false;
+                    return;
+                }
+            }
+        });
     }
 
     /// Records a refusal answered as journal entry `seq`.

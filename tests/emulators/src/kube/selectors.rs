@@ -583,6 +583,22 @@ impl IndexKey {
         }
     }
 
+    /// The value this key asks for.
+    pub fn value(&self) -> &str {
+        match self {
+            IndexKey::Field { value, .. } | IndexKey::Label { value, .. } => value,
+        }
+    }
+
+    /// Whether `other` names the same field or label (whatever the values).
+    pub fn same_attribute(&self, other: &IndexKey) -> bool {
+        match (self, other) {
+            (IndexKey::Field { field: a, .. }, IndexKey::Field { field: b, .. }) => a == b,
+            (IndexKey::Label { key: a, .. }, IndexKey::Label { key: b, .. }) => a == b,
+            _ => false,
+        }
+    }
+
     /// This key's value in `obj` (a missing field reads as the selectors read it; a
     /// missing label has none).
     pub fn value_in(&self, obj: &Value) -> Option<String> {

@@ -499,7 +499,10 @@ fn list(
         ));
     }
     let after = cont.as_ref().map(|(_, n, m)| (n.as_str(), m.as_str()));
-    let page = s.store.list_page(rt, ns, after, limit, |o| sel.matches(o));
+    let index = sel.index_key();
+    let page = s
+        .store
+        .list_page(rt, ns, after, limit, index.as_ref(), |o| sel.matches(o));
     // Later pages report the first page's resourceVersion, so a watch started from it
     // replays whatever changed while the client paged.
     let rv = cont.map(|(rv, _, _)| rv).unwrap_or(page.rv);
@@ -695,7 +698,10 @@ fn delete_collection(
 ) -> Result<Reply, ApiError> {
     let sel = selectors(rt, q)?;
     let opts = delete_options(q, body)?;
-    let page = s.store.list_page(rt, ns, None, None, |o| sel.matches(o));
+    let index = sel.index_key();
+    let page = s
+        .store
+        .list_page(rt, ns, None, None, index.as_ref(), |o| sel.matches(o));
     let mut items = Vec::new();
     for o in page.items {
         let o_ns = meta_str(&o, "namespace").map(str::to_string);

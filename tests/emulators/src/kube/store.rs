@@ -8,7 +8,7 @@
 //! to resume and answer 410 once it has been trimmed, as etcd compaction makes a real
 //! server do.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -16,6 +16,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
 use super::resources::{NODES, PODS, ResourceType};
+use super::selectors::IndexKey;
 use super::status::ApiError;
 use super::validation;
 
@@ -90,6 +91,9 @@ const BROADCAST_CAPACITY: usize = 16_384;
 
 type Key = (String, String);
 
+/// One list index: the keys of the objects by the value of its attribute.
+type ByValue = HashMap<String, BTreeSet<Key>>;
+
 /// Live store events, in resourceVersion order.
 pub type EventReceiver = broadcast::Receiver<Arc<StoreEvent>>;
 
@@ -107,6 +111,12 @@ struct Inner {
 struct State {
     rv: u64,
     objects: HashMap<ResourceType, BTreeMap<Key, Value>>,
+    /// List indexes, as a real server's watch cache indexes pods by `spec.nodeName`: per
+    /// type, per attribute (an [`IndexKey`] with an empty value: a field path or a label
+    /// key), the keys of the objects by the attribute's value. Each is built by the first
+    /// list that can use it and kept up to date by every write after, so a list filtered
+    /// to one node's objects reads those, not the whole type under the store's lock.
+    indexes: HashMap<ResourceType, Vec<(IndexKey, ByValue)>>,
     history: VecDeque<Arc<StoreEvent>>,
     history_limit: usize,
 }
@@ -136,6 +146,7 @@ impl Store {
                 state: Mutex::new(State {
                     rv: 1,
                     objects: HashMap::new(),
+                    indexes: HashMap::new(),
                     history: VecDeque::new(),
                     history_limit,
                 }),
@@ -180,16 +191,18 @@ impl Store {
     }
 
     /// A filtered, optionally paged list: objects after `after` (namespace, name) that
-    /// satisfy `pred`, at most `limit` of them.
+    /// satisfy `pred`, at most `limit` of them. With `index`, an equality every object
+    /// satisfying `pred` meets, only the objects with that value are read.
     pub fn list_page(
         &self,
         rt: &ResourceType,
         ns: Option<&str>,
         after: Option<(&str, &str)>,
         limit: Option<usize>,
+        index: Option<&IndexKey>,
         pred: impl Fn(&Value) -> bool,
     ) -> ListPage {
-        self.transaction(|t| t.list_page(rt, ns, after, limit, pred))
+        self.transaction(|t| t.list_page(rt, ns, after, limit, index, pred))
     }
 
     /// Creates an object; sets uid, creationTimestamp, resourceVersion, generation, a
@@ -343,11 +356,11 @@ impl Store {
     ) -> (Vec<Value>, u64, EventReceiver) {
         let mut st = self.lock();
         let rx = self.inner.tx.subscribe();
-        let txn = Txn {
+        let mut txn = Txn {
             st: &mut st,
             tx: &self.inner.tx,
         };
-        let page = txn.list_page(rt, ns, None, None, pred);
+        let page = txn.list_page(rt, ns, None, None, None, pred);
         (page.items, page.rv, rx)
     }
 
@@ -405,16 +418,45 @@ impl Txn<'_> {
     }
 
     pub fn list(&self, rt: &ResourceType, ns: Option<&str>) -> (Vec<Value>, u64) {
-        let page = self.list_page(rt, ns, None, None, |_| true);
+        let page = self.page(rt, ns, None, None, None, |_| true);
         (page.items, page.rv)
     }
 
     pub fn list_page(
+        &mut self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: Option<usize>,
+        index: Option<&IndexKey>,
+        pred: impl Fn(&Value) -> bool,
+    ) -> ListPage {
+        let Some(key) = index else {
+            return self.page(rt, ns, after, limit, None, pred);
+        };
+        self.ensure_index(rt, key);
+        let empty = BTreeSet::new();
+        let keys = self
+            .st
+            .indexes
+            .get(rt)
+            .and_then(|l| {
+                l.iter()
+                    .find(|(a, _)| a.same_attribute(key))
+                    .and_then(|(_, m)| m.get(key.value()))
+            })
+            .unwrap_or(&empty);
+        self.page(rt, ns, after, limit, Some(keys), pred)
+    }
+
+    /// A page of `rt` in key order, read from `keys` (an index's) or from every object.
+    fn page(
         &self,
         rt: &ResourceType,
         ns: Option<&str>,
         after: Option<(&str, &str)>,
         limit: Option<usize>,
+        keys: Option<&BTreeSet<Key>>,
         pred: impl Fn(&Value) -> bool,
     ) -> ListPage {
         let rv = self.st.rv;
@@ -434,9 +476,16 @@ impl Txn<'_> {
         };
         let ns_filter = if rt.namespaced { ns } else { None };
         let limit = limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
+        let candidates: Box<dyn Iterator<Item = (&Key, &Value)>> = match keys {
+            Some(keys) => Box::new(
+                keys.range((lower, Bound::Unbounded))
+                    .filter_map(|k| map.get_key_value(k)),
+            ),
+            None => Box::new(map.range((lower, Bound::Unbounded))),
+        };
         let mut items = Vec::new();
         let mut next = None;
-        for ((k_ns, _), obj) in map.range((lower, Bound::Unbounded)) {
+        for ((k_ns, _), obj) in candidates {
             if let Some(n) = ns_filter
                 && k_ns != n
             {
@@ -453,6 +502,49 @@ impl Txn<'_> {
             items.push(obj.clone());
         }
         ListPage { items, rv, next }
+    }
+
+    /// Builds the list index for `key`'s attribute on `rt` if there is none yet.
+    fn ensure_index(&mut self, rt: &ResourceType, key: &IndexKey) {
+        let st = &mut *self.st;
+        let list = st.indexes.entry(*rt).or_default();
+        if list.iter().any(|(a, _)| a.same_attribute(key)) {
+            return;
+        }
+        let attr = key.with_value(String::new());
+        let mut by_value = ByValue::new();
+        for (k, obj) in st.objects.get(rt).into_iter().flatten() {
+            if let Some(v) = attr.value_in(obj) {
+                by_value.entry(v).or_default().insert(k.clone());
+            }
+        }
+        list.push((attr, by_value));
+    }
+
+    /// Keeps `rt`'s list indexes up to date as the object at `key` goes from `old` to
+    /// `new` (either absent).
+    fn reindex(&mut self, rt: &ResourceType, key: &Key, old: Option<&Value>, new: Option<&Value>) {
+        let Some(list) = self.st.indexes.get_mut(rt) else {
+            return;
+        };
+        for (attr, by_value) in list.iter_mut() {
+            let was = old.and_then(|o| attr.value_in(o));
+            let is = new.and_then(|o| attr.value_in(o));
+            if was == is {
+                continue;
+            }
+            if let Some(v) = was
+                && let Some(set) = by_value.get_mut(&v)
+            {
+                set.remove(key);
+                if set.is_empty() {
+                    by_value.remove(&v);
+                }
+            }
+            if let Some(v) = is {
+                by_value.entry(v).or_default().insert(key.clone());
+            }
+        }
     }
 
     fn last_key(&self, items: &[Value]) -> Option<(String, String)> {
@@ -954,11 +1046,14 @@ impl Txn<'_> {
         } else {
             EventKind::Added
         };
-        self.st
+        let key = (ns.clone().unwrap_or_default(), name.clone());
+        let previous = self
+            .st
             .objects
             .entry(*rt)
             .or_default()
-            .insert((ns.clone().unwrap_or_default(), name.clone()), obj.clone());
+            .insert(key.clone(), obj.clone());
+        self.reindex(rt, &key, previous.as_ref(), Some(&obj));
         self.publish(rv, rt, kind, ns, name, obj.clone(), old);
         obj
     }
@@ -975,9 +1070,9 @@ impl Txn<'_> {
         self.st.rv += 1;
         let rv = self.st.rv;
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
-        if let Some(map) = self.st.objects.get_mut(rt) {
-            map.remove(&(ns.clone().unwrap_or_default(), name.clone()));
-        }
+        let key = (ns.clone().unwrap_or_default(), name.clone());
+        let previous = self.st.objects.get_mut(rt).and_then(|map| map.remove(&key));
+        self.reindex(rt, &key, previous.as_ref(), None);
         self.publish(rv, rt, EventKind::Deleted, ns, name, obj.clone(), Some(old));
         obj
     }
@@ -1257,4 +1352,94 @@ pub fn format_ts(ts: k8s_openapi::jiff::Timestamp) -> String {
 /// Now as a `metav1.Time` string.
 pub fn now_rfc3339() -> String {
     format_ts(k8s_openapi::jiff::Timestamp::now())
+}
+
+#[cfg(test)]
+mod list_index_tests {
+    use serde_json::json;
+
+    use super::super::selectors::Selectors;
+    use super::*;
+
+    /// Names an indexed list returns, checked against a scan of every object.
+    fn names(
+        store: &Store,
+        rt: &ResourceType,
+        labels: Option<&str>,
+        fields: Option<&str>,
+    ) -> Vec<String> {
+        let sel = Selectors::parse(rt, labels, fields).expect("selector");
+        let index = sel.index_key();
+        assert!(index.is_some(), "the selector must be indexable");
+        let indexed = store.list_page(rt, Some("default"), None, None, index.as_ref(), |o| {
+            sel.matches(o)
+        });
+        let scanned = store.list_page(rt, Some("default"), None, None, None, |o| sel.matches(o));
+        assert_eq!(
+            indexed.items, scanned.items,
+            "indexed and scanned lists differ"
+        );
+        indexed
+            .items
+            .iter()
+            .filter_map(|o| meta_str(o, "name").map(str::to_string))
+            .collect()
+    }
+
+    fn pod(name: &str, node: &str, label: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": "default", "labels": {"x": label}},
+               "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]}})
+    }
+
+    #[test]
+    fn a_list_index_follows_every_write() {
+        let store = Store::new(100);
+        let ns = Some("default");
+        for (name, node, label) in [("a", "n1", "1"), ("b", "n2", "1"), ("c", "n1", "2")] {
+            store
+                .create(&PODS, ns, pod(name, node, label))
+                .expect("create");
+        }
+        // Built by the first list, on objects that were there before it.
+        assert_eq!(
+            names(&store, &PODS, None, Some("spec.nodeName=n1")),
+            ["a", "c"]
+        );
+        assert_eq!(names(&store, &PODS, Some("x=1"), None), ["a", "b"]);
+        // Kept up to date: a relabel, a new object, a deletion.
+        let mut c = store.get(&PODS, ns, "c").expect("c");
+        c["metadata"]["labels"]["x"] = json!("1");
+        store.replace(&PODS, ns, "c", c).expect("replace");
+        store
+            .create(&PODS, ns, pod("d", "n1", "3"))
+            .expect("create d");
+        store
+            .delete(
+                &PODS,
+                ns,
+                "a",
+                &DeleteOptions {
+                    grace_period_seconds: Some(0),
+                    ..Default::default()
+                },
+            )
+            .expect("delete");
+        assert_eq!(
+            names(&store, &PODS, None, Some("spec.nodeName=n1")),
+            ["c", "d"]
+        );
+        assert_eq!(names(&store, &PODS, Some("x=1"), None), ["b", "c"]);
+        assert_eq!(
+            names(&store, &PODS, Some("x=2"), None),
+            Vec::<String>::new()
+        );
+        // Paged: the continue key is the last one sent.
+        let sel = Selectors::parse(&PODS, Some("x=1"), None).expect("selector");
+        let page = store.list_page(&PODS, ns, None, Some(1), sel.index_key().as_ref(), |o| {
+            sel.matches(o)
+        });
+        assert_eq!(page.items.len(), 1);
+        assert_eq!(page.next, Some(("default".to_string(), "b".to_string())));
+    }
 }

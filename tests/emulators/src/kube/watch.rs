@@ -131,11 +131,15 @@ pub fn start(ctx: WatchContext, req: WatchRequest) -> Body {
     let sub = ctx.fanout.subscribe(&req.rt, &req.selectors);
     let (opening, rx) = if req.start == WatchStart::Now || req.send_initial_events {
         let sel = req.selectors.clone();
-        let page = ctx
-            .store
-            .list_page(&req.rt, req.namespace.as_deref(), None, None, move |o| {
-                sel.matches(o)
-            });
+        let index = sel.index_key();
+        let page = ctx.store.list_page(
+            &req.rt,
+            req.namespace.as_deref(),
+            None,
+            None,
+            index.as_ref(),
+            move |o| sel.matches(o),
+        );
         (Opening::Snapshot(page.items, page.rv), Some(sub))
     } else {
         let from = match req.start {
