@@ -36,7 +36,7 @@ use kube::runtime::watcher;
 use lastcall_agent::keys;
 use lastcall_common::fleetiq::{InstanceStatus as Status, StatusMessage, cache_key};
 use lastcall_testkit::agent::{InProcessAgent, config, metric, scrape};
-use lastcall_testkit::bins::workspace_binary;
+use lastcall_testkit::bins::shipped_binary;
 use lastcall_testkit::cluster::allocator::gameserver_resource;
 use lastcall_testkit::cluster::{
     AllocationRequest, Cluster, ClusterConfig, FleetSpec, GameServerSpec, GameServerState as S,
@@ -1465,8 +1465,8 @@ async fn terminate(child: &mut Child) -> anyhow::Result<std::process::ExitStatus
 }
 
 async fn bench_memory() -> anyhow::Result<()> {
-    let bin = tokio::task::spawn_blocking(|| workspace_binary("lastcall-agent", "lastcall-agent"))
-        .await?;
+    let bin =
+        tokio::task::spawn_blocking(|| shipped_binary("lastcall-agent", "lastcall-agent")).await?;
     let dir = tempfile::tempdir()?;
 
     // Baseline: idle, no API server (the kubeconfig points at a closed port), no FleetIQ.
