@@ -2,11 +2,13 @@
 //!
 //! Run: `nice cargo bench -p lastcall-testkit --bench scale` (`LASTCALL_SCALE_AGENTS`,
 //! `LASTCALL_SCALE_SERVERS`, `LASTCALL_SCALE_ALLOCATED`, `LASTCALL_SCALE_UNFILTERED`,
-//! `LASTCALL_SCALE_WINDOW` seconds change the world; `LASTCALL_BENCH_LOG=warn` prints the
-//! agents' logs).
+//! `LASTCALL_SCALE_WINDOW` seconds change the world; `LASTCALL_SCALE_APF_RATE` sets the
+//! rate API Priority and Fairness admits, 1,000/s by default, 0 for seats only, negative
+//! for off; `LASTCALL_BENCH_LOG=warn` prints the agents' logs).
 //!
 //! The world is `lastcall_testkit::scale`: the Kubernetes API emulator in its own process
-//! over a store-only world, the agents in this one (built as the binary builds them, each
+//! over a store-only world, the agents in shard processes of 500 (`LASTCALL_SCALE_SHARD`;
+//! built as the binary builds them, each
 //! with its own identity and filtered watches, FleetIQ mode), one GameLift emulator and the
 //! background load on a side runtime, one private redis-server. Scenarios, in order:
 //!
@@ -33,10 +35,10 @@ fn main() -> anyhow::Result<()> {
             .with_writer(std::io::stderr)
             .init();
     }
-    // The agents' runtime; its threads are what "agents" CPU counts (less the side runtime).
+    // The harness's runtime (the agents run in shard processes).
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .thread_name("agents")
+        .thread_name("harness")
         .enable_all()
         .build()?
         .block_on(run())
@@ -75,6 +77,13 @@ async fn run() -> anyhow::Result<()> {
         spec.pod_churn_per_sec,
         spec.gameserver_writes_per_sec
     );
+    match &spec.apf {
+        Some(a) => println!(
+            "API Priority and Fairness: {} seats, {:.0} requests/s admitted, queues of {} per user, Retry-After {} s.",
+            a.seats, a.rate, a.queue_per_flow, a.retry_after_secs
+        ),
+        None => println!("API Priority and Fairness: off."),
+    }
     println!();
     let world = ScaleWorld::start(spec.clone()).await?;
     let epid = world.emulator_pid();
@@ -85,7 +94,8 @@ async fn run() -> anyhow::Result<()> {
         .rss_with_agents
         .saturating_sub(world.rss_before_agents);
     println!(
-        "- this process: RSS {} before the agents, {} with them: **{:.0} KiB per agent**; {} open fds ({:.1} per agent); emulator process RSS {}, {} open fds",
+        "- agent processes ({} shards): RSS {} before the agents, {} with them: **{:.0} KiB per agent**; {} open fds ({:.1} per agent); emulator process RSS {}, {} open fds",
+        world.shards.len(),
         mib(world.rss_before_agents),
         mib(world.rss_with_agents),
         agent_kb as f64 / n as f64,
@@ -287,6 +297,13 @@ fn print_drain(name: &str, n: usize, fence: &mut [Duration], r: &DrainReport) {
         pct(fence, 0.99),
         pct(fence, 1.0)
     );
+    let mut acted = r.acted.clone();
+    println!(
+        "| signal → the agent's first request admitted p50 / p99 / max | {} / {} / {} |",
+        pct(&mut acted, 0.5),
+        pct(&mut acted, 0.99),
+        pct(&mut acted, 1.0)
+    );
     println!("| first signal → last fence | {} |", secs(r.last_fence));
     println!(
         "| requests at the API, whole drain (agents) | {} ({}) |",
@@ -307,9 +324,14 @@ fn print_drain(name: &str, n: usize, fence: &mut [Duration], r: &DrainReport) {
         100.0 * r.event_writes as f64 / r.requests.max(1) as f64
     );
     println!(
-        "| 429s received (APF not on in the emulator yet) | {} |",
-        r.status_429
+        "| requests that waited in an APF queue / peak waiting at once | {} / {} |",
+        r.apf_queued, r.apf_peak_queued
     );
+    println!(
+        "| 429s received, agents (everyone) | {} ({}) |",
+        r.agent_429, r.status_429
+    );
+    println!("| 429s by user | {:?} |", r.refused_by);
     println!(
         "| 409s (allocation races lost, both sides) | {} |",
         r.conflicts_409
@@ -320,7 +342,10 @@ fn print_drain(name: &str, n: usize, fence: &mut [Duration], r: &DrainReport) {
         secs(r.cpu.agents()),
         secs(r.cpu.side)
     );
-    println!("| this process's open fds, peak sampled | {} |", r.peak_fds);
+    println!(
+        "| agent processes' open fds, peak sampled | {} |",
+        r.peak_fds
+    );
     println!();
     println!("Agent requests by kind:");
     println!();

@@ -15,6 +15,7 @@ pub mod asg;
 pub mod bench;
 pub mod demo;
 pub mod scale;
+pub mod scale_agents;
 pub mod timeline;
 pub mod webhook;
 pub mod world;

@@ -3,20 +3,23 @@
 //! The Kubernetes API emulator runs as its own process (`lastcall-kube-emulator --admin`)
 //! over a store-only world (`cluster::preload`: Nodes, bound Running pods and claimed
 //! GameServers, no scheduler, kubelet or Agones controllers), so its CPU, memory and file
-//! descriptors are measured apart from the agents'. The agents run in this process, one
-//! identity and one set of server-side filtered watches each, built by
-//! [`InProcessAgent::start`] exactly as the binary builds them, in FleetIQ mode against one
-//! GameLift emulator and one private `redis-server`.
+//! descriptors are measured apart from the agents'. The agents run in shard processes
+//! ([`crate::scale_agents`], 500 agents each by default, so their file descriptors fit the
+//! per-process limit), one identity and one set of server-side filtered watches each,
+//! built by [`crate::agent::InProcessAgent::start`] exactly as the binary builds them, in
+//! FleetIQ mode against one GameLift emulator and one private `redis-server`.
 //!
-//! Around them, on a side runtime whose threads are named [`SIDE_THREAD`] (so their CPU is
-//! not counted as the agents'): the GameLift emulator, and the background load a real
+//! Around them, in the harness's process on a side runtime whose threads are named
+//! [`SIDE_THREAD`] (its CPU is reported apart): the GameLift emulator, and the background
+//! load a real
 //! cluster makes: kubelet Node status updates (every node every `node_status_period`),
 //! pod churn (short-lived non-game pods bound to random nodes), Agones GameServer writes
 //! (SDK annotations on Allocated servers), the garbage collection of the pods of deleted
 //! GameServers, allocators racing drains, and matches ending.
 //!
-//! Measurements come from the emulator's journal (read over its admin endpoints), GameLift's
-//! call log, `/proc` (per-thread CPU, RSS, file descriptors) and Redis `INFO`.
+//! Measurements come from the emulator's journal and APF counters (read over its admin
+//! endpoints), GameLift's call log, `/proc` (the shard and emulator processes' CPU, RSS and
+//! file descriptors, the side runtime's threads) and Redis `INFO`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::{Child, Command, Stdio};
@@ -35,14 +38,15 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{InProcessAgent, config, metric, scrape};
+use crate::agent::{metric, scrape};
 use crate::cluster::allocator::gameserver_resource;
-use crate::cluster::preload::{NAMESPACE, node_name, node_of, server_name};
+use crate::cluster::preload::{LABEL_NODE, NAMESPACE, node_name, node_of, server_name};
 use crate::eventually::try_eventually;
 use crate::gamelift::{GameLiftEmulator, InstanceStatus};
 use crate::kube::admin::RemoteJournal;
 use crate::kube::{JournalEntry, Traffic, Verb, config_for_url};
 use crate::redis::RedisServer;
+use crate::scale_agents::{SHARD_AGENTS, Shard, ShardSpec, shard_ranges};
 
 /// The game server group every scale agent belongs to.
 pub const GROUP: &str = "scale-group";
@@ -50,15 +54,49 @@ pub const GROUP: &str = "scale-group";
 pub const SIDE_THREAD: &str = "side";
 const DRAINING_LABEL: &str = "lastcall.dev/node-draining";
 
-/// API Priority and Fairness in the emulator, once it exists.
+/// API Priority and Fairness in the emulator (`lastcall-kube-emulator --apf-*`): the
+/// limits one priority level gives every agent, each agent its own flow.
 ///
-/// TODO(merge of h18a's `tests/emulators/src/kube/apf.rs`): switch the limiter on here (the
-/// emulator binary's flags for it go into `emulator_args`) and read its 429 counters; until
-/// then [`ScaleSpec::apf`] is `None` and the 429s reported are those in the journal (0).
-#[derive(Clone, Debug, Default)]
+/// The emulator answers in well under a millisecond, so its seats alone would never run
+/// out; the admission rate stands for the share of the API server's throughput the level
+/// gets. Refusals are journaled (429) and counted by [`DrainReport::status_429`].
+#[derive(Clone, Debug)]
 pub struct ApfOptions {
-    /// Extra `lastcall-kube-emulator` flags that turn the limiter on.
-    pub emulator_args: Vec<String>,
+    /// Requests served at once over all users (`--apf-concurrency`).
+    pub seats: usize,
+    /// Requests admitted per second over all users (`--apf-rate`; 0: no rate limit).
+    pub rate: f64,
+    /// Requests one user may have waiting (`--apf-queue-per-flow`).
+    pub queue_per_flow: usize,
+    /// The `Retry-After` of every refusal, in seconds.
+    pub retry_after_secs: u64,
+}
+
+impl ApfOptions {
+    /// kube-apiserver's defaults as seen by a ServiceAccount: 600 seats (400 read-only +
+    /// 200 mutating) of which `workload-low` (100 of 245 nominal shares) gets 245; queues
+    /// of 50.
+    pub fn workload_low(rate: f64) -> Self {
+        ApfOptions {
+            seats: 245,
+            rate,
+            queue_per_flow: 50,
+            retry_after_secs: 1,
+        }
+    }
+
+    fn emulator_args(&self) -> Vec<String> {
+        vec![
+            "--apf-concurrency".into(),
+            self.seats.to_string(),
+            "--apf-rate".into(),
+            self.rate.to_string(),
+            "--apf-queue-per-flow".into(),
+            self.queue_per_flow.to_string(),
+            "--apf-retry-after-secs".into(),
+            self.retry_after_secs.to_string(),
+        ]
+    }
 }
 
 /// The size and background load of a scale world.
@@ -78,6 +116,7 @@ pub struct ScaleSpec {
     pub allocators: usize,
     /// Unfiltered watchers started as a sample for the comparison.
     pub unfiltered_sample: usize,
+    /// `None`: the emulator admits every request.
     pub apf: Option<ApfOptions>,
 }
 
@@ -94,7 +133,7 @@ impl ScaleSpec {
             gameserver_writes_per_sec: (agents as f64 / 20.0).max(1.0),
             allocators: 8,
             unfiltered_sample: 5,
-            apf: None,
+            apf: Some(ApfOptions::workload_low(1000.0)),
         }
     }
 
@@ -111,6 +150,13 @@ impl ScaleSpec {
         }
         if let Some(n) = var("LASTCALL_SCALE_UNFILTERED") {
             s.unfiltered_sample = n;
+        }
+        if let Some(rate) = std::env::var("LASTCALL_SCALE_APF_RATE")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+        {
+            // A negative rate turns APF off; 0 keeps the seats without a rate limit.
+            s.apf = (rate >= 0.0).then(|| ApfOptions::workload_low(rate));
         }
         s
     }
@@ -198,6 +244,15 @@ pub fn traffic_delta(
     t
 }
 
+/// How long a load generator waits after `e`: a 429 asks for the emulator's `Retry-After`
+/// (1 s), as client-go honours it; anything else for `otherwise`.
+fn pause_after(e: &kube::Error, otherwise: Duration) -> Duration {
+    match e {
+        kube::Error::Api(s) if s.code == 429 => Duration::from_secs(1),
+        _ => otherwise,
+    }
+}
+
 /// Whether a journal identity is one of the scale agents.
 pub fn is_agent(identity: &str) -> bool {
     identity.starts_with("agent-")
@@ -236,7 +291,7 @@ fn start_emulator(spec: &ScaleSpec) -> anyhow::Result<EmulatorProcess> {
         &spec.allocated_per_node.to_string(),
     ]);
     if let Some(apf) = &spec.apf {
-        cmd.args(&apf.emulator_args);
+        cmd.args(apf.emulator_args());
     }
     let mut child = cmd
         .stdout(Stdio::piped())
@@ -285,7 +340,8 @@ pub struct ScaleWorld {
     pub journal: RemoteJournal,
     pub gl: GameLiftEmulator,
     pub redis: RedisServer,
-    pub agents: Vec<InProcessAgent>,
+    /// The agents' processes.
+    pub shards: Vec<Shard>,
     /// Always `Some` until dropped: shut down in the background, since a world is dropped
     /// inside an async context.
     side: Option<tokio::runtime::Runtime>,
@@ -297,7 +353,8 @@ pub struct ScaleWorld {
     pub won: Arc<std::sync::Mutex<Vec<(String, SystemTime)>>>,
     /// Setup phases (name, seconds).
     pub setup: Vec<(String, f64)>,
-    /// This process's RSS (kB) before the agents started and once they had settled.
+    /// The shard processes' RSS (kB, summed) before their agents started and once they had
+    /// settled, and their open file descriptors then.
     pub rss_before_agents: u64,
     pub rss_with_agents: u64,
     pub fds_with_agents: usize,
@@ -311,11 +368,14 @@ pub struct Generated {
     pub pods_deleted: AtomicU64,
     pub gameserver_writes: AtomicU64,
     pub gc_deletes: AtomicU64,
+    /// Garbage-collector deletes refused with 429 (then retried).
+    pub gc_throttled: AtomicU64,
     pub matches_ended: AtomicU64,
     pub errors: AtomicU64,
 }
 
-fn iid(i: usize) -> String {
+/// The GameLift instance id of node `i`.
+pub fn iid(i: usize) -> String {
     crate::gamelift::instance_id(&node_name(i))
 }
 
@@ -361,7 +421,7 @@ impl ScaleWorld {
             journal,
             gl,
             redis,
-            agents: vec![],
+            shards: vec![],
             side,
             stop,
             generated,
@@ -381,39 +441,40 @@ impl ScaleWorld {
                 .query_async(&mut conn)
                 .await?;
         }
-        world.rss_before_agents = status_kb("self", "VmRSS");
         let t = Instant::now();
-        let gamelift = world.gl.sdk_client().await;
-        let url = world.redis.url();
-        for i in 0..world.spec.agents {
-            let node = node_name(i);
-            let id = iid(i);
-            let args = [
-                "--game-server-group",
-                GROUP,
-                "--instance-id",
-                &id,
-                "--redis-url",
-                &url,
-            ];
-            let kube = config_for_url(&world.emulator.url, &format!("agent-{node}")).await?;
-            world.agents.push(
-                InProcessAgent::start(config(&node, &args), kube, Some(gamelift.clone()))
-                    .await
-                    .with_context(|| format!("agent {i}"))?,
-            );
+        let per_shard = std::env::var("LASTCALL_SCALE_SHARD")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(SHARD_AGENTS);
+        let gamelift_url = world.gl.url();
+        let redis_url = world.redis.url();
+        for (from, to) in shard_ranges(world.spec.agents, per_shard) {
+            let shard = Shard::spawn(&ShardSpec {
+                kube_url: world.emulator.url.clone(),
+                gamelift_url: gamelift_url.clone(),
+                redis_url: redis_url.clone(),
+                from,
+                to,
+            })
+            .await
+            .with_context(|| format!("agents {from}..{to}"))?;
+            world.shards.push(shard);
         }
+        world.rss_before_agents = world.shards.iter().map(|s| s.rss_before_kb).sum();
         world
             .setup
             .push(("agents started".into(), t.elapsed().as_secs_f64()));
-        progress("agents started");
-        for a in &world.agents {
+        progress(&format!(
+            "agents started in {} processes",
+            world.shards.len()
+        ));
+        for (_, admin) in world.shards.iter().flat_map(|s| &s.admins) {
             try_eventually(
                 "an agent subscribes to Redis",
                 Duration::from_secs(300),
                 Duration::from_millis(100),
                 || async {
-                    (metric(&scrape(a.admin).await, "lastcall_redis_connected", &[]) == Some(1.0))
+                    (metric(&scrape(*admin).await, "lastcall_redis_connected", &[]) == Some(1.0))
                         .then_some(())
                 },
             )
@@ -436,7 +497,24 @@ impl ScaleWorld {
                 (registered.len() >= n).then_some(())
             },
         )
-        .await?;
+        .await
+        .map_err(|e| {
+            // Say how far registration got, and how GameLift answered.
+            let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+            let mut registered = HashSet::new();
+            for c in gl.calls() {
+                if c.op == "RegisterGameServer" && c.outcome == "ok" {
+                    registered.insert(c.input["InstanceId"].as_str().map(str::to_string));
+                }
+                *outcomes
+                    .entry(format!("{} {}", c.op, c.outcome))
+                    .or_default() += 1;
+            }
+            anyhow::Error::from(e).context(format!(
+                "{} of {n} agents registered; GameLift calls by outcome: {outcomes:?}",
+                registered.len()
+            ))
+        })?;
         world.setup.push((
             "agents subscribed and registered".into(),
             t.elapsed().as_secs_f64(),
@@ -445,8 +523,8 @@ impl ScaleWorld {
         world
             .settle(Duration::from_secs(2), Duration::from_secs(120))
             .await?;
-        world.rss_with_agents = status_kb("self", "VmRSS");
-        world.fds_with_agents = open_fds("self");
+        world.rss_with_agents = world.agent_rss_kb();
+        world.fds_with_agents = world.agent_fds();
         Ok(world)
     }
 
@@ -459,6 +537,19 @@ impl ScaleWorld {
     pub async fn redis_conn(&self) -> anyhow::Result<redis::aio::MultiplexedConnection> {
         let client = redis::Client::open(self.redis.url())?;
         Ok(lastcall_common::redis_conn::connect(&client, Duration::from_secs(30)).await?)
+    }
+
+    /// The shard processes' RSS, in kB, summed.
+    pub fn agent_rss_kb(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| status_kb(&s.pid(), "VmRSS"))
+            .sum()
+    }
+
+    /// The shard processes' open file descriptors, summed.
+    pub fn agent_fds(&self) -> usize {
+        self.shards.iter().map(|s| open_fds(&s.pid())).sum()
     }
 
     pub fn emulator_pid(&self) -> String {
@@ -629,11 +720,44 @@ impl ScaleWorld {
             }
         });
 
-        // Garbage collection: the pod of a deleted GameServer goes with it.
+        // Garbage collection: the pod of a deleted GameServer goes with it, deleted by the
+        // controller manager's own identity (its own APF flow) with its default 20 workers
+        // (`--concurrent-gc-syncs`), each retrying a 429 after its Retry-After as client-go
+        // does.
         let (stop4, g4) = (stop, g);
+        let gc = self.client("kube-controller-manager").await?;
+        let (queue, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let rx = Arc::new(tokio::sync::Mutex::new(rx));
+        let pods: Api<Pod> = Api::namespaced(gc, NAMESPACE);
+        for _ in 0..20 {
+            let (rx, pods, g) = (rx.clone(), pods.clone(), g4.clone());
+            self.side().spawn(async move {
+                loop {
+                    let Some(name) = rx.lock().await.recv().await else {
+                        return;
+                    };
+                    loop {
+                        match pods
+                            .delete(&name, &DeleteParams::default().grace_period(0))
+                            .await
+                        {
+                            Err(kube::Error::Api(s)) if s.code == 429 => {
+                                g.gc_throttled.fetch_add(1, Ordering::Relaxed);
+                                tokio::time::sleep(Duration::from_secs(1)).await;
+                                continue;
+                            }
+                            Ok(_) | Err(kube::Error::Api(_)) => {
+                                g.gc_deletes.fetch_add(1, Ordering::Relaxed)
+                            }
+                            Err(_) => g.errors.fetch_add(1, Ordering::Relaxed),
+                        };
+                        break;
+                    }
+                }
+            });
+        }
         self.side().spawn(async move {
-            let gss: Api<DynamicObject> = Api::all_with(agones.clone(), &gameserver_resource());
-            let pods: Api<Pod> = Api::namespaced(agones, NAMESPACE);
+            let gss: Api<DynamicObject> = Api::all_with(agones, &gameserver_resource());
             let mut stream = std::pin::pin!(watcher(gss, watcher::Config::default()));
             loop {
                 let ev = tokio::select! {
@@ -641,20 +765,10 @@ impl ScaleWorld {
                     ev = stream.next() => ev,
                 };
                 let Some(ev) = ev else { return };
-                if let Ok(watcher::Event::Delete(obj)) = ev {
-                    let name = obj.metadata.name.unwrap_or_default();
-                    let (pods, g) = (pods.clone(), g4.clone());
-                    tokio::spawn(async move {
-                        match pods
-                            .delete(&name, &DeleteParams::default().grace_period(0))
-                            .await
-                        {
-                            Ok(_) | Err(kube::Error::Api(_)) => {
-                                g.gc_deletes.fetch_add(1, Ordering::Relaxed)
-                            }
-                            Err(_) => g.errors.fetch_add(1, Ordering::Relaxed),
-                        };
-                    });
+                if let Ok(watcher::Event::Delete(obj)) = ev
+                    && queue.send(obj.metadata.name.unwrap_or_default()).is_err()
+                {
+                    return;
                 }
             }
         });
@@ -718,9 +832,12 @@ impl ScaleWorld {
                         (i, r.random_range(0..per))
                     };
                     let name = server_name(i, k);
-                    let Ok(mut gs) = gss.get(&name).await else {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
+                    let mut gs = match gss.get(&name).await {
+                        Ok(gs) => gs,
+                        Err(e) => {
+                            tokio::time::sleep(pause_after(&e, Duration::from_millis(10))).await;
+                            continue;
+                        }
                     };
                     let ready = gs.data["status"]["state"] == "Ready";
                     let excluded =
@@ -732,16 +849,15 @@ impl ScaleWorld {
                         continue;
                     }
                     gs.data["status"]["state"] = json!("Allocated");
-                    if gss
-                        .replace(&name, &PostParams::default(), &gs)
-                        .await
-                        .is_ok()
-                    {
-                        won.lock()
+                    let mut pause = Duration::from_millis(20);
+                    match gss.replace(&name, &PostParams::default(), &gs).await {
+                        Ok(_) => won
+                            .lock()
                             .unwrap_or_else(|p| p.into_inner())
-                            .push((name, SystemTime::now()));
+                            .push((name, SystemTime::now())),
+                        Err(e) => pause = pause_after(&e, pause),
                     }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    tokio::time::sleep(pause).await;
                 }
             }));
         }
@@ -751,7 +867,11 @@ impl ScaleWorld {
     /// Ends every match on `nodes` (the preloaded Allocated servers and those allocators
     /// won there) after a random 1–6 s each, as players finish: the GameServer is deleted
     /// and the garbage collector removes its pod.
-    pub async fn end_matches(&self, nodes: &[usize]) -> anyhow::Result<()> {
+    ///
+    /// `allocated` adds servers the journal shows allocated (a write the API applied after
+    /// its client gave up is a match all the same). A 429 is retried after its
+    /// Retry-After: a match that never ends would keep its node from emptying.
+    pub async fn end_matches(&self, nodes: &[usize], allocated: &[String]) -> anyhow::Result<()> {
         let client = self.client("agones-controller").await?;
         let gss: Api<DynamicObject> =
             Api::namespaced_with(client, NAMESPACE, &gameserver_resource());
@@ -768,6 +888,12 @@ impl ScaleWorld {
                 .filter(|(s, _)| node_of(s).is_some_and(|n| doomed.contains(n)))
                 .map(|(s, _)| s.clone()),
         );
+        names.extend(
+            allocated
+                .iter()
+                .filter(|s| node_of(s).is_some_and(|n| doomed.contains(n)))
+                .cloned(),
+        );
         names.sort();
         names.dedup();
         let g = self.generated.clone();
@@ -776,12 +902,19 @@ impl ScaleWorld {
             let delay = Duration::from_millis(rand::rng().random_range(1000..6000));
             self.side().spawn(async move {
                 tokio::time::sleep(delay).await;
-                match gss.delete(&name, &DeleteParams::default()).await {
-                    Ok(_) | Err(kube::Error::Api(_)) => {
-                        g.matches_ended.fetch_add(1, Ordering::Relaxed)
-                    }
-                    Err(_) => g.errors.fetch_add(1, Ordering::Relaxed),
-                };
+                loop {
+                    match gss.delete(&name, &DeleteParams::default()).await {
+                        Err(kube::Error::Api(s)) if s.code == 429 => {
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            continue;
+                        }
+                        Ok(_) | Err(kube::Error::Api(_)) => {
+                            g.matches_ended.fetch_add(1, Ordering::Relaxed)
+                        }
+                        Err(_) => g.errors.fetch_add(1, Ordering::Relaxed),
+                    };
+                    break;
+                }
             });
         }
         Ok(())
@@ -805,6 +938,7 @@ impl ScaleWorld {
         let cpu0 = self.cpu();
         let mut rconn = self.redis_conn().await?;
         let r0 = redis_info(&mut rconn).await?;
+        let apf0 = self.journal.apf().await?;
         let doomed = Arc::new(doomed);
         let allocators = self.start_allocators(doomed.clone()).await?;
         // Let the allocators warm up so the race is on when the signal lands.
@@ -812,7 +946,7 @@ impl ScaleWorld {
         let t0 = SystemTime::now();
         let started = Instant::now();
         let published = self.publish(&doomed, Status::Draining, over).await?;
-        let mut peak_fds = open_fds("self");
+        let mut peak_fds = self.agent_fds();
         // Matches end once their nodes are fenced (players finish their round).
         let fenced_all = async {
             try_eventually(
@@ -840,10 +974,22 @@ impl ScaleWorld {
         // Give the allocators a moment past the fences, then stop them and end the matches.
         tokio::time::sleep(Duration::from_secs(2)).await;
         allocators.stop().await;
-        peak_fds = peak_fds.max(open_fds("self"));
-        self.end_matches(&doomed).await?;
+        peak_fds = peak_fds.max(self.agent_fds());
+        let allocated: Vec<String> = self
+            .journal
+            .entries_since(start_seq)
+            .await?
+            .into_iter()
+            .filter(|r| {
+                r.identity.as_deref() == Some("agones-allocator")
+                    && r.verb == Verb::Update
+                    && r.status < 300
+            })
+            .filter_map(|r| r.name)
+            .collect();
+        self.end_matches(&doomed, &allocated).await?;
         let ids: HashSet<String> = doomed.iter().map(|&i| iid(i)).collect();
-        try_eventually(
+        let drained = try_eventually(
             "every doomed node deregistered",
             Duration::from_secs(900),
             Duration::from_millis(500),
@@ -852,15 +998,58 @@ impl ScaleWorld {
                 ids.iter().all(|i| d.contains(i)).then_some(())
             },
         )
-        .await?;
+        .await
+        .map_err(|e| {
+            let d = self.deregistered();
+            let stuck: Vec<String> = doomed
+                .iter()
+                .filter(|&&i| !d.contains(&iid(i)))
+                .map(|&i| node_name(i))
+                .collect();
+            anyhow::Error::from(e).context(format!("{} not deregistered: {stuck:?}", stuck.len()))
+        });
+        if let Err(e) = drained {
+            // What keeps the first few: their servers and pods, from the store.
+            let mut why = vec![];
+            let client = self.client("harness").await?;
+            let gss: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), NAMESPACE, &gameserver_resource());
+            let pods: Api<Pod> = Api::namespaced(client, NAMESPACE);
+            let d = self.deregistered();
+            for &i in doomed.iter().filter(|&&i| !d.contains(&iid(i))).take(3) {
+                let node = node_name(i);
+                let servers = gss
+                    .list(&ListParams::default().labels(&format!("{LABEL_NODE}={node}")))
+                    .await
+                    .map(|l| {
+                        l.items
+                            .iter()
+                            .map(|g| {
+                                format!(
+                                    "{}:{}",
+                                    g.metadata.name.as_deref().unwrap_or("?"),
+                                    g.data["status"]["state"].as_str().unwrap_or("?")
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                    });
+                let left = pods
+                    .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+                    .await
+                    .map(|l| l.items.len());
+                why.push(format!("{node}: servers {servers:?}, pods {left:?}"));
+            }
+            return Err(e.context(why.join("; ")));
+        }
         let done_after = started.elapsed();
         progress(&format!("{} nodes deregistered", doomed.len()));
-        peak_fds = peak_fds.max(open_fds("self"));
+        peak_fds = peak_fds.max(self.agent_fds());
         let cpu1 = self.cpu();
         let r1 = redis_info(&mut rconn).await?;
         let entries = self.journal.entries_since(start_seq).await?;
+        let apf1 = self.journal.apf().await?;
         let won = self.won.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        Ok(DrainReport::build(
+        let mut report = DrainReport::build(
             self.spec.agents,
             self.spec.allocated_per_node,
             &doomed,
@@ -873,7 +1062,10 @@ impl ScaleWorld {
             cpu1.since(&cpu0),
             redis_cpu(&r1) - redis_cpu(&r0),
             peak_fds,
-        ))
+        );
+        report.apf_queued = apf1.queued_total.saturating_sub(apf0.queued_total);
+        report.apf_peak_queued = apf1.peak_queued;
+        Ok(report)
     }
 
     /// The sequence number the next journal entry will get: every request is one entry,
@@ -888,7 +1080,7 @@ impl ScaleWorld {
             .sum())
     }
 
-    /// CPU so far: the emulator process, this process's agent threads and side threads.
+    /// CPU so far: the emulator process, the agents' processes, this process and its side threads.
     pub fn cpu(&self) -> CpuSample {
         let threads = thread_cpu();
         let side: Duration = threads
@@ -899,6 +1091,7 @@ impl ScaleWorld {
         CpuSample {
             emulator: process_cpu(&self.emulator_pid()),
             process: process_cpu("self"),
+            agents: self.shards.iter().map(|s| process_cpu(&s.pid())).sum(),
             side,
         }
     }
@@ -907,9 +1100,9 @@ impl ScaleWorld {
     pub async fn shutdown(mut self) {
         self.stop.cancel();
         futures::future::join_all(
-            std::mem::take(&mut self.agents)
+            std::mem::take(&mut self.shards)
                 .into_iter()
-                .map(|a| a.stop_within(Duration::from_secs(10))),
+                .map(|s| s.stop(Duration::from_secs(30))),
         )
         .await;
     }
@@ -959,8 +1152,10 @@ fn fence_write(r: &JournalEntry) -> bool {
 pub struct CpuSample {
     /// The emulator process (user + system).
     pub emulator: Duration,
-    /// This whole process.
+    /// The harness's process (side runtime, harness).
     pub process: Duration,
+    /// The agents' shard processes, summed.
+    pub agents: Duration,
     /// This process's side runtime (GameLift emulator, load generators).
     pub side: Duration,
 }
@@ -970,13 +1165,14 @@ impl CpuSample {
         CpuSample {
             emulator: self.emulator.saturating_sub(before.emulator),
             process: self.process.saturating_sub(before.process),
+            agents: self.agents.saturating_sub(before.agents),
             side: self.side.saturating_sub(before.side),
         }
     }
 
-    /// This process less its side runtime: the agents (and the harness's own light work).
+    /// The agents' processes.
     pub fn agents(&self) -> Duration {
-        self.process.saturating_sub(self.side)
+        self.agents
     }
 }
 
@@ -986,6 +1182,8 @@ pub struct DrainReport {
     pub doomed: usize,
     /// Signal (the node's PUBLISH) → its agent's fence, per node.
     pub fence: Vec<Duration>,
+    /// Signal → the agent's first request after it admitted by the API (journaled), per node.
+    pub acted: Vec<Duration>,
     /// First PUBLISH → the last fence.
     pub last_fence: Duration,
     /// Start → every node fenced / every node deregistered (polled).
@@ -1005,7 +1203,15 @@ pub struct DrainReport {
     pub peak_agent_rps: u64,
     pub event_writes: u64,
     pub agent_event_writes: u64,
+    /// 429s in the journal (every user), and those sent to agents.
     pub status_429: u64,
+    pub agent_429: u64,
+    /// 429s by identity (`-` for none).
+    pub refused_by: BTreeMap<String, u64>,
+    /// Requests that waited in an APF queue during the drain, and the most that ever
+    /// waited at once (since the emulator started).
+    pub apf_queued: u64,
+    pub apf_peak_queued: usize,
     pub conflicts_409: u64,
     pub agent_requests_by_kind: BTreeMap<String, u64>,
     pub cpu: CpuSample,
@@ -1040,12 +1246,33 @@ impl DrainReport {
                 fence_at.entry(n.clone()).or_insert((r.seq, r.at));
             }
         }
+        // Each doomed agent's first request after its signal (how long the agent took to
+        // act, apart from how long the API took to admit its fence).
+        let mut first_request: HashMap<&str, SystemTime> = HashMap::new();
+        for r in entries {
+            let Some(node) = r
+                .identity
+                .as_deref()
+                .and_then(|id| id.strip_prefix("agent-"))
+            else {
+                continue;
+            };
+            if let (Some(i), None) = (doomed_names.get(node), first_request.get(node))
+                && published.get(i).is_some_and(|p| r.at >= *p)
+            {
+                first_request.insert(node, r.at);
+            }
+        }
         let mut fence = vec![];
+        let mut acted = vec![];
         let mut last = t0;
         for (n, i) in &doomed_names {
             if let (Some((_, at)), Some(p)) = (fence_at.get(n), published.get(i)) {
                 fence.push(at.duration_since(*p).unwrap_or_default());
                 last = last.max(*at);
+            }
+            if let (Some(at), Some(p)) = (first_request.get(n.as_str()), published.get(i)) {
+                acted.push(at.duration_since(*p).unwrap_or_default());
             }
         }
         let first_publish = published.values().min().copied().unwrap_or(t0);
@@ -1159,6 +1386,7 @@ impl DrainReport {
         DrainReport {
             doomed: doomed.len(),
             fence,
+            acted,
             last_fence: last.duration_since(first_publish).unwrap_or_default(),
             fenced_after,
             done_after,
@@ -1176,6 +1404,21 @@ impl DrainReport {
                 .filter(|r| by_agent(r) && is_event_write(r))
                 .count() as u64,
             status_429: entries.iter().filter(|r| r.status == 429).count() as u64,
+            agent_429: entries
+                .iter()
+                .filter(|r| by_agent(r) && r.status == 429)
+                .count() as u64,
+            refused_by: entries.iter().filter(|r| r.status == 429).fold(
+                BTreeMap::new(),
+                |mut m, r| {
+                    let id = r.identity.as_deref().unwrap_or("-");
+                    let id = if is_agent(id) { "agent-*" } else { id };
+                    *m.entry(id.to_string()).or_default() += 1;
+                    m
+                },
+            ),
+            apf_queued: 0,
+            apf_peak_queued: 0,
             conflicts_409: entries.iter().filter(|r| r.status == 409).count() as u64,
             agent_requests_by_kind: by_kind,
             cpu,

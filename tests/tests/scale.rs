@@ -8,18 +8,24 @@
 //! - 10% and then another 50% of the nodes doomed by FleetIQ within one second while
 //!   allocators run with the exclusion selector: every drain completes (deregistered), no
 //!   agent deletes an allocated server, and no allocation succeeds on a doomed node after
-//!   its agent's first round of releases past the fence (by the emulator's journal).
+//!   its agent's first round of releases past the fence (by the emulator's journal);
+//! - all of it through a tight API Priority and Fairness level (150 requests/s, 4 waiting
+//!   per user), so agents queue, are refused with 429 and `Retry-After`, and retry.
 //!
 //! The figures at 2,000 agents are the bench's: `cargo bench -p lastcall-testkit --bench scale`.
 
 use std::time::Duration;
 
-use lastcall_testkit::scale::{ScaleSpec, ScaleWorld};
+use lastcall_testkit::scale::{ApfOptions, ScaleSpec, ScaleWorld};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_promises_hold() {
     let mut spec = ScaleSpec::from_env(100);
     spec.unfiltered_sample = 0;
+    spec.apf = Some(ApfOptions {
+        queue_per_flow: 4,
+        ..ApfOptions::workload_low(150.0)
+    });
     let n = spec.agents;
     let world = ScaleWorld::start(spec).await.expect("scale world");
     eprintln!("setup: {:?}", world.setup);
@@ -49,13 +55,14 @@ async fn scale_promises_hold() {
 
     let tenth: Vec<usize> = (0..n).filter(|i| i % 10 == 0).collect();
     let half: Vec<usize> = (0..n).filter(|i| (1..=5).contains(&(i % 10))).collect();
+    let mut refused = 0;
     for (name, doomed) in [("10%", tenth), ("50%", half)] {
         let r = world
             .drain(doomed.clone(), Duration::from_secs(1))
             .await
             .unwrap_or_else(|e| panic!("{name} drain: {e:#}"));
         eprintln!(
-            "{name}: {} doomed, fenced after {:?}, done after {:?}, last fence {:?}, {} allocations ({} after a fence), {} requests (agents {}), peak {} req/s, events {}, 429s {}",
+            "{name}: {} doomed, fenced after {:?}, done after {:?}, last fence {:?}, {} allocations ({} after a fence), {} requests (agents {}), peak {} req/s, events {}, 429s {} (agents {}), queued {}",
             r.doomed,
             r.fenced_after,
             r.done_after,
@@ -66,8 +73,11 @@ async fn scale_promises_hold() {
             r.agent_requests,
             r.peak_rps,
             r.event_writes,
-            r.status_429
+            r.status_429,
+            r.agent_429,
+            r.apf_queued
         );
+        refused += r.agent_429;
         assert_eq!(
             r.fence.len(),
             doomed.len(),
@@ -85,5 +95,10 @@ async fn scale_promises_hold() {
         );
         assert!(r.allocations > 0, "{name}: the allocators ran");
     }
+    // Every drain above completed although agents were refused on the way.
+    assert!(
+        refused > 0,
+        "the priority level never refused an agent: the test did not exercise 429s"
+    );
     world.shutdown().await;
 }

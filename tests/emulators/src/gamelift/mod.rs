@@ -405,23 +405,10 @@ impl GameLiftEmulator {
     /// default (standard) retries. The retry partition is private to this emulator, so one
     /// test draining the SDK's retry quota cannot starve another test in the same process.
     pub fn sdk_config_builder(&self) -> aws_sdk_gamelift::config::Builder {
-        use aws_sdk_gamelift::config::retry::RetryPartition;
-        use aws_sdk_gamelift::config::{BehaviorVersion, Credentials, Region};
-        aws_sdk_gamelift::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new("us-west-2"))
-            .credentials_provider(Credentials::new(
-                "AKIDLASTCALLTEST",
-                "lastcall-test-secret",
-                None,
-                None,
-                "lastcall-testkit",
-            ))
-            .endpoint_url(self.url())
-            .retry_partition(RetryPartition::new(format!(
-                "lastcall-gamelift-emulator-{}",
-                self.addr.port()
-            )))
+        sdk_config_for(
+            &self.url(),
+            &format!("lastcall-gamelift-emulator-{}", self.addr.port()),
+        )
     }
 
     /// A real SDK client pointed at this emulator, with default retries.
@@ -568,4 +555,24 @@ fn reply(seq: u64, result: Result<ops::Reply, ApiError>) -> Response {
         h.insert("x-amzn-requestid", id);
     }
     response
+}
+
+/// An SDK configuration for the emulator at `url` (in this process or another), with test
+/// credentials and its own retry partition (the client-side retry quota), as each agent
+/// process has.
+pub fn sdk_config_for(url: &str, retry_partition: &str) -> aws_sdk_gamelift::config::Builder {
+    use aws_sdk_gamelift::config::retry::RetryPartition;
+    use aws_sdk_gamelift::config::{BehaviorVersion, Credentials, Region};
+    aws_sdk_gamelift::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-west-2"))
+        .credentials_provider(Credentials::new(
+            "AKIDLASTCALLTEST",
+            "lastcall-test-secret",
+            None,
+            None,
+            "lastcall-testkit",
+        ))
+        .endpoint_url(url)
+        .retry_partition(RetryPartition::new(retry_partition.to_string()))
 }

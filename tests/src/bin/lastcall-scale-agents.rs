@@ -1,0 +1,52 @@
+//! `lastcall-scale-agents`: one shard of the scale harness's agents in a process of its own
+//! (see `lastcall_testkit::scale_agents`). Started by the harness, not by hand.
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+use lastcall_testkit::scale_agents::{ShardSpec, run};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "lastcall-scale-agents",
+    about = "Runs agents from..to of a scale world in this process until stdin closes"
+)]
+struct Args {
+    /// The Kubernetes API emulator.
+    #[arg(long)]
+    kube_url: String,
+    /// The GameLift emulator.
+    #[arg(long)]
+    gamelift_url: String,
+    /// The world's redis-server.
+    #[arg(long)]
+    redis_url: String,
+    /// First agent index.
+    #[arg(long)]
+    from: usize,
+    /// One past the last agent index.
+    #[arg(long)]
+    to: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if let Ok(filter) = std::env::var("LASTCALL_BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    // Two workers: the machine's cores, as one process of agents would use them.
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("agents")
+        .enable_all()
+        .build()?
+        .block_on(run(ShardSpec {
+            kube_url: args.kube_url,
+            gamelift_url: args.gamelift_url,
+            redis_url: args.redis_url,
+            from: args.from,
+            to: args.to,
+        }))
+}
