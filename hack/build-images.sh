@@ -18,15 +18,13 @@
 #   hack/build-images.sh                         # both architectures
 #   LASTCALL_ARCHES=amd64 hack/build-images.sh   # one
 #   LASTCALL_IMAGE_DIR=/tmp/x hack/build-images.sh
-#   LASTCALL_STAND_IN=1 hack/build-images.sh     # what CI runs: see below
+#   LASTCALL_STAND_IN=1 hack/build-images.sh     # stand-in binaries: see below
 #
-# CI does not build the real images: a cold static release build of both binaries takes 15
-# minutes or more per architecture on two cores, beyond its time budget. It runs this script
-# with LASTCALL_STAND_IN=1 instead: tiny static stand-in binaries (C, musl-gcc and
+# CI builds the real images (.ci/run: hack/build-static.sh, then this script). With
+# LASTCALL_STAND_IN=1 it runs around tiny static stand-in binaries instead (C, musl-gcc and
 # aarch64-linux-gnu-gcc) that answer --version and --help, so the Dockerfiles, the buildah
-# multi-arch build, the manifest list and every check except the size budget run in seconds.
-# Run it without LASTCALL_STAND_IN when the Dockerfiles, the dependencies or the release
-# profile change.
+# multi-arch build, the manifest list and every check except the size budget run in seconds:
+# a quick try of a Dockerfile change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
