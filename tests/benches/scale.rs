@@ -27,21 +27,11 @@ use lastcall_testkit::kube::Traffic;
 use lastcall_testkit::scale::{
     DrainReport, ScaleSpec, ScaleWorld, open_fds, redis_info, status_kb,
 };
+use lastcall_testkit::scale_agents::run_on_two_workers;
 
 fn main() -> anyhow::Result<()> {
-    if let Ok(filter) = std::env::var("LASTCALL_BENCH_LOG") {
-        tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-            .with_writer(std::io::stderr)
-            .init();
-    }
     // The harness's runtime (the agents run in shard processes).
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("harness")
-        .enable_all()
-        .build()?
-        .block_on(run())
+    run_on_two_workers("harness", run())?
 }
 
 fn secs(d: Duration) -> String {

@@ -244,12 +244,38 @@ pub fn traffic_delta(
     t
 }
 
+/// The emulator's `Retry-After` ([`ApfOptions::retry_after_secs`] is 1), which the load
+/// generators wait out after a 429.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// How long a load generator waits after `e`: a 429 asks for the emulator's `Retry-After`
 /// (1 s), as client-go honours it; anything else for `otherwise`.
 fn pause_after(e: &kube::Error, otherwise: Duration) -> Duration {
     match e {
-        kube::Error::Api(s) if s.code == 429 => Duration::from_secs(1),
+        kube::Error::Api(s) if s.code == 429 => RETRY_AFTER,
         _ => otherwise,
+    }
+}
+
+/// Deletes `name`, waiting out each 429 ([`RETRY_AFTER`]) and trying again, as a client-go
+/// controller does. Returns how many times it was refused, and the outcome.
+async fn delete_waiting_out_429<K>(
+    api: &Api<K>,
+    name: &str,
+    params: &DeleteParams,
+) -> (u64, kube::Result<()>)
+where
+    K: Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut refused = 0;
+    loop {
+        match api.delete(name, params).await {
+            Err(kube::Error::Api(s)) if s.code == 429 => {
+                refused += 1;
+                tokio::time::sleep(RETRY_AFTER).await;
+            }
+            r => return (refused, r.map(|_| ())),
+        }
     }
 }
 
@@ -736,23 +762,19 @@ impl ScaleWorld {
                     let Some(name) = rx.lock().await.recv().await else {
                         return;
                     };
-                    loop {
-                        match pods
-                            .delete(&name, &DeleteParams::default().grace_period(0))
-                            .await
-                        {
-                            Err(kube::Error::Api(s)) if s.code == 429 => {
-                                g.gc_throttled.fetch_add(1, Ordering::Relaxed);
-                                tokio::time::sleep(Duration::from_secs(1)).await;
-                                continue;
-                            }
-                            Ok(_) | Err(kube::Error::Api(_)) => {
-                                g.gc_deletes.fetch_add(1, Ordering::Relaxed)
-                            }
-                            Err(_) => g.errors.fetch_add(1, Ordering::Relaxed),
-                        };
-                        break;
-                    }
+                    let (refused, r) = delete_waiting_out_429(
+                        &pods,
+                        &name,
+                        &DeleteParams::default().grace_period(0),
+                    )
+                    .await;
+                    g.gc_throttled.fetch_add(refused, Ordering::Relaxed);
+                    match r {
+                        Ok(()) | Err(kube::Error::Api(_)) => {
+                            g.gc_deletes.fetch_add(1, Ordering::Relaxed)
+                        }
+                        Err(_) => g.errors.fetch_add(1, Ordering::Relaxed),
+                    };
                 }
             });
         }
@@ -902,19 +924,15 @@ impl ScaleWorld {
             let delay = Duration::from_millis(rand::rng().random_range(1000..6000));
             self.side().spawn(async move {
                 tokio::time::sleep(delay).await;
-                loop {
-                    match gss.delete(&name, &DeleteParams::default()).await {
-                        Err(kube::Error::Api(s)) if s.code == 429 => {
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                            continue;
-                        }
-                        Ok(_) | Err(kube::Error::Api(_)) => {
-                            g.matches_ended.fetch_add(1, Ordering::Relaxed)
-                        }
-                        Err(_) => g.errors.fetch_add(1, Ordering::Relaxed),
-                    };
-                    break;
-                }
+                match delete_waiting_out_429(&gss, &name, &DeleteParams::default())
+                    .await
+                    .1
+                {
+                    Ok(()) | Err(kube::Error::Api(_)) => {
+                        g.matches_ended.fetch_add(1, Ordering::Relaxed)
+                    }
+                    Err(_) => g.errors.fetch_add(1, Ordering::Relaxed),
+                };
             });
         }
         Ok(())

@@ -29,6 +29,27 @@ use crate::cluster::preload::node_name;
 use crate::kube::config_for_url;
 use crate::scale::{GROUP, iid, status_kb};
 
+/// Runs `fut` on a two-worker runtime whose threads are named `threads` (the machine's
+/// cores), with logs to stderr filtered by `LASTCALL_BENCH_LOG` when it is set: how the
+/// scale bench and each shard process run.
+pub fn run_on_two_workers<F: std::future::Future>(
+    threads: &str,
+    fut: F,
+) -> anyhow::Result<F::Output> {
+    if let Ok(filter) = std::env::var("LASTCALL_BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(threads)
+        .enable_all()
+        .build()?
+        .block_on(fut))
+}
+
 /// Agents per shard process by default.
 pub const SHARD_AGENTS: usize = 500;
 

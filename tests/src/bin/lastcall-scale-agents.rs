@@ -3,7 +3,7 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use lastcall_testkit::scale_agents::{ShardSpec, run};
+use lastcall_testkit::scale_agents::{ShardSpec, run, run_on_two_workers};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -30,23 +30,16 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if let Ok(filter) = std::env::var("LASTCALL_BENCH_LOG") {
-        tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-            .with_writer(std::io::stderr)
-            .init();
-    }
-    // Two workers: the machine's cores, as one process of agents would use them.
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("agents")
-        .enable_all()
-        .build()?
-        .block_on(run(ShardSpec {
+    // The agents' runtime: two workers, the machine's cores, as one process of agents
+    // would use them.
+    run_on_two_workers(
+        "agents",
+        run(ShardSpec {
             kube_url: args.kube_url,
             gamelift_url: args.gamelift_url,
             redis_url: args.redis_url,
             from: args.from,
             to: args.to,
-        }))
+        }),
+    )?
 }
