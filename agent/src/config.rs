@@ -286,6 +286,14 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_REDIS_PING_INTERVAL", default_value = "15s", value_parser = positive_duration)]
     pub redis_ping_interval: Duration,
 
+    /// How the agent finds its node's GameServers: `field` watches them by `status.nodeName`
+    /// (Agones 1.58 or later on Kubernetes 1.31 or later; no writes), `label` labels each one
+    /// whose pod lands on the node with `lastcall.dev/node` (one merge patch per server) and
+    /// watches the label, `auto` asks the API server once at start and uses `field` where it
+    /// is served. `field` on a server that refuses it ends start-up with an error.
+    #[arg(long, env = "LASTCALL_GAMESERVER_SELECTOR", value_enum, default_value_t = crate::gameserver_selector::Selector::Auto)]
+    pub gameserver_selector: crate::gameserver_selector::Selector,
+
     /// Re-plan at least this often even when nothing changes.
     #[arg(long, env = "LASTCALL_RESYNC_INTERVAL", default_value = "10s", value_parser = positive_duration)]
     pub resync_interval: Duration,

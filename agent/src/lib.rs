@@ -14,6 +14,7 @@ pub mod drain_timing;
 pub mod dry_run;
 pub mod eviction;
 pub mod fleetiq;
+pub mod gameserver_selector;
 pub mod keys;
 pub mod kube_client;
 pub mod metrics;

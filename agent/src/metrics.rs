@@ -78,6 +78,11 @@ pub struct VerbLabel {
     pub verb: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ByLabel {
+    pub by: &'static str,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     pub signals: Family<SourceStatus, Counter>,
@@ -118,6 +123,8 @@ pub struct Metrics {
     pub throttled: Family<VerbLabel, Counter>,
     /// 1 while this agent owns its node (see `owner`).
     pub node_owner: Gauge,
+    /// 1 for how this agent selects its node's GameServers (`field` or `label`).
+    pub gameserver_selection: Family<ByLabel, Gauge>,
     /// Webhook notifications, by drain event and outcome (see `notify`).
     pub notifications: Family<EventOutcome, Counter>,
 }
@@ -163,6 +170,7 @@ impl Metrics {
             request_timeouts: Family::default(),
             throttled: Family::default(),
             node_owner: Gauge::default(),
+            gameserver_selection: Family::default(),
             notifications: Family::default(),
         };
         let mut r = Registry::with_prefix("lastcall");
@@ -185,6 +193,11 @@ impl Metrics {
             "node_owner",
             "1 while this agent owns its node (one agent acts per node, also during a rollout)",
             m.node_owner.clone(),
+        );
+        r.register(
+            "gameserver_selection",
+            "1 for how the agent selects its node's GameServers: field (status.nodeName, no writes) or label (one claim write per server)",
+            m.gameserver_selection.clone(),
         );
         r.register(
             "signals_rejected",
@@ -332,5 +345,12 @@ impl Metrics {
             m.events.clone(),
         );
         (m, Arc::new(r))
+    }
+
+    /// Records the GameServer selection, once decided.
+    pub fn gameserver_selection(&self, s: crate::gameserver_selector::Selection) {
+        self.gameserver_selection
+            .get_or_create(&ByLabel { by: s.as_str() })
+            .set(1);
     }
 }

@@ -305,6 +305,9 @@ impl Reconciler {
     }
 
     fn observe(&mut self) -> Result<Observed, String> {
+        if let Some(s) = self.stores.selection.get() {
+            self.config.claim_unseen = s.claims();
+        }
         let node = self
             .current_node()
             .ok_or_else(|| format!("Node {} not found", self.node_name))?;

@@ -162,7 +162,11 @@ impl Agent {
         let router = admin::router(registry, health.clone());
         tasks.spawn(|stop| admin_task(listener, router, stop));
         let trigger = Arc::new(Notify::new());
-        let stores = spawn_watches(watch_client, &config, &trigger, &metrics, &mut tasks);
+        let clients = watches::Clients {
+            watch: watch_client,
+            request: client.clone(),
+        };
+        let stores = spawn_watches(clients, &config, &trigger, &metrics, &mut tasks);
         let feeds = Feeds::new(&config);
         // Before the sources: they may post Warning Events on the Node through it.
         let actuator = Actuator::new(
@@ -353,28 +357,26 @@ impl Feeds {
     }
 }
 
-/// Starts the label-filtered watches of this node's objects; their stores feed the
+/// Starts the filtered watches of this node's objects; their stores feed the
 /// reconciler.
 fn spawn_watches(
-    watch_client: kube::Client,
+    clients: watches::Clients,
     config: &Config,
     trigger: &Arc<Notify>,
     metrics: &Metrics,
     tasks: &mut Tasks,
 ) -> watches::Stores {
     let (stores, watch_tasks) = watches::spawn(
-        watch_client,
+        clients,
         &config.node_name,
+        config.gameserver_selector,
         trigger.clone(),
         metrics.clone(),
         tasks.stop.clone(),
     );
     for handle in watch_tasks {
         // A watch task that panics must not leave the reconciler on a frozen cache.
-        tasks.spawn(|_| async move {
-            let _ = handle.await;
-            "watch"
-        });
+        tasks.spawn(|_| async move { handle.await.unwrap_or("watch (panicked)") });
     }
     stores
 }
@@ -544,6 +546,8 @@ fn policy_config(config: &Config) -> PolicyConfig {
             batch: config.release_batch,
             hold_max: config.release_hold_max,
         },
+        // Until the watch's selection is decided (see `Reconciler::observe`).
+        claim_unseen: true,
     }
 }
 

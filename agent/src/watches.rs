@@ -1,10 +1,11 @@
 //! Server-side filtered watches of exactly this node's objects, cached in reflector stores.
 //!
 //! Load on the API server is O(objects on this node): the Node by name, pods by
-//! `spec.nodeName`, GameServers by the `lastcall.dev/node` label. No periodic LIST.
+//! `spec.nodeName`, GameServers by `status.nodeName` or the `lastcall.dev/node` label (see
+//! [`crate::gameserver_selector`]). No periodic LIST.
 
 use std::fmt::Debug;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -13,9 +14,9 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{error, warn};
 
-use crate::keys;
+use crate::gameserver_selector::{self, Selection, Selector};
 use crate::metrics::{Metrics, SourceLabel};
 use crate::observed::gameserver_resource;
 
@@ -24,6 +25,8 @@ pub struct Stores {
     pub node: Store<Node>,
     pub pods: Store<Pod>,
     pub gameservers: Store<DynamicObject>,
+    /// How GameServers are selected, once decided (before their store is ready).
+    pub selection: Arc<OnceLock<Selection>>,
 }
 
 impl Stores {
@@ -35,37 +38,44 @@ impl Stores {
     }
 }
 
-fn drive<S, K>(
+/// Whether a watch error ends the watch (and with it the process) instead of a retry.
+/// [`drive`] returns `true` when one did.
+type Fatal = fn(&watcher::Error) -> bool;
+
+async fn drive<S, K>(
     stream: S,
     kind: &'static str,
+    fatal: Option<Fatal>,
     trigger: Arc<Notify>,
     metrics: Metrics,
     shutdown: CancellationToken,
-) -> tokio::task::JoinHandle<()>
+) -> bool
 where
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     K: Debug + Send + 'static,
 {
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            let next = tokio::select! {
-                () = shutdown.cancelled() => return,
-                n = stream.next() => n,
-            };
-            match next {
-                Some(Ok(_)) => trigger.notify_one(),
-                Some(Err(e)) => {
-                    metrics
-                        .watch_errors
-                        .get_or_create(&SourceLabel { source: kind })
-                        .inc();
-                    warn!(message = "watch error; retrying with backoff", kind, error = %e);
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        let next = tokio::select! {
+            () = shutdown.cancelled() => return false,
+            n = stream.next() => n,
+        };
+        match next {
+            Some(Ok(_)) => trigger.notify_one(),
+            Some(Err(e)) => {
+                metrics
+                    .watch_errors
+                    .get_or_create(&SourceLabel { source: kind })
+                    .inc();
+                if fatal.is_some_and(|f| f(&e)) {
+                    error!(message = "the GameServer CRD no longer selects by status.nodeName (Agones reinstalled without gameservers.selectableFields?); exiting so the restarted agent selects by label", kind, error = %e);
+                    return true;
                 }
-                None => return,
+                warn!(message = "watch error; retrying with backoff", kind, error = %e);
             }
+            None => return false,
         }
-    })
+    }
 }
 
 // The caches keep only what `observed` reads: a Node's status (its image list alone can be
@@ -107,15 +117,28 @@ fn slim_gameserver(o: &mut DynamicObject) {
     }
 }
 
-/// Starts the three watches; every change pokes `trigger`.
+/// The clients of the watches: `watch` for the long polls, `request` for the one probe of
+/// [`gameserver_selector::resolve`].
+pub struct Clients {
+    pub watch: kube::Client,
+    pub request: kube::Client,
+}
+
+/// Starts the three watches; every change pokes `trigger`. The GameServer watch starts once
+/// `selector` is resolved; its task ends (ending the agent) if `--gameserver-selector field`
+/// is refused, or if the field it selects by is withdrawn.
 pub fn spawn(
-    client: kube::Client,
+    clients: Clients,
     node_name: &str,
+    selector: Selector,
     trigger: Arc<Notify>,
     metrics: Metrics,
     shutdown: CancellationToken,
-) -> (Stores, Vec<tokio::task::JoinHandle<()>>) {
+) -> (Stores, Vec<tokio::task::JoinHandle<&'static str>>) {
+    let client = clients.watch;
     let mut handles = Vec::with_capacity(3);
+    let (trigger_node, metrics_node, shutdown_node) =
+        (trigger.clone(), metrics.clone(), shutdown.clone());
     let node_api: Api<Node> = Api::all(client.clone());
     let (node, w) = reflector::store();
     let s = watcher(
@@ -125,14 +148,13 @@ pub fn spawn(
     .default_backoff()
     .modify(slim_node)
     .reflect(w);
-    handles.push(drive(
-        s,
-        "node",
-        trigger.clone(),
-        metrics.clone(),
-        shutdown.clone(),
-    ));
+    handles.push(tokio::spawn(async move {
+        drive(s, "node", None, trigger_node, metrics_node, shutdown_node).await;
+        "node watch"
+    }));
 
+    let (trigger_pod, metrics_pod, shutdown_pod) =
+        (trigger.clone(), metrics.clone(), shutdown.clone());
     let pod_api: Api<Pod> = Api::all(client.clone());
     let (pods, w) = reflector::store();
     let s = watcher(
@@ -142,36 +164,56 @@ pub fn spawn(
     .default_backoff()
     .modify(slim_pod)
     .reflect(w);
-    handles.push(drive(
-        s,
-        "pod",
-        trigger.clone(),
-        metrics.clone(),
-        shutdown.clone(),
-    ));
+    handles.push(tokio::spawn(async move {
+        drive(s, "pod", None, trigger_pod, metrics_pod, shutdown_pod).await;
+        "pod watch"
+    }));
 
     let ar = gameserver_resource();
     let gs_api: Api<DynamicObject> = Api::all_with(client, &ar);
     let w = reflector::store::Writer::new(ar);
     let gameservers = w.as_reader();
-    let s = watcher(
-        gs_api,
-        watcher::Config::default().labels(&format!(
-            "{}={}",
-            keys::LABEL_NODE,
-            keys::node_label_value(node_name)
-        )),
-    )
-    .default_backoff()
-    .modify(slim_gameserver)
-    .reflect(w);
-    handles.push(drive(s, "gameserver", trigger, metrics, shutdown));
+    let selection = Arc::new(OnceLock::new());
+    let decided = selection.clone();
+    let node_name = node_name.to_string();
+    handles.push(tokio::spawn(async move {
+        let chosen = match gameserver_selector::resolve(
+            &clients.request,
+            &node_name,
+            selector,
+            &metrics,
+            &shutdown,
+        )
+        .await
+        {
+            None => return "gameserver watch",
+            Some(Ok(s)) => s,
+            Some(Err(why)) => {
+                error!(message = "cannot select this node's GameServers", error = %why);
+                return "gameserver watch: --gameserver-selector field is not served by this API server (see the error before)";
+            }
+        };
+        let _ = decided.set(chosen);
+        metrics.gameserver_selection(chosen);
+        let s = watcher(gs_api, chosen.watch_config(&node_name))
+            .default_backoff()
+            .modify(slim_gameserver)
+            .reflect(w);
+        let fatal: Option<Fatal> =
+            (chosen == Selection::Field).then_some(gameserver_selector::field_withdrawn);
+        if drive(s, "gameserver", fatal, trigger, metrics, shutdown).await {
+            "gameserver watch: status.nodeName is no longer a selectable field (see the error before)"
+        } else {
+            "gameserver watch"
+        }
+    }));
 
     (
         Stores {
             node,
             pods,
             gameservers,
+            selection,
         },
         handles,
     )

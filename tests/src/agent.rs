@@ -100,6 +100,23 @@ impl InProcessAgent {
         }
     }
 
+    /// The agent's result if it ends by itself within `within` (a supervised task ended);
+    /// `None`: still running (then it is stopped).
+    pub async fn ended_within(self, within: std::time::Duration) -> Option<anyhow::Result<()>> {
+        let mut handle = self.handle;
+        match tokio::time::timeout(within, &mut handle).await {
+            Ok(r) => Some(
+                r.map_err(|e| anyhow::anyhow!("agent task: {e}"))
+                    .and_then(|r| r),
+            ),
+            Err(_) => {
+                self.shutdown.cancel();
+                let _ = handle.await;
+                None
+            }
+        }
+    }
+
     /// Kills the task without a clean shutdown (a crash).
     pub fn abort(self) {
         self.handle.abort();

@@ -36,6 +36,8 @@ pub struct WorldSpec {
     pub grace_seconds: i64,
     /// The Fleet's `eviction.safe` (`None`: Agones' default, `Never`).
     pub eviction_safe: Option<EvictionSafe>,
+    /// Agones 1.58 or later: GameServers selectable by `status.nodeName`.
+    pub agones_selectable_fields: bool,
 }
 
 impl WorldSpec {
@@ -48,7 +50,14 @@ impl WorldSpec {
             tolerations: vec![],
             grace_seconds: 1,
             eviction_safe: None,
+            agones_selectable_fields: false,
         }
+    }
+
+    /// Agones 1.58 or later: its CRD declares `status.nodeName` selectable.
+    pub fn selectable_fields(mut self) -> Self {
+        self.agones_selectable_fields = true;
+        self
     }
 
     pub fn eviction_safe(mut self, safe: EvictionSafe) -> Self {
@@ -81,9 +90,12 @@ pub struct World {
 
 impl World {
     pub async fn start(spec: WorldSpec) -> World {
-        let cluster = Cluster::start(ClusterConfig::default())
-            .await
-            .expect("cluster");
+        let cluster = Cluster::start(ClusterConfig {
+            agones_selectable_fields: spec.agones_selectable_fields,
+            ..ClusterConfig::default()
+        })
+        .await
+        .expect("cluster");
         cluster.add_node(NodeSpec::new(NODE)).expect("node");
         let total = spec.ready + spec.allocated + spec.reserved;
         if total > 0 {
@@ -233,6 +245,17 @@ impl World {
             .into_iter()
             .find(|g| g.state == Some(GameServerState::Allocated))
             .expect("an allocated server on n1")
+    }
+
+    /// Waits until `agent` sees every server of n1 (its `lastcall_game_servers` gauges add up
+    /// to them), however it selects them: by `status.nodeName`, or once it has labelled them.
+    pub async fn agent_sees_all(&self, agent: &InProcessAgent) {
+        wait_for("the agent sees every server on n1", || async {
+            let seen =
+                crate::agent::metric_sum(&agent.metrics().await, "lastcall_game_servers", &[]);
+            (seen as usize == self.on(NODE).len()).then_some(())
+        })
+        .await;
     }
 
     /// Waits until the agent has put its ownership label on every server of n1.

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use lastcall_common::fleetiq::InstanceStatus as Status;
+use lastcall_testkit::agent::metric;
 use lastcall_testkit::cluster::GameServerState as S;
 use lastcall_testkit::eventually::wait_for;
 use lastcall_testkit::kube::journal::{JournalEntry, Verb};
@@ -119,12 +120,30 @@ fn bare_client(ready: usize, in_use: usize) -> usize {
 /// are released and the matches protected, cancels with `ACTIVE`, waits until every mark
 /// is gone (and, with no spare node, until the replacements that come back are claimed),
 /// then lets resync passes run.
-async fn drain_and_cancel(spare_node: bool) -> Cycle {
+/// `by_field`: Agones 1.58 or later, whose GameServers the agent selects by
+/// `status.nodeName` (it writes no claims); otherwise an older Agones and the label.
+async fn drain_and_cancel(spare_node: bool, by_field: bool) -> Cycle {
     let extra: &[&str] = if spare_node { &["n2"] } else { &[] };
-    let w = World::start(WorldSpec::new(16, 4, 0).extra_nodes(extra)).await;
+    let mut spec = WorldSpec::new(16, 4, 0).extra_nodes(extra);
+    if by_field {
+        spec = spec.selectable_fields();
+    }
+    let w = World::start(spec).await;
     let agent = w.agent(&[]).await;
     subscribed(&agent).await;
-    w.claimed_all().await;
+    let by = if by_field { "field" } else { "label" };
+    wait_for("the agent chose how to select GameServers", || async {
+        (metric(
+            &agent.metrics().await,
+            "lastcall_gameserver_selection",
+            &[("by", by)],
+        ) == Some(1.0))
+        .then_some(())
+    })
+    .await;
+    if !by_field {
+        w.claimed_all().await;
+    }
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let journal = w.cluster.emulator().journal();
     let start = journal.entries().last().map(|e| e.seq).unwrap_or(0);
@@ -161,7 +180,9 @@ async fn drain_and_cancel(spare_node: bool) -> Cycle {
             (w.on("n1").len() == ready + in_use).then_some(())
         })
         .await;
-        w.claimed_all().await;
+        if !by_field {
+            w.claimed_all().await;
+        }
     }
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
 
@@ -194,7 +215,7 @@ const BOUND: f64 = 1.5;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_and_its_cancel_cost_at_most_1_5x_a_hand_written_client() {
-    let c = drain_and_cancel(true).await;
+    let c = drain_and_cancel(true, false).await;
     let ratio = c.total as f64 / c.bare as f64;
     eprintln!(
         "drain + cancel, 16 Ready + 4 Allocated, replacements elsewhere: {} requests, bare client {}, ratio {ratio:.2} {:#?}",
@@ -212,7 +233,7 @@ async fn a_drain_and_its_cancel_cost_at_most_1_5x_a_hand_written_client() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replacements_that_come_back_after_a_cancel_cost_one_claim_each() {
-    let c = drain_and_cancel(false).await;
+    let c = drain_and_cancel(false, false).await;
     let without_claims = c.total - c.claims;
     let ratio = without_claims as f64 / c.bare as f64;
     eprintln!(
@@ -224,6 +245,38 @@ async fn replacements_that_come_back_after_a_cancel_cost_one_claim_each() {
     assert!(
         ratio <= BOUND,
         "{without_claims} requests besides the claims, {ratio:.2}× the bare client's {} (bound {BOUND}×): {:#?}",
+        c.bare,
+        c.by_kind
+    );
+}
+
+/// Agones 1.58 or later: the agent selects its GameServers by `status.nodeName`, so the
+/// replacements that come back after the cancel cost it nothing, and the whole cycle stays
+/// within the bound with nothing left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selected_by_node_name_a_drain_and_cancel_with_replacements_back_is_within_1_5x() {
+    let c = drain_and_cancel(false, true).await;
+    let ratio = c.total as f64 / c.bare as f64;
+    eprintln!(
+        "drain + cancel by status.nodeName, 16 Ready + 4 Allocated, replacements back on the node: {} requests, bare client {}, ratio {ratio:.2} {:#?}",
+        c.total, c.bare, c.by_kind
+    );
+    assert_eq!(c.claims, 0, "no claim writes: {:#?}", c.by_kind);
+    let gs_patches: usize = c
+        .by_kind
+        .iter()
+        .filter(|(k, _)| k.starts_with("patch gameservers"))
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(
+        gs_patches, 8,
+        "a protect and an unprotect per match: {:#?}",
+        c.by_kind
+    );
+    assert!(
+        ratio <= BOUND,
+        "{} requests, {ratio:.2}× the bare client's {} (bound {BOUND}×): {:#?}",
+        c.total,
         c.bare,
         c.by_kind
     );

@@ -1551,6 +1551,84 @@ async fn gameserver_status_travels_with_the_object() {
     );
 }
 
+/// The GameServer CRD's selectable fields (Agones 1.58 and later): refused by an older CRD
+/// with a real server's 400, served by a newer one on lists and watches, an absent field
+/// reading as "" and a watch seeing a server arrive when Agones names its node.
+#[tokio::test]
+async fn gameserver_selectable_fields_follow_the_crd() {
+    let (emu, client) = setup().await;
+    let gs: Api<DynamicObject> = Api::default_namespaced_with(client.clone(), &gs_resource());
+    let all: Api<DynamicObject> = Api::all_with(client, &gs_resource());
+    let pp = PostParams::default();
+    gs.create(&pp, &gameserver("on-n1")).await.unwrap();
+    let mut starting = gameserver("starting");
+    starting.data["status"] = json!({"state": "Starting"});
+    gs.create(&pp, &starting).await.unwrap();
+    let q = |s: &str| ListParams::default().fields(s);
+
+    // An older Agones: only metadata fields, worded as for any custom resource.
+    let s = api_err(all.list(&q("status.nodeName=n1")).await);
+    assert_eq!((s.code, s.reason.as_str()), (400, "BadRequest"));
+    assert!(
+        s.message.contains("not a known field selector"),
+        "{}",
+        s.message
+    );
+    match all
+        .watch(&WatchParams::default().fields("status.nodeName=n1"), "0")
+        .await
+    {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 400),
+        Err(e) => panic!("not an API error: {e}"),
+        Ok(_) => panic!("an older CRD's watch must be refused"),
+    }
+
+    emu.set_agones_selectable_fields(true);
+    let names = |l: kube::api::ObjectList<DynamicObject>| {
+        l.items.iter().map(|o| o.name_any()).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names(all.list(&q("status.nodeName=n1")).await.unwrap()),
+        vec!["on-n1"]
+    );
+    assert_eq!(
+        names(all.list(&q("status.nodeName=")).await.unwrap()),
+        vec!["starting"]
+    );
+    assert_eq!(
+        names(all.list(&q("status.state=Starting")).await.unwrap()),
+        vec!["starting"]
+    );
+    // Only the declared fields.
+    let s = api_err(all.list(&q("spec.scheduling=Packed")).await);
+    assert_eq!(s.code, 400);
+    assert!(s.message.contains("\"status.nodeName\""), "{}", s.message);
+
+    let start = emu.store().resource_version();
+    let mut w = all
+        .watch(
+            &WatchParams::default().fields("status.nodeName=n1"),
+            &start.to_string(),
+        )
+        .await
+        .unwrap()
+        .boxed();
+    gs.patch(
+        "starting",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"state": "Scheduled", "nodeName": "n1"}})),
+    )
+    .await
+    .unwrap();
+    gs.delete("on-n1", &DeleteParams::default()).await.unwrap();
+    assert_eq!(describe(&next_event(&mut w).await), ev("ADDED", "starting"));
+    assert_eq!(describe(&next_event(&mut w).await), ev("DELETED", "on-n1"));
+
+    // Agones reinstalled without them: the next list is refused again.
+    emu.set_agones_selectable_fields(false);
+    assert_eq!(api_err(all.list(&q("status.nodeName=n1")).await).code, 400);
+}
+
 #[tokio::test]
 async fn event_recorder_creates_then_patches_events() {
     use kube::runtime::events::{Event, EventType, Recorder, Reporter};

@@ -2047,12 +2047,18 @@ async fn the_runbook_works_with_the_real_kubectl() {
         cmds
     };
 
-    // n1 runs a match and an idle server; the agent (label source only) guards it.
-    let w = World::start(WorldSpec::new(1, 1, 0).extra_nodes(&["n2"])).await;
+    // n1 runs a match and an idle server; the agent (label source only) guards it. Agones
+    // is 1.58 or later: the runbook finds a node's servers by `status.nodeName`.
+    let w = World::start(
+        WorldSpec::new(1, 1, 0)
+            .extra_nodes(&["n2"])
+            .selectable_fields(),
+    )
+    .await;
     let agent = w
         .start_agent(&["--resync-interval".into(), "1s".into()])
         .await;
-    w.claimed_all().await;
+    w.agent_sees_all(&agent).await;
     let keep = w.allocated();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");

@@ -12,8 +12,11 @@ use super::deadlines::deadlines;
 use super::taints::taint;
 use super::{Action, Inputs, NodeEvent, NodePatch};
 
-/// GameServer pods on this node whose GameServer the label-filtered watch cannot see yet.
-pub(super) fn claim_unlabelled(obs: &Observed) -> Vec<Action> {
+/// GameServer pods on this node whose GameServer the watch cannot see yet: not labelled yet
+/// (selection by label), or not yet given `status.nodeName` by Agones (selection by field:
+/// Creating or Starting, or Agones' controller is down). Claimed only where a label is what
+/// makes them visible.
+pub(super) fn unseen_servers(obs: &Observed) -> Vec<Action> {
     let seen: BTreeSet<(&str, &str)> = obs
         .game_servers
         .iter()

@@ -38,7 +38,7 @@ use cancel::{cancel, held};
 use cooperate::cooperate;
 pub use deadlines::{DeadlineView, deadline_view};
 use drain::drain;
-use fence::{claim_unlabelled, fence_patch};
+use fence::{fence_patch, unseen_servers};
 use game_servers::{fenced_work, remove_terminating_from_allocation, warn_unknown_eviction_safe};
 use idle::idle;
 pub use taints::compat_toleration;
@@ -64,6 +64,9 @@ pub struct PolicyConfig {
     pub cooperation: cooperation::Mode,
     /// Release pacing per Fleet (off by default).
     pub pacing: Pacing,
+    /// GameServers are watched by label: label each one whose pod is seen here before its
+    /// server is (see `gameserver_selector`). Off when they are selected by `status.nodeName`.
+    pub claim_unseen: bool,
 }
 
 /// Release pacing: idle servers leave a draining node per Fleet at a bounded rate, and never
@@ -341,17 +344,22 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
     }
     let driver = Notice::strongest(&notices).cloned();
 
+    let unseen = unseen_servers(obs);
+    // A game-server pod whose GameServer we cannot see yet may host a match: until it is
+    // seen, the node is not empty and nothing may be tainted NoExecute.
+    let unseen_servers = unseen.len();
     let mut out = Plan {
         phase: Phase::Idle,
-        actions: claim_unlabelled(obs),
+        actions: if inp.config.claim_unseen {
+            unseen
+        } else {
+            vec![]
+        },
         driver: driver.clone(),
         wake_at: None,
         warnings: vec![],
         at_risk: 0,
     };
-    // A game-server pod whose GameServer we cannot see yet may host a match: until it is
-    // claimed and seen, the node is not empty and nothing may be tainted NoExecute.
-    let unseen_servers = out.actions.len();
     // Releasing idle servers on a node lastcall has fenced is safe whatever the signals say
     // now: nothing may start a match there, and a Fleet replaces them elsewhere.
     let fenced = obs.node.has_taint(keys::TAINT_DRAINING);

@@ -34,6 +34,7 @@ fn cfg() -> PolicyConfig {
         eviction: Default::default(),
         cooperation: Default::default(),
         pacing: Default::default(),
+        claim_unseen: true,
     }
 }
 
@@ -295,6 +296,12 @@ fn unlabelled_gameserver_pods_are_claimed() {
             name: "a1".into()
         }]
     );
+    // Selected by status.nodeName, a server is seen once Agones names its node: no claim.
+    let by_field = PolicyConfig {
+        claim_unseen: false,
+        ..cfg()
+    };
+    assert!(run(&o, &[], &by_field).actions.is_empty());
 }
 
 #[test]
@@ -743,17 +750,37 @@ fn a_server_whose_gameserver_is_not_seen_yet_keeps_the_node_busy() {
         &cfg(),
     );
     o.game_servers.clear();
-    for config in [
-        cfg(),
-        PolicyConfig {
-            compat_taints: true,
-            ..cfg()
-        },
+    // By field, the same server is one Agones has not given `status.nodeName` yet (or its
+    // controller is down): just as busy, and nothing to claim.
+    for (config, claims) in [
+        (cfg(), 1),
+        (
+            PolicyConfig {
+                compat_taints: true,
+                ..cfg()
+            },
+            1,
+        ),
+        (
+            PolicyConfig {
+                claim_unseen: false,
+                ..cfg()
+            },
+            0,
+        ),
+        (
+            PolicyConfig {
+                compat_taints: true,
+                claim_unseen: false,
+                ..cfg()
+            },
+            0,
+        ),
     ] {
         let p = run(&o, &[draining()], &config);
         assert_eq!(p.phase, Phase::Draining, "{:?}", p.actions);
         assert_eq!(count(&p.actions, "deregister"), 0, "{:?}", p.actions);
-        assert_eq!(count(&p.actions, "claim_gameserver"), 1);
+        assert_eq!(count(&p.actions, "claim_gameserver"), claims);
         assert!(
             !p.actions.iter().any(|a| matches!(a, Action::PatchNode(n) if n.taints.as_ref().is_some_and(|t| t.iter().any(|t| t.key == keys::COMPAT_TAINT_DRAINING)))),
             "{:?}",

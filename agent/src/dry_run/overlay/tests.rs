@@ -26,6 +26,7 @@ fn cfg() -> PolicyConfig {
         eviction: Default::default(),
         cooperation: Default::default(),
         pacing: Default::default(),
+        claim_unseen: true,
     }
 }
 

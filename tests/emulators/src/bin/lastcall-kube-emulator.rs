@@ -62,6 +62,10 @@ struct Args {
     /// APF: the `Retry-After` of every refusal, in seconds.
     #[arg(long, default_value_t = 1)]
     apf_retry_after_secs: u64,
+    /// The GameServer CRD declares `status.nodeName` and `status.state` selectable
+    /// (Agones 1.58 and later); without it only labels select GameServers.
+    #[arg(long)]
+    agones_selectable_fields: bool,
 }
 
 #[tokio::main]
@@ -92,6 +96,7 @@ async fn main() -> anyhow::Result<()> {
             retry_after_secs: args.apf_retry_after_secs.max(1),
             ..ApfConfig::default()
         }),
+        agones_selectable_fields: args.agones_selectable_fields,
     };
     let emulator = Emulator::start_with_options(store, args.listen, options).await?;
     if let Some(path) = &args.kubeconfig_out {

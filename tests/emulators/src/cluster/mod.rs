@@ -76,6 +76,9 @@ pub struct ClusterConfig {
     /// default: in the same pass). The bind does not re-check the node, so a pod decided on
     /// before a cordon lands after it, as with kube-scheduler's binding cycle.
     pub bind_lag: Duration,
+    /// Agones 1.58 or later: the GameServer CRD selects by `status.nodeName` and
+    /// `status.state` (off: an older Agones, labels only).
+    pub agones_selectable_fields: bool,
 }
 
 impl Default for ClusterConfig {
@@ -87,6 +90,7 @@ impl Default for ClusterConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             node_lifecycle_taints: true,
             bind_lag: Duration::ZERO,
+            agones_selectable_fields: false,
         }
     }
 }
@@ -154,9 +158,16 @@ impl Cluster {
             name: objects::keys::AGONES_PDB.to_string(),
             source: Box::new(source),
         })?;
-        let emulator = Emulator::start_with(store.clone(), cfg.addr)
-            .await
-            .map_err(ClusterError::Start)?;
+        let emulator = Emulator::start_with_options(
+            store.clone(),
+            cfg.addr,
+            crate::kube::Options {
+                agones_selectable_fields: cfg.agones_selectable_fields,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(ClusterError::Start)?;
         let client = emulator.client().await.map_err(ClusterError::Start)?;
         let allocator = client_without_retry(&emulator, ALLOCATOR_IDENTITY)
             .await

@@ -62,6 +62,9 @@ pub struct Options {
     /// API Priority and Fairness from the start (see [`apf`]); `None`: off until
     /// [`Emulator::apf`] enables it.
     pub apf: Option<ApfConfig>,
+    /// The GameServer CRD declares `status.state` and `status.nodeName` selectable, as
+    /// Agones 1.58 and later install it; off: an older Agones (only labels select).
+    pub agones_selectable_fields: bool,
 }
 
 impl Default for Options {
@@ -70,6 +73,7 @@ impl Default for Options {
             bookmark_interval: DEFAULT_BOOKMARK_INTERVAL,
             admin: false,
             apf: None,
+            agones_selectable_fields: false,
         }
     }
 }
@@ -123,6 +127,7 @@ impl Emulator {
             addr,
             fanout,
             apf,
+            agones_selectable_fields: options.agones_selectable_fields.into(),
         });
         let mut app = axum::Router::new();
         if options.admin {
@@ -199,6 +204,14 @@ impl Emulator {
 
     pub fn faults(&self) -> &Faults {
         &self.state.faults
+    }
+
+    /// Installs (or removes) the GameServer CRD's selectable fields, as an Agones upgrade
+    /// (or a reinstall without `gameservers.selectableFields`) would; open watches go on.
+    pub fn set_agones_selectable_fields(&self, on: bool) {
+        self.state
+            .agones_selectable_fields
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// API Priority and Fairness: off by default; [`Apf::enable`] turns it on.

@@ -457,6 +457,12 @@ fn split_term(term: &str) -> Option<(String, bool, String)> {
 impl FieldSelector {
     /// Parses `fieldSelector` for type `rt`; unknown fields and bad syntax are 400.
     pub fn parse(rt: &ResourceType, sel: &str) -> Result<Self, ApiError> {
+        Self::parse_with(rt, sel, &[])
+    }
+
+    /// Like [`Self::parse`], for a custom resource whose CRD declares `crd_fields` in
+    /// `selectableFields` (each a jsonPath without its leading dot).
+    pub fn parse_with(rt: &ResourceType, sel: &str, crd_fields: &[&str]) -> Result<Self, ApiError> {
         let mut reqs = Vec::new();
         if sel.trim().is_empty() {
             return Ok(FieldSelector::default());
@@ -468,11 +474,17 @@ impl FieldSelector {
                 )));
             };
             let field = field.trim().to_string();
-            if !supported_field(rt, &field) {
+            if !supported_field(rt, &field) && !crd_fields.contains(&field.as_str()) {
                 // Built-in types and CRDs word this differently on a real server.
                 let msg = if type_fields(rt).is_empty() && !rt.group.is_empty() {
+                    let known: Vec<String> = ["metadata.name", "metadata.namespace"]
+                        .iter()
+                        .chain(crd_fields)
+                        .map(|f| format!("\"{f}\""))
+                        .collect();
                     format!(
-                        "\"{field}\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+                        "\"{field}\" is not a known field selector: only {}",
+                        known.join(", ")
                     )
                 } else {
                     format!("field label not supported: {field}")
@@ -498,6 +510,10 @@ impl FieldSelector {
         self.requirements.is_empty()
     }
 }
+
+/// The GameServer CRD's `selectableFields` since Agones 1.58 (served by Kubernetes 1.31 and
+/// later); an absent field reads as `""`, as the real server evaluates a jsonPath.
+pub const AGONES_SELECTABLE_FIELDS: &[&str] = &["status.state", "status.nodeName"];
 
 /// Per-type fields beyond metadata.name/namespace, as the real server indexes them.
 fn type_fields(rt: &ResourceType) -> &'static [&'static str] {
@@ -626,13 +642,23 @@ impl Selectors {
         labels: Option<&str>,
         fields: Option<&str>,
     ) -> Result<Self, ApiError> {
+        Self::parse_with(rt, labels, fields, &[])
+    }
+
+    /// With a CRD's selectable fields (see [`FieldSelector::parse_with`]).
+    pub fn parse_with(
+        rt: &ResourceType,
+        labels: Option<&str>,
+        fields: Option<&str>,
+        crd_fields: &[&str],
+    ) -> Result<Self, ApiError> {
         Ok(Selectors {
             labels: match labels {
                 Some(l) => LabelSelector::parse(l)?,
                 None => LabelSelector::default(),
             },
             fields: match fields {
-                Some(f) => FieldSelector::parse(rt, f)?,
+                Some(f) => FieldSelector::parse_with(rt, f, crd_fields)?,
                 None => FieldSelector::default(),
             },
         })

@@ -45,6 +45,8 @@ pub struct ServerState {
     pub fanout: super::fanout::Fanout,
     /// API Priority and Fairness (off unless enabled).
     pub apf: Apf,
+    /// The GameServer CRD declares Agones' selectable fields (Agones 1.58 and later).
+    pub agones_selectable_fields: std::sync::atomic::AtomicBool,
 }
 
 impl ServerState {
@@ -458,8 +460,21 @@ fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
     Ok(v)
 }
 
-fn selectors(rt: &ResourceType, q: &Query) -> Result<Selectors, ApiError> {
-    Selectors::parse(rt, q.get("labelSelector"), q.get("fieldSelector"))
+fn selectors(s: &ServerState, rt: &ResourceType, q: &Query) -> Result<Selectors, ApiError> {
+    let crd_fields: &[&str] = if *rt == super::resources::GAMESERVERS
+        && s.agones_selectable_fields
+            .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        super::selectors::AGONES_SELECTABLE_FIELDS
+    } else {
+        &[]
+    };
+    Selectors::parse_with(
+        rt,
+        q.get("labelSelector"),
+        q.get("fieldSelector"),
+        crd_fields,
+    )
 }
 
 /// Continue tokens are `rv:namespace:name` (names cannot contain `:`).
@@ -478,7 +493,7 @@ fn list(
     ns: Option<&str>,
     q: &Query,
 ) -> Result<Reply, ApiError> {
-    let sel = selectors(rt, q)?;
+    let sel = selectors(s, rt, q)?;
     let limit = match q.get("limit") {
         Some(l) => Some(
             l.parse::<usize>()
@@ -528,7 +543,7 @@ fn start_watch(
     q: &Query,
     identity: Option<String>,
 ) -> Result<Reply, ApiError> {
-    let selectors = selectors(&rt, q)?;
+    let selectors = selectors(s, &rt, q)?;
     let start = match q.get("resourceVersion").filter(|r| !r.is_empty()) {
         None | Some("0") => WatchStart::Now,
         Some(r) => WatchStart::After(
@@ -696,7 +711,7 @@ fn delete_collection(
     q: &Query,
     body: &[u8],
 ) -> Result<Reply, ApiError> {
-    let sel = selectors(rt, q)?;
+    let sel = selectors(s, rt, q)?;
     let opts = delete_options(q, body)?;
     let index = sel.index_key();
     let page = s
