@@ -270,6 +270,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let mut rng = StdRng::seed_from_u64(tl.seed ^ 0x7469_6d65_6c69_6e65);
     let cluster = Cluster::start(ClusterConfig {
         tick: Duration::from_millis(20),
+        agones_selectable_fields: tl.agones_selectable_fields,
         ..ClusterConfig::default()
     })
     .await
@@ -418,16 +419,25 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     };
     agents.start(None).await.context("starting the agent")?;
     try_eventually(
-        "the agent claims its servers",
+        "the agent sees its servers",
         Duration::from_secs(20),
         Duration::from_millis(10),
         || async {
-            cluster
+            let here: Vec<_> = cluster
                 .game_servers()
-                .iter()
+                .into_iter()
                 .filter(|g| g.node.as_deref() == Some(NODE))
-                .all(|g| g.labels.contains_key("lastcall.dev/node"))
-                .then_some(())
+                .collect();
+            if tl.agones_selectable_fields {
+                // Nothing to claim: the agent's gauges count every server on the node.
+                let m = agents.live.first()?.0.metrics().await;
+                let seen = crate::agent::metric_sum(&m, "lastcall_game_servers", &[]);
+                (seen as usize == here.len()).then_some(())
+            } else {
+                here.iter()
+                    .all(|g| g.labels.contains_key("lastcall.dev/node"))
+                    .then_some(())
+            }
         },
     )
     .await

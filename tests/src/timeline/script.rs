@@ -265,6 +265,8 @@ pub struct Timeline {
     pub asg_heartbeat_s: u64,
     /// `--azure-approve-when-empty`.
     pub azure_approve: bool,
+    /// Agones 1.58 or later: the agent selects its servers by `status.nodeName` (no claims).
+    pub agones_selectable_fields: bool,
     pub steps: Vec<Step>,
     /// All matches end at the last step (otherwise `Never` matches may hold the drain).
     pub end_all_at_ms: u64,
@@ -573,6 +575,9 @@ impl Timeline {
             gce_terminate_notice_s,
             asg_heartbeat_s,
             azure_approve,
+            // Its own stream: every seed's script stays what it was before this was drawn.
+            agones_selectable_fields: StdRng::seed_from_u64(seed ^ 0x6167_6f6e_6573)
+                .random_bool(0.5),
             steps,
             end_all_at_ms,
         }
@@ -587,7 +592,7 @@ impl fmt::Display for Timeline {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, asg heartbeat {}s, --azure-approve-when-empty {}, {:?}",
+            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, asg heartbeat {}s, --azure-approve-when-empty {}, agones selectable fields {}, {:?}",
             self.seed,
             self.ready,
             self.allocated,
@@ -599,6 +604,7 @@ impl fmt::Display for Timeline {
             self.gce_terminate_notice_s,
             self.asg_heartbeat_s,
             self.azure_approve,
+            self.agones_selectable_fields,
             self.dims,
         )?;
         for s in &self.steps {
