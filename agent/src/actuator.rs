@@ -78,7 +78,13 @@ pub struct Actuator {
     events: tokio::sync::mpsc::Sender<(ObjectReference, Event)>,
 }
 
-/// Publishes queued Events one by one; the queue is bounded so a slow API cannot grow it.
+/// Tries of an Event the API server refused with 429 (each after its Retry-After, which the
+/// client's throttle waits out before the next request leaves).
+const EVENT_TRIES: usize = 3;
+
+/// Publishes queued Events one by one; the queue is bounded so a slow API cannot grow it. An
+/// Event refused by API Priority and Fairness is sent again, not lost: a throttled drain is
+/// the one an operator most wants to read.
 fn spawn_event_publisher(
     recorder: Recorder,
     metrics: Metrics,
@@ -86,11 +92,16 @@ fn spawn_event_publisher(
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(ObjectReference, Event)>(256);
     tokio::spawn(async move {
         while let Some((target, ev)) = rx.recv().await {
-            let result = match recorder.publish(&ev, &target).await {
-                Ok(()) => "ok",
-                Err(e) => {
-                    warn!(message = "publishing a Kubernetes Event failed", reason = %ev.reason, error = %e);
-                    "error"
+            let mut tries = 0;
+            let result = loop {
+                tries += 1;
+                match recorder.publish(&ev, &target).await {
+                    Ok(()) => break "ok",
+                    Err(kube::Error::Api(s)) if s.code == 429 && tries < EVENT_TRIES => {}
+                    Err(e) => {
+                        warn!(message = "publishing a Kubernetes Event failed", reason = %ev.reason, tries, error = %e);
+                        break "error";
+                    }
                 }
             };
             metrics.events.get_or_create(&ResultLabel { result }).inc();
@@ -344,7 +355,10 @@ impl Actuator {
     /// uid and resourceVersion, so an allocation that wins the race is never deleted. The
     /// delete is the one write on the happy path. When it fails (a 5xx, a timeout), the
     /// server is labelled `lastcall.dev/node-draining` before the retry, so allocators that
-    /// exclude the label stop picking it while deletes fail.
+    /// exclude the label stop picking it while deletes fail. Not after a 429: the label
+    /// would wait out the same `Retry-After` as the retried delete (see `throttle`), so it
+    /// could never land before it, and under a mass drain it would be one more write per
+    /// refusal to a server that asked for fewer.
     pub async fn release(&self, gs: &GsRef) -> ReleaseOutcome {
         let target = gs.clone();
         let newest = None;
@@ -384,6 +398,10 @@ impl Actuator {
                     },
                 }
             }
+            Err(e) if api_code(&e) == Some(429) => ReleaseOutcome {
+                result: Err(e),
+                newest,
+            },
             Err(e) => {
                 let newest = self.label_after_failed_delete(gs).await;
                 ReleaseOutcome {

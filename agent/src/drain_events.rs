@@ -1,5 +1,7 @@
 //! Kubernetes Events from the plan's steps: one Event per reconcile pass that changed
-//! something, on the Node, telling every step of that pass.
+//! something, on the Node, telling every step of that pass. A pass that failed part-way (a
+//! 429, a 5xx) hands its steps to the next pass's Event instead, for a few seconds at most,
+//! so a throttled drain does not write one Event per refused pass.
 //!
 //! An Event per object per step would cost as many API writes as the drain itself (a node
 //! with 7 game servers paid 10 Event writes for 16 real ones). Operators read a drain on
@@ -66,6 +68,28 @@ fn names(list: &[String]) -> String {
 impl PassLog {
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
+    }
+
+    /// Adds a later pass's steps to this one's, each named once: the Event of a pass that
+    /// failed part-way waits for the pass that finishes its work (see `Reconciler::tell`).
+    pub fn merge(&mut self, later: PassLog) {
+        fn add<T: PartialEq>(to: &mut Vec<T>, from: Vec<T>) {
+            for x in from {
+                if !to.contains(&x) {
+                    to.push(x);
+                }
+            }
+        }
+        add(&mut self.node, later.node);
+        self.cordoned |= later.cordoned;
+        add(&mut self.released, later.released);
+        add(&mut self.skipped, later.skipped);
+        add(&mut self.protected, later.protected);
+        if later.deadline.is_some() {
+            self.deadline = later.deadline;
+        }
+        add(&mut self.ended, later.ended);
+        self.deregistered |= later.deregistered;
     }
 
     /// The pass's one Event: the reason of its most significant step, and a note telling
@@ -173,6 +197,43 @@ mod tests {
         ] {
             assert!(note.contains(want), "{want:?} missing from {note:?}");
         }
+    }
+
+    #[test]
+    fn merged_passes_tell_each_step_once_with_the_latest_deadline() {
+        let mut first = PassLog {
+            node: vec![NodeEvent::DrainStarted, NodeEvent::NodeFenced],
+            cordoned: true,
+            released: list("r", 2),
+            protected: list("a", 1),
+            deadline: Some(("2026-12-01T12:00:00Z".into(), "viability".into())),
+            ..PassLog::default()
+        };
+        first.merge(PassLog {
+            node: vec![NodeEvent::NodeFenced],
+            released: list("r", 4),
+            protected: list("a", 2),
+            deadline: Some(("2026-12-01T11:00:00Z".into(), "preemption".into())),
+            ..PassLog::default()
+        });
+        first.merge(PassLog::default());
+        assert_eq!(
+            first.node,
+            vec![NodeEvent::DrainStarted, NodeEvent::NodeFenced]
+        );
+        assert!(first.cordoned);
+        assert_eq!(first.released, list("r", 4));
+        assert_eq!(first.protected, list("a", 2));
+        let (reason, note) = first.event("x").expect("an event");
+        assert_eq!(reason, "DrainStarted");
+        assert!(note.contains("Released 4 idle"), "{note}");
+        assert!(note.contains("until 2026-12-01T11:00:00Z"), "{note}");
+        let mut empty = PassLog::default();
+        empty.merge(PassLog {
+            deregistered: true,
+            ..PassLog::default()
+        });
+        assert_eq!(empty.event("x").map(|e| e.0), Some("Deregistered"));
     }
 
     #[test]

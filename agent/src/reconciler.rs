@@ -91,6 +91,9 @@ struct LocalState {
     /// Notifications: this process saw this drain with game servers still on the node, so
     /// the node becoming empty is a moment it saw happen (not one a restart finds).
     seen_busy: bool,
+    /// The steps of passes that failed part-way, not told yet, and when the first of them
+    /// ran, with the drain's cause as it was last told (see [`Reconciler::tell`]).
+    untold: Option<(PassLog, Instant, String)>,
 }
 
 /// Release pacing's view of one Fleet's status.
@@ -155,6 +158,10 @@ const CONFLICT_PAUSE: Duration = Duration::from_millis(100);
 /// ever (a write that never shows, a planning gap) would otherwise spin the reconciler,
 /// and with it every write it sends, as fast as the API answers.
 const MAX_PASSES_AGAIN: u32 = 16;
+
+/// The longest the steps of passes that failed part-way wait for the pass that finishes
+/// before they are told in an Event of their own (see [`Reconciler::tell`]).
+const EVENT_HOLD: Duration = Duration::from_secs(5);
 
 impl Reconciler {
     #[allow(clippy::too_many_arguments)]
@@ -224,6 +231,8 @@ impl Reconciler {
         let mut again = 0u32;
         loop {
             if !self.owner.is_owner() {
+                // What this agent did as the owner is told before it stands by.
+                self.tell_untold();
                 // Another agent acts on this node: keep the caches warm, stay ready, write
                 // nothing until it hands over (or is gone).
                 if !self.owner.owned(&shutdown).await {
@@ -286,7 +295,10 @@ impl Reconciler {
                 continue;
             }
             tokio::select! {
-                () = shutdown.cancelled() => return,
+                () = shutdown.cancelled() => {
+                    self.tell_untold();
+                    return;
+                }
                 () = self.trigger.notified() => {}
                 () = tokio::time::sleep(wait) => {}
             }
@@ -819,9 +831,12 @@ impl Reconciler {
     /// actions changed something.
     async fn apply(&mut self, plan: &Plan, observed: &Observed) -> Result<usize, ActError> {
         let mut log = PassLog::default();
-        let result = self.apply_steps(plan, observed, &mut log).await;
-        self.tell(plan, &log);
+        let mut failed = false;
+        let result = self
+            .apply_steps(plan, observed, &mut log, &mut failed)
+            .await;
         self.notify(plan, &log, observed);
+        self.tell(plan, log, failed || result.is_err());
         result
     }
 
@@ -945,14 +960,41 @@ impl Reconciler {
         }
     }
 
-    /// One Event for the pass, on the Node, telling each step that succeeded.
-    fn tell(&self, plan: &Plan, log: &PassLog) {
+    /// One Event for the pass, on the Node, telling each step that succeeded. A pass that
+    /// failed part-way is retried soon (after a 429's Retry-After, or the error backoff):
+    /// its steps wait for the pass that finishes, for `EVENT_HOLD` at most, so a drain
+    /// refused pass by pass still tells its steps in one Event, not one per pass.
+    fn tell(&mut self, plan: &Plan, log: PassLog, failed: bool) {
+        let now = Instant::now();
         let why = plan
             .driver
             .as_ref()
             .map(|d| format!("{} ({})", d.cause.as_str(), d.source.as_str()))
             .unwrap_or_else(|| "signal cleared".into());
-        if let Some((reason, note)) = log.event(&why) {
+        let (mut merged, since) = match self.state.untold.take() {
+            Some((l, t, _)) => (l, t),
+            None => (PassLog::default(), now),
+        };
+        merged.merge(log);
+        if merged.is_empty() {
+            return;
+        }
+        if failed && now.duration_since(since) < EVENT_HOLD {
+            self.state.untold = Some((merged, since, why));
+            return;
+        }
+        self.tell_now(&why, &merged);
+    }
+
+    /// Tells what waits in [`Self::tell`] now (shutting down).
+    fn tell_untold(&mut self) {
+        if let Some((log, _, why)) = self.state.untold.take() {
+            self.tell_now(&why, &log);
+        }
+    }
+
+    fn tell_now(&self, why: &str, log: &PassLog) {
+        if let Some((reason, note)) = log.event(why) {
             info!(message = "drain event", reason, note = %note);
             self.actuator
                 .queue_event(&self.actuator.node_ref(), reason, note, false);
@@ -964,6 +1006,7 @@ impl Reconciler {
         plan: &Plan,
         observed: &Observed,
         log: &mut PassLog,
+        failed: &mut bool,
     ) -> Result<usize, ActError> {
         let mut applied = 0;
         let mut first_error: Option<ActError> = None;
@@ -1016,6 +1059,7 @@ impl Reconciler {
                 }
             }
         }
+        *failed = first_error.is_some();
         match first_error {
             // Something failed: retry with backoff (never wait for the resync: a Ready server
             // whose delete failed must not stay allocatable for long).

@@ -160,6 +160,87 @@ async fn failed_deletes_leave_ready_servers_labelled_and_are_retried_with_backof
     agent.stop().await.unwrap();
 }
 
+/// A DELETE refused with 429 is retried as it is, after its `Retry-After`: no label write in
+/// between, which could not land before the retry (it waits out the same Retry-After) and
+/// would be one more write for a server that asked for fewer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_delete_is_retried_after_retry_after_without_a_label() {
+    let w = World::start(WorldSpec::new(3, 1, 0)).await;
+    let agent = w.agent(&[]).await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    let in_use = w.allocated().name;
+    // Every Ready server's first DELETE is refused.
+    w.cluster.emulator().faults().inject(FaultRule::throttle(
+        Some(Method::DELETE),
+        "/gameservers/",
+        3,
+        Duration::from_secs(1),
+    ));
+    let j = w.cluster.emulator().journal();
+    let signal = j.entries().last().map_or(0, |e| e.seq);
+    w.status(Status::Draining).await;
+    wait_for("every Ready server released", || async {
+        w.on(NODE)
+            .iter()
+            .all(|g| g.deleting || g.state == Some(S::Allocated))
+            .then_some(())
+    })
+    .await;
+    let writes = j.filter(|r| {
+        r.seq > signal
+            && r.identity.as_deref() == Some("agent-n1")
+            && r.resource.as_deref() == Some("gameservers")
+            && r.name.as_deref() != Some(in_use.as_str())
+            && r.verb.is_mutating()
+    });
+    let refused = writes.iter().filter(|r| r.status == 429).count();
+    assert!(refused >= 1, "the fault refused a DELETE: {writes:#?}");
+    assert!(
+        writes.iter().all(|r| r.verb == Verb::Delete),
+        "only DELETEs to the idle servers, no label after a 429: {writes:#?}"
+    );
+    // The first pass (fence, protect) failed part-way: its steps waited for the pass that
+    // released the servers, and one Event tells them all (two without the wait).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let events: Vec<String> = j
+        .filter(|r| {
+            r.seq > signal
+                && r.identity.as_deref() == Some("agent-n1")
+                && r.resource.as_deref() == Some("events")
+                && r.verb.is_mutating()
+                && r.status < 300
+        })
+        .iter()
+        .map(|r| {
+            r.response
+                .as_ref()
+                .and_then(|v| v["note"].as_str().map(String::from))
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(
+        events.len(),
+        1,
+        "one Event for the drain's steps: {events:#?}"
+    );
+    for step in ["Cordoned and tainted", "Released 3 idle", "Protecting 1"] {
+        assert!(events[0].contains(step), "{step:?} missing: {events:#?}");
+    }
+    // Each retry came after the refusal's Retry-After.
+    for (i, r) in writes.iter().enumerate().filter(|(_, r)| r.status == 429) {
+        if let Some(next) = writes[i + 1..].iter().find(|n| n.name == r.name) {
+            let waited = next.at.duration_since(r.at).unwrap_or_default();
+            assert!(
+                waited >= Duration::from_secs(1),
+                "{:?} retried {waited:?} after its 429",
+                r.name
+            );
+        }
+    }
+    agent.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_stuck_before_ready_is_deleted_and_the_node_deregistered() {
     let w = World::start(WorldSpec::new(0, 1, 0).extra_nodes(&[])).await;
@@ -692,8 +773,12 @@ async fn a_node_name_longer_than_a_label_value_drains() {
     })
     .await;
     let j = cluster.emulator().journal();
+    // The start-up probe of the GameServer field selector is refused by this (older)
+    // Agones by design; nothing else may be.
     assert_eq!(
-        j.count(|r| r.identity.as_deref() == Some("agent-long") && r.status == 400),
+        j.count(|r| r.identity.as_deref() == Some("agent-long")
+            && r.status == 400
+            && !r.query.contains("status.nodeName")),
         0,
         "no request was rejected"
     );

@@ -107,6 +107,7 @@ async fn drains_end_under_throttling_and_agents_wait_out_retry_after() {
         queue_wait: Duration::from_secs(1),
         retry_after_secs: 1,
     });
+    let drain_from = emu.journal().entries().last().map_or(0, |e| e.seq);
     // The operator's labels go through kube's own retry, which honours Retry-After too.
     let nodes: Api<Node> = Api::all(cluster.client());
     for node in NODES {
@@ -248,6 +249,45 @@ async fn drains_end_under_throttling_and_agents_wait_out_retry_after() {
     assert_eq!(
         counted as usize, agent_429s,
         "lastcall_kube_throttled_total"
+    );
+    // A refused pass costs no more than its retry: no label on an idle server whose DELETE
+    // was refused (only DELETEs reach idle servers), and the Events of refused passes wait
+    // for the pass that finishes (one per drain here, as unthrottled).
+    let idle_writes: Vec<String> = journal
+        .iter()
+        .filter(|e| {
+            e.seq > drain_from
+                && is_agent(&e.identity)
+                && e.resource.as_deref() == Some("gameservers")
+                && e.verb.is_mutating()
+                && e.name.as_ref().is_some_and(|n| !allocated.contains(n))
+                && e.verb != Verb::Delete
+        })
+        .map(|e| format!("{} {} {:?}", e.method, e.status, e.name))
+        .collect();
+    assert!(
+        idle_writes.is_empty(),
+        "writes to idle servers besides DELETEs: {idle_writes:?}"
+    );
+    let events: BTreeMap<String, usize> = agent_ids
+        .iter()
+        .map(|a| {
+            let n = journal
+                .iter()
+                .filter(|e| {
+                    e.identity.as_deref() == Some(a.as_str())
+                        && e.resource.as_deref() == Some("events")
+                        && e.verb == Verb::Create
+                        && e.status < 300
+                })
+                .count();
+            (a.clone(), n)
+        })
+        .collect();
+    eprintln!("Events written per agent: {events:?}");
+    assert!(
+        events.values().all(|n| *n <= 2),
+        "Events per drain under throttling: {events:?}"
     );
     eprintln!(
         "429s per agent {refused:?}; {retried} refused requests retried, the soonest {shortest:?} later; peak in flight {}, requests by agents {}",

@@ -77,6 +77,10 @@ async fn scale_promises_hold() {
             r.agent_429,
             r.apf_queued
         );
+        eprintln!(
+            "{name}: agent requests by kind {:?}",
+            r.agent_requests_by_kind
+        );
         refused += r.agent_429;
         assert_eq!(
             r.fence.len(),

@@ -16,6 +16,9 @@ pub enum FaultAction {
     Status(u16),
     /// Wait this long, then serve the request normally.
     Delay(Duration),
+    /// Refuse it as API Priority and Fairness does: `429`, a plain-text body and this
+    /// `Retry-After` (whole seconds), journaled as a 429.
+    Throttle(Duration),
     /// Accept the request and answer nothing until [`Faults::release_hangs`] or
     /// [`Faults::clear`] (then it is served normally), or until the client gives up and
     /// closes the connection (then it is never served). A server that stops answering
@@ -60,6 +63,22 @@ impl FaultRule {
     }
 
     /// A rule hanging the next `times` matching requests (see [`FaultAction::Hang`]).
+    /// A rule refusing the next `times` matching requests as APF does (see
+    /// [`FaultAction::Throttle`]).
+    pub fn throttle(
+        method: Option<Method>,
+        path_contains: &str,
+        times: usize,
+        retry_after: Duration,
+    ) -> Self {
+        FaultRule {
+            method,
+            path_contains: path_contains.to_string(),
+            times,
+            action: FaultAction::Throttle(retry_after),
+        }
+    }
+
     pub fn hang(method: Option<Method>, path_contains: &str, times: usize) -> Self {
         FaultRule {
             method,

@@ -260,7 +260,18 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
 
     // Everything that waits comes first (faults, the body); then the write is applied and
     // journaled with nothing awaited in between.
-    let body = match s.faults.take(&method, &path_and_query) {
+    let fault = s.faults.take(&method, &path_and_query);
+    if let Some(FaultAction::Throttle(retry_after)) = fault {
+        s.journal.record(entry(
+            StatusCode::TOO_MANY_REQUESTS,
+            None,
+            std::time::SystemTime::now(),
+        ));
+        s.journal
+            .add_traffic(&identity, apf::TOO_MANY_REQUESTS.len() as u64, 0);
+        return apf::too_many_requests(&apf::Refused { retry_after });
+    }
+    let body = match fault {
         Some(FaultAction::Status(code)) => Err(Reply::from(ApiError::new(
             code,
             format!("injected fault: status {code}"),
