@@ -2,7 +2,10 @@
 //!
 //! Run: `nice cargo bench -p lastcall-testkit --bench scale` (`LASTCALL_SCALE_AGENTS`,
 //! `LASTCALL_SCALE_SERVERS`, `LASTCALL_SCALE_ALLOCATED`, `LASTCALL_SCALE_UNFILTERED`,
-//! `LASTCALL_SCALE_WINDOW` seconds change the world; `LASTCALL_SCALE_APF_RATE` sets the
+//! `LASTCALL_SCALE_WINDOW` seconds change the world; `LASTCALL_SCALE_REDIS_CLUSTER=3x1` puts
+//! the agents on a Redis Cluster (3 primaries, 1 replica each) instead of one redis-server;
+//! `LASTCALL_SCALE_AGONES_FIELDS=0` an older Agones (GameServers selected by label);
+//! `LASTCALL_SCALE_APF_RATE` sets the
 //! rate API Priority and Fairness admits, 1,000/s by default, 0 for seats only, negative
 //! for off; `LASTCALL_BENCH_LOG=warn` prints the agents' logs).
 //!
@@ -10,7 +13,8 @@
 //! over a store-only world, the agents in shard processes of 500 (`LASTCALL_SCALE_SHARD`;
 //! built as the binary builds them, each
 //! with its own identity and filtered watches, FleetIQ mode), one GameLift emulator and the
-//! background load on a side runtime, one private redis-server. Scenarios, in order:
+//! background load on a side runtime, one private redis-server (or Redis Cluster).
+//! Scenarios, in order:
 //!
 //! 1. steady state: requests/s and watch events/s at the API, per agent and in total, with
 //!    one pubsub republish round; agent RSS per agent; emulator, agent, side and Redis CPU.
@@ -24,9 +28,7 @@
 use std::time::Duration;
 
 use lastcall_testkit::kube::Traffic;
-use lastcall_testkit::scale::{
-    DrainReport, ScaleSpec, ScaleWorld, open_fds, redis_info, status_kb,
-};
+use lastcall_testkit::scale::{DrainReport, ScaleSpec, ScaleWorld, open_fds, status_kb};
 use lastcall_testkit::scale_agents::run_on_two_workers;
 
 fn main() -> anyhow::Result<()> {
@@ -203,7 +205,6 @@ async fn run() -> anyhow::Result<()> {
     println!();
 
     // 2 and 3. Drains.
-    let mut rconn = world.redis_conn().await?;
     let tenth: Vec<usize> = (0..n).filter(|i| i % 10 == 0).collect();
     let half: Vec<usize> = (0..n).filter(|i| (1..=5).contains(&(i % 10))).collect();
     let mut reports = vec![];
@@ -214,22 +215,39 @@ async fn run() -> anyhow::Result<()> {
     }
 
     // 4. Redis.
-    let info = redis_info(&mut rconn).await?;
-    let g = |k: &str| info.get(k).copied().unwrap_or(0.0);
-    println!("## 4. Redis: {n} subscribers on one redis-server");
+    let info = world.redis.info().await?;
+    let g = |k: &str| info.sum(k);
+    println!("## 4. Redis: {n} subscribers on {}", world.redis.describe());
     println!();
-    println!("| measure | value |");
+    println!("| measure | value (all nodes; the busiest node) |");
     println!("|---|---|");
-    println!("| connected clients | {:.0} |", g("connected_clients"));
-    println!("| pubsub channels | {:.0} |", g("pubsub_channels"));
-    println!("| used_memory | {} |", mib(g("used_memory") as u64 / 1024));
     println!(
-        "| used_memory_rss | {} |",
-        mib(g("used_memory_rss") as u64 / 1024)
+        "| connected clients | {:.0}; {:.0} |",
+        g("connected_clients"),
+        info.max("connected_clients")
     );
     println!(
-        "| CPU, steady window incl. one republish round | {:.2} s |",
-        s.redis_cpu
+        "| pubsub channels subscribed | {:.0}; {:.0} |",
+        g("pubsub_channels"),
+        info.max("pubsub_channels")
+    );
+    println!(
+        "| used_memory | {}; {} |",
+        mib(g("used_memory") as u64 / 1024),
+        mib(info.max("used_memory") as u64 / 1024)
+    );
+    println!(
+        "| used_memory_rss | {}; {} |",
+        mib(g("used_memory_rss") as u64 / 1024),
+        mib(info.max("used_memory_rss") as u64 / 1024)
+    );
+    println!(
+        "| CPU, steady window incl. one republish round | {:.2} s; by node {:?} |",
+        s.redis_cpu,
+        s.redis_cpu_by_node
+            .iter()
+            .map(|(p, c)| format!("{p}: {c:.2}"))
+            .collect::<Vec<_>>()
     );
     println!(
         "| republish round ({n} SET + PUBLISH) | {} |",
@@ -243,10 +261,7 @@ async fn run() -> anyhow::Result<()> {
         );
         println!("| {name} drain: CPU | {:.2} s |", r.redis_cpu);
     }
-    println!(
-        "| total CPU so far (user + sys) | {:.2} s |",
-        g("used_cpu_user") + g("used_cpu_sys")
-    );
+    println!("| total CPU so far (user + sys) | {:.2} s |", info.cpu());
     println!();
     let generated = &world.generated;
     println!("Background load generated over the run: {:?}", generated);

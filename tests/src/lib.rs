@@ -16,6 +16,7 @@ pub mod bench;
 pub mod demo;
 pub mod scale;
 pub mod scale_agents;
+pub mod scale_redis;
 pub mod timeline;
 pub mod webhook;
 pub mod world;

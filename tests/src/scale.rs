@@ -32,7 +32,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
-use lastcall_common::fleetiq::{InstanceStatus as Status, StatusMessage, cache_key};
+use lastcall_common::fleetiq::{InstanceStatus as Status, StatusMessage};
 use rand::Rng;
 use serde_json::json;
 use tokio::sync::Semaphore;
@@ -45,8 +45,8 @@ use crate::eventually::try_eventually;
 use crate::gamelift::{GameLiftEmulator, InstanceStatus};
 use crate::kube::admin::RemoteJournal;
 use crate::kube::{JournalEntry, Traffic, Verb, config_for_url};
-use crate::redis::RedisServer;
 use crate::scale_agents::{SHARD_AGENTS, Shard, ShardSpec, shard_ranges};
+use crate::scale_redis::{ScaleRedis, parse_cluster};
 
 /// The game server group every scale agent belongs to.
 pub const GROUP: &str = "scale-group";
@@ -118,6 +118,12 @@ pub struct ScaleSpec {
     pub unfiltered_sample: usize,
     /// `None`: the emulator admits every request.
     pub apf: Option<ApfOptions>,
+    /// Agones 1.58 or later: the agents select their GameServers by `status.nodeName`
+    /// (`LASTCALL_SCALE_AGONES_FIELDS=0`: an older Agones, by label).
+    pub agones_selectable_fields: bool,
+    /// A Redis Cluster of (primaries, replicas each) instead of one redis-server
+    /// (`LASTCALL_SCALE_REDIS_CLUSTER=3x1`).
+    pub redis_cluster: Option<(usize, usize)>,
 }
 
 impl ScaleSpec {
@@ -134,11 +140,14 @@ impl ScaleSpec {
             allocators: 8,
             unfiltered_sample: 5,
             apf: Some(ApfOptions::workload_low(1000.0)),
+            agones_selectable_fields: true,
+            redis_cluster: None,
         }
     }
 
     /// [`ScaleSpec::new`] with `LASTCALL_SCALE_AGENTS`, `LASTCALL_SCALE_SERVERS`,
-    /// `LASTCALL_SCALE_ALLOCATED` and `LASTCALL_SCALE_UNFILTERED` applied when set.
+    /// `LASTCALL_SCALE_ALLOCATED`, `LASTCALL_SCALE_UNFILTERED` and
+    /// `LASTCALL_SCALE_AGONES_FIELDS` applied when set.
     pub fn from_env(default_agents: usize) -> Self {
         let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
         let mut s = ScaleSpec::new(var("LASTCALL_SCALE_AGENTS").unwrap_or(default_agents));
@@ -150,6 +159,12 @@ impl ScaleSpec {
         }
         if let Some(n) = var("LASTCALL_SCALE_UNFILTERED") {
             s.unfiltered_sample = n;
+        }
+        if let Some(n) = var("LASTCALL_SCALE_AGONES_FIELDS") {
+            s.agones_selectable_fields = n != 0;
+        }
+        if let Ok(c) = std::env::var("LASTCALL_SCALE_REDIS_CLUSTER") {
+            s.redis_cluster = parse_cluster(&c);
         }
         if let Some(rate) = std::env::var("LASTCALL_SCALE_APF_RATE")
             .ok()
@@ -319,6 +334,9 @@ fn start_emulator(spec: &ScaleSpec) -> anyhow::Result<EmulatorProcess> {
     if let Some(apf) = &spec.apf {
         cmd.args(apf.emulator_args());
     }
+    if spec.agones_selectable_fields {
+        cmd.arg("--agones-selectable-fields");
+    }
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -334,26 +352,6 @@ fn start_emulator(spec: &ScaleSpec) -> anyhow::Result<EmulatorProcess> {
     Ok(EmulatorProcess { child, url })
 }
 
-/// Redis `INFO` fields as numbers.
-pub async fn redis_info(
-    conn: &mut redis::aio::MultiplexedConnection,
-) -> anyhow::Result<HashMap<String, f64>> {
-    let text: String = redis::cmd("INFO").arg("all").query_async(conn).await?;
-    Ok(text
-        .lines()
-        .filter_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            Some((k.to_string(), v.trim().parse().ok()?))
-        })
-        .collect())
-}
-
-/// Redis CPU seconds (user + sys) in an `INFO` answer.
-pub fn redis_cpu(info: &HashMap<String, f64>) -> f64 {
-    info.get("used_cpu_user").copied().unwrap_or(0.0)
-        + info.get("used_cpu_sys").copied().unwrap_or(0.0)
-}
-
 /// A progress line on stderr (a scale run takes minutes).
 fn progress(what: &str) {
     eprintln!("[scale] {what}");
@@ -365,7 +363,7 @@ pub struct ScaleWorld {
     emulator: EmulatorProcess,
     pub journal: RemoteJournal,
     pub gl: GameLiftEmulator,
-    pub redis: RedisServer,
+    pub redis: ScaleRedis,
     /// The agents' processes.
     pub shards: Vec<Shard>,
     /// Always `Some` until dropped: shut down in the background, since a world is dropped
@@ -438,7 +436,7 @@ impl ScaleWorld {
         let side = Some(side);
         let ids: Vec<String> = (0..spec.agents).map(iid).collect();
         gl.add_instances(GROUP, &ids, InstanceStatus::Active);
-        let redis = RedisServer::start().await?;
+        let redis = ScaleRedis::start(spec.redis_cluster).await?;
         let stop = CancellationToken::new();
         let generated = Arc::new(Generated::default());
         let mut world = ScaleWorld {
@@ -459,10 +457,11 @@ impl ScaleWorld {
         };
         world.start_background().await?;
         // Pubsub's cache: every instance ACTIVE before its agent starts.
-        let mut conn = world.redis_conn().await?;
+        let mut conn = world.redis.conn().await?;
+        let keys = world.redis.keys();
         for i in 0..world.spec.agents {
             let _: () = redis::cmd("SET")
-                .arg(cache_key(&iid(i)))
+                .arg(keys.status(&iid(i)))
                 .arg(status_body(i, Status::Active))
                 .query_async(&mut conn)
                 .await?;
@@ -556,13 +555,6 @@ impl ScaleWorld {
 
     pub fn url(&self) -> &str {
         &self.emulator.url
-    }
-
-    /// A connection to the world's Redis for the harness, with 30 s timeouts: a loaded
-    /// machine must slow the harness's own writes down, not fail them.
-    pub async fn redis_conn(&self) -> anyhow::Result<redis::aio::MultiplexedConnection> {
-        let client = redis::Client::open(self.redis.url())?;
-        Ok(lastcall_common::redis_conn::connect(&client, Duration::from_secs(30)).await?)
     }
 
     /// The shard processes' RSS, in kB, summed.
@@ -805,7 +797,8 @@ impl ScaleWorld {
         status: Status,
         over: Duration,
     ) -> anyhow::Result<BTreeMap<usize, SystemTime>> {
-        let mut conn = self.redis_conn().await?;
+        let mut conn = self.redis.conn().await?;
+        let keys = self.redis.keys();
         let mut at = BTreeMap::new();
         let start = Instant::now();
         let step = over / nodes.len().max(1) as u32;
@@ -814,7 +807,7 @@ impl ScaleWorld {
             tokio::time::sleep_until(due.into()).await;
             let body = status_body(i, status);
             let _: () = redis::cmd("SET")
-                .arg(cache_key(&iid(i)))
+                .arg(keys.status(&iid(i)))
                 .arg(&body)
                 .query_async(&mut conn)
                 .await?;
@@ -954,8 +947,7 @@ impl ScaleWorld {
     pub async fn drain(&self, doomed: Vec<usize>, over: Duration) -> anyhow::Result<DrainReport> {
         let start_seq = self.next_seq().await?;
         let cpu0 = self.cpu();
-        let mut rconn = self.redis_conn().await?;
-        let r0 = redis_info(&mut rconn).await?;
+        let r0 = self.redis.info().await?;
         let apf0 = self.journal.apf().await?;
         let doomed = Arc::new(doomed);
         let allocators = self.start_allocators(doomed.clone()).await?;
@@ -1063,7 +1055,7 @@ impl ScaleWorld {
         progress(&format!("{} nodes deregistered", doomed.len()));
         peak_fds = peak_fds.max(self.agent_fds());
         let cpu1 = self.cpu();
-        let r1 = redis_info(&mut rconn).await?;
+        let r1 = self.redis.info().await?;
         let entries = self.journal.entries_since(start_seq).await?;
         let apf1 = self.journal.apf().await?;
         let won = self.won.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -1078,7 +1070,7 @@ impl ScaleWorld {
             fenced_after,
             done_after,
             cpu1.since(&cpu0),
-            redis_cpu(&r1) - redis_cpu(&r0),
+            r1.cpu() - r0.cpu(),
             peak_fds,
         );
         report.apf_queued = apf1.queued_total.saturating_sub(apf0.queued_total);
@@ -1462,6 +1454,8 @@ pub struct SteadyReport {
     pub by_identity: BTreeMap<String, Traffic>,
     pub cpu: CpuSample,
     pub redis_cpu: f64,
+    /// Each node's share of `redis_cpu`, largest first.
+    pub redis_cpu_by_node: Vec<(u16, f64)>,
     pub republish: Duration,
 }
 
@@ -1469,8 +1463,7 @@ impl ScaleWorld {
     /// One steady-state window of `window`, with one pubsub round (ACTIVE republished for
     /// every instance, as pubsub does every period) at its start.
     pub async fn steady(&self, window: Duration) -> anyhow::Result<SteadyReport> {
-        let mut rconn = self.redis_conn().await?;
-        let r0 = redis_info(&mut rconn).await?;
+        let r0 = self.redis.info().await?;
         let t0 = self.journal.traffic().await?;
         let seq0 = self.next_seq().await?;
         let cpu0 = self.cpu();
@@ -1481,7 +1474,7 @@ impl ScaleWorld {
         tokio::time::sleep(window.saturating_sub(start.elapsed())).await;
         let t1 = self.journal.traffic().await?;
         let cpu1 = self.cpu();
-        let r1 = redis_info(&mut rconn).await?;
+        let r1 = self.redis.info().await?;
         let seq1 = self.next_seq().await?;
         let mut agent_watch_renewals = 0;
         let mut agent_other_requests = BTreeMap::new();
@@ -1527,7 +1520,8 @@ impl ScaleWorld {
             all: traffic_delta(&t1, &t0, |_| true),
             by_identity,
             cpu: cpu1.since(&cpu0),
-            redis_cpu: redis_cpu(&r1) - redis_cpu(&r0),
+            redis_cpu: r1.cpu() - r0.cpu(),
+            redis_cpu_by_node: r1.cpu_by_node_since(&r0),
             republish,
         })
     }
