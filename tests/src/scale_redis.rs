@@ -14,7 +14,7 @@ use crate::redis::{RedisCluster, RedisServer};
 
 /// The world's Redis.
 pub enum ScaleRedis {
-    One(RedisServer),
+    One(Box<RedisServer>),
     Cluster(RedisCluster),
 }
 
@@ -94,7 +94,7 @@ impl ScaleRedis {
     /// One redis-server, or a cluster of `primaries` with `replicas` each.
     pub async fn start(cluster: Option<(usize, usize)>) -> anyhow::Result<ScaleRedis> {
         Ok(match cluster {
-            None => ScaleRedis::One(RedisServer::start().await?),
+            None => ScaleRedis::One(Box::new(RedisServer::start().await?)),
             Some((p, r)) => ScaleRedis::Cluster(
                 RedisCluster::start(p, r)
                     .await
