@@ -117,6 +117,23 @@ impl InProcessAgent {
         }
     }
 
+    /// Waits until the agent has decided to select its GameServers `by` (`field` or
+    /// `label`), as `lastcall_gameserver_selection` says.
+    pub async fn selects_gameservers_by(&self, by: &str) {
+        crate::eventually::wait_for(
+            &format!("the agent selects GameServers by {by}"),
+            || async {
+                (metric(
+                    &self.metrics().await,
+                    "lastcall_gameserver_selection",
+                    &[("by", by)],
+                ) == Some(1.0))
+                .then_some(())
+            },
+        )
+        .await;
+    }
+
     /// Kills the task without a clean shutdown (a crash).
     pub fn abort(self) {
         self.handle.abort();

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use lastcall_common::fleetiq::InstanceStatus as Status;
-use lastcall_testkit::agent::{InProcessAgent, metric, metric_sum};
+use lastcall_testkit::agent::{metric, metric_sum};
 use lastcall_testkit::cluster::{GameServerState as S, NodeSpec};
 use lastcall_testkit::eventually::wait_for;
 use lastcall_testkit::kube::journal::Verb;
@@ -15,21 +15,6 @@ use lastcall_testkit::kube::{FaultRule, Method};
 use lastcall_testkit::world::{FLEET, NODE, NS, World, WorldSpec, cordoned, subscribed};
 
 const LABEL_NODE: &str = "lastcall.dev/node";
-
-async fn selected_by(agent: &InProcessAgent, by: &str) {
-    wait_for(
-        &format!("the agent selects GameServers by {by}"),
-        || async {
-            (metric(
-                &agent.metrics().await,
-                "lastcall_gameserver_selection",
-                &[("by", by)],
-            ) == Some(1.0))
-            .then_some(())
-        },
-    )
-    .await;
-}
 
 /// Every write the agent sent to a GameServer, as (verb, name).
 fn gameserver_writes(w: &World) -> Vec<(Verb, String)> {
@@ -54,7 +39,7 @@ async fn by_node_name_nothing_is_claimed_and_the_drain_is_whole() {
     let w = World::start(WorldSpec::new(3, 1, 0).extra_nodes(&[]).selectable_fields()).await;
     let agent = w.agent(&[]).await;
     subscribed(&agent).await;
-    selected_by(&agent, "field").await;
+    agent.selects_gameservers_by("field").await;
     // Two more land on n1 while the agent runs (the only node).
     w.cluster.scale_fleet(NS, FLEET, 6).expect("scale");
     wait_for("6 servers on n1, all Ready or Allocated", || async {
@@ -123,7 +108,7 @@ async fn by_node_name_nothing_is_claimed_and_the_drain_is_whole() {
 async fn an_older_agones_falls_back_to_the_label() {
     let w = World::start(WorldSpec::new(2, 1, 0)).await;
     let agent = w.agent(&[]).await;
-    selected_by(&agent, "label").await;
+    agent.selects_gameservers_by("label").await;
     w.claimed_all().await;
     let claims = gameserver_writes(&w);
     assert_eq!(claims.len(), 3, "one claim per server: {claims:?}");
@@ -136,7 +121,7 @@ async fn an_older_agones_falls_back_to_the_label() {
 async fn label_is_used_when_asked_even_where_the_field_is_served() {
     let w = World::start(WorldSpec::new(2, 0, 0).selectable_fields()).await;
     let agent = w.agent(&["--gameserver-selector", "label"]).await;
-    selected_by(&agent, "label").await;
+    agent.selects_gameservers_by("label").await;
     w.claimed_all().await;
     let probes = w.cluster.emulator().journal().filter(|e| {
         e.identity.as_deref() == Some("agent-n1")
@@ -175,7 +160,7 @@ async fn an_unanswered_probe_is_retried_not_guessed() {
         503,
     ));
     let agent = w.agent(&[]).await;
-    selected_by(&agent, "field").await;
+    agent.selects_gameservers_by("field").await;
     let m = agent.metrics().await;
     assert!(
         metric(
@@ -197,7 +182,7 @@ async fn an_unanswered_probe_is_retried_not_guessed() {
 async fn a_withdrawn_field_stops_the_agent_and_the_restart_uses_the_label() {
     let w = World::start(WorldSpec::new(2, 1, 0).selectable_fields()).await;
     let agent = w.agent(&[]).await;
-    selected_by(&agent, "field").await;
+    agent.selects_gameservers_by("field").await;
     w.cluster.emulator().set_agones_selectable_fields(false);
     w.cluster.emulator().drop_watches();
     let ended = agent
@@ -208,7 +193,7 @@ async fn a_withdrawn_field_stops_the_agent_and_the_restart_uses_the_label() {
     assert!(err.contains("status.nodeName"), "{err}");
 
     let agent = w.agent(&[]).await;
-    selected_by(&agent, "label").await;
+    agent.selects_gameservers_by("label").await;
     w.claimed_all().await;
     agent.stop().await.expect("clean stop");
 }

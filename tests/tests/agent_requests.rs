@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 
 use lastcall_common::fleetiq::InstanceStatus as Status;
-use lastcall_testkit::agent::metric;
 use lastcall_testkit::cluster::GameServerState as S;
 use lastcall_testkit::eventually::wait_for;
 use lastcall_testkit::kube::journal::{JournalEntry, Verb};
@@ -131,16 +130,9 @@ async fn drain_and_cancel(spare_node: bool, by_field: bool) -> Cycle {
     let w = World::start(spec).await;
     let agent = w.agent(&[]).await;
     subscribed(&agent).await;
-    let by = if by_field { "field" } else { "label" };
-    wait_for("the agent chose how to select GameServers", || async {
-        (metric(
-            &agent.metrics().await,
-            "lastcall_gameserver_selection",
-            &[("by", by)],
-        ) == Some(1.0))
-        .then_some(())
-    })
-    .await;
+    agent
+        .selects_gameservers_by(if by_field { "field" } else { "label" })
+        .await;
     if !by_field {
         w.claimed_all().await;
     }
