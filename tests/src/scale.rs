@@ -294,6 +294,11 @@ where
     }
 }
 
+/// The Agones controller's workers ending matches (its Helm chart's
+/// `agones.controller.numWorkers`, 100): the deletes of a drain's ended matches wait for
+/// one, as a real controller's work queue holds them.
+const MATCH_END_WORKERS: usize = 100;
+
 /// Whether a journal identity is one of the scale agents.
 pub fn is_agent(identity: &str) -> bool {
     identity.starts_with("agent-")
@@ -394,6 +399,10 @@ pub struct Generated {
     pub gc_deletes: AtomicU64,
     /// Garbage-collector deletes refused with 429 (then retried).
     pub gc_throttled: AtomicU64,
+    /// Times the garbage collector's GameServer watch listed again (after the first).
+    pub gc_relists: AtomicU64,
+    /// Pods of servers whose DELETE the watch never showed (found missing on a relist).
+    pub gc_found_on_relist: AtomicU64,
     pub matches_ended: AtomicU64,
     pub errors: AtomicU64,
 }
@@ -770,19 +779,60 @@ impl ScaleWorld {
                 }
             });
         }
+        // The servers that exist, as the controller's informer knows them: a watch that
+        // falls behind the watch cache (410) lists again, and a server deleted meanwhile
+        // shows no DELETE; it is the one missing from the new list, and its pod goes too.
+        let g5 = self.generated.clone();
         self.side().spawn(async move {
             let gss: Api<DynamicObject> = Api::all_with(agones, &gameserver_resource());
             let mut stream = std::pin::pin!(watcher(gss, watcher::Config::default()));
+            let mut lists = 0u64;
+            let mut known: HashSet<String> = HashSet::new();
+            let mut relisted: Option<HashSet<String>> = None;
             loop {
                 let ev = tokio::select! {
                     () = stop4.cancelled() => return,
                     ev = stream.next() => ev,
                 };
                 let Some(ev) = ev else { return };
-                if let Ok(watcher::Event::Delete(obj)) = ev
-                    && queue.send(obj.metadata.name.unwrap_or_default()).is_err()
-                {
-                    return;
+                let gone: Vec<String> = match ev {
+                    Ok(watcher::Event::Init) => {
+                        if lists > 0 {
+                            g5.gc_relists.fetch_add(1, Ordering::Relaxed);
+                        }
+                        lists += 1;
+                        relisted = Some(HashSet::new());
+                        vec![]
+                    }
+                    Ok(watcher::Event::InitApply(o)) => {
+                        if let (Some(r), Some(n)) = (relisted.as_mut(), o.metadata.name) {
+                            r.insert(n);
+                        }
+                        vec![]
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        let now = relisted.take().unwrap_or_default();
+                        let gone: Vec<String> = known.difference(&now).cloned().collect();
+                        g5.gc_found_on_relist
+                            .fetch_add(gone.len() as u64, Ordering::Relaxed);
+                        known = now;
+                        gone
+                    }
+                    Ok(watcher::Event::Apply(o)) => {
+                        known.extend(o.metadata.name);
+                        vec![]
+                    }
+                    Ok(watcher::Event::Delete(o)) => {
+                        let n = o.metadata.name.unwrap_or_default();
+                        known.remove(&n);
+                        vec![n]
+                    }
+                    Err(_) => vec![],
+                };
+                for name in gone {
+                    if queue.send(name).is_err() {
+                        return;
+                    }
                 }
             }
         });
@@ -885,7 +935,9 @@ impl ScaleWorld {
     ///
     /// `allocated` adds servers the journal shows allocated (a write the API applied after
     /// its client gave up is a match all the same). A 429 is retried after its
-    /// Retry-After: a match that never ends would keep its node from emptying.
+    /// Retry-After: a match that never ends would keep its node from emptying. The deletes
+    /// go through [`MATCH_END_WORKERS`] workers, as the Agones controller's work queue
+    /// sends them, not one request per match at once.
     pub async fn end_matches(&self, nodes: &[usize], allocated: &[String]) -> anyhow::Result<()> {
         let client = self.client("agones-controller").await?;
         let gss: Api<DynamicObject> =
@@ -912,11 +964,15 @@ impl ScaleWorld {
         names.sort();
         names.dedup();
         let g = self.generated.clone();
+        let workers = Arc::new(Semaphore::new(MATCH_END_WORKERS));
         for name in names {
-            let (gss, g) = (gss.clone(), g.clone());
+            let (gss, g, workers) = (gss.clone(), g.clone(), workers.clone());
             let delay = Duration::from_millis(rand::rng().random_range(1000..6000));
             self.side().spawn(async move {
                 tokio::time::sleep(delay).await;
+                let Ok(_worker) = workers.acquire_owned().await else {
+                    return;
+                };
                 match delete_waiting_out_429(&gss, &name, &DeleteParams::default())
                     .await
                     .1
