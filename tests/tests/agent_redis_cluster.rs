@@ -18,7 +18,7 @@ use lastcall_testkit::eventually::eventually;
 use lastcall_testkit::gamelift::{GameLiftEmulator, InstanceStatus};
 use lastcall_testkit::redis::RedisCluster;
 use lastcall_testkit::world::{
-    GROUP, IID, World, WorldSpec, annotation, cordoned, has_taint, subscribed,
+    GROUP, World, WorldSpec, annotation, cordoned, has_taint, subscribed,
 };
 
 /// How long anything may take around a failover: the node timeout (1 s), the election,
@@ -26,8 +26,20 @@ use lastcall_testkit::world::{
 const FAILOVER_WITHIN: Duration = Duration::from_secs(90);
 const POLL: Duration = Duration::from_millis(100);
 
-/// The second world's instance (the first one's is [`IID`]).
-const IID2: &str = "i-000000000000000n2";
+/// Nodes of the test cluster: three primaries and a replica each.
+const CLUSTER_NODES: usize = 6;
+
+/// Two instance ids whose agents' first subscription goes through the node their URL names
+/// first (agents spread their subscriptions over the nodes they know by channel: see
+/// `first_subscription_node`), so each scenario knows which node it kills.
+fn instances_through_the_url_node() -> (String, String) {
+    let mut ids = (0u64..).map(|k| format!("i-{k:017x}")).filter(|id| {
+        lastcall_agent::fleetiq::source::first_subscription_node(id, CLUSTER_NODES) == 0
+    });
+    let a = ids.next().unwrap_or_default();
+    let b = ids.next().unwrap_or_default();
+    (a, b)
+}
 
 /// Logs to the test's output with `RUST_LOG` set (e.g. `lastcall_agent=debug`).
 fn logs() {
@@ -198,8 +210,8 @@ async fn never_deleted_by_the_agent(w: &World, keep: &GameServerView) {
     assert!(cordoned(&n) && has_taint(&n, "lastcall.dev/draining"));
 }
 
-/// Two agents (two worlds, instances `IID` and `IID2`) drain while the cluster loses two
-/// nodes to SIGKILL: the primary of `IID`'s slot, which agent A (and pubsub) subscribed and
+/// Two agents (two worlds, instances `iid` and `iid2`) drain while the cluster loses two
+/// nodes to SIGKILL: the primary of `iid`'s slot, which agent A (and pubsub) subscribed and
 /// connected through, so A's node and its keys' primary are the same; and a replica of
 /// another shard, which agent B subscribed through, so B's node and its keys' primary differ.
 /// After each replica took over, one SPOT_TERMINATING per instance, published once, reaches
@@ -209,9 +221,11 @@ async fn never_deleted_by_the_agent(w: &World, keep: &GameServerView) {
 async fn drains_survive_killing_the_slot_primary_and_the_subscribed_node() {
     logs();
     let mut cluster = RedisCluster::start(3, 1).await.unwrap();
+    let (iid, iid2) = instances_through_the_url_node();
+    let (iid, iid2) = (iid.as_str(), iid2.as_str());
     let keys = RedisTarget::parse(&cluster.url()).unwrap().keys();
-    let p1 = cluster.primary_of(&keys.status(IID)).await.unwrap();
-    let p2 = cluster.primary_of(&keys.status(IID2)).await.unwrap();
+    let p1 = cluster.primary_of(&keys.status(iid)).await.unwrap();
+    let p2 = cluster.primary_of(&keys.status(iid2)).await.unwrap();
     // B goes through a replica outside p1's shard (outside p2's too when there is one):
     // killing it with p1 leaves every shard a node and a majority of primaries to elect
     // p1's replica.
@@ -231,36 +245,38 @@ async fn drains_survive_killing_the_slot_primary_and_the_subscribed_node() {
 
     let w1 = World::start(WorldSpec::new(1, 1, 0)).await;
     let w2 = World::start(WorldSpec::new(1, 1, 0)).await;
+    w1.gl
+        .add_instances(GROUP, &[iid.to_string()], InstanceStatus::Active);
     w2.gl
-        .add_instances(GROUP, &[IID2.to_string()], InstanceStatus::Active);
+        .add_instances(GROUP, &[iid2.to_string()], InstanceStatus::Active);
     let (keep1, keep2) = (w1.allocated(), w2.allocated());
     let dir = tempfile::tempdir().unwrap();
     // pubsub and agent A start from p1 only; B from x only. Each learns the rest.
     let pubsub = publisher(&cluster.url_through(&[p1]), dir.path());
-    publish(&pubsub, &w1, IID, Status::Active).await;
-    publish(&pubsub, &w2, IID2, Status::Active).await;
-    let a = agent(&w1, IID, &cluster.url_through(&[p1])).await;
-    let b = agent(&w2, IID2, &cluster.url_through(&[x])).await;
-    assert_eq!(subscribed_through(&cluster, IID).await, p1);
-    assert_eq!(subscribed_through(&cluster, IID2).await, x);
+    publish(&pubsub, &w1, iid, Status::Active).await;
+    publish(&pubsub, &w2, iid2, Status::Active).await;
+    let a = agent(&w1, iid, &cluster.url_through(&[p1])).await;
+    let b = agent(&w2, iid2, &cluster.url_through(&[x])).await;
+    assert_eq!(subscribed_through(&cluster, iid).await, p1);
+    assert_eq!(subscribed_through(&cluster, iid2).await, x);
 
     // Both drains in progress: fenced, the idle server released, the match protected.
-    publish(&pubsub, &w1, IID, Status::Draining).await;
-    publish(&pubsub, &w2, IID2, Status::Draining).await;
+    publish(&pubsub, &w1, iid, Status::Draining).await;
+    publish(&pubsub, &w2, iid2, Status::Draining).await;
     w1.fenced_and_released(&keep1).await;
     w2.fenced_and_released(&keep2).await;
 
     cluster.kill(p1).await.unwrap();
     cluster.kill(x).await.unwrap();
-    assert_ne!(cluster.primary_of(&keys.status(IID)).await.unwrap(), p1);
+    assert_ne!(cluster.primary_of(&keys.status(iid)).await.unwrap(), p1);
 
     // The cluster is healthy again: each notice is published once, and must arrive.
-    publish(&pubsub, &w2, IID2, Status::SpotTerminating).await;
-    publish(&pubsub, &w1, IID, Status::SpotTerminating).await;
+    publish(&pubsub, &w2, iid2, Status::SpotTerminating).await;
+    publish(&pubsub, &w1, iid, Status::SpotTerminating).await;
     notice_names(&w1, "preemption").await;
     notice_names(&w2, "preemption").await;
-    let a_now = subscribed_through(&cluster, IID).await;
-    let b_now = subscribed_through(&cluster, IID2).await;
+    let a_now = subscribed_through(&cluster, iid).await;
+    let b_now = subscribed_through(&cluster, iid2).await;
     assert!(a_now != p1 && b_now != x, "{a_now} {b_now}");
     connected(&a).await;
     connected(&b).await;
@@ -283,27 +299,30 @@ async fn drains_survive_killing_the_slot_primary_and_the_subscribed_node() {
 async fn a_drain_survives_a_cluster_failover_then_its_node_killed() {
     logs();
     let mut cluster = RedisCluster::start(3, 1).await.unwrap();
+    let (iid, _) = instances_through_the_url_node();
+    let iid = iid.as_str();
     let keys: InstanceKeys = RedisTarget::parse(&cluster.url()).unwrap().keys();
-    let p1 = cluster.primary_of(&keys.status(IID)).await.unwrap();
+    let p1 = cluster.primary_of(&keys.status(iid)).await.unwrap();
     let r1 = cluster.replicas_of(p1).await.unwrap()[0];
     let w = World::start(WorldSpec::new(1, 1, 0)).await;
+    w.gl.add_instances(GROUP, &[iid.to_string()], InstanceStatus::Active);
     let keep = w.allocated();
     let dir = tempfile::tempdir().unwrap();
     let pubsub = publisher(&cluster.url(), dir.path());
-    publish(&pubsub, &w, IID, Status::Active).await;
-    let a = agent(&w, IID, &cluster.url_through(&[p1])).await;
-    assert_eq!(subscribed_through(&cluster, IID).await, p1);
-    publish(&pubsub, &w, IID, Status::Draining).await;
+    publish(&pubsub, &w, iid, Status::Active).await;
+    let a = agent(&w, iid, &cluster.url_through(&[p1])).await;
+    assert_eq!(subscribed_through(&cluster, iid).await, p1);
+    publish(&pubsub, &w, iid, Status::Draining).await;
     w.fenced_and_released(&keep).await;
 
     cluster.failover(r1).await.unwrap();
-    assert_eq!(cluster.primary_of(&keys.status(IID)).await.unwrap(), r1);
-    publish(&pubsub, &w, IID, Status::SpotTerminating).await;
+    assert_eq!(cluster.primary_of(&keys.status(iid)).await.unwrap(), r1);
+    publish(&pubsub, &w, iid, Status::SpotTerminating).await;
     notice_names(&w, "preemption").await;
     never_deleted_by_the_agent(&w, &keep).await;
 
     // p1 is a replica now: killing it elects nobody, and the agent must move.
-    assert_eq!(subscribed_through(&cluster, IID).await, p1);
+    assert_eq!(subscribed_through(&cluster, iid).await, p1);
     cluster.kill(p1).await.unwrap();
     let signals = |text: &str| {
         lastcall_testkit::agent::metric(
@@ -313,12 +332,12 @@ async fn a_drain_survives_a_cluster_failover_then_its_node_killed() {
         )
         .unwrap_or(0.0)
     };
-    let moved = subscribed_through(&cluster, IID).await;
+    let moved = subscribed_through(&cluster, iid).await;
     assert_ne!(moved, p1);
     // Resubscribed and the cache read: what arrives next is the live message.
     connected(&a).await;
     let seen = signals(&a.metrics().await);
-    publish(&pubsub, &w, IID, Status::SpotTerminating).await;
+    publish(&pubsub, &w, iid, Status::SpotTerminating).await;
     eventually(
         "the notice after the kill arrives",
         FAILOVER_WITHIN,

@@ -10,7 +10,9 @@
 //!   agent deletes an allocated server, and no allocation succeeds on a doomed node after
 //!   its agent's first round of releases past the fence (by the emulator's journal);
 //! - all of it through a tight API Priority and Fairness level (150 requests/s, 4 waiting
-//!   per user), so agents queue, are refused with 429 and `Retry-After`, and retry.
+//!   per user), so agents queue, are refused with 429 and `Retry-After`, and retry;
+//! - on a Redis Cluster (60 agents), subscriptions spread over its nodes and a 10% drain
+//!   published through the cluster completes.
 //!
 //! The figures at 2,000 agents are the bench's: `cargo bench -p lastcall-testkit --bench scale`.
 
@@ -103,6 +105,45 @@ async fn scale_promises_hold() {
     assert!(
         refused > 0,
         "the priority level never refused an agent: the test did not exercise 429s"
+    );
+    world.shutdown().await;
+}
+
+/// The same promises with the agents on a Redis Cluster (three primaries, a replica each),
+/// given every node in one URL as a chart user would: their subscriptions spread over the
+/// nodes (no node carries more than twice its even share), and a 10% drain published
+/// through the cluster completes with nothing killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster_subscriptions_spread_and_drains_complete() {
+    let mut spec = ScaleSpec::from_env(60);
+    spec.unfiltered_sample = 0;
+    spec.redis_cluster = Some((3, 1));
+    let n = spec.agents;
+    let world = ScaleWorld::start(spec).await.expect("scale world");
+    let info = world.redis.info().await.expect("INFO");
+    let per_node: Vec<f64> = info
+        .nodes
+        .iter()
+        .map(|(_, i)| i.get("pubsub_channels").copied().unwrap_or(0.0))
+        .collect();
+    eprintln!("subscriptions per node: {per_node:?}");
+    assert_eq!(per_node.iter().sum::<f64>() as usize, n, "one per agent");
+    let even = n as f64 / per_node.len() as f64;
+    assert!(
+        per_node.iter().all(|&c| c <= 2.0 * even),
+        "subscriptions not spread over the cluster's nodes: {per_node:?}"
+    );
+    let tenth: Vec<usize> = (0..n).filter(|i| i % 10 == 0).collect();
+    let r = world
+        .drain(tenth.clone(), Duration::from_secs(1))
+        .await
+        .expect("10% drain");
+    assert_eq!(r.fence.len(), tenth.len(), "every doomed node fenced");
+    assert!(r.killed.is_empty(), "matches killed: {:?}", r.killed);
+    assert!(
+        r.late_allocations.is_empty(),
+        "late allocations: {:?}",
+        r.late_allocations
     );
     world.shutdown().await;
 }

@@ -59,13 +59,30 @@ pub struct RedisSource {
 
 /// Which node the subscription goes through, kept across sessions: the next session
 /// starts from the node that last worked, or from the one after it when it was that
-/// node's connection that failed.
+/// node's connection that failed. The first starts from [`first_subscription_node`].
 #[derive(Default)]
 struct Subscription {
     /// Index into the session's node list.
     next: usize,
     /// The node last subscribed through (its URL), to log a move.
     node: Option<String>,
+    /// `next` was chosen once by [`first_subscription_node`].
+    spread: bool,
+}
+
+/// Where the first subscription of `channel` starts among the `nodes` known (the URL's, then
+/// those learned from the slot map): a stable hash of the channel, so a Redis Cluster's
+/// subscribers (one channel per instance) spread evenly over its nodes instead of all
+/// landing on the first one the URL names. Every node hears every classic PUBLISH, so any
+/// of them serves.
+pub fn first_subscription_node(channel: &str, nodes: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    if nodes <= 1 {
+        return 0;
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    channel.hash(&mut h);
+    (h.finish() % nodes as u64) as usize
 }
 
 enum End {
@@ -398,6 +415,10 @@ impl RedisSource {
             Err(e) => return redis_failed("connect for the cached status", &e),
         };
         let nodes = self.subscribe_nodes(keys_client);
+        if !at.spread {
+            at.spread = true;
+            at.next = first_subscription_node(&self.channel, nodes.len());
+        }
         let (mut sink, mut stream) = match self.subscribe(&nodes, at).await {
             Ok(pair) => pair,
             Err(end) => return end,
@@ -602,6 +623,28 @@ pub async fn run_fallback(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn first_subscriptions_spread_over_the_nodes() {
+        assert_eq!(super::first_subscription_node("i-0", 0), 0);
+        assert_eq!(super::first_subscription_node("i-0", 1), 0);
+        let mut per_node = [0usize; 6];
+        for i in 0..6000 {
+            let ch = format!("i-{i:017x}");
+            let n = super::first_subscription_node(&ch, 6);
+            assert_eq!(
+                n,
+                super::first_subscription_node(&ch, 6),
+                "stable for a channel"
+            );
+            per_node[n] += 1;
+        }
+        // Even within 10% of the 1,000 each would get.
+        assert!(
+            per_node.iter().all(|&n| (900..=1100).contains(&n)),
+            "{per_node:?}"
+        );
+    }
+
     use super::*;
 
     fn source() -> (RedisSource, watch::Receiver<FleetIqView>, Metrics) {
