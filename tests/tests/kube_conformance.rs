@@ -769,6 +769,133 @@ async fn watch_from_a_compacted_resource_version_is_410() {
     assert_eq!((s.code, s.reason.as_str()), (410, "Expired"));
 }
 
+/// A restart, as clients see it: open watches end, every request is answered 503 while the
+/// server is down, then a watch resumed from before the restart is answered 410 (the new
+/// watch cache starts empty), and a list followed by a watch from its resourceVersion works.
+/// The objects survive (etcd keeps them).
+#[tokio::test]
+async fn a_restart_ends_watches_refuses_requests_then_answers_410_to_a_resumed_watch() {
+    let (emu, _) = setup().await;
+    let client = emu.client_no_retry("test").await.unwrap();
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    let a = cms.create(&PostParams::default(), &cm("a")).await.unwrap();
+    let mut w = cms
+        .watch(&WatchParams::default(), &rv_of(&a).to_string())
+        .await
+        .unwrap()
+        .boxed();
+    cms.create(&PostParams::default(), &cm("b")).await.unwrap();
+    assert_eq!(describe(&next_event(&mut w).await), ev("ADDED", "b"));
+    // What a client resumes from: older than the newest write when the server restarts.
+    let before = rv_of(&a);
+    emu.restart(Duration::from_secs(2));
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(e) = w.next().await {
+            let e = e.expect("a well-formed watch event");
+            assert!(
+                matches!(e, WatchEvent::Bookmark(_)),
+                "only bookmarks before the end"
+            );
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the open watch ended with the restart");
+    // Down: reads, writes and watches are all answered 503.
+    let s = api_err(cms.get("a").await);
+    assert_eq!((s.code, s.reason.as_str()), (503, "ServiceUnavailable"));
+    let s = api_err(cms.create(&PostParams::default(), &cm("c")).await);
+    assert_eq!(s.code, 503);
+    let s = api_err(
+        cms.watch(&WatchParams::default(), &before.to_string())
+            .await
+            .map(|_| ()),
+    );
+    assert_eq!(s.code, 503);
+    assert!(
+        emu.journal().count(|e| e.status == 503) >= 3,
+        "refusals are journaled"
+    );
+    // Up again: a watch resumed from before the restart is 410.
+    let mut resumed = None;
+    for _ in 0..100 {
+        match cms
+            .watch(&WatchParams::default(), &before.to_string())
+            .await
+        {
+            Ok(w) => {
+                resumed = Some(w.boxed());
+                break;
+            }
+            Err(kube::Error::Api(s)) if s.code == 503 => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    let mut resumed = resumed.expect("the server serves again after its down time");
+    match next_event(&mut resumed).await {
+        WatchEvent::Error(s) => assert_eq!((s.code, s.reason.as_str()), (410, "Expired")),
+        other => panic!("expected ERROR 410, got {:?}", describe(&other)),
+    }
+    // Nothing was lost: a list sees both objects, and a watch from the list's
+    // resourceVersion sees what comes next.
+    let list = cms.list(&ListParams::default()).await.unwrap();
+    let names: Vec<String> = list.items.iter().map(|c| c.name_any()).collect();
+    assert_eq!(names, vec!["a", "b"]);
+    let mut w = cms
+        .watch(
+            &WatchParams::default(),
+            list.metadata.resource_version.as_deref().unwrap(),
+        )
+        .await
+        .unwrap()
+        .boxed();
+    cms.create(&PostParams::default(), &cm("d")).await.unwrap();
+    assert_eq!(describe(&next_event(&mut w).await), ev("ADDED", "d"));
+}
+
+/// The out-of-process emulator restarts through `POST /_emulator/restart`.
+#[tokio::test]
+async fn the_admin_restart_endpoint_restarts_the_server() {
+    let emu = Emulator::start_with_options(
+        Store::new(100),
+        "127.0.0.1:0".parse().unwrap(),
+        Options {
+            admin: true,
+            ..Options::default()
+        },
+    )
+    .await
+    .unwrap();
+    let client = emu.client_no_retry("test").await.unwrap();
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    let a = cms.create(&PostParams::default(), &cm("a")).await.unwrap();
+    cms.create(&PostParams::default(), &cm("b")).await.unwrap();
+    let remote = lastcall_testkit::kube::admin::RemoteJournal::new(&emu.url());
+    let floor = remote.restart(Duration::from_millis(300)).await.unwrap();
+    assert_eq!(api_err(cms.get("a").await).code, 503);
+    assert_eq!(floor, emu.store().resource_version(), "the newest write's");
+    assert_eq!(emu.store().oldest_resumable(), floor);
+    wait_for("the server serves again", || async {
+        cms.get("a").await.ok().map(|_| ())
+    })
+    .await;
+    let mut w = cms
+        .watch(&WatchParams::default(), &rv_of(&a).to_string())
+        .await
+        .unwrap()
+        .boxed();
+    assert!(matches!(next_event(&mut w).await, WatchEvent::Error(s) if s.code == 410));
+    // A watch from the resourceVersion the restart answered resumes without listing.
+    let mut w = cms
+        .watch(&WatchParams::default(), &floor.to_string())
+        .await
+        .unwrap()
+        .boxed();
+    cms.create(&PostParams::default(), &cm("c")).await.unwrap();
+    assert_eq!(describe(&next_event(&mut w).await), ev("ADDED", "c"));
+}
+
 #[tokio::test]
 async fn watch_with_node_field_selector_sees_only_that_node() {
     let (emu, client) = setup().await;

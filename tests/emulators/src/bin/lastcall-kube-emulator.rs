@@ -7,7 +7,8 @@
 //! For scale runs: `--preload-nodes N --preload-servers-per-node M` writes a store-only
 //! world (`lastcall_emulators::cluster::preload`) before serving, and `--admin` serves the
 //! journal at `/_emulator/traffic` and `/_emulator/journal` (`kube::admin`), so the
-//! harness measures its agents in one process and the emulator's cost in this one.
+//! harness measures its agents in one process and the emulator's cost in this one, and
+//! `POST /_emulator/restart?down_ms=N`, so it can restart the API server under them.
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
@@ -38,7 +39,7 @@ struct Args {
     /// sends one about every minute).
     #[arg(long, default_value_t = 10)]
     bookmark_interval_secs: u64,
-    /// Serve the read-only journal endpoints under `/_emulator/`.
+    /// Serve the journal endpoints and the restart under `/_emulator/`.
     #[arg(long)]
     admin: bool,
     /// Store-only nodes to create before serving.

@@ -1,6 +1,8 @@
-//! Read-only endpoints that expose the journal of an emulator running as its own process
+//! Endpoints that expose the journal of an emulator running as its own process
 //! (`lastcall-kube-emulator --admin`), so a scale harness can keep the emulator's CPU, memory
-//! and file descriptors out of the process whose agents it measures.
+//! and file descriptors out of the process whose agents it measures, and one that acts on
+//! it: `POST /_emulator/restart?down_ms=N` restarts the API server as its clients see it
+//! ([`super::Emulator::restart`]).
 //!
 //! `GET /_emulator/traffic`: per-identity totals, `{"<identity>": [requests, watch events,
 //! bytes]}` (`""` for requests without a token). `GET /_emulator/journal?since=SEQ`: the
@@ -25,6 +27,7 @@ use super::server::ServerState;
 pub const TRAFFIC_PATH: &str = "/_emulator/traffic";
 pub const JOURNAL_PATH: &str = "/_emulator/journal";
 pub const APF_PATH: &str = "/_emulator/apf";
+pub const RESTART_PATH: &str = "/_emulator/restart";
 
 /// The admin routes over `state`.
 pub(super) fn routes(router: axum::Router<Arc<ServerState>>) -> axum::Router<Arc<ServerState>> {
@@ -32,6 +35,20 @@ pub(super) fn routes(router: axum::Router<Arc<ServerState>>) -> axum::Router<Arc
         .route(TRAFFIC_PATH, axum::routing::get(traffic))
         .route(JOURNAL_PATH, axum::routing::get(journal))
         .route(APF_PATH, axum::routing::get(apf))
+        .route(RESTART_PATH, axum::routing::post(restart))
+}
+
+#[derive(Deserialize)]
+struct Down {
+    #[serde(default)]
+    down_ms: u64,
+}
+
+/// Restarts the API server (watches end, history gone, 503 for `down_ms`); answers the
+/// resourceVersion the new watch cache starts at.
+async fn restart(State(s): State<Arc<ServerState>>, Query(q): Query<Down>) -> Json<Value> {
+    let floor = s.restart(Duration::from_millis(q.down_ms));
+    Json(json!({ "resourceVersion": floor.to_string() }))
 }
 
 async fn apf(State(s): State<Arc<ServerState>>) -> Json<Value> {
@@ -151,6 +168,28 @@ impl RemoteJournal {
             .error_for_status()?
             .json()
             .await?)
+    }
+
+    /// Restarts the API server as its clients see it, refusing requests for `down`
+    /// (`POST /_emulator/restart`). Returns the resourceVersion the new watch cache starts
+    /// at: a watch from it or later resumes without listing.
+    pub async fn restart(&self, down: Duration) -> anyhow::Result<u64> {
+        let body: Value = self
+            .http
+            .post(format!(
+                "{}{RESTART_PATH}?down_ms={}",
+                self.base,
+                down.as_millis()
+            ))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        body["resourceVersion"]
+            .as_str()
+            .and_then(|rv| rv.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("restart answered no resourceVersion: {body}"))
     }
 
     /// Entries from sequence number `since` on (response bodies left out).

@@ -57,7 +57,8 @@ pub const DEFAULT_BOOKMARK_INTERVAL: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug)]
 pub struct Options {
     pub bookmark_interval: Duration,
-    /// Serve the read-only journal endpoints of [`admin`] (for an emulator in its own process).
+    /// Serve the journal endpoints and the restart endpoint of [`admin`] (for an emulator in
+    /// its own process).
     pub admin: bool,
     /// API Priority and Fairness from the start (see [`apf`]); `None`: off until
     /// [`Emulator::apf`] enables it.
@@ -128,6 +129,7 @@ impl Emulator {
             fanout,
             apf,
             agones_selectable_fields: options.agones_selectable_fields.into(),
+            down_until: Mutex::new(None),
         });
         let mut app = axum::Router::new();
         if options.admin {
@@ -222,6 +224,15 @@ impl Emulator {
     /// Ends every open watch stream now (clients see the stream close and re-watch).
     pub fn drop_watches(&self) {
         self.state.drop_watches();
+    }
+
+    /// Restarts the API server as its clients see it: every open watch ends, every request
+    /// is answered 503 for `down`, and the watch history is gone, so a watch resumed from
+    /// before answers 410 and its client lists again. The store keeps every object.
+    /// Returns the resourceVersion the new watch cache starts at: a watch from it or later
+    /// resumes without listing.
+    pub fn restart(&self, down: Duration) -> u64 {
+        self.state.restart(down)
     }
 
     /// Ends open watches and stops the server, waiting for in-flight requests.

@@ -47,6 +47,9 @@ pub struct ServerState {
     pub apf: Apf,
     /// The GameServer CRD declares Agones' selectable fields (Agones 1.58 and later).
     pub agones_selectable_fields: std::sync::atomic::AtomicBool,
+    /// Until this moment every API request is answered 503, as while a restarted API
+    /// server is not yet serving ([`ServerState::restart`]).
+    pub down_until: Mutex<Option<std::time::Instant>>,
 }
 
 impl ServerState {
@@ -55,6 +58,32 @@ impl ServerState {
         let mut g = self.watches.lock().unwrap_or_else(|p| p.into_inner());
         g.cancel();
         *g = CancellationToken::new();
+    }
+
+    /// What clients see when the API server restarts: every open watch ends, requests are
+    /// answered 503 for `down`, and the watch history is gone (the new server's watch
+    /// cache starts at the current resourceVersion), so every watch resumed from before
+    /// is answered 410 and its client lists again. The store itself (etcd) keeps
+    /// everything. Returns the resourceVersion the new watch cache starts at.
+    pub fn restart(&self, down: Duration) -> u64 {
+        *self.down_until.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(std::time::Instant::now() + down);
+        let floor = self.store.compact();
+        self.drop_watches();
+        floor
+    }
+
+    /// Whether requests are refused now, because of [`ServerState::restart`].
+    fn is_down(&self) -> bool {
+        let mut g = self.down_until.lock().unwrap_or_else(|p| p.into_inner());
+        match *g {
+            Some(until) if std::time::Instant::now() < until => true,
+            Some(_) => {
+                *g = None;
+                false
+            }
+            None => false,
+        }
     }
 
     fn watch_token(&self) -> CancellationToken {
@@ -240,6 +269,19 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         at,
         response,
     };
+    // A restarting server serves nothing, and admits nothing to its queues.
+    if s.is_down() {
+        let e = ApiError::new(
+            503,
+            "the API server is restarting: the server is currently unable to handle the request",
+        );
+        let bytes = serde_json::to_vec(&e.to_status()).unwrap_or_default();
+        s.journal.add_traffic(&identity, bytes.len() as u64, 0);
+        let status = StatusCode::SERVICE_UNAVAILABLE;
+        s.journal
+            .record(entry(status, None, std::time::SystemTime::now()));
+        return json_response(status, Body::from(bytes));
+    }
     // Admission comes first, as in the real filter chain: a request held by a fault holds
     // its seat, as a slow request would.
     let exempt = apf::exempt(verb == Verb::Watch, &path);
@@ -583,11 +625,20 @@ fn start_watch(
         field_selector: q.get("fieldSelector").unwrap_or_default().to_string(),
         identity: identity.clone(),
     };
+    // A watch that passed the restart check before a restart but takes its token after
+    // the restart ended the others would outlive it: check again once the token is held.
+    let cancel = s.watch_token();
+    if s.is_down() {
+        return Err(ApiError::new(
+            503,
+            "the API server is restarting: the server is currently unable to handle the request",
+        ));
+    }
     let ctx = WatchContext {
         store: s.store.clone(),
         journal: s.journal.clone(),
         identity,
-        cancel: s.watch_token(),
+        cancel,
         bookmark_interval: s.bookmark_interval,
         faults: s.faults.clone(),
         key,

@@ -324,6 +324,16 @@ impl Store {
         self.transaction(|t| t.remove(rt, ns, name))
     }
 
+    /// Forgets every kept event, as the watch cache of a restarted API server starts empty
+    /// at the current resourceVersion: a watch resumed from any earlier one answers 410
+    /// and its client lists again. Returns that resourceVersion, the oldest a watch can
+    /// resume from.
+    pub fn compact(&self) -> u64 {
+        let mut st = self.lock();
+        st.history.clear();
+        st.rv
+    }
+
     /// Every future change, in resourceVersion order.
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<std::sync::Arc<StoreEvent>> {
         self.inner.tx.subscribe()
