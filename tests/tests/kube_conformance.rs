@@ -894,6 +894,21 @@ async fn the_admin_restart_endpoint_restarts_the_server() {
         .boxed();
     cms.create(&PostParams::default(), &cm("c")).await.unwrap();
     assert_eq!(describe(&next_event(&mut w).await), ev("ADDED", "c"));
+    // The remote journal carries each request's query: which resourceVersion it resumed.
+    let watches: Vec<String> = remote
+        .entries_since(0)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.verb == Verb::Watch && e.status == 200)
+        .map(|e| e.query)
+        .collect();
+    assert!(
+        watches
+            .last()
+            .is_some_and(|q| q.contains(&format!("resourceVersion={floor}"))),
+        "{watches:?}"
+    );
 }
 
 #[tokio::test]

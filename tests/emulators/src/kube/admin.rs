@@ -6,7 +6,8 @@
 //!
 //! `GET /_emulator/traffic`: per-identity totals, `{"<identity>": [requests, watch events,
 //! bytes]}` (`""` for requests without a token). `GET /_emulator/journal?since=SEQ`: the
-//! entries from `SEQ` on, without their response bodies. `GET /_emulator/apf`: what API
+//! entries from `SEQ` on, with their query strings (a watch's `resourceVersion`) but
+//! without their response bodies or paths. `GET /_emulator/apf`: what API
 //! Priority and Fairness has done (`{"enabled", "peak_in_flight", "peak_queued",
 //! "queued_total", "rejected"}`), since a queued request is not journaled until it is
 //! served. A real API server serves neither
@@ -113,6 +114,7 @@ async fn journal(State(s): State<Arc<ServerState>>, Query(q): Query<Since>) -> J
                 e.at.duration_since(SystemTime::UNIX_EPOCH)
                     .unwrap_or_default()
                     .as_micros() as u64,
+                e.query,
             ])
         })
         .collect();
@@ -192,7 +194,7 @@ impl RemoteJournal {
             .ok_or_else(|| anyhow::anyhow!("restart answered no resourceVersion: {body}"))
     }
 
-    /// Entries from sequence number `since` on (response bodies left out).
+    /// Entries from sequence number `since` on (paths and response bodies left out).
     pub async fn entries_since(&self, since: u64) -> anyhow::Result<Vec<JournalEntry>> {
         type Row = (
             u64,
@@ -204,6 +206,7 @@ impl RemoteJournal {
             Option<String>,
             u16,
             u64,
+            String,
         );
         let rows: Vec<Row> = self
             .http
@@ -215,7 +218,18 @@ impl RemoteJournal {
             .await?;
         rows.into_iter()
             .map(
-                |(seq, identity, verb, resource, namespace, name, subresource, status, at)| {
+                |(
+                    seq,
+                    identity,
+                    verb,
+                    resource,
+                    namespace,
+                    name,
+                    subresource,
+                    status,
+                    at,
+                    query,
+                )| {
                     Ok(JournalEntry {
                         seq,
                         identity,
@@ -223,7 +237,7 @@ impl RemoteJournal {
                             .ok_or_else(|| anyhow::anyhow!("unknown verb {verb:?}"))?,
                         method: String::new(),
                         path: String::new(),
-                        query: String::new(),
+                        query,
                         status,
                         resource,
                         namespace,
