@@ -15,7 +15,7 @@ use lastcall_testkit::agent::{InProcessAgent, metric};
 use lastcall_testkit::eventually::{eventually, wait_for};
 use lastcall_testkit::gamelift::{Call, InstanceStatus};
 use lastcall_testkit::imds::ImdsEmulator;
-use lastcall_testkit::kube::{FaultRule, Method};
+use lastcall_testkit::kube::{FaultRule, Method, Verb};
 use lastcall_testkit::world::{
     GROUP, IID, NODE, NS, World, WorldSpec, cordoned, has_taint, subscribed,
 };
@@ -499,5 +499,135 @@ async fn kube_api_errors_are_retried_until_the_drain_completes() {
     let m = agent.metrics().await;
     assert!(metric(&m, "lastcall_reconciles_total", &[("result", "error")]) >= Some(1.0));
     w.finish_drain(&keep).await;
+    agent.stop().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// The API server restarts mid-drain
+// ---------------------------------------------------------------------------------------
+
+/// How long the restarted API server answers 503.
+const API_DOWN: Duration = Duration::from_secs(4);
+
+/// The API server restarts while a drain waits on two matches (a control-plane upgrade
+/// during a Spot wave): every watch ends, every request is answered 503 for 4 s, and the
+/// watch history is gone, so each watch resumed from before is answered 410. One match
+/// ends while the server is down: its DELETE can reach the agent only through a re-list.
+/// The agent keeps the fence and the other match's protection, sees the ended match gone,
+/// deletes no allocated server, and deregisters exactly once when the second match ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_restart_mid_drain_is_recovered_by_listing_again() {
+    use lastcall_testkit::agent::metric_sum;
+    use lastcall_testkit::cluster::GameServerState;
+    let w = world(1, 2).await;
+    let matches: Vec<_> = w
+        .on(NODE)
+        .into_iter()
+        .filter(|g| g.state == Some(GameServerState::Allocated))
+        .collect();
+    assert_eq!(matches.len(), 2);
+    let agent = w.agent(&[]).await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    w.status(Status::Draining).await;
+    wait_for(
+        "fenced, the Ready server released, both matches protected",
+        || async {
+            let here = w.on(NODE);
+            let n = w.node().await;
+            (fenced(&n)
+                && here.len() == 2
+                && here
+                    .iter()
+                    .all(|g| g.annotations.contains_key("lastcall.dev/drain-deadline")))
+            .then_some(())
+        },
+    )
+    .await;
+    let watch_errors = |m: &str| metric_sum(m, "lastcall_watch_errors_total", &[]);
+    let errors_before = watch_errors(&agent.metrics().await);
+    // A write elsewhere first: every watch of the agent is then behind the newest
+    // resourceVersion, as on a busy cluster, so each one resumed is answered 410.
+    let cm: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "elsewhere"}})).unwrap();
+    Api::namespaced(w.cluster.client(), NS)
+        .create(&kube::api::PostParams::default(), &cm)
+        .await
+        .unwrap();
+    let j = w.cluster.emulator().journal();
+    let restart_seq = j.entries().last().map_or(0, |e| e.seq);
+    w.cluster.emulator().restart(API_DOWN);
+    // While it is down, the first match ends: the controller deletes its GameServer and
+    // pod through etcd (the cluster model writes the store directly).
+    let (ended, kept) = (&matches[0], &matches[1]);
+    w.cluster
+        .sdk_shutdown(NS, &ended.name)
+        .expect("sdk shutdown");
+    wait_for("the ended match's server and pod are gone", || async {
+        (w.cluster.game_server(NS, &ended.name).is_none()
+            && w.cluster.pod(NS, &ended.name).is_none())
+        .then_some(())
+    })
+    .await;
+    let gone_seq = j.entries().last().map_or(0, |e| e.seq);
+    // The premise: the agent's watches could not have seen it; every request it made from
+    // the restart until the match was gone was refused.
+    let early: Vec<_> = j.filter(|e| {
+        e.seq > restart_seq && e.seq <= gone_seq && e.identity.as_deref() == Some("agent-n1")
+    });
+    assert!(
+        early.iter().all(|e| e.status == 503),
+        "the agent was served while the server was down: {early:?}"
+    );
+    wait_for("the agent sees only the remaining match", || async {
+        (metric_sum(&agent.metrics().await, "lastcall_game_servers", &[]) == 1.0).then_some(())
+    })
+    .await;
+    let m = agent.metrics().await;
+    assert!(
+        watch_errors(&m) >= errors_before + 3.0,
+        "each of the three watches failed and recovered: {} -> {}",
+        errors_before,
+        watch_errors(&m)
+    );
+    // It listed every kind again, each successfully (the pods LIST before deregistering
+    // comes only once the second match has ended, below).
+    for kind in ["nodes", "pods", "gameservers"] {
+        assert!(
+            j.count(|e| e.seq > gone_seq
+                && e.identity.as_deref() == Some("agent-n1")
+                && e.verb == Verb::List
+                && e.resource.as_deref() == Some(kind)
+                && e.status == 200)
+                >= 1,
+            "no fresh LIST of {kind} after the restart"
+        );
+    }
+    // The drain stands as it was.
+    let n = w.node().await;
+    assert!(fenced(&n), "the fence came off across the restart");
+    let g = w
+        .cluster
+        .game_server(NS, &kept.name)
+        .expect("the kept match");
+    assert!(
+        !g.deleting && g.annotations.contains_key("lastcall.dev/drain-deadline"),
+        "the remaining match lost its protection across the restart"
+    );
+    assert_eq!(
+        metric(&m, "lastcall_drain_phase", &[("phase", "draining")]),
+        Some(1.0)
+    );
+    w.finish_drain(kept).await;
+    // No allocated server was ever deleted by the agent.
+    let killed: Vec<_> = j.filter(|e| {
+        e.identity.as_deref() == Some("agent-n1")
+            && e.verb == Verb::Delete
+            && e.resource.as_deref() == Some("gameservers")
+            && matches
+                .iter()
+                .any(|g| e.name.as_deref() == Some(g.name.as_str()))
+    });
+    assert!(killed.is_empty(), "allocated servers deleted: {killed:?}");
     agent.stop().await.unwrap();
 }
