@@ -24,12 +24,19 @@
 //! 2. 10% of the nodes doomed by FleetIQ DRAINING within one second, allocators racing.
 //! 3. 50% of the (remaining) nodes, the same way.
 //! 4. Redis: subscribers, CPU and memory across the run; PUBLISH → last fence from 2 and 3.
+//! 6. the API server restarts (every watch ends, `LASTCALL_SCALE_DOWN` seconds of 503s, 5 by
+//!    default, the watch history gone): the re-list storm, run before 2 and 3 so that the
+//!    drains use the watches it re-made. Baseline: the unfiltered watchers' initial sync,
+//!    which is what each of them would list again.
 
 use std::time::Duration;
 
 use lastcall_testkit::kube::Traffic;
-use lastcall_testkit::scale::{DrainReport, ScaleSpec, ScaleWorld, open_fds, status_kb};
+use lastcall_testkit::scale::{
+    DrainReport, ScaleSpec, ScaleWorld, UnfilteredReport, open_fds, status_kb,
+};
 use lastcall_testkit::scale_agents::run_on_two_workers;
+use lastcall_testkit::scale_restart::RestartReport;
 
 fn main() -> anyhow::Result<()> {
     // The harness's runtime (the agents run in shard processes).
@@ -204,6 +211,16 @@ async fn run() -> anyhow::Result<()> {
     );
     println!();
 
+    // 6. The API server restarts (before the drains, which then run on the re-made watches).
+    let down = Duration::from_secs(
+        std::env::var("LASTCALL_SCALE_DOWN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5),
+    );
+    let r = world.restart_api(down, Duration::from_secs(600)).await?;
+    print_restart(n, &r, u.as_ref());
+
     // 2 and 3. Drains.
     let tenth: Vec<usize> = (0..n).filter(|i| i % 10 == 0).collect();
     let half: Vec<usize> = (0..n).filter(|i| (1..=5).contains(&(i % 10))).collect();
@@ -357,6 +374,86 @@ fn print_drain(name: &str, n: usize, fence: &mut [Duration], r: &DrainReport) {
     println!("| request | count |");
     println!("|---|---|");
     for (k, v) in &r.agent_requests_by_kind {
+        println!("| {k} | {v} |");
+    }
+    println!();
+}
+
+fn print_restart(n: usize, r: &RestartReport, u: Option<&UnfilteredReport>) {
+    println!(
+        "## 6. The API server restarts: every watch ends, {} of 503s, the watch history gone (run before 2 and 3)",
+        secs(r.down)
+    );
+    println!();
+    println!("| measure | value |");
+    println!("|---|---|");
+    let mut after = r.list_after_up.clone();
+    println!(
+        "| server up → each agent's re-list of each kind, p50 / p99 / max | {} / {} / {} |",
+        pct(&mut after, 0.5),
+        pct(&mut after, 0.99),
+        pct(&mut after, 1.0)
+    );
+    println!(
+        "| watches listed again (410); resumed without a list (held the newest resourceVersion) | {}; {} |",
+        r.list_after_up.len(),
+        r.resumed_without_list
+    );
+    println!(
+        "| server up → the last watch resumed | {} |",
+        secs(r.last_watch)
+    );
+    println!(
+        "| agent requests until every watch was back: in all; per agent | {}; {:.1} |",
+        r.agent_traffic.requests,
+        r.agent_traffic.requests as f64 / n.max(1) as f64
+    );
+    println!(
+        "| successful LISTs per agent, most | {} |",
+        r.lists_per_agent_max
+    );
+    println!(
+        "| agent writes (the promise: 0) | **{}** |",
+        r.agent_writes.len()
+    );
+    println!(
+        "| bytes to the agents (LIST responses, watch events): in all; per agent | {}; {:.0} |",
+        r.agent_traffic.bytes,
+        r.agent_traffic.bytes as f64 / n.max(1) as f64
+    );
+    println!(
+        "| peak successful agent LISTs per second; peak agent requests per second | {}; {} |",
+        r.peak_lists_per_s, r.peak_agent_rps
+    );
+    println!(
+        "| 429s, agents (everyone) | {} ({}) |",
+        r.agent_429, r.status_429
+    );
+    println!(
+        "| requests that waited in an APF queue | {} |",
+        r.apf_queued
+    );
+    println!(
+        "| CPU: emulator / agents | {} / {} |",
+        secs(r.cpu.emulator),
+        secs(r.cpu.agents())
+    );
+    if let Some(u) = u {
+        println!(
+            "| baseline: unfiltered watchers listing again, × {n} (computed from one initial sync: {} requests, {} bytes) | {} requests, {} bytes ({:.0}×) |",
+            u.sync.requests,
+            u.sync.bytes,
+            u.sync.requests * n as u64,
+            u.sync.bytes * n as u64,
+            (u.sync.bytes * n as u64) as f64 / r.agent_traffic.bytes.max(1) as f64
+        );
+    }
+    println!();
+    println!("Agent requests by kind and status:");
+    println!();
+    println!("| request | count |");
+    println!("|---|---|");
+    for (k, v) in &r.by_kind {
         println!("| {k} | {v} |");
     }
     println!();

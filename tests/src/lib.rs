@@ -17,6 +17,7 @@ pub mod demo;
 pub mod scale;
 pub mod scale_agents;
 pub mod scale_redis;
+pub mod scale_restart;
 pub mod timeline;
 pub mod webhook;
 pub mod world;

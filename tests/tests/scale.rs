@@ -9,6 +9,9 @@
 //!   allocators run with the exclusion selector: every drain completes (deregistered), no
 //!   agent deletes an allocated server, and no allocation succeeds on a doomed node after
 //!   its agent's first round of releases past the fence (by the emulator's journal);
+//! - the API server restarts (watches end, 5 s of 503s, the watch history gone): every
+//!   agent lists each kind it watches again and resumes its watch, and none writes
+//!   anything; the drains above run after it, on the watches it re-made;
 //! - all of it through a tight API Priority and Fairness level (150 requests/s, 4 waiting
 //!   per user), so agents queue, are refused with 429 and `Retry-After`, and retry;
 //! - on a Redis Cluster (60 agents), subscriptions spread over its nodes and a 10% drain
@@ -53,6 +56,41 @@ async fn scale_promises_hold() {
             .get("kubelet")
             .is_some_and(|t| t.requests > 0),
         "the kubelet load ran"
+    );
+
+    // The API server restarts; the drains below run on the watches the agents re-made.
+    let r = world
+        .restart_api(Duration::from_secs(5), Duration::from_secs(300))
+        .await
+        .expect("every agent lists again and resumes its watches");
+    eprintln!(
+        "restart: {} re-lists, {} resumed without one, last re-list {:?} and watch {:?} after the server was up, max {} LISTs per agent, {:?} of agent traffic, peak {} LISTs/s, 429s {} (agents {}), by kind {:?}",
+        r.list_after_up.len(),
+        r.resumed_without_list,
+        r.last_list,
+        r.last_watch,
+        r.lists_per_agent_max,
+        r.agent_traffic,
+        r.peak_lists_per_s,
+        r.status_429,
+        r.agent_429,
+        r.by_kind
+    );
+    assert!(
+        r.agent_writes.is_empty(),
+        "agents wrote because the API server restarted: {:?}",
+        r.agent_writes
+    );
+    assert_eq!(
+        r.list_after_up.len() + r.resumed_without_list,
+        3 * n,
+        "every agent watch listed again, or resumed from a resourceVersion still served"
+    );
+    assert!(
+        r.list_after_up.len() >= 3 * n * 9 / 10,
+        "most watches were answered 410 and listed again (the premise): {} of {}",
+        r.list_after_up.len(),
+        3 * n
     );
 
     let tenth: Vec<usize> = (0..n).filter(|i| i % 10 == 0).collect();
