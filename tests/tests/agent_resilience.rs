@@ -579,10 +579,37 @@ async fn an_api_server_restart_mid_drain_is_recovered_by_listing_again() {
         early.iter().all(|e| e.status == 503),
         "the agent was served while the server was down: {early:?}"
     );
-    wait_for("the agent sees only the remaining match", || async {
-        (metric_sum(&agent.metrics().await, "lastcall_game_servers", &[]) == 1.0).then_some(())
-    })
+    eventually(
+        "the agent sees only the remaining match",
+        Duration::from_secs(75),
+        Duration::from_millis(50),
+        || async {
+            (metric_sum(&agent.metrics().await, "lastcall_game_servers", &[]) == 1.0).then_some(())
+        },
+    )
     .await;
+    // It lists every kind again, each successfully (the pods LIST before deregistering
+    // comes only once the second match has ended, below). Each watch retries on its own
+    // jittered backoff (up to 30 s between tries), so one kind may come back well after
+    // another: wait for each rather than assume they return together.
+    for kind in ["nodes", "pods", "gameservers"] {
+        eventually(
+            &format!("a fresh LIST of {kind} after the restart"),
+            Duration::from_secs(75),
+            Duration::from_millis(50),
+            || async {
+                (j.count(|e| {
+                    e.seq > gone_seq
+                        && e.identity.as_deref() == Some("agent-n1")
+                        && e.verb == Verb::List
+                        && e.resource.as_deref() == Some(kind)
+                        && e.status == 200
+                }) >= 1)
+                    .then_some(())
+            },
+        )
+        .await;
+    }
     let m = agent.metrics().await;
     assert!(
         watch_errors(&m) >= errors_before + 3.0,
@@ -590,19 +617,6 @@ async fn an_api_server_restart_mid_drain_is_recovered_by_listing_again() {
         errors_before,
         watch_errors(&m)
     );
-    // It listed every kind again, each successfully (the pods LIST before deregistering
-    // comes only once the second match has ended, below).
-    for kind in ["nodes", "pods", "gameservers"] {
-        assert!(
-            j.count(|e| e.seq > gone_seq
-                && e.identity.as_deref() == Some("agent-n1")
-                && e.verb == Verb::List
-                && e.resource.as_deref() == Some(kind)
-                && e.status == 200)
-                >= 1,
-            "no fresh LIST of {kind} after the restart"
-        );
-    }
     // The drain stands as it was.
     let n = w.node().await;
     assert!(fenced(&n), "the fence came off across the restart");
