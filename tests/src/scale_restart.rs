@@ -64,7 +64,7 @@ struct Back {
 type Relists = HashMap<(String, String), Back>;
 
 /// The `resourceVersion` a request asked for.
-fn resource_version(query: &str) -> Option<u64> {
+pub fn resource_version(query: &str) -> Option<u64> {
     query
         .split('&')
         .find_map(|kv| kv.strip_prefix("resourceVersion="))
