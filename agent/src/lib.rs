@@ -31,4 +31,5 @@ pub mod reverted;
 pub mod run;
 pub mod sources;
 pub mod throttle;
+pub mod watch_pacing;
 pub mod watches;

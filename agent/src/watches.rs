@@ -11,6 +11,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DynamicObject};
 use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::DefaultBackoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -19,6 +20,7 @@ use tracing::{error, warn};
 use crate::gameserver_selector::{self, Selection, Selector};
 use crate::metrics::{Metrics, SourceLabel};
 use crate::observed::gameserver_resource;
+use crate::watch_pacing::paced;
 
 #[derive(Clone)]
 pub struct Stores {
@@ -141,11 +143,13 @@ pub fn spawn(
         (trigger.clone(), metrics.clone(), shutdown.clone());
     let node_api: Api<Node> = Api::all(client.clone());
     let (node, w) = reflector::store();
-    let s = watcher(
-        node_api,
-        watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+    let s = paced(
+        watcher(
+            node_api,
+            watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+        ),
+        DefaultBackoff::default(),
     )
-    .default_backoff()
     .modify(slim_node)
     .reflect(w);
     handles.push(tokio::spawn(async move {
@@ -157,11 +161,13 @@ pub fn spawn(
         (trigger.clone(), metrics.clone(), shutdown.clone());
     let pod_api: Api<Pod> = Api::all(client.clone());
     let (pods, w) = reflector::store();
-    let s = watcher(
-        pod_api,
-        watcher::Config::default().fields(&format!("spec.nodeName={node_name}")),
+    let s = paced(
+        watcher(
+            pod_api,
+            watcher::Config::default().fields(&format!("spec.nodeName={node_name}")),
+        ),
+        DefaultBackoff::default(),
     )
-    .default_backoff()
     .modify(slim_pod)
     .reflect(w);
     handles.push(tokio::spawn(async move {
@@ -195,9 +201,11 @@ pub fn spawn(
         };
         let _ = decided.set(chosen);
         metrics.gameserver_selection(chosen);
-        let s = watcher(gs_api, chosen.watch_config(&node_name))
-            .default_backoff()
-            .modify(slim_gameserver)
+        let s = paced(
+            watcher(gs_api, chosen.watch_config(&node_name)),
+            DefaultBackoff::default(),
+        )
+        .modify(slim_gameserver)
             .reflect(w);
         let fatal: Option<Fatal> =
             (chosen == Selection::Field).then_some(gameserver_selector::field_withdrawn);
