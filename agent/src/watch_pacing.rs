@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use kube::runtime::utils::Backoff;
-use kube::runtime::watcher;
+use kube::runtime::watcher::{self, DefaultBackoff};
 use tokio::time::Instant;
 
 /// The shortest time between two re-lists of one watch made without a backoff.
@@ -52,27 +52,26 @@ pub fn is_gone(e: &watcher::Error) -> bool {
 
 type Item<K> = Result<watcher::Event<K>, watcher::Error>;
 
-struct State<S, B> {
+struct State<S> {
     stream: Pin<Box<S>>,
-    backoff: B,
+    backoff: DefaultBackoff,
     pacing: Pacing,
     /// The wait before the next request, decided when the last error was seen.
     wait: Option<Duration>,
     given_up: bool,
 }
 
-/// `stream` retried after errors as [`kube::runtime::WatchStreamExt::backoff`] does (each
-/// error is passed on at once, then the next poll waits `backoff`; any event resets it),
-/// but with no wait after a 410 that [`Pacing`] lets through.
-pub fn paced<S, K, B>(stream: S, backoff: B) -> impl Stream<Item = Item<K>> + Send
+/// `stream` retried after errors as [`kube::runtime::WatchStreamExt::default_backoff`]
+/// does (each error is passed on at once, then the next poll waits the backoff; any event
+/// resets it), but with no wait after a 410 that [`Pacing`] lets through.
+pub fn paced<S, K>(stream: S) -> impl Stream<Item = Item<K>> + Send
 where
     S: Stream<Item = Item<K>> + Send + 'static,
     K: Send + 'static,
-    B: Backoff + 'static,
 {
     let state = State {
         stream: Box::pin(stream),
-        backoff,
+        backoff: DefaultBackoff::default(),
         pacing: Pacing::default(),
         wait: None,
         given_up: false,
@@ -101,7 +100,6 @@ where
 mod tests {
     use super::*;
     use kube::core::Status;
-    use kube::runtime::watcher::DefaultBackoff;
 
     fn gone() -> watcher::Error {
         watcher::Error::WatchError(
@@ -138,10 +136,7 @@ mod tests {
     /// Polls `errors` through [`paced`] and returns the (paused) time each item arrived.
     async fn arrivals(errors: Vec<watcher::Error>) -> Vec<Duration> {
         let items: Vec<Item<()>> = errors.into_iter().map(Err).collect();
-        let mut s = std::pin::pin!(paced(
-            futures::stream::iter(items),
-            DefaultBackoff::default()
-        ));
+        let mut s = std::pin::pin!(paced(futures::stream::iter(items)));
         let t0 = Instant::now();
         let mut at = vec![];
         while s.next().await.is_some() {

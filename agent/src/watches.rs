@@ -11,7 +11,6 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DynamicObject};
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher::DefaultBackoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -143,13 +142,10 @@ pub fn spawn(
         (trigger.clone(), metrics.clone(), shutdown.clone());
     let node_api: Api<Node> = Api::all(client.clone());
     let (node, w) = reflector::store();
-    let s = paced(
-        watcher(
-            node_api,
-            watcher::Config::default().fields(&format!("metadata.name={node_name}")),
-        ),
-        DefaultBackoff::default(),
-    )
+    let s = paced(watcher(
+        node_api,
+        watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+    ))
     .modify(slim_node)
     .reflect(w);
     handles.push(tokio::spawn(async move {
@@ -161,13 +157,10 @@ pub fn spawn(
         (trigger.clone(), metrics.clone(), shutdown.clone());
     let pod_api: Api<Pod> = Api::all(client.clone());
     let (pods, w) = reflector::store();
-    let s = paced(
-        watcher(
-            pod_api,
-            watcher::Config::default().fields(&format!("spec.nodeName={node_name}")),
-        ),
-        DefaultBackoff::default(),
-    )
+    let s = paced(watcher(
+        pod_api,
+        watcher::Config::default().fields(&format!("spec.nodeName={node_name}")),
+    ))
     .modify(slim_pod)
     .reflect(w);
     handles.push(tokio::spawn(async move {
@@ -201,11 +194,8 @@ pub fn spawn(
         };
         let _ = decided.set(chosen);
         metrics.gameserver_selection(chosen);
-        let s = paced(
-            watcher(gs_api, chosen.watch_config(&node_name)),
-            DefaultBackoff::default(),
-        )
-        .modify(slim_gameserver)
+        let s = paced(watcher(gs_api, chosen.watch_config(&node_name)))
+            .modify(slim_gameserver)
             .reflect(w);
         let fatal: Option<Fatal> =
             (chosen == Selection::Field).then_some(gameserver_selector::field_withdrawn);

@@ -15,7 +15,7 @@ use lastcall_testkit::agent::{InProcessAgent, metric};
 use lastcall_testkit::eventually::{eventually, try_eventually, wait_for};
 use lastcall_testkit::gamelift::{Call, InstanceStatus};
 use lastcall_testkit::imds::ImdsEmulator;
-use lastcall_testkit::kube::{FaultRule, Method, Verb};
+use lastcall_testkit::kube::{FaultRule, JournalEntry, Method, Verb};
 use lastcall_testkit::scale_restart::resource_version;
 use lastcall_testkit::world::{
     GROUP, IID, NODE, NS, World, WorldSpec, cordoned, has_taint, subscribed,
@@ -597,7 +597,7 @@ async fn an_api_server_restart_mid_drain_is_recovered_by_listing_again() {
     // one kind may come back well after another: wait for each rather than assume they
     // return together. (The pods LIST before deregistering comes only once the second match
     // has ended, below.)
-    let agent_asks = |e: &lastcall_testkit::kube::JournalEntry, kind: &str, verb: Verb| {
+    let agent_asks = |e: &JournalEntry, kind: &str, verb: Verb| {
         e.identity.as_deref() == Some("agent-n1")
             && e.verb == verb
             && e.resource.as_deref() == Some(kind)
