@@ -112,8 +112,9 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_DRAIN_DEADLINE", default_value = "30m", value_parser = positive_duration)]
     pub drain_deadline: Duration,
 
-    /// How long the fence must have stood before an empty node is deregistered: a
-    /// scheduler deciding on a cache from before the cordon may still bind a pod here.
+    /// How long the fence must have stood before an empty node is handed over (FleetIQ
+    /// deregistration, an Auto Scaling hook completed, an Azure event approved, the hand-back
+    /// to GKE): a scheduler deciding on a cache from before the cordon may still bind a pod.
     #[arg(long, env = "LASTCALL_DEREGISTER_SETTLE", default_value = "5s", value_parser = lastcall_common::duration::parse_duration)]
     pub deregister_settle: Duration,
 

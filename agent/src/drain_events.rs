@@ -48,6 +48,7 @@ pub const REASONS: &[&str] = &[
     "MatchesAtRisk",
     "CooperationLabelInvalid",
     "EvictionSafeUnknown",
+    crate::policy::DEREGISTERED_WHILE_BUSY,
     // Sources' warnings (`sources::NodeWarnings`).
     crate::sources::asg_lifecycle::HEARTBEAT_DENIED,
 ];

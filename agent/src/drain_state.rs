@@ -257,6 +257,7 @@ mod tests {
             wake_at: None,
             warnings: vec![],
             at_risk: 0,
+            hand_off: false,
         };
         assert_eq!(counts(&plan(Phase::Idle, &[], None), &observed), None);
         assert_eq!(counts(&plan(Phase::Cancelling, &[], None), &observed), None);

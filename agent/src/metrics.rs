@@ -88,6 +88,7 @@ pub struct Metrics {
     pub signals: Family<SourceStatus, Counter>,
     pub notices: Family<NoticeLabels, Gauge>,
     pub matches_at_risk: Gauge,
+    pub deregistered_while_busy: Gauge,
     pub cooperation_exposed: Gauge,
     pub writes_reverted: Family<ActionLabel, Counter>,
     pub drain_state: Family<ResultLabel, Counter>,
@@ -139,6 +140,7 @@ impl Metrics {
             signals: Family::default(),
             notices: Family::default(),
             matches_at_risk: Gauge::default(),
+            deregistered_while_busy: Gauge::default(),
             cooperation_exposed: Gauge::default(),
             writes_reverted: Family::default(),
             drain_state: Family::default(),
@@ -293,6 +295,11 @@ impl Metrics {
             "matches_at_risk",
             "In-use game servers whose match may not end before the node's Terminate deadline and that lastcall may not end early (eviction.safe)",
             m.matches_at_risk.clone(),
+        );
+        r.register(
+            "fleetiq_deregistered_while_busy",
+            "1 while GameLift no longer lists this node's game server although matches still run on it: the node stays fenced and is handed over only once empty",
+            m.deregistered_while_busy.clone(),
         );
         r.register(
             "cooperation_exposed_matches",

@@ -549,6 +549,13 @@ impl Reconciler {
 
     fn record_gauges(&mut self, plan: &Plan, observed: &Observed) {
         self.metrics.matches_at_risk.set(plan.at_risk as i64);
+        let forgotten = plan
+            .warnings
+            .iter()
+            .any(|w| w.reason == policy::DEREGISTERED_WHILE_BUSY);
+        self.metrics
+            .deregistered_while_busy
+            .set(i64::from(forgotten));
         let mode =
             crate::cooperation::Mode::for_node(&observed.node.labels, self.config.cooperation)
                 .unwrap_or(self.config.cooperation);
@@ -669,9 +676,13 @@ impl Reconciler {
                 ..self.inputs(&notices, &unknown, &observed, now)
             });
         }
-        if plan.actions.contains(&Action::Deregister) && !self.actuator.is_dry_run() {
-            // The watch caches can lag behind a pod bound just before the fence. Handing the
-            // node back is final, so "empty" is confirmed on a fresh, consistent read.
+        // Every hand-off (deregistration, the hand-back to GKE, a platform told it may have
+        // the machine) is final, and the watch caches can lag behind a pod bound just before
+        // the fence: "empty" is confirmed on a fresh, consistent read first. A hand-off
+        // already told is not read again on every pass.
+        let already_told = plan.hand_off && *self.node_empty.borrow();
+        let confirming = plan.hands_over() && !already_told;
+        if confirming && !self.actuator.is_dry_run() {
             let fresh = self.confirm(&observed).await.map_err(|e| {
                 self.metrics
                     .reconciles
@@ -680,9 +691,9 @@ impl Reconciler {
                 format!("confirming the node is empty: {e}")
             })?;
             plan = policy::plan(&self.inputs(&notices, &unknown, &fresh, jiff::Timestamp::now()));
-            if !plan.actions.contains(&Action::Deregister) {
+            if !plan.hands_over() {
                 info!(
-                    message = "a fresh read found game servers the watches had not shown yet; not deregistering"
+                    message = "a fresh read found game-server pods the watches had not shown yet; not handing the node over"
                 );
             }
             observed = fresh;
@@ -736,7 +747,7 @@ impl Reconciler {
         match result {
             Ok(applied) => {
                 // Sources honour --dry-run themselves (they count, never send).
-                let empty = applied == 0 && plan.is_handed_off(&self.config);
+                let empty = applied == 0 && plan.hand_off;
                 let was_empty = *self.node_empty.borrow();
                 self.node_empty
                     .send_if_modified(|v| std::mem::replace(v, empty) != empty);

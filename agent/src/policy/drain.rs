@@ -3,8 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use jiff::Timestamp;
-
 use crate::keys;
 use crate::notice::Notice;
 use crate::observed::GsState;
@@ -12,6 +10,7 @@ use crate::progress::{Progress, format_precise};
 
 use super::fence::fence_patch;
 use super::game_servers::fenced_work;
+use super::handoff;
 use super::taints::taint;
 use super::{Action, Inputs, NodePatch, Phase, Plan};
 
@@ -54,8 +53,9 @@ pub(super) fn drain(
         }));
     }
 
-    if !fencing
-        && !work.busy
+    // Every hand-off below waits for the same gate: fenced, empty, settled.
+    let gate = handoff::gate(inp, progress, !fencing, work.busy);
+    if gate.is_open()
         && inp.config.hand_back
         && inp.notices.iter().any(|n| n.can_start_early)
         && !progress.handed_back_final()
@@ -79,22 +79,17 @@ pub(super) fn drain(
         Phase::Fencing
     } else if work.busy {
         Phase::Draining
-    } else if inp.config.deregister {
-        // The fence must have stood for a while: a scheduler deciding on a cache from
-        // before the cordon may still be binding a pod here.
-        // Counted from the latest moment the fence can have been made; an unreadable
-        // start is written anew by the fence, so it counts from now.
-        let settle =
-            jiff::SignedDuration::try_from(inp.config.deregister_settle).unwrap_or_default();
-        let fenced_at = progress.fenced_by.unwrap_or(inp.now);
-        let settled_at = fenced_at.checked_add(settle).unwrap_or(Timestamp::MAX);
-        if progress.fenced_by.is_some() && inp.now >= settled_at {
-            out.actions.push(Action::Deregister);
-        } else {
-            out.wake_at = Some(settled_at);
-        }
-        Phase::Empty
     } else {
+        // The fence must have stood for a while: a scheduler deciding on a cache from before
+        // the cordon may still be binding a pod here.
+        handoff::wake(gate, &mut out.wake_at);
+        if gate.is_open() {
+            if inp.config.deregister {
+                out.actions.push(Action::Deregister);
+            } else {
+                out.hand_off = true;
+            }
+        }
         Phase::Empty
     }
 }

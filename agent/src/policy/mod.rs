@@ -7,8 +7,9 @@
 //!
 //! One file per step: `fence` (cordon, taint, progress), `game_servers` (release, protect,
 //! end gracefully), `pace` (release pacing), `drain` (a drain's last steps once the node is
-//! empty), `cancel` and `idle` (undoing a drain), `cooperate` (autoscaler annotations),
-//! `deadlines` (what the deadline rule says for this pass). [`plan`] is the only entry.
+//! empty), `handoff` (the one gate every hand-off passes), `cancel` and `idle` (undoing a
+//! drain), `cooperate` (autoscaler annotations), `deadlines` (what the deadline rule says for
+//! this pass). [`plan`] is the only entry.
 
 mod cancel;
 mod cooperate;
@@ -16,6 +17,7 @@ mod deadlines;
 mod drain;
 mod fence;
 mod game_servers;
+mod handoff;
 mod idle;
 mod pace;
 mod taints;
@@ -40,6 +42,7 @@ pub use deadlines::{DeadlineView, deadline_view};
 use drain::drain;
 use fence::{fence_patch, unseen_servers};
 use game_servers::{fenced_work, remove_terminating_from_allocation, warn_unknown_eviction_safe};
+pub use handoff::DEREGISTERED_WHILE_BUSY;
 use idle::idle;
 pub use taints::compat_toleration;
 #[cfg(test)]
@@ -305,17 +308,26 @@ pub struct Plan {
     /// In-use servers whose match may not end before the Terminate deadline (the "matches
     /// at risk" gauge).
     pub at_risk: usize,
+    /// The node is empty, the fence has stood its settle, and every hand-off that must come
+    /// first is done (FleetIQ deregistration where it is on): a platform waiting for the
+    /// node (an Auto Scaling hook, an Azure event) may have it, once a fresh read agrees.
+    /// Never from what FleetIQ says alone.
+    pub hand_off: bool,
 }
 
 impl Plan {
-    /// The node is empty and every hand-off that must come first is done (FleetIQ
-    /// deregistration where it is on): a platform waiting for the node may have it now.
-    pub fn is_handed_off(&self, config: &PolicyConfig) -> bool {
-        match self.phase {
-            Phase::Deregistered => true,
-            Phase::Empty => !config.deregister,
-            _ => false,
-        }
+    /// Whether this plan hands the machine over: it deregisters, hands the node back to
+    /// GKE, or lets a waiting platform have it. Each is final, so the reconciler confirms
+    /// "empty" on a fresh read first.
+    pub fn hands_over(&self) -> bool {
+        self.hand_off
+            || self.actions.iter().any(|a| match a {
+                Action::Deregister => true,
+                Action::PatchNode(p) => p
+                    .set_labels
+                    .contains_key(keys::LABEL_GKE_PERFORM_MAINTENANCE),
+                _ => false,
+            })
     }
 }
 
@@ -359,6 +371,7 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         wake_at: None,
         warnings: vec![],
         at_risk: 0,
+        hand_off: false,
     };
     // Releasing idle servers on a node lastcall has fenced is safe whatever the signals say
     // now: nothing may start a match there, and a Fleet replaces them elsewhere.
@@ -366,17 +379,29 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
     out.phase = if progress.deregistered.is_some() || inp.fleetiq_deregistered {
         // Deregistration is final: the instance is leaving. Keep the fence up, and keep
         // releasing whatever still lands here (pods with blanket tolerations).
-        if let Some(p) = fence_patch(inp, &progress, driver.as_ref()) {
-            out.actions.push(Action::PatchNode(p));
-        }
+        let fencing = match fence_patch(inp, &progress, driver.as_ref()) {
+            Some(p) => {
+                out.actions.push(Action::PatchNode(p));
+                true
+            }
+            None => false,
+        };
+        let busy =
+            !fenced || fenced_work(inp, &progress, driver.as_ref(), unseen_servers, &mut out).busy;
+        // Deregistered is not empty: GameLift may have dropped a busy node's game server
+        // on its own. Only the node itself opens the gate.
+        let gate = handoff::gate(inp, &progress, fenced && !fencing, busy);
+        handoff::wake(gate, &mut out.wake_at);
         if progress.deregistered.is_none() {
-            // The record was lost: deregistering again sends nothing to FleetIQ (it knows)
-            // and writes the record.
-            out.actions.push(Action::Deregister);
+            if gate.is_open() {
+                // The record was lost, or GameLift dropped the server: deregistering again
+                // sends nothing to FleetIQ (it knows) and writes the record.
+                out.actions.push(Action::Deregister);
+            } else if busy && fenced {
+                out.warnings.push(handoff::deregistered_while_busy());
+            }
         }
-        if fenced {
-            fenced_work(inp, &progress, driver.as_ref(), unseen_servers, &mut out);
-        }
+        out.hand_off = gate.is_open() && progress.deregistered.is_some();
         Phase::Deregistered
     } else if let Some(n) = &driver {
         drain(inp, &progress, n, unseen_servers, &mut out)

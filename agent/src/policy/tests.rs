@@ -1399,7 +1399,11 @@ fn pacing_releases_one_server_per_fleet_per_interval() {
 
 #[test]
 fn a_deregistration_fleetiq_knows_of_is_final_even_without_its_record() {
-    let (drained, _, _) = converge(&mixed(), &[draining()], &cfg());
+    // Empty: a busy node GameLift forgot is not handed over (see
+    // `a_busy_node_gamelift_forgot_is_never_handed_over`).
+    let (mut drained, _, _) = converge(&mixed(), &[draining()], &cfg());
+    drained.game_servers.clear();
+    drained.pods.clear();
     assert!(drained.node.unschedulable);
     let gone = |notices: &[Notice]| {
         plan(&Inputs {
@@ -1921,24 +1925,127 @@ fn pacing_is_on_only_with_a_floor_or_an_interval() {
 }
 
 /// A platform waiting for the node (an Auto Scaling hook, an Azure event) may have it only
-/// once it is empty and, with FleetIQ, deregistered.
+/// once it is empty, the fence has stood its settle, and, with FleetIQ, it is deregistered.
 #[test]
-fn the_node_is_handed_off_once_empty_and_deregistered_where_fleetiq_is_on() {
-    let mut p = run(&observed(vec![]), &[], &cfg());
-    let no_fleetiq = cfg_no_deregister();
-    for phase in Phase::ALL {
-        p.phase = phase;
-        assert_eq!(
-            p.is_handed_off(&cfg()),
-            phase == Phase::Deregistered,
-            "{phase:?}, FleetIQ on"
+fn the_node_is_handed_off_once_empty_settled_and_deregistered_where_fleetiq_is_on() {
+    for fleetiq in [true, false] {
+        let c = PolicyConfig {
+            deregister: fleetiq,
+            deregister_settle: Duration::from_secs(5),
+            ..cfg()
+        };
+        // Busy: never, however long the fence has stood.
+        let (busy, _, _) = converge(&mixed(), &[draining()], &c);
+        let p = plan_at(&busy, &[draining()], &[], &c, now() + secs(3600));
+        assert!(!p.hand_off && !p.hands_over(), "busy, FleetIQ {fleetiq}");
+        // Empty, just fenced: not before the settle, and the plan wakes for it.
+        let fence = plan_at(&observed(vec![]), &[draining()], &[], &c, now());
+        assert!(!fence.hand_off, "fencing, FleetIQ {fleetiq}");
+        let fenced = simulate(&observed(vec![]), &fence.actions);
+        let early = plan_at(&fenced, &[draining()], &[], &c, now() + secs(4));
+        assert!(!early.hand_off && !early.hands_over(), "FleetIQ {fleetiq}");
+        assert_eq!(early.wake_at, Some(now() + secs(5)), "FleetIQ {fleetiq}");
+        let due = plan_at(&fenced, &[draining()], &[], &c, now() + secs(5));
+        assert!(due.hands_over(), "FleetIQ {fleetiq}: {:?}", due.actions);
+        // With FleetIQ the deregistration comes first: its record, then the hand-off.
+        assert_eq!(due.hand_off, !fleetiq, "{:?}", due.actions);
+        assert_eq!(count(&due.actions, "deregister"), usize::from(fleetiq));
+        if fleetiq {
+            let gone = simulate(&fenced, &due.actions);
+            let after = plan_at(&gone, &[draining()], &[], &c, now() + secs(6));
+            assert!(after.hand_off && after.actions.is_empty(), "{after:?}");
+        }
+    }
+}
+
+/// Deregistered is not empty: GameLift may drop a busy node's game server on its own
+/// (heartbeats stopped while the agent was away, an old agent's deregistration on exit, a
+/// wrong id). The node stays fenced, its matches protected, nothing is handed over, and the
+/// operator is told; once the matches end, the node goes through the same gate as any.
+#[test]
+fn a_busy_node_gamelift_forgot_is_never_handed_over() {
+    let c = PolicyConfig {
+        deregister_settle: Duration::from_secs(5),
+        ..cfg()
+    };
+    let (drained, _, _) = converge(&mixed(), &[draining()], &c);
+    let forgotten = |o: &Observed, notices: &[Notice], at: Timestamp| {
+        plan(&Inputs {
+            notices,
+            observed: o,
+            config: &c,
+            unknown_sources: &[],
+            fleetiq_deregistered: true,
+            now: at,
+        })
+    };
+    for notices in [vec![], vec![draining()]] {
+        let p = forgotten(&drained, &notices, now() + secs(3600));
+        assert!(!p.hand_off && !p.hands_over(), "{:?}", p.actions);
+        assert_eq!(count(&p.actions, "deregister"), 0, "{:?}", p.actions);
+        assert!(
+            p.warnings
+                .iter()
+                .any(|w| w.reason == DEREGISTERED_WHILE_BUSY),
+            "{:?}",
+            p.warnings
         );
-        assert_eq!(
-            p.is_handed_off(&no_fleetiq),
-            matches!(phase, Phase::Deregistered | Phase::Empty),
-            "{phase:?}, FleetIQ off"
+        assert!(
+            !p.actions.iter().any(|a| matches!(
+                a,
+                Action::PatchNode(n) if n.unschedulable == Some(false)
+            ) || matches!(a, Action::Unprotect { .. })),
+            "still fenced and protected: {:?}",
+            p.actions
         );
     }
+    // The matches end: the gate, then the record, then the hand-off.
+    let mut empty = drained.clone();
+    empty.game_servers.clear();
+    empty.pods.clear();
+    let p = forgotten(&empty, &[], now() + secs(3600));
+    assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+    assert_eq!(count(&p.actions, "deregister"), 1, "{:?}", p.actions);
+    let recorded = simulate(&empty, &p.actions);
+    let p = forgotten(&recorded, &[], now() + secs(3601));
+    assert!(p.hand_off, "{p:?}");
+    // A pod that lands on the deregistered node (a blanket toleration) takes it back.
+    let mut landed = recorded.clone();
+    let g = gs("late", GsState::Ready);
+    landed.pods.push(pod_for(&g));
+    let p = forgotten(&landed, &[], now() + secs(3602));
+    assert!(!p.hand_off && !p.hands_over(), "{p:?}");
+}
+
+/// The hand-back to GKE waits for the same settle as every other hand-off.
+#[test]
+fn the_hand_back_to_gke_waits_for_the_settle() {
+    let mut m = draining();
+    m.source = crate::sources::gce_metadata::SOURCE;
+    m.cause = Cause::Maintenance;
+    m.deadline = Some("2026-11-30T09:00:00Z".parse().unwrap());
+    m.can_start_early = true;
+    let c = PolicyConfig {
+        hand_back: true,
+        deregister: false,
+        deregister_settle: Duration::from_secs(5),
+        ..cfg()
+    };
+    let notices = std::slice::from_ref(&m);
+    let fence = plan_at(&observed(vec![]), notices, &[], &c, now());
+    let handed = |p: &Plan| {
+        p.actions.iter().any(|a| matches!(a, Action::PatchNode(n) if n.set_labels.contains_key(keys::LABEL_GKE_PERFORM_MAINTENANCE)))
+    };
+    assert!(!handed(&fence), "{:?}", fence.actions);
+    let fenced = simulate(&observed(vec![]), &fence.actions);
+    let early = plan_at(&fenced, notices, &[], &c, now() + secs(4));
+    assert!(
+        !handed(&early) && !early.hands_over(),
+        "{:?}",
+        early.actions
+    );
+    let due = plan_at(&fenced, notices, &[], &c, now() + secs(5));
+    assert!(handed(&due) && due.hands_over(), "{:?}", due.actions);
 }
 
 /// Without a readable record (an older agent's, or garbled), a restarted agent holds the

@@ -51,6 +51,18 @@ groups:
         annotations:
           summary: "Auto Scaling refuses lifecycle heartbeats for node {{`{{ $labels.node }}`}}: it goes at the hook's timeout."
           description: "The agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} cannot keep its instance in Terminating:Wait: the node's IAM role lacks autoscaling:RecordLifecycleActionHeartbeat, so matches still running at the heartbeat timeout are cut off (see the LifecycleHeartbeatDenied Event on the Node). See docs/operations.md, \"Auto Scaling refuses lifecycle heartbeats\"."
+      - alert: LastcallDeregisteredWhileBusy
+        # GameLift no longer lists the node's game server while matches run on it (it drops
+        # a server whose heartbeats stopped, or an old agent deregistered on exit). lastcall
+        # keeps the node fenced and hands it over only once empty; FleetIQ may meanwhile
+        # count the instance as gone.
+        expr: max by (namespace, pod, node) (lastcall_fleetiq_deregistered_while_busy) == 1
+        for: 5m
+        labels:
+          severity: warning
+        annotations:
+          summary: "GameLift dropped the game server of busy node {{`{{ $labels.node }}`}}."
+          description: "The agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} finds its node's game server no longer registered while matches still run there (Warning Event DeregisteredWhileBusy). The node stays fenced and is handed over only when empty. See docs/operations.md, \"GameLift dropped a busy node\"."
       - alert: LastcallGameLiftErrors
         # `error` is every GameLift failure that is not a conflict, NotFound, throttling or a
         # network failure: AccessDenied above all.

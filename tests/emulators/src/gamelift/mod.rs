@@ -301,6 +301,25 @@ impl GameLiftEmulator {
             .map(|gs| gs.record(now))
     }
 
+    /// GameLift drops a game server on its own, as it does with one whose heartbeats
+    /// stopped: unregistered, with no `DeregisterGameServer` call counted. `false` when there
+    /// was no such registered server.
+    pub fn forget_game_server(&self, group: &str, id: &str) -> bool {
+        let mut inner = self.inner();
+        match inner
+            .world
+            .servers
+            .get_mut(&(group.to_string(), id.to_string()))
+        {
+            Some(gs) if gs.registered => {
+                gs.registered = false;
+                gs.claimed_at = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Lets every current claim lapse, as if [`CLAIM_DURATION`] had passed.
     pub fn expire_claims(&self) {
         for gs in self.inner().world.servers.values_mut() {

@@ -1,0 +1,366 @@
+//! The hand-off gate end to end: the real agent (in-process, built as the binary builds it)
+//! against the Kubernetes, GameLift, IMDS and Auto Scaling emulators over HTTP.
+//!
+//! Handing a machine over (completing an Auto Scaling lifecycle action with CONTINUE,
+//! deregistering from FleetIQ) is final. The promises, read from the emulators' journals:
+//! - GameLift dropping a busy node's game server on its own (heartbeats stopped while the
+//!   agent was away) hands nothing over: the hook is held with heartbeats while the match
+//!   runs, the operator gets a Warning Event and a metric, and the hook is completed once
+//!   the match ends;
+//! - without FleetIQ, the hook is completed only after the fence has stood its settle and a
+//!   fresh read finds the node empty: a game-server pod the scheduler bound just after the
+//!   cordon keeps the instance.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Toleration};
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use lastcall_testkit::agent::{InProcessAgent, config, metric};
+use lastcall_testkit::asg::{GROUP as ASG_GROUP, HEARTBEAT_TIMEOUT, I, first};
+use lastcall_testkit::autoscaling::{AutoScalingEmulator, Happening, Hook, LifecycleState};
+use lastcall_testkit::cluster::{
+    AllocationRequest, Cluster, ClusterConfig, FleetSpec, GameServerSpec, GameServerState, NodeSpec,
+};
+use lastcall_testkit::eventually::{eventually, wait_for};
+use lastcall_testkit::gamelift::{GameLiftEmulator, InstanceStatus};
+use lastcall_testkit::imds::ImdsEmulator;
+use lastcall_testkit::kube::journal::Verb;
+use lastcall_testkit::redis::RedisServer;
+use tokio::time::Instant;
+
+const GL_GROUP: &str = "g1";
+
+/// A node in an Auto Scaling group with a termination hook, its instance in service.
+async fn asg(heartbeat_timeout: u64) -> (ImdsEmulator, AutoScalingEmulator) {
+    let imds = ImdsEmulator::start(I, "n1").await.expect("imds");
+    imds.set_target_lifecycle_state(Some("InService"));
+    let asg = AutoScalingEmulator::start().await.expect("asg");
+    asg.add_group(
+        ASG_GROUP,
+        vec![Hook::terminating("lastcall", heartbeat_timeout)],
+    );
+    asg.add_instance(ASG_GROUP, I);
+    (imds, asg)
+}
+
+/// The lifecycle source's flags for `n1`.
+fn asg_flags(imds: &ImdsEmulator, asg: &AutoScalingEmulator) -> Vec<String> {
+    [
+        "--asg-lifecycle",
+        "--asg-interval",
+        "200ms",
+        "--imds-endpoint",
+        &imds.url(),
+        "--asg-endpoint",
+        &asg.url(),
+        "--aws-region",
+        "us-west-2",
+        "--instance-id",
+        I,
+        "--resync-interval",
+        "1s",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+async fn start_agent(
+    cluster: &Cluster,
+    args: &[String],
+    gl: Option<&GameLiftEmulator>,
+) -> InProcessAgent {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let kube = cluster
+        .emulator()
+        .config_for("agent-n1")
+        .await
+        .expect("client");
+    let gl = match gl {
+        Some(gl) => Some(gl.sdk_client().await),
+        None => None,
+    };
+    InProcessAgent::start(config("n1", &args), kube, gl)
+        .await
+        .expect("agent")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_node_gamelift_forgot_keeps_its_lifecycle_hook_until_the_match_ends() {
+    let cluster = Cluster::start(ClusterConfig::default())
+        .await
+        .expect("cluster");
+    cluster.add_node(NodeSpec::new("n1")).expect("n1");
+    cluster
+        .create_fleet(FleetSpec::new("arena", 2).grace_seconds(1))
+        .expect("fleet");
+    cluster
+        .wait_ready("default", "arena", 2)
+        .await
+        .expect("ready");
+    let playing = cluster
+        .allocate(&AllocationRequest::fleet("default", "arena"))
+        .await
+        .expect("allocate")
+        .expect("an allocated server")
+        .name;
+    let (imds, asg) = asg(HEARTBEAT_TIMEOUT).await;
+    let gl = GameLiftEmulator::start().await.expect("gamelift");
+    gl.add_instances(GL_GROUP, &[I.to_string()], InstanceStatus::Active);
+    let redis = RedisServer::start().await.expect("redis-server");
+    let mut args = asg_flags(&imds, &asg);
+    args.extend(
+        [
+            "--game-server-group",
+            GL_GROUP,
+            "--redis-url",
+            &redis.url(),
+            "--heartbeat-interval",
+            "1s",
+            "--deregister-settle",
+            "0s",
+        ]
+        .map(String::from),
+    );
+
+    let first_agent = start_agent(&cluster, &args, Some(&gl)).await;
+    wait_for("registered and claimed", || async {
+        (gl.count("ClaimGameServer") >= 1).then_some(())
+    })
+    .await;
+    asg.begin_termination(I).expect("terminating");
+    imds.set_target_lifecycle_state(Some("Terminated"));
+    wait_for("the node fenced", || async {
+        let node = cluster.node("n1")?;
+        (node["spec"]["unschedulable"] == true).then_some(())
+    })
+    .await;
+    // The agent goes away; GameLift drops the server whose heartbeats stopped; a new agent
+    // starts on the same busy node.
+    first_agent.abort();
+    assert!(
+        gl.forget_game_server(GL_GROUP, I),
+        "the server was registered"
+    );
+    let forgotten_at = Instant::now();
+    let agent = start_agent(&cluster, &args, Some(&gl)).await;
+
+    // The operator is told, on the Node, by this agent.
+    wait_for("the DeregisteredWhileBusy Event", || async {
+        cluster
+            .emulator()
+            .journal()
+            .filter(|r| {
+                r.identity.as_deref() == Some("agent-n1")
+                    && r.resource.as_deref() == Some("events")
+                    && r.verb == Verb::Create
+                    && r.status < 300
+            })
+            .into_iter()
+            .find(|r| {
+                r.response.as_ref().is_some_and(|e| {
+                    e["reason"] == "DeregisteredWhileBusy"
+                        && e["type"] == "Warning"
+                        && e["regarding"]["name"] == "n1"
+                })
+            })
+            .map(|_| ())
+    })
+    .await;
+    let m = agent.metrics().await;
+    assert_eq!(
+        metric(&m, "lastcall_fleetiq_deregistered_while_busy", &[]),
+        Some(1.0)
+    );
+    // The match runs on for more than two heartbeat timeouts: the instance waits.
+    tokio::time::sleep(Duration::from_secs(3 * HEARTBEAT_TIMEOUT)).await;
+    let j = asg.journal();
+    assert_eq!(
+        asg.lifecycle_state(I),
+        Some(LifecycleState::TerminatingWait),
+        "handed over under a running match: {j:#?}"
+    );
+    assert_eq!(asg.calls("CompleteLifecycleAction"), 0, "{j:#?}");
+    let held = j
+        .iter()
+        .filter(|e| e.happening == Happening::HeartbeatRecorded && e.at > forgotten_at)
+        .count();
+    assert!(held >= 2, "{held} heartbeats from the new agent: {j:#?}");
+    assert!(
+        cluster
+            .game_server("default", &playing)
+            .is_some_and(|g| g.state == Some(GameServerState::Allocated)),
+        "the match is untouched"
+    );
+    assert!(
+        cluster
+            .node("n1")
+            .is_some_and(|n| n["metadata"]["annotations"]["lastcall.dev/deregistered"].is_null()),
+        "a busy node is not recorded as deregistered"
+    );
+
+    // The match ends: the hook is completed once, and the warning clears.
+    let match_end = Instant::now();
+    cluster
+        .sdk_shutdown("default", &playing)
+        .expect("the match ends");
+    wait_for("the hook completed", || async {
+        (asg.lifecycle_state(I) == Some(LifecycleState::Terminated)).then_some(())
+    })
+    .await;
+    let j = asg.journal();
+    let completed = first(
+        &j,
+        |h| matches!(h, Happening::Completed { result } if result == "CONTINUE"),
+    )
+    .expect("completed with CONTINUE");
+    assert!(completed > match_end, "{j:#?}");
+    assert_eq!(asg.calls("CompleteLifecycleAction"), 1, "{j:#?}");
+    assert_eq!(
+        gl.count("DeregisterGameServer"),
+        0,
+        "GameLift had dropped it: nothing to send"
+    );
+    let m = agent.metrics().await;
+    assert_eq!(
+        metric(&m, "lastcall_fleetiq_deregistered_while_busy", &[]),
+        Some(0.0)
+    );
+    agent.stop().await.expect("clean stop");
+    cluster.shutdown().await;
+}
+
+/// How long the emulated scheduler takes to bind a pod it has decided on.
+const BIND_LAG: Duration = Duration::from_millis(800);
+
+/// One run without FleetIQ: the scheduler decides on a game server's pod (one that tolerates
+/// everything, so the cordon does not stop it) just before the drain label lands on an
+/// otherwise empty node in a terminating Auto Scaling group, and binds it `BIND_LAG` later:
+/// after the fence, within the settle. Returns whether the pod landed after the cordon.
+async fn late_pod_under_a_hook(seed: u64) -> bool {
+    let cluster = Cluster::start(ClusterConfig {
+        tick: Duration::from_millis(5),
+        bind_lag: BIND_LAG,
+        ..ClusterConfig::default()
+    })
+    .await
+    .expect("cluster");
+    cluster.add_node(NodeSpec::new("n1")).expect("n1");
+    // A long heartbeat timeout: only the agent may end the wait.
+    let (imds, asg) = asg(60).await;
+    let mut args = asg_flags(&imds, &asg);
+    args.extend(["--deregister-settle", "2s"].map(String::from));
+    let agent = start_agent(&cluster, &args, None).await;
+    asg.begin_termination(I).expect("terminating");
+    // The node is held by its pending lifecycle action only once the signal comes (below).
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        let cluster = &cluster;
+        async move {
+            let (mut last_pod, mut first_cordon, mut first_pod) = (None, None, None);
+            let mut sample = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                sample += 1;
+                let cordoned = cluster
+                    .node("n1")
+                    .is_some_and(|n| n["spec"]["unschedulable"] == true);
+                if cordoned {
+                    first_cordon.get_or_insert(sample);
+                }
+                if cluster
+                    .pods_on("n1")
+                    .iter()
+                    .any(|p| p["metadata"]["labels"]["agones.dev/role"] == "gameserver")
+                {
+                    last_pod = Some(Instant::now());
+                    first_pod.get_or_insert(sample);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            (last_pod, first_cordon, first_pod)
+        }
+    };
+    let scenario = async {
+        cluster
+            .create_game_server(GameServerSpec::new("late").grace_seconds(1).toleration(
+                Toleration {
+                    operator: Some("Exists".into()),
+                    ..Toleration::default()
+                },
+            ))
+            .expect("game server");
+        eventually(
+            &format!("seed {seed}: the game server's pod is created"),
+            Duration::from_secs(10),
+            Duration::from_millis(1),
+            || async {
+                let pods =
+                    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(cluster.client(), "default")
+                        .list(&Default::default())
+                        .await
+                        .ok()?;
+                (!pods.items.is_empty()).then_some(())
+            },
+        )
+        .await;
+        imds.set_target_lifecycle_state(Some("Terminated"));
+        Api::<Node>::all(cluster.client())
+            .patch(
+                "n1",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    &serde_json::json!({"metadata": {"labels": {"lastcall.dev/drain": "true"}}}),
+                ),
+            )
+            .await
+            .expect("drain label");
+        eventually(
+            &format!("seed {seed}: the hook completed"),
+            Duration::from_secs(30),
+            Duration::from_millis(10),
+            || async { (asg.lifecycle_state(I) == Some(LifecycleState::Terminated)).then_some(()) },
+        )
+        .await;
+        // Long enough for a pod bound after a premature hand-off to be seen.
+        tokio::time::sleep(BIND_LAG + Duration::from_millis(300)).await;
+        stop.store(true, Ordering::SeqCst);
+    };
+    let ((last_pod, first_cordon, first_pod), ()) = tokio::join!(sampler, scenario);
+    let j = asg.journal();
+    assert_eq!(
+        asg.calls("CompleteLifecycleAction"),
+        1,
+        "seed {seed}: {j:#?}"
+    );
+    let completed = first(&j, |h| matches!(h, Happening::Completed { .. }))
+        .unwrap_or_else(|| panic!("seed {seed}: never completed: {j:#?}"));
+    let last_pod =
+        last_pod.unwrap_or_else(|| panic!("seed {seed}: the game-server pod never landed"));
+    assert!(
+        completed > last_pod,
+        "seed {seed}: the instance was handed over while a game-server pod was on the node (or before it landed)"
+    );
+    agent.stop().await.expect("clean stop");
+    cluster.shutdown().await;
+    matches!((first_cordon, first_pod), (Some(c), Some(p)) if p > c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fleetiq_a_pod_bound_after_the_fence_keeps_the_lifecycle_hook() {
+    const RUNS: u64 = 8;
+    let after: Vec<bool> = futures::stream::iter(0..RUNS)
+        .map(late_pod_under_a_hook)
+        .buffer_unordered(4)
+        .collect()
+        .await;
+    let n = after.iter().filter(|l| **l).count();
+    eprintln!("{RUNS} runs: the game-server pod landed after the cordon in {n}");
+    assert!(
+        n > RUNS as usize / 2,
+        "only {n} of {RUNS} runs bound the pod after the cordon: the gate was not exercised"
+    );
+}
