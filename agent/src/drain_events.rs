@@ -38,6 +38,7 @@ pub const REASONS: &[&str] = &[
     "DrainStarted",
     "NodeFenced",
     "DrainCancelled",
+    "MachineReturned",
     "GameServersReleased",
     "GameServersProtected",
     "ReleaseSkipped",
@@ -110,6 +111,9 @@ impl PassLog {
                 }
                 NodeEvent::DrainCancelled => {
                     "Signal cleared before the node was empty; undid lastcall's changes.".into()
+                }
+                NodeEvent::MachineReturned => {
+                    "The machine came back (a new boot id): the last drain's hand-off belonged to a life that is over. With no signal live, lastcall lifted what it placed and the node takes game servers again; with one live, the fence stays and the drain starts again.".into()
                 }
             });
         }

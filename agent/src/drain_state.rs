@@ -228,6 +228,7 @@ mod tests {
                 taints: vec![],
                 labels: Default::default(),
                 annotations: Default::default(),
+                boot_id: None,
             },
             game_servers: vec![
                 gs("a", "f", GsState::Ready, false),

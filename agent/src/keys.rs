@@ -51,6 +51,10 @@ pub const LABEL_MANUAL_DRAIN: &str = "lastcall.dev/drain";
 pub const ANN_GS_DEADLINE: &str = "lastcall.dev/drain-deadline";
 pub const ANN_GS_REASON: &str = "lastcall.dev/drain-reason";
 
+/// The machine's boot id (`status.nodeInfo.bootID`) when the drain started: a different
+/// one means the machine came back (a stopped Spot VM restarted, a reboot, a preempted VM
+/// started again) and the drain's finality belongs to a life that is over.
+pub const ANN_BOOT_ID: &str = "lastcall.dev/drain-boot-id";
 /// Drain progress kept on the Node, so a restarted agent resumes instead of repeating.
 pub const ANN_STARTED: &str = "lastcall.dev/drain-started";
 pub const ANN_CAUSE: &str = "lastcall.dev/drain-cause";

@@ -105,6 +105,7 @@ pub struct Metrics {
     /// 1 while the Auto Scaling lifecycle wait this agent holds has its heartbeats refused
     /// (AccessDenied): the instance goes at the hook's heartbeat timeout.
     pub asg_heartbeat_denied: Gauge,
+    pub asg_state_lag: Gauge,
     /// Reads of the node's own Karpenter NodeClaim, by result.
     pub nodeclaim_reads: Family<ResultLabel, Counter>,
     pub fallback_checks: Family<ResultLabel, Counter>,
@@ -157,6 +158,7 @@ impl Metrics {
             gamelift_calls: Family::default(),
             asg_calls: Family::default(),
             asg_heartbeat_denied: Gauge::default(),
+            asg_state_lag: Gauge::default(),
             nodeclaim_reads: Family::default(),
             fallback_checks: Family::default(),
             redis_connected: Gauge::default(),
@@ -255,6 +257,11 @@ impl Metrics {
             "asg_heartbeat_denied",
             "1 while the held Auto Scaling lifecycle wait's heartbeats are refused (AccessDenied): the instance goes at the hook's heartbeat timeout",
             m.asg_heartbeat_denied.clone(),
+        );
+        r.register(
+            "asg_state_lag_seconds",
+            "Seconds the Auto Scaling API has still reported this instance outside its termination wait although instance metadata says it is leaving (0 when not lagging)",
+            m.asg_state_lag.clone(),
         );
         r.register(
             "karpenter_nodeclaim_reads",

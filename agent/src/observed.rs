@@ -116,6 +116,8 @@ pub struct NodeView {
     pub taints: Vec<Taint>,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
+    /// `status.nodeInfo.bootID`, as the kubelet reports it (`None` before it has).
+    pub boot_id: Option<String>,
 }
 
 impl NodeView {
@@ -136,12 +138,33 @@ impl NodeView {
             taints: spec.and_then(|s| s.taints.clone()).unwrap_or_default(),
             labels: meta.labels.clone().unwrap_or_default(),
             annotations: meta.annotations.clone().unwrap_or_default(),
+            boot_id: boot_id(node),
         })
+    }
+
+    /// The machine came back since the drain that `progress` describes started: its boot id
+    /// is known now and differs from the one recorded then.
+    pub fn machine_returned(&self, progress: &crate::progress::Progress) -> bool {
+        progress.is_draining()
+            && matches!(
+                (progress.boot_id.as_deref(), self.boot_id.as_deref()),
+                (Some(then), Some(now)) if then != now
+            )
     }
 
     pub fn has_taint(&self, key: &str) -> bool {
         self.taints.iter().any(|t| t.key == key)
     }
+}
+
+/// The Node's boot id, when its kubelet has reported one.
+pub fn boot_id(node: &Node) -> Option<String> {
+    node.status
+        .as_ref()?
+        .node_info
+        .as_ref()
+        .map(|i| i.boot_id.clone())
+        .filter(|b| !b.is_empty())
 }
 
 /// Agones GameServer states (`pkg/apis/agones/v1/gameserver.go`).

@@ -110,6 +110,9 @@ pub struct Progress {
     pub compat_draining_ours: bool,
     /// lastcall asked GKE to start maintenance early (the epoch when unreadable).
     pub handed_back: Option<Timestamp>,
+    /// The machine's boot id when the drain started (drains started by older agents have
+    /// none: whether their machine came back cannot be told).
+    pub boot_id: Option<String>,
 }
 
 impl Progress {
@@ -148,6 +151,10 @@ impl Progress {
                 ann.contains_key(keys::ANN_HANDED_BACK)
                     .then_some(Timestamp::UNIX_EPOCH)
             }),
+            boot_id: ann
+                .get(keys::ANN_BOOT_ID)
+                .filter(|b| !b.is_empty())
+                .cloned(),
         }
     }
 

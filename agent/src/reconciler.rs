@@ -808,7 +808,9 @@ impl Reconciler {
     async fn gone_from_fleetiq(&self, plan: &Plan, observed: &Observed) -> Result<bool, String> {
         let progress = Progress::from_annotations(&observed.node.annotations);
         let cancelling = plan.phase == Phase::Cancelling && progress.started.is_some();
+        // A machine that came back starts a new life, whatever GameLift remembers of the last.
         if !cancelling
+            || observed.node.machine_returned(&progress)
             || !self.config.deregister
             || progress.registered.is_none()
             || self.actuator.is_dry_run()
@@ -909,7 +911,7 @@ impl Reconciler {
                         "Signal cleared before the node was empty; lastcall undid its changes and the node takes game servers again.".into(),
                     ));
                 }
-                policy::NodeEvent::NodeFenced => {}
+                policy::NodeEvent::NodeFenced | policy::NodeEvent::MachineReturned => {}
             }
         }
         if !log.ended.is_empty() && !self.state.told_deadline {

@@ -85,7 +85,20 @@ where
 
 fn slim_node(n: &mut Node) {
     n.metadata.managed_fields = None;
-    n.status = None;
+    // The boot id alone: a new one means the machine came back.
+    let boot_id = n
+        .status
+        .take()
+        .and_then(|s| s.node_info)
+        .map(|i| i.boot_id)
+        .filter(|b| !b.is_empty());
+    n.status = boot_id.map(|boot_id| k8s_openapi::api::core::v1::NodeStatus {
+        node_info: Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+            boot_id,
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
 }
 
 fn slim_pod(p: &mut Pod) {

@@ -74,10 +74,10 @@ pub struct Options {
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {
     #[error(
-        "redis-server is not on PATH. Install it (Debian/Ubuntu: `sudo apt-get install -y redis-server`; \
+        "{0}. Install it (Debian/Ubuntu: `sudo apt-get install -y redis-server`; \
          macOS: `brew install redis`) and run the demo again"
     )]
-    RedisMissing,
+    RedisMissing(String),
     #[error("{what}")]
     Setup {
         what: String,
@@ -289,8 +289,8 @@ impl World {
 
     async fn start_world(&mut self) -> Result<(), DemoError> {
         heading(1, "Start the emulated world");
-        if !process::on_path("redis-server") {
-            return Err(DemoError::RedisMissing);
+        if let Err(e) = crate::tools::ensure("redis-server", "redis-server") {
+            return Err(DemoError::RedisMissing(format!("{e:#}")));
         }
         let within = self.opts.timeout;
         let cluster = Cluster::start(ClusterConfig::default())

@@ -6,7 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub use lastcall_emulators::{
-    autoscaling, bins, cluster, eventually, gamelift, gce, imds, kube, net, process, redis,
+    autoscaling, bins, cluster, eventually, gamelift, gce, imds, kube, net, process, redis, tools,
     webhook_receiver,
 };
 

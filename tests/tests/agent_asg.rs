@@ -242,3 +242,57 @@ async fn a_denied_heartbeat_is_a_warning_event_and_the_agent_still_completes_the
     agent.stop().await.expect("clean stop");
     w.cluster.shutdown().await;
 }
+
+/// The Auto Scaling API is eventually consistent: for a while after a termination begins it
+/// may still say `InService` while instance metadata already says `Terminated`. The source
+/// reads again until the wait shows, holds it, and completes it once the match ends: the
+/// hook never times out under the match.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_auto_scaling_api_is_read_again_and_the_wait_is_held() {
+    let w = world().await;
+    // Four reads at the agent's 200 ms interval: the API lags for most of a second, well
+    // inside the hook's 2 s heartbeat timeout (a lag as long as the timeout would end the
+    // wait on AWS too).
+    w.asg.lag_describes(4);
+    let agent = agent(&w).await;
+    terminate(&w).await;
+    wait_for("the lag met and read past", || async {
+        let m = agent.metrics().await;
+        (metric(
+            &m,
+            "lastcall_source_errors_total",
+            &[("source", "asg_lifecycle"), ("reason", "lagging")],
+        )? >= 3.0
+            && w.asg
+                .journal()
+                .iter()
+                .any(|e| e.happening == Happening::HeartbeatRecorded))
+        .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2 * HEARTBEAT_TIMEOUT)).await;
+    assert_eq!(
+        w.asg.lifecycle_state(I),
+        Some(LifecycleState::TerminatingWait),
+        "the wait must be held while the match runs: {:#?}",
+        w.asg.journal()
+    );
+    let m = agent.metrics().await;
+    assert_eq!(metric(&m, "lastcall_asg_state_lag_seconds", &[]), Some(0.0));
+    w.cluster
+        .sdk_shutdown("default", &w.playing)
+        .expect("the match ends");
+    wait_for("the hook completed", || async {
+        (w.asg.lifecycle_state(I) == Some(LifecycleState::Terminated)).then_some(())
+    })
+    .await;
+    let j = w.asg.journal();
+    assert!(
+        !j.iter()
+            .any(|e| matches!(e.happening, Happening::TimedOut { .. })),
+        "the hook timed out: {j:#?}"
+    );
+    assert_eq!(w.asg.calls("CompleteLifecycleAction"), 1, "{j:#?}");
+    agent.stop().await.expect("clean stop");
+    w.cluster.shutdown().await;
+}

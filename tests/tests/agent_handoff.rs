@@ -364,3 +364,86 @@ async fn without_fleetiq_a_pod_bound_after_the_fence_keeps_the_lifecycle_hook() 
         "only {n} of {RUNS} runs bound the pod after the cordon: the gate was not exercised"
     );
 }
+
+/// A machine that comes back (a stopped Spot VM started again, a reboot) after its node was
+/// drained and deregistered starts a new life: the agent that starts with it sees a new boot
+/// id, lifts the fence lastcall placed (no signal is live any more), says why in an Event,
+/// and registers with FleetIQ again. Ordered by the API server's journal: the uncordon comes
+/// after the boot id changed, from the new agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_that_comes_back_is_unfenced_and_registers_again() {
+    use lastcall_common::fleetiq::InstanceStatus as Status;
+    use lastcall_testkit::world::{GROUP, IID, World, WorldSpec, annotation, cordoned, has_taint};
+
+    let w = World::start(WorldSpec::new(1, 0, 0)).await;
+    w.cluster.set_boot_id("n1", "boot-1").expect("boot id");
+    let first = w.agent(&["--deregister-settle", "0s"]).await;
+    wait_for("registered", || async {
+        (w.gl.count("ClaimGameServer") >= 1).then_some(())
+    })
+    .await;
+    w.status(Status::Draining).await;
+    wait_for("deregistered", || async {
+        annotation(&w.node().await, "lastcall.dev/deregistered").map(|_| ())
+    })
+    .await;
+    let node = w.node().await;
+    assert!(cordoned(&node) && has_taint(&node, "lastcall.dev/draining"));
+    assert_eq!(
+        annotation(&node, "lastcall.dev/drain-boot-id").as_deref(),
+        Some("boot-1")
+    );
+    first.stop().await.expect("clean stop");
+    // The VM is stopped and started again: FleetIQ has it ACTIVE, the kubelet reports a new
+    // boot, and a new agent starts with it.
+    w.status(Status::Active).await;
+    let same = w.agent(&["--deregister-settle", "0s"]).await;
+    // The same boot: the deregistration is final; nothing is lifted.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(cordoned(&w.node().await), "the same life stays fenced");
+    same.stop().await.expect("clean stop");
+    let registers_before = w.gl.count("RegisterGameServer");
+    let reboot_seq = w.cluster.emulator().journal().entries().len();
+    w.cluster.set_boot_id("n1", "boot-2").expect("new boot id");
+    let agent = w.agent(&["--deregister-settle", "0s"]).await;
+    wait_for("unfenced", || async {
+        let n = w.node().await;
+        (!cordoned(&n) && !has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    wait_for("registered again", || async {
+        (w.gl.count("RegisterGameServer") > registers_before
+            && w.gl.game_server(GROUP, IID).is_some_and(|g| g.registered))
+        .then_some(())
+    })
+    .await;
+    let node = w.node().await;
+    for k in [
+        "lastcall.dev/deregistered",
+        "lastcall.dev/drain-started",
+        "lastcall.dev/drain-boot-id",
+        "lastcall.dev/drain-notice",
+    ] {
+        assert_eq!(annotation(&node, k), None, "{k} left from the old life");
+    }
+    let j = w.cluster.emulator().journal();
+    let uncordon = j.entries().into_iter().skip(reboot_seq).find(|r| {
+        r.identity.as_deref() == Some("agent-n1")
+            && r.resource.as_deref() == Some("nodes")
+            && r.verb == Verb::Patch
+            && r.status < 300
+            && r.response.as_ref().is_some_and(|n| {
+                n["spec"]["unschedulable"].is_null() || n["spec"]["unschedulable"] == false
+            })
+    });
+    assert!(uncordon.is_some(), "the uncordon came after the new boot");
+    let told = j.count(|r| {
+        r.resource.as_deref() == Some("events")
+            && r.verb == Verb::Create
+            && r.response
+                .as_ref()
+                .is_some_and(|e| e["reason"] == "MachineReturned" && e["regarding"]["name"] == "n1")
+    });
+    assert_eq!(told, 1, "one MachineReturned Event");
+    agent.stop().await.expect("clean stop");
+}

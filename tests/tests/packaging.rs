@@ -1583,6 +1583,7 @@ fn alert_rules() -> Vec<(String, String)> {
 /// finding is accepted for exactly those counters; any other finding, or a parse error, fails.
 fn promtool_check_metrics(what: &str, text: &str) {
     use std::io::Write;
+    lastcall_testkit::tools::ensure("promtool", "prometheus").unwrap_or_else(|e| panic!("{e:#}"));
     let mut child = std::process::Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
@@ -1777,6 +1778,7 @@ async fn a_real_prometheus_scrapes_the_agent_and_evaluates_the_alerts() {
         target = agent.admin,
     );
     std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+    lastcall_testkit::tools::ensure("prometheus", "prometheus").unwrap_or_else(|e| panic!("{e:#}"));
     let mut prom = tokio::process::Command::new("prometheus")
         .arg(format!(
             "--config.file={}",
@@ -2014,6 +2016,8 @@ fn run_command(cmd: &str, kubeconfig: &Path, home: &Path) -> (bool, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runbook_works_with_the_real_kubectl() {
+    lastcall_testkit::tools::ensure("kubectl", "kubernetes-client")
+        .unwrap_or_else(|e| panic!("{e:#}"));
     assert!(
         std::process::Command::new("kubectl")
             .args(["version", "--client"])

@@ -90,9 +90,24 @@ async fn read_progress(
     loop {
         match nodes.get(name).await {
             Ok(n) => {
-                return Some(Progress::from_annotations(
-                    &n.metadata.annotations.unwrap_or_default(),
-                ));
+                let progress = Progress::from_annotations(
+                    n.metadata
+                        .annotations
+                        .as_ref()
+                        .unwrap_or(&Default::default()),
+                );
+                // A machine that came back starts a new life: the last one's drain and
+                // deregistration are not this one's (policy lifts or restarts the drain).
+                let returned = crate::observed::NodeView::from_node(&n)
+                    .is_ok_and(|v| v.machine_returned(&progress));
+                if returned {
+                    info!(
+                        message =
+                            "the machine came back (a new boot id): registering with FleetIQ again"
+                    );
+                    return Some(Progress::default());
+                }
+                return Some(progress);
             }
             Err(e) => {
                 let delay = backoff.next_delay();

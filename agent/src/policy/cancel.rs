@@ -48,6 +48,7 @@ pub(super) fn cancel(inp: &Inputs<'_>, progress: &Progress, actions: &mut Vec<Ac
         keys::ANN_NOTICE,
         keys::ANN_COMPAT_DRAINING,
         keys::ANN_HANDED_BACK,
+        keys::ANN_BOOT_ID,
     ] {
         if node.annotations.contains_key(k) {
             patch.remove_annotations.insert(k.to_string());

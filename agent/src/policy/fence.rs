@@ -73,6 +73,15 @@ pub(super) fn fence_patch(
             .set_annotations
             .insert(keys::ANN_STARTED.into(), format_precise(inp.now));
     }
+    // The life this drain belongs to: a machine that comes back starts a new one.
+    if let Some(boot) = &node.boot_id
+        && progress.boot_id.is_none()
+        && progress.deregistered.is_none()
+    {
+        patch
+            .set_annotations
+            .insert(keys::ANN_BOOT_ID.into(), boot.clone());
+    }
     if let Some(d) = driver
         && progress.deregistered.is_none()
     {

@@ -20,6 +20,7 @@ mod game_servers;
 mod handoff;
 mod idle;
 mod pace;
+mod returned;
 mod taints;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -200,6 +201,8 @@ pub enum NodeEvent {
     DrainStarted,
     NodeFenced,
     DrainCancelled,
+    /// The machine came back (a new boot id) after the drain it was handed over for.
+    MachineReturned,
 }
 
 impl NodeEvent {
@@ -208,6 +211,7 @@ impl NodeEvent {
             Self::DrainStarted => "DrainStarted",
             Self::NodeFenced => "NodeFenced",
             Self::DrainCancelled => "DrainCancelled",
+            Self::MachineReturned => "MachineReturned",
         }
     }
 }
@@ -341,10 +345,12 @@ pub struct Warning {
 pub fn plan(inp: &Inputs<'_>) -> Plan {
     let obs = inp.observed;
     let progress = Progress::from_annotations(&obs.node.annotations);
+    let returned = obs.node.machine_returned(&progress);
     let mut notices: Vec<Notice> = inp.notices.to_vec();
     // A drain that cannot be withdrawn (a Spot interruption) stays, whatever a lagging
-    // replica, a failover or a cache says after a restart; its deadline stays put too.
-    if progress.started.is_some() {
+    // replica, a failover or a cache says after a restart; its deadline stays put too. Not
+    // once the machine came back: that life is over.
+    if progress.started.is_some() && !returned {
         notices.extend(
             progress
                 .record
@@ -376,7 +382,9 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
     // Releasing idle servers on a node lastcall has fenced is safe whatever the signals say
     // now: nothing may start a match there, and a Fleet replaces them elsewhere.
     let fenced = obs.node.has_taint(keys::TAINT_DRAINING);
-    out.phase = if progress.deregistered.is_some() || inp.fleetiq_deregistered {
+    out.phase = if returned {
+        returned::returned(inp, &progress, driver.as_ref(), &mut out.actions)
+    } else if progress.deregistered.is_some() || inp.fleetiq_deregistered {
         // Deregistration is final: the instance is leaving. Keep the fence up, and keep
         // releasing whatever still lands here (pods with blanket tolerations).
         let fencing = match fence_patch(inp, &progress, driver.as_ref()) {

@@ -46,6 +46,7 @@ fn node() -> NodeView {
         taints: vec![taint("agones.dev/gameservers", "true", "NoExecute")],
         labels: BTreeMap::new(),
         annotations: BTreeMap::new(),
+        boot_id: None,
     }
 }
 
@@ -2519,4 +2520,118 @@ fn floor_of_four(n: usize) -> (PolicyConfig, Observed) {
         },
     );
     (c, o)
+}
+
+/// A node drained to the end (fenced, deregistered) on boot `a`, its matches gone.
+fn handed_over_on(boot: &str, notices: &[Notice]) -> Observed {
+    let mut o = observed(vec![]);
+    o.node.boot_id = Some(boot.into());
+    let (mut o, _, phase) = converge(&o, notices, &cfg());
+    assert_eq!(phase, Phase::Deregistered, "{:?}", o.node.annotations);
+    assert_eq!(
+        o.node
+            .annotations
+            .get(keys::ANN_BOOT_ID)
+            .map(String::as_str),
+        Some(boot),
+        "the drain records the life it belongs to"
+    );
+    o.node.boot_id = Some(boot.into());
+    o
+}
+
+fn lastcall_marks(o: &Observed) -> Vec<&String> {
+    o.node
+        .annotations
+        .keys()
+        .filter(|k| k.starts_with("lastcall.dev/") && k.as_str() != keys::ANN_REGISTERED)
+        .collect()
+}
+
+/// A machine that comes back (a new boot id) after its drain was handed over starts a new
+/// life: with no signal live, lastcall lifts everything it placed and says why; the same
+/// boot keeps the node fenced for good, as before.
+#[test]
+fn a_machine_that_came_back_with_no_signal_is_unfenced_and_told() {
+    for drain in [draining(), spot("2026-11-30T05:02:00Z")] {
+        let done = handed_over_on("boot-a", std::slice::from_ref(&drain));
+        // The same life: final, whatever the signals say now.
+        let p = run(&done, &[], &cfg());
+        assert_eq!(p.phase, Phase::Deregistered);
+        assert!(
+            !p.actions
+                .iter()
+                .any(|a| matches!(a, Action::PatchNode(n) if n.unschedulable == Some(false))),
+            "{:?}",
+            p.actions
+        );
+        // A new boot and no live signal: lifted, with the Event.
+        let mut back = done.clone();
+        back.node.boot_id = Some("boot-b".into());
+        let p = run(&back, &[], &cfg());
+        assert_eq!(p.phase, Phase::Cancelling, "{:?}", drain.cause);
+        assert!(
+            p.actions.iter().any(|a| matches!(a, Action::PatchNode(n) if n.events.contains(&NodeEvent::MachineReturned))),
+            "{:?}",
+            p.actions
+        );
+        assert_eq!(count(&p.actions, "deregister"), 0);
+        let (after, _, phase) = converge(&back, &[], &cfg());
+        assert_eq!(phase, Phase::Idle, "{:?}", after.node.annotations);
+        assert!(!after.node.unschedulable, "uncordoned");
+        assert!(!after.node.has_taint(keys::TAINT_DRAINING));
+        assert!(
+            lastcall_marks(&after).is_empty(),
+            "{:?}",
+            after.node.annotations
+        );
+        // An unknown boot id cannot tell: the node stays as it was.
+        let mut unknown = done.clone();
+        unknown.node.boot_id = None;
+        assert_eq!(run(&unknown, &[], &cfg()).phase, Phase::Deregistered);
+    }
+}
+
+/// Came back while a signal is still live: the fence stays, the old life's deregistration
+/// is dropped, and the drain runs again in this life through the same gate.
+#[test]
+fn a_machine_that_came_back_under_a_live_signal_drains_again() {
+    let done = handed_over_on("boot-a", &[draining()]);
+    let mut back = done.clone();
+    back.node.boot_id = Some("boot-b".into());
+    let p = run(&back, &[draining()], &cfg());
+    assert_eq!(p.phase, Phase::Fencing);
+    assert!(
+        !p.actions
+            .iter()
+            .any(|a| matches!(a, Action::PatchNode(n) if n.unschedulable == Some(false) || n.taints.is_some())),
+        "the fence stays: {:?}",
+        p.actions
+    );
+    let again = simulate(&back, &p.actions);
+    assert!(!again.node.annotations.contains_key(keys::ANN_DEREGISTERED));
+    assert_eq!(
+        again
+            .node
+            .annotations
+            .get(keys::ANN_BOOT_ID)
+            .map(String::as_str),
+        Some("boot-b")
+    );
+    // A match lands in the new life: protected, nothing handed over until it ends.
+    let mut busy = again.clone();
+    let m = gs("m1", GsState::Allocated);
+    busy.pods.push(pod_for(&m));
+    busy.game_servers.push(m);
+    let p = run(&busy, &[draining()], &cfg());
+    assert!(!p.hands_over(), "{:?}", p.actions);
+    assert!(
+        p.actions
+            .iter()
+            .any(|a| matches!(a, Action::Protect { .. }))
+    );
+    // Once empty again: deregistered again, in this life.
+    let (_, acts, phase) = converge(&again, &[draining()], &cfg());
+    assert_eq!(phase, Phase::Deregistered);
+    assert_eq!(count(&acts, "deregister"), 1, "{acts:?}");
 }

@@ -29,6 +29,9 @@ pub const SOURCE: Source = Source("asg_lifecycle");
 pub const TERMINATING: &str = "autoscaling:EC2_INSTANCE_TERMINATING";
 /// AWS caps a whole lifecycle wait at 48 hours or 100 heartbeat timeouts, whichever is less.
 const MAX_WAIT: Duration = Duration::from_secs(172_800);
+/// How long an Auto Scaling API that still says the instance has not reached its wait is
+/// read again: the longest heartbeat timeout a hook may have. Past it, any wait has ended.
+const LAG_LIMIT: Duration = Duration::from_secs(7_200);
 const LIFECYCLE_PATH: &str = "/latest/meta-data/autoscaling/target-lifecycle-state";
 const INSTANCE_ID_PATH: &str = "/latest/meta-data/instance-id";
 
@@ -181,6 +184,10 @@ pub enum CallError {
     /// The instance is not waiting on the hook (completed, timed out, or never waited).
     #[error("no active lifecycle action: {0}")]
     NoActiveAction(String),
+    /// Instance metadata says the instance is leaving, but the Auto Scaling API still
+    /// reports a state before the termination wait (it is eventually consistent).
+    #[error("the Auto Scaling API still reports lifecycle state {0:?}; reading it again")]
+    Lagging(String),
     #[error("access denied: {0}")]
     AccessDenied(String),
     #[error("throttled: {0}")]
@@ -195,6 +202,7 @@ impl CallError {
     pub fn metric_label(&self) -> &'static str {
         match self {
             Self::NoActiveAction(_) => "no_active_action",
+            Self::Lagging(_) => "lagging",
             Self::AccessDenied(_) => "access_denied",
             Self::Throttled(_) => "throttled",
             Self::Unreachable(_) => "unreachable",
@@ -463,6 +471,8 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
     let mut empty = ctx.node_empty.clone();
     let mut empty_open = true;
     let mut stage = Stage::Watching;
+    // Since when the API has lagged behind instance metadata.
+    let mut lagging_since: Option<tokio::time::Instant> = None;
     let mut next_poll = tokio::time::Instant::now();
     let mut next_heartbeat = next_poll;
     loop {
@@ -483,11 +493,32 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
             match imds.get(LIFECYCLE_PATH).await {
                 Ok(v) if v.as_ref().trim() == "Terminated" => {
                     up(true);
-                    stage = discover(&api, &c, Timestamp::now()).await.unwrap_or_else(|e| {
-                        error(e.metric_label());
-                        warn!(message = "Auto Scaling lifecycle: the instance is leaving, but its hook wait could not be read; retrying", error = %e);
-                        Stage::Leaving
-                    });
+                    stage = match discover(&api, &c, Timestamp::now()).await {
+                        Ok(s) => s,
+                        Err(CallError::Lagging(state)) => {
+                            let since = *lagging_since.get_or_insert(now);
+                            let lag = now.saturating_duration_since(since);
+                            metrics
+                                .asg_state_lag
+                                .set(i64::try_from(lag.as_secs()).unwrap_or(i64::MAX));
+                            error("lagging");
+                            if lag >= LAG_LIMIT {
+                                warn!(message = "Auto Scaling lifecycle: the API never reported the termination wait; any wait has ended by now", state = %state, lagged_secs = lag.as_secs());
+                                Stage::Done(None)
+                            } else {
+                                info!(message = "Auto Scaling lifecycle: instance metadata says the instance is leaving, but the API still reports an earlier state; reading again", state = %state, lagged_secs = lag.as_secs());
+                                Stage::Leaving
+                            }
+                        }
+                        Err(e) => {
+                            error(e.metric_label());
+                            warn!(message = "Auto Scaling lifecycle: the instance is leaving, but its hook wait could not be read; retrying", error = %e);
+                            Stage::Leaving
+                        }
+                    };
+                    if !matches!(stage, Stage::Leaving) && lagging_since.take().is_some() {
+                        metrics.asg_state_lag.set(0);
+                    }
                     if let Stage::Holding(h) = &stage {
                         info!(message = "Auto Scaling lifecycle wait found; holding the instance", group = %h.group, hook = %h.hook.name, deadline = %h.deadline());
                         next_heartbeat = now;
@@ -622,14 +653,37 @@ async fn discover(
         return Ok(Stage::Done(None));
     };
     let group = c.asg_group_name.clone().unwrap_or(group);
-    if state != "Terminating:Wait" {
+    match lifecycle(&state) {
+        Lifecycle::Waiting => {}
         // Already proceeding (completed before a restart, or no hook): nothing to hold.
-        return Ok(Stage::Done(None));
+        Lifecycle::Past => return Ok(Stage::Done(None)),
+        // IMDS is ahead of the API: the wait is coming; read again.
+        Lifecycle::Before => return Err(CallError::Lagging(state)),
     }
     let hooks = api.hooks(&group).await?;
     match pick_hook(&hooks, c.asg_hook_name.as_deref()) {
         Ok(hook) => Ok(Stage::Holding(Hold::new(group, hook, seen, c.asg_interval))),
         Err(e) => Err(CallError::Other(e.to_string())),
+    }
+}
+
+/// Where a lifecycle state stands against the termination wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lifecycle {
+    /// Not there yet: in service, or terminating before the hook parked it.
+    Before,
+    Waiting,
+    /// Proceeding, terminated, or some other state no wait follows (detaching, standby).
+    Past,
+}
+
+fn lifecycle(state: &str) -> Lifecycle {
+    match state {
+        "Terminating:Wait" => Lifecycle::Waiting,
+        "InService" | "Terminating" | "Pending" | "Pending:Wait" | "Pending:Proceed" => {
+            Lifecycle::Before
+        }
+        _ => Lifecycle::Past,
     }
 }
 

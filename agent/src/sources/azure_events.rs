@@ -15,8 +15,11 @@
 //! | `Preempt` | ends; Spot eviction | Terminate at `NotBefore`, preemption, not cancellable |
 //! | `Terminate` | ends; scale-in with terminate notification | Terminate at `NotBefore`, scale_down |
 //!
-//! `NotBefore` is empty once an event has `Started`: its deadline is then when that was
-//! first seen. A deadline never moves later. An event that vanishes from the document was
+//! A scheduled event's deadline is its `NotBefore` as the platform states it now: a Reboot
+//! or Redeploy postponed is later, as for every other source (the deadline rule decides what
+//! that moves; see `deadline`). `NotBefore` is empty once an event has `Started`: its
+//! deadline is then when it was first seen `Started` (or the `NotBefore` it had, if earlier), an estimate
+//! the deadline rule never lets a restart move later. An event that vanishes from the document was
 //! completed or cancelled: its notice goes (a Spot eviction's stays: it cannot be withdrawn).
 //! An unreachable endpoint, an error status or a document that does not parse is "unknown",
 //! never "clear": the last view is kept (none yet: the source stays unknown, so a drain it
@@ -259,7 +262,8 @@ fn entry(e: &serde_json::Value) -> Entry {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tracked {
     pub event: Event,
-    /// `NotBefore`, or when it was first seen `Started`; never moves later.
+    /// `NotBefore` as stated now; once `Started`, when it was first seen `Started` (or the
+    /// `NotBefore` it had, if earlier).
     pub deadline: Timestamp,
 }
 
@@ -277,11 +281,15 @@ pub fn apply(view: &mut View, doc: Document, vm: &str, now: Timestamp) -> Vec<Pa
     for entry in doc.entries {
         match entry {
             Entry::Event(e) if e.is_for(vm) => {
-                let candidate = e.not_before.unwrap_or(now);
-                let deadline = view
-                    .events
-                    .get(&e.id)
-                    .map_or(candidate, |t| t.deadline.min(candidate));
+                // The platform's own time stands as stated, later or earlier. A started
+                // event is under way: due when first seen started (or at the time it had,
+                // if earlier), and it stays there.
+                let deadline = match (e.not_before, view.events.get(&e.id)) {
+                    (Some(stated), _) => stated,
+                    (None, Some(t)) if t.event.status == EventStatus::Started => t.deadline,
+                    (None, Some(t)) => t.deadline.min(now),
+                    (None, None) => now,
+                };
                 next.insert(e.id.clone(), Tracked { event: e, deadline });
             }
             Entry::Event(e) => debug!(message = "Azure event for another VM", event_id = %e.id),
@@ -331,6 +339,9 @@ pub fn notice(t: &Tracked) -> Notice {
         .unwrap_or_default();
     Notice {
         id: format!("{}:{}", SOURCE.as_str(), e.id),
+        // Once started, the deadline is counted from when lastcall saw it: a restart would
+        // count it again, later, so the recorded one stands.
+        estimated_deadline: e.not_before.is_none(),
         ..Notice::new(
             SOURCE,
             cause,

@@ -181,6 +181,7 @@ mod tests {
             taints: vec![],
             labels: BTreeMap::new(),
             annotations: BTreeMap::new(),
+            boot_id: None,
         }
     }
 

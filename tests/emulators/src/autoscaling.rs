@@ -143,6 +143,9 @@ struct State {
     instances: BTreeMap<String, InstanceRec>,
     journal: Vec<Entry>,
     faults: Vec<FaultRule>,
+    /// `DescribeAutoScalingInstances` answers still to give from before the termination
+    /// began (the API is eventually consistent; IMDS may be ahead of it).
+    stale_describes: usize,
     next_request: u64,
 }
 
@@ -298,6 +301,13 @@ impl AutoScalingEmulator {
             status,
             remaining: times,
         });
+    }
+
+    /// The next `n` `DescribeAutoScalingInstances` answers say `InService`, whatever the
+    /// instance's state: the API lags behind instance metadata, as it may for a while after
+    /// a termination begins.
+    pub fn lag_describes(&self, n: usize) {
+        self.state().stale_describes = n;
     }
 
     pub fn clear_faults(&self) {
@@ -472,13 +482,19 @@ fn answer(
                 if rec.state == LifecycleState::Terminated {
                     continue;
                 }
+                let state = if s.stale_describes > 0 {
+                    LifecycleState::InService
+                } else {
+                    rec.state
+                };
                 out.push_str(&format!(
                     "<member><InstanceId>{}</InstanceId><InstanceType>c5.xlarge</InstanceType><AutoScalingGroupName>{}</AutoScalingGroupName><AvailabilityZone>us-west-2a</AvailabilityZone><LifecycleState>{}</LifecycleState><HealthStatus>HEALTHY</HealthStatus><ProtectedFromScaleIn>false</ProtectedFromScaleIn></member>",
                     escape(id),
                     escape(&rec.group),
-                    rec.state.as_str()
+                    state.as_str()
                 ));
             }
+            s.stale_describes = s.stale_describes.saturating_sub(1);
             out.push_str("</AutoScalingInstances>");
             Ok(out)
         }

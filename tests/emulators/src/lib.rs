@@ -21,4 +21,5 @@ pub mod kube;
 pub mod net;
 pub mod process;
 pub mod redis;
+pub mod tools;
 pub mod webhook_receiver;

@@ -534,8 +534,8 @@ async fn swallow(mut s: TcpStream) {
 }
 
 fn which_redis_server() -> anyhow::Result<()> {
-    if !crate::process::on_path("redis-server") {
-        bail!("redis-server is not on PATH; install it with `apt-get install -y redis-server`");
+    if let Err(e) = crate::tools::ensure("redis-server", "redis-server") {
+        bail!("{e:#}");
     }
     Ok(())
 }
@@ -683,10 +683,9 @@ impl RedisCluster {
     /// Starts the servers, creates the cluster with `redis-cli --cluster create`, and waits
     /// until every node says `cluster_state:ok` and sees every replica attached.
     pub async fn start(primaries: usize, replicas: usize) -> anyhow::Result<RedisCluster> {
-        if !crate::process::on_path("redis-cli") {
-            bail!(
-                "redis-cli is not on PATH; it creates the cluster: `apt-get install -y redis-tools`"
-            );
+        // redis-cli creates the cluster.
+        if let Err(e) = crate::tools::ensure("redis-cli", "redis-tools") {
+            bail!("{e:#}");
         }
         let mode = Mode {
             cluster: true,

@@ -346,9 +346,7 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             .any(|live| {
                 live.values().any(|s| {
                     s.hard
-                        .into_iter()
-                        .chain(s.earlier)
-                        .any(|d| d <= e.at + grace + Duration::from_millis(50))
+                        .is_some_and(|d| d <= e.at + grace + Duration::from_millis(50))
                         && permits(safe, s, tl.graceful_termination)
                 })
             });

@@ -35,9 +35,6 @@ pub struct Signal {
     /// The deadline is counted from when the agent first sees the signal (GCE), so the
     /// agent's value may be later than the script's by its reaction time.
     pub relative: bool,
-    /// An earlier deadline this signal had and an agent may still act on (Azure keeps an
-    /// event's earliest `NotBefore` while it runs; a new agent reads the current one).
-    pub earlier: Option<SystemTime>,
 }
 
 /// A step as it was applied.
@@ -83,14 +80,12 @@ pub fn effect_of(
         upgrade_like: true,
         fences: true,
         relative: false,
-        earlier: None,
     };
     let drain = Signal {
         hard: None,
         upgrade_like: false,
         fences: true,
         relative: false,
-        earlier: None,
     };
     Some(match a {
         Action::ImdsScheduled {
@@ -136,7 +131,6 @@ pub fn effect_of(
                 upgrade_like: false,
                 fences: true,
                 relative: true,
-                earlier: None,
             }),
         ),
         Action::AzureEvent {
@@ -258,16 +252,10 @@ impl Truth {
                             ..old
                         });
                     }
-                    // Moved: the platform's deadline is the new one; the agent that saw the
-                    // earlier one keeps it (a restarted one reads the new one).
+                    // Moved: the platform's deadline is the new one, later or earlier; what
+                    // any agent saw before does not keep the old one alive.
                     (Some(old), Some(new)) => {
-                        let earlier = [old.earlier, old.hard]
-                            .into_iter()
-                            .flatten()
-                            .filter(|e| new.hard.is_none_or(|n| *e < n))
-                            .min();
                         s = Some(Signal {
-                            earlier,
                             relative: old.relative || new.relative,
                             ..new
                         });
@@ -355,7 +343,6 @@ mod tests {
             upgrade_like: true,
             fences: true,
             relative: false,
-            earlier: None,
         }
     }
 
@@ -402,7 +389,7 @@ mod tests {
     }
 
     #[test]
-    fn azure_deadlines_keep_the_earlier_one_and_a_spot_eviction_stays() {
+    fn azure_deadlines_are_the_platforms_and_a_spot_eviction_stays() {
         let gone = |ms, episode| Applied {
             action: Action::AzureGone { episode },
             ..applied(ms, SignalId::Azure(episode), None)
@@ -415,9 +402,8 @@ mod tests {
             gone(500, 2),
         ]);
         let e = |ms| earliest(t.at(at(ms)), at(ms), Duration::ZERO);
-        // Moved later: the current deadline is the new one; the earlier one stays known.
+        // Moved later: the deadline is the new one, and only the new one.
         assert_eq!(e(250), Some(at(5000)));
-        assert_eq!(t.at(at(250))[&SignalId::Azure(1)].earlier, Some(at(3000)));
         // The reboot vanished; the Spot eviction cannot be withdrawn.
         assert_eq!(e(450), Some(at(4000)));
         assert_eq!(e(600), Some(at(4000)));

@@ -71,6 +71,7 @@ fn world(gss: Vec<GameServerView>) -> Observed {
             taints: vec![],
             labels: BTreeMap::new(),
             annotations: BTreeMap::new(),
+            boot_id: None,
         },
         pods: gss.iter().map(pod_for).collect(),
         game_servers: gss,

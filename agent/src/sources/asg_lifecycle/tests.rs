@@ -52,6 +52,31 @@ fn the_termination_hook_is_the_named_or_the_only_one() {
     }
 }
 
+/// Only the termination wait is held; a state before it means the API lags behind
+/// instance metadata (read again), anything else means no wait is coming.
+#[test]
+fn lifecycle_states_are_before_the_wait_the_wait_or_past_it() {
+    for s in [
+        "InService",
+        "Terminating",
+        "Pending",
+        "Pending:Wait",
+        "Pending:Proceed",
+    ] {
+        assert_eq!(lifecycle(s), Lifecycle::Before, "{s}");
+    }
+    assert_eq!(lifecycle("Terminating:Wait"), Lifecycle::Waiting);
+    for s in [
+        "Terminating:Proceed",
+        "Terminated",
+        "Detaching",
+        "Standby",
+        "",
+    ] {
+        assert_eq!(lifecycle(s), Lifecycle::Past, "{s}");
+    }
+}
+
 #[test]
 fn the_wait_ends_at_the_cap_unless_heartbeats_are_refused() {
     let t0: Timestamp = "2026-12-01T10:00:00Z".parse().unwrap();
