@@ -35,6 +35,28 @@ pub const HEALTH: &str = "gce_metadata";
 const KEY_EVENT: &str = "maintenance-event";
 const KEY_PREEMPTED: &str = "preempted";
 const KEY_UPCOMING: &str = "upcoming-maintenance";
+/// The VM's own host-maintenance policy: what an `ONGOING` maintenance does to it.
+const KEY_ON_HOST_MAINTENANCE: &str = "scheduling/on-host-maintenance";
+
+/// `scheduling/on-host-maintenance`: whether host maintenance live-migrates this VM or
+/// stops it (Spot and preemptible VMs, GPU VMs: always stopped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnHostMaintenance {
+    Migrate,
+    Terminate,
+}
+
+/// `MIGRATE` or `TERMINATE`; anything else is rejected, never guessed.
+pub fn parse_on_host_maintenance(body: &str) -> Result<OnHostMaintenance, ParseError> {
+    match body.trim() {
+        "MIGRATE" => Ok(OnHostMaintenance::Migrate),
+        "TERMINATE" => Ok(OnHostMaintenance::Terminate),
+        other => Err(ParseError::UpcomingValue {
+            field: "scheduling/on-host-maintenance",
+            value: trimmed(other),
+        }),
+    }
+}
 /// Failed first reads after which the metadata server counts as unreachable.
 const UNREACHABLE_AFTER: u32 = 3;
 
@@ -227,6 +249,8 @@ pub struct View {
     /// `None` until upcoming-maintenance has said something definite; then `Some(None)`
     /// for "nothing scheduled".
     pub upcoming: Option<Option<Upcoming>>,
+    /// The VM's host-maintenance policy, once read (`None`: not read, or unreadable).
+    pub on_host_maintenance: Option<OnHostMaintenance>,
 }
 
 fn plus(t: Timestamp, d: Duration) -> Option<Timestamp> {
@@ -286,9 +310,13 @@ pub fn report(view: &View, s: &Settings, now: Timestamp) -> Report {
     if let Some(u) = upcoming {
         let lead = SignedDuration::try_from(s.maintenance_lead).unwrap_or_default();
         let from = u.window_start.checked_sub(lead).unwrap_or(u.window_start);
-        let severity = if u.status == UpcomingStatus::Ongoing {
+        // ONGOING ends every process only on a VM that host maintenance stops; one that
+        // live-migrates loses nothing (an unread policy counts as stopped: the safe side for
+        // a match is to be told it will end).
+        let migrates = view.on_host_maintenance == Some(OnHostMaintenance::Migrate);
+        let severity = if u.status == UpcomingStatus::Ongoing && !migrates {
             Severity::Terminate
-        } else if now >= from {
+        } else if u.status == UpcomingStatus::Ongoing || now >= from {
             Severity::Drain
         } else {
             Severity::Observe
@@ -299,9 +327,14 @@ pub fn report(view: &View, s: &Settings, now: Timestamp) -> Report {
             Some(u.window_start),
             true,
             format!(
-                "upcoming maintenance {} at {}",
+                "upcoming maintenance {} at {}{}",
                 u.status.as_str(),
-                u.window_start
+                u.window_start,
+                if migrates {
+                    " (the VM live-migrates)"
+                } else {
+                    ""
+                }
             ),
         );
         notice.can_start_early = u.can_reschedule && u.status == UpcomingStatus::Pending;
@@ -569,6 +602,7 @@ impl Gce {
         let url = format!("{}?alt=json", self.url(KEY_UPCOMING));
         // An unchanged answer is not read again: a steady `{}` is counted once, not per poll.
         let mut last: Option<(u16, String)> = None;
+        let mut last_policy: Option<String> = None;
         loop {
             let answer = match self.fetch(&url).await {
                 Ok(Fetched::Value { body, .. }) => Some((200, body)),
@@ -587,6 +621,8 @@ impl Gce {
                     None
                 }
             };
+            // The VM's policy first, so an ONGOING answer is read with it.
+            self.read_policy(&mut last_policy).await;
             if let Some(a) = answer
                 && last.as_ref() != Some(&a)
             {
@@ -598,6 +634,39 @@ impl Gce {
                 () = tokio::time::sleep(self.settings.upcoming_interval) => {}
             }
         }
+    }
+
+    /// Reads `scheduling/on-host-maintenance`; an error or an unknown value keeps what was
+    /// known (counted), and a change is published.
+    async fn read_policy(&self, last: &mut Option<String>) {
+        let body = match self.fetch(&self.url(KEY_ON_HOST_MAINTENANCE)).await {
+            Ok(Fetched::Value { body, .. }) => body,
+            Ok(Fetched::Status(code, _)) => {
+                self.error(if code >= 500 {
+                    "server_error"
+                } else {
+                    "client_error"
+                });
+                return;
+            }
+            Err(_) => {
+                self.error("unreachable");
+                return;
+            }
+        };
+        if last.as_deref() == Some(body.as_str()) {
+            return;
+        }
+        match parse_on_host_maintenance(&body) {
+            Ok(p) => {
+                if let Ok(mut v) = self.view.lock() {
+                    v.on_host_maintenance = Some(p);
+                }
+                self.publish();
+            }
+            Err(e) => self.reject(&e),
+        }
+        *last = Some(body);
     }
 
     fn upcoming(&self, status: u16, body: &str) {

@@ -46,7 +46,9 @@ impl Shared {
 }
 
 /// A running emulator. Keys start as on a healthy VM: `maintenance-event=NONE`,
-/// `preempted=FALSE`, `upcoming-maintenance` not defined.
+/// `preempted=FALSE`, `upcoming-maintenance` not defined, and
+/// `scheduling/on-host-maintenance=TERMINATE` (as on GKE's Spot and preemptible nodes; a
+/// standard VM's default, `MIGRATE`, is set by the tests that need it).
 pub struct GceMetadataEmulator {
     shared: Shared,
     addr: SocketAddr,
@@ -68,6 +70,7 @@ impl GceMetadataEmulator {
         };
         emu.set("maintenance-event", "NONE");
         emu.set("preempted", "FALSE");
+        emu.set("scheduling/on-host-maintenance", "TERMINATE");
         emu.serve(listener);
         Ok(emu)
     }

@@ -114,6 +114,44 @@ fn upcoming_accepts_every_known_shape_and_rejects_garbage() {
     assert_eq!(ongoing.status, UpcomingStatus::Ongoing);
 }
 
+/// An ONGOING maintenance ends every process only on a VM that host maintenance stops: one
+/// that live-migrates (`on-host-maintenance=MIGRATE`) loses nothing, so nothing may end a
+/// match for it. Unread or unknown, the policy counts as stopping the VM.
+#[test]
+fn ongoing_maintenance_is_a_terminate_only_where_the_vm_is_stopped() {
+    assert_eq!(
+        parse_on_host_maintenance("MIGRATE\n"),
+        Ok(OnHostMaintenance::Migrate)
+    );
+    assert_eq!(
+        parse_on_host_maintenance("TERMINATE"),
+        Ok(OnHostMaintenance::Terminate)
+    );
+    assert!(parse_on_host_maintenance("SHUTDOWN").is_err());
+    let s = settings();
+    let now = t("2026-12-01T00:00:00Z");
+    let ongoing = |policy| View {
+        event: Some((MaintenanceEvent::None, now)),
+        preempted: Some((false, now)),
+        upcoming: Some(Some(Upcoming {
+            window_start: t("2026-12-01T00:30:00Z"),
+            status: UpcomingStatus::Ongoing,
+            can_reschedule: false,
+        })),
+        on_host_maintenance: policy,
+    };
+    for (policy, want) in [
+        (Some(OnHostMaintenance::Migrate), Severity::Drain),
+        (Some(OnHostMaintenance::Terminate), Severity::Terminate),
+        (None, Severity::Terminate),
+    ] {
+        let Report::Known(n) = report(&ongoing(policy), &s, now) else {
+            panic!("{policy:?}")
+        };
+        assert_eq!(n[0].severity, want, "{policy:?}");
+    }
+}
+
 #[test]
 fn notices_follow_the_table() {
     let s = settings();
@@ -123,6 +161,7 @@ fn notices_follow_the_table() {
         event: Some((MaintenanceEvent::None, now)),
         preempted: Some((false, now)),
         upcoming: None,
+        on_host_maintenance: None,
     };
     assert_eq!(
         report(&v, &s, now),
@@ -206,6 +245,28 @@ fn reads(emu: &GceMetadataEmulator, key: &str, hanging: bool) -> usize {
 /// `at + d`, for deadline bounds.
 fn after(at: Timestamp, d: SignedDuration) -> Timestamp {
     at.checked_add(d).unwrap()
+}
+
+/// Over HTTP: an ONGOING window on a VM that live-migrates is a drain, never a Terminate;
+/// the same window on a VM that is stopped for it is a Terminate.
+#[tokio::test]
+async fn an_ongoing_window_follows_the_vms_own_host_maintenance_policy() {
+    let emu = GceMetadataEmulator::start().await.unwrap();
+    emu.set("scheduling/on-host-maintenance", "MIGRATE");
+    emu.set(
+        "upcoming-maintenance",
+        r#"{"maintenance_status":"ONGOING","type":"SCHEDULED","can_reschedule":"false","window_start_time":"2100-01-01T00:00:00Z"}"#,
+    );
+    let src = start_on(&emu);
+    let n = src
+        .wait_for_notices("the ongoing window", |n| !n.is_empty())
+        .await;
+    assert_eq!(n[0].severity, Severity::Drain, "{n:?}");
+    emu.set("scheduling/on-host-maintenance", "TERMINATE");
+    src.wait_for_notices("stopped for it: a Terminate", |n| {
+        n.iter().any(|n| n.severity == Severity::Terminate)
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -361,6 +422,7 @@ fn a_drain_asked_by_another_key_stands_while_upcoming_is_unknown() {
         event: Some((MaintenanceEvent::Terminate, now)),
         preempted: Some((false, now)),
         upcoming: None,
+        on_host_maintenance: None,
     };
     let Report::Known(n) = report(&v, &s, now) else {
         panic!("a terminate event is a notice whatever upcoming-maintenance says")
