@@ -216,12 +216,23 @@ impl Reconciler {
     pub async fn run(mut self, shutdown: CancellationToken) {
         self.health
             .set(HEALTH_KUBE, false, "waiting for the initial lists");
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            ok = self.stores.ready() => if !ok {
-                warn!(message = "a watch ended before its first list");
-                return;
-            },
+        // Until every watch has listed, a notice still fences: the fence needs only the Node.
+        let stores = self.stores.clone();
+        let ready = stores.ready();
+        tokio::pin!(ready);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                ok = &mut ready => {
+                    if !ok {
+                        warn!(message = "a watch ended before its first list");
+                        return;
+                    }
+                    break;
+                }
+                () = self.trigger.notified() => self.fence_early().await,
+                () = tokio::time::sleep(self.resync) => self.fence_early().await,
+            }
         }
         self.health.set(HEALTH_KUBE, true, "watching");
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
@@ -302,6 +313,50 @@ impl Reconciler {
                 () = self.trigger.notified() => {}
                 () = tokio::time::sleep(wait) => {}
             }
+        }
+    }
+
+    /// The fence, before the pods and GameServers are listed (see [`policy::fence_only`]).
+    async fn fence_early(&mut self) {
+        if !self.owner.is_owner() {
+            return;
+        }
+        let Some(node) = self.current_node() else {
+            return;
+        };
+        let node = match NodeView::from_node(&node) {
+            Ok(n) => n,
+            Err(e) => {
+                warn!(message = "cannot read the Node to fence it", error = %e);
+                return;
+            }
+        };
+        let observed = Observed {
+            node,
+            game_servers: vec![],
+            pods: vec![],
+            fleets: Default::default(),
+        };
+        let now = jiff::Timestamp::now();
+        let notices = self.board.notices(&observed.node, now);
+        let unknown = self.board.unknown();
+        let inputs = self.inputs(&notices, &unknown, &observed, now);
+        let Some(patch) = policy::fence_only(&inputs) else {
+            return;
+        };
+        let plan = Plan {
+            phase: Phase::Fencing,
+            driver: crate::notice::Notice::strongest(&notices).cloned(),
+            actions: vec![Action::PatchNode(patch)],
+            wake_at: None,
+            warnings: vec![],
+            at_risk: 0,
+            hand_off: false,
+        };
+        info!(message = "fencing before this node's pods and GameServers are listed");
+        match self.apply(&plan, &observed).await {
+            Ok(_) => {}
+            Err(e) => warn!(message = "early fence failed; retrying", error = %e),
         }
     }
 

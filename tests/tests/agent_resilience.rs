@@ -684,3 +684,55 @@ async fn an_api_server_restart_mid_drain_is_recovered_by_listing_again() {
     assert!(killed.is_empty(), "allocated servers deleted: {killed:?}");
     agent.stop().await.unwrap();
 }
+
+/// The fence needs only the Node. Right after a start, while the API server refuses every
+/// GameServer read (the selector probe and the GameServer watch cannot begin), a drain
+/// signal still fences the node at once; the servers are released once they can be listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_fences_the_node_before_its_game_servers_can_be_listed() {
+    let w = World::start(WorldSpec::new(2, 0, 0)).await;
+    w.cluster.emulator().faults().inject(FaultRule::status(
+        Some(Method::GET),
+        "/apis/agones.dev/v1/",
+        10_000,
+        503,
+    ));
+    let agent = w.start_agent(&[]).await;
+    Api::<Node>::all(w.cluster.client())
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &serde_json::json!({"metadata": {"labels": {"lastcall.dev/drain": "true"}}}),
+            ),
+        )
+        .await
+        .expect("drain label");
+    wait_for("fenced while GameServers cannot be read", || async {
+        let n = w.node().await;
+        (cordoned(&n) && has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    let refused = w.cluster.emulator().journal().count(|r| {
+        r.identity.as_deref() == Some("agent-n1")
+            && r.path.contains("/apis/agones.dev/v1/")
+            && r.status == 503
+    });
+    assert!(
+        refused > 0,
+        "the GameServer reads were refused: the fault was met"
+    );
+    assert_eq!(w.on("n1").len(), 2, "nothing released before they are seen");
+    w.cluster.emulator().faults().clear();
+    wait_for("both released once listed", || async {
+        let released = w.cluster.emulator().journal().count(|r| {
+            r.identity.as_deref() == Some("agent-n1")
+                && r.resource.as_deref() == Some("gameservers")
+                && r.verb == Verb::Delete
+                && r.status < 300
+        });
+        (released == 2).then_some(())
+    })
+    .await;
+    agent.stop().await.expect("clean stop");
+}

@@ -341,6 +341,19 @@ pub struct Warning {
     pub note: String,
 }
 
+/// The fence alone, for a node whose pods and GameServers are not listed yet (just after a
+/// start, while a watch or the GameServer selector cannot reach the API server): it needs
+/// only the Node and the notices, and keeps new matches off the node at once. `None` when
+/// nothing asks for a drain, the fence is up, or the machine came back.
+pub fn fence_only(inp: &Inputs<'_>) -> Option<NodePatch> {
+    let progress = Progress::from_annotations(&inp.observed.node.annotations);
+    if inp.observed.node.machine_returned(&progress) {
+        return None;
+    }
+    let driver = Notice::strongest(inp.notices)?;
+    fence_patch(inp, &progress, Some(driver))
+}
+
 /// The actions that move this node toward its desired state now (see the module docs).
 pub fn plan(inp: &Inputs<'_>) -> Plan {
     let obs = inp.observed;
