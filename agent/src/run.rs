@@ -175,7 +175,20 @@ impl Agent {
             config.dry_run,
             metrics.clone(),
         );
+        // One agent acts on a node at a time (see `owner`); a dry run writes nothing, so
+        // it needs no ownership. Before the sources: a standby's sources send nothing.
+        let identity = identity.filter(|_| !config.dry_run);
+        let owner = spawn_ownership(
+            identity.as_ref(),
+            &config.node_name,
+            &stores,
+            &actuator,
+            &metrics,
+            &mut tasks,
+        );
         let warn_on = actuator.clone();
+        let warn_owner = owner.clone();
+        let acting_owner = owner.clone();
         let shared = feeds.for_sources(
             aws_credentials,
             sources::KubeAccess {
@@ -183,8 +196,12 @@ impl Agent {
                 node: stores.node.clone(),
             },
             sources::NodeWarnings::new(move |reason, note| {
-                warn_on.queue_event(&warn_on.node_ref(), reason, note, true);
+                // A standby agent posts nothing; the acting one says the same.
+                if warn_owner.is_owner() {
+                    warn_on.queue_event(&warn_on.node_ref(), reason, note, true);
+                }
             }),
+            sources::Acting::new(move || acting_owner.is_owner()),
         );
         let board = spawn_sources(
             &config,
@@ -193,17 +210,6 @@ impl Agent {
             &metrics,
             &health,
             &trigger,
-            &mut tasks,
-        );
-        // One agent acts on a node at a time (see `owner`); a dry run writes nothing, so
-        // it needs no ownership.
-        let identity = identity.filter(|_| !config.dry_run);
-        let owner = spawn_ownership(
-            identity.as_ref(),
-            &config.node_name,
-            &stores,
-            &actuator,
-            &metrics,
             &mut tasks,
         );
         actuator.fleetiq().gate(owner.clone());
@@ -343,6 +349,7 @@ impl Feeds {
         aws_credentials: Option<aws_sdk_autoscaling::config::Credentials>,
         kube: sources::KubeAccess,
         node_warnings: sources::NodeWarnings,
+        acting: sources::Acting,
     ) -> SourceShared {
         SourceShared {
             fleetiq: sources::fleetiq::Inputs {
@@ -353,6 +360,7 @@ impl Feeds {
             aws_credentials,
             kube,
             node_warnings,
+            acting,
         }
     }
 }
@@ -424,6 +432,7 @@ struct SourceShared {
     aws_credentials: Option<aws_sdk_autoscaling::config::Credentials>,
     kube: sources::KubeAccess,
     node_warnings: sources::NodeWarnings,
+    acting: sources::Acting,
 }
 
 /// Starts every registered signal source; they report to the returned board.
@@ -451,6 +460,7 @@ fn spawn_sources(
             aws_credentials: shared.aws_credentials.clone(),
             kube: Some(shared.kube.clone()),
             node_warnings: shared.node_warnings.clone(),
+            acting: shared.acting.clone(),
             shutdown: stop.clone(),
         },
         sources::NodeSignalConfig {

@@ -540,6 +540,14 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
             }
         }
         let node_empty = *empty.borrow();
+        // A standby agent holds nothing: the acting one heartbeats and completes.
+        if let Stage::Holding(hold) = &mut stage
+            && !ctx.acting.now()
+        {
+            next_heartbeat = now + Duration::from_secs(1);
+            super::publish(&ctx.out, Report::Known(vec![hold.notice()]));
+            continue;
+        }
         if let Stage::Holding(hold) = &mut stage {
             stage = hold_step(&api, hold, node_empty, &mut next_heartbeat, &error).await;
             if !matches!(stage, Stage::Holding(_)) {

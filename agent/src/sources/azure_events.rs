@@ -404,7 +404,7 @@ pub fn start(ctx: SourceContext) -> Option<BoxFuture<'static, ()>> {
         c.azure_events_interval,
         c.azure_approve_when_empty,
     );
-    let (out, shutdown, empty) = (ctx.out, ctx.shutdown, ctx.node_empty);
+    let (out, shutdown, empty, acting) = (ctx.out, ctx.shutdown, ctx.node_empty, ctx.acting);
     Some(
         async move {
             let vm = match vm_flag {
@@ -456,7 +456,8 @@ pub fn start(ctx: SourceContext) -> Option<BoxFuture<'static, ()>> {
                             .inc();
                     }
                 }
-                if approve && *empty.borrow() {
+                // A standby agent approves nothing: the acting one does.
+                if approve && *empty.borrow() && acting.now() {
                     for id in to_approve(&view, &approved) {
                         if azure.approve(&id).await {
                             approved.insert(id);

@@ -70,7 +70,30 @@ pub struct SourceContext {
     pub kube: Option<KubeAccess>,
     /// Warning Events on the agent's own Node, for what an operator must fix.
     pub node_warnings: NodeWarnings,
+    /// Whether this agent acts on the node now: a standby agent (a rollout runs two) reads
+    /// and reports, but sends nothing to a platform (heartbeats, completions, approvals).
+    pub acting: Acting,
     pub shutdown: CancellationToken,
+}
+
+/// Whether this agent is the one acting on its node (see `owner`); checked before every
+/// write a source makes to a platform.
+#[derive(Clone)]
+pub struct Acting(Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl Acting {
+    pub fn new(f: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+
+    /// Always acting: the only agent on its node (tests, no ownership).
+    pub fn always() -> Self {
+        Self::new(|| true)
+    }
+
+    pub fn now(&self) -> bool {
+        (self.0)()
+    }
 }
 
 /// What a source may read from the API server: the cached Node (free to read as often as

@@ -24,6 +24,8 @@ pub struct Started {
     shutdown: CancellationToken,
     /// What the reconciler would say: the node is empty and handed off.
     pub node_empty: watch::Sender<bool>,
+    /// Whether the source's agent acts on the node (`false`: a standby). Starts `true`.
+    pub acting: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Drop for Started {
@@ -48,6 +50,8 @@ pub fn start_source(source: Source, start: StartTask, args: &[&str]) -> Started 
     let shutdown = CancellationToken::new();
     let (node_empty, empty_rx) = watch::channel(false);
     let warnings: Arc<Mutex<Vec<(&'static str, String)>>> = Arc::default();
+    let acting = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let acts = acting.clone();
     let warned = warnings.clone();
     let task = start(SourceContext {
         config: Arc::new(config),
@@ -70,6 +74,7 @@ pub fn start_source(source: Source, start: StartTask, args: &[&str]) -> Started 
                 .unwrap_or_else(|e| e.into_inner())
                 .push((reason, note));
         }),
+        acting: super::Acting::new(move || acts.load(std::sync::atomic::Ordering::SeqCst)),
         shutdown: shutdown.clone(),
     })
     .unwrap_or_else(|| panic!("{} did not start for {args:?}", source.as_str()));
@@ -91,6 +96,7 @@ pub fn start_source(source: Source, start: StartTask, args: &[&str]) -> Started 
         warned: warnings,
         shutdown,
         node_empty,
+        acting,
     }
 }
 

@@ -327,3 +327,36 @@ async fn an_action_completed_before_a_restart_is_not_completed_again() {
     assert_eq!(w.asg.calls("CompleteLifecycleAction"), 1);
     assert_eq!(second.asg_calls("RecordLifecycleActionHeartbeat", "ok"), 0);
 }
+
+/// A standby agent (a rollout runs two on the node) finds and reports the wait but sends
+/// nothing: no heartbeat, no completion, even on an empty node. Once it acts, it holds and
+/// completes as usual.
+#[tokio::test]
+async fn a_standby_agent_sends_no_heartbeat_and_no_completion() {
+    let w = world(60).await;
+    let s = start(&w);
+    s.acting.store(false, std::sync::atomic::Ordering::SeqCst);
+    s.wait_for_notices("in service", <[Notice]>::is_empty).await;
+    w.asg.begin_termination(I).unwrap();
+    w.imds.set_target_lifecycle_state(Some("Terminated"));
+    s.wait_for_notices("the hold", |n| n.iter().any(|n| n.deadline.is_some()))
+        .await;
+    s.node_empty.send_replace(true);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let writes = |a: &str| w.asg.calls(a);
+    assert_eq!(
+        (
+            writes("RecordLifecycleActionHeartbeat"),
+            writes("CompleteLifecycleAction")
+        ),
+        (0, 0),
+        "{:?}",
+        w.asg.journal()
+    );
+    s.acting.store(true, std::sync::atomic::Ordering::SeqCst);
+    wait_for("completed by the acting agent", || async {
+        (w.asg.lifecycle_state(I) == Some(LifecycleState::Terminated)).then_some(())
+    })
+    .await;
+    assert_eq!(w.asg.calls("CompleteLifecycleAction"), 1);
+}
