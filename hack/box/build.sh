@@ -63,6 +63,7 @@ fi
 # We hold the lock: leftovers of interrupted builds of this key are ours to remove.
 rm -rf "$CACHE/.$key.tmp."* "$dest"
 tmp="$(mktemp -d "$CACHE/.$key.tmp.XXXXXX")"
+chmod 755 "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/bin"
 
