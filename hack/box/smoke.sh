@@ -265,6 +265,8 @@ start kube-scheduler "$BIN/kube-scheduler" \
   --leader-elect=false
 
 # --- kwok: the kubelet of nodes annotated kwok.x-k8s.io/node=fake ------------------------------
+# `--manage-all-nodes=true` instead of the two selector flags makes it take every Node (also
+# checked with this script). Without --config stages kwok refuses to start.
 start kwok "$BIN/kwok" \
   --kubeconfig="$WORK/kwok.kubeconfig" \
   --config="$SHARE/kwok-stages.yaml" \
