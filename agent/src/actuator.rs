@@ -388,9 +388,12 @@ impl Actuator {
                             newest,
                         }
                     }
+                    // Changed since we saw it: a Starting server that turned Ready (then
+                    // allocatable) is labelled now, not a pass later, so exclusion-selector
+                    // allocators skip it until the next plan releases or protects it.
                     Ok(Some(obj)) => ReleaseOutcome {
                         result: Ok(Release::Conflict),
-                        newest: Some(obj),
+                        newest: self.label_after_failed_delete(gs).await.or(Some(obj)),
                     },
                     Err(e) => ReleaseOutcome {
                         result: Err(e.into()),

@@ -214,3 +214,70 @@ async fn a_ready_server_whose_pod_is_deleted_is_removed_from_allocation() {
         "no victim was allocated before its pod's deletion: that case was not exercised"
     );
 }
+
+/// A release whose DELETE finds the server changed (a Starting server turned Ready, so
+/// allocatable) labels it `lastcall.dev/node-draining` in the same pass: exclusion-selector
+/// allocators skip it from then on, not a pass later. The real actuator against the
+/// emulator, ordered by its journal: the 409 DELETE, then the label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_finds_the_server_changed_labels_it_at_once() {
+    use lastcall_agent::actuator::{Actuator, Release};
+    use lastcall_agent::policy::GsRef;
+    use lastcall_testkit::kube::resources::GAMESERVERS;
+    use lastcall_testkit::world::{NS, World, WorldSpec};
+
+    let w = World::start(WorldSpec::new(1, 0, 0)).await;
+    let seen = w.on("n1").into_iter().next().expect("a server on n1");
+    let old = GsRef {
+        namespace: NS.into(),
+        name: seen.name.clone(),
+        uid: seen.uid.clone(),
+        resource_version: seen.resource_version.clone(),
+    };
+    // Agones writes it (Starting -> Ready) after the agent saw it.
+    w.cluster
+        .store()
+        .modify(&GAMESERVERS, Some(NS), &seen.name, |obj| {
+            obj["status"]["state"] = serde_json::json!("Ready");
+            obj["metadata"]["annotations"]["agones.dev/sdk-version"] = serde_json::json!("1.58.0");
+            Ok(())
+        })
+        .expect("the server changes");
+    let (metrics, _) = lastcall_agent::metrics::Metrics::new();
+    let client = w
+        .cluster
+        .emulator()
+        .config_for("agent-n1")
+        .await
+        .map(|c| kube::Client::try_from(c).expect("client"))
+        .expect("config");
+    let actuator = Actuator::new(client, "n1".into(), false, metrics);
+    let outcome = actuator.release(&old).await;
+    assert!(
+        matches!(outcome.result, Ok(Release::Conflict)),
+        "{:?}",
+        outcome.result
+    );
+    let j = w.cluster.emulator().journal();
+    let mine: Vec<_> = j
+        .filter(|r| {
+            r.identity.as_deref() == Some("agent-n1")
+                && r.resource.as_deref() == Some("gameservers")
+                && (r.verb == Verb::Delete || r.verb == Verb::Patch)
+        })
+        .into_iter()
+        .map(|r| (r.verb, r.status))
+        .collect();
+    assert_eq!(
+        mine,
+        [(Verb::Delete, 409), (Verb::Patch, 200)],
+        "the refused DELETE, then the label"
+    );
+    let now = w.on("n1").into_iter().next().expect("still there");
+    assert_eq!(
+        now.labels
+            .get("lastcall.dev/node-draining")
+            .map(String::as_str),
+        Some("true")
+    );
+}

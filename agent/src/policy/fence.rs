@@ -38,6 +38,26 @@ pub(super) fn unseen_servers(obs: &Observed) -> Vec<Action> {
     out
 }
 
+/// A held drain's fence, put back where another writer stripped it: our taint, and the
+/// cordon if lastcall made it. Nothing else changes while the drain is held (the record
+/// stays as it was). `None` when the fence stands.
+pub(super) fn refence(inp: &Inputs<'_>, progress: &Progress) -> Option<NodePatch> {
+    let node = &inp.observed.node;
+    let mut patch = NodePatch {
+        resource_version: node.resource_version.clone(),
+        ..Default::default()
+    };
+    if !node.has_taint(keys::TAINT_DRAINING) {
+        let mut taints = node.taints.clone();
+        taints.push(taint(keys::TAINT_DRAINING, "lastcall", "NoSchedule"));
+        patch.taints = Some(taints);
+    }
+    if progress.cordoned_by_us && !node.unschedulable {
+        patch.unschedulable = Some(true);
+    }
+    (patch.taints.is_some() || patch.unschedulable.is_some()).then_some(patch)
+}
+
 /// The node-level fence: cordon, our taint, progress annotations and the drain record.
 /// `None` when already there.
 pub(super) fn fence_patch(

@@ -430,8 +430,12 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         && (held(&progress, inp.unknown_sources) || progress.handed_back_final())
     {
         // A source that asked for this drain has not reported since a restart: keep the
-        // drain exactly as it is, but keep the node from taking new matches. Likewise once
-        // GKE was asked to take the node: that cannot be taken back.
+        // drain exactly as it is, but keep the node from taking new matches (a fence another
+        // writer stripped is put back). Likewise once GKE was asked to take the node: that
+        // cannot be taken back.
+        if let Some(p) = fence::refence(inp, &progress) {
+            out.actions.push(Action::PatchNode(p));
+        }
         if fenced {
             fenced_work(inp, &progress, None, unseen_servers, &mut out);
         }

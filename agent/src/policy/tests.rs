@@ -2635,3 +2635,58 @@ fn a_machine_that_came_back_under_a_live_signal_drains_again() {
     assert_eq!(phase, Phase::Deregistered);
     assert_eq!(count(&acts, "deregister"), 1, "{acts:?}");
 }
+
+/// A drain held after a restart (its source not heard from yet) keeps the node fenced: a
+/// taint or cordon another writer stripped meanwhile is put back, and nothing else moves.
+#[test]
+fn a_held_drain_puts_back_a_stripped_fence() {
+    let (drained, _, _) = converge(&mixed(), &[draining()], &cfg());
+    let mut stripped = drained.clone();
+    stripped
+        .node
+        .taints
+        .retain(|t| t.key != keys::TAINT_DRAINING);
+    stripped.node.unschedulable = false;
+    let held = plan(&Inputs {
+        notices: &[],
+        observed: &stripped,
+        config: &cfg(),
+        unknown_sources: &[fleetiq::SOURCE],
+        fleetiq_deregistered: false,
+        now: now(),
+    });
+    assert_eq!(held.phase, Phase::Draining);
+    let patches: Vec<&NodePatch> = held
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::PatchNode(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(patches.len(), 1, "{:?}", held.actions);
+    assert_eq!(patches[0].unschedulable, Some(true));
+    assert!(
+        patches[0]
+            .taints
+            .as_ref()
+            .is_some_and(|t| t.iter().any(|t| t.key == keys::TAINT_DRAINING)),
+        "{:?}",
+        patches[0]
+    );
+    assert!(patches[0].set_annotations.is_empty() && patches[0].remove_annotations.is_empty());
+    let again = simulate(&stripped, &held.actions);
+    let p = plan(&Inputs {
+        notices: &[],
+        observed: &again,
+        config: &cfg(),
+        unknown_sources: &[fleetiq::SOURCE],
+        fleetiq_deregistered: false,
+        now: now(),
+    });
+    assert!(
+        !p.actions.iter().any(|a| matches!(a, Action::PatchNode(_))),
+        "{:?}",
+        p.actions
+    );
+}
