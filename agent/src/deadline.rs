@@ -29,38 +29,15 @@ use jiff::{SignedDuration, Timestamp};
 
 use crate::notice::{Cause, Notice, Severity, Source};
 
-/// One (source, cause, severity) that asked for the drain, as remembered on the Node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Entry {
-    pub source: Source,
-    pub cause: Cause,
-    pub severity: Severity,
-    pub deadline: Option<Timestamp>,
-    pub cancellable: bool,
-    /// When lastcall first saw this source ask; a claim without a deadline gets the default
-    /// deadline counted from here, so it never moves.
-    pub first_seen: Timestamp,
+pub use crate::progress::Entry;
+
+/// One claim per source, cause and severity: a reboot (Drain) and a stop (Terminate) of one
+/// provider are two claims, so a Drain's date never becomes a Terminate's.
+trait Key {
+    fn key(&self) -> (Source, &'static str, Severity);
 }
 
-impl Entry {
-    /// The entry as policy sees a live notice (a recorded drain that must go on).
-    pub fn as_notice(&self) -> Notice {
-        Notice {
-            id: format!("recorded:{}:{}", self.source.as_str(), self.cause.as_str()),
-            detail: format!("recorded on the Node since {}", self.first_seen),
-            ..Notice::new(
-                self.source,
-                self.cause,
-                self.severity,
-                self.deadline,
-                self.cancellable,
-                String::new(),
-            )
-        }
-    }
-
-    /// One claim per source, cause and severity: a reboot (Drain) and a stop (Terminate)
-    /// of one provider are two claims, so a Drain's date never becomes a Terminate's.
+impl Key for Entry {
     fn key(&self) -> (Source, &'static str, Severity) {
         (self.source, self.cause.as_str(), self.severity)
     }

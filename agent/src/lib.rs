@@ -23,6 +23,7 @@ pub mod notify;
 pub mod observed;
 pub mod own_writes;
 pub mod owner;
+pub mod owner_handle;
 pub mod policy;
 pub mod progress;
 pub mod reconciler;

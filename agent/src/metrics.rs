@@ -361,10 +361,10 @@ impl Metrics {
         (m, Arc::new(r))
     }
 
-    /// Records the GameServer selection, once decided.
-    pub fn gameserver_selection(&self, s: crate::gameserver_selector::Selection) {
+    /// Records the GameServer selection (`field` or `label`), once decided.
+    pub fn gameserver_selection(&self, by: &'static str) {
         self.gameserver_selection
-            .get_or_create(&ByLabel { by: s.as_str() })
+            .get_or_create(&ByLabel { by })
             .set(1);
     }
 }

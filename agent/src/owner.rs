@@ -21,13 +21,13 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use lastcall_common::backoff::Backoff;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::actuator::{ActError, Actuator};
 use crate::keys;
 use crate::metrics::Metrics;
+pub use crate::owner_handle::Owner;
 use crate::policy::NodePatch;
 
 /// A pod, as named in the owner annotation.
@@ -77,49 +77,6 @@ pub fn claim(annotations: &BTreeMap<String, String>, me: &PodId) -> Claim {
         None => Claim::Free,
         Some(p) if p == *me => Claim::Mine,
         Some(p) => Claim::Other(p),
-    }
-}
-
-/// Whether this agent owns its node now. Cheap to clone; read before every mutating step.
-#[derive(Clone)]
-pub struct Owner {
-    tx: Arc<watch::Sender<bool>>,
-}
-
-impl Owner {
-    /// Ownership off (no pod identity, or dry run): this agent is the node's only agent.
-    pub fn sole() -> Self {
-        Self {
-            tx: Arc::new(watch::channel(true).0),
-        }
-    }
-
-    /// Not the owner until [`Ownership`] says so.
-    pub fn contender() -> Self {
-        Self {
-            tx: Arc::new(watch::channel(false).0),
-        }
-    }
-
-    pub fn is_owner(&self) -> bool {
-        *self.tx.borrow()
-    }
-
-    /// Waits until this agent owns the node; `false` on shutdown.
-    pub async fn owned(&self, stop: &CancellationToken) -> bool {
-        let mut rx = self.tx.subscribe();
-        tokio::select! {
-            () = stop.cancelled() => false,
-            r = rx.wait_for(|o| *o) => r.is_ok(),
-        }
-    }
-
-    fn set(&self, owner: bool) {
-        self.tx.send_if_modified(|cur| {
-            let changed = *cur != owner;
-            *cur = owner;
-            changed
-        });
     }
 }
 

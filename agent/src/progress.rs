@@ -8,9 +8,39 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 
-use crate::deadline::Entry;
 use crate::keys;
-use crate::notice::{Cause, Severity};
+use crate::notice::{Cause, Notice, Severity, Source};
+
+/// One (source, cause, severity) that asked for the drain, as remembered on the Node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub source: Source,
+    pub cause: Cause,
+    pub severity: Severity,
+    pub deadline: Option<Timestamp>,
+    pub cancellable: bool,
+    /// When lastcall first saw this source ask; a claim without a deadline gets the default
+    /// deadline counted from here, so it never moves.
+    pub first_seen: Timestamp,
+}
+
+impl Entry {
+    /// The entry as policy sees a live notice (a recorded drain that must go on).
+    pub fn as_notice(&self) -> Notice {
+        Notice {
+            id: format!("recorded:{}:{}", self.source.as_str(), self.cause.as_str()),
+            detail: format!("recorded on the Node since {}", self.first_seen),
+            ..Notice::new(
+                self.source,
+                self.cause,
+                self.severity,
+                self.deadline,
+                self.cancellable,
+                String::new(),
+            )
+        }
+    }
+}
 
 /// Who asked for the drain, persisted on the Node: one entry per (source, cause), each with
 /// its severity, deadline, cancellability and first sight. What the next record holds is the

@@ -206,7 +206,7 @@ pub fn spawn(
             }
         };
         let _ = decided.set(chosen);
-        metrics.gameserver_selection(chosen);
+        metrics.gameserver_selection(chosen.as_str());
         let s = paced(watcher(gs_api, chosen.watch_config(&node_name)))
             .modify(slim_gameserver)
             .reflect(w);

@@ -24,7 +24,7 @@ pub enum GameLiftError {
     /// Not sent: this node's game server is deregistered, and nothing may follow that.
     #[error("not sent: the game server is deregistered")]
     Deregistered,
-    /// Not sent: another agent owns this node (see `crate::owner`).
+    /// Not sent: another agent owns this node (see `crate::owner_handle`).
     #[error("not sent: another agent owns this node")]
     NotOwner,
 }

@@ -6,7 +6,7 @@
 //! one lock and is refused once the server is deregistered, so a registration still in flight
 //! at start-up can never land after the drain's deregistration. The durable record is the
 //! Node annotation `lastcall.dev/deregistered`, written by the actuator. Nothing is sent
-//! while another agent owns the node (`crate::owner`), checked under the same lock.
+//! while another agent owns the node (`crate::owner_handle`), checked under the same lock.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -16,7 +16,7 @@ use tracing::{info, warn};
 use super::gamelift::{GameLift, GameLiftError};
 use crate::dry_run::DryRun;
 use crate::metrics::{Metrics, ResultLabel};
-use crate::owner::Owner;
+use crate::owner_handle::Owner;
 
 /// How a deregistration ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
