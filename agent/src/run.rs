@@ -653,6 +653,10 @@ impl Running {
             .unwrap_or(false),
             None => true,
         };
+        // A Deregister whose outcome is unknown (timed out, failed mid-way) may still land:
+        // the node is then not handed over, so the next agent registers only once this pod
+        // is gone, never before a late Deregister.
+        let mut hand_over = true;
         if self.config.deregister_on_exit && clean {
             if owner {
                 match tokio::time::timeout(
@@ -663,8 +667,16 @@ impl Running {
                 {
                     Ok(Ok(true)) => info!(message = "deregistered on exit (--deregister-on-exit)"),
                     Ok(Ok(false)) => info!(message = "deregister on exit: nothing to do"),
-                    Ok(Err(e)) => warn!(message = "deregister on exit failed", error = %e),
-                    Err(_) => warn!(message = "deregister on exit timed out"),
+                    Ok(Err(e)) => {
+                        hand_over = false;
+                        warn!(message = "deregister on exit failed; not handing the node over (the next agent takes over once this pod is gone)", error = %e);
+                    }
+                    Err(_) => {
+                        hand_over = false;
+                        warn!(
+                            message = "deregister on exit timed out; not handing the node over, so a late Deregister cannot follow the next agent's registration (it takes over once this pod is gone)"
+                        );
+                    }
                 }
             } else {
                 info!(message = "deregister on exit skipped: this agent does not own the node");
@@ -672,6 +684,7 @@ impl Running {
         }
         if let Some(me) = &self.identity
             && owner
+            && hand_over
         {
             match tokio::time::timeout(HANDOVER_GRACE, owner::release(&self.actuator, &node, me))
                 .await

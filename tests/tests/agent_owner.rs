@@ -342,6 +342,44 @@ async fn the_old_agents_deregister_on_exit_never_removes_the_new_registration() 
     new.stop().await.unwrap();
 }
 
+/// A deregistration on exit that does not answer in time may still land. The old agent then
+/// does not hand the node over: the new one may register only once the old pod is gone, so
+/// a late Deregister can never follow (and remove) the new registration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deregistration_on_exit_that_times_out_does_not_hand_the_node_over() {
+    let w = World::start(WorldSpec::new(1, 0, 0)).await;
+    let old_uid = agent_pod(&w, "agent-old").await;
+    let new_uid = agent_pod(&w, "agent-new").await;
+    let old = pod_agent(&w, "agent-old", &old_uid, &["--deregister-on-exit"]).await;
+    owner_is(&w, "agent-old").await;
+    registered(&w).await;
+    let new = pod_agent(&w, "agent-new", &new_uid, &["--deregister-on-exit"]).await;
+    subscribed(&new).await;
+    w.gl.hang_next("DeregisterGameServer", 1);
+    let hung = async {
+        wait_for("the Deregister in flight", || async {
+            (w.gl.hung_now() == 1).then_some(())
+        })
+        .await;
+    };
+    let (stopped, ()) = tokio::join!(old.stop(), hung);
+    stopped.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    owner_is(&w, "agent-old").await;
+    assert_eq!(
+        w.gl.count("RegisterGameServer"),
+        1,
+        "the new agent must not register while the old Deregister may still land"
+    );
+    // The old pod goes: the new agent takes over.
+    Api::<Pod>::namespaced(w.cluster.client(), NS)
+        .delete("agent-old", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete the old pod");
+    owner_is(&w, "agent-new").await;
+    new.stop().await.unwrap();
+}
+
 /// The owner dies without handing over; once its pod is gone, the standby agent takes
 /// over and drains the node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

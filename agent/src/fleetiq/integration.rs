@@ -250,6 +250,15 @@ impl FleetIq {
         ) {
             return Ok(false);
         }
+        // Asked first: a pass cut short (an earlier exit, a crash) may have deregistered it
+        // already, and a second Deregister must never be sent.
+        if !gl.is_registered().await? {
+            info!(
+                message = "deregister on exit: the game server is no longer registered; not calling again"
+            );
+            self.inner.deregistered.store(true, Ordering::SeqCst);
+            return Ok(false);
+        }
         let r = match gl.deregister().await {
             Ok(()) => Ok(true),
             Err(GameLiftError::NotFound(_)) => Ok(false),
