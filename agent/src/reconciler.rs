@@ -316,6 +316,15 @@ impl Reconciler {
         }
     }
 
+    /// A notice asks for a drain, or one is under way (started, or our taint is up).
+    fn drain_asked_or_under_way(&self, observed: &Observed) -> bool {
+        let node = &observed.node;
+        Progress::from_annotations(&node.annotations).is_draining()
+            || node.has_taint(crate::keys::TAINT_DRAINING)
+            || crate::notice::Notice::strongest(&self.board.notices(node, jiff::Timestamp::now()))
+                .is_some()
+    }
+
     /// The fence, before the pods and GameServers are listed (see [`policy::fence_only`]).
     async fn fence_early(&mut self) {
         if !self.owner.is_owner() {
@@ -689,7 +698,12 @@ impl Reconciler {
                 return Err(e);
             }
         };
-        self.fleet_facts(&mut observed).await;
+        // Fleets matter only to a drain pacing its releases: an idle node reads none (at
+        // 2,000 nodes that would be a GET and a LIST per node per pass, and one 429 would
+        // then hold fences cluster-wide).
+        if self.drain_asked_or_under_way(&observed) {
+            self.fleet_facts(&mut observed).await;
+        }
         // Forget releases of servers that are gone: the set stays O(servers on this node).
         let live: HashSet<&str> = observed
             .game_servers

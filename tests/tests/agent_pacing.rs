@@ -328,3 +328,45 @@ async fn nodes_draining_together_do_not_count_each_other_as_capacity() {
         a.stop().await.expect("clean stop");
     }
 }
+
+/// With pacing on, an idle node reads no Fleet: Fleets matter only to a drain pacing its
+/// releases (at 2,000 idle nodes a GET and a LIST each per pass would be hundreds a
+/// second). Once a drain starts, the Fleet is read and the floor holds as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_node_reads_no_fleet_and_a_draining_one_does() {
+    let cluster = Cluster::start(ClusterConfig::default())
+        .await
+        .expect("cluster");
+    cluster.add_node(NodeSpec::new("n1")).expect("n1");
+    cluster
+        .create_fleet(FleetSpec::new("fleet", 4).grace_seconds(0))
+        .expect("fleet");
+    cluster
+        .wait_ready("default", "fleet", 4)
+        .await
+        .expect("ready");
+    let agent = agent_on(
+        &cluster,
+        "n1",
+        &["--release-floor", "2", "--resync-interval", "500ms"],
+    )
+    .await;
+    claimed(&cluster).await;
+    let fleet_reads = || {
+        cluster.emulator().journal().count(|r| {
+            r.identity.as_deref() == Some("agent-n1") && r.resource.as_deref() == Some("fleets")
+        })
+    };
+    // Several resync passes on an idle node.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(fleet_reads(), 0, "an idle node reads no Fleet");
+    drain(&cluster, "n1").await;
+    eventually(
+        "the draining node reads its Fleet",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async { (fleet_reads() > 0).then_some(()) },
+    )
+    .await;
+    agent.stop().await.expect("clean stop");
+}
