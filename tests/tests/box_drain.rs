@@ -15,7 +15,7 @@ use lastcall_testkit::agent::metric_sum;
 use lastcall_testkit::eventually::{eventually, wait_for};
 use lastcall_testkit::gamelift::InstanceStatus;
 use lastcall_testkit::kube_box::agent::{AgentProcess, Extra};
-use lastcall_testkit::kube_box::agones::{self, Agones, Allocation, Crd, Server};
+use lastcall_testkit::kube_box::agones::{self, Agones, Allocation, Crd, Deletions, Server};
 use lastcall_testkit::kube_box::audit::{Entry, describe};
 use lastcall_testkit::kube_box::fleetiq::FleetIq;
 use lastcall_testkit::kube_box::{self, ADMIN_USER, GC_USER, Lease, create_node};
@@ -33,6 +33,7 @@ struct Scene {
     ns: String,
     node: String,
     agones: Agones,
+    deletions: Deletions,
 }
 
 async fn scene(name: &str, crd: Crd) -> Scene {
@@ -56,12 +57,16 @@ async fn scene(name: &str, crd: Crd) -> Scene {
     let node = format!("{name}-n1");
     create_node(&client, &node).await.expect("kwok node");
     let agones = Agones::new(&client, name);
+    let deletions = Deletions::watch(&client, name)
+        .await
+        .expect("a GameServer watch");
     Scene {
         kbox,
         client,
         ns: name.to_string(),
         node,
         agones,
+        deletions,
     }
 }
 
@@ -153,6 +158,24 @@ impl Scene {
             },
         )
         .await;
+    }
+
+    /// The resourceVersion at which `name` was deleted (from the test's watch).
+    async fn deleted(&self, name: &str) -> u64 {
+        wait_for(&format!("the DELETED event of {name}"), || async {
+            self.deletions.of(name)
+        })
+        .await
+    }
+
+    /// Where a write of the journal stands in etcd's order: the revision it produced (for a
+    /// GameServer DELETE, whose answer is a bare Status, its deletion's).
+    async fn write_rv(&self, e: &Entry) -> u64 {
+        if e.verb == "delete" && e.resource == "gameservers" && e.ok() {
+            self.deleted(&e.name).await
+        } else {
+            rv(e)
+        }
     }
 
     /// This test's entries of the audit log: its node, its namespace.
@@ -323,7 +346,12 @@ async fn fleetiq_drain_fences_releases_protects_and_deregisters_once() {
     for srv in idle {
         let d = released[&srv.name];
         assert_preconditioned(d, srv);
-        assert!(rv(d) > rv(fence), "{} released before the fence", srv.name);
+        let deleted = s.deleted(&srv.name).await;
+        assert!(
+            deleted > rv(fence),
+            "{} released before the fence",
+            srv.name
+        );
         // The real garbage collector deletes the released server's pod.
         let gc = log
             .iter()
@@ -335,7 +363,11 @@ async fn fleetiq_drain_fences_releases_protects_and_deregisters_once() {
                     && e.ok()
             })
             .unwrap_or_else(|| panic!("the garbage collector never deleted pod {}", srv.name));
-        assert!(rv(gc) > rv(d), "pod {} deleted before its server", srv.name);
+        assert!(
+            rv(gc) > deleted,
+            "pod {} deleted before its server",
+            srv.name
+        );
     }
     for b in busy {
         let protect = log
@@ -426,10 +458,9 @@ async fn fleetiq_drain_fences_releases_protects_and_deregisters_once() {
         "deregistered at {dereg_at} before the last pod deletion at {last_pod_gone}"
     );
     assert!(fenced(&s.node_obj().await), "the node must stay fenced");
-    for e in log
-        .iter()
-        .filter(|e| e.by_agent() && e.resource == "nodes" && e.ok() && rv(e) > rv(fence))
-    {
+    for e in log.iter().filter(|e| {
+        e.by_agent() && e.resource == "nodes" && e.is_write() && e.ok() && rv(e) > rv(fence)
+    }) {
         assert!(
             cordoned(&e.response) && tainted(&e.response),
             "the agent lifted its fence: {}",
@@ -525,6 +556,7 @@ async fn a_cancel_restores_exactly_what_was_there() {
     assert!(
         log.iter().any(|e| e.by_agent()
             && e.resource == "nodes"
+            && e.is_write()
             && e.ok()
             && rv(e) > rv(fence)
             && !cordoned(&e.response)
@@ -744,40 +776,43 @@ async fn race_round(round: usize) -> usize {
     let released = releases(&log);
     // 1. No match lost: nothing the allocator won was deleted by the agent, and every
     //    release named the server it read.
+    let mut deleted_at: BTreeMap<&str, u64> = BTreeMap::new();
     for (name, d) in &released {
         assert_preconditioned(d, &by_name[name]);
+        let at_delete = s.deleted(name).await;
+        deleted_at.insert(name.as_str(), at_delete);
         if let Some((_, at)) = allocs.iter().find(|(n, _)| n == name) {
-            panic!(
-                "the agent deleted {name} (rv {}) which was allocated (rv {at})",
-                rv(d)
-            );
+            panic!("the agent deleted {name} (rv {at_delete}) which was allocated (rv {at})");
         }
     }
     // 2. Per server: no allocation after the agent's first accepted write to it past the fence.
-    let agent_gs_writes: Vec<&Entry> = log
+    let mut first_write: BTreeMap<String, u64> = BTreeMap::new();
+    for e in log
         .iter()
         .filter(|e| e.by_agent() && e.resource == "gameservers" && e.is_write() && e.ok())
-        .collect();
+    {
+        let at = s.write_rv(e).await;
+        if at > fence {
+            let slot = first_write.entry(e.name.clone()).or_insert(at);
+            *slot = (*slot).min(at);
+        }
+    }
     for (name, at) in &allocs {
-        if let Some(first) = agent_gs_writes
-            .iter()
-            .filter(|e| &e.name == name && rv(e) > fence)
-            .map(|e| rv(e))
-            .min()
-        {
+        if let Some(first) = first_write.get(name) {
             assert!(
-                *at < first,
+                at < first,
                 "{name} allocated (rv {at}) after the agent's first write to it (rv {first})"
             );
         }
     }
-    // 3. Node-wide: once the first round of releases is answered, no allocation succeeds.
+    // 3. Node-wide: once the releases are answered, no allocation succeeds (but on a server
+    //    whose own DELETE failed, as the promise allows).
     let failed_deletes: BTreeSet<&str> = log
         .iter()
         .filter(|e| e.by_agent() && e.verb == "delete" && e.resource == "gameservers" && !e.ok())
         .map(|e| e.name.as_str())
         .collect();
-    if let Some(round_done) = released.values().map(|d| rv(d)).max() {
+    if let Some(round_done) = deleted_at.values().copied().max() {
         let late: Vec<&(String, u64)> = allocs
             .iter()
             .filter(|(n, at)| *at > round_done && !failed_deletes.contains(n.as_str()))

@@ -163,12 +163,7 @@ pub async fn token(client: &kube::Client, pod: &Pod) -> anyhow::Result<String> {
         },
     }))?;
     let got: TokenRequest = api
-        .create_subresource(
-            "token",
-            SERVICE_ACCOUNT,
-            &PostParams::default(),
-            &serde_json::to_vec(&req)?,
-        )
+        .create_subresource("token", SERVICE_ACCOUNT, &PostParams::default(), &req)
         .await?;
     Ok(got.status.context("TokenRequest without status")?.token)
 }

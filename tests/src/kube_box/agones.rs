@@ -364,3 +364,72 @@ pub async fn expect_state(a: &Agones, s: &Server, state: &str) -> anyhow::Result
     }
     Ok(())
 }
+
+/// The resourceVersion of each GameServer deletion in a namespace, from a watch the test
+/// runs: a DELETE's answer is a bare `Status`, so the audit log cannot place it, but the
+/// watch's DELETED event carries the object at the deletion's revision.
+pub struct Deletions {
+    seen: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Deletions {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Deletions {
+    /// Starts watching `ns`'s GameServers; waits until the watch is open, so no deletion
+    /// after this returns is missed.
+    pub async fn watch(client: &kube::Client, ns: &str) -> anyhow::Result<Deletions> {
+        use futures::StreamExt;
+        use kube::runtime::watcher::{self, Event};
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), ns, &gameservers_resource());
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let task = {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut tx = Some(tx);
+                let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+                while let Some(ev) = stream.next().await {
+                    match ev {
+                        Ok(Event::InitDone) => {
+                            if let Some(tx) = tx.take() {
+                                let _ = tx.send(());
+                            }
+                        }
+                        Ok(Event::Delete(obj)) => {
+                            if let (Some(name), Some(rv)) = (
+                                obj.metadata.name,
+                                obj.metadata
+                                    .resource_version
+                                    .and_then(|v| v.parse::<u64>().ok()),
+                            ) {
+                                seen.lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .insert(name, rv);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            })
+        };
+        tokio::time::timeout(Duration::from_secs(30), rx)
+            .await
+            .context("the GameServer watch did not open")??;
+        Ok(Deletions { seen, task })
+    }
+
+    /// The deletion revision of `name`, if its DELETED event has arrived.
+    pub fn of(&self, name: &str) -> Option<u64> {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .copied()
+    }
+}

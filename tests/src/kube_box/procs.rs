@@ -40,9 +40,16 @@ pub struct Group {
 
 impl Group {
     /// Starts the watchdog; its pid is the group id every later child joins.
+    /// Once the test process is gone it also removes `logs` (the box's temp dir, which a
+    /// `static` box never drops), from a session of its own that outlives the group.
     pub fn new(logs: &Path) -> anyhow::Result<Group> {
         let me = std::process::id();
-        let script = format!("while kill -0 {me} 2>/dev/null; do sleep 0.5; done; kill -KILL 0");
+        let script = format!(
+            "while kill -0 {me} 2>/dev/null; do sleep 0.5; done; \
+             setsid sh -c 'sleep 1; rm -rf \"$0\"' \"{dir}\" </dev/null >/dev/null 2>&1 & \
+             kill -KILL 0",
+            dir = logs.display()
+        );
         let watchdog = Command::new("sh")
             .args(["-c", &script])
             .stdin(Stdio::null())
