@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use lastcall_testkit::agent::metric_sum;
-use lastcall_testkit::eventually::{eventually, wait_for};
+use lastcall_testkit::eventually::{eventually, try_eventually, wait_for};
 use lastcall_testkit::gamelift::InstanceStatus;
 use lastcall_testkit::kube_box::agent::{AgentProcess, Extra};
 use lastcall_testkit::kube_box::agones::{self, Agones, Allocation, Crd, Deletions, Server};
@@ -541,7 +541,7 @@ async fn a_cancel_restores_exactly_what_was_there() {
     s.drain_label(true).await;
     s.drained(&[], std::slice::from_ref(&srv)).await;
     s.drain_label(false).await;
-    eventually(
+    let restored = try_eventually(
         "everything as it was before the drain",
         Duration::from_secs(30),
         Duration::from_millis(100),
@@ -551,6 +551,10 @@ async fn a_cancel_restores_exactly_what_was_there() {
         },
     )
     .await;
+    if let Err(e) = restored {
+        let now = (snapshot_node(&s).await, snapshot_gs(&s, &srv).await);
+        panic!("{e}\nbefore the drain: {before:#?}\nafter the cancel: {now:#?}");
+    }
     let log = s.journal();
     let fence = the_fence(&log, &s.node);
     assert!(
@@ -624,6 +628,11 @@ async fn selection_drain(name: &str, crd: Crd) -> (Scene, Vec<Entry>, Vec<Server
     let fence = the_fence(&log, &s.node);
     for srv in &servers[..2] {
         assert_preconditioned(releases(&log)[&srv.name], srv);
+        assert!(
+            s.deleted(&srv.name).await > rv(fence),
+            "{} released before the fence",
+            srv.name
+        );
     }
     // Every request of the agent's user from the label to the drain's end (one agent runs
     // at a time on the box): reads, watches, Events included.
@@ -726,7 +735,8 @@ async fn race_round(round: usize) -> usize {
                 tokio::time::sleep(Duration::from_millis(n % 25)).await;
                 if let Ok(Allocation::Allocated(_)) = a.allocate_read(pick).await {
                     won.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(60)).await;
+                    // Matches arrive now and then, not all at once.
+                    tokio::time::sleep(Duration::from_millis(n % 30)).await;
                 }
             }
         })
@@ -780,6 +790,10 @@ async fn race_round(round: usize) -> usize {
     for (name, d) in &released {
         assert_preconditioned(d, &by_name[name]);
         let at_delete = s.deleted(name).await;
+        assert!(
+            at_delete > fence,
+            "{name} released (rv {at_delete}) before the fence (rv {fence})"
+        );
         deleted_at.insert(name.as_str(), at_delete);
         if let Some((_, at)) = allocs.iter().find(|(n, _)| n == name) {
             panic!("the agent deleted {name} (rv {at_delete}) which was allocated (rv {at})");
