@@ -135,7 +135,7 @@ impl Scene {
     /// Waits until the node is fenced, `released` are gone with their pods and `protected`
     /// carry the drain deadline.
     async fn drained(&self, released: &[Server], protected: &[Server]) {
-        eventually(
+        let done = try_eventually(
             "fenced, idle servers and their pods gone, matches protected",
             Duration::from_secs(40),
             Duration::from_millis(100),
@@ -158,6 +158,11 @@ impl Scene {
             },
         )
         .await;
+        if let Err(e) = done {
+            // A request the chart's RBAC refused is the likeliest cause: name it.
+            assert_nothing_forbidden(self);
+            panic!("{e}");
+        }
     }
 
     /// The resourceVersion at which `name` was deleted (from the test's watch).

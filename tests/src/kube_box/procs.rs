@@ -1,10 +1,11 @@
-//! The box's child processes: one process group led by a watchdog, a log file each.
+//! The box's child processes: one process group, a log file each, and a watchdog.
 //!
 //! The shared box lives in a `static`, whose `Drop` never runs, so the processes must not
-//! depend on it: the first child is a watchdog shell (`sh`, in its own process group) that
-//! polls the test process and, once it is gone, kills its whole group. Every other child
-//! joins that group, so one `kill -KILL -<pgid>` ends them all; [`Group::drop`] does the
-//! same for a box that is dropped (also on panic). No `unsafe`, no libc binding.
+//! depend on it. The group is led by an idle `sleep`; every process of the box joins it, so
+//! one `kill -KILL -<pgid>` ends them all. A watchdog shell in a group of its own polls the
+//! test process and, once it is gone, kills the group and removes the box's temp dir.
+//! [`Group::drop`] does the same for a box that is dropped (also on panic). No `unsafe`, no
+//! libc binding.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -33,25 +34,33 @@ impl Proc {
 #[derive(Debug)]
 pub struct Group {
     pgid: u32,
+    leader: Child,
     watchdog: Child,
     pub procs: Vec<Proc>,
     logs: PathBuf,
 }
 
 impl Group {
-    /// Starts the watchdog; its pid is the group id every later child joins.
-    /// Once the test process is gone it also removes `logs` (the box's temp dir, which a
-    /// `static` box never drops), from a session of its own that outlives the group.
+    /// Starts the group's leader (its pid is the group id every later child joins) and the
+    /// watchdog, which outlives the test process by at most half a second and removes
+    /// `logs` (the box's temp dir) after killing the group.
     pub fn new(logs: &Path) -> anyhow::Result<Group> {
+        let leader = Command::new("sleep")
+            .arg("infinity")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .context("starting the box's process group (sleep)")?;
+        let pgid = leader.id();
         let me = std::process::id();
         let script = format!(
             "while kill -0 {me} 2>/dev/null; do sleep 0.5; done; \
-             setsid sh -c 'sleep 1; rm -rf \"$0\"' \"{dir}\" </dev/null >/dev/null 2>&1 & \
-             kill -KILL 0",
-            dir = logs.display()
+             kill -KILL -{pgid}; sleep 0.5; rm -rf \"$0\"",
         );
         let watchdog = Command::new("sh")
-            .args(["-c", &script])
+            .args(["-c", &script, &logs.to_string_lossy()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -59,7 +68,8 @@ impl Group {
             .spawn()
             .context("starting the box's watchdog (sh)")?;
         Ok(Group {
-            pgid: watchdog.id(),
+            pgid,
+            leader,
             watchdog,
             procs: Vec::new(),
             logs: logs.to_path_buf(),
@@ -114,7 +124,9 @@ impl Drop for Group {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
+        let _ = self.watchdog.kill();
         let _ = self.watchdog.wait();
+        let _ = self.leader.wait();
         for p in &mut self.procs {
             let _ = p.child.wait();
         }
