@@ -11,7 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use lastcall_testkit::agent::metric_sum;
+use lastcall_testkit::agent::{metric, metric_sum};
 use lastcall_testkit::eventually::{eventually, try_eventually, wait_for};
 use lastcall_testkit::gamelift::InstanceStatus;
 use lastcall_testkit::kube_box::agent::{AgentProcess, Extra};
@@ -651,8 +651,32 @@ async fn selection_drain(name: &str, crd: Crd) -> (Scene, Vec<Entry>, Vec<Server
         "box ({crd:?}): label -> fence {:.0} ms; {requests} agent requests for a drain of 2 idle + 1 busy",
         ms_between(label, fence)
     );
+    // The match ends: with no FleetIQ to hand the node to, it stays fenced and the agent
+    // reports it empty.
+    s.agones.shutdown(&servers[2]).await.expect("shutdown");
+    wait_for("the agent reports the node empty", || async {
+        let m = agent.metrics().await;
+        (metric(&m, "lastcall_drain_phase", &[("phase", "empty")]) == Some(1.0)).then_some(())
+    })
+    .await;
+    assert!(
+        fenced(&s.node_obj().await),
+        "the emptied node must stay fenced"
+    );
     assert_nothing_forbidden(&s);
     agent.stop().await.expect("agent stops");
+    let log = s.journal();
+    for e in log
+        .iter()
+        .filter(|e| e.by_agent() && e.resource == "nodes" && e.is_write() && e.ok())
+        .filter(|e| rv(e) > rv(fence))
+    {
+        assert!(
+            cordoned(&e.response) && tainted(&e.response),
+            "the agent lifted its fence: {}",
+            describe(e)
+        );
+    }
     (s, log, servers)
 }
 
