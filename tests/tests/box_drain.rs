@@ -893,3 +893,139 @@ async fn race_round(round: usize) -> usize {
     agent.stop().await.expect("agent stops");
     after_fence + failed_deletes.len() + alloc_conflicts
 }
+
+/// A Spot notice's deadline reaches the games through the real eviction path: at
+/// `deadline − grace` the agent posts an Eviction for each match's pod; a server whose
+/// `eviction.safe` is `Always` is evicted (no PDB selects its pod), one that is `Never` is
+/// refused by Agones' PDB (429) and, under `--graceful-termination`, its pod gets a
+/// uid-preconditioned DELETE instead. No GameServer is deleted by the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_notice_ends_matches_by_eviction_or_a_preconditioned_delete_at_deadline_minus_grace()
+{
+    const LEAD: i64 = 8;
+    let s = scene("box-spot", Crd::SelectableNodeName).await;
+    let always = s
+        .agones
+        .ready_server_evictable("gs-always", &s.node, "Always")
+        .await
+        .expect("server");
+    let never = s
+        .agones
+        .ready_server_evictable("gs-never", &s.node, "Never")
+        .await
+        .expect("server");
+    s.allocate(&always).await;
+    s.allocate(&never).await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    let uid_of = |name: &str| {
+        let pods = pods.clone();
+        let name = name.to_string();
+        async move {
+            pods.get(&name)
+                .await
+                .expect("pod")
+                .metadata
+                .uid
+                .expect("uid")
+        }
+    };
+    let (always_pod, never_pod) = (uid_of("gs-always").await, uid_of("gs-never").await);
+    let grace_ms = 1000; // the stand-in's pods: terminationGracePeriodSeconds 1
+    let iid = lastcall_testkit::gamelift::instance_id(&s.node);
+    let imds = lastcall_testkit::imds::ImdsEmulator::start(&iid, &s.node)
+        .await
+        .expect("IMDS");
+    // Chart values agent.awsImds, agent.gracefulTermination and agent.imdsEndpoint.
+    let agent = s
+        .start_agent(Extra {
+            args: vec![
+                "--aws-imds".into(),
+                "--graceful-termination".into(),
+                format!("--imds-endpoint={}", imds.url()),
+            ],
+            env: vec![],
+        })
+        .await;
+    s.agent_sees(&agent, 2).await;
+
+    let deadline = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(LEAD);
+    imds.set_spot_action(Some(json!({
+        "action": "terminate",
+        "time": deadline.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+    })));
+    // IMDS gives whole seconds: the deadline the agent sees.
+    let deadline: jiff::Timestamp = deadline
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+        .parse()
+        .expect("a timestamp");
+    eventually(
+        "both matches' pods ended",
+        Duration::from_secs(LEAD as u64 + 30),
+        Duration::from_millis(100),
+        || async {
+            (s.agones.pod_gone("gs-always").await.ok()?
+                && s.agones.pod_gone("gs-never").await.ok()?)
+            .then_some(())
+        },
+    )
+    .await;
+    let log = s.journal();
+    let ends: Vec<&Entry> = log
+        .iter()
+        .filter(|e| {
+            e.by_agent()
+                && e.resource == "pods"
+                && (e.subresource == "eviction" || e.verb == "delete")
+        })
+        .collect();
+    let earliest = deadline - jiff::SignedDuration::from_millis(grace_ms);
+    for e in &ends {
+        let at = e.received.expect("a timestamp");
+        assert!(
+            at >= earliest && at < deadline,
+            "{} outside [deadline − grace, deadline) = [{earliest}, {deadline})",
+            describe(e)
+        );
+    }
+    // A request that finds the pod already gone (404) is harmless; the rest is the promise.
+    let acted = |pod: &str| -> Vec<&Entry> {
+        ends.iter()
+            .filter(|e| e.name == pod && e.code != 404)
+            .copied()
+            .collect()
+    };
+    let evicted = acted("gs-always");
+    assert!(
+        evicted.len() == 1 && evicted[0].subresource == "eviction" && evicted[0].code == 201,
+        "gs-always must be evicted once:\n{}",
+        dump(&ends)
+    );
+    assert_eq!(
+        evicted[0].sent("/deleteOptions/preconditions/uid"),
+        Some(&json!(always_pod)),
+        "the eviction names the pod's uid"
+    );
+    let refused = acted("gs-never");
+    assert!(
+        refused.len() == 2
+            && refused[0].subresource == "eviction"
+            && refused[0].code == 429
+            && refused[1].verb == "delete"
+            && refused[1].ok(),
+        "gs-never: an Eviction refused by Agones' PDB, then a DELETE:\n{}",
+        dump(&ends)
+    );
+    assert_eq!(
+        refused[1].sent("/preconditions/uid"),
+        Some(&json!(never_pod)),
+        "the DELETE names the pod's uid"
+    );
+    assert!(
+        !log.iter()
+            .any(|e| e.by_agent() && e.resource == "gameservers" && e.verb == "delete"),
+        "the agent deleted a GameServer in a match"
+    );
+    assert_nothing_forbidden(&s);
+    agent.stop().await.expect("agent stops");
+}

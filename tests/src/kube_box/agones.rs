@@ -182,6 +182,20 @@ impl Agones {
     /// isolation, where Agones would leave placement to the scheduler), waits until the real
     /// scheduler bound it and kwok runs it, and marks it Scheduled then Ready.
     pub async fn ready_server(&self, name: &str, node: &str) -> anyhow::Result<Server> {
+        self.ready_server_evictable(name, node, "Never").await
+    }
+
+    /// [`Self::ready_server`] with `spec.eviction.safe` = `safe` (`Never`, `OnUpgrade`,
+    /// `Always`): the pod's `agones.dev/safe-to-evict` label and autoscaler annotation say
+    /// `"true"` only for `Always`, as Agones sets them, and the controller copies the value to
+    /// `status.eviction.safe`.
+    pub async fn ready_server_evictable(
+        &self,
+        name: &str,
+        node: &str,
+        safe: &str,
+    ) -> anyhow::Result<Server> {
+        let evictable = if safe == "Always" { "true" } else { "false" };
         let gs: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "agones.dev/v1",
             "kind": "GameServer",
@@ -190,7 +204,7 @@ impl Agones {
                 "container": "gameserver",
                 "ports": [{"name": "default", "portPolicy": "Dynamic", "containerPort": 7654,
                            "protocol": "UDP"}],
-                "eviction": {"safe": "Never"},
+                "eviction": {"safe": safe},
                 "template": {"spec": {"containers": [{"name": "gameserver", "image": "gameserver"}]}},
             },
             "status": {"state": "Creating"},
@@ -208,9 +222,9 @@ impl Agones {
                 "name": name,
                 "namespace": self.ns,
                 "labels": {"agones.dev/role": "gameserver", "agones.dev/gameserver": name,
-                           "agones.dev/safe-to-evict": "false"},
+                           "agones.dev/safe-to-evict": evictable},
                 "annotations": {"agones.dev/container": "gameserver",
-                                "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"},
+                                "cluster-autoscaler.kubernetes.io/safe-to-evict": evictable},
                 "ownerReferences": [{"apiVersion": "agones.dev/v1", "kind": "GameServer",
                                      "name": name, "uid": uid, "controller": true,
                                      "blockOwnerDeletion": true}],
@@ -237,7 +251,8 @@ impl Agones {
         .await?;
         self.state(
             name,
-            json!({"state": "Scheduled", "nodeName": node, "address": ip}),
+            json!({"state": "Scheduled", "nodeName": node, "address": ip,
+                   "eviction": {"safe": safe}}),
         )
         .await?;
         self.state(name, json!({"state": "Ready"})).await?;
