@@ -371,3 +371,33 @@ async fn collect(
         output.lock().unwrap_or_else(|e| e.into_inner()).push(line);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chart_gives_the_agent_its_arguments_and_downward_api() {
+        let args = chart_args().unwrap();
+        assert!(args.iter().any(|a| a.starts_with("--listen=")), "{args:?}");
+        assert!(
+            args.iter().any(|a| a == "--gameserver-selector=auto"),
+            "{args:?}"
+        );
+        let env: Vec<String> = chart_env().unwrap().into_iter().map(|(n, _)| n).collect();
+        for want in [
+            "NODE_NAME",
+            "POD_NAME",
+            "POD_NAMESPACE",
+            "POD_UID",
+            "POD_IP",
+        ] {
+            assert!(env.iter().any(|n| n == want), "{want} missing: {env:?}");
+        }
+        let docs = manifest().unwrap();
+        for kind in ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"] {
+            doc(&docs, kind, SERVICE_ACCOUNT).unwrap();
+        }
+        assert!(doc(&docs, "ClusterRole", "no-such-role").is_err());
+    }
+}

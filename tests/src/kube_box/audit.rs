@@ -145,3 +145,45 @@ pub fn describe(e: &Entry) -> String {
         e.rv()
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_read_once_each_with_what_the_tests_judge() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("audit.log");
+        let lines = [
+            // A write: both stages would be logged without omitStages; only ResponseComplete counts.
+            r#"{"auditID":"a","stage":"ResponseComplete","verb":"patch","user":{"username":"system:serviceaccount:lastcall:lastcall-agent"},"objectRef":{"resource":"nodes","name":"n1"},"responseStatus":{"code":200},"requestObject":{"spec":{"unschedulable":true}},"responseObject":{"metadata":{"resourceVersion":"42"}},"requestReceivedTimestamp":"2026-12-05T14:47:10.702558Z"}"#,
+            // A watch: counted from its start, once.
+            r#"{"auditID":"w","stage":"ResponseStarted","verb":"watch","user":{"username":"system:serviceaccount:lastcall:lastcall-agent"},"objectRef":{"resource":"pods"},"responseStatus":{"code":200}}"#,
+            r#"{"auditID":"w","stage":"ResponseComplete","verb":"watch","user":{"username":"system:serviceaccount:lastcall:lastcall-agent"},"objectRef":{"resource":"pods"},"responseStatus":{"code":200}}"#,
+            // A DELETE answered with a bare Status: no resourceVersion.
+            r#"{"auditID":"d","stage":"ResponseComplete","verb":"delete","user":{"username":"box-admin"},"objectRef":{"resource":"gameservers","namespace":"ns","name":"gs-0"},"responseStatus":{"code":409},"requestObject":{"preconditions":{"uid":"u"}},"responseObject":{"kind":"Status"}}"#,
+            "not json: a line cut by a crash",
+        ];
+        std::fs::write(&log, lines.join("\n")).unwrap();
+        let got = read(&log);
+        assert_eq!(
+            got.iter().map(|e| e.audit_id.as_str()).collect::<Vec<_>>(),
+            ["a", "w", "d"]
+        );
+        let (patch, watch, delete) = (&got[0], &got[1], &got[2]);
+        assert!(patch.by_agent() && patch.is_write() && patch.ok());
+        assert_eq!(patch.rv(), Some(42));
+        assert_eq!(patch.sent("/spec/unschedulable"), Some(&Value::Bool(true)));
+        assert_eq!(
+            patch.received.map(|t| t.to_string()).as_deref(),
+            Some("2026-12-05T14:47:10.702558Z")
+        );
+        assert_eq!(watch.stage, "ResponseStarted");
+        assert!(!watch.is_write());
+        assert!(!delete.by_agent() && !delete.ok() && delete.is_write());
+        assert_eq!((delete.code, delete.rv()), (409, None));
+        assert_eq!(delete.sent("/preconditions/uid"), Some(&Value::from("u")));
+        assert!(describe(delete).contains("delete gameservers/gs-0 by box-admin -> 409"));
+        assert!(read(&dir.path().join("missing.log")).is_empty());
+    }
+}
