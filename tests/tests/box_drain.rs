@@ -496,7 +496,18 @@ async fn fleetiq_drain_fences_releases_protects_and_deregisters_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_restores_exactly_what_was_there() {
-    let s = scene("box-cancel", Crd::SelectableNodeName).await;
+    cancel_case("box-cancel", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleetiq_back_to_active_restores_exactly_what_was_there() {
+    cancel_case("box-cancel-fiq", true).await;
+}
+
+/// A drain and its cancel, by the operator's label or by FleetIQ (`DRAINING`, then `ACTIVE`
+/// through the real pubsub): what the agent found is what it leaves.
+async fn cancel_case(name: &str, fleetiq: bool) {
+    let s = scene(name, Crd::SelectableNodeName).await;
     let srv = s.ready_servers(1).await.remove(0);
     s.allocate(&srv).await;
     s.agones
@@ -530,8 +541,21 @@ async fn a_cancel_restores_exactly_what_was_there() {
         )
         .await
         .unwrap();
-    let agent = s.start_agent(Extra::default()).await;
+    let fiq = if fleetiq {
+        Some(FleetIq::start(&s.node).await.expect("FleetIQ"))
+    } else {
+        None
+    };
+    let agent = s
+        .start_agent(fiq.as_ref().map(FleetIq::agent_extra).unwrap_or_default())
+        .await;
     s.agent_sees(&agent, 1).await;
+    if let Some(f) = &fiq {
+        wait_for("registered with FleetIQ", || async {
+            (f.gl.count("RegisterGameServer") == 1).then_some(())
+        })
+        .await;
+    }
     wait_for("the agent owns the node", || async {
         s.node_obj()
             .await
@@ -543,12 +567,18 @@ async fn a_cancel_restores_exactly_what_was_there() {
     .await;
     let before = (snapshot_node(&s).await, snapshot_gs(&s, &srv).await);
 
-    s.drain_label(true).await;
+    match &fiq {
+        Some(f) => f.set(InstanceStatus::Draining),
+        None => s.drain_label(true).await,
+    }
     s.drained(&[], std::slice::from_ref(&srv)).await;
-    s.drain_label(false).await;
+    match &fiq {
+        Some(f) => f.set(InstanceStatus::Active),
+        None => s.drain_label(false).await,
+    }
     let restored = try_eventually(
         "everything as it was before the drain",
-        Duration::from_secs(30),
+        Duration::from_secs(40),
         Duration::from_millis(100),
         || async {
             let now = (snapshot_node(&s).await, snapshot_gs(&s, &srv).await);
@@ -575,6 +605,13 @@ async fn a_cancel_restores_exactly_what_was_there() {
     agones::expect_state(&s.agones, &srv, "Allocated")
         .await
         .unwrap();
+    if let Some(f) = &fiq {
+        assert_eq!(
+            f.gl.count("DeregisterGameServer"),
+            0,
+            "a cancel never deregisters"
+        );
+    }
     assert_nothing_forbidden(&s);
     agent.stop().await.expect("agent stops");
 }
