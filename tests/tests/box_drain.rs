@@ -556,13 +556,13 @@ async fn cancel_case(name: &str, fleetiq: bool) {
         })
         .await;
     }
-    wait_for("the agent owns the node", || async {
-        s.node_obj()
-            .await
-            .metadata
-            .annotations?
-            .contains_key("lastcall.dev/owner")
-            .then_some(())
+    // The agent's start-up writes (ownership; with FleetIQ, the registration record) are
+    // part of what was there before the drain.
+    wait_for("the agent's start-up writes on the node", || async {
+        let a = s.node_obj().await.metadata.annotations?;
+        (a.contains_key("lastcall.dev/owner")
+            && (fiq.is_none() || a.contains_key("lastcall.dev/registered")))
+        .then_some(())
     })
     .await;
     let before = (snapshot_node(&s).await, snapshot_gs(&s, &srv).await);
