@@ -1,0 +1,471 @@
+//! The box: a real Kubernetes control plane on 127.0.0.1 for end-to-end tests of the real
+//! `lastcall-agent` process.
+//!
+//! [`KubeBox::start`] runs etcd, kube-apiserver (RBAC and the default admission plugins, its
+//! own PKI, an audit log of every write to Nodes, Pods and GameServers),
+//! kube-controller-manager (garbage collector, disruption controller, ServiceAccount tokens,
+//! each controller with its own credentials), kube-scheduler and kwok (which plays the
+//! kubelets of the nodes a test creates), each on a free port, and waits for each one's
+//! health endpoint. There is no Agones: [`agones`] plays its part against the API server.
+//! [`agent`] runs the agent with the chart's arguments and RBAC.
+//!
+//! One box serves a whole test binary ([`lease`]); tests take turns (the GameServer CRD is
+//! cluster-wide and some tests change it) and keep to their own namespace and node names.
+
+pub mod agent;
+pub mod agones;
+pub mod audit;
+pub mod fleetiq;
+pub mod pki;
+pub mod procs;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::net::try_free_port;
+use pki::Pki;
+use procs::Group;
+
+/// How long each component gets to report healthy.
+const READY_WITHIN: Duration = Duration::from_secs(120);
+/// Pause between health probes.
+const PROBE_EVERY: Duration = Duration::from_millis(100);
+/// The static admin token (group `system:masters`) the test and the control plane use.
+const ADMIN_TOKEN: &str = "lastcall-box-admin-token";
+/// kwok's own token, so its writes (pod and node status, final pod deletions) have a user
+/// of their own in the audit log.
+const KWOK_TOKEN: &str = "lastcall-box-kwok-token";
+/// kwok's user name.
+pub const KWOK_USER: &str = "kwok";
+/// The user of the tests' own writes (the Agones stand-in and the operator).
+pub const ADMIN_USER: &str = "box-admin";
+/// The garbage collector's user (`--use-service-account-credentials`).
+pub const GC_USER: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
+
+/// A running control plane. Dropping it kills every process (see [`procs`]).
+pub struct KubeBox {
+    group: std::sync::Mutex<Group>,
+    dir: tempfile::TempDir,
+    api_port: u16,
+    pki: Pki,
+    started_in: Duration,
+    bin: PathBuf,
+}
+
+impl std::fmt::Debug for KubeBox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeBox")
+            .field("dir", &self.dir.path())
+            .field("api_port", &self.api_port)
+            .finish()
+    }
+}
+
+/// The directory holding the box's binaries: `LASTCALL_BOX_BIN`, else the last line
+/// `hack/box/build.sh` prints (it builds them once into a cache).
+pub fn bin_dir() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("LASTCALL_BOX_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("the workspace root")?;
+    let script = root.join("hack/box/build.sh");
+    if !script.is_file() {
+        bail!(
+            "no LASTCALL_BOX_BIN and no {}: the box needs etcd, kube-apiserver, \
+             kube-controller-manager, kube-scheduler and kwok",
+            script.display()
+        );
+    }
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .current_dir(root)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} failed ({})", script.display(), out.status);
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .context("hack/box/build.sh printed nothing")?;
+    Ok(PathBuf::from(last.trim()))
+}
+
+impl KubeBox {
+    /// Starts the control plane and waits until every component is healthy.
+    pub async fn start() -> anyhow::Result<KubeBox> {
+        let bin = tokio::task::spawn_blocking(bin_dir).await??;
+        for b in [
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kwok",
+        ] {
+            if !bin.join(b).is_file() {
+                bail!("{} missing from {}", b, bin.display());
+            }
+        }
+        let stages = bin.join("../share/kwok-stages.yaml");
+        if !stages.is_file() {
+            bail!(
+                "{} missing (hack/box/build.sh puts it there)",
+                stages.display()
+            );
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("lastcall-box-")
+            .tempdir()
+            .context("creating the box's temp dir")?;
+        let began = Instant::now();
+        let pki = Pki::generate(dir.path())?;
+        let root = dir.path().to_path_buf();
+        let d = |f: &str| root.join(f).to_string_lossy().into_owned();
+        std::fs::write(
+            dir.path().join("tokens.csv"),
+            format!(
+                "{ADMIN_TOKEN},box-admin,box-admin,\"system:masters\"\n\
+                 {KWOK_TOKEN},{KWOK_USER},{KWOK_USER},\"system:masters\"\n"
+            ),
+        )?;
+        std::fs::write(dir.path().join("audit-policy.yaml"), audit::POLICY)?;
+        let [etcd, peer, api, kcm, sched, kwok] = [(); 6].map(|()| try_free_port());
+        let (etcd, peer, api, kcm, sched, kwok) = (etcd?, peer?, api?, kcm?, sched?, kwok?);
+        std::fs::write(
+            dir.path().join("admin.kubeconfig"),
+            kubeconfig(api, &pki.ca_pem, ADMIN_TOKEN, "box-admin"),
+        )?;
+        std::fs::write(
+            dir.path().join("kwok.kubeconfig"),
+            kubeconfig(api, &pki.ca_pem, KWOK_TOKEN, KWOK_USER),
+        )?;
+        let mut group = Group::new(dir.path())?;
+        group.spawn(
+            "etcd",
+            &bin.join("etcd"),
+            &[
+                "--name=box".into(),
+                format!("--data-dir={}", d("etcd-data")),
+                format!("--listen-client-urls=http://127.0.0.1:{etcd}"),
+                format!("--advertise-client-urls=http://127.0.0.1:{etcd}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+                format!("--initial-cluster=box=http://127.0.0.1:{peer}"),
+                "--unsafe-no-fsync".into(),
+                "--log-level=warn".into(),
+            ],
+        )?;
+        // The API server, controller-manager and scheduler all serve the box's certificate.
+        let http = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(
+                &pki.ca_pem,
+            )?)?)
+            .timeout(Duration::from_secs(5))
+            .build()?;
+        let mut kbox = KubeBox {
+            group: std::sync::Mutex::new(group),
+            dir,
+            api_port: api,
+            pki: pki.clone(),
+            started_in: Duration::ZERO,
+            bin: bin.clone(),
+        };
+        kbox.wait_http("etcd", &http, &format!("http://127.0.0.1:{etcd}/health"))
+            .await?;
+        let admin = d("admin.kubeconfig");
+        kbox.spawn(
+            "kube-apiserver",
+            vec![
+                format!("--etcd-servers=http://127.0.0.1:{etcd}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={api}"),
+                format!("--cert-dir={}", d("apiserver-certs")),
+                format!("--tls-cert-file={}", pki.server_pem.display()),
+                format!("--tls-private-key-file={}", pki.server_key.display()),
+                format!("--client-ca-file={}", pki.ca_pem.display()),
+                format!("--token-auth-file={}", d("tokens.csv")),
+                "--authorization-mode=Node,RBAC".into(),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+                format!("--service-account-key-file={}", pki.sa_pub.display()),
+                format!(
+                    "--service-account-signing-key-file={}",
+                    pki.sa_key.display()
+                ),
+                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                "--endpoint-reconciler-type=none".into(),
+                format!("--audit-policy-file={}", d("audit-policy.yaml")),
+                format!("--audit-log-path={}", d("audit.log")),
+                "--audit-log-mode=blocking".into(),
+                "--audit-log-maxsize=0".into(),
+                "--profiling=false".into(),
+            ],
+        )?;
+        // /readyz is public (system:public-info-viewer).
+        kbox.wait_http(
+            "kube-apiserver",
+            &http,
+            &format!("https://127.0.0.1:{api}/readyz"),
+        )
+        .await?;
+        kbox.spawn(
+            "kube-controller-manager",
+            vec![
+                format!("--kubeconfig={admin}"),
+                format!("--authentication-kubeconfig={admin}"),
+                format!("--authorization-kubeconfig={admin}"),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={kcm}"),
+                format!("--tls-cert-file={}", pki.server_pem.display()),
+                format!("--tls-private-key-file={}", pki.server_key.display()),
+                "--leader-elect=false".into(),
+                "--use-service-account-credentials=true".into(),
+                format!(
+                    "--service-account-private-key-file={}",
+                    pki.sa_key.display()
+                ),
+                format!("--root-ca-file={}", pki.ca_pem.display()),
+                "--controllers=*".into(),
+                "--profiling=false".into(),
+            ],
+        )?;
+        kbox.spawn(
+            "kube-scheduler",
+            vec![
+                format!("--kubeconfig={admin}"),
+                format!("--authentication-kubeconfig={admin}"),
+                format!("--authorization-kubeconfig={admin}"),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={sched}"),
+                format!("--tls-cert-file={}", pki.server_pem.display()),
+                format!("--tls-private-key-file={}", pki.server_key.display()),
+                "--leader-elect=false".into(),
+                "--profiling=false".into(),
+            ],
+        )?;
+        kbox.spawn(
+            "kwok",
+            vec![
+                format!("--kubeconfig={}", d("kwok.kubeconfig")),
+                // kwok does nothing without stages: the release's "fast" ones, which
+                // build.sh puts beside the binaries.
+                format!("--config={}", stages.display()),
+                "--manage-all-nodes=false".into(),
+                format!("--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake"),
+                "--node-lease-duration-seconds=40".into(),
+                format!("--server-address=127.0.0.1:{kwok}"),
+                "--cidr=10.244.0.0/16".into(),
+                "--node-ip=127.0.0.1".into(),
+            ],
+        )?;
+        kbox.wait_http(
+            "kube-controller-manager",
+            &http,
+            &format!("https://127.0.0.1:{kcm}/healthz"),
+        )
+        .await?;
+        kbox.wait_http(
+            "kube-scheduler",
+            &http,
+            &format!("https://127.0.0.1:{sched}/healthz"),
+        )
+        .await?;
+        kbox.wait_http("kwok", &http, &format!("http://127.0.0.1:{kwok}/healthz"))
+            .await?;
+        kbox.started_in = began.elapsed();
+        Ok(kbox)
+    }
+
+    fn spawn(&self, name: &str, args: Vec<String>) -> anyhow::Result<()> {
+        self.lock().spawn(name, &self.bin.join(name), &args)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Group> {
+        self.group.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An error naming the component and the log tails if any process has exited.
+    fn check_alive(&self) -> anyhow::Result<()> {
+        let mut g = self.lock();
+        if let Some((name, status)) = g.exited() {
+            bail!("{name} exited ({status}); logs:\n{}", g.tails(40));
+        }
+        Ok(())
+    }
+
+    async fn wait_http(&self, what: &str, http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
+        let deadline = Instant::now() + READY_WITHIN;
+        loop {
+            self.check_alive()?;
+            if let Ok(r) = http.get(url).send().await
+                && r.status().is_success()
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{what} not healthy at {url} within {READY_WITHIN:?}; logs:\n{}",
+                    self.tails(40)
+                );
+            }
+            tokio::time::sleep(PROBE_EVERY).await;
+        }
+    }
+
+    /// From the first process started to the last one healthy (PKI generation included).
+    pub fn started_in(&self) -> Duration {
+        self.started_in
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn server(&self) -> String {
+        format!("https://127.0.0.1:{}", self.api_port)
+    }
+
+    pub fn ca_pem(&self) -> &Path {
+        &self.pki.ca_pem
+    }
+
+    /// The box's directory (logs, PKI, the audit log).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.path().join("audit.log")
+    }
+
+    /// Every request the audit policy records, so far.
+    pub fn audit(&self) -> Vec<audit::Entry> {
+        audit::read(&self.audit_log())
+    }
+
+    /// A kubeconfig for `token` (user name `user`) against this box.
+    pub fn kubeconfig(&self, token: &str, user: &str) -> String {
+        kubeconfig(self.api_port, &self.pki.ca_pem, token, user)
+    }
+
+    /// The admin's client config (group `system:masters`).
+    pub async fn admin_config(&self) -> anyhow::Result<kube::Config> {
+        config_from(&self.kubeconfig(ADMIN_TOKEN, "box-admin")).await
+    }
+
+    /// A client as the admin. Build one per test: a client belongs to the runtime that made it.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        Ok(kube::Client::try_from(self.admin_config().await?)?)
+    }
+
+    /// The last `lines` of every process's log.
+    pub fn tails(&self, lines: usize) -> String {
+        self.lock().tails(lines)
+    }
+}
+
+/// kwok manages only the nodes carrying this annotation (value `fake`).
+pub const KWOK_ANNOTATION: &str = "kwok.x-k8s.io/node";
+
+/// A kube client config from kubeconfig text.
+pub async fn config_from(yaml: &str) -> anyhow::Result<kube::Config> {
+    let kc = Kubeconfig::from_yaml(yaml)?;
+    Ok(kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?)
+}
+
+fn kubeconfig(port: u16, ca: &Path, token: &str, user: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: box\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority: {ca}\nusers:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: box\n  context:\n    cluster: box\n    user: {user}\ncurrent-context: box\n",
+        ca = ca.display()
+    )
+}
+
+static SHARED: tokio::sync::OnceCell<KubeBox> = tokio::sync::OnceCell::const_new();
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A test's turn on the shared box. On a panic (a failing test) it prints the tails of the
+/// control plane's logs.
+pub struct Lease {
+    pub kbox: &'static KubeBox,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for Lease {
+    type Target = KubeBox;
+    fn deref(&self) -> &KubeBox {
+        self.kbox
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- the box's logs (dir {}) ----\n{}",
+                self.kbox.dir().display(),
+                self.kbox.tails(30)
+            );
+        }
+    }
+}
+
+/// The test binary's box, started on first use, and this test's turn on it.
+///
+/// # Panics
+/// If the box cannot start (missing binaries, a component that never gets healthy).
+pub async fn lease() -> Lease {
+    let turn = TURN.lock().await;
+    let kbox = SHARED
+        .get_or_try_init(KubeBox::start)
+        .await
+        .unwrap_or_else(|e| panic!("starting the box: {e:#}"));
+    Lease { kbox, _turn: turn }
+}
+
+/// Creates a Node that kwok plays the kubelet of (labelled as the chart's agent
+/// `nodeSelector` expects, `role: game-servers`) and waits until it is Ready without the
+/// not-ready taint, so the scheduler places pods on it.
+pub async fn create_node(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                       "kubernetes.io/arch": "amd64", "role": "game-servers", "type": "kwok"},
+            "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {},
+    }))?;
+    let api: kube::Api<Node> = kube::Api::all(client.clone());
+    api.create(&kube::api::PostParams::default(), &node).await?;
+    crate::eventually::try_eventually(
+        &format!("node {name} Ready and untainted"),
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            let n = api.get(name).await.ok()?;
+            let ready = n
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let tainted = n
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| !t.is_empty());
+            (ready && !tainted).then_some(())
+        },
+    )
+    .await?;
+    Ok(())
+}

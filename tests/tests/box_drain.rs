@@ -1,0 +1,1068 @@
+//! The drain end to end on the box: a real kube-apiserver, etcd, controller-manager (garbage
+//! collector, disruption controller), scheduler and kwok, the real `lastcall-agent` process
+//! with the chart's arguments and RBAC, and the tests playing Agones (`kube_box::agones`).
+//!
+//! Every order is judged from the API server's audit log, by the resourceVersion each write
+//! produced (one etcd: one revision counter across Nodes, Pods and GameServers).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use lastcall_testkit::agent::{metric, metric_sum};
+use lastcall_testkit::eventually::{eventually, try_eventually, wait_for};
+use lastcall_testkit::gamelift::InstanceStatus;
+use lastcall_testkit::kube_box::agent::{AgentProcess, Extra};
+use lastcall_testkit::kube_box::agones::{self, Agones, Allocation, Crd, Deletions, Server};
+use lastcall_testkit::kube_box::audit::{Entry, describe};
+use lastcall_testkit::kube_box::fleetiq::FleetIq;
+use lastcall_testkit::kube_box::{self, ADMIN_USER, GC_USER, Lease, create_node};
+use serde_json::{Value, json};
+
+const TAINT: &str = "lastcall.dev/draining";
+const DRAIN_LABEL: &str = "lastcall.dev/drain";
+const DEADLINE: &str = "lastcall.dev/drain-deadline";
+const CLAIM_LABEL: &str = "lastcall.dev/node";
+
+/// One test's part of the box: its namespace, its node, Agones' part there.
+struct Scene {
+    kbox: Lease,
+    client: kube::Client,
+    ns: String,
+    node: String,
+    agones: Agones,
+    deletions: Deletions,
+}
+
+async fn scene(name: &str, crd: Crd) -> Scene {
+    let kbox = kube_box::lease().await;
+    eprintln!("box started in {:?}", kbox.started_in());
+    let client = kbox.client().await.expect("admin client");
+    agones::install_crd(&client, crd)
+        .await
+        .expect("GameServer CRD");
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("namespace");
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
+    wait_for("the namespace's default ServiceAccount", || async {
+        sas.get_opt("default").await.ok().flatten().map(|_| ())
+    })
+    .await;
+    agones::ensure_pdb(&client, name).await.expect("Agones PDB");
+    let node = format!("{name}-n1");
+    create_node(&client, &node).await.expect("kwok node");
+    let agones = Agones::new(&client, name);
+    let deletions = Deletions::watch(&client, name)
+        .await
+        .expect("a GameServer watch");
+    Scene {
+        kbox,
+        client,
+        ns: name.to_string(),
+        node,
+        agones,
+        deletions,
+    }
+}
+
+impl Scene {
+    /// `n` Ready servers on the node, created together.
+    async fn ready_servers(&self, n: usize) -> Vec<Server> {
+        let names: Vec<String> = (0..n).map(|i| format!("gs-{i}")).collect();
+        let made = futures::future::join_all(
+            names
+                .iter()
+                .map(|name| self.agones.ready_server(name, &self.node)),
+        )
+        .await;
+        made.into_iter()
+            .map(|r| r.expect("a Ready GameServer"))
+            .collect()
+    }
+
+    async fn allocate(&self, s: &Server) {
+        let got = self.agones.allocate(&s.name).await.expect("allocate");
+        assert!(
+            matches!(got, Allocation::Allocated(_)),
+            "{}: {got:?}",
+            s.name
+        );
+    }
+
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    async fn node_obj(&self) -> Node {
+        self.nodes().get(&self.node).await.expect("the node")
+    }
+
+    async fn start_agent(&self, extra: Extra) -> AgentProcess {
+        let agent = AgentProcess::start(&self.kbox, &self.node, extra)
+            .await
+            .expect("the agent process");
+        agent.ready().await.expect("agent ready");
+        agent
+    }
+
+    /// Waits until the agent sees `n` GameServers on its node.
+    async fn agent_sees(&self, agent: &AgentProcess, n: usize) {
+        wait_for("the agent sees every server on its node", || async {
+            let seen = metric_sum(&agent.metrics().await, "lastcall_game_servers", &[]);
+            (seen as usize == n).then_some(())
+        })
+        .await;
+    }
+
+    /// The operator's drain label, set (`true`) or removed (`None`).
+    async fn drain_label(&self, on: bool) {
+        let v = if on { json!("true") } else { Value::Null };
+        self.nodes()
+            .patch(
+                &self.node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {DRAIN_LABEL: v}}})),
+            )
+            .await
+            .expect("label the node");
+    }
+
+    /// Waits until the node is fenced, `released` are gone with their pods and `protected`
+    /// carry the drain deadline.
+    async fn drained(&self, released: &[Server], protected: &[Server]) {
+        let done = try_eventually(
+            "fenced, idle servers and their pods gone, matches protected",
+            Duration::from_secs(40),
+            Duration::from_millis(100),
+            || async {
+                if !fenced(&self.node_obj().await) {
+                    return None;
+                }
+                for s in released {
+                    if self.agones.get(&s.name).await.ok()?.is_some()
+                        || !self.agones.pod_gone(&s.name).await.ok()?
+                    {
+                        return None;
+                    }
+                }
+                for s in protected {
+                    let gs = self.agones.get(&s.name).await.ok()??;
+                    gs.metadata.annotations.as_ref()?.get(DEADLINE)?;
+                }
+                Some(())
+            },
+        )
+        .await;
+        if let Err(e) = done {
+            // A request the chart's RBAC refused is the likeliest cause: name it.
+            assert_nothing_forbidden(self);
+            panic!("{e}");
+        }
+    }
+
+    /// The resourceVersion at which `name` was deleted (from the test's watch).
+    async fn deleted(&self, name: &str) -> u64 {
+        wait_for(&format!("the DELETED event of {name}"), || async {
+            self.deletions.of(name)
+        })
+        .await
+    }
+
+    /// Where a write of the journal stands in etcd's order: the revision it produced (for a
+    /// GameServer DELETE, whose answer is a bare Status, its deletion's).
+    async fn write_rv(&self, e: &Entry) -> u64 {
+        if e.verb == "delete" && e.resource == "gameservers" && e.ok() {
+            self.deleted(&e.name).await
+        } else {
+            rv(e)
+        }
+    }
+
+    /// This test's entries of the audit log: its node, its namespace.
+    fn journal(&self) -> Vec<Entry> {
+        self.kbox
+            .audit()
+            .into_iter()
+            .filter(|e| (e.resource == "nodes" && e.name == self.node) || e.namespace == self.ns)
+            .collect()
+    }
+}
+
+fn cordoned(n: &Value) -> bool {
+    n.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true)
+}
+
+fn tainted(n: &Value) -> bool {
+    n.pointer("/spec/taints")
+        .and_then(Value::as_array)
+        .is_some_and(|t| t.iter().any(|t| t["key"] == TAINT))
+}
+
+fn fenced(n: &Node) -> bool {
+    let v = serde_json::to_value(n).unwrap_or(Value::Null);
+    cordoned(&v) && tainted(&v)
+}
+
+fn rv(e: &Entry) -> u64 {
+    e.rv()
+        .unwrap_or_else(|| panic!("no resourceVersion in the answer of {}", describe(e)))
+}
+
+fn dump(entries: &[&Entry]) -> String {
+    entries
+        .iter()
+        .map(|e| describe(e))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The chart's RBAC sufficed: the API server refused none of the agent's requests.
+fn assert_nothing_forbidden(s: &Scene) {
+    let refused: Vec<Entry> = s
+        .kbox
+        .audit()
+        .into_iter()
+        .filter(|e| e.by_agent() && (e.code == 401 || e.code == 403))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "the chart's RBAC refused the agent:\n{}",
+        dump(&refused.iter().collect::<Vec<_>>())
+    );
+}
+
+/// The fence: the agent's first Node write that cordons or taints must do both, in one
+/// write. Returns it.
+fn the_fence<'a>(log: &'a [Entry], node: &str) -> &'a Entry {
+    let node_writes: Vec<&Entry> = log
+        .iter()
+        .filter(|e| e.by_agent() && e.is_write() && e.resource == "nodes" && e.name == node)
+        .collect();
+    let first = node_writes
+        .iter()
+        .find(|e| e.ok() && (cordoned(&e.response) || tainted(&e.response)))
+        .unwrap_or_else(|| panic!("no fence write by the agent:\n{}", dump(&node_writes)));
+    assert!(
+        cordoned(&first.response) && tainted(&first.response),
+        "the fence must cordon and taint in one write: {}",
+        describe(first)
+    );
+    first
+}
+
+/// The agent's accepted DELETEs of GameServers, by server name.
+fn releases(log: &[Entry]) -> BTreeMap<String, &Entry> {
+    log.iter()
+        .filter(|e| e.by_agent() && e.verb == "delete" && e.resource == "gameservers" && e.ok())
+        .map(|e| (e.name.clone(), e))
+        .collect()
+}
+
+/// Asserts the DELETE names the server it read: uid and resourceVersion preconditions.
+fn assert_preconditioned(e: &Entry, s: &Server) {
+    assert_eq!(
+        e.sent("/preconditions/uid").and_then(Value::as_str),
+        Some(s.uid.as_str()),
+        "release of {} without its uid precondition: {}",
+        s.name,
+        e.request
+    );
+    assert!(
+        e.sent("/preconditions/resourceVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|v| !v.is_empty()),
+        "release of {} without a resourceVersion precondition: {}",
+        s.name,
+        e.request
+    );
+}
+
+/// Successful allocations (the allocator's Ready → Allocated updates): name → resourceVersion.
+fn allocations(log: &[Entry]) -> Vec<(String, u64)> {
+    log.iter()
+        .filter(|e| {
+            e.user == ADMIN_USER
+                && e.verb == "update"
+                && e.resource == "gameservers"
+                && e.ok()
+                && e.response.pointer("/status/state") == Some(&json!("Allocated"))
+        })
+        .map(|e| (e.name.clone(), rv(e)))
+        .collect()
+}
+
+/// The agent's writes to GameServers that set its node-claim label.
+fn claims(log: &[Entry]) -> Vec<&Entry> {
+    log.iter()
+        .filter(|e| {
+            e.by_agent()
+                && e.verb == "patch"
+                && e.resource == "gameservers"
+                && e.ok()
+                && e.request.to_string().contains(CLAIM_LABEL)
+                && !e.request.to_string().contains("node-draining")
+        })
+        .collect()
+}
+
+/// Milliseconds between two audit entries' arrival.
+fn ms_between(a: &Entry, b: &Entry) -> f64 {
+    match (a.received, b.received) {
+        (Some(a), Some(b)) => (b.as_millisecond() - a.as_millisecond()) as f64,
+        _ => f64::NAN,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleetiq_drain_fences_releases_protects_and_deregisters_once() {
+    let s = scene("box-fleetiq", Crd::SelectableNodeName).await;
+    let servers = s.ready_servers(5).await;
+    let (idle, busy) = servers.split_at(3);
+    for b in busy {
+        s.allocate(b).await;
+    }
+    let mut fiq = FleetIq::start(&s.node)
+        .await
+        .expect("FleetIQ emulators and pubsub");
+    let agent = s.start_agent(fiq.agent_extra()).await;
+    wait_for("registered with FleetIQ", || async {
+        (fiq.gl.count("RegisterGameServer") == 1).then_some(())
+    })
+    .await;
+    s.agent_sees(&agent, servers.len()).await;
+
+    let signalled = jiff::Timestamp::now();
+    fiq.set(InstanceStatus::Draining);
+    s.drained(idle, busy).await;
+    assert!(fiq.pubsub_running(), "pubsub exited");
+    let log = s.journal();
+    let fence = the_fence(&log, &s.node);
+    let released = releases(&log);
+    assert_eq!(
+        released.keys().cloned().collect::<BTreeSet<_>>(),
+        idle.iter().map(|s| s.name.clone()).collect(),
+        "exactly the idle servers are released"
+    );
+    for srv in idle {
+        let d = released[&srv.name];
+        assert_preconditioned(d, srv);
+        let deleted = s.deleted(&srv.name).await;
+        assert!(
+            deleted > rv(fence),
+            "{} released before the fence",
+            srv.name
+        );
+        // The real garbage collector deletes the released server's pod.
+        let gc = log
+            .iter()
+            .find(|e| {
+                e.user == GC_USER
+                    && e.verb == "delete"
+                    && e.resource == "pods"
+                    && e.name == srv.name
+                    && e.ok()
+            })
+            .unwrap_or_else(|| panic!("the garbage collector never deleted pod {}", srv.name));
+        assert!(
+            rv(gc) > deleted,
+            "pod {} deleted before its server",
+            srv.name
+        );
+    }
+    for b in busy {
+        let protect = log
+            .iter()
+            .find(|e| {
+                e.by_agent()
+                    && e.verb == "patch"
+                    && e.resource == "gameservers"
+                    && e.name == b.name
+                    && e.ok()
+                    && e.response
+                        .pointer(&format!(
+                            "/metadata/annotations/{}",
+                            DEADLINE.replace('/', "~1")
+                        ))
+                        .is_some()
+            })
+            .unwrap_or_else(|| panic!("{} never protected", b.name));
+        assert!(
+            rv(protect) > rv(fence),
+            "{} protected before the fence",
+            b.name
+        );
+        agones::expect_state(&s.agones, b, "Allocated")
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        fiq.gl.count("DeregisterGameServer"),
+        0,
+        "not while matches run"
+    );
+
+    // The matches end: Agones deletes the servers, the garbage collector their pods.
+    for b in busy {
+        s.agones.shutdown(b).await.expect("shutdown");
+    }
+    eventually(
+        "deregistered once the node is empty",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { (fiq.gl.count("DeregisterGameServer") == 1).then_some(()) },
+    )
+    .await;
+    wait_for("deregistration recorded on the Node", || async {
+        s.node_obj()
+            .await
+            .metadata
+            .annotations?
+            .contains_key("lastcall.dev/deregistered")
+            .then_some(())
+    })
+    .await;
+    // A few more passes (watch events, a status republished each period): still once.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let calls = fiq.gl.calls();
+    let dereg = calls
+        .iter()
+        .position(|c| c.op == "DeregisterGameServer")
+        .expect("the deregistration");
+    assert_eq!(fiq.gl.count("DeregisterGameServer"), 1);
+    let after: Vec<&str> = calls[dereg + 1..]
+        .iter()
+        .map(|c| c.op.as_str())
+        .filter(|op| {
+            matches!(
+                *op,
+                "RegisterGameServer" | "ClaimGameServer" | "UpdateGameServer"
+            )
+        })
+        .collect();
+    assert!(
+        after.is_empty(),
+        "FleetIQ lifecycle calls after deregistering: {after:?}"
+    );
+    // The hand-off: deregistered only after the last game-server pod was gone, and the node
+    // stays fenced.
+    let log = s.journal();
+    let last_pod_gone = log
+        .iter()
+        .filter(|e| e.resource == "pods" && e.verb == "delete" && e.ok())
+        .filter_map(|e| e.received)
+        .max()
+        .expect("pod deletions");
+    let dereg_at = jiff::Timestamp::try_from(calls[dereg].at).expect("a timestamp");
+    assert!(
+        dereg_at > last_pod_gone,
+        "deregistered at {dereg_at} before the last pod deletion at {last_pod_gone}"
+    );
+    assert!(fenced(&s.node_obj().await), "the node must stay fenced");
+    for e in log.iter().filter(|e| {
+        e.by_agent() && e.resource == "nodes" && e.is_write() && e.ok() && rv(e) > rv(fence)
+    }) {
+        assert!(
+            cordoned(&e.response) && tainted(&e.response),
+            "the agent lifted its fence: {}",
+            describe(e)
+        );
+    }
+    // The agent's requests for the drain, counted as the emulator's figure is: from the
+    // signal to a few seconds after the deregistration record, watches excluded (they are
+    // open before and after), from every namespace (its Events too).
+    let mut requests: BTreeMap<String, usize> = BTreeMap::new();
+    for e in s
+        .kbox
+        .audit()
+        .iter()
+        .filter(|e| e.by_agent() && e.verb != "watch" && e.received >= Some(signalled))
+    {
+        *requests
+            .entry(format!("{} {} {}", e.verb, e.resource, e.code))
+            .or_default() += 1;
+    }
+    eprintln!(
+        "box: FleetIQ drain of 3 idle + 2 busy servers: {} agent requests {requests:?}",
+        requests.values().sum::<usize>()
+    );
+    assert_nothing_forbidden(&s);
+    agent.stop().await.expect("agent stops on SIGTERM");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_restores_exactly_what_was_there() {
+    cancel_case("box-cancel", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleetiq_back_to_active_restores_exactly_what_was_there() {
+    cancel_case("box-cancel-fiq", true).await;
+}
+
+/// A drain and its cancel, by the operator's label or by FleetIQ (`DRAINING`, then `ACTIVE`
+/// through the real pubsub): what the agent found is what it leaves.
+async fn cancel_case(name: &str, fleetiq: bool) {
+    let s = scene(name, Crd::SelectableNodeName).await;
+    let srv = s.ready_servers(1).await.remove(0);
+    s.allocate(&srv).await;
+    s.agones
+        .api()
+        .patch(
+            &srv.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"example.com/match": "42"}}})),
+        )
+        .await
+        .unwrap();
+    // Someone else's state on the node: a taint, a label and an annotation of theirs.
+    let n = s.node_obj().await;
+    let mut taints: Vec<Value> = n
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| serde_json::to_value(t).unwrap())
+        .collect();
+    taints.push(json!({"key": "example.com/foreign", "value": "x", "effect": "NoSchedule"}));
+    s.nodes()
+        .patch(
+            &s.node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"labels": {"example.com/pool": "a"},
+                             "annotations": {"example.com/keep": "yes"}},
+                "spec": {"taints": taints},
+            })),
+        )
+        .await
+        .unwrap();
+    let fiq = if fleetiq {
+        Some(FleetIq::start(&s.node).await.expect("FleetIQ"))
+    } else {
+        None
+    };
+    let agent = s
+        .start_agent(fiq.as_ref().map(FleetIq::agent_extra).unwrap_or_default())
+        .await;
+    s.agent_sees(&agent, 1).await;
+    if let Some(f) = &fiq {
+        wait_for("registered with FleetIQ", || async {
+            (f.gl.count("RegisterGameServer") == 1).then_some(())
+        })
+        .await;
+    }
+    // The agent's start-up writes (ownership; with FleetIQ, the registration record) are
+    // part of what was there before the drain.
+    wait_for("the agent's start-up writes on the node", || async {
+        let a = s.node_obj().await.metadata.annotations?;
+        (a.contains_key("lastcall.dev/owner")
+            && (fiq.is_none() || a.contains_key("lastcall.dev/registered")))
+        .then_some(())
+    })
+    .await;
+    let before = (snapshot_node(&s).await, snapshot_gs(&s, &srv).await);
+
+    match &fiq {
+        Some(f) => f.set(InstanceStatus::Draining),
+        None => s.drain_label(true).await,
+    }
+    s.drained(&[], std::slice::from_ref(&srv)).await;
+    match &fiq {
+        Some(f) => f.set(InstanceStatus::Active),
+        None => s.drain_label(false).await,
+    }
+    let restored = try_eventually(
+        "everything as it was before the drain",
+        Duration::from_secs(40),
+        Duration::from_millis(100),
+        || async {
+            let now = (snapshot_node(&s).await, snapshot_gs(&s, &srv).await);
+            (now == before).then_some(())
+        },
+    )
+    .await;
+    if let Err(e) = restored {
+        let now = (snapshot_node(&s).await, snapshot_gs(&s, &srv).await);
+        panic!("{e}\nbefore the drain: {before:#?}\nafter the cancel: {now:#?}");
+    }
+    let log = s.journal();
+    let fence = the_fence(&log, &s.node);
+    assert!(
+        log.iter().any(|e| e.by_agent()
+            && e.resource == "nodes"
+            && e.is_write()
+            && e.ok()
+            && rv(e) > rv(fence)
+            && !cordoned(&e.response)
+            && !tainted(&e.response)),
+        "the agent's own write lifted the fence"
+    );
+    agones::expect_state(&s.agones, &srv, "Allocated")
+        .await
+        .unwrap();
+    if let Some(f) = &fiq {
+        assert_eq!(
+            f.gl.count("DeregisterGameServer"),
+            0,
+            "a cancel never deregisters"
+        );
+    }
+    assert_nothing_forbidden(&s);
+    agent.stop().await.expect("agent stops");
+}
+
+type NodeShape = (
+    BTreeMap<String, String>,
+    BTreeMap<String, String>,
+    Value,
+    Option<bool>,
+);
+
+/// What a cancel must restore on the node: labels, annotations, taints, cordon.
+async fn snapshot_node(s: &Scene) -> NodeShape {
+    let n = s.node_obj().await;
+    let spec = n.spec.unwrap_or_default();
+    (
+        n.metadata.labels.unwrap_or_default(),
+        n.metadata.annotations.unwrap_or_default(),
+        serde_json::to_value(spec.taints.unwrap_or_default()).unwrap(),
+        spec.unschedulable.filter(|u| *u),
+    )
+}
+
+/// What a cancel must restore on a server: labels and annotations.
+async fn snapshot_gs(
+    s: &Scene,
+    srv: &Server,
+) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let gs = s.agones.get(&srv.name).await.unwrap().expect("the server");
+    (
+        gs.metadata.labels.unwrap_or_default(),
+        gs.metadata.annotations.unwrap_or_default(),
+    )
+}
+
+/// A label drain of 2 Ready and 1 Allocated servers under `crd`; returns the log, the
+/// servers and the operator's label write.
+async fn selection_drain(name: &str, crd: Crd) -> (Scene, Vec<Entry>, Vec<Server>) {
+    let s = scene(name, crd).await;
+    let servers = s.ready_servers(3).await;
+    s.allocate(&servers[2]).await;
+    let agent = s.start_agent(Extra::default()).await;
+    s.agent_sees(&agent, servers.len()).await;
+    s.drain_label(true).await;
+    s.drained(&servers[..2], &servers[2..]).await;
+    let log = s.journal();
+    let label = log
+        .iter()
+        .find(|e| {
+            e.user == ADMIN_USER
+                && e.resource == "nodes"
+                && e.verb == "patch"
+                && e.request.to_string().contains(DRAIN_LABEL)
+        })
+        .expect("the drain label write");
+    let fence = the_fence(&log, &s.node);
+    for srv in &servers[..2] {
+        assert_preconditioned(releases(&log)[&srv.name], srv);
+        assert!(
+            s.deleted(&srv.name).await > rv(fence),
+            "{} released before the fence",
+            srv.name
+        );
+    }
+    // Every request of the agent's user from the label to the drain's end (one agent runs
+    // at a time on the box): reads, watches, Events included.
+    let requests = s
+        .kbox
+        .audit()
+        .iter()
+        .filter(|e| e.by_agent() && e.received >= label.received)
+        .count();
+    eprintln!(
+        "box ({crd:?}): label -> fence {:.0} ms; {requests} agent requests for a drain of 2 idle + 1 busy",
+        ms_between(label, fence)
+    );
+    // The match ends: with no FleetIQ to hand the node to, it stays fenced and the agent
+    // reports it empty.
+    s.agones.shutdown(&servers[2]).await.expect("shutdown");
+    wait_for("the agent reports the node empty", || async {
+        let m = agent.metrics().await;
+        (metric(&m, "lastcall_drain_phase", &[("phase", "empty")]) == Some(1.0)).then_some(())
+    })
+    .await;
+    assert!(
+        fenced(&s.node_obj().await),
+        "the emptied node must stay fenced"
+    );
+    assert_nothing_forbidden(&s);
+    agent.stop().await.expect("agent stops");
+    let log = s.journal();
+    for e in log
+        .iter()
+        .filter(|e| e.by_agent() && e.resource == "nodes" && e.is_write() && e.ok())
+        .filter(|e| rv(e) > rv(fence))
+    {
+        assert!(
+            cordoned(&e.response) && tainted(&e.response),
+            "the agent lifted its fence: {}",
+            describe(e)
+        );
+    }
+    (s, log, servers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selected_by_field_the_agent_writes_no_claim() {
+    let (s, log, _) = selection_drain("box-field", Crd::SelectableNodeName).await;
+    let claims = claims(&log);
+    assert!(
+        claims.is_empty(),
+        "claims written although status.nodeName is selectable:\n{}",
+        dump(&claims)
+    );
+    drop(s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selected_by_label_the_agent_claims_each_server_once() {
+    let (s, log, servers) = selection_drain("box-label", Crd::LabelsOnly).await;
+    let claims = claims(&log);
+    let label = log
+        .iter()
+        .find(|e| {
+            e.user == ADMIN_USER
+                && e.resource == "nodes"
+                && e.request.to_string().contains(DRAIN_LABEL)
+        })
+        .expect("the drain label write");
+    for srv in &servers {
+        let mine: Vec<&&Entry> = claims.iter().filter(|e| e.name == srv.name).collect();
+        assert_eq!(mine.len(), 1, "{}: claims\n{}", srv.name, dump(&claims));
+        assert!(
+            rv(mine[0]) < rv(label),
+            "{} claimed only after the drain began",
+            srv.name
+        );
+    }
+    drop(s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocation_racing_the_drain_never_loses_a_match() {
+    let mut evidence = 0;
+    for round in 0..3 {
+        evidence += race_round(round).await;
+        if evidence > 0 {
+            break;
+        }
+    }
+    assert!(
+        evidence > 0,
+        "the allocator never raced the agent in 3 rounds"
+    );
+}
+
+/// One node, 16 Ready servers, an allocator with the exclusion selector allocating from a
+/// stale read in a loop while the agent fences and releases. Returns how often the race
+/// showed (allocations after the fence, 409s on either side).
+async fn race_round(round: usize) -> usize {
+    let s = scene(&format!("box-race-{round}"), Crd::SelectableNodeName).await;
+    let servers = s.ready_servers(16).await;
+    let by_name: BTreeMap<String, Server> = servers
+        .iter()
+        .map(|s| (s.name.clone(), s.clone()))
+        .collect();
+    let agent = s.start_agent(Extra::default()).await;
+    s.agent_sees(&agent, servers.len()).await;
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let won = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let allocator = {
+        let (a, stop, won) = (s.agones.clone(), stop.clone(), won.clone());
+        tokio::spawn(async move {
+            let mut n: u64 = 0;
+            while !stop.is_cancelled() {
+                n += 1;
+                let Ok(list) = a.candidates().await else {
+                    continue;
+                };
+                if list.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+                let pick = list[(n as usize * 7) % list.len()].clone();
+                // The allocator's cache is a little behind: a write can land in between.
+                tokio::time::sleep(Duration::from_millis(n % 25)).await;
+                if let Ok(Allocation::Allocated(_)) = a.allocate_read(pick).await {
+                    won.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    // Matches arrive now and then, not all at once.
+                    tokio::time::sleep(Duration::from_millis(n % 30)).await;
+                }
+            }
+        })
+    };
+    wait_for("the allocator won twice", || async {
+        (won.load(std::sync::atomic::Ordering::SeqCst) >= 2).then_some(())
+    })
+    .await;
+    s.drain_label(true).await;
+    eventually(
+        "fenced and no Ready server left on the node",
+        Duration::from_secs(40),
+        Duration::from_millis(100),
+        || async {
+            if !fenced(&s.node_obj().await) {
+                return None;
+            }
+            for srv in &servers {
+                if let Some(gs) = s.agones.get(&srv.name).await.ok()?
+                    && gs.data.pointer("/status/state") != Some(&json!("Allocated"))
+                {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+    stop.cancel();
+    allocator.await.expect("allocator task");
+    // Every allocated server ends protected (its last writes are the agent's).
+    wait_for("every allocated server protected", || async {
+        for srv in &servers {
+            if let Some(gs) = s.agones.get(&srv.name).await.ok()?
+                && !gs.metadata.annotations.as_ref()?.contains_key(DEADLINE)
+            {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+
+    let log = s.journal();
+    let fence = rv(the_fence(&log, &s.node));
+    let allocs = allocations(&log);
+    let released = releases(&log);
+    // 1. No match lost: nothing the allocator won was deleted by the agent, and every
+    //    release named the server it read.
+    let mut deleted_at: BTreeMap<&str, u64> = BTreeMap::new();
+    for (name, d) in &released {
+        assert_preconditioned(d, &by_name[name]);
+        let at_delete = s.deleted(name).await;
+        assert!(
+            at_delete > fence,
+            "{name} released (rv {at_delete}) before the fence (rv {fence})"
+        );
+        deleted_at.insert(name.as_str(), at_delete);
+        if let Some((_, at)) = allocs.iter().find(|(n, _)| n == name) {
+            panic!("the agent deleted {name} (rv {at_delete}) which was allocated (rv {at})");
+        }
+    }
+    // 2. Per server: no allocation after the agent's first accepted write to it past the fence.
+    let mut first_write: BTreeMap<String, u64> = BTreeMap::new();
+    for e in log
+        .iter()
+        .filter(|e| e.by_agent() && e.resource == "gameservers" && e.is_write() && e.ok())
+    {
+        let at = s.write_rv(e).await;
+        if at > fence {
+            let slot = first_write.entry(e.name.clone()).or_insert(at);
+            *slot = (*slot).min(at);
+        }
+    }
+    for (name, at) in &allocs {
+        if let Some(first) = first_write.get(name) {
+            assert!(
+                at < first,
+                "{name} allocated (rv {at}) after the agent's first write to it (rv {first})"
+            );
+        }
+    }
+    // 3. Node-wide: once the releases are answered, no allocation succeeds (but on a server
+    //    whose own DELETE failed, as the promise allows).
+    let failed_deletes: BTreeSet<&str> = log
+        .iter()
+        .filter(|e| e.by_agent() && e.verb == "delete" && e.resource == "gameservers" && !e.ok())
+        .map(|e| e.name.as_str())
+        .collect();
+    if let Some(round_done) = deleted_at.values().copied().max() {
+        let late: Vec<&(String, u64)> = allocs
+            .iter()
+            .filter(|(n, at)| *at > round_done && !failed_deletes.contains(n.as_str()))
+            .collect();
+        assert!(
+            late.is_empty(),
+            "allocations after the agent's releases were answered (rv {round_done}): {late:?}"
+        );
+    }
+    // 4. Every allocated server is still there, Allocated.
+    for (name, _) in &allocs {
+        agones::expect_state(&s.agones, &by_name[name], "Allocated")
+            .await
+            .unwrap();
+    }
+    // The race itself.
+    let after_fence = allocs.iter().filter(|(_, at)| *at > fence).count();
+    let alloc_conflicts = log
+        .iter()
+        .filter(|e| {
+            e.user == ADMIN_USER
+                && e.verb == "update"
+                && e.resource == "gameservers"
+                && (e.code == 409 || e.code == 404)
+                && released.contains_key(&e.name)
+        })
+        .count();
+    eprintln!(
+        "box race round {round}: {} allocations ({after_fence} after the fence), {} released, {} release DELETEs refused, {alloc_conflicts} allocations refused on released servers",
+        allocs.len(),
+        released.len(),
+        failed_deletes.len()
+    );
+    assert_nothing_forbidden(&s);
+    agent.stop().await.expect("agent stops");
+    after_fence + failed_deletes.len() + alloc_conflicts
+}
+
+/// A Spot notice's deadline reaches the games through the real eviction path: at
+/// `deadline − grace` the agent posts an Eviction for each match's pod; a server whose
+/// `eviction.safe` is `Always` is evicted (no PDB selects its pod), one that is `Never` is
+/// refused by Agones' PDB (429) and, under `--graceful-termination`, its pod gets a
+/// uid-preconditioned DELETE instead. No GameServer is deleted by the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_notice_ends_matches_by_eviction_or_a_preconditioned_delete_at_deadline_minus_grace()
+{
+    const LEAD: i64 = 8;
+    let s = scene("box-spot", Crd::SelectableNodeName).await;
+    let always = s
+        .agones
+        .ready_server_evictable("gs-always", &s.node, "Always")
+        .await
+        .expect("server");
+    let never = s
+        .agones
+        .ready_server_evictable("gs-never", &s.node, "Never")
+        .await
+        .expect("server");
+    s.allocate(&always).await;
+    s.allocate(&never).await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    let uid_of = |name: &str| {
+        let pods = pods.clone();
+        let name = name.to_string();
+        async move {
+            pods.get(&name)
+                .await
+                .expect("pod")
+                .metadata
+                .uid
+                .expect("uid")
+        }
+    };
+    let (always_pod, never_pod) = (uid_of("gs-always").await, uid_of("gs-never").await);
+    let grace_ms = 1000; // the stand-in's pods: terminationGracePeriodSeconds 1
+    let iid = lastcall_testkit::gamelift::instance_id(&s.node);
+    let imds = lastcall_testkit::imds::ImdsEmulator::start(&iid, &s.node)
+        .await
+        .expect("IMDS");
+    // Chart values agent.awsImds, agent.gracefulTermination and agent.imdsEndpoint.
+    let agent = s
+        .start_agent(Extra {
+            args: vec![
+                "--aws-imds".into(),
+                "--graceful-termination".into(),
+                format!("--imds-endpoint={}", imds.url()),
+            ],
+            env: vec![],
+        })
+        .await;
+    s.agent_sees(&agent, 2).await;
+
+    let deadline = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(LEAD);
+    imds.set_spot_action(Some(json!({
+        "action": "terminate",
+        "time": deadline.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+    })));
+    // IMDS gives whole seconds: the deadline the agent sees.
+    let deadline: jiff::Timestamp = deadline
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+        .parse()
+        .expect("a timestamp");
+    eventually(
+        "both matches' pods ended",
+        Duration::from_secs(LEAD as u64 + 30),
+        Duration::from_millis(100),
+        || async {
+            (s.agones.pod_gone("gs-always").await.ok()?
+                && s.agones.pod_gone("gs-never").await.ok()?)
+            .then_some(())
+        },
+    )
+    .await;
+    let log = s.journal();
+    let ends: Vec<&Entry> = log
+        .iter()
+        .filter(|e| {
+            e.by_agent()
+                && e.resource == "pods"
+                && (e.subresource == "eviction" || e.verb == "delete")
+        })
+        .collect();
+    let earliest = deadline - jiff::SignedDuration::from_millis(grace_ms);
+    for e in &ends {
+        let at = e.received.expect("a timestamp");
+        assert!(
+            at >= earliest && at < deadline,
+            "{} outside [deadline − grace, deadline) = [{earliest}, {deadline})",
+            describe(e)
+        );
+    }
+    // A request that finds the pod already gone (404) is harmless; the rest is the promise.
+    let acted = |pod: &str| -> Vec<&Entry> {
+        ends.iter()
+            .filter(|e| e.name == pod && e.code != 404)
+            .copied()
+            .collect()
+    };
+    let evicted = acted("gs-always");
+    assert!(
+        evicted.len() == 1 && evicted[0].subresource == "eviction" && evicted[0].code == 201,
+        "gs-always must be evicted once:\n{}",
+        dump(&ends)
+    );
+    assert_eq!(
+        evicted[0].sent("/deleteOptions/preconditions/uid"),
+        Some(&json!(always_pod)),
+        "the eviction names the pod's uid"
+    );
+    let refused = acted("gs-never");
+    assert!(
+        refused.len() == 2
+            && refused[0].subresource == "eviction"
+            && refused[0].code == 429
+            && refused[1].verb == "delete"
+            && refused[1].ok(),
+        "gs-never: an Eviction refused by Agones' PDB, then a DELETE:\n{}",
+        dump(&ends)
+    );
+    assert_eq!(
+        refused[1].sent("/preconditions/uid"),
+        Some(&json!(never_pod)),
+        "the DELETE names the pod's uid"
+    );
+    assert!(
+        !log.iter()
+            .any(|e| e.by_agent() && e.resource == "gameservers" && e.verb == "delete"),
+        "the agent deleted a GameServer in a match"
+    );
+    assert_nothing_forbidden(&s);
+    agent.stop().await.expect("agent stops");
+}
