@@ -228,6 +228,15 @@ async fn run() -> anyhow::Result<()> {
     for (name, doomed) in [("10%", tenth), ("50%", half)] {
         let r = world.drain(doomed, Duration::from_secs(1)).await?;
         print_drain(name, n, &mut r.fence.clone(), &r);
+        // A figure that breaks a promise fails the run, after the table that shows it.
+        let broken = r.broken_promises();
+        if !broken.is_empty() {
+            world.shutdown().await;
+            anyhow::bail!(
+                "{name} drain broke lastcall's promises: {}",
+                broken.join("; ")
+            );
+        }
         reports.push((name, r));
     }
 

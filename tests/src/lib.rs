@@ -14,6 +14,7 @@ pub mod agent;
 pub mod asg;
 pub mod bench;
 pub mod demo;
+pub mod promises;
 pub mod scale;
 pub mod scale_agents;
 pub mod scale_redis;

@@ -13,6 +13,11 @@ use super::script::{Action, KubeFault, Safe};
 use super::truth::{Truth, earliest, permits};
 use crate::autoscaling::Happening;
 use crate::kube::journal::{JournalEntry, Verb};
+use crate::promises::allocation::allocated_after_marked;
+use crate::promises::graceful::{ends_a_match, request_faults};
+
+/// The allocator's identity in the journal.
+const ALLOCATOR: &str = "agones-allocator";
 
 /// How long the agent may take to notice a change of the truth (IMDS polls every 200 ms,
 /// the rest is pushed; a loaded CI machine adds the rest). `TIMELINE_LAG_MS` overrides it.
@@ -33,6 +38,9 @@ pub const RELATIVE_SLACK: Duration = Duration::from_millis(1500);
 pub enum Invariant {
     /// A match ended by lastcall without a current deadline within the pod's grace.
     MatchEndedEarly,
+    /// An eviction or pod DELETE by lastcall without a uid precondition, or overriding the
+    /// pod's own grace period.
+    MatchEndedUngracefully,
     /// An Allocated server deleted by lastcall.
     AllocatedDeleted,
     /// With the exclusion selector, an allocation after lastcall's fence write to the server.
@@ -61,12 +69,15 @@ pub enum Invariant {
     AzureApprovedEarly,
     /// An Azure event approved more than once.
     AzureApprovedTwice,
+    /// An agent stopped in a rollout whose stop returned an error or never ended.
+    AgentStopFailed,
 }
 
 impl Invariant {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::MatchEndedEarly => "match-ended-early",
+            Self::MatchEndedUngracefully => "match-ended-ungracefully",
             Self::AllocatedDeleted => "allocated-deleted",
             Self::AllocatedAfterFence => "allocated-after-fence",
             Self::AnnouncedTooLate => "announced-too-late",
@@ -81,6 +92,7 @@ impl Invariant {
             Self::AsgTimedOut => "asg-timed-out",
             Self::AzureApprovedEarly => "azure-approved-early",
             Self::AzureApprovedTwice => "azure-approved-twice",
+            Self::AgentStopFailed => "agent-stop-failed",
         }
     }
 }
@@ -282,7 +294,7 @@ pub fn check(run: &Run) -> Vec<Hit> {
         .map(|n| (n.clone(), 0))
         .collect();
     for e in &run.journal {
-        if e.identity.as_deref() == Some("agones-allocator")
+        if e.identity.as_deref() == Some(ALLOCATOR)
             && e.verb == Verb::Update
             && e.resource.as_deref() == Some("gameservers")
             && ok(e)
@@ -317,6 +329,14 @@ pub fn check(run: &Run) -> Vec<Hit> {
     settled(&cx, &mut hits);
     asg_lifecycle(&cx, &mut hits);
     azure_approvals(&cx, &mut hits);
+    for e in &run.agent_errors {
+        hits.push(Hit {
+            invariant: Invariant::AgentStopFailed,
+            at: run.settled_from,
+            detail: e.clone(),
+            seqs: vec![],
+        });
+    }
     hits.sort_by_key(|h| h.at);
     hits
 }
@@ -325,10 +345,30 @@ pub fn check(run: &Run) -> Vec<Hit> {
 /// live hard deadline that `eviction.safe` lets it act on was within the pod's grace.
 fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     let tl = &cx.run.timeline;
+    // Every ending request, accepted or not, asks for the pod's own graceful termination.
+    for e in cx
+        .run
+        .journal
+        .iter()
+        .filter(|e| by_agent(e) && ends_a_match(e))
+    {
+        let grace = e
+            .name
+            .as_deref()
+            .and_then(Safe::of_server)
+            .map(|safe| tl.grace_of(safe));
+        let faults = request_faults(e, None, grace);
+        if !faults.is_empty() {
+            hits.push(Hit {
+                invariant: Invariant::MatchEndedUngracefully,
+                at: e.at,
+                detail: format!("{:?}: {}", e.name, faults.join("; ")),
+                seqs: vec![e.seq],
+            });
+        }
+    }
     for e in cx.run.journal.iter().filter(|e| by_agent(e) && ok(e)) {
-        let ends = e.resource.as_deref() == Some("pods")
-            && ((e.verb == Verb::Create && e.subresource.as_deref() == Some("eviction"))
-                || (e.verb == Verb::Delete && e.subresource.is_none()));
+        let ends = ends_a_match(e);
         let Some(pod) = e.name.as_deref() else {
             continue;
         };
@@ -373,9 +413,9 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
 }
 
 /// No in-use server deleted by lastcall; with the exclusion selector, no allocation of a
-/// server whose last known state was marked draining (or deleted) by lastcall.
+/// server whose last write by lastcall marked it draining (or deleted it)
+/// ([`allocated_after_marked`], the rule every race test holds the agent to).
 fn servers(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
-    let mut last: BTreeMap<String, (&JournalEntry, bool)> = BTreeMap::new();
     for e in &cx.run.journal {
         if e.resource.as_deref() != Some("gameservers") || !ok(e) {
             continue;
@@ -391,27 +431,26 @@ fn servers(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                 seqs: vec![cx.allocated.get(name).copied().unwrap_or(0), e.seq],
             });
         }
-        if cx.run.timeline.exclusion_selector
-            && e.identity.as_deref() == Some("agones-allocator")
-            && e.verb == Verb::Update
-            && let Some((prev, fenced)) = last.get(name)
-            && *fenced
-        {
-            hits.push(Hit {
-                invariant: Invariant::AllocatedAfterFence,
-                at: e.at,
-                detail: format!("{name} allocated after lastcall's write #{}", prev.seq),
-                seqs: vec![prev.seq, e.seq],
-            });
-        }
-        let fenced = match &e.response {
-            _ if e.verb == Verb::Delete => by_agent(e),
-            Some(v) if is_kind(v, "GameServer") => {
-                label(v, "lastcall.dev/node-draining") == Some("true")
-            }
-            _ => continue,
-        };
-        last.insert(name.to_string(), (e, fenced));
+    }
+    if !cx.run.timeline.exclusion_selector {
+        return;
+    }
+    for late in allocated_after_marked(&cx.run.journal, AGENT, ALLOCATOR) {
+        let at = cx
+            .run
+            .journal
+            .iter()
+            .find(|e| e.seq == late.seq)
+            .map_or(cx.run.settled_from, |e| e.at);
+        hits.push(Hit {
+            invariant: Invariant::AllocatedAfterFence,
+            at,
+            detail: format!(
+                "{} allocated after lastcall's write #{}",
+                late.name, late.after
+            ),
+            seqs: vec![late.after, late.seq],
+        });
     }
 }
 
@@ -515,7 +554,7 @@ fn deregistration(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     for c in calls.iter().filter(|c| c.seq > first.seq) {
         if matches!(
             c.op.as_str(),
-            "DeregisterGameServer" | "RegisterGameServer" | "UpdateGameServer"
+            "DeregisterGameServer" | "RegisterGameServer" | "UpdateGameServer" | "ClaimGameServer"
         ) {
             hits.push(Hit {
                 invariant: Invariant::DeregisteredTwice,

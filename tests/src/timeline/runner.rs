@@ -65,7 +65,8 @@ pub struct Run {
     pub settled: Result<SystemTime, String>,
     /// Wall time of building the world and starting the agent.
     pub setup: Duration,
-    /// Agent tasks that ended with an error on a clean stop.
+    /// Agents stopped in a rollout whose stop failed or never ended (each a hit,
+    /// `agent-stop-failed`).
     pub agent_errors: Vec<String>,
     /// When the process could not run (see [`StallProbe`]): each stall's end and length.
     pub stalls: Vec<(SystemTime, Duration)>,
@@ -840,11 +841,12 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     cluster.emulator().faults().clear();
     // A connection a killed agent left behind can hold a graceful shutdown; the cluster
     // stops anyway when dropped.
+    // (Not the agent's error: a slow shutdown is only reported.)
     if tokio::time::timeout(Duration::from_secs(5), cluster.shutdown())
         .await
         .is_err()
     {
-        agent_errors.push("the cluster's shutdown took over 5 s".into());
+        eprintln!("timeline {}: the cluster's shutdown took over 5 s", tl.seed);
     }
     Ok(Run {
         timeline: tl,
