@@ -315,7 +315,7 @@ fn print_drain(name: &str, n: usize, fence: &mut [Duration], r: &DrainReport) {
         r.killed.len()
     );
     println!(
-        "| allocations after the first round of releases past the fence | **{}** |",
+        "| allocations too late (after their server was marked draining, or after the first round of releases past the fence) | **{}** |",
         r.late_allocations.len()
     );
     println!(

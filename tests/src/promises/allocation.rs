@@ -78,11 +78,12 @@ fn marks_draining(e: &JournalEntry) -> bool {
         })
 }
 
-/// Per server: allocations by `allocator` after the last accepted write of `agent` to that
+/// Per server: allocations by `allocator` after the last accepted write of an agent
+/// (`is_agent`: the node's agents, whose writes to a server count as one writer's) to that
 /// server marked it draining.
 pub fn allocated_after_marked(
     entries: &[JournalEntry],
-    agent: &str,
+    is_agent: impl Fn(&JournalEntry) -> bool,
     allocator: &str,
 ) -> Vec<LateAllocation> {
     let mut marked: BTreeMap<&str, Option<u64>> = BTreeMap::new();
@@ -91,7 +92,7 @@ pub fn allocated_after_marked(
         let Some(name) = e.name.as_deref() else {
             continue;
         };
-        if by(e, agent) && e.verb.is_mutating() {
+        if is_agent(e) && e.verb.is_mutating() {
             marked.insert(name, marks_draining(e).then_some(e.seq));
         } else if by(e, allocator)
             && e.verb == Verb::Update
@@ -171,10 +172,11 @@ pub fn late_allocations(
     node: &str,
     on_node: impl Fn(&str) -> bool,
 ) -> Vec<LateAllocation> {
-    let mut late: Vec<LateAllocation> = allocated_after_marked(entries, agent, allocator)
-        .into_iter()
-        .filter(|l| on_node(&l.name))
-        .collect();
+    let mut late: Vec<LateAllocation> =
+        allocated_after_marked(entries, |e| by(e, agent), allocator)
+            .into_iter()
+            .filter(|l| on_node(&l.name))
+            .collect();
     for l in allocated_after_first_round(entries, agent, allocator, node, &on_node) {
         if !late.iter().any(|k| k.seq == l.seq) {
             late.push(l);

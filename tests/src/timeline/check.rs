@@ -8,12 +8,13 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
-use super::runner::{AGENT, DRAIN_NODE_ANNOTATIONS, NODE, REQUEST_TIMEOUT, Run};
+use super::runner::{DRAIN_NODE_ANNOTATIONS, NODE, REQUEST_TIMEOUT, Run, agent_pod};
 use super::script::{Action, KubeFault, Safe};
 use super::truth::{Truth, earliest, permits};
 use crate::autoscaling::Happening;
 use crate::kube::journal::{JournalEntry, Verb};
 use crate::promises::allocation::allocated_after_marked;
+use crate::promises::body::written;
 use crate::promises::graceful::{ends_a_match, request_faults};
 
 /// The allocator's identity in the journal.
@@ -71,6 +72,8 @@ pub enum Invariant {
     AzureApprovedTwice,
     /// An agent stopped in a rollout whose stop returned an error or never ended.
     AgentStopFailed,
+    /// An agent wrote while the Node's owner annotation named another agent's pod.
+    StandbyWrote,
 }
 
 impl Invariant {
@@ -93,6 +96,7 @@ impl Invariant {
             Self::AzureApprovedEarly => "azure-approved-early",
             Self::AzureApprovedTwice => "azure-approved-twice",
             Self::AgentStopFailed => "agent-stop-failed",
+            Self::StandbyWrote => "standby-wrote",
         }
     }
 }
@@ -110,8 +114,9 @@ fn ok(e: &JournalEntry) -> bool {
     (200..300).contains(&e.status)
 }
 
+/// Made by one of the node's agents (each writes as its own user, [`agent_pod`]).
 fn by_agent(e: &JournalEntry) -> bool {
-    e.identity.as_deref() == Some(AGENT)
+    e.identity.as_deref().and_then(agent_pod).is_some()
 }
 
 fn is_kind(v: &Value, kind: &str) -> bool {
@@ -329,6 +334,7 @@ pub fn check(run: &Run) -> Vec<Hit> {
     settled(&cx, &mut hits);
     asg_lifecycle(&cx, &mut hits);
     azure_approvals(&cx, &mut hits);
+    standby(&cx, &mut hits);
     for e in &run.agent_errors {
         hits.push(Hit {
             invariant: Invariant::AgentStopFailed,
@@ -435,7 +441,7 @@ fn servers(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     if !cx.run.timeline.exclusion_selector {
         return;
     }
-    for late in allocated_after_marked(&cx.run.journal, AGENT, ALLOCATOR) {
+    for late in allocated_after_marked(&cx.run.journal, by_agent, ALLOCATOR) {
         let at = cx
             .run
             .journal
@@ -599,6 +605,63 @@ fn deregistration(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     }
 }
 
+/// The pod the Node's `lastcall.dev/owner` annotation names (`namespace/name/uid`).
+fn owner_pod(node: &Value) -> Option<String> {
+    annotation(node, "lastcall.dev/owner")?
+        .split('/')
+        .nth(1)
+        .map(String::from)
+}
+
+/// One agent acts at a time: every write request of an agent (accepted or not; Events
+/// aside, as an agent that stood down still tells what it did as the owner) is made while
+/// the Node's owner annotation names its own pod or nobody, or is a Node write naming
+/// itself the owner. Each agent writes as its own user, so the journal tells them
+/// apart.
+fn standby(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    let mut owner: Option<String> = None;
+    for e in &cx.run.journal {
+        let after = is_node_write(e)
+            .then(|| e.response.as_deref().map(owner_pod))
+            .flatten();
+        // Taking over (the owner's pod is gone) is a Node write naming itself the owner;
+        // it may be refused and tried again.
+        let claims = |pod: &str| {
+            e.resource.as_deref() == Some("nodes")
+                && e.request.as_deref().is_some_and(|b| {
+                    written(b, &["metadata", "annotations", "lastcall.dev/owner"])
+                        .and_then(|v| {
+                            v.as_str()
+                                .and_then(|o| o.split('/').nth(1).map(String::from))
+                        })
+                        .as_deref()
+                        == Some(pod)
+                })
+        };
+        if let Some(pod) = e.identity.as_deref().and_then(agent_pod)
+            && e.verb.is_mutating()
+            && e.resource.as_deref() != Some("events")
+            && let Some(o) = owner.as_deref()
+            && o != pod
+            && !claims(pod)
+        {
+            hits.push(Hit {
+                invariant: Invariant::StandbyWrote,
+                at: e.at,
+                detail: format!(
+                    "{pod} wrote {} {} while {o} owned the node",
+                    e.verb.as_str(),
+                    e.path
+                ),
+                seqs: vec![e.seq],
+            });
+        }
+        if let Some(a) = after {
+            owner = a;
+        }
+    }
+}
+
 fn is_node_write(e: &JournalEntry) -> bool {
     e.resource.as_deref() == Some("nodes")
         && e.name.as_deref() == Some(NODE)
@@ -634,7 +697,10 @@ fn node_writes(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                             .map(|k| format!("{what} {k}")),
                     );
                 }
-                if unschedulable(p) && !unschedulable(v) && cordon_by.as_deref() != Some(AGENT) {
+                if unschedulable(p)
+                    && !unschedulable(v)
+                    && cordon_by.as_deref().is_none_or(|c| agent_pod(c).is_none())
+                {
                     gone.push(format!(
                         "the cordon of {}",
                         cordon_by.as_deref().unwrap_or("someone")

@@ -33,8 +33,20 @@ use lastcall_emulators::azure::{self, AzureMetadataEmulator};
 pub const NS: &str = "default";
 pub const NODE: &str = "n1";
 pub const GROUP: &str = "g1";
-/// The agent's identity in the kube journal (every agent of the node shares it).
+/// The prefix of the agents' identities in the kube journal: each agent pod writes as its
+/// own user, `agent-n1/<pod>` ([`agent_identity`]), so the journal tells a standby agent's
+/// writes from the owner's.
 pub const AGENT: &str = "agent-n1";
+
+/// The kube identity of the agent running in `pod`.
+pub fn agent_identity(pod: &str) -> String {
+    format!("{AGENT}/{pod}")
+}
+
+/// The agent pod whose identity `identity` is (`None`: not one of the node's agents).
+pub fn agent_pod(identity: &str) -> Option<&str> {
+    identity.strip_prefix(AGENT)?.strip_prefix('/')
+}
 /// The Auto Scaling group the instance is in (its termination hook is `h`).
 pub const ASG: &str = "asg-n1";
 /// The Azure VM's name.
@@ -198,7 +210,8 @@ fn rfc3339(t: SystemTime) -> String {
 }
 
 struct Agents {
-    cluster_kube: kube::Config,
+    /// The API server's URL: each agent's kube configuration is made for its own user.
+    kube_url: String,
     /// Creates and deletes the agents' own Pod objects (their identities).
     pods: Api<k8s_openapi::api::core::v1::Pod>,
     gl: aws_sdk_gamelift::Client,
@@ -252,12 +265,8 @@ impl Agents {
             "--pod-uid",
             pod.1.as_str(),
         ]);
-        let a = InProcessAgent::start(
-            config(NODE, &args),
-            self.cluster_kube.clone(),
-            Some(self.gl.clone()),
-        )
-        .await?;
+        let kube = crate::kube::config_for_url(&self.kube_url, &agent_identity(&pod.0)).await?;
+        let a = InProcessAgent::start(config(NODE, &args), kube, Some(self.gl.clone())).await?;
         self.live.push((a, pod));
         Ok(())
     }
@@ -410,7 +419,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         .await
         .context("publishing ACTIVE")?;
     let mut agents = Agents {
-        cluster_kube: cluster.emulator().config_for(AGENT).await?,
+        kube_url: cluster.emulator().url(),
         pods: Api::namespaced(cluster.client(), AGENT_NAMESPACE),
         gl: gl.sdk_client().await,
         flags,
