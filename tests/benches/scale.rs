@@ -228,6 +228,15 @@ async fn run() -> anyhow::Result<()> {
     for (name, doomed) in [("10%", tenth), ("50%", half)] {
         let r = world.drain(doomed, Duration::from_secs(1)).await?;
         print_drain(name, n, &mut r.fence.clone(), &r);
+        // A figure that breaks a promise fails the run, after the table that shows it.
+        let broken = r.broken_promises();
+        if !broken.is_empty() {
+            world.shutdown().await;
+            anyhow::bail!(
+                "{name} drain broke lastcall's promises: {}",
+                broken.join("; ")
+            );
+        }
         reports.push((name, r));
     }
 
@@ -306,7 +315,7 @@ fn print_drain(name: &str, n: usize, fence: &mut [Duration], r: &DrainReport) {
         r.killed.len()
     );
     println!(
-        "| allocations after the first round of releases past the fence | **{}** |",
+        "| allocations too late (after their server was marked draining, or after the first round of releases past the fence) | **{}** |",
         r.late_allocations.len()
     );
     println!(

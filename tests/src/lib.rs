@@ -14,7 +14,9 @@ pub mod agent;
 pub mod asg;
 pub mod bench;
 pub mod demo;
+
 pub mod kube_box;
+pub mod promises;
 pub mod scale;
 pub mod scale_agents;
 pub mod scale_redis;

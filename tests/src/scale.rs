@@ -45,6 +45,7 @@ use crate::eventually::try_eventually;
 use crate::gamelift::{GameLiftEmulator, InstanceStatus};
 use crate::kube::admin::RemoteJournal;
 use crate::kube::{JournalEntry, Traffic, Verb, config_for_url};
+use crate::promises::allocation::{allocations, deleted_after_allocation, late_allocations};
 use crate::scale_agents::{SHARD_AGENTS, Shard, ShardSpec, shard_ranges};
 use crate::scale_redis::{ScaleRedis, parse_cluster};
 
@@ -877,7 +878,7 @@ impl ScaleWorld {
     /// Agones' allocator does from its informer cache with the exclusion selector.
     pub async fn start_allocators(&self, doomed: Arc<Vec<usize>>) -> anyhow::Result<Allocators> {
         let stop = self.stop.child_token();
-        let client = self.client("agones-allocator").await?;
+        let client = self.client(ALLOCATOR).await?;
         let n = self.spec.agents;
         let per = self.spec.servers_per_node;
         let mut tasks = vec![];
@@ -1020,12 +1021,12 @@ impl ScaleWorld {
                 Duration::from_secs(600),
                 Duration::from_millis(500),
                 || async {
-                    let e = self.journal.entries_since(start_seq).await.ok()?;
-                    let fenced: HashSet<&str> = e
-                        .iter()
-                        .filter(|r| fence_write(r))
-                        .filter_map(|r| r.name.as_deref())
-                        .collect();
+                    let e = self
+                        .journal
+                        .entries_with_bodies_since(start_seq)
+                        .await
+                        .ok()?;
+                    let fenced: HashSet<&str> = e.iter().filter_map(fenced_node).collect();
                     doomed
                         .iter()
                         .all(|&i| fenced.contains(node_name(i).as_str()))
@@ -1047,9 +1048,7 @@ impl ScaleWorld {
             .await?
             .into_iter()
             .filter(|r| {
-                r.identity.as_deref() == Some("agones-allocator")
-                    && r.verb == Verb::Update
-                    && r.status < 300
+                r.identity.as_deref() == Some(ALLOCATOR) && r.verb == Verb::Update && r.status < 300
             })
             .filter_map(|r| r.name)
             .collect();
@@ -1112,7 +1111,7 @@ impl ScaleWorld {
         peak_fds = peak_fds.max(self.agent_fds());
         let cpu1 = self.cpu();
         let r1 = self.redis.info().await?;
-        let entries = self.journal.entries_since(start_seq).await?;
+        let entries = self.journal.entries_with_bodies_since(start_seq).await?;
         let apf1 = self.journal.apf().await?;
         let won = self.won.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut report = DrainReport::build(
@@ -1204,13 +1203,35 @@ impl Drop for ScaleWorld {
     }
 }
 
-/// Whether `r` is an agent's accepted write to its Node (the fence is the first one).
-fn fence_write(r: &JournalEntry) -> bool {
-    r.identity.as_deref().is_some_and(is_agent)
-        && r.verb == Verb::Patch
-        && r.resource.as_deref() == Some("nodes")
-        && r.subresource.is_none()
-        && r.status < 300
+/// The allocators' identity in the journal.
+const ALLOCATOR: &str = "agones-allocator";
+
+/// The Node `r` leaves fenced, when it is an accepted write of that node's own agent after
+/// which the Node stands fenced (`promises::fence`; the first one is the fence).
+fn fenced_node(r: &JournalEntry) -> Option<&str> {
+    let node = r.identity.as_deref()?.strip_prefix("agent-")?;
+    (r.name.as_deref() == Some(node) && crate::promises::fence::leaves_fenced(r, node))
+        .then_some(node)
+}
+
+/// Each doomed node's own Node and GameServer entries (the servers by their names'
+/// node), so the per-node promises read a node's few entries instead of all of them.
+fn per_node(
+    entries: &[JournalEntry],
+    doomed: &HashMap<String, usize>,
+) -> HashMap<String, Vec<JournalEntry>> {
+    let mut out: HashMap<String, Vec<JournalEntry>> = HashMap::new();
+    for r in entries {
+        let node = match r.resource.as_deref() {
+            Some("nodes") => r.name.as_deref(),
+            Some("gameservers") => r.name.as_deref().and_then(node_of),
+            _ => None,
+        };
+        if let Some(n) = node.filter(|n| doomed.contains_key(*n)) {
+            out.entry(n.to_string()).or_default().push(r.clone());
+        }
+    }
+    out
 }
 
 /// CPU counters at one moment.
@@ -1257,8 +1278,10 @@ pub struct DrainReport {
     pub done_after: Duration,
     /// Agent DELETEs of a GameServer after its allocation, or of a preloaded Allocated one.
     pub killed: Vec<String>,
-    /// Allocations that succeeded on a doomed node after its agent's first round of
-    /// releases past the fence was answered (servers whose own DELETE failed excepted).
+    /// Allocations that came too late (`promises::allocation::late_allocations`): on a
+    /// server after its agent marked it draining, or on a doomed node after its agent's
+    /// first round of releases past the fence was answered (servers whose own DELETE failed
+    /// excepted).
     pub late_allocations: Vec<String>,
     /// Allocations on doomed nodes after their fence (then protected by the agent).
     pub allocations_after_fence: usize,
@@ -1287,6 +1310,36 @@ pub struct DrainReport {
 }
 
 impl DrainReport {
+    /// What this drain broke of the agent's promises, one line each (empty: none): a match
+    /// killed (an allocated server deleted by an agent), or an allocation that came too
+    /// late (after its server was marked draining, or after its node's first round of
+    /// releases past the fence was answered). The CI test and the bench fail on it.
+    pub fn broken_promises(&self) -> Vec<String> {
+        let mut out = vec![];
+        if !self.killed.is_empty() {
+            out.push(format!(
+                "{} matches killed: {:?}",
+                self.killed.len(),
+                self.killed
+            ));
+        }
+        if !self.late_allocations.is_empty() {
+            out.push(format!(
+                "{} allocations after the fence shut them out: {:?}",
+                self.late_allocations.len(),
+                self.late_allocations
+            ));
+        }
+        if self.fence.len() != self.doomed {
+            out.push(format!(
+                "{} of {} doomed nodes fenced",
+                self.fence.len(),
+                self.doomed
+            ));
+        }
+        out
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn build(
         _agents: usize,
@@ -1305,11 +1358,11 @@ impl DrainReport {
         let doomed_names: HashMap<String, usize> =
             doomed.iter().map(|&i| (node_name(i), i)).collect();
         let mut fence_at: HashMap<String, (u64, SystemTime)> = HashMap::new();
-        for r in entries.iter().filter(|r| fence_write(r)) {
-            if let Some(n) = &r.name
+        for r in entries {
+            if let Some(n) = fenced_node(r)
                 && doomed_names.contains_key(n)
             {
-                fence_at.entry(n.clone()).or_insert((r.seq, r.at));
+                fence_at.entry(n.to_string()).or_insert((r.seq, r.at));
             }
         }
         // Each doomed agent's first request after its signal (how long the agent took to
@@ -1344,82 +1397,39 @@ impl DrainReport {
         let first_publish = published.values().min().copied().unwrap_or(t0);
         let by_agent = |r: &JournalEntry| r.identity.as_deref().is_some_and(is_agent);
         let on_gs = |r: &JournalEntry| r.resource.as_deref() == Some("gameservers");
-        let allocations: Vec<&JournalEntry> = entries
-            .iter()
-            .filter(|r| {
-                r.identity.as_deref() == Some("agones-allocator")
-                    && r.verb == Verb::Update
-                    && r.status < 300
-            })
-            .collect();
+        let allocation_count = allocations(entries, ALLOCATOR).len();
         let preallocated: HashSet<String> = doomed
             .iter()
             .flat_map(|&i| (0..allocated_per_node).map(move |k| server_name(i, k)))
             .collect();
-        let mut killed = vec![];
-        for d in entries
+        // Killed: deleted by an agent after its allocation, or a preloaded Allocated one.
+        let mut killed: Vec<String> = deleted_after_allocation(entries, by_agent, ALLOCATOR)
+            .into_iter()
+            .filter_map(|(_, d)| d.name.clone())
+            .collect();
+        let preallocated_deleted: Vec<String> = entries
             .iter()
             .filter(|r| by_agent(r) && on_gs(r) && r.verb == Verb::Delete && r.status < 300)
-        {
-            let name = d.name.clone().unwrap_or_default();
-            let after_alloc = allocations
-                .iter()
-                .any(|a| a.name == d.name && a.seq < d.seq);
-            if after_alloc || preallocated.contains(&name) {
-                killed.push(name);
-            }
-        }
-        // Per doomed node: the agent's first round of releases past the fence (the first
-        // DELETE of each server) is answered by the latest of those DELETEs.
-        let mut first_delete: HashMap<&str, HashMap<&str, u64>> = HashMap::new();
-        for d in entries
-            .iter()
-            .filter(|r| by_agent(r) && on_gs(r) && r.verb == Verb::Delete)
-        {
-            let (Some(name), Some(node)) = (d.name.as_deref(), d.name.as_deref().and_then(node_of))
-            else {
-                continue;
-            };
-            let Some((fseq, _)) = fence_at.get(node) else {
-                continue;
-            };
-            if d.seq > *fseq {
-                first_delete
-                    .entry(node)
-                    .or_default()
-                    .entry(name)
-                    .or_insert(d.seq);
-            }
-        }
-        let failed_delete_before = |name: &str, before: u64, fence: u64| {
-            entries.iter().any(|d| {
-                by_agent(d)
-                    && on_gs(d)
-                    && d.verb == Verb::Delete
-                    && (d.status == 429 || d.status >= 500)
-                    && d.name.as_deref() == Some(name)
-                    && d.seq > fence
-                    && d.seq < before
-            })
-        };
+            .filter_map(|r| r.name.clone())
+            .filter(|n| preallocated.contains(n) && !killed.contains(n))
+            .collect();
+        killed.extend(preallocated_deleted);
+        // Late: the allocations each doomed node's agent let through too late.
         let mut late = vec![];
         let mut after_fence = 0;
-        for a in &allocations {
-            let Some(name) = a.name.as_deref() else {
-                continue;
-            };
-            let Some(node) = node_of(name) else { continue };
-            let Some((fseq, _)) = fence_at.get(node) else {
-                continue;
-            };
-            if a.seq > *fseq {
-                after_fence += 1;
-                let round = first_delete
-                    .get(node)
-                    .and_then(|m| m.values().max().copied());
-                if round.is_some_and(|w| a.seq > w) && !failed_delete_before(name, a.seq, *fseq) {
-                    late.push(name.to_string());
-                }
+        for (node, mine) in per_node(entries, &doomed_names) {
+            let agent = format!("agent-{node}");
+            let on_node = |name: &str| node_of(name) == Some(node.as_str());
+            late.extend(
+                late_allocations(&mine, &agent, ALLOCATOR, &node, on_node)
+                    .into_iter()
+                    .map(|l| l.name),
+            );
+            if let Some((fseq, _)) = fence_at.get(&node) {
+                after_fence += allocations(&mine, ALLOCATOR)
+                    .iter()
+                    .filter(|a| a.seq > *fseq)
+                    .count();
             }
         }
         let second = |r: &JournalEntry| {
@@ -1459,7 +1469,7 @@ impl DrainReport {
             killed,
             late_allocations: late,
             allocations_after_fence: after_fence,
-            allocations: allocations.len(),
+            allocations: allocation_count,
             requests: entries.len() as u64,
             agent_requests: entries.iter().filter(|r| by_agent(r)).count() as u64,
             peak_rps: per_sec.values().map(|v| v.0).max().unwrap_or(0),

@@ -261,6 +261,7 @@ mod tests {
             subresource: None,
             at: SystemTime::UNIX_EPOCH + Duration::from_secs(seq),
             response: None,
+            request: None,
         }
     }
 

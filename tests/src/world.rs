@@ -451,7 +451,6 @@ pub async fn allocation_window(
     failing_deletes: bool,
 ) -> anyhow::Result<WindowRun> {
     use crate::kube::faults::{FaultRule, Method};
-    use crate::kube::journal::Verb;
     use kube::api::{Patch, PatchParams};
     use std::time::{Duration, Instant};
 
@@ -544,53 +543,33 @@ pub async fn allocation_window(
     )
     .await;
     let journal = cluster.emulator().journal().entries();
-    for (name, _) in &won {
-        let named = |r: &&crate::kube::journal::JournalEntry| r.name.as_deref() == Some(name);
-        let allocated = journal
-            .iter()
-            .filter(named)
-            .filter(|r| {
-                r.identity.as_deref() == Some("agones-allocator")
-                    && r.verb == Verb::Update
-                    && r.status < 300
-            })
-            .map(|r| r.seq)
-            .min();
-        let deleted = journal.iter().filter(named).any(|r| {
-            r.identity.as_deref() == Some("agent-n1")
-                && r.verb == Verb::Delete
-                && r.status < 300
-                && allocated.is_some_and(|a| r.seq > a)
-        });
-        anyhow::ensure!(
-            !deleted,
-            "seed {seed}: the agent deleted {name} after it was allocated"
+    let killed = crate::promises::allocation::deleted_after_allocation(
+        &journal,
+        |r| r.identity.as_deref() == Some("agent-n1"),
+        "agones-allocator",
+    );
+    if let Some((a, d)) = killed.first() {
+        anyhow::bail!(
+            "seed {seed}: the agent deleted {:?} (#{}) after it was allocated (#{})",
+            d.name,
+            d.seq,
+            a.seq
         );
+    }
+    for (name, _) in &won {
         let now = cluster.game_server(NS, name);
         anyhow::ensure!(
             now.as_ref().is_some_and(protected),
             "seed {seed}: the match on {name} was lost or left unprotected: {now:?}"
         );
     }
-    let fence = journal
-        .iter()
-        .find(|r| {
-            r.identity.as_deref() == Some("agent-n1")
-                && r.verb == Verb::Patch
-                && r.resource.as_deref() == Some("nodes")
-                && r.status < 300
-        })
-        .map(|r| r.seq);
+    let fence = crate::promises::fence::first_fence(&journal, "agent-n1", NODE).map(|r| r.seq);
     let mut late = vec![];
     if let Some(fence) = fence {
         for (name, at) in &won {
-            let after = journal.iter().any(|r| {
-                r.seq > fence
-                    && r.identity.as_deref() == Some("agones-allocator")
-                    && r.verb == Verb::Update
-                    && r.status < 300
-                    && r.name.as_deref() == Some(name.as_str())
-            });
+            let after = crate::promises::allocation::allocations(&journal, "agones-allocator")
+                .iter()
+                .any(|r| r.seq > fence && r.name.as_deref() == Some(name.as_str()));
             if after {
                 late.push(at.saturating_duration_since(signalled));
             }

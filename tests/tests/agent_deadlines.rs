@@ -28,7 +28,8 @@ use lastcall_testkit::cluster::{
 };
 use lastcall_testkit::eventually::wait_for;
 use lastcall_testkit::imds::ImdsEmulator;
-use lastcall_testkit::kube::journal::{JournalEntry, Verb};
+use lastcall_testkit::kube::journal::JournalEntry;
+use lastcall_testkit::promises::graceful::{PodFacts, assert_graceful, ends_a_match};
 
 const GRACE: i64 = 2;
 const LEAD: i64 = 5;
@@ -46,16 +47,35 @@ struct Case {
 /// The agent's requests that started a pod's graceful termination, by pod name.
 fn sigterms(entries: &[JournalEntry]) -> BTreeMap<String, Vec<&JournalEntry>> {
     let mut out: BTreeMap<String, Vec<&JournalEntry>> = BTreeMap::new();
-    for e in entries.iter().filter(|e| {
-        e.identity.as_deref() == Some("agent-n1")
-            && e.resource.as_deref() == Some("pods")
-            && (e.subresource.as_deref() == Some("eviction") || e.verb == Verb::Delete)
-    }) {
+    for e in entries
+        .iter()
+        .filter(|e| e.identity.as_deref() == Some("agent-n1") && ends_a_match(e))
+    {
         out.entry(e.name.clone().unwrap_or_default())
             .or_default()
             .push(e);
     }
     out
+}
+
+/// How much earlier than the deadline a pod ended gracefully may end (the agent's own
+/// wake-up at `deadline − grace` is timed on the same clock as the test's deadline).
+const ENDS_EARLY_BY: Duration = Duration::from_millis(100);
+
+/// The stored pods, by name.
+async fn stored_pods(pods: &Api<Pod>) -> BTreeMap<String, serde_json::Value> {
+    pods.list(&Default::default())
+        .await
+        .expect("pods")
+        .items
+        .into_iter()
+        .map(|p| {
+            (
+                p.metadata.name.clone().unwrap_or_default(),
+                serde_json::to_value(p).expect("a pod as JSON"),
+            )
+        })
+        .collect()
 }
 
 /// A GET of a pod that does not exist: a request in the journal, and nothing else.
@@ -118,6 +138,12 @@ async fn run(case: &Case) {
         cluster.emulator().client_as("clock").await.expect("clock"),
         "default",
     );
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pods_before: BTreeMap<String, PodFacts> = stored_pods(&pods)
+        .await
+        .iter()
+        .filter_map(|(name, p)| Some((name.clone(), PodFacts::of(p)?)))
+        .collect();
 
     let start = tokio::time::Instant::now();
     let deadline = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(LEAD);
@@ -134,6 +160,9 @@ async fn run(case: &Case) {
     marker(&clock, "marker-grace").await;
     tokio::time::sleep_until(at + SLACK).await;
     marker(&clock, "marker-slack").await;
+    // Every ending request is made by now (checked below) and no grace period has run out:
+    // each pod ended gracefully is still terminating.
+    let pods_after = stored_pods(&pods).await;
     tokio::time::sleep_until(start + Duration::from_secs(LEAD as u64)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let m = agent.metrics().await;
@@ -190,15 +219,23 @@ async fn run(case: &Case) {
             );
         }
     }
-    // The pods lastcall ended really are terminating; the others are untouched.
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
-    for p in pods.list(&Default::default()).await.expect("pods").items {
-        let name = p.metadata.name.clone().unwrap_or_default();
-        let Some(fleet) = fleet_of.get(&name) else {
-            continue;
-        };
+    // The pods lastcall ended really are terminating, with their own grace period (every
+    // Eviction and pod DELETE preconditioned on the pod's uid, no grace override, no pod
+    // ending before the deadline); the others are untouched.
+    assert_graceful(
+        &entries,
+        "agent-n1",
+        &pods_before,
+        &pods_after,
+        deadline.into(),
+        ENDS_EARLY_BY,
+    );
+    for (name, fleet) in &fleet_of {
+        let p = pods_after
+            .get(name)
+            .unwrap_or_else(|| panic!("{fleet}'s pod is gone: killed, not ended"));
         assert_eq!(
-            p.metadata.deletion_timestamp.is_some(),
+            p["metadata"]["deletionTimestamp"].is_string(),
             want.contains(fleet.as_str()),
             "{fleet}'s pod"
         );

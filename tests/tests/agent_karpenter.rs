@@ -19,6 +19,7 @@ use lastcall_testkit::cluster::{AllocationRequest, Cluster, ClusterConfig, Fleet
 use lastcall_testkit::eventually::{eventually, wait_for};
 use lastcall_testkit::kube::faults::{FaultRule, Method as HttpMethod};
 use lastcall_testkit::kube::journal::Verb;
+use lastcall_testkit::promises::fence::first_fence;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn karpenter_s_termination_timestamp_is_the_deadline_announced_to_the_match() {
@@ -169,21 +170,8 @@ async fn an_expiring_nodeclaim_fences_at_the_lead_and_its_match_ends_before_the_
     )
     .await;
     let j = c.emulator().journal();
-    let fence = j
-        .filter(|r| {
-            r.identity.as_deref() == Some("agent-n1")
-                && r.verb == Verb::Patch
-                && r.resource.as_deref() == Some("nodes")
-                && r.status < 300
-                && r.response.as_ref().is_some_and(|o| {
-                    o["spec"]["taints"]
-                        .as_array()
-                        .is_some_and(|ts| ts.iter().any(|t| t["key"] == "lastcall.dev/draining"))
-                })
-        })
-        .into_iter()
-        .next()
-        .expect("the fence write");
+    let entries = j.entries();
+    let fence = first_fence(&entries, "agent-n1", "n1").expect("the fence write");
     let fenced_at = Timestamp::try_from(fence.at).unwrap();
     assert!(
         fenced_at >= fence_at,

@@ -19,6 +19,7 @@ use lastcall_testkit::agent::{InProcessAgent, config, metric, metric_sum};
 use lastcall_testkit::eventually::{eventually, try_eventually, wait_for};
 use lastcall_testkit::imds::ImdsEmulator;
 use lastcall_testkit::kube::journal::Verb;
+use lastcall_testkit::promises::fence::first_fence;
 use lastcall_testkit::webhook_receiver::{Answer, Received, WebhookReceiver, refusing_url};
 use lastcall_testkit::world::{
     GROUP, IID, NODE, NS, World, WorldSpec, annotation, cordoned, has_taint, subscribed,
@@ -424,17 +425,13 @@ async fn drain_with(notify: &[String]) -> (DrainShape, String) {
     // From the fence on: before it, the claims and the FleetIQ registration interleave as
     // their two tasks happen to run, and nothing is notified.
     let entries = w.cluster.emulator().journal().entries();
+    let fence_seq = first_fence(&entries, "agent-n1", "n1")
+        .expect("the fence in the journal")
+        .seq;
     let fence = entries
         .iter()
-        .position(|e| {
-            e.identity.as_deref() == Some("agent-n1")
-                && e.resource.as_deref() == Some("nodes")
-                && e.response.as_ref().is_some_and(|r| {
-                    r.pointer("/metadata/annotations/lastcall.dev~1drain-started")
-                        .is_some()
-                })
-        })
-        .expect("the fence in the journal");
+        .position(|e| e.seq == fence_seq)
+        .expect("the fence's place");
     for e in &entries[fence..] {
         if e.identity.as_deref() != Some("agent-n1")
             || !e.verb.is_mutating()

@@ -29,6 +29,11 @@ use lastcall_testkit::cluster::{AllocationRequest, GameServerState as S};
 use lastcall_testkit::eventually::eventually;
 use lastcall_testkit::kube::faults::{FaultRule, Method};
 use lastcall_testkit::kube::journal::{JournalEntry, Verb};
+use lastcall_testkit::promises::allocation::{
+    allocations, deleted_after_allocation, late_allocations,
+};
+use lastcall_testkit::promises::describe;
+use lastcall_testkit::promises::fence::{assert_no_release_before_fence, first_fence};
 use lastcall_testkit::world::{WindowRun, allocation_window, race_node};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -37,6 +42,8 @@ const INTERLEAVINGS: u64 = 500;
 /// The selector the docs ask allocators to use.
 const EXCLUDE_DRAINING: &str = "lastcall.dev/node-draining!=true";
 const AT_ONCE: usize = 4;
+const AGENT: &str = "agent-n1";
+const ALLOCATOR: &str = "agones-allocator";
 
 #[derive(Debug)]
 struct Outcome {
@@ -165,71 +172,51 @@ async fn interleaving(seed: u64) -> Outcome {
             "seed {seed}: {name} not protected"
         );
     }
-    // Every successful GameServer DELETE hit a server that was never allocated.
+    // By the journal (`lastcall_testkit::promises`): no release before the fence, no
+    // server deleted after its allocation (only the DELETE's preconditions stand between
+    // the two without the selector), every server allocated after the fence protected by
+    // a write of the agent after its allocation, and with the selector no allocation that
+    // came too late (per server, and per node once the first round of releases past the
+    // fence was answered).
     let journal = cluster.emulator().journal();
-    let deleted: BTreeSet<String> = journal
+    let entries = journal.entries();
+    assert_no_release_before_fence(&entries, AGENT, "n1");
+    let by_agent = |r: &JournalEntry| r.identity.as_deref() == Some(AGENT);
+    let deleted: BTreeSet<String> = entries
+        .iter()
         .filter(|r| {
             r.verb == Verb::Delete && r.resource.as_deref() == Some("gameservers") && r.status < 300
         })
-        .into_iter()
-        .filter_map(|r| r.name)
+        .filter_map(|r| r.name.clone())
         .collect();
     assert!(
         deleted.is_disjoint(&won),
         "seed {seed}: deleted {:?} allocated {won:?}",
         deleted
     );
+    let killed = deleted_after_allocation(&entries, by_agent, ALLOCATOR);
+    assert!(
+        killed.is_empty(),
+        "seed {seed} (selector {selector}): the agent deleted servers after their allocation (allocation, DELETE): {:?}",
+        killed
+            .iter()
+            .map(|(a, d)| (a.name.clone(), a.seq, d.seq))
+            .collect::<Vec<_>>()
+    );
     let conflicts = journal.count(|r| {
         r.verb == Verb::Delete && r.resource.as_deref() == Some("gameservers") && r.status == 409
     });
-    let entries = journal.entries();
-    let by_agent = |r: &JournalEntry| {
-        r.identity.as_deref() == Some("agent-n1") && r.resource.as_deref() != Some("events")
-    };
-    let on_gameservers = |r: &JournalEntry| r.resource.as_deref() == Some("gameservers");
-    let fence = entries
-        .iter()
-        .find(|r| {
-            by_agent(r)
-                && r.verb == Verb::Patch
-                && r.resource.as_deref() == Some("nodes")
-                && r.status < 300
-        })
+    let fence = first_fence(&entries, AGENT, "n1")
         .unwrap_or_else(|| panic!("seed {seed}: no fence"))
         .seq;
-    let allocations: Vec<&JournalEntry> = entries
-        .iter()
-        .filter(|r| {
-            r.identity.as_deref() == Some("agones-allocator")
-                && r.verb == Verb::Update
-                && r.status < 300
-        })
+    let after_fence_allocations: Vec<&JournalEntry> = allocations(&entries, ALLOCATOR)
+        .into_iter()
+        .filter(|a| a.seq > fence)
         .collect();
-    let accepted_deletes: Vec<&JournalEntry> = entries
-        .iter()
-        .filter(|r| by_agent(r) && on_gameservers(r) && r.verb == Verb::Delete && r.status < 300)
-        .collect();
-    // No match is lost, in journal order: the agent never deleted a server after it was
-    // allocated (only its DELETE's preconditions stand between the two without the selector).
-    for d in &accepted_deletes {
-        if let Some(a) = allocations
-            .iter()
-            .find(|a| a.name == d.name && a.seq < d.seq)
-        {
-            panic!(
-                "seed {seed} (selector {selector}): the agent deleted {:?} (seq {}) after it was allocated (seq {})",
-                d.name, d.seq, a.seq
-            );
-        }
-    }
-    // Every server allocated after the fence is protected by a write of the agent after its
-    // allocation (and the settled state above shows the protection on it).
-    let after_fence_allocations: Vec<&&JournalEntry> =
-        allocations.iter().filter(|a| a.seq > fence).collect();
     for a in &after_fence_allocations {
         let protected_after = entries.iter().any(|r| {
             by_agent(r)
-                && on_gameservers(r)
+                && r.resource.as_deref() == Some("gameservers")
                 && r.verb == Verb::Patch
                 && r.status < 300
                 && r.name == a.name
@@ -242,89 +229,18 @@ async fn interleaving(seed: u64) -> Outcome {
         );
     }
     if selector {
-        // The promise itself, in journal order: once the fence took effect, an allocation can
-        // only succeed on a server before the agent's first accepted write to it (a DELETE,
-        // which allocators skip, or the label that follows a failed DELETE). A failed DELETE
-        // costs one more round trip: the price of one write per released server instead of
-        // two.
-        for a in &after_fence_allocations {
-            let writes_to = |r: &&JournalEntry| {
-                by_agent(r)
-                    && on_gameservers(r)
-                    && r.name == a.name
-                    && matches!(r.verb, Verb::Patch | Verb::Delete)
-                    && r.status < 300
-            };
-            // A server that came up around the fence (a replacement scheduled just before the
-            // cordon) is claimed after it: that ownership label is not a fencing write.
-            let claimed_before = entries.iter().filter(writes_to).any(|r| r.seq < fence);
-            let touched_first = entries
-                .iter()
-                .filter(writes_to)
-                .filter(|r| r.seq > fence && r.seq < a.seq)
-                .nth(usize::from(!claimed_before))
-                .is_some();
-            assert!(
-                !touched_first,
-                "seed {seed}: {:?} was still allocatable after the agent's first accepted write to it: {:#?}",
-                a.name,
-                entries
+        let late = late_allocations(&entries, AGENT, ALLOCATOR, "n1", |_| true);
+        assert!(
+            late.is_empty(),
+            "seed {seed}: allocations that came too late (fence #{fence}): {late:#?}\n{}",
+            describe(
+                &entries
                     .iter()
-                    .filter(|r| r.name == a.name && r.seq > fence)
-                    .map(|r| (r.seq, r.identity.clone(), r.verb.as_str(), r.status))
+                    .filter(|r| r.seq >= fence && r.resource.as_deref() == Some("gameservers"))
+                    .filter(|r| r.seq <= late.iter().map(|l| l.seq).max().unwrap_or(fence))
                     .collect::<Vec<_>>()
-            );
-        }
-        // Node-wide: the agent's first round of releases past the fence (one DELETE per idle
-        // server, sent together) ends allocation on the node within one round trip: once
-        // every DELETE of that round is answered, an allocation can only win a server whose
-        // own DELETE the API refused (429/503) and that its label has not reached yet
-        // (checked per server above). A server whose DELETE of that round is still in flight
-        // can be won first (the DELETE then fails its preconditions and the server is
-        // protected), so the bound is the round, not its first answer.
-        let failed_delete_before = |name: &Option<String>, before: u64| {
-            entries.iter().any(|d| {
-                by_agent(d)
-                    && on_gameservers(d)
-                    && d.verb == Verb::Delete
-                    && (d.status == 429 || d.status >= 500)
-                    && &d.name == name
-                    && d.seq > fence
-                    && d.seq < before
-            })
-        };
-        let mut first_delete: std::collections::BTreeMap<&Option<String>, u64> =
-            std::collections::BTreeMap::new();
-        for d in entries
-            .iter()
-            .filter(|d| by_agent(d) && on_gameservers(d) && d.verb == Verb::Delete && d.seq > fence)
-        {
-            first_delete.entry(&d.name).or_insert(d.seq);
-        }
-        let first_fencing_write = first_delete.values().max().copied();
-        if let Some(w) = first_fencing_write {
-            let late: Vec<_> = after_fence_allocations
-                .iter()
-                .filter(|a| a.seq > w && !failed_delete_before(&a.name, a.seq))
-                .map(|a| (a.seq, a.name.clone()))
-                .collect();
-            assert!(
-                late.is_empty(),
-                "seed {seed}: allocations after the agent's first round of releases (answered by seq {w}, fence {fence}): {late:?}\n{:#?}",
-                entries
-                    .iter()
-                    .filter(|r| r.seq >= fence && r.resource.as_deref() != Some("events"))
-                    .filter(|r| r.seq <= late.iter().map(|l| l.0).max().unwrap_or(w))
-                    .map(|r| (
-                        r.seq,
-                        r.identity.clone(),
-                        r.verb.as_str(),
-                        r.name.clone(),
-                        r.status
-                    ))
-                    .collect::<Vec<_>>()
-            );
-        }
+            )
+        );
     }
     let injected = journal.count(|r| {
         r.verb == Verb::Delete

@@ -16,10 +16,14 @@ use lastcall_testkit::eventually::{eventually, try_eventually, wait_for};
 use lastcall_testkit::gamelift::{Call, InstanceStatus};
 use lastcall_testkit::imds::ImdsEmulator;
 use lastcall_testkit::kube::{FaultRule, JournalEntry, Method, Verb};
+use lastcall_testkit::promises::fence::assert_no_release_before_fence;
 use lastcall_testkit::scale_restart::resource_version;
 use lastcall_testkit::world::{
     GROUP, IID, NODE, NS, World, WorldSpec, cordoned, has_taint, subscribed,
 };
+
+/// The agent's identity in the journal.
+const AGENT: &str = "agent-n1";
 
 /// Redis stays down this long in the outage scenario (issue scenario 4).
 const OUTAGE: Duration = Duration::from_secs(10);
@@ -222,6 +226,7 @@ async fn redis_outage_mid_drain_keeps_heartbeats_and_the_drain_completes() {
 
     w.finish_drain(&keep).await;
     agent.stop().await.unwrap();
+    assert_no_release_before_fence(&j.entries(), AGENT, NODE);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -501,6 +506,8 @@ async fn kube_api_errors_are_retried_until_the_drain_completes() {
     assert!(metric(&m, "lastcall_reconciles_total", &[("result", "error")]) >= Some(1.0));
     w.finish_drain(&keep).await;
     agent.stop().await.unwrap();
+    // The refused fences released nothing: the first release came after the accepted one.
+    assert_no_release_before_fence(&w.cluster.emulator().journal().entries(), AGENT, NODE);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -683,6 +690,7 @@ async fn an_api_server_restart_mid_drain_is_recovered_by_listing_again() {
     });
     assert!(killed.is_empty(), "allocated servers deleted: {killed:?}");
     agent.stop().await.unwrap();
+    assert_no_release_before_fence(&j.entries(), AGENT, NODE);
 }
 
 /// The fence needs only the Node. Right after a start, while the API server refuses every

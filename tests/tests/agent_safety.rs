@@ -19,6 +19,8 @@ use lastcall_testkit::eventually::{eventually, wait_for};
 use lastcall_testkit::gamelift::{GameLiftEmulator, InstanceStatus};
 use lastcall_testkit::kube::faults::{FaultRule, Method};
 use lastcall_testkit::kube::journal::Verb;
+use lastcall_testkit::promises::fence::{assert_no_release_before_fence, first_fence};
+use lastcall_testkit::promises::retries::{backoff_faults, times_by_name};
 use lastcall_testkit::world::{
     GROUP, IID, LIFECYCLE, NODE, NS, World, WorldSpec, annotation, cordoned, has_taint, subscribed,
 };
@@ -52,6 +54,12 @@ fn deregister_times(gl: &GameLiftEmulator) -> Vec<SystemTime> {
         .map(|c| c.at)
         .collect()
 }
+
+/// How long failed DELETEs are watched for their backoff, the most attempts allowed in it
+/// and the gap that shows the delay grew (see the test).
+const RETRY_WINDOW: Duration = Duration::from_secs(4);
+const RETRY_MAX: usize = 15;
+const RETRY_GAP: Duration = Duration::from_millis(400);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_deletes_leave_ready_servers_labelled_and_are_retried_with_backoff() {
@@ -108,11 +116,39 @@ async fn failed_deletes_leave_ready_servers_labelled_and_are_retried_with_backof
         (failed_deletes() >= 9).then_some(())
     })
     .await;
-    // ...and released as soon as the API recovers, without waiting for a resync.
+    // ...backing off, by the journal's times: for each server, within RETRY_WINDOW of its
+    // first failed DELETE, at most RETRY_MAX attempts, and a gap of RETRY_GAP among them
+    // (full jitter from 100 ms doubling draws both but for many draws far below their
+    // ceiling in a row; a retry at once, or at a fixed short delay, breaks both).
+    let failed = || {
+        times_by_name(&j.entries(), |r| {
+            r.identity.as_deref() == Some("agent-n1")
+                && r.verb == Verb::Delete
+                && r.resource.as_deref() == Some("gameservers")
+                && r.status == 503
+        })
+    };
+    let first = failed()
+        .values()
+        .filter_map(|t| t.first().copied())
+        .max()
+        .expect("failed DELETEs");
+    let wait = (first + RETRY_WINDOW)
+        .duration_since(SystemTime::now())
+        .unwrap_or_default();
+    tokio::time::sleep(wait + Duration::from_millis(100)).await;
+    let by_server = failed();
+    assert_eq!(by_server.len(), 3, "{by_server:?}");
+    for (name, times) in &by_server {
+        let faults = backoff_faults(times, RETRY_WINDOW, RETRY_MAX, RETRY_GAP);
+        assert!(faults.is_empty(), "{name}: {}", faults.join("; "));
+    }
+    // ...and released once the API recovers, at the next retry (the backoff's cap is 30 s),
+    // without waiting for a resync.
     w.cluster.emulator().faults().clear();
     eventually(
         "released after the faults",
-        Duration::from_secs(8),
+        Duration::from_secs(35),
         Duration::from_millis(20),
         || async {
             w.on(NODE)
@@ -125,11 +161,14 @@ async fn failed_deletes_leave_ready_servers_labelled_and_are_retried_with_backof
 
     // One write per server while the API is healthy: a label only follows a failed DELETE
     // of that same server, as the next write to it.
+    let all = j.entries();
+    assert_no_release_before_fence(&all, "agent-n1", NODE);
     let entries = j.filter(|r| r.identity.as_deref() == Some("agent-n1") && r.seq > signal);
+    let fence_seq = first_fence(&all, "agent-n1", NODE).expect("fence").seq;
     let fence = entries
         .iter()
-        .position(|r| r.verb == Verb::Patch && r.resource.as_deref() == Some("nodes"))
-        .expect("fence");
+        .position(|r| r.seq == fence_seq)
+        .expect("the fence follows the signal");
     let after = &entries[fence + 1..];
     let labels: Vec<usize> = after
         .iter()
@@ -384,6 +423,8 @@ async fn a_restart_with_redis_down_and_deletes_failing_resumes_releases_within_s
     let kept = w.allocated();
     assert_eq!((kept.uid, kept.deleting), (in_use.uid, false));
     agent.stop().await.unwrap();
+    // The restarted agent released behind the fence its predecessor left standing.
+    assert_no_release_before_fence(&j.entries(), "agent-n1", NODE);
 }
 
 /// How long the emulated scheduler takes to bind a pod it has decided on.
@@ -726,6 +767,14 @@ async fn a_persistent_422_on_the_node_backs_off() {
     w.status(Status::Draining).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let sent = node_requests() - before;
+    // Never fenced, so nothing released: the Ready server is neither deleted nor labelled.
+    let entries = j.entries();
+    assert!(first_fence(&entries, "agent-n1", NODE).is_none());
+    assert_no_release_before_fence(&entries, "agent-n1", NODE);
+    assert!(
+        w.on(NODE).iter().all(|g| !g.deleting),
+        "a server was released on a node that was never fenced"
+    );
     // Backoff from 100 ms doubling: about 6 attempts in 4 s (each 422 is followed by one GET
     // that tells a stale resourceVersion from a refused write). Treated as a conflict, it was
     // about 10 PATCH+GET pairs a second.

@@ -2722,3 +2722,88 @@ async fn a_write_seen_in_the_store_is_already_journaled() {
     assert_eq!(patched(), WRITES);
     assert!(checks > WRITES / 10, "the reader kept up: {checks} checks");
 }
+
+/// Each write's body is journaled as sent (a DELETE's options, a patch), also when an
+/// injected fault answers instead; reads carry none; the remote journal serves them on
+/// request. Tests check what a client asked for by it (a graceful eviction's preconditions
+/// and grace period).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_bodies_are_journaled_as_sent() {
+    let emu = Emulator::start_with_options(
+        Store::new(100),
+        "127.0.0.1:0".parse().unwrap(),
+        Options {
+            admin: true,
+            ..Options::default()
+        },
+    )
+    .await
+    .unwrap();
+    let client = emu.client_no_retry("test").await.unwrap();
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    let a = cms.create(&PostParams::default(), &cm("a")).await.unwrap();
+    cms.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "w"}})),
+    )
+    .await
+    .unwrap();
+    emu.faults().inject(FaultRule::status(
+        Some(Method::DELETE),
+        "/configmaps/a",
+        1,
+        503,
+    ));
+    let dp = DeleteParams {
+        grace_period_seconds: Some(7),
+        preconditions: Some(Preconditions {
+            uid: a.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    assert_eq!(api_err(cms.delete("a", &dp).await).code, 503);
+    cms.delete("a", &dp).await.unwrap();
+    cms.get_opt("a").await.unwrap();
+
+    let j = emu.journal().entries();
+    let by = |verb: Verb| j.iter().filter(move |e| e.verb == verb).collect::<Vec<_>>();
+    let created = by(Verb::Create);
+    assert_eq!(
+        created[0]
+            .request
+            .as_deref()
+            .map(|v| &v["metadata"]["name"]),
+        Some(&json!("a"))
+    );
+    assert_eq!(
+        by(Verb::Patch)[0].request.as_deref(),
+        Some(&json!({"data": {"k": "w"}}))
+    );
+    let deletes = by(Verb::Delete);
+    assert_eq!(
+        deletes.iter().map(|e| e.status).collect::<Vec<_>>(),
+        [503, 200]
+    );
+    for d in &deletes {
+        let body = d.request.as_deref().expect("a DELETE's options");
+        assert_eq!(body["gracePeriodSeconds"], json!(7), "{body}");
+        assert_eq!(
+            body["preconditions"]["uid"].as_str(),
+            a.metadata.uid.as_deref(),
+            "{body}"
+        );
+    }
+    assert!(by(Verb::Get).iter().all(|e| e.request.is_none()));
+    // The remote journal: without bodies unless asked.
+    let remote = lastcall_testkit::kube::admin::RemoteJournal::new(&emu.url());
+    let plain = remote.entries_since(0).await.unwrap();
+    assert!(plain.iter().all(|e| e.request.is_none()));
+    let full = remote.entries_with_bodies_since(0).await.unwrap();
+    let remote_deletes: Vec<_> = full.iter().filter(|e| e.verb == Verb::Delete).collect();
+    assert_eq!(remote_deletes.len(), 2);
+    for (r, l) in remote_deletes.iter().zip(&deletes) {
+        assert_eq!(r.request, l.request);
+    }
+}

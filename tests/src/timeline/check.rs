@@ -8,11 +8,17 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
-use super::runner::{AGENT, DRAIN_NODE_ANNOTATIONS, NODE, REQUEST_TIMEOUT, Run};
+use super::runner::{DRAIN_NODE_ANNOTATIONS, NODE, REQUEST_TIMEOUT, Run, agent_pod};
 use super::script::{Action, KubeFault, Safe};
 use super::truth::{Truth, earliest, permits};
 use crate::autoscaling::Happening;
 use crate::kube::journal::{JournalEntry, Verb};
+use crate::promises::allocation::allocated_after_marked;
+use crate::promises::body::written;
+use crate::promises::graceful::{ends_a_match, request_faults};
+
+/// The allocator's identity in the journal.
+const ALLOCATOR: &str = "agones-allocator";
 
 /// How long the agent may take to notice a change of the truth (IMDS polls every 200 ms,
 /// the rest is pushed; a loaded CI machine adds the rest). `TIMELINE_LAG_MS` overrides it.
@@ -33,6 +39,9 @@ pub const RELATIVE_SLACK: Duration = Duration::from_millis(1500);
 pub enum Invariant {
     /// A match ended by lastcall without a current deadline within the pod's grace.
     MatchEndedEarly,
+    /// An eviction or pod DELETE by lastcall without a uid precondition, or overriding the
+    /// pod's own grace period.
+    MatchEndedUngracefully,
     /// An Allocated server deleted by lastcall.
     AllocatedDeleted,
     /// With the exclusion selector, an allocation after lastcall's fence write to the server.
@@ -61,12 +70,17 @@ pub enum Invariant {
     AzureApprovedEarly,
     /// An Azure event approved more than once.
     AzureApprovedTwice,
+    /// An agent stopped in a rollout whose stop returned an error or never ended.
+    AgentStopFailed,
+    /// An agent wrote while the Node's owner annotation named another agent's pod.
+    StandbyWrote,
 }
 
 impl Invariant {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::MatchEndedEarly => "match-ended-early",
+            Self::MatchEndedUngracefully => "match-ended-ungracefully",
             Self::AllocatedDeleted => "allocated-deleted",
             Self::AllocatedAfterFence => "allocated-after-fence",
             Self::AnnouncedTooLate => "announced-too-late",
@@ -81,6 +95,8 @@ impl Invariant {
             Self::AsgTimedOut => "asg-timed-out",
             Self::AzureApprovedEarly => "azure-approved-early",
             Self::AzureApprovedTwice => "azure-approved-twice",
+            Self::AgentStopFailed => "agent-stop-failed",
+            Self::StandbyWrote => "standby-wrote",
         }
     }
 }
@@ -98,8 +114,9 @@ fn ok(e: &JournalEntry) -> bool {
     (200..300).contains(&e.status)
 }
 
+/// Made by one of the node's agents (each writes as its own user, [`agent_pod`]).
 fn by_agent(e: &JournalEntry) -> bool {
-    e.identity.as_deref() == Some(AGENT)
+    e.identity.as_deref().and_then(agent_pod).is_some()
 }
 
 fn is_kind(v: &Value, kind: &str) -> bool {
@@ -282,7 +299,7 @@ pub fn check(run: &Run) -> Vec<Hit> {
         .map(|n| (n.clone(), 0))
         .collect();
     for e in &run.journal {
-        if e.identity.as_deref() == Some("agones-allocator")
+        if e.identity.as_deref() == Some(ALLOCATOR)
             && e.verb == Verb::Update
             && e.resource.as_deref() == Some("gameservers")
             && ok(e)
@@ -317,6 +334,15 @@ pub fn check(run: &Run) -> Vec<Hit> {
     settled(&cx, &mut hits);
     asg_lifecycle(&cx, &mut hits);
     azure_approvals(&cx, &mut hits);
+    standby(&cx, &mut hits);
+    for e in &run.agent_errors {
+        hits.push(Hit {
+            invariant: Invariant::AgentStopFailed,
+            at: run.settled_from,
+            detail: e.clone(),
+            seqs: vec![],
+        });
+    }
     hits.sort_by_key(|h| h.at);
     hits
 }
@@ -325,10 +351,30 @@ pub fn check(run: &Run) -> Vec<Hit> {
 /// live hard deadline that `eviction.safe` lets it act on was within the pod's grace.
 fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     let tl = &cx.run.timeline;
+    // Every ending request, accepted or not, asks for the pod's own graceful termination.
+    for e in cx
+        .run
+        .journal
+        .iter()
+        .filter(|e| by_agent(e) && ends_a_match(e))
+    {
+        let grace = e
+            .name
+            .as_deref()
+            .and_then(Safe::of_server)
+            .map(|safe| tl.grace_of(safe));
+        let faults = request_faults(e, None, grace);
+        if !faults.is_empty() {
+            hits.push(Hit {
+                invariant: Invariant::MatchEndedUngracefully,
+                at: e.at,
+                detail: format!("{:?}: {}", e.name, faults.join("; ")),
+                seqs: vec![e.seq],
+            });
+        }
+    }
     for e in cx.run.journal.iter().filter(|e| by_agent(e) && ok(e)) {
-        let ends = e.resource.as_deref() == Some("pods")
-            && ((e.verb == Verb::Create && e.subresource.as_deref() == Some("eviction"))
-                || (e.verb == Verb::Delete && e.subresource.is_none()));
+        let ends = ends_a_match(e);
         let Some(pod) = e.name.as_deref() else {
             continue;
         };
@@ -371,9 +417,9 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
 }
 
 /// No in-use server deleted by lastcall; with the exclusion selector, no allocation of a
-/// server whose last known state was marked draining (or deleted) by lastcall.
+/// server whose last write by lastcall marked it draining (or deleted it)
+/// ([`allocated_after_marked`], the rule every race test holds the agent to).
 fn servers(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
-    let mut last: BTreeMap<String, (&JournalEntry, bool)> = BTreeMap::new();
     for e in &cx.run.journal {
         if e.resource.as_deref() != Some("gameservers") || !ok(e) {
             continue;
@@ -389,27 +435,26 @@ fn servers(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                 seqs: vec![cx.allocated.get(name).copied().unwrap_or(0), e.seq],
             });
         }
-        if cx.run.timeline.exclusion_selector
-            && e.identity.as_deref() == Some("agones-allocator")
-            && e.verb == Verb::Update
-            && let Some((prev, fenced)) = last.get(name)
-            && *fenced
-        {
-            hits.push(Hit {
-                invariant: Invariant::AllocatedAfterFence,
-                at: e.at,
-                detail: format!("{name} allocated after lastcall's write #{}", prev.seq),
-                seqs: vec![prev.seq, e.seq],
-            });
-        }
-        let fenced = match &e.response {
-            _ if e.verb == Verb::Delete => by_agent(e),
-            Some(v) if is_kind(v, "GameServer") => {
-                label(v, "lastcall.dev/node-draining") == Some("true")
-            }
-            _ => continue,
-        };
-        last.insert(name.to_string(), (e, fenced));
+    }
+    if !cx.run.timeline.exclusion_selector {
+        return;
+    }
+    for late in allocated_after_marked(&cx.run.journal, by_agent, ALLOCATOR) {
+        let at = cx
+            .run
+            .journal
+            .iter()
+            .find(|e| e.seq == late.seq)
+            .map_or(cx.run.settled_from, |e| e.at);
+        hits.push(Hit {
+            invariant: Invariant::AllocatedAfterFence,
+            at,
+            detail: format!(
+                "{} allocated after lastcall's write #{}",
+                late.name, late.after
+            ),
+            seqs: vec![late.after, late.seq],
+        });
     }
 }
 
@@ -513,7 +558,7 @@ fn deregistration(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     for c in calls.iter().filter(|c| c.seq > first.seq) {
         if matches!(
             c.op.as_str(),
-            "DeregisterGameServer" | "RegisterGameServer" | "UpdateGameServer"
+            "DeregisterGameServer" | "RegisterGameServer" | "UpdateGameServer" | "ClaimGameServer"
         ) {
             hits.push(Hit {
                 invariant: Invariant::DeregisteredTwice,
@@ -558,6 +603,63 @@ fn deregistration(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     }
 }
 
+/// The pod the Node's `lastcall.dev/owner` annotation names (`namespace/name/uid`).
+fn owner_pod(node: &Value) -> Option<String> {
+    annotation(node, "lastcall.dev/owner")?
+        .split('/')
+        .nth(1)
+        .map(String::from)
+}
+
+/// One agent acts at a time: every write request of an agent (accepted or not; Events
+/// aside, as an agent that stood down still tells what it did as the owner) is made while
+/// the Node's owner annotation names its own pod or nobody, or is a Node write naming
+/// itself the owner. Each agent writes as its own user, so the journal tells them
+/// apart.
+fn standby(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    let mut owner: Option<String> = None;
+    for e in &cx.run.journal {
+        let after = is_node_write(e)
+            .then(|| e.response.as_deref().map(owner_pod))
+            .flatten();
+        // Taking over (the owner's pod is gone) is a Node write naming itself the owner;
+        // it may be refused and tried again.
+        let claims = |pod: &str| {
+            e.resource.as_deref() == Some("nodes")
+                && e.request.as_deref().is_some_and(|b| {
+                    written(b, &["metadata", "annotations", "lastcall.dev/owner"])
+                        .and_then(|v| {
+                            v.as_str()
+                                .and_then(|o| o.split('/').nth(1).map(String::from))
+                        })
+                        .as_deref()
+                        == Some(pod)
+                })
+        };
+        if let Some(pod) = e.identity.as_deref().and_then(agent_pod)
+            && e.verb.is_mutating()
+            && e.resource.as_deref() != Some("events")
+            && let Some(o) = owner.as_deref()
+            && o != pod
+            && !claims(pod)
+        {
+            hits.push(Hit {
+                invariant: Invariant::StandbyWrote,
+                at: e.at,
+                detail: format!(
+                    "{pod} wrote {} {} while {o} owned the node",
+                    e.verb.as_str(),
+                    e.path
+                ),
+                seqs: vec![e.seq],
+            });
+        }
+        if let Some(a) = after {
+            owner = a;
+        }
+    }
+}
+
 fn is_node_write(e: &JournalEntry) -> bool {
     e.resource.as_deref() == Some("nodes")
         && e.name.as_deref() == Some(NODE)
@@ -593,7 +695,10 @@ fn node_writes(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                             .map(|k| format!("{what} {k}")),
                     );
                 }
-                if unschedulable(p) && !unschedulable(v) && cordon_by.as_deref() != Some(AGENT) {
+                if unschedulable(p)
+                    && !unschedulable(v)
+                    && cordon_by.as_deref().is_none_or(|c| agent_pod(c).is_none())
+                {
                     gone.push(format!(
                         "the cordon of {}",
                         cordon_by.as_deref().unwrap_or("someone")

@@ -33,8 +33,20 @@ use lastcall_emulators::azure::{self, AzureMetadataEmulator};
 pub const NS: &str = "default";
 pub const NODE: &str = "n1";
 pub const GROUP: &str = "g1";
-/// The agent's identity in the kube journal (every agent of the node shares it).
+/// The prefix of the agents' identities in the kube journal: each agent pod writes as its
+/// own user, `agent-n1/<pod>` ([`agent_identity`]), so the journal tells a standby agent's
+/// writes from the owner's.
 pub const AGENT: &str = "agent-n1";
+
+/// The kube identity of the agent running in `pod`.
+pub fn agent_identity(pod: &str) -> String {
+    format!("{AGENT}/{pod}")
+}
+
+/// The agent pod whose identity `identity` is (`None`: not one of the node's agents).
+pub fn agent_pod(identity: &str) -> Option<&str> {
+    identity.strip_prefix(AGENT)?.strip_prefix('/')
+}
 /// The Auto Scaling group the instance is in (its termination hook is `h`).
 pub const ASG: &str = "asg-n1";
 /// The Azure VM's name.
@@ -65,7 +77,8 @@ pub struct Run {
     pub settled: Result<SystemTime, String>,
     /// Wall time of building the world and starting the agent.
     pub setup: Duration,
-    /// Agent tasks that ended with an error on a clean stop.
+    /// Agents stopped in a rollout whose stop failed or never ended (each a hit,
+    /// `agent-stop-failed`).
     pub agent_errors: Vec<String>,
     /// When the process could not run (see [`StallProbe`]): each stall's end and length.
     pub stalls: Vec<(SystemTime, Duration)>,
@@ -197,7 +210,8 @@ fn rfc3339(t: SystemTime) -> String {
 }
 
 struct Agents {
-    cluster_kube: kube::Config,
+    /// The API server's URL: each agent's kube configuration is made for its own user.
+    kube_url: String,
     /// Creates and deletes the agents' own Pod objects (their identities).
     pods: Api<k8s_openapi::api::core::v1::Pod>,
     gl: aws_sdk_gamelift::Client,
@@ -251,12 +265,8 @@ impl Agents {
             "--pod-uid",
             pod.1.as_str(),
         ]);
-        let a = InProcessAgent::start(
-            config(NODE, &args),
-            self.cluster_kube.clone(),
-            Some(self.gl.clone()),
-        )
-        .await?;
+        let kube = crate::kube::config_for_url(&self.kube_url, &agent_identity(&pod.0)).await?;
+        let a = InProcessAgent::start(config(NODE, &args), kube, Some(self.gl.clone())).await?;
         self.live.push((a, pod));
         Ok(())
     }
@@ -409,7 +419,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         .await
         .context("publishing ACTIVE")?;
     let mut agents = Agents {
-        cluster_kube: cluster.emulator().config_for(AGENT).await?,
+        kube_url: cluster.emulator().url(),
         pods: Api::namespaced(cluster.client(), AGENT_NAMESPACE),
         gl: gl.sdk_client().await,
         flags,
@@ -840,11 +850,12 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     cluster.emulator().faults().clear();
     // A connection a killed agent left behind can hold a graceful shutdown; the cluster
     // stops anyway when dropped.
+    // (Not the agent's error: a slow shutdown is only reported.)
     if tokio::time::timeout(Duration::from_secs(5), cluster.shutdown())
         .await
         .is_err()
     {
-        agent_errors.push("the cluster's shutdown took over 5 s".into());
+        eprintln!("timeline {}: the cluster's shutdown took over 5 s", tl.seed);
     }
     Ok(Run {
         timeline: tl,

@@ -7,7 +7,7 @@
 //! `GET /_emulator/traffic`: per-identity totals, `{"<identity>": [requests, watch events,
 //! bytes]}` (`""` for requests without a token). `GET /_emulator/journal?since=SEQ`: the
 //! entries from `SEQ` on, with their query strings (a watch's `resourceVersion`) but
-//! without their response bodies or paths. `GET /_emulator/apf`: what API
+//! without their response bodies or paths; `&bodies=1` adds each write's request body. `GET /_emulator/apf`: what API
 //! Priority and Fairness has done (`{"enabled", "peak_in_flight", "peak_queued",
 //! "queued_total", "rejected"}`), since a queued request is not journaled until it is
 //! served. A real API server serves neither
@@ -94,15 +94,19 @@ async fn traffic(State(s): State<Arc<ServerState>>) -> Json<Value> {
 struct Since {
     #[serde(default)]
     since: u64,
+    /// `1` (or `true`): each row also carries its request body ([`JournalEntry::request`]).
+    #[serde(default)]
+    bodies: Option<String>,
 }
 
 async fn journal(State(s): State<Arc<ServerState>>, Query(q): Query<Since>) -> Json<Value> {
+    let bodies = matches!(q.bodies.as_deref(), Some("1" | "true"));
     let entries: Vec<Value> = s
         .journal
         .filter(|e| e.seq >= q.since)
         .iter()
         .map(|e| {
-            json!([
+            let mut row = json!([
                 e.seq,
                 e.identity,
                 e.verb.as_str(),
@@ -115,7 +119,11 @@ async fn journal(State(s): State<Arc<ServerState>>, Query(q): Query<Since>) -> J
                     .unwrap_or_default()
                     .as_micros() as u64,
                 e.query,
-            ])
+            ]);
+            if bodies && let Value::Array(r) = &mut row {
+                r.push(e.request.as_deref().cloned().unwrap_or(Value::Null));
+            }
+            row
         })
         .collect();
     Json(Value::Array(entries))
@@ -194,8 +202,19 @@ impl RemoteJournal {
             .ok_or_else(|| anyhow::anyhow!("restart answered no resourceVersion: {body}"))
     }
 
-    /// Entries from sequence number `since` on (paths and response bodies left out).
+    /// Entries from sequence number `since` on (paths, request and response bodies left
+    /// out).
     pub async fn entries_since(&self, since: u64) -> anyhow::Result<Vec<JournalEntry>> {
+        self.rows(since, false).await
+    }
+
+    /// As [`RemoteJournal::entries_since`], with each write's request body
+    /// ([`JournalEntry::request`]): what a check of what the clients asked for needs.
+    pub async fn entries_with_bodies_since(&self, since: u64) -> anyhow::Result<Vec<JournalEntry>> {
+        self.rows(since, true).await
+    }
+
+    async fn rows(&self, since: u64, bodies: bool) -> anyhow::Result<Vec<JournalEntry>> {
         type Row = (
             u64,
             Option<String>,
@@ -207,18 +226,29 @@ impl RemoteJournal {
             u16,
             u64,
             String,
+            Option<Value>,
         );
-        let rows: Vec<Row> = self
+        let flag = if bodies { "&bodies=1" } else { "" };
+        let rows: Vec<Value> = self
             .http
-            .get(format!("{}{JOURNAL_PATH}?since={since}", self.base))
+            .get(format!("{}{JOURNAL_PATH}?since={since}{flag}", self.base))
             .send()
             .await?
             .error_for_status()?
             .json()
             .await?;
         rows.into_iter()
-            .map(
-                |(
+            .map(|mut row| {
+                // Rows without bodies have ten fields: the eleventh reads as none.
+                if let Value::Array(r) = &mut row
+                    && r.len() == 10
+                {
+                    r.push(Value::Null);
+                }
+                serde_json::from_value::<Row>(row).map_err(anyhow::Error::from)
+            })
+            .map(|row| {
+                let (
                     seq,
                     identity,
                     verb,
@@ -229,7 +259,9 @@ impl RemoteJournal {
                     status,
                     at,
                     query,
-                )| {
+                    request,
+                ) = row?;
+                {
                     Ok(JournalEntry {
                         seq,
                         identity,
@@ -245,9 +277,10 @@ impl RemoteJournal {
                         subresource,
                         at: SystemTime::UNIX_EPOCH + Duration::from_micros(at),
                         response: None,
+                        request: request.map(Arc::new),
                     })
-                },
-            )
+                }
+            })
             .collect()
     }
 }

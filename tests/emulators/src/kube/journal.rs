@@ -80,6 +80,27 @@ pub struct JournalEntry {
     /// as it stood after the write (a `Status` for evictions and some deletes). Lets a
     /// harness replay what each writer changed without reading the store.
     pub response: Option<Arc<serde_json::Value>>,
+    /// For a mutating request the server read, the body it was sent: the JSON as parsed, or
+    /// the text when it is not JSON; `None` for reads, empty bodies, bodies larger than
+    /// [`JOURNALED_BODY_MAX`], and requests refused before the body was read (API Priority
+    /// and Fairness, a `Throttle` fault, a restarting server). Lets a test check what a
+    /// client asked for (a DELETE's preconditions, an eviction's grace period), not only
+    /// what it got. Together with `query` (`gracePeriodSeconds` may travel there too).
+    pub request: Option<Arc<serde_json::Value>>,
+}
+
+/// The largest request body the journal keeps (larger ones are journaled without it): the
+/// writes tests check are a few hundred bytes, and the journal lives as long as the server.
+pub const JOURNALED_BODY_MAX: usize = 64 * 1024;
+
+/// `body` as the journal keeps it (see [`JournalEntry::request`]).
+pub fn journaled_body(body: &[u8]) -> Option<Arc<serde_json::Value>> {
+    if body.len() > JOURNALED_BODY_MAX || body.iter().all(u8::is_ascii_whitespace) {
+        return None;
+    }
+    let v = serde_json::from_slice(body)
+        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(body).into_owned()));
+    Some(Arc::new(v))
 }
 
 /// Per-identity traffic totals.

@@ -21,7 +21,7 @@ use super::apf::{self, Apf};
 use super::discovery;
 use super::eviction;
 use super::faults::{FaultAction, Faults, WatchKey};
-use super::journal::{Journal, JournalEntry, Verb};
+use super::journal::{Journal, JournalEntry, Verb, journaled_body};
 use super::patch::{self, PatchKind};
 use super::resources::{PODS, ResourceType};
 use super::selectors::Selectors;
@@ -254,7 +254,10 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         format!("{path}?{query}")
     };
 
-    let entry = |status: StatusCode, response: Option<Arc<Value>>, at| JournalEntry {
+    let entry = |status: StatusCode,
+                 response: Option<Arc<Value>>,
+                 request: Option<Arc<Value>>,
+                 at| JournalEntry {
         seq: 0,
         identity: identity.clone(),
         verb,
@@ -268,6 +271,7 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         subresource: subresource.clone(),
         at,
         response,
+        request,
     };
     // A restarting server serves nothing, and admits nothing to its queues.
     if s.is_down() {
@@ -279,7 +283,7 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         s.journal.add_traffic(&identity, bytes.len() as u64, 0);
         let status = StatusCode::SERVICE_UNAVAILABLE;
         s.journal
-            .record(entry(status, None, std::time::SystemTime::now()));
+            .record(entry(status, None, None, std::time::SystemTime::now()));
         return json_response(status, Body::from(bytes));
     }
     // Admission comes first, as in the real filter chain: a request held by a fault holds
@@ -290,6 +294,7 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         Err(refused) => {
             let seq = s.journal.record(entry(
                 StatusCode::TOO_MANY_REQUESTS,
+                None,
                 None,
                 std::time::SystemTime::now(),
             ));
@@ -307,31 +312,34 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         s.journal.record(entry(
             StatusCode::TOO_MANY_REQUESTS,
             None,
+            None,
             std::time::SystemTime::now(),
         ));
         s.journal
             .add_traffic(&identity, apf::TOO_MANY_REQUESTS.len() as u64, 0);
         return apf::too_many_requests(&apf::Refused { retry_after });
     }
+    match fault {
+        Some(FaultAction::Delay(d)) => tokio::time::sleep(d).await,
+        Some(FaultAction::Hang) => s.faults.hang().await,
+        _ => {}
+    }
+    // Read even when a fault answers instead, so the journal shows what was asked.
+    let read = axum::body::to_bytes(req.into_body(), MAX_BODY).await;
+    let request = match &read {
+        Ok(b) if verb.is_mutating() => journaled_body(b),
+        _ => None,
+    };
     let body = match fault {
         Some(FaultAction::Status(code)) => Err(Reply::from(ApiError::new(
             code,
             format!("injected fault: status {code}"),
         ))),
-        other => {
-            match other {
-                Some(FaultAction::Delay(d)) => tokio::time::sleep(d).await,
-                Some(FaultAction::Hang) => s.faults.hang().await,
-                _ => {}
-            }
-            axum::body::to_bytes(req.into_body(), MAX_BODY)
-                .await
-                .map_err(|e| {
-                    Reply::from(ApiError::bad_request(&format!(
-                        "reading the request body: {e}"
-                    )))
-                })
-        }
+        _ => read.map_err(|e| {
+            Reply::from(ApiError::bad_request(&format!(
+                "reading the request body: {e}"
+            )))
+        }),
     };
     let write = verb.is_mutating().then(|| s.journal.begin_write());
     // When it was applied: no one can have seen its effect before this moment.
@@ -364,7 +372,8 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         // Stream bytes are counted as they are sent.
         Reply::Stream(body) => (StatusCode::OK, json_response(StatusCode::OK, body)),
     };
-    s.journal.record(entry(status, written, applied_at));
+    s.journal
+        .record(entry(status, written, request, applied_at));
     drop(write);
     drop(seat);
     response
