@@ -53,6 +53,10 @@ pub struct Reconciler {
     pub drain_state: watch::Sender<crate::drain_state::Counts>,
     /// Whether the node is empty and handed off (see `sources::SourceContext::node_empty`).
     pub node_empty: watch::Sender<bool>,
+    /// A platform waits for the hand-off (an Auto Scaling hook, Azure approvals): only then
+    /// is a hand-off alone (no deregistration or hand-back in the plan) confirmed on a
+    /// fresh read, which costs a LIST.
+    pub hand_off_waiters: bool,
     /// Plans and acts only while this agent owns the node (`crate::owner`).
     pub owner: crate::owner::Owner,
     /// When the API server asked the agent to wait (429 with Retry-After): no pass before.
@@ -200,6 +204,7 @@ impl Reconciler {
             }),
             drain_state: watch::channel(None).0,
             node_empty: watch::channel(false).0,
+            hand_off_waiters: true,
             owner: crate::owner::Owner::sole(),
             throttle: None,
             notifier: crate::notify::Notifier::off(),
@@ -750,7 +755,8 @@ impl Reconciler {
         // the fence: "empty" is confirmed on a fresh, consistent read first. A hand-off
         // already told is not read again on every pass.
         let already_told = plan.hand_off && *self.node_empty.borrow();
-        let confirming = plan.hands_over() && !already_told;
+        let nobody_waits = !self.hand_off_waiters && !plan.hands_over_by_writing();
+        let confirming = plan.hands_over() && !already_told && !nobody_waits;
         if confirming && !self.actuator.is_dry_run() {
             let fresh = self.confirm(&observed).await.map_err(|e| {
                 self.metrics

@@ -228,6 +228,8 @@ impl Agent {
         reconciler.owner = owner.clone();
         reconciler.throttle = Some(throttle);
         reconciler.node_empty = feeds.empty_tx;
+        reconciler.hand_off_waiters =
+            config.asg_lifecycle || (config.azure_events && config.azure_approve_when_empty);
         if let Some(n) = narration {
             reconciler.narrate_to(n);
         }

@@ -324,14 +324,19 @@ impl Plan {
     /// GKE, or lets a waiting platform have it. Each is final, so the reconciler confirms
     /// "empty" on a fresh read first.
     pub fn hands_over(&self) -> bool {
-        self.hand_off
-            || self.actions.iter().any(|a| match a {
-                Action::Deregister => true,
-                Action::PatchNode(p) => p
-                    .set_labels
-                    .contains_key(keys::LABEL_GKE_PERFORM_MAINTENANCE),
-                _ => false,
-            })
+        self.hand_off || self.hands_over_by_writing()
+    }
+
+    /// Whether this plan itself writes a hand-over: a deregistration or the hand-back to
+    /// GKE (as opposed to only telling a waiting platform).
+    pub fn hands_over_by_writing(&self) -> bool {
+        self.actions.iter().any(|a| match a {
+            Action::Deregister => true,
+            Action::PatchNode(p) => p
+                .set_labels
+                .contains_key(keys::LABEL_GKE_PERFORM_MAINTENANCE),
+            _ => false,
+        })
     }
 }
 
