@@ -168,8 +168,6 @@ pub struct Publisher {
     slot: tokio::sync::Mutex<Slot>,
     generation: AtomicU64,
     gate: Mutex<Gate>,
-    /// When a Redis round trip last succeeded (or when the publisher was created).
-    last_ok: Mutex<Instant>,
     /// Round trips that succeeded, and the last failure, since readiness was last settled.
     since_settled: Mutex<(u64, Option<String>)>,
     metrics: Metrics,
@@ -214,7 +212,6 @@ impl Publisher {
                 retry_at: None,
                 failing: None,
             }),
-            last_ok: Mutex::new(Instant::now()),
             since_settled: Mutex::new((0, None)),
             metrics,
             health,
@@ -239,14 +236,6 @@ impl Publisher {
                 format!("{n} round trips succeeded; some failed: {error}"),
             ),
         }
-    }
-
-    /// Time since a Redis round trip last succeeded (since creation if none has).
-    pub fn since_last_success(&self) -> Duration {
-        self.last_ok
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .elapsed()
     }
 
     /// Publishes and caches `messages`, `--publish-batch` instances per round trip.
@@ -376,8 +365,7 @@ impl Publisher {
     }
 
     /// Checks Redis with a PING (used when a cycle had nothing to publish), through the same
-    /// connection and gate as publishing, so readiness and liveness follow Redis even with
-    /// no instances.
+    /// connection and gate as publishing, so readiness follows Redis even with no instances.
     pub async fn ping(&self) -> PublishReport {
         let mut report = PublishReport::default();
         let (generation, mut conn) = match self.connection().await {
@@ -453,7 +441,6 @@ impl Publisher {
     fn round_trip_ok(&self) {
         Metrics::result(&self.metrics.redis_round_trips, "ok");
         self.metrics.redis_up.set(1);
-        *self.last_ok.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         let recovered = {
             let mut gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
             gate.backoff.reset();

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::groups::{GroupsFile, Reload};
+use crate::liveness::Liveness;
 use crate::metrics::UNKNOWN_STATUS;
 use crate::metrics::WebhookMetrics;
 use crate::metrics::{GroupLabels, GroupReasonLabels, GroupStatusLabels, Metrics};
@@ -136,7 +137,7 @@ pub struct Pubsub {
     started: Instant,
     cycle_deadline: Duration,
     ready_within: Duration,
-    liveness_timeout: Duration,
+    liveness: Liveness,
     metrics: Metrics,
     registry: Arc<Registry>,
     health: Health,
@@ -201,7 +202,7 @@ impl Pubsub {
             started: Instant::now(),
             cycle_deadline: config.cycle_deadline(),
             ready_within: config.period.saturating_mul(config.ready_periods),
-            liveness_timeout: config.liveness_timeout(),
+            liveness: Liveness::new(config.liveness_timeout()),
             metrics,
             registry: Arc::new(registry),
             health,
@@ -225,9 +226,9 @@ impl Pubsub {
         self.webhook.as_ref()
     }
 
-    /// `/metrics`, `/healthz` and `/readyz` for this service. `/healthz` is pubsub's own:
-    /// it fails when no Redis round trip has succeeded for `--liveness-timeout`, so the
-    /// kubelet restarts a process stuck on a dead connection or a hung cycle.
+    /// `/metrics`, `/healthz` and `/readyz` for this service. `/healthz` is the polling
+    /// loop's own (see [`crate::liveness`]): it fails only when the loop is stuck, never
+    /// because Redis is down, so the webhook goes on answering (held) through an outage.
     pub fn admin_router(self: &Arc<Self>) -> Router {
         let me = self.clone();
         Router::new()
@@ -236,18 +237,9 @@ impl Pubsub {
                 get(move || {
                     let me = me.clone();
                     async move {
-                        let since = me.publisher.since_last_success();
-                        if me.is_live() {
-                            (StatusCode::OK, "ok\n".to_string())
-                        } else {
-                            (
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                format!(
-                                    "no successful Redis round trip for {}s (liveness timeout {}s)\n",
-                                    since.as_secs(),
-                                    me.liveness_timeout.as_secs()
-                                ),
-                            )
+                        match me.liveness.check() {
+                            Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+                            Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
                         }
                     }
                 }),
@@ -255,9 +247,10 @@ impl Pubsub {
             .fallback_service(admin::router(self.registry.clone(), self.health.clone()))
     }
 
-    /// Whether a Redis round trip succeeded within `--liveness-timeout`.
+    /// Whether the polling loop is alive: waiting for a cycle that is not overdue, or in a
+    /// cycle younger than `--liveness-timeout`. Redis plays no part (see readiness).
     pub fn is_live(&self) -> bool {
-        self.publisher.since_last_success() <= self.liveness_timeout
+        self.liveness.check().is_ok()
     }
 
     pub fn health(&self) -> &Health {
@@ -276,6 +269,7 @@ impl Pubsub {
     pub async fn run_cycle(&self) -> CycleReport {
         let started = Instant::now();
         let mut state = self.state.lock().await;
+        self.liveness.cycling();
         let mut report = CycleReport::default();
 
         let Reload { groups, result } = state.groups_file.reload().await;
@@ -348,6 +342,8 @@ impl Pubsub {
         self.track_groups(&mut state, &groups, &published_groups);
         self.set_readiness(&state, had_groups, groups.len());
         self.finish_cycle(&report);
+        // Not waiting for anything planned yet: `run` sets the next cycle's time.
+        self.liveness.waiting_until(Instant::now());
         report
     }
 
@@ -559,6 +555,7 @@ impl Pubsub {
     pub async fn run(&self, shutdown: CancellationToken) {
         let mut next = Instant::now() + jitter(self.cycle_jitter);
         loop {
+            self.liveness.waiting_until(next);
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep_until(next) => {}

@@ -866,11 +866,12 @@ async fn cached_status(
     body.map(|b| status_of(&b))
 }
 
-/// A half-open Redis (blackholed by a proxy) times out, the connection is rebuilt, liveness
-/// fails while it lasts, and publishing resumes within two cycles after it heals. Before,
-/// the manager kept the dead connection and `/healthz` stayed 200.
+/// A half-open Redis (blackholed by a proxy) times out, the connection is rebuilt,
+/// readiness fails while it lasts (liveness does not: the loop still turns, and the
+/// webhook must keep answering), and publishing resumes within two cycles after it heals.
+/// Before, the manager kept the dead connection and readiness stayed green.
 #[tokio::test]
-async fn blackholed_redis_fails_liveness_and_publishing_resumes_within_two_cycles() {
+async fn blackholed_redis_fails_readiness_and_publishing_resumes_within_two_cycles() {
     let emulator = GameLiftEmulator::start().await.unwrap();
     let redis = RedisServer::start().await.unwrap();
     let proxy = TcpProxy::start(redis.port()).await.unwrap();
@@ -900,14 +901,17 @@ async fn blackholed_redis_fails_liveness_and_publishing_resumes_within_two_cycle
     assert!(pubsub.is_live());
 
     proxy.set_blackhole(true);
+    let blackholed = tokio::time::Instant::now();
     eventually(
-        "liveness fails while Redis is blackholed",
+        "readiness fails while Redis is blackholed, past the liveness timeout",
         Duration::from_secs(20),
         Duration::from_millis(10),
         || async {
             let r = pubsub.run_cycle().await;
             assert_eq!(r.published, 0, "nothing can be published: {r:?}");
-            (!pubsub.is_live()).then_some(())
+            assert!(pubsub.is_live(), "the loop turns: liveness holds");
+            (!pubsub.health().is_ready() && blackholed.elapsed() > Duration::from_millis(1500))
+                .then_some(())
         },
     )
     .await;
@@ -1806,6 +1810,15 @@ async fn binary_rejects_bad_flags_with_exit_2_and_one_line_naming_the_flag() {
             "--concurrency",
         ),
         (&["--period", "60s"], "--redis-url"),
+        // Flags that must agree: checked against each other at start.
+        (
+            &["--redis-url", "cache", "--cache-ttl-periods", "1"],
+            "--cache-ttl-periods",
+        ),
+        (
+            &["--redis-url", "cache", "--liveness-timeout", "30s"],
+            "--liveness-timeout",
+        ),
     ];
     for (args, flag) in cases {
         let out = pubsub_command(home.path())
@@ -1872,23 +1885,29 @@ async fn binary_rejects_bad_flags_with_exit_2_and_one_line_naming_the_flag() {
     }
 }
 
-/// The real binary's `/healthz` turns 503, with the reason, once no Redis round trip has
-/// succeeded for `--liveness-timeout`, so the kubelet restarts it; `/readyz` is 503 too.
-/// Before, `/healthz` answered 200 whatever happened.
+/// Redis down for longer than `--liveness-timeout` does not make the real binary's
+/// `/healthz` fail: the kubelet would restart it into CrashLoopBackOff, and the
+/// FleetAutoscaler webhook, which answers held without Redis, would give Agones connection
+/// errors instead, so no Fleet could scale, not even up. `/readyz` reports Redis (503,
+/// with the reason) and the webhook keeps answering 200: held, and still growing a Fleet.
+/// Before, `/healthz` turned 503 once no Redis round trip had succeeded for the timeout.
 #[tokio::test]
-async fn binary_liveness_fails_when_redis_never_answers() {
+async fn binary_stays_live_and_answers_the_webhook_while_redis_never_answers() {
     let emulator = GameLiftEmulator::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let groups_file = dir.path().join("fleetiq.conf");
     write_groups(&groups_file, &["live-group"]);
     emulator.add_instances("live-group", &ids("live", 2), emu::InstanceStatus::Active);
-    let port = free_port();
-    let no_redis = free_port();
+    let (port, hook_port, no_redis) = (free_port(), free_port(), free_port());
+    let liveness_timeout = Duration::from_secs(20);
+    let started = tokio::time::Instant::now();
     let _child = pubsub_command(dir.path())
         .args(["--config-file", groups_file.to_str().unwrap()])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--period", "10s", "--cycle-jitter", "0s"])
-        .args(["--liveness-timeout", "1s", "--redis-timeout", "200ms"])
+        .args(["--liveness-timeout", "20s", "--redis-timeout", "200ms"])
+        .args(["--webhook-listen", &format!("127.0.0.1:{hook_port}")])
+        .args(["--webhook-max-replicas", "100"])
         .env("REDIS_URL", format!("127.0.0.1:{no_redis}"))
         .env("AWS_REGION", "us-west-2")
         .env("AWS_ENDPOINT_URL_GAMELIFT", emulator.url())
@@ -1896,19 +1915,60 @@ async fn binary_liveness_fails_when_redis_never_answers() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let http = reqwest::Client::new();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
     let base = format!("http://127.0.0.1:{port}");
-    let body = wait_for("/healthz turns 503", || async {
-        let r = http.get(format!("{base}/healthz")).send().await.ok()?;
-        (r.status() == 503).then_some(())?;
-        r.text().await.ok()
+    wait_for("the admin listener answers", || async {
+        http.get(format!("{base}/healthz"))
+            .send()
+            .await
+            .ok()
+            .map(|_| ())
     })
     .await;
-    assert!(body.contains("no successful Redis round trip"), "{body}");
+    let review = |uid: &str, replicas: i64, allocated: i64| {
+        serde_json::json!({"request": {"uid": uid, "name": "arena", "namespace": "default",
+            "status": {"replicas": replicas, "readyReplicas": replicas - allocated,
+                       "reservedReplicas": 0, "allocatedReplicas": allocated},
+            "labels": {}, "annotations": {}}, "response": null})
+    };
+    // Probe as the kubelet does, past the liveness timeout and a cycle more.
+    let until = started + liveness_timeout + Duration::from_secs(6);
+    let mut probes = 0;
+    while tokio::time::Instant::now() < until {
+        let r = http.get(format!("{base}/healthz")).send().await.unwrap();
+        let code = r.status().as_u16();
+        let body = r.text().await.unwrap();
+        assert_eq!(
+            code,
+            200,
+            "/healthz failed {:?} after start with Redis down: {body}",
+            started.elapsed()
+        );
+        probes += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(probes > 40, "{probes} probes");
     let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 503);
     let text = ready.text().await.unwrap();
     assert!(text.contains("connection"), "{text}");
+
+    // Agones' reviews are answered: held at the Fleet's size, and growth still allowed.
+    let hook = format!("http://127.0.0.1:{hook_port}/scale");
+    for (uid, replicas, allocated, want) in [("held", 16, 5, 16), ("grow", 10, 8, 13)] {
+        let r = http
+            .post(&hook)
+            .json(&review(uid, replicas, allocated))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["response"]["replicas"], want, "{uid}: {body}");
+    }
 }
 
 #[tokio::test]
