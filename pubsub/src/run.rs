@@ -185,11 +185,13 @@ impl Pubsub {
                     config.redis_url.is_tls(),
                     settings.redis_timeout,
                     settings.drain_state_max_age,
+                    settings.drain_state_hold_limit,
                     metrics.clone(),
                 );
                 Some(Arc::new(Webhook::new(
                     settings.policy,
                     reader,
+                    settings.redis_timeout,
                     metrics,
                     health.clone(),
                 )))
@@ -650,6 +652,19 @@ pub async fn serve(config: Config) -> Result<(), Error> {
     };
     let gamelift = crate::poller::gamelift_client(&config, None).await;
     let pubsub = Arc::new(Pubsub::new(&config, gamelift)?);
+    if let Some(w) = pubsub.webhook() {
+        // In-cluster credentials (the chart mounts a token with read access to Nodes and
+        // Fleets) or a kubeconfig. Without either the webhook still answers: entries end
+        // by age alone, and held answers keep status.replicas.
+        match kube::Client::try_default().await {
+            Ok(client) => w.attach_kube(client),
+            Err(e) => tracing::warn!(
+                message = "no Kubernetes API client: the webhook cannot see gone Nodes or a held Fleet's spec",
+                error = %e,
+                hint = "run in the cluster with the chart's RBAC, or set KUBECONFIG",
+            ),
+        }
+    }
     let mut admin = tokio::spawn(admin::serve(
         listener,
         pubsub.admin_router(),

@@ -179,6 +179,14 @@ impl WebhookServer {
         self.addr
     }
 
+    /// Lets the webhook read Nodes and Fleets through `client` (the kube emulator), as the
+    /// binary does with its in-cluster credentials.
+    pub fn attach_kube(&self, client: kube::Client) {
+        if let Some(w) = self.pubsub.webhook() {
+            w.attach_kube(client);
+        }
+    }
+
     /// The process's metrics, as `/metrics` serves them.
     pub fn metrics_text(&self) -> String {
         self.pubsub.metrics_text()
