@@ -1,7 +1,7 @@
 //! One polling cycle, the loop that repeats it, and the process around them.
 //!
 //! A cycle re-reads the groups file, polls the groups with bounded concurrency and publishes
-//! each group's statuses as soon as that group's pages are in. Nothing in a cycle can end the
+//! each page's statuses as soon as that page is read. Nothing in a cycle can end the
 //! process: every failure is a value in the [`CycleReport`], a metric and a log line.
 
 use std::collections::{HashMap, HashSet};
@@ -31,6 +31,7 @@ use crate::rate::RateLimiter;
 use crate::webhook::drain::DrainReader;
 use crate::webhook::tls::ReloadingCert;
 use crate::webhook::{READY_WEBHOOK, Webhook};
+use lastcall_common::fleetiq::InstanceStatus;
 use lastcall_common::redis_conn;
 
 /// Name of the readiness check that some group was published recently.
@@ -416,71 +417,102 @@ impl Pubsub {
         self.health.set(READY_PUBLISHING, ok, detail);
     }
 
+    /// Polls `group` and publishes each page as soon as it is read (see
+    /// [`Poller::poll_group`]), in page order. Publishing is never cut by the deadline:
+    /// only polling is.
     async fn poll_and_publish(
         &self,
         group: &str,
         budget: &Budget,
         deadline: Instant,
     ) -> GroupOutcome {
-        let poll = match tokio::time::timeout_at(
-            deadline,
-            self.poller
-                .poll_group(group, budget, &self.limiter, deadline),
-        )
-        .await
-        {
-            Ok(poll) => poll,
-            Err(_) => crate::poller::GroupPoll {
-                stats: crate::poller::PollStats::default(),
-                result: Err(crate::poller::PollError {
-                    kind: crate::poller::PollErrorKind::Deadline,
-                    attempts: 0,
-                    message: "the cycle deadline (--cycle-deadline) passed during the poll".into(),
-                }),
-            },
-        };
-        let messages = match poll.result {
-            Ok(messages) => messages,
-            Err(e) => {
-                self.metrics
-                    .group_errors
-                    .get_or_create(&GroupReasonLabels {
-                        group: group.to_string(),
-                        reason: e.kind.label(),
-                    })
-                    .inc();
-                tracing::warn!(
-                    message = "cannot poll group this cycle",
-                    group,
-                    reason = e.kind.label(),
-                    attempts = e.attempts,
-                    error = %e.message
-                );
-                return GroupOutcome {
-                    group: group.to_string(),
-                    stats: poll.stats,
-                    failed: true,
-                    instance_ids: Vec::new(),
-                    publish: PublishReport::default(),
-                };
+        let (pages, mut received) = tokio::sync::mpsc::unbounded_channel();
+        let poll = async move {
+            let poll = tokio::time::timeout_at(
+                deadline,
+                self.poller
+                    .poll_group(group, budget, &self.limiter, deadline, &pages),
+            )
+            .await;
+            // Ends the publishing loop below once what was read is published.
+            drop(pages);
+            match poll {
+                Ok(poll) => poll,
+                Err(_) => crate::poller::GroupPoll {
+                    stats: crate::poller::PollStats::default(),
+                    result: Err(crate::poller::PollError {
+                        kind: crate::poller::PollErrorKind::Deadline,
+                        attempts: 0,
+                        message: "the cycle deadline (--cycle-deadline) passed during the poll"
+                            .into(),
+                    }),
+                },
             }
         };
-        let unique = dedupe_keep_last(messages);
+        let publish = async {
+            let mut report = PublishReport::default();
+            // Last status seen per instance, first-seen order kept (for counts and ids).
+            let mut seen: Vec<(String, Option<InstanceStatus>)> = Vec::new();
+            let mut index: HashMap<String, usize> = HashMap::new();
+            while let Some(page) = received.recv().await {
+                let unique = dedupe_keep_last(page);
+                for m in &unique {
+                    let id = &m.outgoing.instance_id;
+                    match index.get(id) {
+                        Some(&i) => seen[i].1 = m.status,
+                        None => {
+                            index.insert(id.clone(), seen.len());
+                            seen.push((id.clone(), m.status));
+                        }
+                    }
+                }
+                let outgoing: Vec<Outgoing> = unique.into_iter().map(|p| p.outgoing).collect();
+                report.add(&self.publisher.publish(&outgoing).await);
+            }
+            (report, seen)
+        };
+        let (poll, (publish, seen)) = tokio::join!(poll, publish);
         let mut counts: HashMap<&'static str, i64> = HashMap::new();
-        for m in &unique {
-            let label = m.status.map_or(UNKNOWN_STATUS, |s| s.as_str());
+        for (_, status) in &seen {
+            let label = status.map_or(UNKNOWN_STATUS, |s| s.as_str());
             *counts.entry(label).or_default() += 1;
         }
         let unknown = counts.get(UNKNOWN_STATUS).copied().unwrap_or(0);
         if unknown > 0 {
             self.metrics.unknown_statuses.inc_by(unknown as u64);
             tracing::warn!(
-                message = "publishing instance statuses this version does not know, as-is",
+                message = "published instance statuses this version does not know, as-is",
                 group,
                 instances = unknown
             );
         }
-        let labels = lastcall_common::fleetiq::InstanceStatus::ALL
+        let instance_ids = seen.into_iter().map(|(id, _)| id).collect();
+        if let Err(e) = poll.result {
+            self.metrics
+                .group_errors
+                .get_or_create(&GroupReasonLabels {
+                    group: group.to_string(),
+                    reason: e.kind.label(),
+                })
+                .inc();
+            tracing::warn!(
+                message = "cannot poll group this cycle",
+                group,
+                reason = e.kind.label(),
+                attempts = e.attempts,
+                pages_published = poll.stats.pages,
+                error = %e.message
+            );
+            return GroupOutcome {
+                group: group.to_string(),
+                stats: poll.stats,
+                failed: true,
+                instance_ids,
+                publish,
+            };
+        }
+        // The per-status gauge describes whole groups only.
+        let labels = InstanceStatus::ALL
             .iter()
             .map(|s| s.as_str())
             .chain([UNKNOWN_STATUS]);
@@ -493,13 +525,11 @@ impl Pubsub {
                 })
                 .set(counts.get(status).copied().unwrap_or(0));
         }
-        let outgoing: Vec<Outgoing> = unique.into_iter().map(|p| p.outgoing).collect();
-        let publish = self.publisher.publish(&outgoing).await;
         GroupOutcome {
             group: group.to_string(),
             stats: poll.stats,
             failed: false,
-            instance_ids: outgoing.into_iter().map(|o| o.instance_id).collect(),
+            instance_ids,
             publish,
         }
     }
@@ -578,8 +608,9 @@ pub fn next_start(started: Instant, ended: Instant, period: Duration) -> Instant
     (started + period).max(ended + MIN_GAP)
 }
 
-/// One entry per instance, even if paging returned an instance twice: the later page's
-/// entry wins, being the newer answer. First-seen order is kept.
+/// One entry per instance of a page, even if it lists an instance twice: the later entry
+/// wins. First-seen order is kept. (Across pages, each page is published in order, so a
+/// later page's entry lands on top of an earlier one's.)
 pub fn dedupe_keep_last(polled: Vec<crate::poller::Polled>) -> Vec<crate::poller::Polled> {
     let mut index: HashMap<String, usize> = HashMap::with_capacity(polled.len());
     let mut unique: Vec<crate::poller::Polled> = Vec::with_capacity(polled.len());

@@ -297,6 +297,76 @@ fn counter(m: &Metrics, name: &str, labels: &[(&str, &str)]) -> f64 {
 // Scenarios
 // ---------------------------------------------------------------------------------------
 
+/// A page that still fails after its retries costs only itself and the pages after it:
+/// the pages read before it are published at once, a SPOT_TERMINATING among them. Before,
+/// a group's statuses were published only once all its pages were in, so one failing page
+/// threw away the whole group (and its Spot notice) for a period.
+#[tokio::test]
+async fn a_page_that_fails_costs_only_itself_and_the_pages_already_read_are_published() {
+    let h = Harness::start(
+        &["paged"],
+        &[
+            "--retry-base",
+            "2ms",
+            "--retry-max",
+            "10ms",
+            "--api-max-attempts",
+            "3",
+        ],
+    )
+    .await;
+    h.emulator.set_default_page_size(20);
+    let instances = ids("paged", 60);
+    h.emulator
+        .add_instances("paged", &instances, emu::InstanceStatus::Active);
+    h.emulator
+        .set_instance_status(&instances[3], emu::InstanceStatus::SpotTerminating);
+    // The third page fails every attempt (503, retried, then given up).
+    h.emulator.fail_page("paged", 2, 3, 503);
+    let sub = Subscriber::start(&h.redis.url(), &instances).await;
+
+    let report = h.cycle().await;
+    assert_eq!(report.groups_failed, 1, "{report:?}");
+    assert_eq!(report.pages, 2, "{report:?}");
+    assert_eq!(report.published, 40, "the two pages read: {report:?}");
+    let failed: Vec<_> = h
+        .emulator
+        .calls()
+        .iter()
+        .filter(|c| c.outcome != "ok")
+        .map(|c| c.input["NextToken"].clone())
+        .collect();
+    assert_eq!(failed.len(), 3, "three attempts at the third page");
+    assert!(failed.iter().all(|t| t == "dgsi-40"), "{failed:?}");
+    let mut conn = h.redis().await;
+    assert_eq!(
+        cached_status(&mut conn, &instances[3]).await,
+        Some(InstanceStatus::SpotTerminating),
+        "the Spot notice on the first page is cached"
+    );
+    assert_eq!(cached_status(&mut conn, &instances[45]).await, None);
+    let got = sub.wait_for_count(40).await;
+    assert!(
+        got.iter()
+            .any(|(ch, body)| ch == &instances[3]
+                && status_of(body) == InstanceStatus::SpotTerminating),
+        "the Spot notice is published"
+    );
+    let m = h.metrics();
+    assert_eq!(
+        counter(
+            &m,
+            "group_errors",
+            &[("group", "paged"), ("reason", "server_error")]
+        ),
+        1.0
+    );
+
+    // The next cycle reads every page.
+    let report = h.cycle().await;
+    assert_eq!((report.groups_failed, report.published), (0, 60));
+}
+
 #[tokio::test]
 async fn groups_are_paged_and_every_instance_is_published_once_per_cycle() {
     let groups = ["g1", "g2", "g3"];
@@ -327,8 +397,8 @@ async fn groups_are_paged_and_every_instance_is_published_once_per_cycle() {
     assert_eq!(report.published, 135);
     assert_eq!(report.cached, 135);
     assert_eq!(
-        report.redis_round_trips, 3,
-        "one pipelined round trip per group"
+        report.redis_round_trips, 9,
+        "one round trip per page, published as soon as it is read"
     );
     assert_eq!(report.errors, 0);
     assert!(h.pubsub.health().is_ready());
@@ -400,7 +470,7 @@ async fn groups_are_paged_and_every_instance_is_published_once_per_cycle() {
         9.0
     );
     assert_eq!(counter(&m, "messages_published", &[]), 135.0);
-    assert_eq!(counter(&m, "redis_round_trips", &[("result", "ok")]), 3.0);
+    assert_eq!(counter(&m, "redis_round_trips", &[("result", "ok")]), 9.0);
     assert_eq!(counter(&m, "cycles", &[("result", "ok")]), 1.0);
     assert!(
         m.value(
