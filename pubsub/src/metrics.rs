@@ -78,6 +78,7 @@ pub struct Metrics {
     pub notices_dropped: Family<StatusLabels, Counter>,
     pub unknown_statuses: Counter,
     pub cache_writes: Counter,
+    pub wrong_type_keys: Counter,
     pub redis_connects: Counter,
     pub api_rate_wait_seconds: Counter<f64, AtomicU64>,
     pub api_throttle_slowdowns: Counter,
@@ -112,6 +113,7 @@ impl Metrics {
             notices_dropped: Family::default(),
             unknown_statuses: Counter::default(),
             cache_writes: Counter::default(),
+            wrong_type_keys: Counter::default(),
             redis_connects: Counter::default(),
             api_rate_wait_seconds: Counter::default(),
             api_throttle_slowdowns: Counter::default(),
@@ -233,6 +235,11 @@ impl Metrics {
             "cache_writes",
             "Last-value cache keys written (SET ... EX)",
             m.cache_writes.clone(),
+        );
+        r.register(
+            "wrong_type_keys",
+            "Instances with a key pubsub reads (polled-at, polled-by; the status with --publish-unchanged=false) holding another Redis type: read as absent and overwritten",
+            m.wrong_type_keys.clone(),
         );
         r.register(
             "publish_duration_seconds",

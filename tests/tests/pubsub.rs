@@ -1210,6 +1210,43 @@ async fn an_uncertain_write_is_published_again_when_the_status_reverts() {
     assert_eq!(status_of(&got[2].1), InstanceStatus::Active);
 }
 
+/// A key of another Redis type where an instance's keys go (a hash left by some other
+/// tool) fails no batch: the script reads it as absent and overwrites it, counted and
+/// logged. Before, the WRONGTYPE error failed the whole script, so every instance of the
+/// batch went unpublished, every cycle.
+#[tokio::test]
+async fn a_key_of_the_wrong_type_fails_no_batch() {
+    let h = Harness::start(&["wt"], &[]).await;
+    let instances = ids("wt", 5);
+    h.emulator
+        .add_instances("wt", &instances, emu::InstanceStatus::Draining);
+    let mut conn = h.redis().await;
+    let _: i64 = conn
+        .hset(polled_at_key(&instances[2]), "by", "another-tool")
+        .await
+        .unwrap();
+    let _: i64 = conn
+        .rpush(cache_key(&instances[4]), "not-a-status")
+        .await
+        .unwrap();
+    let report = h.cycle().await;
+    assert_eq!(
+        (report.published, report.publish_errors),
+        (5, 0),
+        "{report:?}"
+    );
+    for iid in &instances {
+        assert_eq!(
+            cached_status(&mut conn, iid).await,
+            Some(InstanceStatus::Draining),
+            "{iid}"
+        );
+    }
+    // The hash was read (polled-at) and counted; the list was only overwritten (the
+    // status key is read only with --publish-unchanged=false).
+    assert_eq!(counter(&h.metrics(), "wrong_type_keys", &[]), 1.0);
+}
+
 /// A Redis error on one group's batch (here an ACL that denies that group's keys) fails
 /// that group only: the next group still publishes in the same cycle. Before, the shared
 /// backoff skipped every other group's batch.
