@@ -14,6 +14,8 @@
 //! ```
 //!
 //! Reading is one `HGETALL`, O(draining nodes): a node that is not draining has no field.
+//! One more field, [`EPOCH_FIELD`], dates the hash itself, so a reader can tell a hash that
+//! Redis lost (restarted without persistence) from one where nothing drains.
 //! Unknown JSON keys are ignored, so the format can grow without breaking older readers.
 //!
 //! **What counts.** A server the agent releases (deletes) is replaced by its GameServerSet
@@ -44,6 +46,19 @@ pub const REFRESH_EVERY: Duration = Duration::from_secs(30);
 
 /// Readers delete entries older than this many max ages: long dead, not merely late.
 pub const PRUNE_AFTER_MAX_AGES: u32 = 10;
+
+/// The hash field that dates the hash itself (Unix ms, written by the first reader that
+/// finds it missing, see [`mark_epoch`]). It cannot be a Node name (those are DNS names), so
+/// writers never touch it, and it keeps the hash in existence when no node drains. A hash
+/// without it was lost (a Redis restarted without persistence, a flush): what agents had
+/// written is gone, and an empty read would look like "nothing drains". Readers hold
+/// every answer until [`RESTART_SETTLE`] after the epoch, by when every live draining
+/// agent has written again.
+pub const EPOCH_FIELD: &str = "#epoch";
+
+/// How long after the epoch readers hold: two refresh periods, so every draining agent
+/// has refreshed (once, with a retry's margin) since the hash was lost.
+pub const RESTART_SETTLE: Duration = Duration::from_secs(60);
 
 /// Longest node, namespace or Fleet name accepted (Kubernetes names are at most 253).
 const MAX_NAME_BYTES: usize = 253;
@@ -261,6 +276,8 @@ pub struct Snapshot {
     pub fresh_nodes: usize,
     /// Entries that did not, and why.
     pub skipped: Vec<Skipped>,
+    /// The [`EPOCH_FIELD`]'s time, if the hash has one that parses.
+    pub epoch_ms: Option<i64>,
 }
 
 impl Snapshot {
@@ -278,6 +295,12 @@ impl Snapshot {
         let (max_age_ms, hold_ms) = (ms(max_age), ms(hold_limit.max(max_age)));
         let mut snap = Snapshot::default();
         for (field, value) in entries {
+            if field == EPOCH_FIELD.as_bytes() {
+                snap.epoch_ms = std::str::from_utf8(&value)
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok());
+                continue;
+            }
             let why = match NodeDrainState::parse(&field, &value) {
                 Err(e) => Skip::Malformed(e),
                 Ok(state) => {
@@ -318,6 +341,18 @@ impl Snapshot {
             });
         }
         snap
+    }
+
+    /// Whether the hash was lost recently, so answers must hold: it has no epoch (the
+    /// reader marks one), or its epoch is less than [`RESTART_SETTLE`] old. An epoch more
+    /// than `max_age` in the future (a reader clock far ahead) is ignored.
+    pub fn settling(&self, now_ms: i64, max_age: Duration) -> bool {
+        let Some(epoch) = self.epoch_ms else {
+            return true;
+        };
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let age = now_ms.saturating_sub(epoch);
+        age >= ms(max_age).saturating_neg() && age < ms(RESTART_SETTLE)
     }
 
     /// Nodes whose fresh or stale entry names Fleet `namespace/name`: the ones whose
@@ -418,6 +453,28 @@ where
     // Raw bytes, so one entry that is not UTF-8 is skipped instead of failing the read.
     let entries: Vec<(Vec<u8>, Vec<u8>)> = redis::cmd("HGETALL").arg(KEY).query_async(conn).await?;
     Ok(Snapshot::from_entries(entries, now_ms, max_age, hold_limit))
+}
+
+/// Dates the hash if nothing has ([`EPOCH_FIELD`]; a value that is not a number is
+/// replaced). Returns the epoch now held.
+pub async fn mark_epoch<C>(conn: &mut C, now_ms: i64) -> redis::RedisResult<i64>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    // Set if missing or not a number (so a garbled epoch cannot hold for ever); another
+    // reader's valid epoch is kept.
+    const SET_IF_MISSING: &str = r"
+local held = tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
+if held then return held end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return tonumber(ARGV[2])
+";
+    redis::Script::new(SET_IF_MISSING)
+        .key(KEY)
+        .arg(EPOCH_FIELD)
+        .arg(now_ms)
+        .invoke_async::<i64>(conn)
+        .await
 }
 
 /// Deletes `field` only if it still holds `value`, so a writer that refreshed its entry in
@@ -635,6 +692,25 @@ mod tests {
         assert_eq!(f.extra, 1);
         assert!(f.holding.is_empty());
         assert_eq!(f.gone, ["dead-fresh", "dead-stale"]);
+    }
+
+    #[test]
+    fn a_hash_without_an_epoch_or_with_a_young_one_is_settling() {
+        let now = 100_000_000;
+        let epoch = |v: &str| (EPOCH_FIELD.as_bytes().to_vec(), v.as_bytes().to_vec());
+        let snap = |entries| Snapshot::from_entries(entries, now, MIN, HOLD);
+        let lost = snap(vec![entry(&state("n", now, &[("ns", "f", 1, 0)]))]);
+        assert!(lost.settling(now, MIN), "no epoch: lost");
+        assert_eq!(lost.fresh_nodes, 1);
+        let young = snap(vec![epoch(&(now - 59_999).to_string())]);
+        assert!(young.settling(now, MIN));
+        assert!(young.skipped.is_empty(), "the epoch is not an entry");
+        assert!(!snap(vec![epoch(&(now - 60_000).to_string())]).settling(now, MIN));
+        assert!(
+            !snap(vec![epoch(&(now + 60_001).to_string())]).settling(now, MIN),
+            "an epoch far ahead is ignored"
+        );
+        assert!(snap(vec![epoch("junk")]).settling(now, MIN));
     }
 
     #[test]

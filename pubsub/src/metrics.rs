@@ -427,7 +427,7 @@ impl WebhookMetrics {
         );
         r.register(
             "held",
-            "Answers that refused a scale-down because the drain state was not fully known, by reason (stale_entry, backoff, timeout, or an error class)",
+            "Answers that refused a scale-down because the drain state was not fully known, by reason (stale_entry, redis_restarted, backoff, timeout, or an error class)",
             m.held.clone(),
         );
         r.register(

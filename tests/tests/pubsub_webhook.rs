@@ -389,8 +389,8 @@ async fn stale_future_and_malformed_drain_state_counts_zero_and_dead_entries_are
         .unwrap();
     assert_eq!(
         fields.len(),
-        5,
-        "late, ahead, garbage, non-UTF-8 and fresh remain"
+        6,
+        "late, ahead, garbage, non-UTF-8, fresh and the epoch remain"
     );
     assert_eq!(
         m(
@@ -572,6 +572,73 @@ async fn a_held_answer_keeps_the_fleets_spec_during_a_rolling_update() {
         ask_fleet(&client, &hook.url(), NS, "no-such", status(13, 2), &[]).await,
         (false, 13)
     );
+}
+
+/// A Redis restarted without persistence comes back with an empty drain-state hash, which
+/// reads exactly like "no node drains": before, the next answer shrank a Fleet whose
+/// draining node's servers were about to go. The hash carries an epoch field that only a
+/// lost hash lacks: then every answer holds (grows, never shrinks) until every draining
+/// agent has written again (`RESTART_SETTLE`, two refresh periods).
+#[tokio::test]
+async fn a_redis_restarted_empty_holds_until_the_agents_have_written_again() {
+    let mut redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap();
+    let client = http();
+    // Settled: nothing drains, the Fleet shrinks to the buffer.
+    assert_eq!(ask(&client, &hook.url(), status(20, 10)).await, (true, 15));
+    publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
+    assert_eq!(ask(&client, &hook.url(), status(21, 10)).await, (false, 21));
+
+    // Redis restarts empty: node-a's entry is gone, though node-a still drains.
+    redis.restart().await.unwrap();
+    // Until the webhook reads the new Redis (its connection died with the old one).
+    let reads = || {
+        metric_sum(
+            &hook.metrics_text(),
+            "lastcall_pubsub_webhook_drain_state_reads_total",
+            &[("result", "ok")],
+        )
+    };
+    let before = reads();
+    wait_for("the webhook reads Redis again", || async {
+        ask(&client, &hook.url(), status(10, 10)).await;
+        (reads() > before).then_some(())
+    })
+    .await;
+    assert_eq!(
+        ask(&client, &hook.url(), status(21, 10)).await,
+        (false, 21),
+        "held: not shrunk to 15 on an empty read"
+    );
+    assert_eq!(
+        ask(&client, &hook.url(), status(10, 10)).await,
+        (true, 15),
+        "growth is still allowed"
+    );
+    // The agent writes again; once the settle has passed (the epoch moved back here, as
+    // time would move it), its entry counts as before.
+    publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
+    let mut conn = redis.client().await.unwrap();
+    let epoch: i64 = redis::cmd("HGET")
+        .arg(drain_state::KEY)
+        .arg(drain_state::EPOCH_FIELD)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        (now_ms() - epoch).abs() < 30_000,
+        "the webhook dated the hash"
+    );
+    let _: i64 = redis::cmd("HSET")
+        .arg(drain_state::KEY)
+        .arg(drain_state::EPOCH_FIELD)
+        .arg(epoch - drain_state::RESTART_SETTLE.as_millis() as i64)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(ask(&client, &hook.url(), status(25, 10)).await, (true, 21));
 }
 
 /// With Redis down the drain state is unknown: answers are 200 and may grow the Fleet, but

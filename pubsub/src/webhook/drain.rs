@@ -27,9 +27,13 @@ const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(60);
 /// Extra Ready servers for one Fleet, or why none could be read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lookup {
-    /// Read; `unsure` when a stale entry (within the hold limit, of a Node that exists)
-    /// names the Fleet, so the count may be short.
-    Read { extra: u64, unsure: bool },
+    /// Read; `hold` says why the count may be short: a stale entry (within the hold
+    /// limit, of a Node that exists) names the Fleet (`stale_entry`), or the hash was lost
+    /// and the agents are still writing it again (`redis_restarted`).
+    Read {
+        extra: u64,
+        hold: Option<&'static str>,
+    },
     /// Counted as zero; the label says why (`backoff`, `timeout`, an error class).
     Unavailable(&'static str),
 }
@@ -46,8 +50,7 @@ impl Lookup {
     /// be read, or part of it is stale.
     pub fn hold(self) -> Option<&'static str> {
         match self {
-            Self::Read { unsure: false, .. } => None,
-            Self::Read { unsure: true, .. } => Some("stale_entry"),
+            Self::Read { hold, .. } => hold,
             Self::Unavailable(reason) => Some(reason),
         }
     }
@@ -111,6 +114,12 @@ impl DrainReader {
         }
     }
 
+    /// Whether answers must hold because the hash was lost recently (see
+    /// [`Snapshot::settling`]).
+    pub fn settling(&self, snap: &Snapshot) -> bool {
+        snap.settling(drain_state::unix_ms(SystemTime::now()), self.max_age)
+    }
+
     /// The drain state now, within the timeout, or why it cannot be read (`backoff`,
     /// `timeout`, an error class): then the answer is held.
     pub async fn snapshot(&self) -> Result<Snapshot, &'static str> {
@@ -163,7 +172,18 @@ impl DrainReader {
             }
         };
         let now_ms = drain_state::unix_ms(SystemTime::now());
-        let snap = drain_state::read_all(&mut conn, now_ms, self.max_age, self.hold_limit).await?;
+        let mut snap =
+            drain_state::read_all(&mut conn, now_ms, self.max_age, self.hold_limit).await?;
+        if snap.epoch_ms.is_none() {
+            let epoch = drain_state::mark_epoch(&mut conn, now_ms).await?;
+            if epoch == now_ms {
+                tracing::warn!(
+                    message = "the drain state had no epoch: Redis lost it (a restart without persistence, a flush) or no webhook has read it yet; holding every Fleet while the agents write again",
+                    hold_s = drain_state::RESTART_SETTLE.as_secs(),
+                );
+            }
+            snap.epoch_ms = Some(epoch);
+        }
         Ok((snap, conn))
     }
 

@@ -262,9 +262,16 @@ impl Webhook {
                 nodes = ?f.gone,
             );
         }
+        let hold = if self.reader.settling(snap) {
+            Some("redis_restarted")
+        } else if !f.holding.is_empty() {
+            Some("stale_entry")
+        } else {
+            None
+        };
         Lookup::Read {
             extra: f.extra,
-            unsure: !f.holding.is_empty(),
+            hold,
         }
     }
 
