@@ -539,7 +539,7 @@ async fn a_held_answer_keeps_the_fleets_spec_during_a_rolling_update() {
     let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
         .await
         .unwrap();
-    hook.attach_kube(cluster.client());
+    hook.attach_kube(cluster.emulator().client_as("pubsub").await.unwrap());
     let client = http();
     // A stale entry names the Fleet: its agent stopped refreshing, its Node is still
     // there, so it holds.
@@ -572,6 +572,38 @@ async fn a_held_answer_keeps_the_fleets_spec_during_a_rolling_update() {
         ask_fleet(&client, &hook.url(), NS, "no-such", status(13, 2), &[]).await,
         (false, 13)
     );
+    // Every call is one the chart's ClusterRole for the webhook grants: get nodes, get
+    // fleets.agones.dev; nothing else.
+    let calls: std::collections::BTreeSet<(String, String)> = cluster
+        .emulator()
+        .journal()
+        .entries()
+        .into_iter()
+        .filter(|e| e.identity.as_deref() == Some("pubsub"))
+        .map(|e| {
+            (
+                e.verb.as_str().to_string(),
+                e.resource.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let granted: std::collections::BTreeSet<(String, String)> =
+        [("get", "fleets"), ("get", "nodes")]
+            .iter()
+            .map(|(v, r)| (v.to_string(), r.to_string()))
+            .collect();
+    assert_eq!(calls, granted);
+    let chart = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/lastcall/templates/pubsub.yaml"
+    ))
+    .unwrap();
+    for rule in [
+        "resources: [nodes]\n    verbs: [get]",
+        "resources: [fleets]\n    verbs: [get]",
+    ] {
+        assert!(chart.contains(rule), "the chart grants {rule:?}");
+    }
 }
 
 /// A Redis restarted without persistence comes back with an empty drain-state hash, which

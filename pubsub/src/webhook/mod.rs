@@ -5,16 +5,19 @@
 //! policy ([`policy`]) plus the Fleet's Ready servers on draining nodes, read from the drain
 //! state agents publish in Redis ([`drain`]), so replacements start before that capacity
 //! is gone. Layers: [`settings`] (its flags), [`review`] (the wire contract), [`policy`]
-//! (pure), [`drain`] (Redis, bounded), [`tls`] (HTTPS), and the handler here. It imports
-//! nothing of the poller or the publisher, only the metric definitions below all of them.
+//! (pure), [`drain`] (Redis, bounded), [`kube`] (Nodes and Fleets, bounded, optional),
+//! [`held`] (how long each Fleet is held), [`tls`] (HTTPS), and the handler here. It
+//! imports nothing of the poller or the publisher, only the metric definitions below all
+//! of them.
 //!
-//! A review that can be answered always gets a 200, within `--webhook-redis-timeout` plus
-//! microseconds: without drain state (or with a stale entry naming the Fleet) the answer is
-//! the plain buffer but never below the Fleet's current size, so it never scales down on a
-//! guess. A review that cannot
-//! be answered (bad JSON, missing fields, negative counts, a bad per-Fleet setting) gets a
-//! 400 with the reason, so the FleetAutoscaler reports an error instead of scaling on
-//! guesses.
+//! A review that can be answered always gets a 200, within a few bounded reads: where the
+//! drain state is not fully known (Redis unreadable or lost, a stale entry of a live Node
+//! naming the Fleet) the answer is *held*: the plain buffer plus what can be trusted, never
+//! below the Fleet's own `spec.replicas`, so it never scales down on a guess and never
+//! stops a Fleet from growing. A bad per-Fleet setting is ignored with a warning (the
+//! flags answer). A review that cannot be answered (bad JSON, missing fields, negative
+//! counts) gets a 400 with the reason, so the FleetAutoscaler reports an error instead of
+//! scaling on guesses.
 
 pub mod drain;
 pub mod held;
