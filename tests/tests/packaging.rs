@@ -1981,6 +1981,10 @@ const NOT_RUN: &[(&str, &str)] = &[
         "the emulator's pods are game servers only; lastcall's own pods do not exist there",
     ),
     (
+        "kubectl -n lastcall exec",
+        "the emulator runs no containers: exec needs a kubelet and a container runtime",
+    ),
+    (
         "kubectl -n lastcall get serviceaccount",
         "ServiceAccounts are not served by the emulator",
     ),
