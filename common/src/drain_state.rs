@@ -14,6 +14,8 @@
 //! ```
 //!
 //! Reading is one `HGETALL`, O(draining nodes): a node that is not draining has no field.
+//! One more field, [`EPOCH_FIELD`], dates the hash itself, so a reader can tell a hash that
+//! Redis lost (restarted without persistence) from one where nothing drains.
 //! Unknown JSON keys are ignored, so the format can grow without breaking older readers.
 //!
 //! **What counts.** A server the agent releases (deletes) is replaced by its GameServerSet
@@ -29,7 +31,6 @@
 //! reader's max age counts as zero, so a dead agent's entry stops inflating the buffer on
 //! its own; readers [`prune`] entries far older than that.
 
-use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
@@ -45,6 +46,19 @@ pub const REFRESH_EVERY: Duration = Duration::from_secs(30);
 
 /// Readers delete entries older than this many max ages: long dead, not merely late.
 pub const PRUNE_AFTER_MAX_AGES: u32 = 10;
+
+/// The hash field that dates the hash itself (Unix ms, written by the first reader that
+/// finds it missing, see [`mark_epoch`]). It cannot be a Node name (those are DNS names), so
+/// writers never touch it, and it keeps the hash in existence when no node drains. A hash
+/// without it was lost (a Redis restarted without persistence, a flush): what agents had
+/// written is gone, and an empty read would look like "nothing drains". Readers hold
+/// every answer until [`RESTART_SETTLE`] after the epoch, by when every live draining
+/// agent has written again.
+pub const EPOCH_FIELD: &str = "#epoch";
+
+/// How long after the epoch readers hold: two refresh periods, so every draining agent
+/// has refreshed (once, with a retry's margin) since the hash was lost.
+pub const RESTART_SETTLE: Duration = Duration::from_secs(60);
 
 /// Longest node, namespace or Fleet name accepted (Kubernetes names are at most 253).
 const MAX_NAME_BYTES: usize = 253;
@@ -191,12 +205,19 @@ impl NodeDrainState {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Skip {
     Malformed(EntryError),
-    /// Older than the max age: its writer stopped refreshing it.
+    /// Older than the max age: its writer stopped refreshing it. Until it is older than
+    /// the hold limit, the Fleets it names are held (no scale-down), unless its Node is gone.
     Stale {
         age_ms: i64,
     },
-    /// Dated more than the max age ahead of the reader's clock: a writer clock far off
-    /// would otherwise keep its entry fresh forever.
+    /// Older than the hold limit: counts for nothing and holds nothing (a writer that
+    /// stays silent this long is gone; the alert on held Fleets has fired long before).
+    Expired {
+        age_ms: i64,
+    },
+    /// Dated more than the max age ahead of the reader's clock: invalid (a writer clock
+    /// far off would otherwise keep its entry fresh, or holding, forever). Counts for
+    /// nothing and holds nothing.
     Future {
         ahead_ms: i64,
     },
@@ -207,6 +228,7 @@ impl Skip {
         match self {
             Self::Malformed(e) => e.metric_label(),
             Self::Stale { .. } => "stale",
+            Self::Expired { .. } => "expired",
             Self::Future { .. } => "future",
         }
     }
@@ -222,56 +244,91 @@ pub struct Skipped {
     pub why: Skip,
 }
 
-/// The drain state as of one read: extra Ready per Fleet from fresh entries only.
+/// A dated entry that still matters: fresh (it counts) or stale within the hold limit (it
+/// holds the Fleets it names), as long as its Node exists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Live {
+    pub node: String,
+    pub updated_at_ms: i64,
+    /// Older than the max age (holds) rather than fresh (counts).
+    pub stale: bool,
+    pub fleets: Vec<FleetOnNode>,
+}
+
+/// What the drain state says about one Fleet, once dead nodes are set aside.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetDrain {
+    /// Servers to replace, from fresh entries of nodes that exist.
+    pub extra: u64,
+    /// Nodes whose stale entry names the Fleet (and that exist): its answer must not
+    /// shrink it.
+    pub holding: Vec<String>,
+    /// Nodes whose entry names the Fleet but which are gone: they count for nothing.
+    pub gone: Vec<String>,
+}
+
+/// The drain state as of one read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
-    /// namespace → Fleet name → servers to replace on draining nodes.
-    ready: HashMap<String, HashMap<String, u64>>,
-    /// Fleets (namespace, name) named by a stale or future-dated entry: what their drain
-    /// state holds now is unknown, so their answer must not shrink them.
-    unsure: std::collections::HashSet<(String, String)>,
+    /// Fresh and stale-but-holding entries.
+    pub live: Vec<Live>,
     /// Entries that counted.
     pub fresh_nodes: usize,
     /// Entries that did not, and why.
     pub skipped: Vec<Skipped>,
+    /// The [`EPOCH_FIELD`]'s time, if the hash has one that parses.
+    pub epoch_ms: Option<i64>,
 }
 
 impl Snapshot {
     /// Builds the snapshot from raw hash entries: pure, so staleness is testable with any
-    /// `now_ms`. An entry is fresh when `|now − updated_at| ≤ max_age`.
-    pub fn from_entries(entries: Vec<(Vec<u8>, Vec<u8>)>, now_ms: i64, max_age: Duration) -> Self {
-        let max_age_ms = i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX);
+    /// `now_ms`. An entry is fresh when `|now − updated_at| ≤ max_age`; stale (holding)
+    /// when older, up to `hold_limit`; expired past that; future-dated (invalid) when
+    /// more than `max_age` ahead.
+    pub fn from_entries(
+        entries: Vec<(Vec<u8>, Vec<u8>)>,
+        now_ms: i64,
+        max_age: Duration,
+        hold_limit: Duration,
+    ) -> Self {
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let (max_age_ms, hold_ms) = (ms(max_age), ms(hold_limit.max(max_age)));
         let mut snap = Snapshot::default();
         for (field, value) in entries {
+            if field == EPOCH_FIELD.as_bytes() {
+                snap.epoch_ms = std::str::from_utf8(&value)
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok());
+                continue;
+            }
             let why = match NodeDrainState::parse(&field, &value) {
                 Err(e) => Skip::Malformed(e),
                 Ok(state) => {
                     let age_ms = now_ms.saturating_sub(state.updated_at_ms);
-                    let skip = if age_ms > max_age_ms {
-                        Some(Skip::Stale { age_ms })
-                    } else if age_ms < max_age_ms.saturating_neg() {
-                        Some(Skip::Future {
+                    if age_ms < max_age_ms.saturating_neg() {
+                        Skip::Future {
                             ahead_ms: age_ms.saturating_neg(),
-                        })
-                    } else {
-                        None
-                    };
-                    if let Some(skip) = skip {
-                        for f in state.fleets {
-                            snap.unsure.insert((f.namespace, f.name));
                         }
-                        skip
+                    } else if age_ms > hold_ms {
+                        Skip::Expired { age_ms }
                     } else {
-                        snap.fresh_nodes += 1;
-                        for f in state.fleets {
-                            let n = f.to_replace();
-                            *snap
-                                .ready
-                                .entry(f.namespace)
-                                .or_default()
-                                .entry(f.name)
-                                .or_default() += n;
+                        let stale = age_ms > max_age_ms;
+                        if stale {
+                            snap.skipped.push(Skipped {
+                                node: state.node.clone(),
+                                field,
+                                value,
+                                why: Skip::Stale { age_ms },
+                            });
+                        } else {
+                            snap.fresh_nodes += 1;
                         }
+                        snap.live.push(Live {
+                            node: state.node,
+                            updated_at_ms: state.updated_at_ms,
+                            stale,
+                            fleets: state.fleets,
+                        });
                         continue;
                     }
                 }
@@ -286,30 +343,63 @@ impl Snapshot {
         snap
     }
 
-    /// Servers of Fleet `namespace/name` to replace on freshly reported draining nodes
-    /// (see [`FleetOnNode::to_replace`]).
-    pub fn extra_ready(&self, namespace: &str, name: &str) -> u64 {
-        self.ready
-            .get(namespace)
-            .and_then(|fleets| fleets.get(name))
-            .copied()
-            .unwrap_or(0)
+    /// Whether the hash was lost recently, so answers must hold: it has no epoch (the
+    /// reader marks one), or its epoch is less than [`RESTART_SETTLE`] old. An epoch more
+    /// than `max_age` in the future (a reader clock far ahead) is ignored.
+    pub fn settling(&self, now_ms: i64, max_age: Duration) -> bool {
+        let Some(epoch) = self.epoch_ms else {
+            return true;
+        };
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let age = now_ms.saturating_sub(epoch);
+        age >= ms(max_age).saturating_neg() && age < ms(RESTART_SETTLE)
     }
 
-    /// Whether a stale or future-dated entry names Fleet `namespace/name`, so its count
-    /// from [`Snapshot::extra_ready`] may be short.
-    pub fn unsure(&self, namespace: &str, name: &str) -> bool {
-        self.unsure
-            .contains(&(namespace.to_string(), name.to_string()))
+    /// Nodes whose fresh or stale entry names Fleet `namespace/name`: the ones whose
+    /// existence decides the answer.
+    pub fn nodes_naming<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> impl Iterator<Item = &'a Live> + 'a {
+        self.live.iter().filter(move |e| {
+            e.fleets
+                .iter()
+                .any(|f| f.namespace == namespace && f.name == name)
+        })
     }
 
-    /// Stale entries old enough to delete: more than [`PRUNE_AFTER_MAX_AGES`] max ages.
+    /// Fleet `namespace/name` with the entries of gone nodes (as `gone` says, given the
+    /// entry) set aside: the servers fresh entries ask to replace (see
+    /// [`FleetOnNode::to_replace`]), and the nodes whose stale entries hold it.
+    pub fn fleet(&self, namespace: &str, name: &str, gone: impl Fn(&Live) -> bool) -> FleetDrain {
+        let mut out = FleetDrain::default();
+        for entry in self.nodes_naming(namespace, name) {
+            if gone(entry) {
+                out.gone.push(entry.node.clone());
+                continue;
+            }
+            if entry.stale {
+                out.holding.push(entry.node.clone());
+                continue;
+            }
+            for f in &entry.fleets {
+                if f.namespace == namespace && f.name == name {
+                    out.extra = out.extra.saturating_add(f.to_replace());
+                }
+            }
+        }
+        out
+    }
+
+    /// Entries old enough to delete: stale or expired, more than [`PRUNE_AFTER_MAX_AGES`]
+    /// max ages.
     pub fn prunable(&self, max_age: Duration) -> impl Iterator<Item = &Skipped> {
         let limit = i64::try_from(max_age.saturating_mul(PRUNE_AFTER_MAX_AGES).as_millis())
             .unwrap_or(i64::MAX);
-        self.skipped
-            .iter()
-            .filter(move |s| matches!(s.why, Skip::Stale { age_ms } if age_ms > limit))
+        self.skipped.iter().filter(move |s| {
+            matches!(s.why, Skip::Stale { age_ms } | Skip::Expired { age_ms } if age_ms > limit)
+        })
     }
 }
 
@@ -355,13 +445,36 @@ pub async fn read_all<C>(
     conn: &mut C,
     now_ms: i64,
     max_age: Duration,
+    hold_limit: Duration,
 ) -> redis::RedisResult<Snapshot>
 where
     C: redis::aio::ConnectionLike + Send,
 {
     // Raw bytes, so one entry that is not UTF-8 is skipped instead of failing the read.
     let entries: Vec<(Vec<u8>, Vec<u8>)> = redis::cmd("HGETALL").arg(KEY).query_async(conn).await?;
-    Ok(Snapshot::from_entries(entries, now_ms, max_age))
+    Ok(Snapshot::from_entries(entries, now_ms, max_age, hold_limit))
+}
+
+/// Dates the hash if nothing has ([`EPOCH_FIELD`]; a value that is not a number is
+/// replaced). Returns the epoch now held.
+pub async fn mark_epoch<C>(conn: &mut C, now_ms: i64) -> redis::RedisResult<i64>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    // Set if missing or not a number (so a garbled epoch cannot hold for ever); another
+    // reader's valid epoch is kept.
+    const SET_IF_MISSING: &str = r"
+local held = tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
+if held then return held end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return tonumber(ARGV[2])
+";
+    redis::Script::new(SET_IF_MISSING)
+        .key(KEY)
+        .arg(EPOCH_FIELD)
+        .arg(now_ms)
+        .invoke_async::<i64>(conn)
+        .await
 }
 
 /// Deletes `field` only if it still holds `value`, so a writer that refreshed its entry in
@@ -390,6 +503,12 @@ mod tests {
     use super::*;
 
     const MIN: Duration = Duration::from_secs(60);
+    /// The hold limit in these tests: five max ages.
+    const HOLD: Duration = Duration::from_secs(300);
+
+    fn extra(snap: &Snapshot, namespace: &str, name: &str) -> u64 {
+        snap.fleet(namespace, name, |_| false).extra
+    }
 
     fn state(node: &str, at: i64, fleets: &[(&str, &str, u32, u32)]) -> NodeDrainState {
         NodeDrainState {
@@ -447,12 +566,13 @@ mod tests {
             ],
             now,
             MIN,
+            HOLD,
         );
         assert_eq!(snap.fresh_nodes, 2);
-        assert_eq!(snap.extra_ready("ns", "f"), 6);
-        assert_eq!(snap.extra_ready("ns", "g"), 2);
-        assert_eq!(snap.extra_ready("other", "f"), 7);
-        assert_eq!(snap.extra_ready("ns", "missing"), 0);
+        assert_eq!(extra(&snap, "ns", "f"), 6);
+        assert_eq!(extra(&snap, "ns", "g"), 2);
+        assert_eq!(extra(&snap, "other", "f"), 7);
+        assert_eq!(extra(&snap, "ns", "missing"), 0);
         assert!(snap.skipped.is_empty());
     }
 
@@ -475,9 +595,9 @@ mod tests {
             (b"big".to_vec(), vec![b' '; MAX_ENTRY_BYTES + 1]),
             (b"empty".to_vec(), br#"{"node":"empty","updated_at_ms":1,"fleets":[{"namespace":"","name":"f","ready":1,"allocated":0}]}"#.to_vec()),
         ];
-        let snap = Snapshot::from_entries(cases, now, MIN);
+        let snap = Snapshot::from_entries(cases, now, MIN, HOLD);
         assert_eq!(snap.fresh_nodes, 1);
-        assert_eq!(snap.extra_ready("ns", "f"), 1);
+        assert_eq!(extra(&snap, "ns", "f"), 1);
         let labels: Vec<(&str, &str)> = snap
             .skipped
             .iter()
@@ -516,17 +636,81 @@ mod tests {
             ],
             now,
             MIN,
+            HOLD,
         );
         assert_eq!(
-            snap.extra_ready("ns", "f"),
+            extra(&snap, "ns", "f"),
             2 + 3 + 5,
             "an older writer's ready counts"
         );
         assert_eq!(
-            snap.extra_ready("ns", "g"),
+            extra(&snap, "ns", "g"),
             0,
             "released servers are replaced by their set"
         );
+    }
+
+    #[test]
+    fn a_stale_entry_holds_until_the_hold_limit_and_a_future_one_never_does() {
+        let now = 100_000_000;
+        let snap = Snapshot::from_entries(
+            vec![
+                entry(&state("late", now - 2 * 60_000, &[("ns", "f", 3, 0)])),
+                entry(&state("expired", now - 300_001, &[("ns", "g", 3, 0)])),
+                entry(&state("ahead", now + 60_001, &[("ns", "h", 3, 0)])),
+            ],
+            now,
+            MIN,
+            HOLD,
+        );
+        assert_eq!(snap.fleet("ns", "f", |_| false).holding, ["late"]);
+        for name in ["g", "h"] {
+            assert_eq!(
+                snap.fleet("ns", name, |_| false),
+                FleetDrain::default(),
+                "{name} counts for nothing and holds nothing"
+            );
+        }
+        let labels: Vec<&str> = snap.skipped.iter().map(|s| s.why.metric_label()).collect();
+        assert_eq!(labels, ["stale", "expired", "future"]);
+    }
+
+    #[test]
+    fn a_gone_node_counts_for_nothing_and_holds_nothing() {
+        let now = 100_000_000;
+        let snap = Snapshot::from_entries(
+            vec![
+                entry(&state("dead-fresh", now, &[("ns", "f", 6, 0)])),
+                entry(&state("dead-stale", now - 2 * 60_000, &[("ns", "f", 2, 0)])),
+                entry(&state("alive", now, &[("ns", "f", 1, 0)])),
+            ],
+            now,
+            MIN,
+            HOLD,
+        );
+        let f = snap.fleet("ns", "f", |e| e.node.starts_with("dead"));
+        assert_eq!(f.extra, 1);
+        assert!(f.holding.is_empty());
+        assert_eq!(f.gone, ["dead-fresh", "dead-stale"]);
+    }
+
+    #[test]
+    fn a_hash_without_an_epoch_or_with_a_young_one_is_settling() {
+        let now = 100_000_000;
+        let epoch = |v: &str| (EPOCH_FIELD.as_bytes().to_vec(), v.as_bytes().to_vec());
+        let snap = |entries| Snapshot::from_entries(entries, now, MIN, HOLD);
+        let lost = snap(vec![entry(&state("n", now, &[("ns", "f", 1, 0)]))]);
+        assert!(lost.settling(now, MIN), "no epoch: lost");
+        assert_eq!(lost.fresh_nodes, 1);
+        let young = snap(vec![epoch(&(now - 59_999).to_string())]);
+        assert!(young.settling(now, MIN));
+        assert!(young.skipped.is_empty(), "the epoch is not an entry");
+        assert!(!snap(vec![epoch(&(now - 60_000).to_string())]).settling(now, MIN));
+        assert!(
+            !snap(vec![epoch(&(now + 60_001).to_string())]).settling(now, MIN),
+            "an epoch far ahead is ignored"
+        );
+        assert!(snap(vec![epoch("junk")]).settling(now, MIN));
     }
 
     #[test]
@@ -540,6 +724,7 @@ mod tests {
             ],
             now,
             MIN,
+            HOLD,
         );
         let prunable: Vec<&str> = snap.prunable(MIN).map(|s| s.node.as_str()).collect();
         assert_eq!(prunable, ["dead"], "malformed entries are never deleted");

@@ -128,8 +128,9 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_PUBSUB_CYCLE_DEADLINE", value_parser = parse_positive)]
     pub cycle_deadline: Option<Duration>,
 
-    /// `/healthz` fails when no Redis round trip has succeeded for this long, so the
-    /// kubelet restarts a pod stuck on a dead connection. Default: 5 periods.
+    /// `/healthz` fails when one cycle has run this long, or the next cycle is this late:
+    /// the polling loop is stuck. Redis being down never fails it (see `/readyz`). Default:
+    /// 5 periods; at least twice the cycle deadline.
     #[arg(long, env = "LASTCALL_PUBSUB_LIVENESS_TIMEOUT", value_parser = parse_positive)]
     pub liveness_timeout: Option<Duration>,
 
@@ -184,7 +185,7 @@ impl Config {
         self.cycle_deadline.unwrap_or(self.period)
     }
 
-    /// How long without a successful Redis round trip before `/healthz` fails.
+    /// How long a cycle may run (or the next one be late) before `/healthz` fails.
     pub fn liveness_timeout(&self) -> Duration {
         self.liveness_timeout
             .unwrap_or_else(|| self.period.saturating_mul(5))
@@ -193,17 +194,53 @@ impl Config {
     /// The webhook's settings, checked together (Agones' Buffer policy rules, distinct
     /// listeners); `None` when the webhook is off.
     pub fn webhook_settings(&self) -> Result<Option<Settings>, ConfigError> {
-        self.webhook.settings(self.listen)
+        Ok(self.webhook.settings(self.listen)?)
     }
 
-    /// Checks what clap cannot check flag by flag.
+    /// Checks what clap cannot check flag by flag: flags that must agree with each other.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let deadline = self.cycle_deadline();
+        let liveness = self.liveness_timeout();
+        // A cycle polls until its deadline, then publishes what it read: a liveness
+        // timeout shorter than twice that would restart a healthy process.
+        if liveness < deadline.saturating_mul(2) {
+            return Err(ConfigError::LivenessBelowCycle {
+                liveness: secs(liveness),
+                deadline: secs(deadline),
+            });
+        }
+        // A status is written at most period + jitter + deadline after the one before it
+        // (the next cycle starts up to period + jitter later and may poll that group last),
+        // so a shorter TTL lets the cache key expire between two healthy cycles.
+        let gap = self.period + self.cycle_jitter + deadline;
+        if self.cache_ttl() < gap {
+            return Err(ConfigError::CacheTtlBelowCycle {
+                ttl: secs(self.cache_ttl()),
+                gap: secs(gap),
+            });
+        }
         self.webhook_settings().map(|_| ())
     }
 }
 
-/// Settings that are valid one by one but not together (all the webhook's today).
-pub type ConfigError = SettingsError;
+fn secs(d: Duration) -> String {
+    format!("{}s", d.as_secs_f64())
+}
+
+/// Settings that are valid one by one but not together. Each message names the flags.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "--liveness-timeout {liveness} is below twice the cycle deadline ({deadline}, --cycle-deadline or --period): /healthz would fail during a healthy cycle"
+    )]
+    LivenessBelowCycle { liveness: String, deadline: String },
+    #[error(
+        "--cache-ttl-periods × --period ({ttl}) is below --period + --cycle-jitter + the cycle deadline ({gap}): cached statuses would expire between two healthy cycles"
+    )]
+    CacheTtlBelowCycle { ttl: String, gap: String },
+    #[error("{0}")]
+    Webhook(#[from] SettingsError),
+}
 
 fn parse_period(raw: &str) -> Result<Duration, String> {
     let d = parse_duration(raw)?;
@@ -363,6 +400,34 @@ mod tests {
             let line = lastcall_common::cli::one_line(&err.render().to_string());
             assert!(line.contains(flag), "{args:?}: {line}");
             assert!(!line.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn flags_that_must_agree_are_checked_together() {
+        assert!(parse(&[]).unwrap().validate().is_ok(), "the defaults agree");
+        assert!(
+            parse(&["--period", "10s", "--liveness-timeout", "20s"])
+                .unwrap()
+                .validate()
+                .is_ok()
+        );
+        let cases: &[(&[&str], &str)] = &[
+            (&["--liveness-timeout", "90s"], "--liveness-timeout"),
+            (
+                &["--period", "10s", "--liveness-timeout", "19s"],
+                "--liveness-timeout",
+            ),
+            (
+                &["--cycle-deadline", "5m", "--liveness-timeout", "9m"],
+                "--cycle-deadline",
+            ),
+            (&["--cache-ttl-periods", "1"], "--cache-ttl-periods"),
+            (&["--cache-ttl-periods", "2"], "--cache-ttl-periods"),
+        ];
+        for (args, flag) in cases {
+            let err = parse(args).unwrap().validate().unwrap_err().to_string();
+            assert!(err.contains(flag) && !err.contains('\n'), "{args:?}: {err}");
         }
     }
 

@@ -10,11 +10,13 @@
 //!   what the publisher takes), and [`webhook`] (Agones' FleetAutoscaler webhook: the Buffer
 //!   policy plus what draining nodes are about to lose, read from the drain state agents
 //!   publish), which imports nothing of the poller or publisher;
+//! - [`liveness`] (is the polling loop turning) beside [`run`];
 //! - [`run`] on top: the cycle, the loop and the process.
 #![forbid(unsafe_code)]
 
 pub mod config;
 pub mod groups;
+pub mod liveness;
 pub mod metrics;
 pub mod poller;
 pub mod publisher;

@@ -47,6 +47,11 @@ pub struct GroupLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    pub source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StatusLabels {
     pub status: &'static str,
 }
@@ -73,6 +78,7 @@ pub struct Metrics {
     pub notices_dropped: Family<StatusLabels, Counter>,
     pub unknown_statuses: Counter,
     pub cache_writes: Counter,
+    pub wrong_type_keys: Counter,
     pub redis_connects: Counter,
     pub api_rate_wait_seconds: Counter<f64, AtomicU64>,
     pub api_throttle_slowdowns: Counter,
@@ -107,6 +113,7 @@ impl Metrics {
             notices_dropped: Family::default(),
             unknown_statuses: Counter::default(),
             cache_writes: Counter::default(),
+            wrong_type_keys: Counter::default(),
             redis_connects: Counter::default(),
             api_rate_wait_seconds: Counter::default(),
             api_throttle_slowdowns: Counter::default(),
@@ -230,6 +237,11 @@ impl Metrics {
             m.cache_writes.clone(),
         );
         r.register(
+            "wrong_type_keys",
+            "Instances with a key pubsub reads (polled-at, polled-by; the status with --publish-unchanged=false) holding another Redis type: read as absent and overwritten",
+            m.wrong_type_keys.clone(),
+        );
+        r.register(
             "publish_duration_seconds",
             "Duration of one pipelined Redis round trip",
             m.publish_duration.clone(),
@@ -331,8 +343,18 @@ pub struct StateLabels {
     pub state: &'static str,
 }
 
+/// A Fleet named in a review: bounded by the Fleets pointed at the webhook (at most
+/// [`crate::webhook::held::MAX_TRACKED`] tracked, each forgotten when it stops asking).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FleetLabels {
+    /// Not `namespace`: Prometheus gives that label the scraped pod's namespace.
+    pub fleet_namespace: String,
+    pub fleet: String,
+}
+
 /// Metrics of the FleetAutoscaler webhook, registered only when it is enabled. Names are
-/// `lastcall_pubsub_webhook_*`; every label value comes from a fixed set.
+/// `lastcall_pubsub_webhook_*`; every label value comes from a fixed set, except the
+/// Fleet of `fleet_held_seconds` (see [`FleetLabels`]).
 #[derive(Clone, Debug)]
 pub struct WebhookMetrics {
     pub requests: Family<ResultLabels, Counter>,
@@ -347,6 +369,11 @@ pub struct WebhookMetrics {
     pub drain_state_skipped: Family<ReasonLabels, Counter>,
     pub drain_state_pruned: Counter,
     pub tls_reloads: Family<ResultLabels, Counter>,
+    pub fleets_held: Gauge,
+    pub fleet_held_seconds: Family<FleetLabels, Gauge<f64, AtomicU64>>,
+    pub node_reads: Family<ResultLabels, Counter>,
+    pub fleet_reads: Family<ResultLabels, Counter>,
+    pub bad_overrides: Family<SourceLabels, Counter>,
 }
 
 impl WebhookMetrics {
@@ -366,6 +393,11 @@ impl WebhookMetrics {
             drain_state_skipped: Family::default(),
             drain_state_pruned: Counter::default(),
             tls_reloads: Family::default(),
+            fleets_held: Gauge::default(),
+            fleet_held_seconds: Family::default(),
+            node_reads: Family::default(),
+            fleet_reads: Family::default(),
+            bad_overrides: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("lastcall_pubsub_webhook");
         r.register(
@@ -395,7 +427,7 @@ impl WebhookMetrics {
         );
         r.register(
             "held",
-            "Answers that refused a scale-down because the drain state was not fully known, by reason (stale_entry, backoff, timeout, or an error class)",
+            "Answers that refused a scale-down because the drain state was not fully known, by reason (stale_entry, redis_restarted, backoff, timeout, or an error class)",
             m.held.clone(),
         );
         r.register(
@@ -410,7 +442,7 @@ impl WebhookMetrics {
         );
         r.register(
             "drain_state_nodes",
-            "Entries in the drain state at the last read, by state (fresh, stale, malformed)",
+            "Entries in the drain state at the last read, by state (fresh, stale, expired, future, malformed)",
             m.drain_state_nodes.clone(),
         );
         r.register(
@@ -427,6 +459,31 @@ impl WebhookMetrics {
             "tls_reloads",
             "Reloads of the webhook's TLS certificate and key after the files changed, by result",
             m.tls_reloads.clone(),
+        );
+        r.register(
+            "fleets_held",
+            "Fleets whose last answer was held (no scale-down: the drain state is not fully known)",
+            m.fleets_held.clone(),
+        );
+        r.register(
+            "fleet_held_seconds",
+            "How long this Fleet's answers have been held without a break, as of its last answer (0 when not held)",
+            m.fleet_held_seconds.clone(),
+        );
+        r.register(
+            "node_reads",
+            "Reads of the Nodes that drain state entries name, by result (present, absent, error)",
+            m.node_reads.clone(),
+        );
+        r.register(
+            "fleet_reads",
+            "Reads of a held Fleet's spec.replicas, by result (ok, not_found, error, no_client)",
+            m.fleet_reads.clone(),
+        );
+        r.register(
+            "bad_overrides",
+            "Reviews whose lastcall.dev/autoscaler-* annotations or query parameters were invalid and ignored (the flags' settings answered), by source (annotation, query, combination)",
+            m.bad_overrides.clone(),
         );
         m
     }

@@ -300,12 +300,15 @@ pub struct PollStats {
     pub invalid: u64,
 }
 
-/// The result of polling one group.
+/// The result of polling one group: its pages went to the caller's channel as they came.
 #[derive(Debug)]
 pub struct GroupPoll {
     pub stats: PollStats,
-    pub result: Result<Vec<Polled>, PollError>,
+    pub result: Result<(), PollError>,
 }
+
+/// Where each page's statuses go as soon as the page is read.
+pub type Pages = tokio::sync::mpsc::UnboundedSender<Vec<Polled>>;
 
 /// Most invalid entries logged one by one per group and cycle; the rest are summarised.
 const INVALID_LOG_LINES: u64 = 5;
@@ -331,17 +334,20 @@ impl Poller {
         }
     }
 
-    /// Every instance of `group`, following `NextToken` to the end. Entries GameLift
-    /// answered badly are counted, logged and skipped; the rest of the group is kept.
+    /// Every instance of `group`, following `NextToken` to the end, each page sent to
+    /// `pages` as soon as it is read: a later page that fails (after its retries) costs
+    /// only that page and the ones after it, never the statuses already read (a
+    /// SPOT_TERMINATING among them). Entries GameLift answered badly are counted, logged
+    /// and skipped; the rest of the page is kept.
     pub async fn poll_group(
         &self,
         group: &str,
         budget: &Budget,
         limiter: &RateLimiter,
         deadline: Instant,
+        pages: &Pages,
     ) -> GroupPoll {
         let mut stats = PollStats::default();
-        let mut messages = Vec::new();
         let mut seen_tokens: Vec<String> = Vec::new();
         let mut token: Option<String> = None;
         loop {
@@ -358,11 +364,16 @@ impl Poller {
                 }
             };
             stats.pages += 1;
+            let mut messages = Vec::with_capacity(page.game_server_instances().len());
             for inst in page.game_server_instances() {
                 match to_polled(inst, polled_at_ms) {
                     Ok(m) => messages.push(m),
                     Err(invalid) => self.skip_invalid(group, &invalid, &mut stats),
                 }
+            }
+            if !messages.is_empty() {
+                // The receiver outlives the poll; if it is gone the cycle is over anyway.
+                let _ = pages.send(messages);
             }
             match page.next_token().filter(|t| !t.is_empty()) {
                 None => break,
@@ -392,7 +403,7 @@ impl Poller {
         }
         GroupPoll {
             stats,
-            result: Ok(messages),
+            result: Ok(()),
         }
     }
 

@@ -58,7 +58,10 @@ pub const READY_REDIS: &str = "redis";
 /// ARGV[1]: TTL in seconds, ARGV[2]: this writer's id; then per instance: channel, body,
 /// polled-at (ms), publish mode ("1" always, "0" only if the cached body differs).
 /// Returns per instance 0 (another writer polled later: dropped), 1 (written and
-/// published) or 2 (written, not published because unchanged).
+/// published) or 2 (written, not published because unchanged), plus [`REPLACED`] when one
+/// of its keys held another Redis type: a read of such a key fails (WRONGTYPE), which
+/// would fail the whole script, every batch of it and every cycle, so it is read as absent
+/// and overwritten (the keys are pubsub's own).
 const NEWER_ONLY: &str = r"
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 local ttl = ARGV[1]
@@ -68,28 +71,38 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 for i = 1, #KEYS / 3 do
   local a = 3 + (i - 1) * 4
-  local held = tonumber(redis.call('GET', KEYS[3 * i - 1]))
-  local mine = redis.call('GET', KEYS[3 * i]) == writer
+  local replaced = 0
+  local function get(key)
+    local ok, v = pcall(redis.call, 'GET', key)
+    if ok then return v end
+    replaced = 4
+    return false
+  end
+  local held = tonumber(get(KEYS[3 * i - 1]))
+  local mine = get(KEYS[3 * i]) == writer
   local at = tonumber(ARGV[a + 2]) or 0
   if at > now then at = now end
   if held and held <= now and held > at and not mine then
     out[i] = 0
   else
     local body = ARGV[a + 1]
-    local publish = ARGV[a + 3] == '1' or redis.call('GET', KEYS[3 * i - 2]) ~= body
+    local publish = ARGV[a + 3] == '1' or get(KEYS[3 * i - 2]) ~= body
     redis.call('SET', KEYS[3 * i - 2], body, 'EX', ttl)
     redis.call('SET', KEYS[3 * i - 1], at, 'EX', ttl)
     redis.call('SET', KEYS[3 * i], writer, 'EX', ttl)
     if publish then
       redis.call('PUBLISH', ARGV[a], body)
-      out[i] = 1
+      out[i] = 1 + replaced
     else
-      out[i] = 2
+      out[i] = 2 + replaced
     end
   end
 end
 return out
 ";
+
+/// Added to an instance's outcome when one of its keys held another type and was replaced.
+const REPLACED: i64 = 4;
 
 /// One instance's status, ready to publish.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,8 +181,6 @@ pub struct Publisher {
     slot: tokio::sync::Mutex<Slot>,
     generation: AtomicU64,
     gate: Mutex<Gate>,
-    /// When a Redis round trip last succeeded (or when the publisher was created).
-    last_ok: Mutex<Instant>,
     /// Round trips that succeeded, and the last failure, since readiness was last settled.
     since_settled: Mutex<(u64, Option<String>)>,
     metrics: Metrics,
@@ -214,7 +225,6 @@ impl Publisher {
                 retry_at: None,
                 failing: None,
             }),
-            last_ok: Mutex::new(Instant::now()),
             since_settled: Mutex::new((0, None)),
             metrics,
             health,
@@ -239,14 +249,6 @@ impl Publisher {
                 format!("{n} round trips succeeded; some failed: {error}"),
             ),
         }
-    }
-
-    /// Time since a Redis round trip last succeeded (since creation if none has).
-    pub fn since_last_success(&self) -> Duration {
-        self.last_ok
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .elapsed()
     }
 
     /// Publishes and caches `messages`, `--publish-batch` instances per round trip.
@@ -315,6 +317,12 @@ impl Publisher {
                 self.round_trip_ok();
                 let (mut published, mut unchanged, mut stale) = (0u64, 0u64, 0u64);
                 for (m, outcome) in chunk.iter().zip(&outcomes) {
+                    let outcome = if *outcome >= REPLACED {
+                        self.wrong_type_replaced(m);
+                        outcome - REPLACED
+                    } else {
+                        *outcome
+                    };
                     match outcome {
                         0 => {
                             stale += 1;
@@ -352,6 +360,16 @@ impl Publisher {
         }
     }
 
+    /// One of `m`'s keys held another Redis type (someone else wrote it) and was replaced.
+    fn wrong_type_replaced(&self, m: &Outgoing) {
+        self.metrics.wrong_type_keys.inc();
+        tracing::warn!(
+            message = "replaced a key of the wrong type for this instance (not written by pubsub)",
+            instance = %m.instance_id,
+            hint = "something else writes lastcall:status:*, lastcall:polled_at:* or lastcall:polled_by:* keys",
+        );
+    }
+
     /// A status was dropped because another writer holds a later poll. That is routine for
     /// ACTIVE; for a notice it may mean clocks disagree and a drain is not heard, so it is
     /// a warning and an alertable counter. Returns whether `m` was a notice.
@@ -376,8 +394,7 @@ impl Publisher {
     }
 
     /// Checks Redis with a PING (used when a cycle had nothing to publish), through the same
-    /// connection and gate as publishing, so readiness and liveness follow Redis even with
-    /// no instances.
+    /// connection and gate as publishing, so readiness follows Redis even with no instances.
     pub async fn ping(&self) -> PublishReport {
         let mut report = PublishReport::default();
         let (generation, mut conn) = match self.connection().await {
@@ -453,7 +470,6 @@ impl Publisher {
     fn round_trip_ok(&self) {
         Metrics::result(&self.metrics.redis_round_trips, "ok");
         self.metrics.redis_up.set(1);
-        *self.last_ok.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         let recovered = {
             let mut gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
             gate.backoff.reset();

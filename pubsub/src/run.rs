@@ -1,7 +1,7 @@
 //! One polling cycle, the loop that repeats it, and the process around them.
 //!
 //! A cycle re-reads the groups file, polls the groups with bounded concurrency and publishes
-//! each group's statuses as soon as that group's pages are in. Nothing in a cycle can end the
+//! each page's statuses as soon as that page is read. Nothing in a cycle can end the
 //! process: every failure is a value in the [`CycleReport`], a metric and a log line.
 
 use std::collections::{HashMap, HashSet};
@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::groups::{GroupsFile, Reload};
+use crate::liveness::Liveness;
 use crate::metrics::UNKNOWN_STATUS;
 use crate::metrics::WebhookMetrics;
 use crate::metrics::{GroupLabels, GroupReasonLabels, GroupStatusLabels, Metrics};
@@ -30,6 +31,7 @@ use crate::rate::RateLimiter;
 use crate::webhook::drain::DrainReader;
 use crate::webhook::tls::ReloadingCert;
 use crate::webhook::{READY_WEBHOOK, Webhook};
+use lastcall_common::fleetiq::InstanceStatus;
 use lastcall_common::redis_conn;
 
 /// Name of the readiness check that some group was published recently.
@@ -136,7 +138,7 @@ pub struct Pubsub {
     started: Instant,
     cycle_deadline: Duration,
     ready_within: Duration,
-    liveness_timeout: Duration,
+    liveness: Liveness,
     metrics: Metrics,
     registry: Arc<Registry>,
     health: Health,
@@ -184,11 +186,13 @@ impl Pubsub {
                     config.redis_url.is_tls(),
                     settings.redis_timeout,
                     settings.drain_state_max_age,
+                    settings.drain_state_hold_limit,
                     metrics.clone(),
                 );
                 Some(Arc::new(Webhook::new(
                     settings.policy,
                     reader,
+                    settings.redis_timeout,
                     metrics,
                     health.clone(),
                 )))
@@ -201,7 +205,7 @@ impl Pubsub {
             started: Instant::now(),
             cycle_deadline: config.cycle_deadline(),
             ready_within: config.period.saturating_mul(config.ready_periods),
-            liveness_timeout: config.liveness_timeout(),
+            liveness: Liveness::new(config.liveness_timeout()),
             metrics,
             registry: Arc::new(registry),
             health,
@@ -225,9 +229,9 @@ impl Pubsub {
         self.webhook.as_ref()
     }
 
-    /// `/metrics`, `/healthz` and `/readyz` for this service. `/healthz` is pubsub's own:
-    /// it fails when no Redis round trip has succeeded for `--liveness-timeout`, so the
-    /// kubelet restarts a process stuck on a dead connection or a hung cycle.
+    /// `/metrics`, `/healthz` and `/readyz` for this service. `/healthz` is the polling
+    /// loop's own (see [`crate::liveness`]): it fails only when the loop is stuck, never
+    /// because Redis is down, so the webhook goes on answering (held) through an outage.
     pub fn admin_router(self: &Arc<Self>) -> Router {
         let me = self.clone();
         Router::new()
@@ -236,18 +240,9 @@ impl Pubsub {
                 get(move || {
                     let me = me.clone();
                     async move {
-                        let since = me.publisher.since_last_success();
-                        if me.is_live() {
-                            (StatusCode::OK, "ok\n".to_string())
-                        } else {
-                            (
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                format!(
-                                    "no successful Redis round trip for {}s (liveness timeout {}s)\n",
-                                    since.as_secs(),
-                                    me.liveness_timeout.as_secs()
-                                ),
-                            )
+                        match me.liveness.check() {
+                            Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+                            Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
                         }
                     }
                 }),
@@ -255,9 +250,10 @@ impl Pubsub {
             .fallback_service(admin::router(self.registry.clone(), self.health.clone()))
     }
 
-    /// Whether a Redis round trip succeeded within `--liveness-timeout`.
+    /// Whether the polling loop is alive: waiting for a cycle that is not overdue, or in a
+    /// cycle younger than `--liveness-timeout`. Redis plays no part (see readiness).
     pub fn is_live(&self) -> bool {
-        self.publisher.since_last_success() <= self.liveness_timeout
+        self.liveness.check().is_ok()
     }
 
     pub fn health(&self) -> &Health {
@@ -276,6 +272,7 @@ impl Pubsub {
     pub async fn run_cycle(&self) -> CycleReport {
         let started = Instant::now();
         let mut state = self.state.lock().await;
+        self.liveness.cycling();
         let mut report = CycleReport::default();
 
         let Reload { groups, result } = state.groups_file.reload().await;
@@ -348,6 +345,8 @@ impl Pubsub {
         self.track_groups(&mut state, &groups, &published_groups);
         self.set_readiness(&state, had_groups, groups.len());
         self.finish_cycle(&report);
+        // Not waiting for anything planned yet: `run` sets the next cycle's time.
+        self.liveness.waiting_until(Instant::now());
         report
     }
 
@@ -418,71 +417,102 @@ impl Pubsub {
         self.health.set(READY_PUBLISHING, ok, detail);
     }
 
+    /// Polls `group` and publishes each page as soon as it is read (see
+    /// [`Poller::poll_group`]), in page order. Publishing is never cut by the deadline:
+    /// only polling is.
     async fn poll_and_publish(
         &self,
         group: &str,
         budget: &Budget,
         deadline: Instant,
     ) -> GroupOutcome {
-        let poll = match tokio::time::timeout_at(
-            deadline,
-            self.poller
-                .poll_group(group, budget, &self.limiter, deadline),
-        )
-        .await
-        {
-            Ok(poll) => poll,
-            Err(_) => crate::poller::GroupPoll {
-                stats: crate::poller::PollStats::default(),
-                result: Err(crate::poller::PollError {
-                    kind: crate::poller::PollErrorKind::Deadline,
-                    attempts: 0,
-                    message: "the cycle deadline (--cycle-deadline) passed during the poll".into(),
-                }),
-            },
-        };
-        let messages = match poll.result {
-            Ok(messages) => messages,
-            Err(e) => {
-                self.metrics
-                    .group_errors
-                    .get_or_create(&GroupReasonLabels {
-                        group: group.to_string(),
-                        reason: e.kind.label(),
-                    })
-                    .inc();
-                tracing::warn!(
-                    message = "cannot poll group this cycle",
-                    group,
-                    reason = e.kind.label(),
-                    attempts = e.attempts,
-                    error = %e.message
-                );
-                return GroupOutcome {
-                    group: group.to_string(),
-                    stats: poll.stats,
-                    failed: true,
-                    instance_ids: Vec::new(),
-                    publish: PublishReport::default(),
-                };
+        let (pages, mut received) = tokio::sync::mpsc::unbounded_channel();
+        let poll = async move {
+            let poll = tokio::time::timeout_at(
+                deadline,
+                self.poller
+                    .poll_group(group, budget, &self.limiter, deadline, &pages),
+            )
+            .await;
+            // Ends the publishing loop below once what was read is published.
+            drop(pages);
+            match poll {
+                Ok(poll) => poll,
+                Err(_) => crate::poller::GroupPoll {
+                    stats: crate::poller::PollStats::default(),
+                    result: Err(crate::poller::PollError {
+                        kind: crate::poller::PollErrorKind::Deadline,
+                        attempts: 0,
+                        message: "the cycle deadline (--cycle-deadline) passed during the poll"
+                            .into(),
+                    }),
+                },
             }
         };
-        let unique = dedupe_keep_last(messages);
+        let publish = async {
+            let mut report = PublishReport::default();
+            // Last status seen per instance, first-seen order kept (for counts and ids).
+            let mut seen: Vec<(String, Option<InstanceStatus>)> = Vec::new();
+            let mut index: HashMap<String, usize> = HashMap::new();
+            while let Some(page) = received.recv().await {
+                let unique = dedupe_keep_last(page);
+                for m in &unique {
+                    let id = &m.outgoing.instance_id;
+                    match index.get(id) {
+                        Some(&i) => seen[i].1 = m.status,
+                        None => {
+                            index.insert(id.clone(), seen.len());
+                            seen.push((id.clone(), m.status));
+                        }
+                    }
+                }
+                let outgoing: Vec<Outgoing> = unique.into_iter().map(|p| p.outgoing).collect();
+                report.add(&self.publisher.publish(&outgoing).await);
+            }
+            (report, seen)
+        };
+        let (poll, (publish, seen)) = tokio::join!(poll, publish);
         let mut counts: HashMap<&'static str, i64> = HashMap::new();
-        for m in &unique {
-            let label = m.status.map_or(UNKNOWN_STATUS, |s| s.as_str());
+        for (_, status) in &seen {
+            let label = status.map_or(UNKNOWN_STATUS, |s| s.as_str());
             *counts.entry(label).or_default() += 1;
         }
         let unknown = counts.get(UNKNOWN_STATUS).copied().unwrap_or(0);
         if unknown > 0 {
             self.metrics.unknown_statuses.inc_by(unknown as u64);
             tracing::warn!(
-                message = "publishing instance statuses this version does not know, as-is",
+                message = "published instance statuses this version does not know, as-is",
                 group,
                 instances = unknown
             );
         }
-        let labels = lastcall_common::fleetiq::InstanceStatus::ALL
+        let instance_ids = seen.into_iter().map(|(id, _)| id).collect();
+        if let Err(e) = poll.result {
+            self.metrics
+                .group_errors
+                .get_or_create(&GroupReasonLabels {
+                    group: group.to_string(),
+                    reason: e.kind.label(),
+                })
+                .inc();
+            tracing::warn!(
+                message = "cannot poll group this cycle",
+                group,
+                reason = e.kind.label(),
+                attempts = e.attempts,
+                pages_published = poll.stats.pages,
+                error = %e.message
+            );
+            return GroupOutcome {
+                group: group.to_string(),
+                stats: poll.stats,
+                failed: true,
+                instance_ids,
+                publish,
+            };
+        }
+        // The per-status gauge describes whole groups only.
+        let labels = InstanceStatus::ALL
             .iter()
             .map(|s| s.as_str())
             .chain([UNKNOWN_STATUS]);
@@ -495,13 +525,11 @@ impl Pubsub {
                 })
                 .set(counts.get(status).copied().unwrap_or(0));
         }
-        let outgoing: Vec<Outgoing> = unique.into_iter().map(|p| p.outgoing).collect();
-        let publish = self.publisher.publish(&outgoing).await;
         GroupOutcome {
             group: group.to_string(),
             stats: poll.stats,
             failed: false,
-            instance_ids: outgoing.into_iter().map(|o| o.instance_id).collect(),
+            instance_ids,
             publish,
         }
     }
@@ -559,6 +587,7 @@ impl Pubsub {
     pub async fn run(&self, shutdown: CancellationToken) {
         let mut next = Instant::now() + jitter(self.cycle_jitter);
         loop {
+            self.liveness.waiting_until(next);
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep_until(next) => {}
@@ -579,8 +608,9 @@ pub fn next_start(started: Instant, ended: Instant, period: Duration) -> Instant
     (started + period).max(ended + MIN_GAP)
 }
 
-/// One entry per instance, even if paging returned an instance twice: the later page's
-/// entry wins, being the newer answer. First-seen order is kept.
+/// One entry per instance of a page, even if it lists an instance twice: the later entry
+/// wins. First-seen order is kept. (Across pages, each page is published in order, so a
+/// later page's entry lands on top of an earlier one's.)
 pub fn dedupe_keep_last(polled: Vec<crate::poller::Polled>) -> Vec<crate::poller::Polled> {
     let mut index: HashMap<String, usize> = HashMap::with_capacity(polled.len());
     let mut unique: Vec<crate::poller::Polled> = Vec::with_capacity(polled.len());
@@ -653,6 +683,19 @@ pub async fn serve(config: Config) -> Result<(), Error> {
     };
     let gamelift = crate::poller::gamelift_client(&config, None).await;
     let pubsub = Arc::new(Pubsub::new(&config, gamelift)?);
+    if let Some(w) = pubsub.webhook() {
+        // In-cluster credentials (the chart mounts a token with read access to Nodes and
+        // Fleets) or a kubeconfig. Without either the webhook still answers: entries end
+        // by age alone, and held answers keep status.replicas.
+        match kube::Client::try_default().await {
+            Ok(client) => w.attach_kube(client),
+            Err(e) => tracing::warn!(
+                message = "no Kubernetes API client: the webhook cannot see gone Nodes or a held Fleet's spec",
+                error = %e,
+                hint = "run in the cluster with the chart's RBAC, or set KUBECONFIG",
+            ),
+        }
+    }
     let mut admin = tokio::spawn(admin::serve(
         listener,
         pubsub.admin_router(),

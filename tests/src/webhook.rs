@@ -132,6 +132,16 @@ impl WebhookServer {
         argv.extend(extra.iter().map(|s| s.to_string()));
         let config = Config::try_parse_from(argv)?;
         config.validate()?;
+        // As in a cluster whose Redis has been up a while: the drain state is dated an hour
+        // back, so answers do not hold for a restart that did not happen. A test of a
+        // restart restarts Redis (or deletes the hash) after this.
+        let redis = lastcall_common::redis_conn::any_client(&config.redis_url, None)?;
+        let mut conn =
+            lastcall_common::redis_conn::connect_any(&redis, std::time::Duration::from_secs(5))
+                .await?;
+        let an_hour_ago =
+            lastcall_common::drain_state::unix_ms(std::time::SystemTime::now()) - 3_600_000;
+        lastcall_common::drain_state::mark_epoch(&mut conn, an_hour_ago).await?;
         let credentials = aws_sdk_gamelift::config::Credentials::new(
             "AKIDWEBHOOKTEST",
             "webhook-test-secret",
@@ -177,6 +187,14 @@ impl WebhookServer {
 
     pub fn addr(&self) -> std::net::SocketAddr {
         self.addr
+    }
+
+    /// Lets the webhook read Nodes and Fleets through `client` (the kube emulator), as the
+    /// binary does with its in-cluster credentials.
+    pub fn attach_kube(&self, client: kube::Client) {
+        if let Some(w) = self.pubsub.webhook() {
+            w.attach_kube(client);
+        }
     }
 
     /// The process's metrics, as `/metrics` serves them.

@@ -1397,6 +1397,56 @@ fn help_parser_reads_flags_env_and_defaults() {
 // Metrics: dashboard and alerts vs. what the binaries export; promtool check metrics
 // ---------------------------------------------------------------------------------------
 
+/// The webhook's metrics with the families the alerts use filled: a Fleet held by a stale
+/// drain-state entry, and a review with a bad per-Fleet setting.
+async fn webhook_metrics(redis: &lastcall_testkit::redis::RedisServer) -> String {
+    use lastcall_common::drain_state::{self, FleetOnNode, NodeDrainState};
+    use lastcall_testkit::webhook::{FleetStatus, WebhookServer, agones_review};
+    let hook = WebhookServer::start(&redis.url(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap();
+    let stale = NodeDrainState {
+        node: "pkg-node".into(),
+        updated_at_ms: drain_state::unix_ms(std::time::SystemTime::now()) - 3 * 60_000,
+        fleets: vec![FleetOnNode {
+            namespace: "default".into(),
+            name: "pkg-fleet".into(),
+            ready: 2,
+            allocated: 0,
+            held: None,
+            at_risk: None,
+        }],
+    };
+    let mut conn = redis.client().await.unwrap();
+    drain_state::publish(&mut conn, &stale).await.unwrap();
+    let status = FleetStatus {
+        replicas: 20,
+        ready: 10,
+        reserved: 0,
+        allocated: 10,
+    };
+    let http = reqwest::Client::new();
+    for (uid, annotations) in [
+        ("held", &[][..]),
+        ("typo", &[("lastcall.dev/autoscaler-buffer", "lots")][..]),
+    ] {
+        let r = http
+            .post(hook.url())
+            .body(agones_review(
+                uid,
+                "default",
+                "pkg-fleet",
+                status,
+                annotations,
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    hook.metrics_text()
+}
+
 /// The real pubsub binary polling a group with instances and a group that does not exist;
 /// its `/metrics` port.
 struct PubsubRun {
@@ -1661,9 +1711,12 @@ async fn dashboard_and_alerts_use_only_metrics_the_binaries_export() {
     pubsub.wait_cycle().await;
     let pubsub_text = pubsub.metrics().await;
     drop(pubsub);
+    let webhook_text = webhook_metrics(&w.redis).await;
 
     promtool_check_metrics("lastcall-agent", &agent_text);
     promtool_check_metrics("lastcall-pubsub", &pubsub_text);
+    promtool_check_metrics("lastcall-pubsub (webhook)", &webhook_text);
+    let pubsub_text = format!("{pubsub_text}\n{webhook_text}");
 
     let exported: BTreeSet<String> = exported_names(&agent_text)
         .into_iter()
@@ -1928,6 +1981,10 @@ const NOT_RUN: &[(&str, &str)] = &[
     (
         "kubectl -n lastcall get pods",
         "the emulator's pods are game servers only; lastcall's own pods do not exist there",
+    ),
+    (
+        "kubectl -n lastcall exec",
+        "the emulator runs no containers: exec needs a kubelet and a container runtime",
     ),
     (
         "kubectl -n lastcall get serviceaccount",

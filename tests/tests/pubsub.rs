@@ -297,6 +297,76 @@ fn counter(m: &Metrics, name: &str, labels: &[(&str, &str)]) -> f64 {
 // Scenarios
 // ---------------------------------------------------------------------------------------
 
+/// A page that still fails after its retries costs only itself and the pages after it:
+/// the pages read before it are published at once, a SPOT_TERMINATING among them. Before,
+/// a group's statuses were published only once all its pages were in, so one failing page
+/// threw away the whole group (and its Spot notice) for a period.
+#[tokio::test]
+async fn a_page_that_fails_costs_only_itself_and_the_pages_already_read_are_published() {
+    let h = Harness::start(
+        &["paged"],
+        &[
+            "--retry-base",
+            "2ms",
+            "--retry-max",
+            "10ms",
+            "--api-max-attempts",
+            "3",
+        ],
+    )
+    .await;
+    h.emulator.set_default_page_size(20);
+    let instances = ids("paged", 60);
+    h.emulator
+        .add_instances("paged", &instances, emu::InstanceStatus::Active);
+    h.emulator
+        .set_instance_status(&instances[3], emu::InstanceStatus::SpotTerminating);
+    // The third page fails every attempt (503, retried, then given up).
+    h.emulator.fail_page("paged", 2, 3, 503);
+    let sub = Subscriber::start(&h.redis.url(), &instances).await;
+
+    let report = h.cycle().await;
+    assert_eq!(report.groups_failed, 1, "{report:?}");
+    assert_eq!(report.pages, 2, "{report:?}");
+    assert_eq!(report.published, 40, "the two pages read: {report:?}");
+    let failed: Vec<_> = h
+        .emulator
+        .calls()
+        .iter()
+        .filter(|c| c.outcome != "ok")
+        .map(|c| c.input["NextToken"].clone())
+        .collect();
+    assert_eq!(failed.len(), 3, "three attempts at the third page");
+    assert!(failed.iter().all(|t| t == "dgsi-40"), "{failed:?}");
+    let mut conn = h.redis().await;
+    assert_eq!(
+        cached_status(&mut conn, &instances[3]).await,
+        Some(InstanceStatus::SpotTerminating),
+        "the Spot notice on the first page is cached"
+    );
+    assert_eq!(cached_status(&mut conn, &instances[45]).await, None);
+    let got = sub.wait_for_count(40).await;
+    assert!(
+        got.iter()
+            .any(|(ch, body)| ch == &instances[3]
+                && status_of(body) == InstanceStatus::SpotTerminating),
+        "the Spot notice is published"
+    );
+    let m = h.metrics();
+    assert_eq!(
+        counter(
+            &m,
+            "group_errors",
+            &[("group", "paged"), ("reason", "server_error")]
+        ),
+        1.0
+    );
+
+    // The next cycle reads every page.
+    let report = h.cycle().await;
+    assert_eq!((report.groups_failed, report.published), (0, 60));
+}
+
 #[tokio::test]
 async fn groups_are_paged_and_every_instance_is_published_once_per_cycle() {
     let groups = ["g1", "g2", "g3"];
@@ -327,8 +397,8 @@ async fn groups_are_paged_and_every_instance_is_published_once_per_cycle() {
     assert_eq!(report.published, 135);
     assert_eq!(report.cached, 135);
     assert_eq!(
-        report.redis_round_trips, 3,
-        "one pipelined round trip per group"
+        report.redis_round_trips, 9,
+        "one round trip per page, published as soon as it is read"
     );
     assert_eq!(report.errors, 0);
     assert!(h.pubsub.health().is_ready());
@@ -400,7 +470,7 @@ async fn groups_are_paged_and_every_instance_is_published_once_per_cycle() {
         9.0
     );
     assert_eq!(counter(&m, "messages_published", &[]), 135.0);
-    assert_eq!(counter(&m, "redis_round_trips", &[("result", "ok")]), 3.0);
+    assert_eq!(counter(&m, "redis_round_trips", &[("result", "ok")]), 9.0);
     assert_eq!(counter(&m, "cycles", &[("result", "ok")]), 1.0);
     assert!(
         m.value(
@@ -866,11 +936,12 @@ async fn cached_status(
     body.map(|b| status_of(&b))
 }
 
-/// A half-open Redis (blackholed by a proxy) times out, the connection is rebuilt, liveness
-/// fails while it lasts, and publishing resumes within two cycles after it heals. Before,
-/// the manager kept the dead connection and `/healthz` stayed 200.
+/// A half-open Redis (blackholed by a proxy) times out, the connection is rebuilt,
+/// readiness fails while it lasts (liveness does not: the loop still turns, and the
+/// webhook must keep answering), and publishing resumes within two cycles after it heals.
+/// Before, the manager kept the dead connection and readiness stayed green.
 #[tokio::test]
-async fn blackholed_redis_fails_liveness_and_publishing_resumes_within_two_cycles() {
+async fn blackholed_redis_fails_readiness_and_publishing_resumes_within_two_cycles() {
     let emulator = GameLiftEmulator::start().await.unwrap();
     let redis = RedisServer::start().await.unwrap();
     let proxy = TcpProxy::start(redis.port()).await.unwrap();
@@ -900,14 +971,17 @@ async fn blackholed_redis_fails_liveness_and_publishing_resumes_within_two_cycle
     assert!(pubsub.is_live());
 
     proxy.set_blackhole(true);
+    let blackholed = tokio::time::Instant::now();
     eventually(
-        "liveness fails while Redis is blackholed",
+        "readiness fails while Redis is blackholed, past the liveness timeout",
         Duration::from_secs(20),
         Duration::from_millis(10),
         || async {
             let r = pubsub.run_cycle().await;
             assert_eq!(r.published, 0, "nothing can be published: {r:?}");
-            (!pubsub.is_live()).then_some(())
+            assert!(pubsub.is_live(), "the loop turns: liveness holds");
+            (!pubsub.health().is_ready() && blackholed.elapsed() > Duration::from_millis(1500))
+                .then_some(())
         },
     )
     .await;
@@ -1134,6 +1208,43 @@ async fn an_uncertain_write_is_published_again_when_the_status_reverts() {
     assert_eq!(r.published, 1, "{r:?}");
     let got = sub.wait_for_count(3).await;
     assert_eq!(status_of(&got[2].1), InstanceStatus::Active);
+}
+
+/// A key of another Redis type where an instance's keys go (a hash left by some other
+/// tool) fails no batch: the script reads it as absent and overwrites it, counted and
+/// logged. Before, the WRONGTYPE error failed the whole script, so every instance of the
+/// batch went unpublished, every cycle.
+#[tokio::test]
+async fn a_key_of_the_wrong_type_fails_no_batch() {
+    let h = Harness::start(&["wt"], &[]).await;
+    let instances = ids("wt", 5);
+    h.emulator
+        .add_instances("wt", &instances, emu::InstanceStatus::Draining);
+    let mut conn = h.redis().await;
+    let _: i64 = conn
+        .hset(polled_at_key(&instances[2]), "by", "another-tool")
+        .await
+        .unwrap();
+    let _: i64 = conn
+        .rpush(cache_key(&instances[4]), "not-a-status")
+        .await
+        .unwrap();
+    let report = h.cycle().await;
+    assert_eq!(
+        (report.published, report.publish_errors),
+        (5, 0),
+        "{report:?}"
+    );
+    for iid in &instances {
+        assert_eq!(
+            cached_status(&mut conn, iid).await,
+            Some(InstanceStatus::Draining),
+            "{iid}"
+        );
+    }
+    // The hash was read (polled-at) and counted; the list was only overwritten (the
+    // status key is read only with --publish-unchanged=false).
+    assert_eq!(counter(&h.metrics(), "wrong_type_keys", &[]), 1.0);
 }
 
 /// A Redis error on one group's batch (here an ACL that denies that group's keys) fails
@@ -1806,6 +1917,15 @@ async fn binary_rejects_bad_flags_with_exit_2_and_one_line_naming_the_flag() {
             "--concurrency",
         ),
         (&["--period", "60s"], "--redis-url"),
+        // Flags that must agree: checked against each other at start.
+        (
+            &["--redis-url", "cache", "--cache-ttl-periods", "1"],
+            "--cache-ttl-periods",
+        ),
+        (
+            &["--redis-url", "cache", "--liveness-timeout", "30s"],
+            "--liveness-timeout",
+        ),
     ];
     for (args, flag) in cases {
         let out = pubsub_command(home.path())
@@ -1872,23 +1992,29 @@ async fn binary_rejects_bad_flags_with_exit_2_and_one_line_naming_the_flag() {
     }
 }
 
-/// The real binary's `/healthz` turns 503, with the reason, once no Redis round trip has
-/// succeeded for `--liveness-timeout`, so the kubelet restarts it; `/readyz` is 503 too.
-/// Before, `/healthz` answered 200 whatever happened.
+/// Redis down for longer than `--liveness-timeout` does not make the real binary's
+/// `/healthz` fail: the kubelet would restart it into CrashLoopBackOff, and the
+/// FleetAutoscaler webhook, which answers held without Redis, would give Agones connection
+/// errors instead, so no Fleet could scale, not even up. `/readyz` reports Redis (503,
+/// with the reason) and the webhook keeps answering 200: held, and still growing a Fleet.
+/// Before, `/healthz` turned 503 once no Redis round trip had succeeded for the timeout.
 #[tokio::test]
-async fn binary_liveness_fails_when_redis_never_answers() {
+async fn binary_stays_live_and_answers_the_webhook_while_redis_never_answers() {
     let emulator = GameLiftEmulator::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let groups_file = dir.path().join("fleetiq.conf");
     write_groups(&groups_file, &["live-group"]);
     emulator.add_instances("live-group", &ids("live", 2), emu::InstanceStatus::Active);
-    let port = free_port();
-    let no_redis = free_port();
+    let (port, hook_port, no_redis) = (free_port(), free_port(), free_port());
+    let liveness_timeout = Duration::from_secs(20);
+    let started = tokio::time::Instant::now();
     let _child = pubsub_command(dir.path())
         .args(["--config-file", groups_file.to_str().unwrap()])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--period", "10s", "--cycle-jitter", "0s"])
-        .args(["--liveness-timeout", "1s", "--redis-timeout", "200ms"])
+        .args(["--liveness-timeout", "20s", "--redis-timeout", "200ms"])
+        .args(["--webhook-listen", &format!("127.0.0.1:{hook_port}")])
+        .args(["--webhook-max-replicas", "100"])
         .env("REDIS_URL", format!("127.0.0.1:{no_redis}"))
         .env("AWS_REGION", "us-west-2")
         .env("AWS_ENDPOINT_URL_GAMELIFT", emulator.url())
@@ -1896,19 +2022,60 @@ async fn binary_liveness_fails_when_redis_never_answers() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let http = reqwest::Client::new();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
     let base = format!("http://127.0.0.1:{port}");
-    let body = wait_for("/healthz turns 503", || async {
-        let r = http.get(format!("{base}/healthz")).send().await.ok()?;
-        (r.status() == 503).then_some(())?;
-        r.text().await.ok()
+    wait_for("the admin listener answers", || async {
+        http.get(format!("{base}/healthz"))
+            .send()
+            .await
+            .ok()
+            .map(|_| ())
     })
     .await;
-    assert!(body.contains("no successful Redis round trip"), "{body}");
+    let review = |uid: &str, replicas: i64, allocated: i64| {
+        serde_json::json!({"request": {"uid": uid, "name": "arena", "namespace": "default",
+            "status": {"replicas": replicas, "readyReplicas": replicas - allocated,
+                       "reservedReplicas": 0, "allocatedReplicas": allocated},
+            "labels": {}, "annotations": {}}, "response": null})
+    };
+    // Probe as the kubelet does, past the liveness timeout and a cycle more.
+    let until = started + liveness_timeout + Duration::from_secs(6);
+    let mut probes = 0;
+    while tokio::time::Instant::now() < until {
+        let r = http.get(format!("{base}/healthz")).send().await.unwrap();
+        let code = r.status().as_u16();
+        let body = r.text().await.unwrap();
+        assert_eq!(
+            code,
+            200,
+            "/healthz failed {:?} after start with Redis down: {body}",
+            started.elapsed()
+        );
+        probes += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(probes > 40, "{probes} probes");
     let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 503);
     let text = ready.text().await.unwrap();
     assert!(text.contains("connection"), "{text}");
+
+    // Agones' reviews are answered: held at the Fleet's size, and growth still allowed.
+    let hook = format!("http://127.0.0.1:{hook_port}/scale");
+    for (uid, replicas, allocated, want) in [("held", 16, 5, 16), ("grow", 10, 8, 13)] {
+        let r = http
+            .post(&hook)
+            .json(&review(uid, replicas, allocated))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["response"]["replicas"], want, "{uid}: {body}");
+    }
 }
 
 #[tokio::test]

@@ -292,7 +292,8 @@ async fn stale_future_and_malformed_drain_state_counts_zero_and_dead_entries_are
     let client = http();
     let fleet = status(10, 10);
     let now = now_ms();
-    // Late (3 min), long dead (1 h > 10 × 2 min), 10 min in the future, and garbage.
+    // Late (3 min: stale, holding), long dead (1 h: past the 5 min hold limit, and over
+    // 10 × 2 min: pruned), 10 min in the future (invalid), and garbage.
     publish(
         &redis,
         &draining("late", now - 3 * 60_000, &[(NS, FLEET, 6, 0)]),
@@ -353,7 +354,8 @@ async fn stale_future_and_malformed_drain_state_counts_zero_and_dead_entries_are
     assert_eq!(ask(&client, &hook.url(), fleet).await, (true, 17));
 
     for (reason, per_read) in [
-        ("stale", 2.0),
+        ("stale", 1.0),
+        ("expired", 1.0),
         ("future", 1.0),
         ("invalid_json", 1.0),
         ("not_utf8", 1.0),
@@ -387,8 +389,8 @@ async fn stale_future_and_malformed_drain_state_counts_zero_and_dead_entries_are
         .unwrap();
     assert_eq!(
         fields.len(),
-        5,
-        "late, ahead, garbage, non-UTF-8 and fresh remain"
+        6,
+        "late, ahead, garbage, non-UTF-8, fresh and the epoch remain"
     );
     assert_eq!(
         m(
@@ -413,8 +415,262 @@ async fn stale_future_and_malformed_drain_state_counts_zero_and_dead_entries_are
             "lastcall_pubsub_webhook_drain_state_nodes",
             &[("state", "stale")]
         ),
-        2.0
+        1.0,
+        "late is stale; dead is past the hold limit (expired)"
     );
+}
+
+/// A drain-state entry has an end. An agent whose node dies (a Spot reclaim with players on
+/// it) never clears its entry: while the entry is fresh the webhook would add its servers
+/// although the GameServerSet already replaces them (created twice), then hold every Fleet
+/// it names, unable to shrink, until the prune at 10 max ages. Now an entry whose Node is
+/// gone counts for nothing and holds nothing, and so does one older than
+/// `--webhook-drain-state-hold-limit` or dated in the future.
+/// The Nodes are read from the kube emulator; the drain state from a real Redis.
+#[tokio::test]
+async fn a_gone_node_or_an_expired_entry_counts_for_nothing_and_holds_nothing() {
+    use lastcall_testkit::cluster::{Cluster, ClusterConfig, NodeSpec};
+    let redis = RedisServer::start().await.unwrap();
+    let cluster = Cluster::start(ClusterConfig::default()).await.unwrap();
+    for node in ["alive", "late-alive", "old-alive"] {
+        cluster.add_node(NodeSpec::new(node)).unwrap();
+    }
+    let hook = WebhookServer::start(
+        &redis.host_port(),
+        &[
+            "--webhook-max-replicas",
+            "100",
+            "--webhook-drain-state-max-age",
+            "1m",
+            "--webhook-drain-state-hold-limit",
+            "3m",
+        ],
+        None,
+    )
+    .await
+    .unwrap();
+    hook.attach_kube(cluster.client());
+    let client = http();
+    let now = now_ms();
+    // Fresh: 2 on a live node, 6 on a node that died (a Spot reclaim: its agent could
+    // not clear the entry).
+    cluster.add_node(NodeSpec::new("dead")).unwrap();
+    publish(&redis, &draining("alive", now, &[(NS, FLEET, 2, 0)])).await;
+    publish(&redis, &draining("dead", now, &[(NS, FLEET, 6, 0)])).await;
+    cluster.remove_node("dead").unwrap();
+    // 10 allocated + 5 + 2: the dead node's servers, which its GameServerSet replaces
+    // already, are not asked for again.
+    assert_eq!(ask(&client, &hook.url(), status(10, 10)).await, (true, 17));
+
+    // Stale entries of other Fleets: a gone node's, one past the hold limit, one from the
+    // future; none of them holds. A stale entry of a live node within the limit does.
+    let late = now - 2 * 60_000;
+    publish(&redis, &draining("dead-late", late, &[(NS, "gone", 3, 0)])).await;
+    publish(
+        &redis,
+        &draining("old-alive", now - 4 * 60_000, &[(NS, "expired", 3, 0)]),
+    )
+    .await;
+    publish(
+        &redis,
+        &draining("ahead", now + 5 * 60_000, &[(NS, "future", 3, 0)]),
+    )
+    .await;
+    publish(&redis, &draining("late-alive", late, &[(NS, "held", 3, 0)])).await;
+    for fleet in ["gone", "expired", "future"] {
+        assert_eq!(
+            ask_fleet(&client, &hook.url(), NS, fleet, status(20, 10), &[]).await,
+            (true, 15),
+            "{fleet}: scales down to the buffer"
+        );
+    }
+    assert_eq!(
+        ask_fleet(&client, &hook.url(), NS, "held", status(20, 10), &[]).await,
+        (false, 20),
+        "a live node's stale entry still holds"
+    );
+    let text = hook.metrics_text();
+    assert_eq!(
+        metric_sum(&text, "lastcall_pubsub_webhook_held_total", &[]),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric_sum(
+            &text,
+            "lastcall_pubsub_webhook_drain_state_skipped_total",
+            &[("reason", "node_gone")]
+        ),
+        2.0,
+        "dead for this Fleet, dead-late for gone: {text}"
+    );
+    assert!(
+        metric_sum(
+            &text,
+            "lastcall_pubsub_webhook_node_reads_total",
+            &[("result", "absent")]
+        ) >= 2.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric_sum(&text, "lastcall_pubsub_webhook_fleets_held", &[]),
+        1.0,
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "lastcall_pubsub_webhook_fleet_held_seconds{fleet_namespace=\"default\",fleet=\"held\"}"
+        ),
+        "{text}"
+    );
+}
+
+/// A held answer keeps the Fleet's own `spec.replicas`, read from the API server. Agones
+/// writes the answer into `spec.replicas` (and, when `scale` is false, its
+/// `status.replicas`), so during a rolling update (status = spec + the surge) holding at
+/// `status.replicas` ratcheted the Fleet up at every held sync: spec 10 became 13 here.
+#[tokio::test]
+async fn a_held_answer_keeps_the_fleets_spec_during_a_rolling_update() {
+    use lastcall_testkit::cluster::{Cluster, ClusterConfig, FleetSpec, NodeSpec};
+    let redis = RedisServer::start().await.unwrap();
+    let cluster = Cluster::start(ClusterConfig::default()).await.unwrap();
+    cluster.create_fleet(FleetSpec::new(FLEET, 10)).unwrap();
+    cluster.add_node(NodeSpec::new("agent-down")).unwrap();
+    let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap();
+    hook.attach_kube(cluster.emulator().client_as("pubsub").await.unwrap());
+    let client = http();
+    // A stale entry names the Fleet: its agent stopped refreshing, its Node is still
+    // there, so it holds.
+    publish(
+        &redis,
+        &draining(
+            "agent-down",
+            now_ms() - 3 * 60_000,
+            &[(NS, FLEET, 3, 0), (NS, "no-such", 1, 0)],
+        ),
+    )
+    .await;
+    // What Agones sends mid-rollout: spec 10, status 13 (3 surge servers), 2 allocated.
+    let mid_rollout = status(13, 2);
+    assert_eq!(
+        ask(&client, &hook.url(), mid_rollout).await,
+        (true, 10),
+        "held at spec.replicas (scale: true, or Agones would apply status.replicas)"
+    );
+    assert_eq!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_fleet_reads_total",
+            &[("result", "ok")]
+        ),
+        1.0
+    );
+    // A Fleet the API does not know: held at its status, as before.
+    assert_eq!(
+        ask_fleet(&client, &hook.url(), NS, "no-such", status(13, 2), &[]).await,
+        (false, 13)
+    );
+    // Every call is one the chart's ClusterRole for the webhook grants: get nodes, get
+    // fleets.agones.dev; nothing else.
+    let calls: std::collections::BTreeSet<(String, String)> = cluster
+        .emulator()
+        .journal()
+        .entries()
+        .into_iter()
+        .filter(|e| e.identity.as_deref() == Some("pubsub"))
+        .map(|e| {
+            (
+                e.verb.as_str().to_string(),
+                e.resource.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let granted: std::collections::BTreeSet<(String, String)> =
+        [("get", "fleets"), ("get", "nodes")]
+            .iter()
+            .map(|(v, r)| (v.to_string(), r.to_string()))
+            .collect();
+    assert_eq!(calls, granted);
+    let chart = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/lastcall/templates/pubsub.yaml"
+    ))
+    .unwrap();
+    for rule in [
+        "resources: [nodes]\n    verbs: [get]",
+        "resources: [fleets]\n    verbs: [get]",
+    ] {
+        assert!(chart.contains(rule), "the chart grants {rule:?}");
+    }
+}
+
+/// A Redis restarted without persistence comes back with an empty drain-state hash, which
+/// reads exactly like "no node drains": before, the next answer shrank a Fleet whose
+/// draining node's servers were about to go. The hash carries an epoch field that only a
+/// lost hash lacks: then every answer holds (grows, never shrinks) until every draining
+/// agent has written again (`RESTART_SETTLE`, two refresh periods).
+#[tokio::test]
+async fn a_redis_restarted_empty_holds_until_the_agents_have_written_again() {
+    let mut redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap();
+    let client = http();
+    // Settled: nothing drains, the Fleet shrinks to the buffer.
+    assert_eq!(ask(&client, &hook.url(), status(20, 10)).await, (true, 15));
+    publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
+    assert_eq!(ask(&client, &hook.url(), status(21, 10)).await, (false, 21));
+
+    // Redis restarts empty: node-a's entry is gone, though node-a still drains.
+    redis.restart().await.unwrap();
+    // Until the webhook reads the new Redis (its connection died with the old one).
+    let reads = || {
+        metric_sum(
+            &hook.metrics_text(),
+            "lastcall_pubsub_webhook_drain_state_reads_total",
+            &[("result", "ok")],
+        )
+    };
+    let before = reads();
+    wait_for("the webhook reads Redis again", || async {
+        ask(&client, &hook.url(), status(10, 10)).await;
+        (reads() > before).then_some(())
+    })
+    .await;
+    assert_eq!(
+        ask(&client, &hook.url(), status(21, 10)).await,
+        (false, 21),
+        "held: not shrunk to 15 on an empty read"
+    );
+    assert_eq!(
+        ask(&client, &hook.url(), status(10, 10)).await,
+        (true, 15),
+        "growth is still allowed"
+    );
+    // The agent writes again; once the settle has passed (the epoch moved back here, as
+    // time would move it), its entry counts as before.
+    publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
+    let mut conn = redis.client().await.unwrap();
+    let epoch: i64 = redis::cmd("HGET")
+        .arg(drain_state::KEY)
+        .arg(drain_state::EPOCH_FIELD)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        (now_ms() - epoch).abs() < 30_000,
+        "the webhook dated the hash"
+    );
+    let _: i64 = redis::cmd("HSET")
+        .arg(drain_state::KEY)
+        .arg(drain_state::EPOCH_FIELD)
+        .arg(epoch - drain_state::RESTART_SETTLE.as_millis() as i64)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(ask(&client, &hook.url(), status(25, 10)).await, (true, 21));
 }
 
 /// With Redis down the drain state is unknown: answers are 200 and may grow the Fleet, but
@@ -573,28 +829,6 @@ async fn bad_reviews_get_400_with_the_reason_and_never_stop_the_server() {
             "request.status.allocatedReplicas is -2",
             "bad_count",
         ),
-        (
-            agones_review(
-                "u",
-                NS,
-                FLEET,
-                ok,
-                &[("lastcall.dev/autoscaler-buffer", "lots")],
-            ),
-            "annotation lastcall.dev/autoscaler-buffer=\"lots\"",
-            "bad_override",
-        ),
-        (
-            agones_review(
-                "u",
-                NS,
-                FLEET,
-                ok,
-                &[("lastcall.dev/autoscaler-max-replicas", "2")],
-            ),
-            "max replicas 2 is below the buffer 5",
-            "bad_override",
-        ),
     ];
     for (body, message, reason) in &cases {
         let (code, text) = post(&client, &hook.url(), body.clone()).await;
@@ -609,14 +843,22 @@ async fn bad_reviews_get_400_with_the_reason_and_never_stop_the_server() {
             "{reason}"
         );
     }
-    let (code, text) = post(
-        &client,
-        &format!("{}?min=-1", hook.url()),
-        agones_review("u", NS, FLEET, ok, &[]),
+    // A body that never arrives whole: 408 once BODY_TIMEOUT passes, not a connection
+    // held for ever. Before, the server waited as long as the client did.
+    let mut raw = tokio::net::TcpStream::connect(hook.addr()).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    raw.write_all(
+        b"POST /scale HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"request\"",
     )
-    .await;
-    assert_eq!(code, 400);
-    assert!(text.contains("query parameter min=\"-1\""), "{text}");
+    .await
+    .unwrap();
+    let mut head = [0u8; 12];
+    // Agones' own limit on a webhook call, and a bound for the test.
+    tokio::time::timeout(Duration::from_secs(15), raw.read_exact(&mut head))
+        .await
+        .expect("an answer once the body timeout passes")
+        .unwrap();
+    assert_eq!(&head, b"HTTP/1.1 408");
 
     // Wrong method, wrong path: refused by the router.
     assert_eq!(client.get(hook.url()).send().await.unwrap().status(), 405);
@@ -637,6 +879,62 @@ async fn bad_reviews_get_400_with_the_reason_and_never_stop_the_server() {
         ),
         (cases.len() + 1) as f64
     );
+    assert_eq!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_rejected_total",
+            &[("reason", "body_timeout")]
+        ),
+        1.0
+    );
+}
+
+/// A typo in a Fleet's `lastcall.dev/autoscaler-*` annotation (or the URL's query) is
+/// ignored with a warning and `bad_overrides_total{source}`: the answer is the plain
+/// Buffer result of the flags. Before, it was a 400 on every sync, which Agones treats as
+/// "leave the Fleet as it is": the Fleet could not even grow until someone fixed it.
+#[tokio::test]
+async fn a_bad_fleet_setting_answers_the_flags_buffer_and_is_counted() {
+    let redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap();
+    let client = http();
+    // 9 allocated + the flags' buffer of 5.
+    let fleet = status(10, 9);
+    let typo = [("lastcall.dev/autoscaler-buffer", "lots")];
+    assert_eq!(
+        ask_fleet(&client, &hook.url(), NS, FLEET, fleet, &typo).await,
+        (true, 14)
+    );
+    let below = [("lastcall.dev/autoscaler-max-replicas", "2")];
+    assert_eq!(
+        ask_fleet(&client, &hook.url(), NS, FLEET, fleet, &below).await,
+        (true, 14)
+    );
+    let url = format!("{}?min=-1", hook.url());
+    assert_eq!(
+        ask_fleet(&client, &url, NS, FLEET, fleet, &[]).await,
+        (true, 14)
+    );
+    // A good query still applies beside a bad annotation: buffer 2.
+    let url = format!("{}?buffer=2", hook.url());
+    assert_eq!(
+        ask_fleet(&client, &url, NS, FLEET, fleet, &typo).await,
+        (true, 11)
+    );
+    for (source, n) in [("annotation", 2.0), ("combination", 1.0), ("query", 1.0)] {
+        assert_eq!(
+            m(
+                &hook,
+                "lastcall_pubsub_webhook_bad_overrides_total",
+                &[("source", source)]
+            ),
+            n,
+            "{source}"
+        );
+    }
+    assert_eq!(m(&hook, "lastcall_pubsub_webhook_rejected_total", &[]), 0.0);
 }
 
 #[tokio::test]

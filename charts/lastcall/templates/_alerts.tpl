@@ -145,4 +145,18 @@ groups:
         annotations:
           summary: "pubsub cannot poll game server group {{`{{ $labels.group }}`}} ({{`{{ $labels.reason }}`}})."
           description: "Instances of this group get no status update; check IAM (gamelift:DescribeGameServerInstances) and the group name."
+      - alert: LastcallWebhookFleetHeld
+        expr: max by (fleet_namespace, fleet) (lastcall_pubsub_webhook_fleet_held_seconds) > {{ mul $r.webhookFleetHeldMinutes 60 }}
+        labels:
+          severity: warning
+        annotations:
+          summary: "The FleetAutoscaler webhook has held Fleet {{`{{ $labels.fleet_namespace }}/{{ $labels.fleet }}`}} for more than {{ $r.webhookFleetHeldMinutes }} minutes."
+          description: "While held the Fleet can grow but not shrink: Redis is unreadable, or a draining node's agent stopped refreshing its drain state. See docs/webhook.md, \"When the webhook does not know\"."
+      - alert: LastcallWebhookBadFleetSettings
+        expr: sum by (namespace, pod, source) (increase(lastcall_pubsub_webhook_bad_overrides_total[10m])) > 0
+        labels:
+          severity: warning
+        annotations:
+          summary: "A Fleet's lastcall.dev/autoscaler-* settings are invalid ({{`{{ $labels.source }}`}}) and ignored."
+          description: "The webhook answers that Fleet with the flags' buffer, min and max; the warning log names the Fleet and the setting."
 {{- end -}}

@@ -27,9 +27,13 @@ const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(60);
 /// Extra Ready servers for one Fleet, or why none could be read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lookup {
-    /// Read; `unsure` when a stale or future-dated entry names the Fleet, so the count may
-    /// be short.
-    Read { extra: u64, unsure: bool },
+    /// Read; `hold` says why the count may be short: a stale entry (within the hold
+    /// limit, of a Node that exists) names the Fleet (`stale_entry`), or the hash was lost
+    /// and the agents are still writing it again (`redis_restarted`).
+    Read {
+        extra: u64,
+        hold: Option<&'static str>,
+    },
     /// Counted as zero; the label says why (`backoff`, `timeout`, an error class).
     Unavailable(&'static str),
 }
@@ -46,8 +50,7 @@ impl Lookup {
     /// be read, or part of it is stale.
     pub fn hold(self) -> Option<&'static str> {
         match self {
-            Self::Read { unsure: false, .. } => None,
-            Self::Read { unsure: true, .. } => Some("stale_entry"),
+            Self::Read { hold, .. } => hold,
             Self::Unavailable(reason) => Some(reason),
         }
     }
@@ -66,6 +69,7 @@ pub struct DrainReader {
     tls: bool,
     timeout: Duration,
     max_age: Duration,
+    hold_limit: Duration,
     slot: tokio::sync::Mutex<Option<AnyConn>>,
     gate: Mutex<Gate>,
     last_prune: Mutex<Option<Instant>>,
@@ -89,6 +93,7 @@ impl DrainReader {
         tls: bool,
         timeout: Duration,
         max_age: Duration,
+        hold_limit: Duration,
         metrics: WebhookMetrics,
     ) -> Self {
         Self {
@@ -96,6 +101,7 @@ impl DrainReader {
             tls,
             timeout,
             max_age,
+            hold_limit,
             slot: tokio::sync::Mutex::new(None),
             gate: Mutex::new(Gate {
                 backoff: Backoff::new(RETRY_BASE, RETRY_MAX),
@@ -108,11 +114,18 @@ impl DrainReader {
         }
     }
 
-    /// Ready servers of Fleet `namespace/name` on draining nodes, within the timeout.
-    pub async fn extra_ready(&self, namespace: &str, name: &str) -> Lookup {
+    /// Whether answers must hold because the hash was lost recently (see
+    /// [`Snapshot::settling`]).
+    pub fn settling(&self, snap: &Snapshot) -> bool {
+        snap.settling(drain_state::unix_ms(SystemTime::now()), self.max_age)
+    }
+
+    /// The drain state now, within the timeout, or why it cannot be read (`backoff`,
+    /// `timeout`, an error class): then the answer is held.
+    pub async fn snapshot(&self) -> Result<Snapshot, &'static str> {
         if self.backing_off() {
             Metrics::result(&self.metrics.drain_state_reads, "backoff");
-            return Lookup::Unavailable("backoff");
+            return Err("backoff");
         }
         let started = Instant::now();
         let read = tokio::time::timeout(self.timeout, self.read()).await;
@@ -122,10 +135,7 @@ impl DrainReader {
         match read {
             Ok(Ok((snap, conn))) => {
                 self.read_ok(&snap, conn);
-                Lookup::Read {
-                    extra: snap.extra_ready(namespace, name),
-                    unsure: snap.unsure(namespace, name),
-                }
+                Ok(snap)
             }
             Ok(Err(e)) => {
                 let class = redis_conn::classify(&e);
@@ -133,7 +143,7 @@ impl DrainReader {
                     self.forget_connection();
                 }
                 self.read_failed(class.label(), class.hint(self.tls), &e.to_string());
-                Lookup::Unavailable(class.label())
+                Err(class.label())
             }
             Err(_) => {
                 // A connection that did not answer in time is not trusted again.
@@ -144,7 +154,7 @@ impl DrainReader {
                     ErrorClass::Timeout.hint(self.tls),
                     "no answer within --webhook-redis-timeout",
                 );
-                Lookup::Unavailable(label)
+                Err(label)
             }
         }
     }
@@ -162,7 +172,18 @@ impl DrainReader {
             }
         };
         let now_ms = drain_state::unix_ms(SystemTime::now());
-        let snap = drain_state::read_all(&mut conn, now_ms, self.max_age).await?;
+        let mut snap =
+            drain_state::read_all(&mut conn, now_ms, self.max_age, self.hold_limit).await?;
+        if snap.epoch_ms.is_none() {
+            let epoch = drain_state::mark_epoch(&mut conn, now_ms).await?;
+            if epoch == now_ms {
+                tracing::warn!(
+                    message = "the drain state had no epoch: Redis lost it (a restart without persistence, a flush) or no webhook has read it yet; holding every Fleet while the agents write again",
+                    hold_s = drain_state::RESTART_SETTLE.as_secs(),
+                );
+            }
+            snap.epoch_ms = Some(epoch);
+        }
         Ok((snap, conn))
     }
 
@@ -190,7 +211,7 @@ impl DrainReader {
         if let Some(after) = recovered {
             tracing::info!(message = "drain state readable again", after);
         }
-        let (mut stale, mut malformed) = (0i64, 0i64);
+        let (mut stale, mut malformed, mut expired, mut future) = (0i64, 0i64, 0i64, 0i64);
         for s in &snap.skipped {
             self.metrics
                 .drain_state_skipped
@@ -200,7 +221,9 @@ impl DrainReader {
                 .inc();
             match s.why {
                 Skip::Malformed(_) => malformed += 1,
-                Skip::Stale { .. } | Skip::Future { .. } => stale += 1,
+                Skip::Future { .. } => future += 1,
+                Skip::Stale { .. } => stale += 1,
+                Skip::Expired { .. } => expired += 1,
             }
         }
         let nodes = &self.metrics.drain_state_nodes;
@@ -213,11 +236,22 @@ impl DrainReader {
         nodes
             .get_or_create(&StateLabels { state: "malformed" })
             .set(malformed);
+        nodes
+            .get_or_create(&StateLabels { state: "expired" })
+            .set(expired);
+        nodes
+            .get_or_create(&StateLabels { state: "future" })
+            .set(future);
         if !snap.skipped.is_empty() && due(&self.last_warning) {
             let first: Vec<String> = snap
                 .skipped
                 .iter()
-                .filter(|s| matches!(s.why, Skip::Malformed(_) | Skip::Future { .. }))
+                .filter(|s| {
+                    matches!(
+                        s.why,
+                        Skip::Malformed(_) | Skip::Future { .. } | Skip::Expired { .. }
+                    )
+                })
                 .take(5)
                 .map(|s| match &s.why {
                     Skip::Malformed(e) => format!("{}: {e}", trim_for_log(&s.node, 64)),
@@ -226,9 +260,11 @@ impl DrainReader {
                 .collect();
             if !first.is_empty() {
                 tracing::warn!(
-                    message = "drain state entries skipped (counted as zero extra; the Fleets they name are held)",
+                    message = "drain state entries skipped (they count for nothing; only stale ones within the hold limit hold the Fleets they name)",
                     malformed,
                     stale,
+                    expired,
+                    future,
                     first = ?first
                 );
             }

@@ -5,18 +5,23 @@
 //! policy ([`policy`]) plus the Fleet's Ready servers on draining nodes, read from the drain
 //! state agents publish in Redis ([`drain`]), so replacements start before that capacity
 //! is gone. Layers: [`settings`] (its flags), [`review`] (the wire contract), [`policy`]
-//! (pure), [`drain`] (Redis, bounded), [`tls`] (HTTPS), and the handler here. It imports
-//! nothing of the poller or the publisher, only the metric definitions below all of them.
+//! (pure), [`drain`] (Redis, bounded), [`kube`] (Nodes and Fleets, bounded, optional),
+//! [`held`] (how long each Fleet is held), [`tls`] (HTTPS), and the handler here. It
+//! imports nothing of the poller or the publisher, only the metric definitions below all
+//! of them.
 //!
-//! A review that can be answered always gets a 200, within `--webhook-redis-timeout` plus
-//! microseconds: without drain state (or with a stale entry naming the Fleet) the answer is
-//! the plain buffer but never below the Fleet's current size, so it never scales down on a
-//! guess. A review that cannot
-//! be answered (bad JSON, missing fields, negative counts, a bad per-Fleet setting) gets a
-//! 400 with the reason, so the FleetAutoscaler reports an error instead of scaling on
-//! guesses.
+//! A review that can be answered always gets a 200, within a few bounded reads: where the
+//! drain state is not fully known (Redis unreadable or lost, a stale entry of a live Node
+//! naming the Fleet) the answer is *held*: the plain buffer plus what can be trusted, never
+//! below the Fleet's own `spec.replicas`, so it never scales down on a guess and never
+//! stops a Fleet from growing. A bad per-Fleet setting is ignored with a warning (the
+//! flags answer). A review that cannot be answered (bad JSON, missing fields, negative
+//! counts) gets a 400 with the reason, so the FleetAutoscaler reports an error instead of
+//! scaling on guesses.
 
 pub mod drain;
+pub mod held;
+pub mod kube;
 pub mod policy;
 pub mod review;
 pub mod settings;
@@ -24,10 +29,12 @@ pub mod tls;
 
 pub use settings::Settings;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
@@ -37,14 +44,22 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::{BoundLabels, Metrics, ReasonLabels, WebhookMetrics};
+use crate::metrics::{BoundLabels, Metrics, ReasonLabels, SourceLabels, WebhookMetrics};
 use drain::{DrainReader, Lookup};
+use held::HeldFleets;
+use kube::{KubeReads, NodeSeen};
+use lastcall_common::drain_state::Snapshot;
 use policy::{Buffer, FleetCounts, Overrides, Policy, PolicyError};
 use review::{Review, ReviewError};
 
 /// Largest review accepted. Agones sends the Fleet's labels and annotations, which may
 /// carry a `kubectl` last-applied-configuration of several KiB.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// Longest a client may take to send a review's body once its headers are in (the
+/// headers have their own limit): a client that trickles a body is cut off (408) instead
+/// of holding one of the listener's connections for ever.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Fleet annotations that override the service-wide settings for that Fleet.
 pub const ANNOTATION_BUFFER: &str = "lastcall.dev/autoscaler-buffer";
@@ -66,6 +81,11 @@ pub const READY_WEBHOOK: &str = "webhook";
 pub struct Webhook {
     policy: Policy,
     reader: DrainReader,
+    /// Bound of each Kubernetes read (the same as Redis').
+    timeout: Duration,
+    /// Set once a Kubernetes client is attached ([`Webhook::attach_kube`]).
+    kube: OnceLock<KubeReads>,
+    held: HeldFleets,
     metrics: WebhookMetrics,
     /// pubsub's readiness: [`serve`] sets [`READY_WEBHOOK`] while it serves.
     health: Health,
@@ -81,15 +101,28 @@ impl Webhook {
     pub fn new(
         policy: Policy,
         reader: DrainReader,
+        timeout: Duration,
         metrics: WebhookMetrics,
         health: Health,
     ) -> Self {
         Self {
             policy,
             reader,
+            timeout,
+            kube: OnceLock::new(),
+            held: HeldFleets::default(),
             metrics,
             health,
         }
+    }
+
+    /// Lets the webhook read Nodes (an entry of a gone Node counts for nothing and holds
+    /// nothing) and Fleets (a held answer keeps `spec.replicas`). Only the first call
+    /// counts.
+    pub fn attach_kube(&self, client: ::kube::Client) {
+        let _ = self
+            .kube
+            .set(KubeReads::new(client, self.timeout, self.metrics.clone()));
     }
 
     pub fn policy(&self) -> &Policy {
@@ -102,7 +135,7 @@ impl Webhook {
             .route("/", post(scale))
             .route("/scale", post(scale))
             .route("/healthz", get(|| async { "ok\n" }))
-            .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+            .layer(DefaultBodyLimit::disable())
             .with_state(self.clone())
     }
 
@@ -111,20 +144,24 @@ impl Webhook {
             Ok(r) => r,
             Err(e) => return self.reject(&e, None),
         };
-        let policy = match self.policy_for(&review, query) {
-            Ok(p) => p,
-            Err(e) => return self.reject(&e, Some(&review)),
+        let policy = self.policy_for(&review, query);
+        let lookup = match self.reader.snapshot().await {
+            Ok(snap) => self.lookup(&snap, &review.namespace, &review.name).await,
+            Err(reason) => Lookup::Unavailable(reason),
         };
-        let lookup = self
-            .reader
-            .extra_ready(&review.namespace, &review.name)
-            .await;
         let fleet = FleetCounts {
             replicas: review.replicas,
             allocated: review.allocated_replicas,
         };
         let hold = lookup.hold();
-        let d = policy::decide(&policy, fleet, lookup.extra(), hold.is_some());
+        let hold_at = match hold {
+            None => None,
+            Some(_) => Some(self.size_to_hold(&review).await),
+        };
+        let d = policy::decide(&policy, fleet, lookup.extra(), hold_at);
+        let held_for = self
+            .held
+            .answered(&self.metrics, &review.namespace, &review.name, d.held);
         if d.held {
             let reason = hold.unwrap_or("unknown");
             self.metrics
@@ -137,7 +174,9 @@ impl Webhook {
                 fleet = %review.name,
                 reason,
                 current = review.replicas,
+                held_at = d.replicas,
                 buffer_target = d.buffer_target,
+                held_for_s = held_for.as_secs(),
             );
         }
         let result = match d.replicas.cmp(&review.replicas) {
@@ -197,8 +236,66 @@ impl Webhook {
         }
     }
 
+    /// The Fleet's drain state, with the entries of Nodes that are gone set aside: they
+    /// count for nothing and hold nothing (the GameServerSet already replaces what was on
+    /// them).
+    async fn lookup(&self, snap: &Snapshot, namespace: &str, name: &str) -> Lookup {
+        let naming: Vec<&str> = snap
+            .nodes_naming(namespace, name)
+            .map(|e| e.node.as_str())
+            .collect();
+        let seen: HashMap<String, NodeSeen> = match self.kube.get() {
+            Some(k) if !naming.is_empty() => k.nodes(&naming).await,
+            _ => HashMap::new(),
+        };
+        let f = snap.fleet(namespace, name, |e| {
+            seen.get(&e.node).is_some_and(|s| kube::is_gone(*s, e))
+        });
+        if !f.gone.is_empty() {
+            self.metrics
+                .drain_state_skipped
+                .get_or_create(&ReasonLabels {
+                    reason: "node_gone",
+                })
+                .inc_by(f.gone.len() as u64);
+            tracing::debug!(
+                message = "drain state of Nodes that are gone counts for nothing",
+                namespace,
+                fleet = name,
+                nodes = ?f.gone,
+            );
+        }
+        let hold = if self.reader.settling(snap) {
+            Some("redis_restarted")
+        } else if !f.holding.is_empty() {
+            Some("stale_entry")
+        } else {
+            None
+        };
+        Lookup::Read {
+            extra: f.extra,
+            hold,
+        }
+    }
+
+    /// The size a held answer keeps: the Fleet's `spec.replicas` (what Agones will write
+    /// the answer into), or `status.replicas` when the Fleet cannot be read.
+    async fn size_to_hold(&self, review: &Review) -> u32 {
+        let spec = match self.kube.get() {
+            Some(k) => k.fleet_spec_replicas(&review.namespace, &review.name).await,
+            None => {
+                Metrics::result(&self.metrics.fleet_reads, "no_client");
+                None
+            }
+        };
+        spec.unwrap_or(review.replicas)
+    }
+
     /// The service-wide policy with this Fleet's overrides: annotations, then the query.
-    fn policy_for(&self, review: &Review, query: Option<&str>) -> Result<Policy, ReviewError> {
+    /// An override that is not valid (a typo in an annotation) is ignored with a warning
+    /// and `bad_overrides_total{source}`, never a 400: Agones treats a 400 as "leave the
+    /// Fleet as it is", so one typo would stop it growing for good.
+    fn policy_for(&self, review: &Review, query: Option<&str>) -> Policy {
         let from_annotations = overrides(
             [ANNOTATION_BUFFER, ANNOTATION_MIN, ANNOTATION_MAX],
             review
@@ -206,7 +303,7 @@ impl Webhook {
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str())),
             "annotation",
-        )?;
+        );
         let pairs: Vec<(String, String)> = query
             .map(|q| {
                 url::form_urlencoded::parse(q.as_bytes())
@@ -218,13 +315,43 @@ impl Webhook {
             [QUERY_BUFFER, QUERY_MIN, QUERY_MAX],
             pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())),
             "query parameter",
-        )?;
-        let o = from_annotations.or(from_query);
-        self.policy.with(&o).map_err(|e| {
-            ReviewError::BadOverride(format!(
-                "the settings for this Fleet are invalid (flags, {ANNOTATION_BUFFER}/-min-replicas/-max-replicas annotations, ?buffer=&min=&max=): {e}"
-            ))
-        })
+        );
+        let usable = |o: Result<Overrides, String>, source: &'static str| match o {
+            Ok(o) => o,
+            Err(e) => {
+                self.bad_override(review, source, &e);
+                Overrides::default()
+            }
+        };
+        let o = usable(from_annotations, "annotation").or(usable(from_query, "query"));
+        match self.policy.with(&o) {
+            Ok(p) => p,
+            Err(e) => {
+                self.bad_override(
+                    review,
+                    "combination",
+                    &format!(
+                        "the settings for this Fleet are invalid together (flags, {ANNOTATION_BUFFER}/-min-replicas/-max-replicas annotations, ?buffer=&min=&max=): {e}"
+                    ),
+                );
+                self.policy
+            }
+        }
+    }
+
+    fn bad_override(&self, review: &Review, source: &'static str, error: &str) {
+        self.metrics
+            .bad_overrides
+            .get_or_create(&SourceLabels { source })
+            .inc();
+        tracing::warn!(
+            message = "ignoring invalid per-Fleet autoscaler settings: answering with the flags' settings",
+            source,
+            error,
+            namespace = %review.namespace,
+            fleet = %review.name,
+            hint = "fix the lastcall.dev/autoscaler-* annotation or the webhook URL's query",
+        );
     }
 
     fn reject(&self, e: &ReviewError, review: Option<&Review>) -> Answer {
@@ -256,10 +383,10 @@ fn overrides<'a>(
     keys: [&str; 3],
     pairs: impl Iterator<Item = (&'a str, &'a str)>,
     source: &str,
-) -> Result<Overrides, ReviewError> {
+) -> Result<Overrides, String> {
     let mut o = Overrides::default();
     for (k, v) in pairs {
-        let bad = |e: PolicyError| ReviewError::BadOverride(format!("{source} {k}={v:?}: {e}"));
+        let bad = |e: PolicyError| format!("{source} {k}={v:?}: {e}");
         if k == keys[0] {
             o.buffer = Some(v.parse::<Buffer>().map_err(bad)?);
         } else if k == keys[1] {
@@ -271,9 +398,24 @@ fn overrides<'a>(
     Ok(o)
 }
 
-async fn scale(State(webhook): State<Arc<Webhook>>, uri: Uri, body: Bytes) -> Response {
+async fn scale(State(webhook): State<Arc<Webhook>>, uri: Uri, body: Body) -> Response {
     let started = Instant::now();
-    let answer = webhook.answer(uri.query(), &body).await;
+    let answer = match tokio::time::timeout(
+        BODY_TIMEOUT,
+        axum::body::to_bytes(body, MAX_BODY_BYTES),
+    )
+    .await
+    {
+        Ok(Ok(body)) => webhook.answer(uri.query(), &body).await,
+        Ok(Err(e)) => {
+            webhook.refuse_body(StatusCode::PAYLOAD_TOO_LARGE, "too_large", &e.to_string())
+        }
+        Err(_) => webhook.refuse_body(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            &format!("the body did not arrive within {}s", BODY_TIMEOUT.as_secs()),
+        ),
+    };
     webhook
         .metrics
         .request_duration
@@ -289,6 +431,22 @@ async fn scale(State(webhook): State<Arc<Webhook>>, uri: Uri, body: Bytes) -> Re
         answer.body,
     )
         .into_response()
+}
+
+impl Webhook {
+    /// A body that could not be read whole: too large (413) or too slow (408).
+    fn refuse_body(&self, status: StatusCode, reason: &'static str, error: &str) -> Answer {
+        Metrics::result(&self.metrics.requests, "rejected");
+        self.metrics
+            .rejected
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+        tracing::warn!(message = "FleetAutoscaleReview body refused", reason, error);
+        Answer {
+            status,
+            body: format!("{error}\n").into_bytes(),
+        }
+    }
 }
 
 /// Serves the webhook on `listener` until `shutdown`: HTTPS when `tls` is given (its

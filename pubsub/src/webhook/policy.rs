@@ -212,9 +212,12 @@ pub fn buffer_target(buffer: Buffer, allocated: u32) -> u64 {
 }
 
 /// The replica count for `fleet` under `policy`, with `extra` Ready servers on draining
-/// nodes to replace. With `hold` (the drain state is not fully known, so `extra` may be
-/// short) the answer never shrinks the Fleet, except down to `max`.
-pub fn decide(policy: &Policy, fleet: FleetCounts, extra: u64, hold: bool) -> Decision {
+/// nodes to replace. With `hold_at` (the drain state is not fully known, so `extra` may be
+/// short) the answer never goes below that size, except down to `max`. The size to hold
+/// is the Fleet's own `spec.replicas` when it can be read: Agones writes the answer into
+/// `spec.replicas`, so holding at `status.replicas` (spec + surge during a rolling update)
+/// would ratchet the Fleet up at every held sync.
+pub fn decide(policy: &Policy, fleet: FleetCounts, extra: u64, hold_at: Option<u32>) -> Decision {
     let target = buffer_target(policy.buffer, fleet.allocated);
     let wanted = target.saturating_add(extra);
     let (replicas, clamped) = if wanted < u64::from(policy.min) {
@@ -225,14 +228,14 @@ pub fn decide(policy: &Policy, fleet: FleetCounts, extra: u64, hold: bool) -> De
         // wanted ≤ max ≤ u32::MAX here.
         (u32::try_from(wanted).unwrap_or(policy.max), None)
     };
-    let kept = fleet.replicas.min(policy.max);
-    let (replicas, clamped, held) = if hold && kept > replicas {
-        (kept, None, true)
-    } else {
-        (replicas, clamped, false)
+    let (replicas, clamped, held) = match hold_at {
+        Some(size) if size.min(policy.max) > replicas => (size.min(policy.max), None, true),
+        _ => (replicas, clamped, false),
     };
     Decision {
         replicas,
+        // Agones applies `status.replicas` when `scale` is false, so any other answer
+        // must say `scale: true`.
         scale: replicas != fleet.replicas,
         buffer_target: target,
         extra,
@@ -311,7 +314,7 @@ mod tests {
                 &policy(buffer, min, max),
                 fleet(replicas, allocated),
                 extra,
-                false,
+                None,
             );
             assert_eq!(
                 (d.replicas, d.clamped),
@@ -336,16 +339,27 @@ mod tests {
         ];
         let p = policy("5", 0, 20);
         for &(replicas, allocated, extra, want, held) in rows {
-            let d = decide(&p, fleet(replicas, allocated), extra, true);
+            let d = decide(&p, fleet(replicas, allocated), extra, Some(replicas));
             assert_eq!(
                 (d.replicas, d.held),
                 (want, held),
                 "replicas {replicas}, allocated {allocated}, extra {extra}"
             );
             assert_eq!(d.scale, want != replicas);
-            let plain = decide(&p, fleet(replicas, allocated), extra, false);
+            let plain = decide(&p, fleet(replicas, allocated), extra, None);
             assert!(d.replicas >= plain.replicas, "holding never asks for less");
         }
+    }
+
+    #[test]
+    fn a_hold_keeps_the_fleets_spec_not_its_status() {
+        let p = policy("5", 0, 100);
+        // A rolling update: spec 10, status 13 (the surge), 2 allocated: buffer 7.
+        let d = decide(&p, fleet(13, 2), 0, Some(10));
+        assert_eq!((d.replicas, d.scale, d.held), (10, true, true));
+        // Scaling up: spec 20, status 15 (servers still being created): not shrunk to 17.
+        let d = decide(&p, fleet(15, 12), 0, Some(20));
+        assert_eq!((d.replicas, d.held), (20, true));
     }
 
     #[test]

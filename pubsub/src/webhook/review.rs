@@ -45,8 +45,6 @@ pub enum ReviewError {
     Missing(&'static str),
     #[error("{field} is {value}: a Fleet count is a whole number from 0 to 2147483647")]
     BadCount { field: &'static str, value: i64 },
-    #[error("{0}")]
-    BadOverride(String),
 }
 
 impl ReviewError {
@@ -57,7 +55,6 @@ impl ReviewError {
             Self::WrongApiVersion(_) => "wrong_api_version",
             Self::Missing(_) => "missing_field",
             Self::BadCount { .. } => "bad_count",
-            Self::BadOverride(_) => "bad_override",
         }
     }
 }

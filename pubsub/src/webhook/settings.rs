@@ -60,6 +60,14 @@ pub struct WebhookFlags {
           value_parser = parse_max_age)]
     pub webhook_drain_state_max_age: Duration,
 
+    /// A stale drain-state entry (older than the max age) holds the Fleets it names only
+    /// until it is this old: then, like an entry whose Node is gone, it counts for nothing
+    /// and holds nothing, so a dead agent's entry cannot keep a Fleet from shrinking. At
+    /// least the max age.
+    #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_DRAIN_STATE_HOLD_LIMIT", default_value = "5m",
+          value_parser = parse_max_age)]
+    pub webhook_drain_state_hold_limit: Duration,
+
     /// Longest a webhook answer waits for Redis; after that it answers without the drain
     /// state: the plain buffer, never below the Fleet's current size (Agones gives up after
     /// 15s).
@@ -74,6 +82,7 @@ pub struct Settings {
     pub policy: Policy,
     pub redis_timeout: Duration,
     pub drain_state_max_age: Duration,
+    pub drain_state_hold_limit: Duration,
 }
 
 /// Settings that are valid one by one but not together. Each message names the flags.
@@ -85,6 +94,10 @@ pub enum SettingsError {
     MissingMaxReplicas,
     #[error("--webhook-listen {0} is also --listen: the webhook needs its own port")]
     SameListener(SocketAddr),
+    #[error(
+        "--webhook-drain-state-hold-limit ({hold}s) is below --webhook-drain-state-max-age ({max_age}s): a stale entry must be able to hold"
+    )]
+    HoldBelowMaxAge { hold: u64, max_age: u64 },
 }
 
 impl WebhookFlags {
@@ -102,10 +115,17 @@ impl WebhookFlags {
             .ok_or(SettingsError::MissingMaxReplicas)?;
         let policy = Policy::new(self.webhook_buffer, self.webhook_min_replicas, max)
             .map_err(SettingsError::Policy)?;
+        if self.webhook_drain_state_hold_limit < self.webhook_drain_state_max_age {
+            return Err(SettingsError::HoldBelowMaxAge {
+                hold: self.webhook_drain_state_hold_limit.as_secs(),
+                max_age: self.webhook_drain_state_max_age.as_secs(),
+            });
+        }
         Ok(Some(Settings {
             policy,
             redis_timeout: self.webhook_redis_timeout,
             drain_state_max_age: self.webhook_drain_state_max_age,
+            drain_state_hold_limit: self.webhook_drain_state_hold_limit,
         }))
     }
 }

@@ -20,12 +20,22 @@ struct FailRule {
     error: ApiError,
 }
 
+/// Fails the `DescribeGameServerInstances` page of `group` that starts at instance `start`.
+#[derive(Debug)]
+struct PageRule {
+    group: String,
+    start: usize,
+    remaining: usize,
+    error: ApiError,
+}
+
 #[derive(Debug)]
 pub(crate) struct Faults {
     pub(crate) latency: Duration,
     throttle_ratio: f64,
     throttle_next: usize,
     fail_rules: Vec<FailRule>,
+    page_rules: Vec<PageRule>,
     /// (operation or `"*"`, calls left) held without an answer until released.
     hang_rules: Vec<(String, usize)>,
     rng: StdRng,
@@ -38,6 +48,7 @@ impl Default for Faults {
             throttle_ratio: 0.0,
             throttle_next: 0,
             fail_rules: Vec::new(),
+            page_rules: Vec::new(),
             hang_rules: Vec::new(),
             rng: StdRng::seed_from_u64(DEFAULT_SEED),
         }
@@ -69,6 +80,38 @@ impl Faults {
                 error,
             });
         }
+    }
+
+    pub(crate) fn fail_page(&mut self, group: &str, start: usize, n: usize, error: ApiError) {
+        if n > 0 {
+            self.page_rules.push(PageRule {
+                group: group.to_string(),
+                start,
+                remaining: n,
+                error,
+            });
+        }
+    }
+
+    /// The injected error for this `DescribeGameServerInstances` page, if a page rule
+    /// names its group and the offset its `NextToken` carries (none: the first page).
+    pub(crate) fn take_page(&mut self, op: &str, input: &serde_json::Value) -> Option<ApiError> {
+        if op != "DescribeGameServerInstances" || self.page_rules.is_empty() {
+            return None;
+        }
+        let group = input.get("GameServerGroupName")?.as_str()?;
+        let start = match input.get("NextToken").and_then(serde_json::Value::as_str) {
+            None => 0,
+            Some(token) => token.strip_prefix(super::ops::TOKEN_PREFIX)?.parse().ok()?,
+        };
+        let rule = self
+            .page_rules
+            .iter_mut()
+            .find(|r| r.remaining > 0 && r.group == group && r.start == start)?;
+        rule.remaining -= 1;
+        let error = rule.error.clone();
+        self.page_rules.retain(|r| r.remaining > 0);
+        Some(error)
     }
 
     pub(crate) fn hang_next(&mut self, op: &str, n: usize) {
@@ -135,6 +178,33 @@ mod tests {
         );
         assert_eq!(f.take("A").map(|e| e.status), Some(503));
         assert_eq!(f.take("A"), None);
+    }
+
+    #[test]
+    fn a_page_rule_fails_only_that_page_of_that_group() {
+        let mut f = Faults::default();
+        f.fail_page("g", 40, 2, ApiError::injected(503));
+        let page = |group: &str, token: Option<&str>| {
+            let mut input = serde_json::json!({ "GameServerGroupName": group });
+            if let Some(t) = token {
+                input["NextToken"] = t.into();
+            }
+            input
+        };
+        let op = "DescribeGameServerInstances";
+        assert_eq!(f.take_page(op, &page("g", None)), None);
+        assert_eq!(f.take_page(op, &page("g", Some("dgsi-20"))), None);
+        assert_eq!(f.take_page(op, &page("h", Some("dgsi-40"))), None);
+        assert_eq!(f.take_page("Other", &page("g", Some("dgsi-40"))), None);
+        for _ in 0..2 {
+            let e = f.take_page(op, &page("g", Some("dgsi-40")));
+            assert_eq!(e.map(|e| e.status), Some(503));
+        }
+        assert_eq!(
+            f.take_page(op, &page("g", Some("dgsi-40"))),
+            None,
+            "used up"
+        );
     }
 
     #[test]

@@ -372,6 +372,18 @@ impl GameLiftEmulator {
             .fail_next(op, n, ApiError::injected(status));
     }
 
+    /// The next `n` calls for page `page` (0-based, at the default page size) of `group`'s
+    /// `DescribeGameServerInstances` fail with `status` (named as in
+    /// [`fail_next`](Self::fail_next)); other pages and groups answer as usual. For
+    /// retries of one page failing while the pages before it were served.
+    pub fn fail_page(&self, group: &str, page: usize, n: usize, status: u16) {
+        let mut inner = self.inner();
+        let start = page.saturating_mul(inner.world.default_page_size.max(1));
+        inner
+            .faults
+            .fail_page(group, start, n, ApiError::injected(status));
+    }
+
     /// Like [`fail_next`](Self::fail_next) with an explicit error name.
     pub fn fail_next_with(&self, op: &str, n: usize, status: u16, code: &str) {
         self.inner().faults.fail_next(
@@ -505,7 +517,11 @@ pub(crate) async fn run(
     let inner = &mut *inner;
     let (input, result) = match decoded {
         Ok(input) => {
-            let result = match inner.faults.take(&op) {
+            let injected = inner
+                .faults
+                .take_page(&op, &input)
+                .or_else(|| inner.faults.take(&op));
+            let result = match injected {
                 Some(injected) => Err(injected),
                 None => validate::input(&op, &input)
                     .and_then(|()| ops::dispatch(&mut inner.world, &op, &input, now)),

@@ -345,7 +345,7 @@ fn describe(world: &mut World, input: &Json, now: SystemTime) -> Result<Reply, A
     Ok(wrap_game_server(world, &group, &id, now))
 }
 
-const TOKEN_PREFIX: &str = "dgsi-";
+pub(crate) const TOKEN_PREFIX: &str = "dgsi-";
 
 /// `DescribeGameServerInstances`: the group's instances (optionally only `InstanceIds`),
 /// paged by `Limit` (or the emulator's default page size) and an offset `NextToken`.
