@@ -23,7 +23,7 @@ use lastcall_testkit::agent::{InProcessAgent, config, metric};
 use lastcall_testkit::asg::{GROUP as ASG_GROUP, HEARTBEAT_TIMEOUT, I, first};
 use lastcall_testkit::autoscaling::{AutoScalingEmulator, Happening, Hook, LifecycleState};
 use lastcall_testkit::cluster::{
-    AllocationRequest, Cluster, ClusterConfig, FleetSpec, GameServerSpec, GameServerState, NodeSpec,
+    Cluster, ClusterConfig, GameServerSpec, GameServerState, NodeSpec,
 };
 use lastcall_testkit::eventually::{eventually, wait_for};
 use lastcall_testkit::gamelift::{GameLiftEmulator, InstanceStatus};
@@ -90,24 +90,13 @@ async fn start_agent(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_node_gamelift_forgot_keeps_its_lifecycle_hook_until_the_match_ends() {
-    let cluster = Cluster::start(ClusterConfig::default())
-        .await
-        .expect("cluster");
-    cluster.add_node(NodeSpec::new("n1")).expect("n1");
-    cluster
-        .create_fleet(FleetSpec::new("arena", 2).grace_seconds(1))
-        .expect("fleet");
-    cluster
-        .wait_ready("default", "arena", 2)
-        .await
-        .expect("ready");
-    let playing = cluster
-        .allocate(&AllocationRequest::fleet("default", "arena"))
-        .await
-        .expect("allocate")
-        .expect("an allocated server")
-        .name;
-    let (imds, asg) = asg(HEARTBEAT_TIMEOUT).await;
+    // One match and one idle server on n1, its instance in a group with a termination hook.
+    let lastcall_testkit::asg::World {
+        cluster,
+        imds,
+        asg,
+        playing,
+    } = lastcall_testkit::asg::world().await;
     let gl = GameLiftEmulator::start().await.expect("gamelift");
     gl.add_instances(GL_GROUP, &[I.to_string()], InstanceStatus::Active);
     let redis = RedisServer::start().await.expect("redis-server");
