@@ -30,9 +30,9 @@ use crate::metrics::{
 };
 use crate::observed::{GameServerView, NodeView, Observed, PodView};
 use crate::own_writes::OwnWrites;
-use crate::policy::{self, Action, GsRef, Phase, Plan, PolicyConfig};
+use crate::policy::{self, Action, GsRef, NodePatch, Phase, Plan, PolicyConfig};
 use crate::progress::Progress;
-use crate::reverted::{self, Reverted, Target};
+use crate::reverted::{self, GameServerWrite, NodeWrite, Reverted, Target};
 use crate::sources::NoticeBoard;
 use crate::watches::Stores;
 
@@ -1115,7 +1115,7 @@ impl Reconciler {
                 continue;
             }
             i += 1;
-            if Target::of(action).is_some_and(|t| self.reverted.paused(&t, Instant::now())) {
+            if write_target(action).is_some_and(|t| self.reverted.paused(&t, Instant::now())) {
                 // Its last write was reverted: wait out the pause. The Node write is a
                 // barrier: nothing after it runs without it.
                 if matches!(action, Action::PatchNode(_)) {
@@ -1168,7 +1168,7 @@ impl Reconciler {
                 let has_ann = !observed.node.annotations.is_empty();
                 let has_labels = !observed.node.labels.is_empty();
                 if let Some(n) = a.patch_node(p, has_ann, has_labels).await? {
-                    self.check_kept(action, reverted::node_kept(p, &n));
+                    self.check_kept(action, reverted::node_kept(node_write(p), &n));
                     self.own.wrote_node(n);
                 }
                 log.node.extend(p.events.iter().copied());
@@ -1189,7 +1189,8 @@ impl Reconciler {
             } => {
                 let obj = a.protect(gs, deadline, reason).await?;
                 if let Some(o) = &obj {
-                    self.check_kept(action, reverted::gameserver_kept(action, o));
+                    let write = GameServerWrite::Protected { deadline, reason };
+                    self.check_kept(action, reverted::gameserver_kept(write, o));
                 }
                 self.remember(obj);
                 log.protected.push(format!("{}/{}", gs.namespace, gs.name));
@@ -1204,7 +1205,8 @@ impl Reconciler {
                     read.stale = true;
                 }
                 if let Some(o) = &obj {
-                    self.check_kept(action, reverted::gameserver_kept(action, o));
+                    let write = GameServerWrite::Labelled;
+                    self.check_kept(action, reverted::gameserver_kept(write, o));
                 }
                 self.remember(obj);
                 Ok(true)
@@ -1281,7 +1283,7 @@ impl Reconciler {
     /// (an admission webhook reverted it) pauses writes to that object, doubling each time,
     /// and is told; one that does ends the pause.
     fn check_kept(&mut self, action: &Action, kept: bool) {
-        let Some(t) = Target::of(action) else {
+        let Some(t) = write_target(action) else {
             return;
         };
         if kept {
@@ -1417,6 +1419,34 @@ impl Reconciler {
             pods,
             fleets: watched.fleets.clone(),
         })
+    }
+}
+
+/// The object of a write whose effect is checked for reverts; `None` for deletes and the
+/// rest.
+fn write_target(action: &Action) -> Option<Target> {
+    match action {
+        Action::PatchNode(_) => Some(Target::Node),
+        Action::AnnotatePod { namespace, pod, .. } => Some(Target::Pod {
+            namespace: namespace.clone(),
+            name: pod.clone(),
+        }),
+        Action::Exclude { gs } | Action::Protect { gs, .. } => Some(Target::GameServer {
+            namespace: gs.namespace.clone(),
+            name: gs.name.clone(),
+        }),
+        _ => None,
+    }
+}
+
+/// What a planned Node patch sets, for the revert check.
+fn node_write(p: &NodePatch) -> NodeWrite<'_> {
+    NodeWrite {
+        unschedulable: p.unschedulable,
+        taints: p.taints.as_deref(),
+        set_annotations: &p.set_annotations,
+        remove_annotations: &p.remove_annotations,
+        set_labels: &p.set_labels,
     }
 }
 

@@ -13,7 +13,6 @@ use tokio::time::Instant;
 
 use crate::cooperation::Changes;
 use crate::keys;
-use crate::policy::{Action, NodePatch};
 
 /// The first pause after a reverted write; it doubles with each revert in a row.
 const FIRST: Duration = Duration::from_secs(1);
@@ -29,22 +28,6 @@ pub enum Target {
 }
 
 impl Target {
-    /// The object of a write this module watches; `None` for deletes and the rest.
-    pub fn of(action: &Action) -> Option<Target> {
-        match action {
-            Action::PatchNode(_) => Some(Self::Node),
-            Action::AnnotatePod { namespace, pod, .. } => Some(Self::Pod {
-                namespace: namespace.clone(),
-                name: pod.clone(),
-            }),
-            Action::Exclude { gs } | Action::Protect { gs, .. } => Some(Self::GameServer {
-                namespace: gs.namespace.clone(),
-                name: gs.name.clone(),
-            }),
-            _ => None,
-        }
-    }
-
     pub fn describe(&self) -> String {
         match self {
             Self::Node => "the Node".into(),
@@ -54,8 +37,28 @@ impl Target {
     }
 }
 
+/// What a write to the Node set (a fact about the write, whoever decided it).
+#[derive(Clone, Copy, Debug)]
+pub struct NodeWrite<'a> {
+    pub unschedulable: Option<bool>,
+    /// The complete new taint list, when the write replaced it.
+    pub taints: Option<&'a [k8s_openapi::api::core::v1::Taint]>,
+    pub set_annotations: &'a BTreeMap<String, String>,
+    pub remove_annotations: &'a BTreeSet<String>,
+    pub set_labels: &'a BTreeMap<String, String>,
+}
+
+/// What a write to a GameServer set.
+#[derive(Clone, Copy, Debug)]
+pub enum GameServerWrite<'a> {
+    /// The `lastcall.dev/node-draining` label.
+    Labelled,
+    /// The label and the drain deadline and reason annotations.
+    Protected { deadline: &'a str, reason: &'a str },
+}
+
 /// Whether the Node the API server answered carries what `patch` wrote.
-pub fn node_kept(patch: &NodePatch, written: &Node) -> bool {
+pub fn node_kept(patch: NodeWrite<'_>, written: &Node) -> bool {
     let spec = written.spec.as_ref();
     let unschedulable = spec.and_then(|s| s.unschedulable).unwrap_or(false);
     let taint_set =
@@ -77,7 +80,6 @@ pub fn node_kept(patch: &NodePatch, written: &Node) -> bool {
     patch.unschedulable.is_none_or(|u| u == unschedulable)
         && patch
             .taints
-            .as_ref()
             .is_none_or(|t| taint_set(t) == taint_set(&written_taints))
         && patch
             .set_annotations
@@ -102,22 +104,19 @@ pub fn pod_kept(changes: &Changes, written: &Pod) -> bool {
         .all(|(k, v)| annotations.get(k) == v.as_ref())
 }
 
-/// Whether the GameServer the API server answered carries what `action` wrote.
-pub fn gameserver_kept(action: &Action, written: &DynamicObject) -> bool {
+/// Whether the GameServer the API server answered carries what `write` set.
+pub fn gameserver_kept(write: GameServerWrite<'_>, written: &DynamicObject) -> bool {
     let empty = BTreeMap::new();
     let labels = written.metadata.labels.as_ref().unwrap_or(&empty);
     let annotations = written.metadata.annotations.as_ref().unwrap_or(&empty);
     let labelled = labels.get(keys::LABEL_NODE_DRAINING).map(String::as_str) == Some("true");
-    match action {
-        Action::Exclude { .. } => labelled,
-        Action::Protect {
-            deadline, reason, ..
-        } => {
+    match write {
+        GameServerWrite::Labelled => labelled,
+        GameServerWrite::Protected { deadline, reason } => {
             labelled
-                && annotations.get(keys::ANN_GS_DEADLINE) == Some(deadline)
-                && annotations.get(keys::ANN_GS_REASON) == Some(reason)
+                && annotations.get(keys::ANN_GS_DEADLINE).map(String::as_str) == Some(deadline)
+                && annotations.get(keys::ANN_GS_REASON).map(String::as_str) == Some(reason)
         }
-        _ => true,
     }
 }
 
@@ -215,27 +214,31 @@ mod tests {
         assert!(pod_kept(&changes, &pod("false")));
         assert!(!pod_kept(&changes, &pod("true")));
 
-        let mut patch = NodePatch {
-            unschedulable: Some(true),
-            ..Default::default()
-        };
-        patch.taints = Some(vec![k8s_openapi::api::core::v1::Taint {
+        let taints = [k8s_openapi::api::core::v1::Taint {
             key: keys::TAINT_DRAINING.into(),
             value: Some("manual".into()),
             effect: "NoSchedule".into(),
             time_added: None,
-        }]);
+        }];
+        let (set, remove) = (BTreeMap::new(), BTreeSet::new());
+        let patch = NodeWrite {
+            unschedulable: Some(true),
+            taints: Some(&taints),
+            set_annotations: &set,
+            remove_annotations: &remove,
+            set_labels: &set,
+        };
         let node = |taints: serde_json::Value| -> Node {
             serde_json::from_value(serde_json::json!({"metadata": {"name": "n1"},
                 "spec": {"unschedulable": true, "taints": taints}}))
             .expect("node")
         };
         assert!(node_kept(
-            &patch,
+            patch,
             &node(
                 serde_json::json!([{"key": keys::TAINT_DRAINING, "value": "manual", "effect": "NoSchedule"}])
             )
         ));
-        assert!(!node_kept(&patch, &node(serde_json::json!(null))));
+        assert!(!node_kept(patch, &node(serde_json::json!(null))));
     }
 }

@@ -12,6 +12,7 @@ use super::runner::{DRAIN_NODE_ANNOTATIONS, NODE, REQUEST_TIMEOUT, Run, agent_po
 use super::script::{Action, KubeFault, Safe};
 use super::truth::{Truth, earliest, permits};
 use crate::autoscaling::Happening;
+use crate::gamelift;
 use crate::kube::journal::{JournalEntry, Verb};
 use crate::promises::allocation::allocated_after_marked;
 use crate::promises::body::written;
@@ -74,6 +75,9 @@ pub enum Invariant {
     AgentStopFailed,
     /// An agent wrote while the Node's owner annotation named another agent's pod.
     StandbyWrote,
+    /// The machine handed over (deregistered, lifecycle action completed, Azure event
+    /// approved) while a game-server pod was on the node, terminating ones included.
+    HandedOverBusy,
 }
 
 impl Invariant {
@@ -97,6 +101,7 @@ impl Invariant {
             Self::AzureApprovedTwice => "azure-approved-twice",
             Self::AgentStopFailed => "agent-stop-failed",
             Self::StandbyWrote => "standby-wrote",
+            Self::HandedOverBusy => "handed-over-busy",
         }
     }
 }
@@ -188,9 +193,36 @@ struct Ctx<'a> {
     allocated: BTreeMap<String, u64>,
     /// When a server (or its pod) was first deleted or evicted, by name.
     gone: BTreeMap<String, SystemTime>,
+    /// When the machine came back (each starts a new life).
+    returns: Vec<SystemTime>,
 }
 
 impl Ctx<'_> {
+    /// Which life of the machine `t` is in (0 before any return).
+    fn life_of(&self, t: SystemTime) -> usize {
+        self.returns.iter().filter(|r| **r <= t).count()
+    }
+
+    /// The first successful `DeregisterGameServer` of `life`.
+    fn deregistered_in(&self, life: usize) -> Option<&gamelift::Call> {
+        self.run.calls.iter().find(|c| {
+            c.op == "DeregisterGameServer" && c.outcome == "ok" && self.life_of(c.at) == life
+        })
+    }
+
+    /// When GameLift dropped the server on its own during `life`.
+    fn forgotten_in(&self, life: usize) -> Option<SystemTime> {
+        self.run
+            .applied
+            .iter()
+            .find(|a| {
+                matches!(a.action, Action::GameLiftForgets)
+                    && a.note == "true"
+                    && self.life_of(a.at) == life
+            })
+            .map(|a| a.at)
+    }
+
     /// The reaction time allowed for a write at `t`: [`Ctx::base_lag_at`], plus however
     /// long the process could not run within it (a stall delays the agent as much as it
     /// delays the clock's hands; on a quiet machine there are none).
@@ -318,12 +350,19 @@ pub fn check(run: &Run) -> Vec<Hit> {
             gone.entry(name.clone()).or_insert(e.at);
         }
     }
+    let returns = run
+        .applied
+        .iter()
+        .filter(|a| matches!(a.action, Action::MachineReturns))
+        .map(|a| a.at)
+        .collect();
     let cx = Ctx {
         run,
         truth,
         ended,
         allocated,
         gone,
+        returns,
     };
     let mut hits = vec![];
     matches_ended(&cx, &mut hits);
@@ -335,6 +374,7 @@ pub fn check(run: &Run) -> Vec<Hit> {
     asg_lifecycle(&cx, &mut hits);
     azure_approvals(&cx, &mut hits);
     standby(&cx, &mut hits);
+    handed_over_busy(&cx, &mut hits);
     for e in &run.agent_errors {
         hits.push(Hit {
             invariant: Invariant::AgentStopFailed,
@@ -548,60 +588,127 @@ fn announced(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
 /// At most one DeregisterGameServer, no FleetIQ lifecycle call after it, and the node
 /// never uncordoned or untainted by lastcall after it.
 fn deregistration(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
-    let calls = &cx.run.calls;
-    let Some(first) = calls
+    // Each life of the machine is judged on its own: one that came back registers again.
+    for life in 0..=cx.returns.len() {
+        let Some(first) = cx.deregistered_in(life) else {
+            continue;
+        };
+        for c in cx
+            .run
+            .calls
+            .iter()
+            .filter(|c| c.seq > first.seq && cx.life_of(c.at) == life)
+        {
+            if matches!(
+                c.op.as_str(),
+                "DeregisterGameServer"
+                    | "RegisterGameServer"
+                    | "UpdateGameServer"
+                    | "ClaimGameServer"
+            ) {
+                hits.push(Hit {
+                    invariant: Invariant::DeregisteredTwice,
+                    at: c.at,
+                    detail: format!(
+                        "GameLift {} ({}) after DeregisterGameServer #{}",
+                        c.op, c.outcome, first.seq
+                    ),
+                    seqs: vec![],
+                });
+            }
+        }
+        let mut prev: Option<&Value> = None;
+        for e in cx.run.journal.iter().filter(|e| is_node_write(e)) {
+            let Some(v) = e.response.as_deref() else {
+                continue;
+            };
+            if let Some(p) = prev
+                && by_agent(e)
+                && e.at > first.at
+                && cx.life_of(e.at) == life
+            {
+                let uncordoned = unschedulable(p) && !unschedulable(v);
+                let untainted = taint_keys(p).contains("lastcall.dev/draining")
+                    && !taint_keys(v).contains("lastcall.dev/draining");
+                if uncordoned || untainted {
+                    hits.push(Hit {
+                        invariant: Invariant::UncordonedAfterDeregister,
+                        at: e.at,
+                        detail: format!(
+                            "{} after the deregistration",
+                            if uncordoned {
+                                "uncordoned"
+                            } else {
+                                "untainted"
+                            }
+                        ),
+                        seqs: vec![e.seq],
+                    });
+                }
+            }
+            prev = Some(v);
+        }
+    }
+}
+
+/// Nothing is handed over while a game-server pod is on the node: not the FleetIQ
+/// deregistration, not the Auto Scaling CONTINUE, not an Azure approval. A pod first seen
+/// within a moment of the hand-off (its request already on the way) is not held against it.
+fn handed_over_busy(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    let mut handoffs: Vec<(SystemTime, String)> = cx
+        .run
+        .calls
         .iter()
-        .find(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
-    else {
-        return;
-    };
-    for c in calls.iter().filter(|c| c.seq > first.seq) {
-        if matches!(
-            c.op.as_str(),
-            "DeregisterGameServer" | "RegisterGameServer" | "UpdateGameServer" | "ClaimGameServer"
-        ) {
+        .filter(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
+        .map(|c| (c.at, "DeregisterGameServer".to_string()))
+        .collect();
+    handoffs.extend(cx.run.asg.iter().filter_map(|(at, h)| match h {
+        Happening::Call {
+            action,
+            error: None,
+            ..
+        } if action == "CompleteLifecycleAction" => Some((*at, action.clone())),
+        _ => None,
+    }));
+    handoffs.extend(
+        cx.run
+            .azure_approvals
+            .iter()
+            .map(|(id, at)| (*at, format!("approval of {id}"))),
+    );
+    for (at, what) in handoffs {
+        let moment = HANDOFF_IN_FLIGHT
+            + cx.stalled(at.checked_sub(Duration::from_secs(1)).unwrap_or(at), at);
+        // On the node at the hand-off, or landing after it although its server was made
+        // before (a pod the scheduler placed as the fence went up: the settle is there so
+        // that it lands, and is seen, first).
+        let made_before = |name: &str| {
+            cx.run
+                .late_servers
+                .iter()
+                .any(|(n, made)| n == name && *made < at)
+        };
+        let busy: Vec<&str> = cx
+            .run
+            .pods
+            .iter()
+            .filter(|p| p.last > at && (p.first + moment < at || made_before(&p.name)))
+            .map(|p| p.name.as_str())
+            .collect();
+        if !busy.is_empty() {
             hits.push(Hit {
-                invariant: Invariant::DeregisteredTwice,
-                at: c.at,
-                detail: format!(
-                    "GameLift {} ({}) after DeregisterGameServer #{}",
-                    c.op, c.outcome, first.seq
-                ),
+                invariant: Invariant::HandedOverBusy,
+                at,
+                detail: format!("{what} while pods {} were on the node", busy.join(",")),
                 seqs: vec![],
             });
         }
     }
-    let mut prev: Option<&Value> = None;
-    for e in cx.run.journal.iter().filter(|e| is_node_write(e)) {
-        let Some(v) = e.response.as_deref() else {
-            continue;
-        };
-        if let Some(p) = prev
-            && by_agent(e)
-            && e.at > first.at
-        {
-            let uncordoned = unschedulable(p) && !unschedulable(v);
-            let untainted = taint_keys(p).contains("lastcall.dev/draining")
-                && !taint_keys(v).contains("lastcall.dev/draining");
-            if uncordoned || untainted {
-                hits.push(Hit {
-                    invariant: Invariant::UncordonedAfterDeregister,
-                    at: e.at,
-                    detail: format!(
-                        "{} after the deregistration",
-                        if uncordoned {
-                            "uncordoned"
-                        } else {
-                            "untainted"
-                        }
-                    ),
-                    seqs: vec![e.seq],
-                });
-            }
-        }
-        prev = Some(v);
-    }
 }
+
+/// How long before a hand-off a pod may have landed unseen: the agent confirms the node is
+/// empty on a fresh LIST just before it hands over.
+const HANDOFF_IN_FLIGHT: Duration = Duration::from_millis(150);
 
 /// The pod the Node's `lastcall.dev/owner` annotation names (`namespace/name/uid`).
 fn owner_pod(node: &Value) -> Option<String> {
@@ -742,11 +849,18 @@ fn node_writes(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     }
     // After a cancel (nothing live at the end, never deregistered), nothing of lastcall's
     // is left: read from the last state each object reached in the journal.
-    let deregistered = cx
-        .run
-        .calls
-        .iter()
-        .any(|c| c.op == "DeregisterGameServer" && c.outcome == "ok");
+    // Deregistration is final within a life (GameLift dropping the server too, once the
+    // agent knows it): judged in the last life only.
+    let last_life = cx.returns.len();
+    let deregistered = cx.deregistered_in(last_life).is_some()
+        || (cx.forgotten_in(last_life).is_some()
+            && cx
+                .run
+                .journal
+                .iter()
+                .rfind(|e| is_node_write(e))
+                .and_then(|e| e.response.as_deref())
+                .is_some_and(|v| annotation(v, "lastcall.dev/deregistered").is_some()));
     if deregistered || !cx.truth.last().is_empty() || cx.run.settled.is_err() {
         return;
     }
@@ -795,7 +909,12 @@ fn node_writes(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
         let Some(v) = e.response.as_deref().filter(|v| is_kind(v, "GameServer")) else {
             continue;
         };
-        if v["metadata"]["deletionTimestamp"].is_string() || cx.ended.contains_key(name) {
+        // Ended by its game or by lastcall (the model deletes the server then, outside the
+        // journal): nothing of it is left to clean.
+        if v["metadata"]["deletionTimestamp"].is_string()
+            || cx.ended.contains_key(name)
+            || cx.gone.contains_key(name)
+        {
             continue;
         }
         for k in ["lastcall.dev/drain-deadline", "lastcall.dev/drain-reason"] {
@@ -829,12 +948,12 @@ fn keys(v: &Value, field: &str) -> BTreeSet<String> {
 /// The Auto Scaling wait: completed only once the node is empty and deregistered, at most
 /// once, and never timed out while a match ran (the agent heartbeats).
 fn asg_lifecycle(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
-    let deregistered = cx
-        .run
-        .calls
-        .iter()
-        .find(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
-        .map(|c| c.at);
+    // The instance terminates: it never comes back, so there is one life. GameLift dropping
+    // the server stands for the deregistration.
+    let deregistered = [cx.deregistered_in(0).map(|c| c.at), cx.forgotten_in(0)]
+        .into_iter()
+        .flatten()
+        .min();
     let mut completions = 0;
     for (at, h) in &cx.run.asg {
         match h {
@@ -847,7 +966,7 @@ fn asg_lifecycle(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                 let running = cx.running_at(*at, lag());
                 let early = if !running.is_empty() {
                     Some(format!("while {} ran", running.join(",")))
-                } else if deregistered.is_none_or(|d| d > *at) {
+                } else if cx.run.timeline.fleetiq && deregistered.is_none_or(|d| d > *at) {
                     Some("before the FleetIQ deregistration".to_string())
                 } else {
                     None

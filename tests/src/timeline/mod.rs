@@ -90,7 +90,7 @@ pub async fn run_many(seeds: Vec<u64>, dims: Dimensions, concurrency: usize) -> 
 }
 
 /// Seeds and settings from the environment: `TIMELINE_SEED` (one seed, to replay),
-/// `TIMELINE_COUNT` (else `default_count`), `TIMELINE_FIRST` (first seed, default 1),
+/// `TIMELINE_SEEDS` (a comma-separated list), `TIMELINE_COUNT` (else `default_count`), `TIMELINE_FIRST` (first seed, default 1),
 /// `TIMELINE_CONCURRENCY` (default 4), `TIMELINE_DISABLE` (dimension names to switch off).
 /// `TIMELINE_VERBOSE` prints every timeline's report, hits or not.
 pub fn from_env(default_count: u64) -> (Vec<u64>, Dimensions, usize) {
@@ -99,8 +99,14 @@ pub fn from_env(default_count: u64) -> (Vec<u64>, Dimensions, usize) {
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
     };
+    let listed: Vec<u64> = std::env::var("TIMELINE_SEEDS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|v| v.trim().parse().ok())
+        .collect();
     let seeds = match num("TIMELINE_SEED") {
         Some(s) => vec![s],
+        None if !listed.is_empty() => listed,
         None => {
             let first = num("TIMELINE_FIRST").unwrap_or(1);
             (first..first + num("TIMELINE_COUNT").unwrap_or(default_count)).collect()

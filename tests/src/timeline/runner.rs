@@ -18,8 +18,8 @@ use super::truth::{Applied, ceil_secs, effect_of};
 use crate::agent::{InProcessAgent, config};
 use crate::autoscaling::{AutoScalingEmulator, Happening, Hook};
 use crate::cluster::{
-    AllocationRequest, Cluster, ClusterConfig, EvictionSafe, FleetSpec, GameServerState, NodeSpec,
-    allocator,
+    AllocationRequest, Cluster, ClusterConfig, EvictionSafe, FleetSpec, GameServerSpec,
+    GameServerState, NodeSpec, allocator,
 };
 use crate::eventually::try_eventually;
 use crate::gamelift::{self, GameLiftEmulator, InstanceStatus};
@@ -82,6 +82,121 @@ pub struct Run {
     pub agent_errors: Vec<String>,
     /// When the process could not run (see [`StallProbe`]): each stall's end and length.
     pub stalls: Vec<(SystemTime, Duration)>,
+    /// Every game-server pod seen bound to the node, terminating ones included, with the
+    /// first and last moment it was seen ([`PodSampler`]).
+    pub pods: Vec<PodSeen>,
+    /// The game server the scheduler placed on the node as the fence went up (its name,
+    /// and when it was created: its pod lands `bind_lag_ms` later).
+    pub late_servers: Vec<(String, SystemTime)>,
+}
+
+/// A game server a scheduler working from a cache of a moment ago places on the node as
+/// lastcall's fence goes up: once armed, the first time the taint is seen, the server is
+/// created at once, pinned to the node and tolerating everything (blanket tolerations);
+/// the scheduler binds its pod `bind_lag_ms` later, within `--deregister-settle`.
+struct LateServer {
+    made: std::sync::Arc<std::sync::Mutex<Option<(String, SystemTime)>>>,
+    task: JoinHandle<()>,
+}
+
+impl LateServer {
+    const NAME: &str = "late-1";
+
+    fn arm(store: crate::kube::store::Store) -> LateServer {
+        let made = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let out = made.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let fenced = store
+                    .get(&crate::kube::resources::NODES, None, NODE)
+                    .is_some_and(|n| has_own_taint(&n));
+                if fenced {
+                    let gs = GameServerSpec::new(Self::NAME)
+                        .namespace(NS)
+                        .node_selector("example.com/team", "blue")
+                        .grace_seconds(1)
+                        .toleration(k8s_openapi::api::core::v1::Toleration {
+                            operator: Some("Exists".into()),
+                            ..Default::default()
+                        });
+                    let at = SystemTime::now();
+                    if store
+                        .create(
+                            &crate::kube::resources::GAMESERVERS,
+                            Some(NS),
+                            gs.to_object(),
+                        )
+                        .is_ok()
+                        && let Ok(mut m) = out.lock()
+                    {
+                        *m = Some((Self::NAME.to_string(), at));
+                    }
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        });
+        LateServer { made, task }
+    }
+
+    fn stop(self) -> Option<(String, SystemTime)> {
+        self.task.abort();
+        self.made.lock().ok().and_then(|m| m.clone())
+    }
+}
+
+/// A game-server pod on the node, as sampled.
+#[derive(Clone, Debug)]
+pub struct PodSeen {
+    pub name: String,
+    pub first: SystemTime,
+    pub last: SystemTime,
+}
+
+/// How often the pod sampler looks at the node.
+const SAMPLE_EVERY: Duration = Duration::from_millis(5);
+
+/// Samples which game-server pods are bound to the node, straight from the emulator's
+/// store: the checker's ground truth for "the node is empty" at a hand-off.
+struct PodSampler {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<PodSeen>>>,
+    task: JoinHandle<()>,
+}
+
+impl PodSampler {
+    fn start(store: crate::kube::store::Store) -> PodSampler {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<PodSeen>::new()));
+        let out = seen.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let (pods, _) = store.list(&crate::kube::resources::PODS, None);
+                let now = SystemTime::now();
+                if let Ok(mut v) = out.lock() {
+                    for p in pods.iter().filter(|p| {
+                        p.pointer("/spec/nodeName").and_then(Value::as_str) == Some(NODE)
+                            && is_game_pod(p)
+                    }) {
+                        let name = p["metadata"]["name"].as_str().unwrap_or_default();
+                        match v.iter_mut().find(|s| s.name == name) {
+                            Some(s) => s.last = now,
+                            None => v.push(PodSeen {
+                                name: name.to_string(),
+                                first: now,
+                                last: now,
+                            }),
+                        }
+                    }
+                }
+                tokio::time::sleep(SAMPLE_EVERY).await;
+            }
+        });
+        PodSampler { seen, task }
+    }
+
+    fn stop(self) -> Vec<PodSeen> {
+        self.task.abort();
+        self.seen.lock().map(|v| v.clone()).unwrap_or_default()
+    }
 }
 
 /// How often the stall probe wakes.
@@ -281,6 +396,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let cluster = Cluster::start(ClusterConfig {
         tick: Duration::from_millis(20),
         agones_selectable_fields: tl.agones_selectable_fields,
+        bind_lag: Duration::from_millis(tl.bind_lag_ms),
         ..ClusterConfig::default()
     })
     .await
@@ -290,6 +406,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         "games",
         "PreferNoSchedule",
     ))?;
+    cluster.set_boot_id(NODE, "boot-0")?;
     let mut allocated_at_start = BTreeSet::new();
     for safe in Safe::ALL {
         let i = safe as usize;
@@ -349,38 +466,42 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let az = AzureMetadataEmulator::start(VM)
         .await
         .context("Azure emulator")?;
-    let mut flags: Vec<String> = [
-        "--game-server-group",
-        GROUP,
-        "--redis-url",
-        &redis.url(),
-        "--instance-id",
-        &iid,
-        "--heartbeat-interval",
-        "1s",
-        "--resync-interval",
-        "1s",
-        "--request-timeout",
-        "1s",
-        "--deregister-settle",
-        "300ms",
-        "--aws-imds",
-        "--imds-endpoint",
-        &imds.url(),
-        "--aws-imds-interval",
-        "200ms",
-        "--gce-metadata",
-        "--gce-metadata-endpoint",
-        &gce.url(),
-        "--gce-wait-timeout",
-        "5s",
-        "--gce-preemption-notice",
-        &format!("{}s", tl.gce_preemption_notice_s),
-        "--gce-terminate-notice",
-        &format!("{}s", tl.gce_terminate_notice_s),
-    ]
-    .map(String::from)
-    .to_vec();
+    let mut flags: Vec<String> = if tl.fleetiq {
+        ["--game-server-group", GROUP, "--redis-url", &redis.url()]
+            .map(String::from)
+            .to_vec()
+    } else {
+        vec![]
+    };
+    flags.extend(
+        [
+            "--instance-id",
+            &iid,
+            "--heartbeat-interval",
+            "1s",
+            "--resync-interval",
+            "1s",
+            "--request-timeout",
+            "1s",
+            "--deregister-settle",
+            "300ms",
+            "--aws-imds",
+            "--imds-endpoint",
+            &imds.url(),
+            "--aws-imds-interval",
+            "200ms",
+            "--gce-metadata",
+            "--gce-metadata-endpoint",
+            &gce.url(),
+            "--gce-wait-timeout",
+            "5s",
+            "--gce-preemption-notice",
+            &format!("{}s", tl.gce_preemption_notice_s),
+            "--gce-terminate-notice",
+            &format!("{}s", tl.gce_terminate_notice_s),
+        ]
+        .map(String::from),
+    );
     if tl.graceful_termination {
         flags.push("--graceful-termination".into());
     }
@@ -415,9 +536,11 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             flags.push("--azure-approve-when-empty".into());
         }
     }
-    publish(redis, &iid, &status(Status::Active, &iid))
-        .await
-        .context("publishing ACTIVE")?;
+    if tl.fleetiq {
+        publish(redis, &iid, &status(Status::Active, &iid))
+            .await
+            .context("publishing ACTIVE")?;
+    }
     let mut agents = Agents {
         kube_url: cluster.emulator().url(),
         pods: Api::namespaced(cluster.client(), AGENT_NAMESPACE),
@@ -457,6 +580,9 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let setup = setup_started.elapsed();
     let mut allocations: Vec<JoinHandle<()>> = vec![];
     let probe = StallProbe::start();
+    let sampler = PodSampler::start(cluster.store().clone());
+    let mut boots = 0u32;
+    let mut late: Option<LateServer> = None;
     let start = tokio::time::Instant::now();
     let t0 = SystemTime::now();
     let mut applied = vec![];
@@ -519,6 +645,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             }
             Action::GcePreempted => gce.set("preempted", "TRUE"),
             Action::AsgTerminate => {
+                asg.lag_describes(tl.asg_lag);
                 asg.begin_termination(&iid).context(what.clone())?;
                 imds.set_target_lifecycle_state(Some("Terminated"));
             }
@@ -633,14 +760,26 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                     let (old, (old_name, _)) = agents.live.remove(0);
                     let overlap = Duration::from_millis(*overlap_ms);
                     let pods = agents.pods.clone();
+                    let stalls = probe.stalls.clone();
                     agents.stopping.push(tokio::spawn(async move {
                         tokio::time::sleep(overlap).await;
-                        let stopped = old.stop_within(STOP_WITHIN).await;
+                        // STOP_WITHIN of time the process could run: a stall on a loaded
+                        // machine holds the stop as much as anything else.
+                        let from = SystemTime::now();
+                        let stopped = old.stop_within(STOP_WITHIN * 4).await;
+                        let took = from.elapsed().unwrap_or_default();
+                        let stalled = stalls
+                            .lock()
+                            .map(|v| crate::timeline::check::stalled_within(&v, from, SystemTime::now()))
+                            .unwrap_or_default();
                         let _ = pods.delete(&old_name, &Default::default()).await;
                         match stopped {
                             Ok(false) => {
-                                anyhow::bail!("the stop took over {STOP_WITHIN:?}: killed")
+                                anyhow::bail!("the stop took over {:?}: killed", STOP_WITHIN * 4)
                             }
+                            Ok(true) if took > STOP_WITHIN + stalled => anyhow::bail!(
+                                "the stop took {took:?}, over {STOP_WITHIN:?} and the {stalled:?} the process stalled"
+                            ),
                             other => other.map(|_| ()),
                         }
                     }));
@@ -674,6 +813,53 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 }
             }
             Action::FailDeregister => gl.fail_next("DeregisterGameServer", 1, 500),
+            Action::GameLiftForgets => {
+                // What it forgets is a registration: on a loaded machine the agent may still
+                // be registering (a draining node's agent registers nothing: then nothing).
+                for _ in 0..40 {
+                    if gl.game_server(GROUP, &iid).is_some_and(|g| g.registered) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                at = SystemTime::now();
+                note = gl.forget_game_server(GROUP, &iid).to_string();
+            }
+            Action::MachineReturns => {
+                // Down: every agent on the node with it.
+                let mut pods = vec![];
+                for (a, pod) in agents.live.drain(..) {
+                    a.abort();
+                    pods.push(pod);
+                }
+                // Up again: a new boot, the old boot's notices gone.
+                imds.set_scheduled_events(json!([]));
+                imds.set_spot_action(None);
+                scheduled_id = 0;
+                gce.set("maintenance-event", "NONE");
+                gce.set("preempted", "FALSE");
+                gce_event = "NONE";
+                gce_glitch = false;
+                az.set_events(vec![]);
+                if tl.fleetiq {
+                    gl.set_instance_status(&iid, InstanceStatus::Active);
+                    publish(redis, &iid, &status(Status::Active, &iid))
+                        .await
+                        .context(what.clone())?;
+                }
+                boots += 1;
+                cluster.set_boot_id(NODE, &format!("boot-{boots}"))?;
+                at = SystemTime::now();
+                // The kubelet starts each agent container again in its pod.
+                for pod in pods {
+                    agents.start(Some(pod)).await.context(what.clone())?;
+                }
+            }
+            Action::LateServer => {
+                if late.is_none() {
+                    late = Some(LateServer::arm(cluster.store().clone()));
+                }
+            }
             Action::Allocate(safe) => {
                 let mut req = AllocationRequest::fleet(NS, safe.fleet()).on_node(NODE);
                 if tl.exclusion_selector {
@@ -766,16 +952,32 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                         Happening::Completed { .. } | Happening::TimedOut { .. }
                     )
                 });
+            let node = cluster.node(NODE)?;
+            // The agent has seen the machine's current boot: the Node's marks are this
+            // life's, not the one before a return.
+            let this_life = node["metadata"]["annotations"]["lastcall.dev/drain-boot-id"]
+                .as_str()
+                .is_none_or(|b| Some(b) == node["status"]["nodeInfo"]["bootID"].as_str());
+            // Deregistered in this life (GameLift may have dropped the server on its own:
+            // the agent then records it once the node is empty).
             if completed
-                && gl
-                    .calls()
-                    .iter()
-                    .any(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
+                && tl.fleetiq
+                && this_life
+                && annotation_of(&node, "lastcall.dev/deregistered")
+            {
+                return Some(Ok(SystemTime::now()));
+            }
+            // Without FleetIQ a drain that stays asked for ends with the node empty.
+            if completed
+                && !tl.fleetiq
+                && this_life
+                && !live_at_end.is_empty()
+                && annotation_of(&node, "lastcall.dev/drain-started")
+                && !cluster.pods_on(NODE).iter().any(is_game_pod)
             {
                 return Some(Ok(SystemTime::now()));
             }
             if live_at_end.is_empty() {
-                let node = cluster.node(NODE)?;
                 let ours = has_own_marks(&node)
                     || cluster.game_servers().iter().any(|g| {
                         g.labels.contains_key("lastcall.dev/node-draining")
@@ -804,6 +1006,8 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let stalls = probe.stop();
+    let pods = sampler.stop();
+    let late_servers = late.map(LateServer::stop).into_iter().flatten().collect();
     let mut agent_errors = vec![];
     for (a, _) in agents.live.drain(..) {
         a.abort();
@@ -871,14 +1075,32 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         setup,
         agent_errors,
         stalls,
+        pods,
+        late_servers,
     })
+}
+
+fn annotation_of(node: &Value, key: &str) -> bool {
+    node["metadata"]["annotations"][key].is_string()
+}
+
+/// A pod of an Agones GameServer.
+pub fn is_game_pod(p: &Value) -> bool {
+    p.pointer("/metadata/labels/agones.dev~1role")
+        .and_then(Value::as_str)
+        == Some("gameserver")
+}
+
+/// The Node carries lastcall's fence taint.
+fn has_own_taint(node: &Value) -> bool {
+    node["spec"]["taints"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|t| t["key"] == "lastcall.dev/draining"))
 }
 
 /// The Node still carries something of a drain's (taint or drain annotations).
 pub fn has_own_marks(node: &Value) -> bool {
-    let taint = node["spec"]["taints"]
-        .as_array()
-        .is_some_and(|t| t.iter().any(|t| t["key"] == "lastcall.dev/draining"));
+    let taint = has_own_taint(node);
     let ann = node["metadata"]["annotations"]
         .as_object()
         .is_some_and(|a| DRAIN_NODE_ANNOTATIONS.iter().any(|k| a.contains_key(*k)));

@@ -30,6 +30,18 @@ pub struct Dimensions {
     pub asg_lifecycle: bool,
     /// Azure Scheduled Events (needs `--azure-events`).
     pub azure_events: bool,
+    /// Machines that come back: a new boot id, the old life's notices gone with it (needs
+    /// "a new boot starts a new life").
+    pub returns: bool,
+    /// GameLift dropping the node's game server on its own (needs "deregistered is not
+    /// empty").
+    pub gamelift_forgets: bool,
+    /// An Auto Scaling API that still answers the old state after IMDS said `Terminated`
+    /// (needs "read again until the wait shows").
+    pub asg_lag: bool,
+    /// Nodes without FleetIQ, where a game-server pod the scheduler placed just before the
+    /// cordon lands after it (needs "one gate for every hand-off").
+    pub without_fleetiq: bool,
 }
 
 impl Dimensions {
@@ -42,6 +54,10 @@ impl Dimensions {
         later_reschedules: true,
         asg_lifecycle: true,
         azure_events: true,
+        returns: true,
+        gamelift_forgets: true,
+        asg_lag: true,
+        without_fleetiq: true,
     };
 
     /// `ALL` minus the comma-separated names in `disabled`; an unknown name is an error.
@@ -57,6 +73,10 @@ impl Dimensions {
                 "later_reschedules" => &mut d.later_reschedules,
                 "asg_lifecycle" => &mut d.asg_lifecycle,
                 "azure_events" => &mut d.azure_events,
+                "returns" => &mut d.returns,
+                "gamelift_forgets" => &mut d.gamelift_forgets,
+                "asg_lag" => &mut d.asg_lag,
+                "without_fleetiq" => &mut d.without_fleetiq,
                 other => return Err(format!("unknown timeline dimension {other:?}")),
             };
             *flag = false;
@@ -231,6 +251,17 @@ pub enum Action {
     Fault(KubeFault),
     /// FleetIQ's `DeregisterGameServer` fails once with a 500.
     FailDeregister,
+    /// GameLift drops the node's game server on its own (its heartbeats stopped, an old
+    /// agent's exit deregistered it): unregistered with no call of this agent's.
+    GameLiftForgets,
+    /// The machine went down and came back (a stopped Spot VM started again, a reboot): a
+    /// new boot id, the agent's container restarted, and the cloud's notices gone with the
+    /// old boot (the operator's label and Karpenter's taint are on the Node and stay).
+    MachineReturns,
+    /// Arms a game server that a scheduler working from a cache of a moment ago places on
+    /// the node as lastcall's fence goes up: it tolerates everything and its pod lands
+    /// `bind_lag_ms` later, within `--deregister-settle`.
+    LateServer,
     /// The allocator asks for a server of this Fleet on the node.
     Allocate(Safe),
     /// A running match on the node ends (the game calls `Shutdown()`).
@@ -267,6 +298,12 @@ pub struct Timeline {
     pub azure_approve: bool,
     /// Agones 1.58 or later: the agent selects its servers by `status.nodeName` (no claims).
     pub agones_selectable_fields: bool,
+    /// The node is in a FleetIQ game server group (else the agent runs without FleetIQ).
+    pub fleetiq: bool,
+    /// How many `DescribeAutoScalingInstances` answers lag behind IMDS' `Terminated`.
+    pub asg_lag: usize,
+    /// How long the scheduler takes to bind a pod it decided on (0: at once).
+    pub bind_lag_ms: u64,
     pub steps: Vec<Step>,
     /// All matches end at the last step (otherwise `Never` matches may hold the drain).
     pub end_all_at_ms: u64,
@@ -537,6 +574,13 @@ impl Timeline {
                 action: Action::EndMatch,
             });
         }
+        // The hand-off edges, from their own stream so every other draw of a seed stays
+        // what it was before these existed.
+        let edges = Edges::draw(seed, dims, asg_drawn, horizon, &mut steps);
+        if edges.empty_node {
+            ready = [0; 3];
+            allocated = [0; 3];
+        }
         steps.sort_by_key(|s| s.at_ms);
         let gce_preemption_notice_s = rng.random_range(2..=3);
         let gce_terminate_notice_s = rng.random_range(2..=3);
@@ -561,7 +605,13 @@ impl Timeline {
             .max()
             .unwrap_or(0);
         let last_step = steps.last().map(|s| s.at_ms).unwrap_or(0);
-        let end_all_at_ms = last_step.max(last_hard.min(MAX_RUN_MS)) + 200;
+        // Matches outlive two heartbeat timeouts of a termination hook: a hook left to time
+        // out (no heartbeat) ends them, and the checker sees it.
+        let asg_hold = steps
+            .iter()
+            .find(|s| matches!(s.action, Action::AsgTerminate))
+            .map_or(0, |s| s.at_ms + 2000 * asg_heartbeat_s);
+        let end_all_at_ms = last_step.max(last_hard.min(MAX_RUN_MS)).max(asg_hold) + 200;
         Timeline {
             seed,
             dims,
@@ -578,6 +628,9 @@ impl Timeline {
             // Its own stream: every seed's script stays what it was before this was drawn.
             agones_selectable_fields: StdRng::seed_from_u64(seed ^ 0x6167_6f6e_6573)
                 .random_bool(0.5),
+            fleetiq: edges.fleetiq,
+            asg_lag: edges.asg_lag,
+            bind_lag_ms: edges.bind_lag_ms,
             steps,
             end_all_at_ms,
         }
@@ -588,11 +641,98 @@ impl Timeline {
     }
 }
 
+/// What the hand-off edges drew for a timeline.
+struct Edges {
+    fleetiq: bool,
+    asg_lag: usize,
+    bind_lag_ms: u64,
+    /// No game server on the node but the late one: the hand-off follows the fence at once,
+    /// where a pod landing after the cordon matters.
+    empty_node: bool,
+}
+
+impl Edges {
+    /// Draws the edges into `steps`: a node without FleetIQ (its FleetIQ steps dropped) and
+    /// a pod landing there just after the fence, GameLift forgetting the server, a machine
+    /// that comes back, a lagging Auto Scaling API.
+    fn draw(
+        seed: u64,
+        dims: Dimensions,
+        asg_drawn: bool,
+        horizon: u64,
+        steps: &mut Vec<Step>,
+    ) -> Edges {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x6564_6765_7321);
+        let fleetiq = !(dims.without_fleetiq && rng.random_bool(0.3));
+        if !fleetiq {
+            steps.retain(|s| !matches!(s.action, Action::FleetIq { .. } | Action::FailDeregister));
+        }
+        let mut bind_lag_ms = 0;
+        let mut empty_node = false;
+        // The first signal that fences (Karpenter's taint is its own fence).
+        let first = steps
+            .iter()
+            .filter(|s| !matches!(s.action, Action::Karpenter(_)))
+            .map(|s| s.at_ms)
+            .min()
+            .unwrap_or(0);
+        // Mostly where the hand-off has no deregistration before it: just before the first
+        // signal that fences, so the scheduler's decision predates the cordon.
+        let late = if fleetiq { 0.15 } else { 0.7 };
+        if dims.without_fleetiq && rng.random_bool(late) {
+            bind_lag_ms = rng.random_range(100..=200);
+            empty_node = rng.random_bool(0.5);
+            steps.push(Step {
+                at_ms: rng.random_range(0..=first),
+                action: Action::LateServer,
+            });
+        }
+        if fleetiq && dims.gamelift_forgets && rng.random_bool(0.25) {
+            // Mostly during a drain, where forgetting a busy server matters.
+            let at_ms = if rng.random_bool(0.75) {
+                first + rng.random_range(200..1500)
+            } else {
+                rng.random_range(0..horizon + 1500)
+            };
+            steps.push(Step {
+                at_ms,
+                action: Action::GameLiftForgets,
+            });
+            // A running agent hears of it only when it asks GameLift: at a start on a
+            // draining node (a rollout, a crash) or before it cancels.
+            if rng.random_bool(0.6) {
+                steps.push(Step {
+                    at_ms: at_ms + rng.random_range(50..600),
+                    action: Action::RestartAgent,
+                });
+            }
+        }
+        // An instance the Auto Scaling group terminates does not come back.
+        if dims.returns && !asg_drawn && rng.random_bool(0.2) {
+            steps.push(Step {
+                at_ms: rng.random_range(1000..horizon + 2500),
+                action: Action::MachineReturns,
+            });
+        }
+        let asg_lag = if dims.asg_lag && asg_drawn {
+            rng.random_range(0..=3)
+        } else {
+            0
+        };
+        Edges {
+            fleetiq,
+            asg_lag,
+            bind_lag_ms,
+            empty_node,
+        }
+    }
+}
+
 impl fmt::Display for Timeline {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, asg heartbeat {}s, --azure-approve-when-empty {}, agones selectable fields {}, {:?}",
+            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, asg heartbeat {}s (describes lag {}), --azure-approve-when-empty {}, agones selectable fields {}, fleetiq {}, bind lag {} ms, {:?}",
             self.seed,
             self.ready,
             self.allocated,
@@ -603,8 +743,11 @@ impl fmt::Display for Timeline {
             self.gce_preemption_notice_s,
             self.gce_terminate_notice_s,
             self.asg_heartbeat_s,
+            self.asg_lag,
             self.azure_approve,
             self.agones_selectable_fields,
+            self.fleetiq,
+            self.bind_lag_ms,
             self.dims,
         )?;
         for s in &self.steps {
@@ -625,7 +768,7 @@ mod tests {
         assert_eq!(a.steps, b.steps);
         assert_eq!(a.to_string(), b.to_string());
         let none = Dimensions::without(
-            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events",
+            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events,returns,gamelift_forgets,asg_lag,without_fleetiq",
         )
         .expect("known names");
         for seed in 0..300 {
@@ -639,6 +782,9 @@ mod tests {
                             | Action::AsgTerminate
                             | Action::AzureEvent { .. }
                             | Action::AzureGone { .. }
+                            | Action::GameLiftForgets
+                            | Action::MachineReturns
+                            | Action::LateServer
                             | Action::Fault(KubeFault::HangNode | KubeFault::HangGameServers)
                             | Action::ImdsScheduled {
                                 code: EventCode::SystemMaintenance,
@@ -651,5 +797,47 @@ mod tests {
             }
         }
         assert!(Dimensions::without("nope").is_err());
+    }
+
+    #[test]
+    fn the_hand_off_edges_are_drawn() {
+        let (mut forgets, mut returns, mut late, mut lag, mut without) = (0, 0, 0, 0, 0);
+        for seed in 0..400 {
+            let tl = Timeline::draw(seed, Dimensions::ALL);
+            let has = |f: &dyn Fn(&Action) -> bool| tl.steps.iter().any(|s| f(&s.action));
+            forgets += usize::from(has(&|a| matches!(a, Action::GameLiftForgets)));
+            returns += usize::from(has(&|a| matches!(a, Action::MachineReturns)));
+            late += usize::from(has(&|a| matches!(a, Action::LateServer)));
+            lag += usize::from(tl.asg_lag > 0);
+            without += usize::from(!tl.fleetiq);
+            if !tl.fleetiq {
+                assert!(
+                    !has(&|a| matches!(
+                        a,
+                        Action::FleetIq { .. } | Action::FailDeregister | Action::GameLiftForgets
+                    )),
+                    "seed {seed}: FleetIQ steps on a node without it"
+                );
+            }
+            if has(&|a| matches!(a, Action::AsgTerminate)) {
+                assert!(
+                    !has(&|a| matches!(a, Action::MachineReturns)),
+                    "seed {seed}: a terminated instance came back"
+                );
+            }
+            assert_eq!(
+                has(&|a| matches!(a, Action::LateServer)),
+                tl.bind_lag_ms > 0
+            );
+        }
+        for (what, n) in [
+            ("GameLift forgetting", forgets),
+            ("machines returning", returns),
+            ("late pods", late),
+            ("a lagging Auto Scaling API", lag),
+            ("nodes without FleetIQ", without),
+        ] {
+            assert!(n >= 20, "{what}: drawn in only {n} of 400 timelines");
+        }
     }
 }

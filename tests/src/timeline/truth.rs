@@ -198,6 +198,13 @@ impl Truth {
         let mut live = Live::new();
         let mut segments = vec![(SystemTime::UNIX_EPOCH, live.clone())];
         for a in applied {
+            // A machine that came back: the old boot's notices went with it (the operator's
+            // label and Karpenter's taint are on the Node).
+            if matches!(a.action, Action::MachineReturns) {
+                live.retain(|id, _| matches!(id, SignalId::Manual | SignalId::Karpenter));
+                segments.push((a.at, live.clone()));
+                continue;
+            }
             let Some((id, s)) = a.effect else { continue };
             // Spot and preemption are never withdrawn, nor moved later: a repeat keeps the
             // first deadline unless it states an earlier one (the instance goes then).
