@@ -61,15 +61,20 @@ HEADER = (
 REGISTRY_VALUES: dict[str, Any] = {"image": {"registry": "registry.example.com/lastcall"}}
 FLEETIQ_VALUES: dict[str, Any] = {
     **REGISTRY_VALUES,
-    "fleetiq": {"enabled": True, "gameServerGroup": "agones-game-server-group-01"},
+    "fleetiq": {"enabled": True, "region": "us-west-2", "gameServerGroup": "agones-game-server-group-01"},
     "redis": {"bundled": {"auth": {"existingSecret": "lastcall-redis-auth"}}},
-    "agent": {"compatTaints": True},
+    # IRSA roles: pubsub runs in the pod network, where only its own role gives it credentials.
+    "agent": {"compatTaints": True, "serviceAccount": {"annotations": {
+        "eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/lastcall-agent"}}},
+    "pubsub": {"serviceAccount": {"annotations": {
+        "eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/lastcall-pubsub"}}},
 }
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "lastcall.yaml": ("default values: Node-label drains, no FleetIQ; replace registry.example.com/lastcall with your registry", REGISTRY_VALUES),
     "lastcall-fleetiq.yaml": (
         "fleetiq.enabled, agent.compatTaints, bundled Redis with the Secret "
-        "lastcall-redis-auth; replace agones-game-server-group-01 with your group and "
+        "lastcall-redis-auth; replace agones-game-server-group-01 with your group, us-west-2 "
+        "with its region, the account 123456789012 in the two role ARNs with yours and "
         "registry.example.com/lastcall with your registry",
         FLEETIQ_VALUES,
     ),

@@ -73,6 +73,16 @@ bare name would only show up as an ImagePullBackOff on every node.
 {{- end -}}
 {{- end -}}
 
+{{/* prometheus.io scrape annotations for one pod: pass (list $ port). */}}
+{{- define "lastcall.scrapeAnnotations" -}}
+{{- $root := index . 0 -}}
+{{- if $root.Values.metrics.scrapeAnnotations -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ index . 1 | quote }}
+prometheus.io/path: /metrics
+{{- end -}}
+{{- end -}}
+
 {{- define "lastcall.agentServiceAccount" -}}
 {{- default (printf "%s-agent" (include "lastcall.fullname" .)) .Values.agent.serviceAccount.name -}}
 {{- end -}}
@@ -103,13 +113,14 @@ bare name would only show up as an ImagePullBackOff on every node.
 
 {{/*
 Whether the agent runs in the host network: `auto` turns it on when the agent reads instance
-metadata (the instance id for FleetIQ, the IMDS, Auto Scaling hook and GCE sources), which a pod's own network
-namespace may not reach (IMDSv2 hop limit 1; GKE Workload Identity).
+metadata (the instance id for FleetIQ, the IMDS, Auto Scaling hook, GCE and Azure sources),
+which a pod's own network namespace may not reach (IMDSv2 hop limit 1; GKE Workload
+Identity; AKS clusters that block pods from IMDS).
 */}}
 {{- define "lastcall.hostNetwork" -}}
 {{- $v := .Values.agent.hostNetwork -}}
 {{- if eq (toString $v) "auto" -}}
-{{- if or .Values.fleetiq.enabled .Values.agent.awsImds .Values.agent.asgLifecycle .Values.agent.gceMetadata -}}true{{- end -}}
+{{- if or .Values.fleetiq.enabled .Values.agent.awsImds .Values.agent.asgLifecycle .Values.agent.gceMetadata .Values.agent.azureEvents -}}true{{- end -}}
 {{- else if $v -}}true{{- end -}}
 {{- end -}}
 
