@@ -236,7 +236,11 @@ async fn an_agent_token_writes_only_its_own_nodes_objects() {
     for n in [a, b] {
         create_node(&admin, n).await.expect("kwok node");
     }
-    install_chart(&kbox);
+    let notes = install_chart(&kbox);
+    assert!(
+        notes.contains("Each agent may write only its own node's"),
+        "the install's notes do not say the node restriction is on:\n{notes}"
+    );
     // The `auto` switch found ValidatingAdmissionPolicy v1 in the API server's discovery.
     for name in [NODE_POLICY, EVICTION_POLICY] {
         Api::<DynamicObject>::all_with(
