@@ -582,3 +582,103 @@ fn auto_renders_the_policies_only_where_the_api_server_serves_them() {
         "{err}"
     );
 }
+
+/// Label selection under the policy: a game-server pod is on the node but its GameServer
+/// does not name the node yet (Agones has not marked it Scheduled), so the agent's claim is
+/// refused; once the server names the node, the agent's next pass claims it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_waits_until_the_server_names_the_node() {
+    let kbox = kube_box::lease().await;
+    let admin = kbox.client().await.expect("admin client");
+    agones::install_crd(&admin, Crd::LabelsOnly)
+        .await
+        .expect("GameServer CRD");
+    install_chart(&kbox);
+    let ns = "box-admission-claim";
+    namespace(&admin, ns).await;
+    let node = "adm-claim";
+    create_node(&admin, node).await.expect("kwok node");
+    let gs_api: Api<DynamicObject> =
+        Api::namespaced_with(admin.clone(), ns, &agones::gameservers_resource());
+    let gs: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "agones.dev/v1", "kind": "GameServer",
+        "metadata": {"name": "gs-new", "namespace": ns},
+        "spec": {"container": "gameserver",
+                 "template": {"spec": {"containers": [{"name": "gameserver", "image": "gameserver"}]}}},
+        "status": {"state": "Creating"},
+    }))
+    .unwrap();
+    let gs = gs_api.create(&PostParams::default(), &gs).await.unwrap();
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "gs-new", "namespace": ns,
+                     "labels": {"agones.dev/role": "gameserver", "agones.dev/gameserver": "gs-new"},
+                     "ownerReferences": [{"apiVersion": "agones.dev/v1", "kind": "GameServer",
+                                          "name": "gs-new", "uid": gs.metadata.uid, "controller": true}]},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                 "containers": [{"name": "gameserver", "image": "gameserver"}]},
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    let started = jiff::Timestamp::now();
+    let agent = AgentProcess::start(&kbox, node, Extra::default())
+        .await
+        .expect("the agent");
+    let refused_claim = || {
+        kbox.audit().into_iter().any(|e| {
+            e.by_agent()
+                && e.resource == "gameservers"
+                && e.name == "gs-new"
+                && e.verb == "patch"
+                && e.code == 403
+                && e.received >= Some(started)
+        })
+    };
+    let refused = try_eventually(
+        "the agent's claim of a server that names no node is refused",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { refused_claim().then_some(()) },
+    )
+    .await;
+    if let Err(e) = refused {
+        panic!("{e}\nagent output:\n{}", agent.output());
+    }
+    assert!(
+        !gs_api
+            .get("gs-new")
+            .await
+            .unwrap()
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key("lastcall.dev/node"),
+        "claimed before the server named the node"
+    );
+    // Agones marks it Scheduled on the node: the agent's next pass claims it.
+    gs_api
+        .patch(
+            "gs-new",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"state": "Scheduled", "nodeName": node}})),
+        )
+        .await
+        .unwrap();
+    let claimed = try_eventually(
+        "the agent claims the server once it names the node",
+        Duration::from_secs(40),
+        Duration::from_millis(200),
+        || async {
+            let labels = gs_api.get("gs-new").await.ok()?.metadata.labels?;
+            (labels.get("lastcall.dev/node").map(String::as_str) == Some(node)).then_some(())
+        },
+    )
+    .await;
+    if let Err(e) = claimed {
+        panic!("{e}\nagent output:\n{}", agent.output());
+    }
+    agent.stop().await.expect("agent stops");
+}
