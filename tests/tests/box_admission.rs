@@ -106,10 +106,15 @@ async fn namespace(client: &kube::Client, name: &str) {
 
 /// A pod of the agent's ServiceAccount on `node` (bound by name, as a DaemonSet's is).
 async fn agent_pod(client: &kube::Client, name: &str, node: &str) -> Pod {
+    pod_of(client, SERVICE_ACCOUNT, name, node).await
+}
+
+/// A pod of ServiceAccount `sa` on `node`.
+async fn pod_of(client: &kube::Client, sa: &str, name: &str, node: &str) -> Pod {
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"nodeName": node, "serviceAccountName": SERVICE_ACCOUNT,
+        "spec": {"nodeName": node, "serviceAccountName": sa,
                  "tolerations": [{"operator": "Exists"}],
                  "terminationGracePeriodSeconds": 1,
                  "containers": [{"name": "agent", "image": "lastcall-agent:0.1.0"}]},
@@ -124,6 +129,11 @@ async fn agent_pod(client: &kube::Client, name: &str, node: &str) -> Pod {
 /// A token of the agent's ServiceAccount from the TokenRequest API, bound to `pod` (as the
 /// kubelet's projected token is) or to nothing.
 async fn token(client: &kube::Client, pod: Option<&Pod>) -> String {
+    token_of(client, SERVICE_ACCOUNT, pod).await
+}
+
+/// A token of ServiceAccount `sa`, bound to `pod` or to nothing.
+async fn token_of(client: &kube::Client, sa: &str, pod: Option<&Pod>) -> String {
     let bound = pod.map(|p| {
         json!({"apiVersion": "v1", "kind": "Pod", "name": p.metadata.name, "uid": p.metadata.uid})
     });
@@ -136,7 +146,7 @@ async fn token(client: &kube::Client, pod: Option<&Pod>) -> String {
     )
     .unwrap();
     let got: TokenRequest = Api::<ServiceAccount>::namespaced(client.clone(), NAMESPACE)
-        .create_subresource("token", SERVICE_ACCOUNT, &PostParams::default(), &req)
+        .create_subresource("token", sa, &PostParams::default(), &req)
         .await
         .expect("a token");
     got.status.expect("a token").token
@@ -681,4 +691,172 @@ async fn a_claim_waits_until_the_server_names_the_node() {
         panic!("{e}\nagent output:\n{}", agent.output());
     }
     agent.stop().await.expect("agent stops");
+}
+
+/// The uninstall hook (`--cleanup-cooperation`) patches game-server pods on every node. The
+/// agents' own ServiceAccount cannot under the node restriction (refused on the other node),
+/// so the chart gives the hook a ServiceAccount of its own: with its objects as the chart
+/// renders them, the real binary, run from a pod on one node, cleans both nodes' pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_uninstall_hook_cleans_every_node_under_the_restriction() {
+    let kbox = kube_box::lease().await;
+    let admin = kbox.client().await.expect("admin client");
+    agones::install_crd(&admin, Crd::SelectableNodeName)
+        .await
+        .expect("GameServer CRD");
+    install_chart(&kbox);
+    let ns = "box-admission-cleanup";
+    namespace(&admin, ns).await;
+    let (c1, c2) = ("adm-c1", "adm-c2");
+    let agones = Agones::new(&admin, ns);
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    for (n, gs) in [(c1, "gs-c1"), (c2, "gs-c2")] {
+        create_node(&admin, n).await.expect("kwok node");
+        agones.ready_server(gs, n).await.expect("a server");
+    }
+    let mark = || async {
+        for gs in ["gs-c1", "gs-c2"] {
+            pods.patch(
+                gs,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {
+                    "karpenter.sh/do-not-disrupt": "true",
+                    "lastcall.dev/managed-annotations": "karpenter.sh/do-not-disrupt"}}})),
+            )
+            .await
+            .expect("lastcall's cooperation keys");
+        }
+    };
+    let marked = |gs: &'static str| {
+        let pods = pods.clone();
+        async move {
+            pods.get(gs)
+                .await
+                .unwrap()
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key("lastcall.dev/managed-annotations")
+        }
+    };
+    // The hook's objects as the chart renders them at uninstall.
+    let chart = repo().join("charts/lastcall");
+    let rendered = helm(&[
+        "template",
+        "box",
+        &chart.to_string_lossy(),
+        "-n",
+        NAMESPACE,
+        "--set",
+        "fullnameOverride=lastcall",
+        "--set",
+        "image.registry=registry.invalid/lastcall",
+        "--set",
+        "agent.autoscalerCooperation=in-use",
+        "--show-only",
+        "templates/cooperation-cleanup.yaml",
+    ])
+    .expect("helm template");
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&rendered).expect("YAML");
+    let mut hook_sa = String::new();
+    let mut job_args: Vec<String> = Vec::new();
+    for d in docs.iter().filter(|d| !d.is_null()) {
+        let kind = d["kind"].as_str().unwrap();
+        let (group, version, plural) = match kind {
+            "ServiceAccount" => ("", "v1", "serviceaccounts"),
+            "ClusterRole" => ("rbac.authorization.k8s.io", "v1", "clusterroles"),
+            "ClusterRoleBinding" => ("rbac.authorization.k8s.io", "v1", "clusterrolebindings"),
+            "Job" => {
+                let c = &d["spec"]["template"]["spec"];
+                hook_sa = c["serviceAccountName"].as_str().unwrap().to_string();
+                job_args = c["containers"][0]["args"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| a.as_str().unwrap().to_string())
+                    .collect();
+                continue;
+            }
+            other => panic!("unexpected {other} in the hook"),
+        };
+        let ar = ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: d["apiVersion"].as_str().unwrap().into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let obj: DynamicObject = serde_json::from_value(d.clone()).unwrap();
+        let api: Api<DynamicObject> = match kind {
+            "ServiceAccount" => Api::namespaced_with(admin.clone(), NAMESPACE, &ar),
+            _ => Api::all_with(admin.clone(), &ar),
+        };
+        api.create(&PostParams::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+    }
+    assert!(
+        job_args.iter().any(|a| a == "--cleanup-cooperation"),
+        "{job_args:?}"
+    );
+    assert_ne!(hook_sa, SERVICE_ACCOUNT);
+
+    let bin = tokio::task::spawn_blocking(|| {
+        lastcall_testkit::bins::try_workspace_binary("lastcall-agent", "lastcall-agent")
+    })
+    .await
+    .unwrap()
+    .expect("lastcall-agent");
+    let run = |token: String| {
+        let bin = bin.clone();
+        let args = job_args.clone();
+        let kubeconfig = kbox.kubeconfig(&token, "hook");
+        async move {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("kubeconfig"), kubeconfig).unwrap();
+            let out = tokio::process::Command::new(bin)
+                .args(&args)
+                .env_clear()
+                .env("HOME", dir.path())
+                .env("KUBECONFIG", dir.path().join("kubeconfig"))
+                .env("NODE_NAME", c1)
+                .output()
+                .await
+                .unwrap();
+            (
+                out.status.success(),
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            )
+        }
+    };
+
+    // The agents' ServiceAccount from a pod on c1: c2's pod is refused by the policy.
+    mark().await;
+    let as_agent = agent_pod(&admin, "cleanup-as-agent", c1).await;
+    let (ok, out) = run(token(&admin, Some(&as_agent)).await).await;
+    assert!(!ok, "the agents' ServiceAccount cleaned every node:\n{out}");
+    assert!(
+        marked("gs-c2").await,
+        "c2's pod was cleaned by c1's agent:\n{out}"
+    );
+    assert!(
+        out.contains("lastcall node restriction"),
+        "refused for another reason:\n{out}"
+    );
+
+    // The hook's own ServiceAccount, from a pod on c1: both nodes cleaned.
+    mark().await;
+    let as_hook = pod_of(&admin, &hook_sa, "cleanup-as-hook", c1).await;
+    let (ok, out) = run(token_of(&admin, &hook_sa, Some(&as_hook)).await).await;
+    assert!(ok, "the uninstall hook failed:\n{out}");
+    for gs in ["gs-c1", "gs-c2"] {
+        assert!(
+            !marked(gs).await,
+            "{gs} still carries lastcall's keys:\n{out}"
+        );
+    }
 }
