@@ -252,14 +252,36 @@ async fn an_agent_token_writes_only_its_own_nodes_objects() {
         "the install's notes do not say the node restriction is on:\n{notes}"
     );
     // The `auto` switch found ValidatingAdmissionPolicy v1 in the API server's discovery.
+    let policies: Api<DynamicObject> = Api::all_with(
+        admin.clone(),
+        &vap_resource("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+    );
     for name in [NODE_POLICY, EVICTION_POLICY] {
-        Api::<DynamicObject>::all_with(
-            admin.clone(),
-            &vap_resource("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+        policies
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("helm install made no policy {name}: {e}"));
+        // The API server type-checked every expression against the kinds it matches.
+        let status = try_eventually(
+            &format!("{name} type-checked"),
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            || async {
+                let p = policies.get(name).await.ok()?;
+                let generation = p.metadata.generation?;
+                let status = p.data.get("status")?.clone();
+                (status["observedGeneration"] == json!(generation)).then_some(status)
+            },
         )
-        .get(name)
         .await
-        .unwrap_or_else(|e| panic!("helm install made no policy {name}: {e}"));
+        .expect("the policy's status");
+        assert!(
+            status
+                .pointer("/typeChecking/expressionWarnings")
+                .and_then(Value::as_array)
+                .is_none_or(|w| w.is_empty()),
+            "{name}: {status}"
+        );
         Api::<DynamicObject>::all_with(
             admin.clone(),
             &vap_resource(
