@@ -213,6 +213,8 @@ def lookup(values: dict[str, Any], path: str) -> Any:
 
 
 def type_name(v: Any) -> str:
+    if v is None:
+        return "required"  # no default on purpose: the chart fails until it is set
     if isinstance(v, bool):
         return "bool"
     if isinstance(v, int):
