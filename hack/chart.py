@@ -56,16 +56,26 @@ HEADER = (
 # manifests/<file>: (description, values). The FleetIQ variant needs two choices that have no
 # safe default: the group name (a placeholder to edit) and the Redis password (a Secret you
 # create, so no password is ever committed).
+# Every configuration names a registry (the chart requires image.registry): the manifests'
+# is a placeholder to replace with yours.
+REGISTRY_VALUES: dict[str, Any] = {"image": {"registry": "registry.example.com/lastcall"}}
 FLEETIQ_VALUES: dict[str, Any] = {
-    "fleetiq": {"enabled": True, "gameServerGroup": "agones-game-server-group-01"},
+    **REGISTRY_VALUES,
+    "fleetiq": {"enabled": True, "region": "us-west-2", "gameServerGroup": "agones-game-server-group-01"},
     "redis": {"bundled": {"auth": {"existingSecret": "lastcall-redis-auth"}}},
-    "agent": {"compatTaints": True},
+    # IRSA roles: pubsub runs in the pod network, where only its own role gives it credentials.
+    "agent": {"compatTaints": True, "serviceAccount": {"annotations": {
+        "eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/lastcall-agent"}}},
+    "pubsub": {"serviceAccount": {"annotations": {
+        "eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/lastcall-pubsub"}}},
 }
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "lastcall.yaml": ("default values: Node-label drains, no FleetIQ", {}),
+    "lastcall.yaml": ("default values: Node-label drains, no FleetIQ; replace registry.example.com/lastcall with your registry", REGISTRY_VALUES),
     "lastcall-fleetiq.yaml": (
         "fleetiq.enabled, agent.compatTaints, bundled Redis with the Secret "
-        "lastcall-redis-auth; replace agones-game-server-group-01 with your group",
+        "lastcall-redis-auth; replace agones-game-server-group-01 with your group, us-west-2 "
+        "with its region, the account 123456789012 in the two role ARNs with yours and "
+        "registry.example.com/lastcall with your registry",
         FLEETIQ_VALUES,
     ),
 }
@@ -115,7 +125,7 @@ def expected_manifests() -> dict[str, str]:
     files = {}
     for file, (what, values) in VARIANTS.items():
         files[file] = HEADER.format(what=what) + "---\n" + render(values)
-    files[RULES_FILE] = HEADER.format(what="the PrometheusRule's groups, default thresholds") + alert_rules({})
+    files[RULES_FILE] = HEADER.format(what="the PrometheusRule's groups, default thresholds") + alert_rules(REGISTRY_VALUES)
     return files
 
 
@@ -203,6 +213,8 @@ def lookup(values: dict[str, Any], path: str) -> Any:
 
 
 def type_name(v: Any) -> str:
+    if v is None:
+        return "required"  # no default on purpose: the chart fails until it is set
     if isinstance(v, bool):
         return "bool"
     if isinstance(v, int):
@@ -361,7 +373,11 @@ def doc_installs(text: str) -> dict[str, dict[str, Any]]:
                 while label in found:
                     label = f"{label} ({n})"
                     n += 1
-                found[label] = helm_values(argv, files)
+                values = helm_values(argv, files)
+                if "--reuse-values" in argv and found:
+                    # On top of what the page installed last (its image.registry, say).
+                    values = deep_merge(list(found.values())[-1], values)
+                found[label] = values
             if argv[:3] == ["kubectl", "apply", "-f"] and argv[3].startswith("manifests/"):
                 if argv[3][len("manifests/"):] not in VARIANTS:
                     raise ValueError(f"docs/install.md ({heading}) applies {argv[3]}, which hack/chart.py does not generate")
@@ -371,7 +387,7 @@ def doc_installs(text: str) -> dict[str, dict[str, Any]]:
 
 def configurations() -> dict[str, dict[str, Any]]:
     """Every configuration CI renders: defaults, each ci/*-values.yaml, and the manifests'."""
-    configs: dict[str, dict[str, Any]] = {"defaults": {}}
+    configs: dict[str, dict[str, Any]] = {"defaults": dict(REGISTRY_VALUES)}
     for f in sorted((CHART / "ci").glob("*-values.yaml")):
         configs[f"ci/{f.name}"] = yaml.safe_load(f.read_text()) or {}
     for file, (_, values) in VARIANTS.items():
@@ -413,6 +429,19 @@ def yamllint(text: str) -> tuple[bool, str]:
     return p.returncode == 0, p.stdout + p.stderr
 
 
+# Kinds the chart renders only where the API server serves them (agent.nodeRestriction:
+# auto): left out when validating against an older version's schemas.
+SINCE = {("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): (1, 30),
+         ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): (1, 30)}
+
+
+def for_version(text: str, version: str) -> str:
+    have = tuple(int(x) for x in version.split(".")[:2])
+    docs = [d for d in re.split(r"(?m)^---\s*$", text)
+            if (lambda o: not o or SINCE.get((o.get("apiVersion"), o.get("kind")), (0, 0)) <= have)(yaml.safe_load(d))]
+    return "---".join(docs)
+
+
 def check_one(label: str, values: dict[str, Any]) -> list[str]:
     try:
         text = render(values)
@@ -423,7 +452,7 @@ def check_one(label: str, values: dict[str, Any]) -> list[str]:
     if not ok:
         problems.append(f"{label}: yamllint:\n{out}")
     for version in KUBE_VERSIONS:
-        ok, out = validate(text, version)
+        ok, out = validate(for_version(text, version), version)
         if not ok:
             problems.append(f"{label}: kubernetes-validate --strict -k {version}:\n{out}")
     return problems

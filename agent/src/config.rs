@@ -66,8 +66,10 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_IMDS_ENDPOINT", default_value = "http://169.254.169.254", value_parser = http_url)]
     pub imds_endpoint: String,
 
-    /// Address of the HTTP listener for /metrics, /healthz and /readyz.
-    #[arg(long, env = "LASTCALL_LISTEN", default_value = "0.0.0.0:9090")]
+    /// Address of the HTTP listener for /metrics, /healthz and /readyz. The IP may be in
+    /// brackets whatever its family (`[10.0.0.5]:9090`, `[fd00::5]:9090`), so one
+    /// `[$(POD_IP)]:9090` serves IPv4 and IPv6 pods alike.
+    #[arg(long, env = "LASTCALL_LISTEN", default_value = "0.0.0.0:9090", value_parser = listen_addr)]
     pub listen: SocketAddr,
 
     /// Interval between FleetIQ HEALTHY heartbeats (GameLift advises at most 60 s).
@@ -360,6 +362,29 @@ impl Config {
     }
 }
 
+/// `ip:port`, `[ipv6]:port`, or `[ipv4]:port` (what `[$(POD_IP)]:port` becomes on an IPv4 pod).
+fn listen_addr(s: &str) -> Result<SocketAddr, String> {
+    let t = s.trim();
+    if let Ok(a) = t.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let bracketed = t
+        .strip_prefix('[')
+        .and_then(|r| r.split_once("]:"))
+        .and_then(|(ip, port)| {
+            Some((
+                ip.parse::<std::net::Ipv4Addr>().ok()?,
+                port.parse::<u16>().ok()?,
+            ))
+        });
+    match bracketed {
+        Some((ip, port)) => Ok(SocketAddr::from((ip, port))),
+        None => Err(format!(
+            "`{t}` is not an address: expected ip:port or [ip]:port"
+        )),
+    }
+}
+
 fn non_empty(s: &str) -> Result<String, String> {
     let t = s.trim();
     if t.is_empty() {
@@ -429,6 +454,29 @@ mod tests {
         assert_eq!(c.failure_threshold, 1);
         assert_eq!(c.heartbeat_interval, Duration::from_secs(30));
         assert!(!c.fleetiq_enabled() && !c.dry_run && !c.deregister_on_exit);
+    }
+
+    #[test]
+    fn the_listener_takes_a_bracketed_ip_of_either_family() {
+        for (arg, want) in [
+            ("[10.0.0.5]:9090", "10.0.0.5:9090"),
+            ("[fd00::5]:9090", "[fd00::5]:9090"),
+            ("0.0.0.0:9090", "0.0.0.0:9090"),
+        ] {
+            assert_eq!(
+                listen_addr(arg).map(|a| a.to_string()),
+                Ok(want.to_string())
+            );
+        }
+        for bad in [
+            "[]:9090",
+            "[10.0.0.5]",
+            "[10.0.0.5]:x",
+            "10.0.0.5",
+            "[$(POD_IP)]:9090",
+        ] {
+            assert!(listen_addr(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

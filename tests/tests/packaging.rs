@@ -904,12 +904,46 @@ fn the_agent_daemonset_keeps_its_promises() {
         if pod["hostNetwork"] == true {
             // Instance metadata needs the node's network; two agents cannot share its port.
             assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet", "{file}");
-            assert_eq!(ru["maxSurge"], 0, "{file}");
-        } else {
-            // The rollout starts a node's new agent before stopping the old one.
-            assert_eq!(ru["maxUnavailable"], 0, "{file}");
-            assert_eq!(ru["maxSurge"], 1, "{file}");
         }
+        // The old agent stops first (its room is the new one's: no preemption needed, no
+        // stall on a packed node), and a large cluster rolls many nodes at once.
+        assert_eq!(ru["maxSurge"], 0, "{file}");
+        let at_once = replaced_at_once(&ru["maxUnavailable"], 2000);
+        assert!(
+            at_once >= 100,
+            "{file}: {} replaces {at_once} of 2,000 agents at a time",
+            ru["maxUnavailable"]
+        );
+        // The listener binds the pod's own IP (the node's with hostNetwork), not 0.0.0.0,
+        // and the agent takes it for either family.
+        let listen = c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .find_map(|a| a.strip_prefix("--listen="))
+            .expect("--listen");
+        let pod_ip = env.iter().find(|e| e["name"] == "POD_IP").expect("POD_IP");
+        assert_eq!(pod_ip["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+        assert!(listen.contains("$(POD_IP)"), "{file}: --listen={listen}");
+        let port = c["ports"][0]["containerPort"].as_u64().unwrap();
+        for ip in ["10.0.0.5", "fd00::5"] {
+            let arg = format!("--listen={}", listen.replace("$(POD_IP)", ip));
+            let cfg = <lastcall_agent::config::Config as clap::Parser>::try_parse_from([
+                "lastcall-agent",
+                "--node-name",
+                "n1",
+                &arg,
+            ])
+            .unwrap_or_else(|e| panic!("{file}: {arg}: {e}"));
+            assert_eq!(cfg.listen.ip().to_string(), ip, "{file}");
+            assert_eq!(u64::from(cfg.listen.port()), port, "{file}");
+        }
+        // Annotation-based Prometheus discovery finds the metrics port.
+        let ann = &ds["spec"]["template"]["metadata"]["annotations"];
+        assert_eq!(ann["prometheus.io/scrape"], "true", "{file}");
+        assert_eq!(ann["prometheus.io/port"], port.to_string(), "{file}");
+        assert_eq!(ann["prometheus.io/path"], "/metrics", "{file}");
     }
     // FleetIQ reads the instance id from IMDS: hostNetwork by default (hop limit 1).
     let fleetiq = manifest("lastcall-fleetiq.yaml");
@@ -926,6 +960,314 @@ fn the_agent_daemonset_keeps_its_promises() {
             d["metadata"]["name"]
         );
     }
+}
+
+/// Pods a DaemonSet's `maxUnavailable` lets go at once on `nodes` nodes (a percentage rounds
+/// up, as the DaemonSet controller does).
+fn replaced_at_once(v: &Value, nodes: u64) -> u64 {
+    match v {
+        Value::Number(n) => n.as_u64().unwrap_or(0),
+        Value::String(s) => match s.strip_suffix('%').and_then(|p| p.parse::<u64>().ok()) {
+            Some(p) => (p * nodes).div_ceil(100),
+            None => s.parse().unwrap_or(0),
+        },
+        _ => 0,
+    }
+}
+
+#[test]
+fn rollout_size_follows_kubernetes_rounding() {
+    assert_eq!(replaced_at_once(&Value::from("10%"), 2000), 200);
+    assert_eq!(replaced_at_once(&Value::from("10%"), 5), 1);
+    assert_eq!(replaced_at_once(&Value::from(1), 2000), 1);
+    assert_eq!(replaced_at_once(&Value::from("x"), 2000), 0);
+}
+
+/// The plain FleetIQ manifest works as applied: both binaries get the region, and pubsub,
+/// in the pod network, has an IRSA role of its own (the node's is out of reach there).
+#[test]
+fn the_fleetiq_manifest_gives_both_binaries_a_region_and_a_role() {
+    let objs = manifest("lastcall-fleetiq.yaml");
+    for component in ["agent", "pubsub"] {
+        let w = objs
+            .iter()
+            .find(|o| {
+                o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+                    == component
+            })
+            .unwrap_or_else(|| panic!("no {component} workload"));
+        let pod = &w["spec"]["template"]["spec"];
+        let env = pod["containers"][0]["env"].as_array().unwrap();
+        assert!(
+            env.iter()
+                .any(|e| e["name"] == "AWS_REGION"
+                    && e["value"].as_str().is_some_and(|v| !v.is_empty())),
+            "{component}: no AWS_REGION"
+        );
+        let sa = pod["serviceAccountName"].as_str().unwrap();
+        let account = find(&objs, "ServiceAccount")
+            .into_iter()
+            .find(|a| a["metadata"]["name"] == sa)
+            .unwrap_or_else(|| panic!("{component}: ServiceAccount {sa} not in the manifest"));
+        let role = account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            role.starts_with("arn:aws:iam::") && role.ends_with(&format!("lastcall-{component}")),
+            "{component}: no IRSA role ({role:?})"
+        );
+    }
+}
+
+/// The bundled Redis as the chart runs it (its container's command, with the real
+/// `redis-server`): the password from the Secret's variable is required, and it is on no
+/// command line (`ps` on the node, the pod spec).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bundled_redis_requires_the_password_it_never_shows_on_a_command_line() {
+    let objs = manifest("lastcall-fleetiq.yaml");
+    let redis = find(&objs, "Deployment")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "lastcall-redis")
+        .expect("the bundled Redis");
+    let c = &redis["spec"]["template"]["spec"]["containers"][0];
+    let agent_image = agent_daemonset(&objs)["spec"]["template"]["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let registry = agent_image.rsplit_once('/').unwrap().0;
+    assert!(
+        c["image"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{registry}/")),
+        "the Redis image {} is not under image.registry {registry}",
+        c["image"]
+    );
+    let spec = c.to_string();
+    let mut argv: Vec<String> = c["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(c["args"].as_array().unwrap())
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(argv[..2], ["sh", "-c"], "{spec}");
+    let conf = tempfile::tempdir().unwrap();
+    let port = free_port();
+    argv[2] = argv[2].replace("/run/redis", &conf.path().to_string_lossy())
+        + &format!(
+            " --port {port} --bind 127.0.0.1 --dir {}",
+            conf.path().display()
+        );
+    // `redis-server` on the PATH records the arguments it is started with (Redis rewrites
+    // its own process title, so /proc would not show them), then runs the real one.
+    let real = std::process::Command::new("sh")
+        .args(["-c", "command -v redis-server"])
+        .output()
+        .expect("sh");
+    let real = String::from_utf8_lossy(&real.stdout).trim().to_string();
+    assert!(!real.is_empty(), "redis-server is not installed");
+    let bin = conf.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let recorded = conf.path().join("argv");
+    std::fs::write(
+        bin.join("redis-server"),
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$0\" \"$@\" > '{}'\nexec '{real}' \"$@\"\n",
+            recorded.display()
+        ),
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .args(["+x", &bin.join("redis-server").to_string_lossy()])
+        .status()
+        .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let password = "Zq7lastcallBundledPw";
+    let mut child = tokio::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .env("PATH", path)
+        .env("REDIS_PASSWORD", password)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("sh");
+    let url = |pw: &str| format!("redis://:{pw}@127.0.0.1:{port}/");
+    let ping = |u: String| async move {
+        let c = redis::Client::open(u).ok()?;
+        let mut con = c.get_multiplexed_async_connection().await.ok()?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut con)
+            .await
+            .ok()
+    };
+    wait_for("the bundled Redis answers with the password", || async {
+        ping(url(password)).await
+    })
+    .await;
+    assert_eq!(
+        ping(url("not-the-password")).await,
+        None,
+        "a wrong password passed"
+    );
+    let argv = std::fs::read_to_string(&recorded).expect("redis-server's arguments");
+    assert!(argv.contains("redis-server"), "{argv}");
+    assert!(
+        !argv.contains(password),
+        "the password is on redis-server's command line: {argv}"
+    );
+    assert!(!spec.contains("$(REDIS_PASSWORD)"), "{spec}");
+    child.kill().await.ok();
+}
+
+/// `helm template` of the chart with the box's helm, default values plus `sets`.
+fn helm_template(sets: &[&str]) -> Result<Vec<Value>, String> {
+    let bin = lastcall_testkit::kube_box::bin_dir()
+        .map_err(|e| e.to_string())?
+        .join("helm");
+    let home = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let chart = repo().join("charts/lastcall");
+    let mut cmd = std::process::Command::new(bin);
+    cmd.args([
+        "template",
+        "lastcall",
+        &chart.to_string_lossy(),
+        "-n",
+        "lastcall",
+    ])
+    .env("HOME", home.path())
+    .env("HELM_CACHE_HOME", home.path().join("c"))
+    .env("HELM_CONFIG_HOME", home.path().join("g"))
+    .env("HELM_DATA_HOME", home.path().join("d"));
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout))
+        .map_err(|e| e.to_string())?;
+    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+const REG: &str = "image.registry=registry.example.com/lastcall";
+
+#[test]
+fn the_chart_refuses_what_would_fail_later_and_renders_each_option() {
+    // No registry: refused, naming the value and the docs.
+    let err = helm_template(&[]).expect_err("rendered without image.registry");
+    assert!(
+        err.contains("image.registry is required") && err.contains("docs/install.md"),
+        "{err}"
+    );
+    // The webhook without maxReplicas: refused (no silent cap).
+    let webhook = [REG, "pubsub.webhook.enabled=true", "redis.url=redis:6379"];
+    let err = helm_template(&webhook).expect_err("rendered the webhook without maxReplicas");
+    assert!(
+        err.contains("pubsub.webhook.maxReplicas is required"),
+        "{err}"
+    );
+    let with_max = [&webhook[..], &["pubsub.webhook.maxReplicas=900"]].concat();
+    let objs = helm_template(&with_max).unwrap();
+    let args = find(&objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+        .to_string();
+    assert!(args.contains("--webhook-max-replicas=900"), "{args}");
+    // One webhook replica: no PDB (it would block its node's drains); two: one kept.
+    assert!(find(&objs, "PodDisruptionBudget").is_empty());
+    let two = [&with_max[..], &["pubsub.replicas=2"]].concat();
+    let objs = helm_template(&two).unwrap();
+    let pdb = find(&objs, "PodDisruptionBudget");
+    assert_eq!(pdb.len(), 1, "a webhook PDB with two replicas");
+    assert_eq!(pdb[0]["spec"]["minAvailable"], 1);
+    assert_eq!(
+        pdb[0]["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
+        "pubsub"
+    );
+    // Azure Scheduled Events put the agent in the host network under `auto` (AKS pods may
+    // be blocked from IMDS).
+    let objs = helm_template(&[REG, "agent.azureEvents=true"]).unwrap();
+    assert_eq!(
+        agent_daemonset(&objs)["spec"]["template"]["spec"]["hostNetwork"],
+        true
+    );
+    // A surge with hostNetwork is refused; without, it is a surge with nothing unavailable.
+    let err = helm_template(&[REG, "agent.hostNetwork=true", "agent.maxSurge=10%"])
+        .expect_err("a surge in the host network");
+    assert!(
+        err.contains("agent.maxSurge must be 0 with hostNetwork"),
+        "{err}"
+    );
+    let objs = helm_template(&[REG, "agent.maxSurge=10%"]).unwrap();
+    let ru = &agent_daemonset(&objs)["spec"]["updateStrategy"]["rollingUpdate"];
+    assert_eq!(
+        (&ru["maxSurge"], &ru["maxUnavailable"]),
+        (&Value::from("10%"), &Value::from(0))
+    );
+    // serviceAccount.create=false: no ServiceAccount rendered, the named one used and bound.
+    let objs = helm_template(&[
+        REG,
+        "agent.serviceAccount.create=false",
+        "agent.serviceAccount.name=mine",
+        "fleetiq.enabled=true",
+        "fleetiq.gameServerGroup=g",
+        "redis.url=redis:6379",
+        "pubsub.serviceAccount.create=false",
+        "pubsub.serviceAccount.name=theirs",
+    ])
+    .unwrap();
+    assert!(
+        find(&objs, "ServiceAccount").is_empty(),
+        "a ServiceAccount was rendered"
+    );
+    assert_eq!(
+        agent_daemonset(&objs)["spec"]["template"]["spec"]["serviceAccountName"],
+        "mine"
+    );
+    assert!(
+        granted(&objs, "mine")
+            .iter()
+            .any(|(v, _, r, _)| v == "patch" && r == "nodes")
+    );
+    let pubsub = find(&objs, "Deployment")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "lastcall-pubsub")
+        .expect("pubsub");
+    assert_eq!(
+        pubsub["spec"]["template"]["spec"]["serviceAccountName"],
+        "theirs"
+    );
+    // Scrape annotations can be turned off.
+    let objs = helm_template(&[REG, "metrics.scrapeAnnotations=false"]).unwrap();
+    assert!(
+        agent_daemonset(&objs)["spec"]["template"]["metadata"]["annotations"]
+            .get("prometheus.io/scrape")
+            .is_none()
+    );
+    // The uninstall hook runs as its own ServiceAccount, not the agents' (which the node
+    // restriction confines to one node), with exactly the calls it makes.
+    let objs = helm_template(&[REG, "agent.autoscalerCooperation=in-use"]).unwrap();
+    let job = find(&objs, "Job")[0];
+    let sa = job["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .unwrap();
+    assert_ne!(sa, "lastcall-agent");
+    let rules: BTreeSet<String> = granted(&objs, sa)
+        .into_iter()
+        .map(|(v, g, r, _)| format!("{v} {g}/{r}"))
+        .collect();
+    assert_eq!(
+        rules,
+        ["list /pods", "patch /pods", "get agones.dev/gameservers"]
+            .into_iter()
+            .map(String::from)
+            .collect::<BTreeSet<_>>()
+    );
 }
 
 // ---------------------------------------------------------------------------------------

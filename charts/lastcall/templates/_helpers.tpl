@@ -48,14 +48,38 @@ app.kubernetes.io/component: {{ index . 1 }}
 app.kubernetes.io/part-of: lastcall
 {{- end -}}
 
+{{/*
+The registry every image comes from. Required: lastcall publishes no image of its own, and a
+bare name would only show up as an ImagePullBackOff on every node.
+*/}}
+{{- define "lastcall.registry" -}}
+{{- $r := trimSuffix "/" .Values.image.registry -}}
+{{- required "image.registry is required: the registry and path prefix you pushed lastcall's images (and the bundled Redis image) to, e.g. --set image.registry=123456789012.dkr.ecr.us-west-2.amazonaws.com/lastcall. How to build and push them: docs/install.md, section \"1. Images\"" $r -}}
+{{- end -}}
+
 {{/* Image of one component: pass (list $ .Values.agent.repository). */}}
 {{- define "lastcall.image" -}}
 {{- $root := index . 0 -}}
 {{- $tag := default $root.Chart.AppVersion $root.Values.image.tag -}}
-{{- if $root.Values.image.registry -}}
-{{- printf "%s/%s:%s" (trimSuffix "/" $root.Values.image.registry) (index . 1) $tag -}}
+{{- printf "%s/%s:%s" (include "lastcall.registry" $root) (index . 1) $tag -}}
+{{- end -}}
+
+{{/* The bundled Redis image: redis.bundled.image, else under image.registry. */}}
+{{- define "lastcall.redisImage" -}}
+{{- with .Values.redis.bundled.image -}}
+{{- . -}}
 {{- else -}}
-{{- printf "%s:%s" (index . 1) $tag -}}
+{{- printf "%s/%s:%s" (include "lastcall.registry" .) .Values.redis.bundled.repository (toString .Values.redis.bundled.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* prometheus.io scrape annotations for one pod: pass (list $ port). */}}
+{{- define "lastcall.scrapeAnnotations" -}}
+{{- $root := index . 0 -}}
+{{- if $root.Values.metrics.scrapeAnnotations -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ index . 1 | quote }}
+prometheus.io/path: /metrics
 {{- end -}}
 {{- end -}}
 
@@ -89,14 +113,30 @@ app.kubernetes.io/part-of: lastcall
 
 {{/*
 Whether the agent runs in the host network: `auto` turns it on when the agent reads instance
-metadata (the instance id for FleetIQ, the IMDS, Auto Scaling hook and GCE sources), which a pod's own network
-namespace may not reach (IMDSv2 hop limit 1; GKE Workload Identity).
+metadata (the instance id for FleetIQ, the IMDS, Auto Scaling hook, GCE and Azure sources),
+which a pod's own network namespace may not reach (IMDSv2 hop limit 1; GKE Workload
+Identity; AKS clusters that block pods from IMDS).
 */}}
 {{- define "lastcall.hostNetwork" -}}
 {{- $v := .Values.agent.hostNetwork -}}
 {{- if eq (toString $v) "auto" -}}
-{{- if or .Values.fleetiq.enabled .Values.agent.awsImds .Values.agent.asgLifecycle .Values.agent.gceMetadata -}}true{{- end -}}
+{{- if or .Values.fleetiq.enabled .Values.agent.awsImds .Values.agent.asgLifecycle .Values.agent.gceMetadata .Values.agent.azureEvents -}}true{{- end -}}
 {{- else if $v -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+Whether the node-restriction policies are rendered. `auto`: against a live API server (its
+discovery lists kinds, e.g. `v1/Pod`), when it serves ValidatingAdmissionPolicy v1; offline
+(`helm template`), when the target Kubernetes version (--kube-version, default helm's own) is
+1.30 or later. `true` renders them regardless, `false` never.
+*/}}
+{{- define "lastcall.nodeRestriction" -}}
+{{- $v := toString .Values.agent.nodeRestriction.enabled -}}
+{{- if eq $v "auto" -}}
+{{- if .Capabilities.APIVersions.Has "v1/Pod" -}}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}true{{- end -}}
+{{- else if semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version -}}true{{- end -}}
+{{- else if eq $v "true" -}}true{{- end -}}
 {{- end -}}
 
 {{/* The agent's priority class: the value, else the chart's own, else none. */}}
