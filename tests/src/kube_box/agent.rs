@@ -256,7 +256,10 @@ impl AgentProcess {
             .prefix("lastcall-box-agent-")
             .tempdir()?;
         let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, kbox.kubeconfig_at(server, &token, "lastcall-agent"))?;
+        std::fs::write(
+            &kubeconfig,
+            kbox.kubeconfig_at(server, &token, "lastcall-agent"),
+        )?;
         let mut args = chart_args()?;
         for a in &mut args {
             if a.starts_with("--listen=") {

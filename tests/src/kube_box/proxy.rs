@@ -300,10 +300,7 @@ impl FaultProxy {
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
                 anyhow::bail!(
                     "fault {name} never injected within {within:?}; injected: {:?}",
-                    self.injected()
-                        .iter()
-                        .map(|i| &i.rule)
-                        .collect::<Vec<_>>()
+                    self.injected().iter().map(|i| &i.rule).collect::<Vec<_>>()
                 );
             }
         }
@@ -390,7 +387,10 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
                     let body = axum::body::to_bytes(Body::new(r.into_body()), MAX_BODY)
                         .await
                         .unwrap_or_default();
-                    (Some(code), serde_json::from_slice(&body).unwrap_or(Value::Null))
+                    (
+                        Some(code),
+                        serde_json::from_slice(&body).unwrap_or(Value::Null),
+                    )
                 }
                 Err(e) => (None, Value::String(format!("{e:#}"))),
             };
@@ -454,8 +454,14 @@ mod tests {
     #[test]
     fn a_pattern_matches_one_segment_per_star_and_ignores_nothing_else() {
         let p = "/apis/agones.dev/v1/namespaces/*/gameservers/*";
-        assert!(path_matches(p, "/apis/agones.dev/v1/namespaces/a/gameservers/gs-0"));
-        assert!(!path_matches(p, "/apis/agones.dev/v1/namespaces/a/gameservers"));
+        assert!(path_matches(
+            p,
+            "/apis/agones.dev/v1/namespaces/a/gameservers/gs-0"
+        ));
+        assert!(!path_matches(
+            p,
+            "/apis/agones.dev/v1/namespaces/a/gameservers"
+        ));
         assert!(!path_matches(
             p,
             "/apis/agones.dev/v1/namespaces/a/gameservers/gs-0/status"
