@@ -617,6 +617,27 @@ async fn check_promises(d: &Drained, injected: &[Injection]) {
             describe(e)
         );
     }
+    // The agent ends matches one after another: a slow request for one delays the next.
+    // A match the fault did not touch is ended before the deadline plus that delay (the
+    // request timeout, or the lost answer's hold).
+    let faulted = injected
+        .iter()
+        .find(|i| i.rule == "eviction")
+        .map(target_name);
+    for b in d.busy.iter().filter(|b| Some(&b.name) != faulted.as_ref()) {
+        if let Some(e) = ends.iter().find(|e| e.name == b.name && e.ok())
+            && let Some(at) = e.received
+        {
+            let late = at.duration_since(d.deadline).as_secs_f64();
+            eprintln!("{} ended {late:+.2} s from the deadline", b.name);
+            assert!(
+                late < 2.5,
+                "{} ended {late:.2} s after the deadline: {}",
+                b.name,
+                describe(e)
+            );
+        }
+    }
     for b in &d.busy {
         assert!(
             ends.iter().any(|e| e.name == b.name && e.ok()),
@@ -652,6 +673,10 @@ async fn check_promises(d: &Drained, injected: &[Injection]) {
         .filter(|e| e.by_agent() && (e.code == 401 || e.code == 403))
         .collect();
     assert!(refused.is_empty(), "RBAC refused:\n{}", dump(refused));
+    eprintln!(
+        "the agent's writes:\n{}",
+        dump(log.iter().filter(|e| e.by_agent() && e.is_write()))
+    );
     eprintln!(
         "injected: {}",
         injected
