@@ -434,6 +434,25 @@ async fn drain_under(name: &str, fault: Fault) {
         pods,
     };
     check_promises(&d, &injected).await;
+    // The agent met each fault as a failure of that step (a lost answer too: no success
+    // was reported to it), and said so.
+    let output = agent.output();
+    for (t, said) in TARGETS.into_iter().zip([
+        &["\"action\":\"patch_node\""][..],
+        &["release failed"],
+        &["\"action\":\"protect\""],
+        &[
+            "\"action\":\"end_gracefully\"",
+            "eviction refused by a PodDisruptionBudget",
+        ],
+    ]) {
+        assert!(
+            output
+                .lines()
+                .any(|l| l.contains("\"WARN\"") && said.iter().any(|s| l.contains(s))),
+            "the agent never logged the {t} failing under {fault:?}"
+        );
+    }
     agent.stop().await.expect("agent stops");
     eprintln!(
         "box faults {fault:?}: {} injections, {} requests forwarded, {:.1} s",
