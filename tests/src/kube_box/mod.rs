@@ -7,7 +7,9 @@
 //! each controller with its own credentials), kube-scheduler and kwok (which plays the
 //! kubelets of the nodes a test creates), each on a free port, and waits for each one's
 //! health endpoint. There is no Agones: [`agones`] plays its part against the API server.
-//! [`agent`] runs the agent with the chart's arguments and RBAC.
+//! [`agent`] runs the agent with the chart's arguments and RBAC. [`proxy`] puts faults
+//! between the agent and the API server; [`KubeBox::restart_apiserver`] kills the API server
+//! and starts it again.
 //!
 //! One box serves a whole test binary ([`lease`]); tests take turns (the GameServer CRD is
 //! cluster-wide and some tests change it) and keep to their own namespace and node names.
