@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
 use kube::Api;
 use kube::api::{DynamicObject, ListParams, PostParams};
-use lastcall_testkit::eventually::{eventually, wait_for};
+use lastcall_testkit::eventually::{eventually, try_eventually, wait_for};
 use lastcall_testkit::kube_box::agent::AgentProcess;
 use lastcall_testkit::kube_box::agones::{self, Agones, Allocation, Crd, Deletions, Server};
 use lastcall_testkit::kube_box::audit::{Entry, describe};
@@ -284,7 +284,7 @@ async fn drain_under(name: &str, fault: Fault) {
     let mut extra = fiq.agent_extra();
     extra.args.push("--aws-imds".into());
     extra.args.push(REQUEST_TIMEOUT.into());
-    let agent = AgentProcess::start_at(&s.kbox, &proxy.url(), &s.node, extra)
+    let mut agent = AgentProcess::start_at(&s.kbox, &proxy.url(), &s.node, extra)
         .await
         .expect("the agent process");
     agent.ready().await.expect("agent ready");
@@ -351,7 +351,7 @@ async fn drain_under(name: &str, fault: Fault) {
     }
 
     // The drain: fenced, the idle servers gone, the matches' pods evicted.
-    eventually(
+    let done = try_eventually(
         "fenced, idle servers released, the matches' pods evicted",
         Duration::from_secs(LEAD as u64 + 40),
         Duration::from_millis(100),
@@ -377,6 +377,12 @@ async fn drain_under(name: &str, fault: Fault) {
         },
     )
     .await;
+    if let Err(e) = done {
+        match agent.exited() {
+            Some(status) => panic!("{e}: the agent exited ({status})"),
+            None => panic!("{e}"),
+        }
+    }
     stop.cancel();
     allocator.await.expect("allocator");
     // The replacement's match and every protected one still stand, Allocated.
@@ -739,7 +745,7 @@ async fn the_api_server_killed_and_restarted_mid_drain() {
     extra
         .args
         .extend(["--aws-imds".to_string(), REQUEST_TIMEOUT.to_string()]);
-    let agent = AgentProcess::start_at(&s.kbox, &proxy.url(), &s.node, extra)
+    let mut agent = AgentProcess::start_at(&s.kbox, &proxy.url(), &s.node, extra)
         .await
         .expect("the agent process");
     agent.ready().await.expect("agent ready");
@@ -791,7 +797,7 @@ async fn the_api_server_killed_and_restarted_mid_drain() {
         held.name
     );
     let released = idle.len();
-    eventually(
+    let done = try_eventually(
         "the idle servers released and the matches' pods evicted after the restart",
         Duration::from_secs(LEAD as u64 + 40),
         Duration::from_millis(100),
@@ -810,6 +816,12 @@ async fn the_api_server_killed_and_restarted_mid_drain() {
         },
     )
     .await;
+    if let Err(e) = done {
+        match agent.exited() {
+            Some(status) => panic!("{e}: the agent exited ({status})"),
+            None => panic!("{e}"),
+        }
+    }
     for b in &busy {
         agones::expect_state(&s.agones, b, "Allocated")
             .await

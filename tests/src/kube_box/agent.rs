@@ -335,6 +335,11 @@ impl AgentProcess {
             .join("\n")
     }
 
+    /// `Some(status)` once the process has exited (a test names it instead of timing out).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     pub async fn metrics(&self) -> String {
         crate::agent::scrape(self.admin).await
     }
