@@ -310,6 +310,8 @@ impl FaultProxy {
 async fn accept_loop(listener: TcpListener, acceptor: TlsAcceptor, state: Arc<State>) {
     loop {
         let Ok((tcp, _)) = listener.accept().await else {
+            // Out of descriptors, say: try again shortly rather than spin.
+            tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
         let (acceptor, state) = (acceptor.clone(), state.clone());
