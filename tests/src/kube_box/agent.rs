@@ -237,6 +237,17 @@ impl Drop for AgentProcess {
 impl AgentProcess {
     /// Starts the agent for `node` as the chart runs it, with `extra`.
     pub async fn start(kbox: &KubeBox, node: &str, extra: Extra) -> anyhow::Result<AgentProcess> {
+        Self::start_at(kbox, &kbox.server(), node, extra).await
+    }
+
+    /// [`Self::start`] with the agent's kubeconfig naming `server` (a fault proxy in front
+    /// of the box's API server, serving the box's certificate).
+    pub async fn start_at(
+        kbox: &KubeBox,
+        server: &str,
+        node: &str,
+        extra: Extra,
+    ) -> anyhow::Result<AgentProcess> {
         let client = kbox.client().await?;
         install_rbac(&client).await?;
         let pod = create_pod(&client, node).await?;
@@ -245,7 +256,10 @@ impl AgentProcess {
             .prefix("lastcall-box-agent-")
             .tempdir()?;
         let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, kbox.kubeconfig(&token, "lastcall-agent"))?;
+        std::fs::write(
+            &kubeconfig,
+            kbox.kubeconfig_at(server, &token, "lastcall-agent"),
+        )?;
         let mut args = chart_args()?;
         for a in &mut args {
             if a.starts_with("--listen=") {
@@ -319,6 +333,11 @@ impl AgentProcess {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .join("\n")
+    }
+
+    /// `Some(status)` once the process has exited (a test names it instead of timing out).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     pub async fn metrics(&self) -> String {

@@ -7,7 +7,9 @@
 //! each controller with its own credentials), kube-scheduler and kwok (which plays the
 //! kubelets of the nodes a test creates), each on a free port, and waits for each one's
 //! health endpoint. There is no Agones: [`agones`] plays its part against the API server.
-//! [`agent`] runs the agent with the chart's arguments and RBAC.
+//! [`agent`] runs the agent with the chart's arguments and RBAC. [`proxy`] puts faults
+//! between the agent and the API server; [`KubeBox::restart_apiserver`] kills the API server
+//! and starts it again.
 //!
 //! One box serves a whole test binary ([`lease`]); tests take turns (the GameServer CRD is
 //! cluster-wide and some tests change it) and keep to their own namespace and node names.
@@ -18,6 +20,7 @@ pub mod audit;
 pub mod fleetiq;
 pub mod pki;
 pub mod procs;
+pub mod proxy;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -141,11 +144,21 @@ impl KubeBox {
         let (etcd, peer, api, kcm, sched, kwok) = (etcd?, peer?, api?, kcm?, sched?, kwok?);
         std::fs::write(
             dir.path().join("admin.kubeconfig"),
-            kubeconfig(api, &pki.ca_pem, ADMIN_TOKEN, "box-admin"),
+            kubeconfig(
+                &format!("https://127.0.0.1:{api}"),
+                &pki.ca_pem,
+                ADMIN_TOKEN,
+                "box-admin",
+            ),
         )?;
         std::fs::write(
             dir.path().join("kwok.kubeconfig"),
-            kubeconfig(api, &pki.ca_pem, KWOK_TOKEN, KWOK_USER),
+            kubeconfig(
+                &format!("https://127.0.0.1:{api}"),
+                &pki.ca_pem,
+                KWOK_TOKEN,
+                KWOK_USER,
+            ),
         )?;
         let mut group = Group::new(dir.path())?;
         group.spawn(
@@ -325,6 +338,41 @@ impl KubeBox {
         self.started_in
     }
 
+    /// Kills kube-apiserver with SIGKILL, leaves it down for `down`, starts it again on the
+    /// same port with the same flags (etcd keeps the state; the audit log goes on) and waits
+    /// until `/readyz` answers. Returns how long that took after the start.
+    pub async fn restart_apiserver(&self, down: Duration) -> anyhow::Result<Duration> {
+        let status = self.lock().kill("kube-apiserver")?;
+        tokio::time::sleep(down).await;
+        self.lock().respawn("kube-apiserver")?;
+        let began = Instant::now();
+        let http = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(
+                &self.pki.ca_pem,
+            )?)?)
+            .timeout(Duration::from_secs(5))
+            .build()?;
+        self.wait_http(
+            "kube-apiserver (restarted)",
+            &http,
+            &format!("{}/readyz", self.server()),
+        )
+        .await
+        .with_context(|| format!("after SIGKILL ({status})"))?;
+        Ok(began.elapsed())
+    }
+
+    /// A [`proxy::FaultProxy`] in front of this API server, serving the box's certificate.
+    pub async fn fault_proxy(&self) -> anyhow::Result<proxy::FaultProxy> {
+        proxy::FaultProxy::start(
+            std::net::SocketAddr::from(([127, 0, 0, 1], self.api_port)),
+            &self.pki.ca_pem,
+            &self.pki.server_pem,
+            &self.pki.server_key,
+        )
+        .await
+    }
+
     /// `https://127.0.0.1:<port>`.
     pub fn server(&self) -> String {
         format!("https://127.0.0.1:{}", self.api_port)
@@ -350,7 +398,13 @@ impl KubeBox {
 
     /// A kubeconfig for `token` (user name `user`) against this box.
     pub fn kubeconfig(&self, token: &str, user: &str) -> String {
-        kubeconfig(self.api_port, &self.pki.ca_pem, token, user)
+        self.kubeconfig_at(&self.server(), token, user)
+    }
+
+    /// A kubeconfig for `token` against `server` (this box's API server, or a proxy in
+    /// front of it serving the box's certificate).
+    pub fn kubeconfig_at(&self, server: &str, token: &str, user: &str) -> String {
+        kubeconfig(server, &self.pki.ca_pem, token, user)
     }
 
     /// The admin's client config (group `system:masters`).
@@ -378,9 +432,9 @@ pub async fn config_from(yaml: &str) -> anyhow::Result<kube::Config> {
     Ok(kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?)
 }
 
-fn kubeconfig(port: u16, ca: &Path, token: &str, user: &str) -> String {
+fn kubeconfig(server: &str, ca: &Path, token: &str, user: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: box\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority: {ca}\nusers:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: box\n  context:\n    cluster: box\n    user: {user}\ncurrent-context: box\n",
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: box\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: box\n  context:\n    cluster: box\n    user: {user}\ncurrent-context: box\n",
         ca = ca.display()
     )
 }

@@ -20,6 +20,8 @@ use anyhow::Context;
 pub struct Proc {
     pub name: String,
     pub log: PathBuf,
+    program: PathBuf,
+    args: Vec<String>,
     child: Child,
 }
 
@@ -80,20 +82,57 @@ impl Group {
     pub fn spawn(&mut self, name: &str, program: &Path, args: &[String]) -> anyhow::Result<()> {
         let log = self.logs.join(format!("{name}.log"));
         let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let child = self.run(name, program, args, out)?;
+        self.procs.push(Proc {
+            name: name.to_string(),
+            log,
+            program: program.to_path_buf(),
+            args: args.to_vec(),
+            child,
+        });
+        Ok(())
+    }
+
+    fn run(&self, name: &str, program: &Path, args: &[String], out: File) -> anyhow::Result<Child> {
         let err = out.try_clone()?;
-        let child = Command::new(program)
+        Command::new(program)
             .args(args)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .process_group(self.pgid as i32)
             .spawn()
-            .with_context(|| format!("starting {name} ({})", program.display()))?;
-        self.procs.push(Proc {
-            name: name.to_string(),
-            log,
-            child,
-        });
+            .with_context(|| format!("starting {name} ({})", program.display()))
+    }
+
+    fn member(&mut self, name: &str) -> anyhow::Result<&mut Proc> {
+        self.procs
+            .iter_mut()
+            .find(|p| p.name == name)
+            .with_context(|| format!("no process {name} in the box"))
+    }
+
+    /// SIGKILL to member `name` (no chance to flush or say goodbye), and its exit reaped.
+    pub fn kill(&mut self, name: &str) -> anyhow::Result<std::process::ExitStatus> {
+        let p = self.member(name)?;
+        p.child.kill()?;
+        Ok(p.child.wait()?)
+    }
+
+    /// Starts member `name` again with the same program and arguments; its log goes on
+    /// after a marker line.
+    pub fn respawn(&mut self, name: &str) -> anyhow::Result<()> {
+        let (program, args, log) = {
+            let p = self.member(name)?;
+            (p.program.clone(), p.args.clone(), p.log.clone())
+        };
+        let mut out = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        std::io::Write::write_all(&mut out, b"---- restarted by the test ----\n")?;
+        let child = self.run(name, &program, &args, out)?;
+        self.member(name)?.child = child;
         Ok(())
     }
 
