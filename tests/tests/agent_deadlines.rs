@@ -277,7 +277,7 @@ async fn eviction_safe_by_cause_decides_which_matches_get_sigterm_and_when() {
 
 /// `NotBefore` as IMDS writes it (to the second).
 fn not_before(t: jiff::Timestamp) -> String {
-    t.strftime("%d %b %Y %H:%M:%S GMT").to_string()
+    t.strftime("%-d %b %Y %H:%M:%S GMT").to_string()
 }
 
 fn instance_stop(at: jiff::Timestamp) -> serde_json::Value {

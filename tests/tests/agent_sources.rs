@@ -506,7 +506,7 @@ fn aws_time(secs: i64) -> (String, String) {
         .checked_add(jiff::SignedDuration::from_secs(secs))
         .unwrap();
     (
-        t.strftime("%d %b %Y %H:%M:%S GMT").to_string(),
+        t.strftime("%-d %b %Y %H:%M:%S GMT").to_string(),
         t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
     )
 }

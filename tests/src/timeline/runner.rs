@@ -304,9 +304,10 @@ async fn edit_node(api: &Api<Node>, f: impl Fn(&mut Node)) -> anyhow::Result<Sys
     anyhow::bail!("editing the Node lost 20 races")
 }
 
-fn imds_time(t: SystemTime) -> String {
+/// An IMDS scheduled-event time, as EC2 writes it (the day of the month unpadded).
+pub fn imds_time(t: SystemTime) -> String {
     let ts = jiff::Timestamp::try_from(t).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
-    ts.strftime("%d %b %Y %H:%M:%S GMT").to_string()
+    ts.strftime("%-d %b %Y %H:%M:%S GMT").to_string()
 }
 
 fn rfc1123(t: SystemTime) -> String {

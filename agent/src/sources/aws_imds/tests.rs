@@ -455,3 +455,18 @@ async fn scheduled_events_are_read_by_what_happens_to_a_running_process() {
     assert_eq!(src.current(), Report::Known(vec![]));
     assert_eq!(src.rejected("unknown_code"), 1, "once, not per poll");
 }
+
+#[test]
+fn a_scheduled_time_is_read_with_or_without_a_leading_zero() {
+    // EC2 writes the day of the month unpadded ("1 Jan 2021 02:00:00 GMT", as a real
+    // instance answers and AWS's metadata mock writes it); a padded one is read alike.
+    assert_eq!(
+        parse_aws_time("1 Jan 2021 02:00:00 GMT").ok(),
+        Some(t("2021-01-01T02:00:00Z"))
+    );
+    assert_eq!(
+        parse_aws_time("01 Jan 2021 02:00:00 GMT").ok(),
+        Some(t("2021-01-01T02:00:00Z"))
+    );
+    assert!(parse_aws_time("1 Jan 2021 02:00:00").is_err());
+}
