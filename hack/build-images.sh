@@ -20,11 +20,12 @@
 #   LASTCALL_IMAGE_DIR=/tmp/x hack/build-images.sh
 #   LASTCALL_STAND_IN=1 hack/build-images.sh     # stand-in binaries: see below
 #
-# CI builds the real images (.ci/run: hack/build-static.sh, then this script). With
-# LASTCALL_STAND_IN=1 it runs around tiny static stand-in binaries instead (C, musl-gcc and
-# aarch64-linux-gnu-gcc) that answer --version and --help, so the Dockerfiles, the buildah
-# multi-arch build, the manifest list and every check except the size budget run in seconds:
-# a quick try of a Dockerfile change.
+# CI builds the real images (.ci/run: hack/release.sh --no-push runs hack/build-static.sh,
+# then this script). With LASTCALL_STAND_IN=1 it runs around tiny static stand-in binaries
+# instead (C, compiled per architecture by the compiler hack/cross.sh picks for this host) that
+# answer --version and --help, so the Dockerfiles, the buildah multi-arch build, the manifest
+# list and every check except the size budget run in seconds: a quick try of a Dockerfile
+# change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,27 +45,25 @@ for tool in "${tools[@]}"; do
   fi
 done
 
-triple() {
-  case "$1" in
-    amd64) echo x86_64-unknown-linux-musl ;;
-    arm64) echo aarch64-unknown-linux-musl ;;
-    *) echo "unknown architecture $1" >&2; return 2 ;;
-  esac
-}
+triple() { hack/cross.sh triple "$1"; }
 
 if [ "${LASTCALL_STAND_IN:-}" = 1 ]; then
   MUSL_ROOT="$(mktemp -d)"
   trap 'rm -rf "$MUSL_ROOT"' EXIT
-  command -v musl-gcc >/dev/null 2>&1 && command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 \
-    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq musl-tools gcc-aarch64-linux-gnu; }
+  for arch in $ARCHES; do
+    command -v "$(hack/cross.sh cc "$arch")" >/dev/null 2>&1 || {
+      # shellcheck disable=SC2046,SC2086 # one architecture, then one package name, per word
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(hack/cross.sh packages $ARCHES)
+      break
+    }
+  done
   printf '%s\n' '#include <stdio.h>' '#include <string.h>' \
     'int main(int c, char **v) { if (c > 1 && !strcmp(v[1], "--version")) { puts("stand-in"); return 0; }' \
     '  if (c > 1 && !strcmp(v[1], "--help")) { puts("Usage: stand-in"); return 0; } return 2; }' >"$MUSL_ROOT/stand-in.c"
   for arch in $ARCHES; do
     dir="$MUSL_ROOT/$(triple "$arch")/release"
     mkdir -p "$dir"
-    cc=musl-gcc
-    [ "$arch" = arm64 ] && cc=aarch64-linux-gnu-gcc
+    cc="$(hack/cross.sh cc "$arch")"
     for b in lastcall-agent lastcall-pubsub; do "$cc" -static -Os -s -o "$dir/$b" "$MUSL_ROOT/stand-in.c"; done
   done
 fi
@@ -127,6 +126,7 @@ for c in agent pubsub; do
     [ ! -e "$rootfs/bin/sh" ] || { echo "FAIL $bin $arch: the image has a shell"; fail=1; }
     [ -s "$rootfs/etc/ssl/certs/ca-certificates.crt" ] || { echo "FAIL $bin $arch: no CA bundle"; fail=1; }
     case "$static" in *"statically linked"* | *"static-pie"*) ;; *) echo "FAIL $bin $arch: not static"; fail=1 ;; esac
+    hack/cross.sh check-elf "$arch" "$rootfs/$bin" >/dev/null || { echo "FAIL $bin $arch: wrong ELF machine or not static"; fail=1; }
     # No container runtime here: run the image's own binary from its rootfs, as the image's
     # user, natively or through qemu for arm64.
     run=("$rootfs/$bin")

@@ -4,11 +4,12 @@
 # Installs the musl targets and Debian's C toolchains when missing.
 #
 # TLS: the workspace uses rustls with aws-lc-rs. aws-lc-sys compiles C and ships
-# pre-generated bindings for both musl targets, so no cmake, Go or clang is needed:
-#   amd64: Debian's musl-gcc (musl-tools);
-#   arm64: Debian's cross compiler aarch64-linux-gnu-gcc (gcc-aarch64-linux-gnu) for
-#          aws-lc's C and as the linker; Rust's self-contained musl CRT and libc make the
-#          result static.
+# pre-generated bindings for both musl targets, so no cmake, Go or clang is needed. The C
+# compiler is chosen per target from the build host's architecture by hack/cross.sh: Debian's
+# musl-gcc for the host's own architecture, Debian's cross gcc for the other one (also the
+# linker; Rust's self-contained musl CRT and libc make the result static). So an amd64 and an
+# arm64 host both build both images. LASTCALL_HOST_ARCH=arm64 pretends an arm64 host (to try
+# that choice on amd64: only the amd64 target then builds here).
 # Size: the workspace's release profile (Cargo.toml: opt-level "s", fat LTO, one codegen
 # unit, stripped, panic = "abort") is what ships; nothing here overrides it.
 set -euo pipefail
@@ -19,43 +20,25 @@ export CARGO_TARGET_DIR="${LASTCALL_MUSL_TARGET_DIR:-/var/tmp/lastcall-target-mu
 
 need_apt=()
 for arch in $ARCHES; do
-  case "$arch" in
-    amd64)
-      command -v musl-gcc >/dev/null 2>&1 || need_apt+=(musl-tools)
-      ;;
-    arm64)
-      command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need_apt+=(gcc-aarch64-linux-gnu)
-      ;;
-    *)
-      echo "unknown architecture $arch (amd64, arm64)" >&2
-      exit 2
-      ;;
-  esac
+  cc="$(hack/cross.sh cc "$arch")"
+  command -v "$cc" >/dev/null 2>&1 || need_apt+=("$(hack/cross.sh packages "$arch")")
 done
 if [ "${#need_apt[@]}" -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
 
 for arch in $ARCHES; do
-  case "$arch" in
-    amd64)
-      target=x86_64-unknown-linux-musl
-      export CC_x86_64_unknown_linux_musl=musl-gcc
-      ;;
-    arm64)
-      target=aarch64-unknown-linux-musl
-      export CC_aarch64_unknown_linux_musl=aarch64-linux-gnu-gcc
-      export AR_aarch64_unknown_linux_musl=aarch64-linux-gnu-ar
-      export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER=aarch64-linux-gnu-gcc
-      ;;
-  esac
+  target="$(hack/cross.sh triple "$arch")"
+  cross_env="$(hack/cross.sh env "$arch")"
+  eval "$cross_env"
   rustup target list --installed | grep -qx "$target" || rustup target add "$target"
-  echo "== $arch ($target)"
+  echo "== $arch ($target) on a $(hack/cross.sh host) host: ${cross_env//$'\n'/; }"
   cargo build --locked --release --target "$target" -p lastcall-agent -p lastcall-pubsub \
     --bin lastcall-agent --bin lastcall-pubsub
   for b in lastcall-agent lastcall-pubsub; do
     f="$CARGO_TARGET_DIR/$target/release/$b"
     ls -l "$f"
     file "$f" 2>/dev/null || true
+    hack/cross.sh check-elf "$arch" "$f"
   done
 done

@@ -20,7 +20,7 @@ BOX="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 . "$BOX/versions.env"
 CACHE="${LASTCALL_BOX_CACHE:-/var/tmp/lastcall-box}"
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm ec2-metadata-mock)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm ec2-metadata-mock actionlint)
 
 export GOTOOLCHAIN=local
 command -v go >/dev/null 2>&1 || { echo "build.sh: go is not on PATH" >&2; exit 1; }
@@ -155,6 +155,12 @@ step "building ec2-metadata-mock $AEMM_VERSION"
 (cd "$BOX/aemm" && "${GO[@]}" build -trimpath -ldflags "-s -w" \
   -o "$tmp/bin/ec2-metadata-mock" github.com/aws/amazon-ec2-metadata-mock/cmd/ec2-metadata-mock)
 
+# --- actionlint (the release workflow's linter; .ci/run) ---------------------------------------
+check_pin actionlint github.com/rhysd/actionlint "$ACTIONLINT_VERSION"
+step "building actionlint $ACTIONLINT_VERSION"
+(cd "$BOX/actionlint" && "${GO[@]}" build -trimpath -ldflags "-s -w -X github.com/rhysd/actionlint.version=$ACTIONLINT_VERSION" \
+  -o "$tmp/bin/actionlint" github.com/rhysd/actionlint/cmd/actionlint)
+
 cat >"$tmp/versions.txt" <<EOF
 etcd $ETCD_VERSION
 kube-apiserver $KUBE_VERSION
@@ -164,6 +170,7 @@ kubectl $KUBE_VERSION
 kwok $KWOK_VERSION
 helm $HELM_VERSION
 ec2-metadata-mock $AEMM_VERSION
+actionlint $ACTIONLINT_VERSION
 go $(go env GOVERSION)
 EOF
 

@@ -3,7 +3,7 @@
 # and checksum database; build.sh then builds offline-safe from the committed files.
 # The Kubernetes module's staging replacements are read from that release's own go.mod, so
 # every k8s.io/<staging> module is pinned to the same release (v1.X.Y -> v0.X.Y).
-# Usage: hack/box/pin.sh [kube|etcd|kwok|helm|aemm]...   (default: all)
+# Usage: hack/box/pin.sh [kube|etcd|kwok|helm|aemm|actionlint]...   (default: all)
 set -euo pipefail
 BOX="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
@@ -64,8 +64,14 @@ pin_aemm() {
   go mod tidy
 }
 
+pin_actionlint() {
+  fresh actionlint lastcall.box/actionlint 1.25.0
+  go get -tool "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION"
+  go mod tidy
+}
+
 mods=("$@")
-[ ${#mods[@]} -gt 0 ] || mods=(kube etcd kwok helm aemm)
+[ ${#mods[@]} -gt 0 ] || mods=(kube etcd kwok helm aemm actionlint)
 for m in "${mods[@]}"; do
   echo "== pinning $m" >&2
   "pin_$m"
