@@ -18,7 +18,8 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use lastcall_testkit::agent::{metric, metric_sum};
 use lastcall_testkit::eventually::try_eventually;
 use lastcall_testkit::kube_box::agent::AgentProcess;
-use lastcall_testkit::kube_box::agones::{self, Agones, Allocation, Crd, Server};
+use lastcall_testkit::kube_box::agones::{self, Agones, Allocation, Crd, Deletions, Server};
+use lastcall_testkit::kube_box::audit::describe;
 use lastcall_testkit::kube_box::install::{self, Block, Mark, Shell};
 use lastcall_testkit::kube_box::{self, EXEC_REDIS_PASSWORD, KubeBox, create_node};
 use lastcall_testkit::redis::RedisServer;
@@ -301,6 +302,7 @@ struct Runbook {
     agones: Agones,
     idle: Server,
     matched: Server,
+    deletions: Deletions,
 }
 
 /// The install the runbook needs (`docs/install.md` §5: agents, pubsub and the bundled
@@ -402,6 +404,9 @@ async fn runbook(kbox: &KubeBox, shell: &Shell, client: &kube::Client, all: &[Bl
         .await
         .expect("Agones PDB");
     let agones = Agones::new(client, GAMES_NS);
+    let deletions = Deletions::watch(client, GAMES_NS)
+        .await
+        .expect("a GameServer watch");
     let idle = agones
         .ready_server(IDLE, GAME_NODE)
         .await
@@ -429,6 +434,7 @@ async fn runbook(kbox: &KubeBox, shell: &Shell, client: &kube::Client, all: &[Bl
         agones,
         idle,
         matched,
+        deletions,
     }
 }
 
@@ -452,8 +458,10 @@ impl Runbook {
         std::fs::write(kbox.pod_log("agent"), text).expect("the agent's pod log");
     }
 
-    /// After the drain label: the node fenced, the idle server released, the match protected.
-    async fn drain_started(&self, client: &kube::Client) {
+    /// After the drain label: the node fenced, the idle server released, the match protected;
+    /// by the API server's order (resourceVersions), the agent's fence came before the idle
+    /// server's deletion, and the agent deleted no match.
+    async fn drain_started(&self, kbox: &KubeBox, client: &kube::Client) {
         let nodes: Api<Node> = Api::all(client.clone());
         let r = try_eventually(
             "fenced, idle released, match protected",
@@ -481,6 +489,42 @@ impl Runbook {
         if let Err(e) = r {
             panic!("{e}\n--- agent ---\n{}", self.output());
         }
+        let fenced = |v: &Value| {
+            v.pointer("/spec/unschedulable") == Some(&Value::Bool(true))
+                && v.pointer("/spec/taints")
+                    .and_then(Value::as_array)
+                    .is_some_and(|t| t.iter().any(|t| t["key"] == "lastcall.dev/draining"))
+        };
+        let journal = kbox.audit();
+        let fence = journal
+            .iter()
+            .filter(|e| e.by_agent() && e.ok() && e.resource == "nodes" && e.name == GAME_NODE)
+            .find(|e| e.is_write() && fenced(&e.response))
+            .unwrap_or_else(|| {
+                panic!("no accepted fence of {GAME_NODE} by the agent in the audit log")
+            });
+        let fence_rv = fence
+            .rv()
+            .unwrap_or_else(|| panic!("no resourceVersion in {}", describe(fence)));
+        let deleted = try_eventually(
+            "the idle server's DELETED event",
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            || async { self.deletions.of(&self.idle.name) },
+        )
+        .await
+        .expect("the idle server's deletion, watched");
+        assert!(
+            fence_rv < deleted,
+            "the idle server went (rv {deleted}) before the agent's fence (rv {fence_rv}): {}",
+            describe(fence)
+        );
+        let killed: Vec<String> = journal
+            .iter()
+            .filter(|e| e.by_agent() && e.verb == "delete" && e.name == self.matched.name)
+            .map(describe)
+            .collect();
+        assert!(killed.is_empty(), "the agent deleted the match: {killed:?}");
     }
 
     /// After the match is gone: the agent reports the node empty.
@@ -520,7 +564,7 @@ async fn every_documented_command_runs_as_written_and_a_drain_completes() {
             if b.body
                 .contains("kubectl label node \"$NODE\" lastcall.dev/drain=true")
             {
-                r.drain_started(&client).await;
+                r.drain_started(&kbox, &client).await;
                 started = true;
             }
             if b.body.contains("kubectl delete gameserver") {
