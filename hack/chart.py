@@ -267,10 +267,28 @@ def readme_text() -> str:
 # The install page's commands
 # ---------------------------------------------------------------------------------------
 
+def split_key(key: str) -> list[str]:
+    """Helm's `--set` key syntax as Helm reads its argument (after the shell): a dot splits the
+    path unless a backslash escapes it, and a backslash keeps the character after it."""
+    parts, cur, escaped = [], "", False
+    for ch in key:
+        if escaped:
+            cur += ch
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == ".":
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return parts
+
+
 def set_path(values: dict[str, Any], key: str, value: Any) -> None:
-    """Helm's `--set a.b\\.c=v`: dots split the path unless escaped (the caller has turned
-    escaped dots into NUL, since shell quoting would drop the backslash)."""
-    parts = [p.replace("\x00", ".") for p in key.split(".")]
+    """Helm's `--set a.b\\.c=v` on the argument as bash passed it."""
+    parts = split_key(key)
     if any("[" in p for p in parts):
         raise ValueError(f"list indexes are not supported in --set {key}")
     cur = values
@@ -305,7 +323,6 @@ def helm_values(argv: list[str], files: dict[str, str]) -> dict[str, Any]:
         elif opt in ("--set", "--set-string", "--set-json"):
             assignment = inline if eq else next(it)
             key, _, raw = assignment.partition("=")
-            raw = raw.replace("\x00", ".")
             value = typed(raw) if opt == "--set" else raw if opt == "--set-string" else json.loads(raw)
             set_path(values, key, value)
         elif opt in ("-n", "--namespace", "--version"):
@@ -325,12 +342,25 @@ def deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def bash_argv(command: str) -> list[str]:
+    """The argv bash gives `command` (its quoting, escapes, line continuations, comments and
+    the DOC_ENV variables), printed by bash itself: the page's commands are read exactly as a
+    user's shell runs them, never by a parser of our own."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", **DOC_ENV}
+    p = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", "set -u\nprintf '%s\\0' " + command],
+        env=env, capture_output=True, text=True,
+    )
+    if p.returncode != 0:
+        raise ValueError(f"bash cannot run {command!r}: {p.stderr.strip()}")
+    return p.stdout.split("\0")[:-1]
+
+
 def doc_installs(text: str) -> dict[str, dict[str, Any]]:
     """Every `helm install` / `helm upgrade` in the page's `sh` blocks, labelled by section,
     with the values its `-f` files (written earlier on the page by `cat > f <<'VALUES'`) and
-    `--set` flags give. `kubectl apply -f manifests/<file>` must name a generated manifest."""
-    import shlex
-
+    `--set` flags give, each command read by bash (`bash_argv`). `kubectl apply -f
+    manifests/<file>` must name a generated manifest."""
     found: dict[str, dict[str, Any]] = {}
     files: dict[str, str] = {}
     heading = ""
@@ -359,14 +389,15 @@ def doc_installs(text: str) -> dict[str, dict[str, Any]]:
                 i += 1
                 files[heredoc[1]] = "\n".join(body) + "\n"
                 continue
-            if cur.rstrip().endswith("\\"):
-                pending += cur.rstrip()[:-1] + " "
+            # A backslash-newline continues the command, as in bash (which removes both).
+            if cur.endswith("\\") and not cur.endswith("\\\\"):
+                pending += cur + "\n"
                 continue
-            command = (pending + cur).strip()
+            command = pending + cur
             pending = ""
-            for k, v in DOC_ENV.items():
-                command = command.replace(f"${k}", v)
-            argv = shlex.split(command.replace("\\.", "\x00"), comments=True)
+            if not command.startswith(("helm ", "kubectl apply ")):
+                continue
+            argv = bash_argv(command)
             if argv[:2] in (["helm", "install"], ["helm", "upgrade"]):
                 label = f"docs/install.md \u00a7 {heading}: {' '.join(argv[:3])}"
                 n = 2

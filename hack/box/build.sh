@@ -39,6 +39,7 @@ dest="$CACHE/$key"
 complete() {
   local b
   [ -f "$dest/versions.txt" ] && [ -f "$dest/share/kwok-stages.yaml" ] || return 1
+  [ -f "$dest/share/crds/karpenter.sh_nodepools.yaml" ] || return 1
   for b in "${BINARIES[@]}"; do [ -x "$dest/bin/$b" ] || return 1; done
 }
 
@@ -137,17 +138,13 @@ done >"$tmp/share/kwok-stages.yaml"
   -o "$tmp/bin/kwok" sigs.k8s.io/kwok/cmd/kwok)
 
 # --- helm ---------------------------------------------------------------------------------------
-check_pin helm helm.sh/helm/v3 "$HELM_VERSION"
-# Helm's default capabilities follow the client-go it is built with (as its Makefile does).
-helm_k8s="$(cd "$BOX/helm" && go list -m -f '{{.Version}}' k8s.io/client-go)"
-helm_k8s_minor="$(echo "$helm_k8s" | cut -d. -f2)"
-helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
-helm_ldflags+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
-for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
-  helm_ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$helm_k8s_minor"
-done
+check_pin helm helm.sh/helm/v4 "$HELM_VERSION"
+# Helm 4 derives its default capabilities (the Kubernetes version `helm template` assumes) from
+# the client-go module in its build info, so only the version and tree state are stamped.
+helm_ldflags="-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION"
+helm_ldflags+=" -X helm.sh/helm/v4/internal/version.gitTreeState=clean -X helm.sh/helm/v4/internal/version.metadata="
 step "building helm $HELM_VERSION"
-(cd "$BOX/helm" && "${GO[@]}" build -trimpath -ldflags "$helm_ldflags" -o "$tmp/bin/helm" helm.sh/helm/v3/cmd/helm)
+(cd "$BOX/helm" && "${GO[@]}" build -trimpath -ldflags "$helm_ldflags" -o "$tmp/bin/helm" helm.sh/helm/v4/cmd/helm)
 
 # --- amazon-ec2-metadata-mock ------------------------------------------------------------------
 check_pin aemm github.com/aws/amazon-ec2-metadata-mock "$AEMM_VERSION"
@@ -160,6 +157,22 @@ check_pin actionlint github.com/rhysd/actionlint "$ACTIONLINT_VERSION"
 step "building actionlint $ACTIONLINT_VERSION"
 (cd "$BOX/actionlint" && "${GO[@]}" build -trimpath -ldflags "-s -w -X github.com/rhysd/actionlint.version=$ACTIONLINT_VERSION" \
   -o "$tmp/bin/actionlint" github.com/rhysd/actionlint/cmd/actionlint)
+# --- CRDs the docs install next to lastcall ----------------------------------------------------
+# Karpenter's NodePool/NodeClaim and the Prometheus operator's monitors and rules, from their
+# own modules at the pinned versions (go.sum checks the content), into share/crds/.
+check_pin crds sigs.k8s.io/karpenter "$KARPENTER_VERSION"
+check_pin crds github.com/prometheus-operator/prometheus-operator "$PROMETHEUS_OPERATOR_VERSION"
+step "copying CRDs: Karpenter $KARPENTER_VERSION, Prometheus operator $PROMETHEUS_OPERATOR_VERSION"
+mkdir -p "$tmp/share/crds"
+crd_dir() { (cd "$BOX/crds" && "${GO[@]}" mod download -json "$1" | sed -n 's/^\t"Dir": "\(.*\)",*$/\1/p'); }
+karpenter_dir="$(crd_dir sigs.k8s.io/karpenter)"
+promop_dir="$(crd_dir github.com/prometheus-operator/prometheus-operator)"
+for f in karpenter.sh_nodepools.yaml karpenter.sh_nodeclaims.yaml; do
+  cp "$karpenter_dir/pkg/apis/crds/$f" "$tmp/share/crds/$f"
+done
+for f in servicemonitors podmonitors prometheusrules; do
+  cp "$promop_dir/example/prometheus-operator-crd/monitoring.coreos.com_$f.yaml" "$tmp/share/crds/"
+done
 
 cat >"$tmp/versions.txt" <<EOF
 etcd $ETCD_VERSION
@@ -171,6 +184,8 @@ kwok $KWOK_VERSION
 helm $HELM_VERSION
 ec2-metadata-mock $AEMM_VERSION
 actionlint $ACTIONLINT_VERSION
+karpenter-crds $KARPENTER_VERSION
+prometheus-operator-crds $PROMETHEUS_OPERATOR_VERSION
 go $(go env GOVERSION)
 EOF
 

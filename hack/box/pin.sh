@@ -3,7 +3,7 @@
 # and checksum database; build.sh then builds offline-safe from the committed files.
 # The Kubernetes module's staging replacements are read from that release's own go.mod, so
 # every k8s.io/<staging> module is pinned to the same release (v1.X.Y -> v0.X.Y).
-# Usage: hack/box/pin.sh [kube|etcd|kwok|helm|aemm|actionlint]...   (default: all)
+# Usage: hack/box/pin.sh [kube|etcd|kwok|helm|aemm|actionlint|crds]...   (default: all)
 set -euo pipefail
 BOX="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
@@ -54,8 +54,17 @@ pin_kwok() {
 
 pin_helm() {
   fresh helm lastcall.box/helm 1.26.0
-  go get -tool "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  go get -tool "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
   go mod tidy
+}
+
+# Not built: the box reads Karpenter's and the Prometheus operator's CRD YAML from these
+# modules (build.sh), so go.sum pins their content.
+pin_crds() {
+  fresh crds lastcall.box/crds 1.26.4
+  go mod edit -require="sigs.k8s.io/karpenter@$KARPENTER_VERSION" \
+    -require="github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION"
+  go mod download sigs.k8s.io/karpenter github.com/prometheus-operator/prometheus-operator
 }
 
 pin_aemm() {
@@ -71,7 +80,7 @@ pin_actionlint() {
 }
 
 mods=("$@")
-[ ${#mods[@]} -gt 0 ] || mods=(kube etcd kwok helm aemm actionlint)
+[ ${#mods[@]} -gt 0 ] || mods=(kube etcd kwok helm aemm actionlint crds)
 for m in "${mods[@]}"; do
   echo "== pinning $m" >&2
   "pin_$m"

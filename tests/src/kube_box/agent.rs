@@ -252,14 +252,6 @@ impl AgentProcess {
         install_rbac(&client).await?;
         let pod = create_pod(&client, node).await?;
         let token = token(&client, &pod).await?;
-        let dir = tempfile::Builder::new()
-            .prefix("lastcall-box-agent-")
-            .tempdir()?;
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            kbox.kubeconfig_at(server, &token, "lastcall-agent"),
-        )?;
         let mut args = chart_args()?;
         for a in &mut args {
             if a.starts_with("--listen=") {
@@ -276,20 +268,7 @@ impl AgentProcess {
             }
         }
         let pod_json = serde_json::to_value(&pod)?;
-        let mut cmd = Command::new(
-            tokio::task::spawn_blocking(|| {
-                crate::bins::try_workspace_binary("lastcall-agent", "lastcall-agent")
-            })
-            .await??,
-        );
-        cmd.env_clear()
-            .env("HOME", dir.path())
-            .env("KUBECONFIG", &kubeconfig)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+        let mut env = Vec::new();
         for (name, path) in chart_env()? {
             let value = match path.as_str() {
                 "spec.nodeName" => Some(Value::String(node.to_string())),
@@ -300,11 +279,45 @@ impl AgentProcess {
             let Some(Value::String(v)) = value else {
                 bail!("the chart's {name} ({path}) has no value on the agent's pod");
             };
-            cmd.env(name, v);
+            env.push((name, v));
         }
-        for (k, v) in &extra.env {
-            cmd.env(k, v);
-        }
+        env.extend(extra.env.iter().cloned());
+        AgentProcess::spawn(kbox, server, pod, &token, args, env).await
+    }
+
+    /// Runs `lastcall-agent` on the host as `pod`'s container: `args`, only the `env` given
+    /// (nothing inherited), and a kubeconfig holding `token` for `server`.
+    pub async fn spawn(
+        kbox: &KubeBox,
+        server: &str,
+        pod: Pod,
+        token: &str,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+    ) -> anyhow::Result<AgentProcess> {
+        let dir = tempfile::Builder::new()
+            .prefix("lastcall-box-agent-")
+            .tempdir()?;
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            kbox.kubeconfig_at(server, token, "lastcall-agent"),
+        )?;
+        let mut cmd = Command::new(
+            tokio::task::spawn_blocking(|| {
+                crate::bins::try_workspace_binary("lastcall-agent", "lastcall-agent")
+            })
+            .await??,
+        );
+        cmd.env_clear()
+            .env("HOME", dir.path())
+            .env("KUBECONFIG", &kubeconfig)
+            .envs(env)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
         let mut child = cmd.spawn().context("starting lastcall-agent")?;
         let output = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = tokio::sync::oneshot::channel();

@@ -18,6 +18,7 @@ pub mod agent;
 pub mod agones;
 pub mod audit;
 pub mod fleetiq;
+pub mod install;
 pub mod pki;
 pub mod procs;
 pub mod proxy;
@@ -160,6 +161,7 @@ impl KubeBox {
                 KWOK_USER,
             ),
         )?;
+        std::fs::write(dir.path().join("kwok-debug.yaml"), kwok_debug(dir.path())?)?;
         let mut group = Group::new(dir.path())?;
         group.spawn(
             "etcd",
@@ -271,6 +273,10 @@ impl KubeBox {
                 // kwok does nothing without stages: the release's "fast" ones, which
                 // build.sh puts beside the binaries.
                 format!("--config={}", stages.display()),
+                // `kubectl logs` / `exec` in the lastcall namespace ([`kwok_debug`]): the
+                // API server reaches kwok as the nodes' kubelet on its own port.
+                format!("--config={}", d("kwok-debug.yaml")),
+                format!("--node-port={kwok}"),
                 "--manage-all-nodes=false".into(),
                 format!("--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake"),
                 "--node-lease-duration-seconds=40".into(),
@@ -387,6 +393,21 @@ impl KubeBox {
         self.dir.path()
     }
 
+    /// The file kwok serves as the logs of the `lastcall` namespace's `container`
+    /// containers (`agent`, `pubsub`, `redis`), in the CRI log format.
+    pub fn pod_log(&self, container: &str) -> PathBuf {
+        self.dir
+            .path()
+            .join("pod-logs")
+            .join(format!("{container}.log"))
+    }
+
+    /// Where `kubectl exec` into a `redis` container of the `lastcall` namespace runs; its
+    /// `bin/` is first on that command's PATH.
+    pub fn redis_exec_dir(&self) -> PathBuf {
+        self.dir.path().join("pod-exec/redis")
+    }
+
     pub fn audit_log(&self) -> PathBuf {
         self.dir.path().join("audit.log")
     }
@@ -421,6 +442,42 @@ impl KubeBox {
     pub fn tails(&self, lines: usize) -> String {
         self.lock().tails(lines)
     }
+}
+
+/// The `REDIS_PASSWORD` a command run by `kubectl exec` into a `redis` container sees: kwok's
+/// exec environment is fixed when the box starts, before any test creates a Redis password
+/// Secret, so a test's Redis accepts this password beside the Secret's.
+pub const EXEC_REDIS_PASSWORD: &str = "lastcall-box-exec-redis-password";
+
+/// kwok's answers to `kubectl logs` and `kubectl exec` for pods of the `lastcall` namespace,
+/// whose containers run nowhere: the logs of a container named `agent`, `pubsub` or `redis`
+/// are the CRI-format file [`KubeBox::pod_log`] (a test writes there what the host process
+/// playing that container printed), and `exec` into `redis` runs the command on the host in
+/// `pod-exec/redis`, with `pod-exec/redis/bin` first on PATH (where a test puts what reaches
+/// the Redis it started) and [`EXEC_REDIS_PASSWORD`] as `REDIS_PASSWORD`.
+fn kwok_debug(dir: &Path) -> anyhow::Result<String> {
+    let mut logs = String::new();
+    for c in ["agent", "pubsub", "redis"] {
+        let f = dir.join("pod-logs").join(format!("{c}.log"));
+        std::fs::create_dir_all(dir.join("pod-logs"))?;
+        std::fs::write(&f, "")?;
+        logs.push_str(&format!(
+            "    - containers: [{c}]\n      logsFile: {}\n",
+            f.display()
+        ));
+    }
+    let exec = dir.join("pod-exec/redis");
+    std::fs::create_dir_all(exec.join("bin"))?;
+    Ok(format!(
+        "apiVersion: kwok.x-k8s.io/v1alpha1\nkind: ClusterLogs\nmetadata:\n  name: box-logs\nspec:\n  \
+         selector:\n    matchNamespaces: [lastcall]\n  logs:\n{logs}---\n\
+         apiVersion: kwok.x-k8s.io/v1alpha1\nkind: ClusterExec\nmetadata:\n  name: box-exec\nspec:\n  \
+         selector:\n    matchNamespaces: [lastcall]\n  execs:\n    - containers: [redis]\n      \
+         local:\n        workDir: {exec}\n        envs:\n          - name: PATH\n            \
+         value: {exec}/bin:/usr/bin:/bin\n          - name: REDIS_PASSWORD\n            \
+         value: {EXEC_REDIS_PASSWORD}\n",
+        exec = exec.display()
+    ))
 }
 
 /// kwok manages only the nodes carrying this annotation (value `fake`).
