@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
-use super::runner::{DRAIN_NODE_ANNOTATIONS, NODE, REQUEST_TIMEOUT, Run, agent_pod};
+use super::runner::{DRAIN_NODE_ANNOTATIONS, NODE, PodSeen, REQUEST_TIMEOUT, Run, agent_pod};
 use super::script::{Action, KubeFault, Safe};
 use super::truth::{Truth, earliest, permits};
 use crate::autoscaling::Happening;
@@ -676,23 +676,26 @@ fn handed_over_busy(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             .iter()
             .map(|(id, at)| (*at, format!("approval of {id}"))),
     );
+    let settle = Duration::from_millis(cx.run.timeline.deregister_settle_ms()) - LIST_TAKES;
     for (at, what) in handoffs {
         let moment = HANDOFF_IN_FLIGHT
             + cx.stalled(at.checked_sub(Duration::from_secs(1)).unwrap_or(at), at);
-        // On the node at the hand-off, or landing after it although its server was made
-        // before (a pod the scheduler placed as the fence went up: the settle is there so
-        // that it lands, and is seen, first).
-        let made_before = |name: &str| {
-            cx.run
-                .late_servers
-                .iter()
-                .any(|(n, made)| n == name && *made < at)
+        // On the node at the hand-off, or landing after it although the scheduler placed
+        // it as the fence went up and it landed within the settle (which is there so that
+        // it lands, and is seen, first). One that landed later than the settle is beyond
+        // any agent (see docs/agent.md, "What it cannot promise").
+        let landed_within_settle = |p: &PodSeen| {
+            cx.run.late_servers.iter().any(|(n, made)| {
+                n == &p.name
+                    && *made < at
+                    && fence_before(cx, *made).is_some_and(|f| p.first < f + settle)
+            })
         };
         let busy: Vec<&str> = cx
             .run
             .pods
             .iter()
-            .filter(|p| p.last > at && (p.first + moment < at || made_before(&p.name)))
+            .filter(|p| p.last > at && (p.first + moment < at || landed_within_settle(p)))
             .map(|p| p.name.as_str())
             .collect();
         if !busy.is_empty() {
@@ -709,6 +712,32 @@ fn handed_over_busy(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
 /// How long before a hand-off a pod may have landed unseen: the agent confirms the node is
 /// empty on a fresh LIST just before it hands over.
 const HANDOFF_IN_FLIGHT: Duration = Duration::from_millis(150);
+/// What a LIST may take to answer: a pod landing that much before the settle ends may be
+/// missed by it.
+const LIST_TAKES: Duration = Duration::from_millis(30);
+
+/// Where the settle of the agent's latest accepted write that put lastcall's taint on the
+/// Node, at or before `t`, counts from: the drain start it wrote with the fence (stamped
+/// before the request went out), else the moment the write took effect.
+fn fence_before(cx: &Ctx<'_>, t: SystemTime) -> Option<SystemTime> {
+    let mut prev: Option<&Value> = None;
+    let mut at = None;
+    for e in cx.run.journal.iter().filter(|e| is_node_write(e)) {
+        let Some(v) = e.response.as_deref() else {
+            continue;
+        };
+        if e.at <= t
+            && by_agent(e)
+            && taint_keys(v).contains("lastcall.dev/draining")
+            && prev.is_none_or(|p| !taint_keys(p).contains("lastcall.dev/draining"))
+        {
+            let stamped = annotation(v, "lastcall.dev/drain-started").and_then(parse_time);
+            at = Some(stamped.map_or(e.at, |s| s.min(e.at)));
+        }
+        prev = Some(v);
+    }
+    at
+}
 
 /// The pod the Node's `lastcall.dev/owner` annotation names (`namespace/name/uid`).
 fn owner_pod(node: &Value) -> Option<String> {

@@ -485,7 +485,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             "--request-timeout",
             "1s",
             "--deregister-settle",
-            "300ms",
+            &format!("{}ms", tl.deregister_settle_ms()),
             "--aws-imds",
             "--imds-endpoint",
             &imds.url(),

@@ -636,6 +636,12 @@ impl Timeline {
         }
     }
 
+    /// `--deregister-settle`: longer where a pod lands after the fence, so that the pod,
+    /// placed as the fence goes up, lands within it even on a loaded machine.
+    pub fn deregister_settle_ms(&self) -> u64 {
+        if self.bind_lag_ms > 0 { 700 } else { 300 }
+    }
+
     pub fn grace_of(&self, safe: Safe) -> i64 {
         self.grace_s[safe as usize]
     }
