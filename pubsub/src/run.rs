@@ -187,6 +187,7 @@ impl Pubsub {
                     settings.redis_timeout,
                     settings.drain_state_max_age,
                     settings.drain_state_hold_limit,
+                    settings.drain_state_key.clone(),
                     metrics.clone(),
                 );
                 Some(Arc::new(Webhook::new(

@@ -82,6 +82,8 @@ fn draining(node: &str, at_ms: i64, fleets: &[(&str, &str, u32, u32)]) -> NodeDr
     NodeDrainState {
         node: node.into(),
         updated_at_ms: at_ms,
+        counted_at_ms: None,
+        truncated: false,
         fleets: fleets
             .iter()
             .map(|&(namespace, name, ready, allocated)| FleetOnNode {
@@ -1279,6 +1281,8 @@ mod full_loop {
         NodeDrainState {
             node: "n1".into(),
             updated_at_ms: now_ms(),
+            counted_at_ms: None,
+            truncated: false,
             fleets: vec![FleetOnNode {
                 namespace: NS.into(),
                 name: LOOP_FLEET.into(),
