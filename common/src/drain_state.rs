@@ -925,4 +925,68 @@ mod tests {
                 .is_ok()
         );
     }
+
+    #[test]
+    fn old_counts_hold_and_a_fitted_entry_holds_every_fleet() {
+        let now = 100_000_000;
+        let mut repeated = state("repeated", now, &[("ns", "f", 3, 0)]);
+        repeated.counted_at_ms = Some(now - 2 * 60_000);
+        let mut ancient = state("ancient", now, &[("ns", "g", 3, 0)]);
+        ancient.counted_at_ms = Some(now - 300_001);
+        let mut wide = state("wide", now, &[]);
+        wide.fleets = (0..2000)
+            .map(|i| FleetOnNode {
+                namespace: "ns".into(),
+                name: format!("fleet-with-a-long-name-{i:05}"),
+                ready: u32::from(i == 1999),
+                allocated: 0,
+                held: None,
+                at_risk: None,
+            })
+            .collect();
+        assert!(wide.to_json().len() > MAX_ENTRY_BYTES);
+        let left_out = wide.fit();
+        assert!(left_out > 0 && wide.truncated);
+        assert!(wide.to_json().len() <= MAX_ENTRY_BYTES);
+        assert_eq!(wide.fleets.len() + left_out, 2000);
+        assert_eq!(wide.fleets[0].name, "fleet-with-a-long-name-01999");
+        let snap = Snapshot::from_entries(
+            vec![entry(&repeated), entry(&ancient), entry(&wide)],
+            now,
+            MIN,
+            HOLD,
+        );
+        let f = snap.fleet("ns", "f", |_| false);
+        assert_eq!(f.hold_reason, Some(HOLD_STALE_COUNTS));
+        assert_eq!(f.holding, ["repeated", "wide"]);
+        assert_eq!(
+            snap.fleet("ns", "fleet-with-a-long-name-01999", |_| false),
+            FleetDrain {
+                extra: 1,
+                holding: vec!["wide".into()],
+                hold_reason: Some(HOLD_TRUNCATED),
+                gone: vec![],
+            }
+        );
+        let labels: Vec<&str> = snap.skipped.iter().map(|s| s.why.metric_label()).collect();
+        assert_eq!(labels, ["stale_counts", "expired"]);
+        let mut later = state("n", now, &[]);
+        later.counted_at_ms = Some(now + 1);
+        assert_eq!(
+            later.validate().unwrap_err().metric_label(),
+            "counted_after_update"
+        );
+    }
+
+    #[test]
+    fn cluster_names_are_dns_labels_and_the_empty_one_keeps_the_old_key() {
+        assert_eq!(key_for(""), KEY);
+        assert_eq!(key_for("eu-1"), "lastcall:drain-state:eu-1");
+        for ok in ["", "a", "eu-west-1", &"a".repeat(63)] {
+            assert!(check_cluster_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["-a", "a-", "A", "a_b", "a:b", "a b", &"a".repeat(64)] {
+            assert!(check_cluster_name(bad).is_err(), "{bad}");
+        }
+    }
 }

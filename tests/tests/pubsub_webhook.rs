@@ -527,6 +527,170 @@ async fn a_gone_node_or_an_expired_entry_counts_for_nothing_and_holds_nothing() 
     );
 }
 
+/// "Fresh" is about the counts, not only the publisher: an agent whose publisher keeps
+/// refreshing its entry while its planner has stopped (counts computed three minutes ago,
+/// over the two-minute max age) says nothing current about the node, so the Fleets it names
+/// are held, not sized from old counts. Counts computed seconds ago count as before.
+#[tokio::test]
+async fn old_counts_from_a_live_publisher_hold_instead_of_counting() {
+    let redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap();
+    let client = http();
+    let now = now_ms();
+    let mut current = draining("current", now, &[(NS, "current", 3, 0)]);
+    current.counted_at_ms = Some(now - 10_000);
+    let mut repeated = draining("repeated", now, &[(NS, FLEET, 3, 0)]);
+    repeated.counted_at_ms = Some(now - 3 * 60_000);
+    publish(&redis, &current).await;
+    publish(&redis, &repeated).await;
+    assert_eq!(
+        ask_fleet(&client, &hook.url(), NS, "current", status(10, 10), &[]).await,
+        (true, 18),
+        "10 allocated + 5 + the 3 of current counts"
+    );
+    assert_eq!(
+        ask(&client, &hook.url(), status(20, 10)).await,
+        (false, 20),
+        "old counts hold the Fleet at its size: no scale-down to 10 + 5 (+ 3)"
+    );
+    assert_eq!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_held_total",
+            &[("reason", "stale_counts")]
+        ),
+        1.0,
+        "{}",
+        hook.metrics_text()
+    );
+    assert!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_drain_state_skipped_total",
+            &[("reason", "stale_counts")]
+        ) >= 1.0
+    );
+}
+
+/// Writers enforce the size readers enforce: an entry over 64 KiB is refused with an error
+/// naming the limit and nothing is written (a reader would skip it, and the Fleets on that
+/// node would silently count for nothing). Fitted, it keeps the Fleets with the most to
+/// replace and is marked truncated: the Fleets it lists count, and every other Fleet is
+/// held, since it may be among those left out.
+#[tokio::test]
+async fn an_oversize_entry_is_refused_by_the_writer_and_a_fitted_one_holds_every_fleet() {
+    let redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap();
+    let client = http();
+    let long = "f".repeat(200);
+    let names: Vec<String> = (0..400).map(|i| format!("{long}-{i:03}")).collect();
+    let mut fleets: Vec<(&str, &str, u32, u32)> =
+        names.iter().map(|n| (NS, n.as_str(), 1, 0)).collect();
+    fleets.push((NS, FLEET, 4, 0));
+    let mut big = draining("big", now_ms(), &fleets);
+    let mut conn = redis.client().await.unwrap();
+    let err = drain_state::publish(&mut conn, &big)
+        .await
+        .expect_err("an entry over the limit is refused");
+    let text = err.to_string();
+    assert!(
+        text.contains("over the 65536-byte limit"),
+        "a clear error: {text}"
+    );
+    let written: Option<String> = redis::cmd("HGET")
+        .arg(drain_state::KEY)
+        .arg("big")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(written, None, "nothing written");
+
+    let left_out = big.fit();
+    assert!(left_out > 0 && big.truncated);
+    assert!(big.to_json().len() <= drain_state::MAX_ENTRY_BYTES);
+    assert_eq!(
+        big.fleets[0].name, FLEET,
+        "the Fleet with most to replace kept"
+    );
+    drain_state::publish(&mut conn, &big).await.unwrap();
+    assert_eq!(
+        ask(&client, &hook.url(), status(10, 10)).await,
+        (true, 19),
+        "10 + 5 + its 4: the Fleet it lists counts"
+    );
+    let left = names.last().unwrap();
+    assert!(
+        !big.fleets.iter().any(|f| &f.name == left),
+        "{left} left out"
+    );
+    assert_eq!(
+        ask_fleet(&client, &hook.url(), NS, left, status(20, 10), &[]).await,
+        (false, 20),
+        "a Fleet left out is held, not scaled down to 15"
+    );
+    assert_eq!(
+        ask_fleet(&client, &hook.url(), NS, "other", status(20, 10), &[]).await,
+        (false, 20),
+        "any Fleet is"
+    );
+    assert!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_held_total",
+            &[("reason", "truncated_entry")]
+        ) >= 2.0
+    );
+}
+
+/// Two clusters on one Redis, each with its `--cluster-name`, read only their own drains;
+/// the default name keeps the key earlier releases used.
+#[tokio::test]
+async fn clusters_sharing_one_redis_do_not_see_each_others_drains() {
+    let redis = RedisServer::start().await.unwrap();
+    let start = |name: &'static str| {
+        let url = redis.host_port();
+        async move {
+            WebhookServer::start(
+                &url,
+                &["--webhook-max-replicas", "100", "--cluster-name", name],
+                None,
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let (blue, green) = (start("blue").await, start("green").await);
+    let legacy = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap();
+    let mut conn = redis.client().await.unwrap();
+    let state = draining("node-1", now_ms(), &[(NS, FLEET, 6, 0)]);
+    drain_state::publish_to(&mut conn, &drain_state::key_for("blue"), &state)
+        .await
+        .unwrap();
+    let mut old = draining("node-2", now_ms(), &[(NS, FLEET, 2, 0)]);
+    old.fleets[0].ready = 2;
+    drain_state::publish(&mut conn, &old).await.unwrap();
+    let client = http();
+    assert_eq!(ask(&client, &blue.url(), status(10, 10)).await, (true, 21));
+    assert_eq!(
+        ask(&client, &green.url(), status(10, 10)).await,
+        (true, 15),
+        "green does not see blue's drain"
+    );
+    assert_eq!(
+        ask(&client, &legacy.url(), status(10, 10)).await,
+        (true, 17),
+        "no name: lastcall:drain-state, as before"
+    );
+    assert_eq!(drain_state::key_for(""), "lastcall:drain-state");
+    assert_eq!(drain_state::key_for("blue"), "lastcall:drain-state:blue");
+}
+
 /// A held answer keeps the Fleet's own `spec.replicas`, read from the API server. Agones
 /// writes the answer into `spec.replicas` (and, when `scale` is false, its
 /// `status.replicas`), so during a rolling update (status = spec + the surge) holding at
