@@ -101,7 +101,7 @@ async fn publish(p: &lastcall_pubsub::publisher::Publisher, w: &World, iid: &str
                 .publish(&[lastcall_pubsub::publisher::Outgoing {
                     instance_id: iid.to_string(),
                     body: body.clone(),
-                    polled_at_ms: jiff::Timestamp::now().as_millisecond(),
+                    polled_at: tokio::time::Instant::now(),
                 }])
                 .await;
             (r.published == 1).then_some(())
