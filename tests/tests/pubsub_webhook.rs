@@ -1596,6 +1596,181 @@ mod full_loop {
         let ((), created) = tokio::join!(fa.clone().run(&cluster, SYNC, stop.clone()), scenario);
         created.saturating_sub(READY)
     }
+
+    /// What one policy cost when a node died with matches on it.
+    #[derive(Clone, Copy, Debug)]
+    pub struct DeathCost {
+        /// GameServers created from the Spot notice until the Fleet settled, less the
+        /// `READY` the settled Fleet needs (every server of the dead node is gone).
+        pub beyond_need: usize,
+        /// From the node's death until `spec.replicas` reached the settled size.
+        pub cannot_shrink: Duration,
+    }
+
+    fn spec_replicas(cluster: &Cluster) -> i64 {
+        cluster
+            .store()
+            .get(
+                &lastcall_testkit::kube::resources::FLEETS,
+                Some(NS),
+                LOOP_FLEET,
+            )
+            .and_then(|f| {
+                f.pointer("/spec/replicas")
+                    .and_then(serde_json::Value::as_i64)
+            })
+            .unwrap_or(-1)
+    }
+
+    /// A Spot notice on n1 (`READY` Ready, `ALLOCATED` Allocated, buffer `READY`): the
+    /// agent fences and publishes (held 0, at_risk `ALLOCATED`: a Terminate deadline), one
+    /// sync lands, it releases the Ready servers and publishes again, one sync lands, then
+    /// the node dies with its matches (its servers end, the Node is deleted; no agent
+    /// clears the entry). `webhook`: the FleetAutoscaler calls the webhook that reads this
+    /// drain state; otherwise a webhook on an empty key, which answers Agones' Buffer
+    /// formula, on the very same drain.
+    pub async fn node_death(webhook: bool) -> DeathCost {
+        let redis = RedisServer::start().await.unwrap();
+        let name = if webhook { "" } else { "buffer-only" };
+        let hook = WebhookServer::start(
+            &redis.host_port(),
+            &[
+                "--webhook-buffer",
+                &READY.to_string(),
+                "--webhook-max-replicas",
+                "100",
+                "--cluster-name",
+                name,
+            ],
+            None,
+        )
+        .await
+        .unwrap();
+        let cluster = Cluster::start(ClusterConfig::default()).await.unwrap();
+        hook.attach_kube(cluster.client());
+        cluster.add_node(NodeSpec::new("n1")).unwrap();
+        let size = READY + ALLOCATED;
+        cluster
+            .create_fleet(FleetSpec::new(LOOP_FLEET, size as i64).grace_seconds(0))
+            .unwrap();
+        cluster.wait_ready(NS, LOOP_FLEET, size).await.unwrap();
+        for _ in 0..ALLOCATED {
+            let got = cluster
+                .allocate(&AllocationRequest::fleet(NS, LOOP_FLEET))
+                .await
+                .unwrap();
+            assert!(got.is_some(), "allocated");
+        }
+        cluster.add_node(NodeSpec::new("n2")).unwrap();
+        let fa = FleetAutoscaler::new(NS, LOOP_FLEET, &hook.url());
+        let stop = CancellationToken::new();
+        let mut redis_conn = redis.client().await.unwrap();
+        let entry = |ready: u32| NodeDrainState {
+            fleets: vec![FleetOnNode {
+                held: Some(0),
+                at_risk: Some(ALLOCATED as u32),
+                ..state(Contract::HeldAndAtRisk, ready).fleets[0].clone()
+            }],
+            ..state(Contract::HeldAndAtRisk, ready)
+        };
+        let one_sync = |fa: &FleetAutoscaler| {
+            let n = fa.journal().len();
+            let fa = fa.clone();
+            async move {
+                wait_for("an autoscaler sync", || async {
+                    (fa.journal().len() > n).then_some(())
+                })
+                .await;
+            }
+        };
+
+        let scenario = async {
+            wait_for("a sync that leaves the Fleet as it is", || async {
+                fa.journal()
+                    .last()
+                    .is_some_and(|s| {
+                        matches!(
+                            s,
+                            lastcall_testkit::cluster::fleet_autoscaler::Sync::Unchanged { .. }
+                        )
+                    })
+                    .then_some(())
+            })
+            .await;
+            let rv0 = cluster.store().resource_version();
+            cluster.set_unschedulable("n1", true).unwrap();
+            drain_state::publish(&mut redis_conn, &entry(READY as u32))
+                .await
+                .unwrap();
+            one_sync(&fa).await;
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(cluster.client(), NS, &gameserver_resource());
+            let on_n1 = |state: GameServerState| {
+                cluster
+                    .fleet_game_servers(NS, LOOP_FLEET)
+                    .into_iter()
+                    .filter(move |g| g.node.as_deref() == Some("n1") && g.state == Some(state))
+                    .collect::<Vec<_>>()
+            };
+            let ready_here = on_n1(GameServerState::Ready);
+            for gs in &ready_here {
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: Some(gs.uid.clone()),
+                        resource_version: Some(gs.resource_version.clone()),
+                    }),
+                    ..Default::default()
+                };
+                api.delete(&gs.name, &dp).await.unwrap();
+            }
+            drain_state::publish(&mut redis_conn, &entry(0))
+                .await
+                .unwrap();
+            one_sync(&fa).await;
+
+            // The VM goes with its matches: the servers end, the Node is deleted.
+            for gs in on_n1(GameServerState::Allocated) {
+                cluster.sdk_shutdown(NS, &gs.name).unwrap();
+            }
+            cluster.remove_node("n1").unwrap();
+            let died = tokio::time::Instant::now();
+            let settled = READY as i64;
+            cluster
+                .wait_until(
+                    "the Fleet shrinks to its need",
+                    Duration::from_secs(60),
+                    |c| (spec_replicas(c) == settled).then_some(()),
+                )
+                .await
+                .unwrap();
+            let cannot_shrink = died.elapsed();
+            cluster
+                .wait_until("the Fleet settles", Duration::from_secs(30), |c| {
+                    let servers = c.fleet_game_servers(NS, LOOP_FLEET);
+                    (servers.len() == READY
+                        && servers
+                            .iter()
+                            .all(|g| g.state == Some(GameServerState::Ready)))
+                    .then_some(())
+                })
+                .await
+                .unwrap();
+            let created = cluster
+                .store()
+                .events_since(rv0)
+                .unwrap()
+                .iter()
+                .filter(|e| e.rt == GAMESERVERS && e.kind == EventKind::Added)
+                .count();
+            stop.cancel();
+            DeathCost {
+                beyond_need: created.saturating_sub(READY),
+                cannot_shrink,
+            }
+        };
+        let ((), cost) = tokio::join!(fa.clone().run(&cluster, SYNC, stop.clone()), scenario);
+        cost
+    }
 }
 
 /// The full loop: a node drains while a FleetAutoscaler syncs against the webhook and the
@@ -1613,5 +1788,39 @@ async fn a_drain_creates_only_the_replacements_it_needs() {
     assert_eq!(
         before, 6,
         "an older agent's entry still counts its Ready servers"
+    );
+}
+
+/// A node dies with matches on it (a Spot reclaim after its notice), once with the webhook
+/// and once with Agones' Buffer formula (the same webhook on an empty key), on the same
+/// drain: servers created beyond need, and how long after the death the Fleet could not
+/// shrink to its need. The webhook must not be worse than Buffer by more than the
+/// replacements it deliberately asked for ahead of the deadline (`at_risk`), and the dead
+/// Node's entry must stop counting once the API server has no such Node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_dying_with_matches_costs_no_more_than_buffer_beyond_its_early_replacements() {
+    let hook = full_loop::node_death(true).await;
+    let buffer = full_loop::node_death(false).await;
+    let ratio = |a: f64, b: f64| if b == 0.0 { f64::NAN } else { a / b };
+    println!(
+        "node death with matches: servers beyond need webhook {} / Buffer {} (ratio {:.2}); cannot shrink for webhook {:.2} s / Buffer {:.2} s (ratio {:.2})",
+        hook.beyond_need,
+        buffer.beyond_need,
+        ratio(hook.beyond_need as f64, buffer.beyond_need as f64),
+        hook.cannot_shrink.as_secs_f64(),
+        buffer.cannot_shrink.as_secs_f64(),
+        ratio(
+            hook.cannot_shrink.as_secs_f64(),
+            buffer.cannot_shrink.as_secs_f64()
+        ),
+    );
+    assert!(
+        hook.beyond_need <= buffer.beyond_need + 2,
+        "{hook:?} vs {buffer:?}"
+    );
+    // The Node read is cached 10 s; a dead Node's entry counts for nothing after that.
+    assert!(
+        hook.cannot_shrink < Duration::from_secs(15),
+        "{hook:?} vs {buffer:?}"
     );
 }
