@@ -255,6 +255,14 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_PUBLISH_DRAIN_STATE", requires = "redis_url")]
     pub publish_drain_state: bool,
 
+    /// This cluster's name, when clusters share one Redis: the drain state goes to
+    /// `lastcall:drain-state:<name>`, which pubsub's webhook started with the same
+    /// `--cluster-name` reads. Empty (the default): `lastcall:drain-state`, the key of
+    /// earlier releases. A DNS label.
+    #[arg(long, env = "LASTCALL_CLUSTER_NAME", default_value = "",
+          value_parser = parse_cluster_name)]
+    pub cluster_name: String,
+
     /// Release pacing: while draining, keep at least this many Ready servers in each Fleet on
     /// nodes that are not draining (the Fleet's status, less its servers labelled
     /// `lastcall.dev/node-draining`) when releasing this node's idle ones; the rest wait for
@@ -435,6 +443,10 @@ fn clamp_5_60(s: &str) -> Result<u64, String> {
 
 fn clamp_1_5(s: &str) -> Result<u32, String> {
     clamp_int(s, 1, 5).map(|v| v as u32)
+}
+
+fn parse_cluster_name(raw: &str) -> Result<String, String> {
+    lastcall_common::drain_state::check_cluster_name(raw).map(|()| raw.to_string())
 }
 
 #[cfg(test)]

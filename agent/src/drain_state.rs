@@ -8,6 +8,13 @@
 //! (readers treat an old entry as zero), and clears the field when the drain is over. A
 //! failure is logged, counted and retried with backoff; the last view is written once Redis is
 //! back. Missing data only means "no extra replicas", never a wrong drain.
+//!
+//! Nothing is written before the reconciler's first plan: a restarted agent does not know
+//! yet whether its node drains, and clearing the entry then would make a draining node's
+//! servers vanish from the webhook's count until that plan (or, were the plan slow, for
+//! longer). Each view carries when its counts were computed, and the entry says so
+//! (`counted_at_ms`), so a webhook can tell a live publisher repeating old counts from a
+//! current one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
@@ -17,6 +24,7 @@ use lastcall_common::drain_state::{self, FleetOnNode, NodeDrainState};
 use lastcall_common::redis_conn::{self, CaFile};
 use lastcall_common::redis_url::RedisTarget;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -25,8 +33,37 @@ use crate::notice::Severity;
 use crate::observed::{GsState, Observed};
 use crate::policy::{Action, Phase, Plan};
 
-/// This node's servers per Fleet while it drains; `None` when it is not draining.
-pub type Counts = Option<Vec<FleetOnNode>>;
+/// What the reconciler last planned for the webhook; `None` until its first plan, when
+/// nothing is known (and nothing is written or cleared).
+pub type Counts = Option<View>;
+
+/// One plan's view: this node's servers per Fleet while it drains (`None` when it is not
+/// draining), and when they were computed.
+#[derive(Clone, Debug)]
+pub struct View {
+    pub fleets: Option<Vec<FleetOnNode>>,
+    /// When the plan that computed `fleets` ran (monotonic, so a clock step cannot age it).
+    pub computed: Instant,
+}
+
+/// Views are equal when their counts are: a new plan with the same counts replaces the
+/// view (and its time) without waking the publisher, which reads the time at its next
+/// refresh.
+impl PartialEq for View {
+    fn eq(&self, other: &Self) -> bool {
+        self.fleets == other.fleets
+    }
+}
+
+impl View {
+    /// The view of a plan computed just now.
+    pub fn now(fleets: Option<Vec<FleetOnNode>>) -> Self {
+        Self {
+            fleets,
+            computed: Instant::now(),
+        }
+    }
+}
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -37,6 +74,11 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 /// by its GameServerSet), and `at_risk`, the in-use servers when the node goes at a
 /// Terminate deadline (their players need new matches then).
 pub fn counts(plan: &Plan, observed: &Observed) -> Counts {
+    Some(View::now(fleets(plan, observed)))
+}
+
+/// The per-Fleet counts of [`counts`]: `None` unless the node is draining.
+fn fleets(plan: &Plan, observed: &Observed) -> Option<Vec<FleetOnNode>> {
     if !matches!(
         plan.phase,
         Phase::Fencing | Phase::Draining | Phase::Empty | Phase::Deregistered
@@ -95,6 +137,8 @@ pub struct Publisher {
     pub target: RedisTarget,
     pub ca: Option<CaFile>,
     pub node: String,
+    /// The hash written (`--cluster-name`).
+    pub key: String,
     pub counts: watch::Receiver<Counts>,
     pub metrics: Metrics,
 }
@@ -108,19 +152,35 @@ impl Publisher {
     }
 
     /// Writes the current view once: the field while draining, nothing (cleared) otherwise.
-    async fn write(&self, conn: &mut redis_conn::AnyConn, view: &Counts) -> Result<(), String> {
-        match view {
+    async fn write(&self, conn: &mut redis_conn::AnyConn, view: &View) -> Result<(), String> {
+        match &view.fleets {
             Some(fleets) => {
-                let state = NodeDrainState {
+                let now = drain_state::unix_ms(SystemTime::now());
+                let age = i64::try_from(view.computed.elapsed().as_millis()).unwrap_or(i64::MAX);
+                let mut state = NodeDrainState {
                     node: self.node.clone(),
-                    updated_at_ms: drain_state::unix_ms(SystemTime::now()),
+                    updated_at_ms: now,
+                    counted_at_ms: Some(now.saturating_sub(age)),
+                    truncated: false,
                     fleets: fleets.clone(),
                 };
-                drain_state::publish(conn, &state)
+                let left_out = state.fit();
+                if left_out > 0 {
+                    // Readers skip an entry over the limit: publish what fits, marked so the
+                    // webhook holds every Fleet rather than miss the ones left out.
+                    self.count("truncated");
+                    warn!(
+                        message = "drain state over the size readers accept: Fleets with the fewest servers to replace left out, and the entry marked truncated (the webhook holds every Fleet while it is live)",
+                        left_out,
+                        kept = state.fleets.len(),
+                        limit_bytes = drain_state::MAX_ENTRY_BYTES,
+                    );
+                }
+                drain_state::publish_to(conn, &self.key, &state)
                     .await
                     .map_err(|e| e.to_string())
             }
-            None => drain_state::clear(conn, &self.node)
+            None => drain_state::clear_in(conn, &self.key, &self.node)
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
@@ -139,11 +199,19 @@ impl Publisher {
         };
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
         let mut conn: Option<redis_conn::AnyConn> = None;
-        // Nothing was written by this process yet: clear a field a previous agent left.
-        let mut written: Option<Counts> = None;
+        // Nothing was written by this process yet. Once the first plan is known, a field a
+        // previous agent left is replaced or cleared.
+        let mut written: Option<View> = None;
         loop {
-            let view = self.counts.borrow_and_update().clone();
-            let refresh_due = view.is_some();
+            let Some(view) = self.counts.borrow_and_update().clone() else {
+                // No plan yet: an earlier agent's entry, mid-drain, stays as it is.
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    c = self.counts.changed() => if c.is_err() { shutdown.cancelled().await; return; },
+                }
+                continue;
+            };
+            let refresh_due = view.fleets.is_some();
             if written.as_ref() != Some(&view) || refresh_due {
                 if conn.is_none() {
                     match redis_conn::connect_any(&client, TIMEOUT).await {
@@ -162,7 +230,7 @@ impl Publisher {
                         if written.as_ref() != Some(&view) {
                             info!(
                                 message = "drain state published for the webhook",
-                                draining = view.is_some()
+                                draining = view.fleets.is_some()
                             );
                         }
                         self.count("ok");
@@ -181,7 +249,7 @@ impl Publisher {
                     }
                 }
             }
-            let wait = if written.as_ref().is_some_and(Option::is_some) {
+            let wait = if written.as_ref().is_some_and(|v| v.fleets.is_some()) {
                 drain_state::REFRESH_EVERY
             } else {
                 Duration::from_secs(3600)
@@ -260,8 +328,8 @@ mod tests {
             at_risk: 0,
             hand_off: false,
         };
-        assert_eq!(counts(&plan(Phase::Idle, &[], None), &observed), None);
-        assert_eq!(counts(&plan(Phase::Cancelling, &[], None), &observed), None);
+        assert_eq!(fleets(&plan(Phase::Idle, &[], None), &observed), None);
+        assert_eq!(fleets(&plan(Phase::Cancelling, &[], None), &observed), None);
         let fleet = |name: &str, ready, allocated, held, at_risk| FleetOnNode {
             namespace: "default".into(),
             name: name.into(),
@@ -281,7 +349,7 @@ mod tests {
             String::new(),
         );
         assert_eq!(
-            counts(&plan(Phase::Draining, &["a"], Some(drain)), &observed),
+            fleets(&plan(Phase::Draining, &["a"], Some(drain)), &observed),
             Some(vec![fleet("f", 2, 1, 1, 0), fleet("g", 0, 1, 0, 0)])
         );
         // A Terminate with a deadline: every in-use server is lost then.
@@ -294,7 +362,7 @@ mod tests {
             String::new(),
         );
         assert_eq!(
-            counts(&plan(Phase::Draining, &["a", "b"], Some(spot)), &observed),
+            fleets(&plan(Phase::Draining, &["a", "b"], Some(spot)), &observed),
             Some(vec![fleet("f", 2, 1, 0, 1), fleet("g", 0, 1, 0, 1)])
         );
     }

@@ -415,6 +415,7 @@ fn spawn_drain_state(
         target,
         ca: config.redis_ca_file.clone(),
         node: config.node_name.clone(),
+        key: lastcall_common::drain_state::key_for(&config.cluster_name),
         counts: reconciler.drain_state.subscribe(),
         metrics: metrics.clone(),
     };

@@ -35,8 +35,42 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-/// The Redis hash holding one field per draining node.
+/// The Redis hash holding one field per draining node, for the default (unnamed) cluster.
 pub const KEY: &str = "lastcall:drain-state";
+
+/// Longest cluster name accepted (a DNS label).
+pub const MAX_CLUSTER_NAME_BYTES: usize = 63;
+
+/// The hash of cluster `cluster` (`--cluster-name`): [`KEY`] for the empty name, which
+/// keeps the key every earlier release used, else `lastcall:drain-state:<cluster>`, so
+/// clusters that share one Redis never read each other's drains.
+pub fn key_for(cluster: &str) -> String {
+    if cluster.is_empty() {
+        KEY.to_string()
+    } else {
+        format!("{KEY}:{cluster}")
+    }
+}
+
+/// Checks a `--cluster-name`: empty (the default key), or a DNS label (lowercase letters,
+/// digits and `-`, at most 63 bytes, starting and ending with a letter or digit).
+pub fn check_cluster_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Ok(());
+    }
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    if name.len() > MAX_CLUSTER_NAME_BYTES
+        || !name.chars().all(ok_char)
+        || name.starts_with('-')
+        || name.ends_with('-')
+    {
+        return Err(format!(
+            "{:?} is not a DNS label (lowercase letters, digits and '-', at most {MAX_CLUSTER_NAME_BYTES} characters, not starting or ending with '-')",
+            crate::fleetiq::trim_for_log(name, 80)
+        ));
+    }
+    Ok(())
+}
 
 /// Largest entry a reader accepts. A node with a few hundred Fleets fits in a few KiB.
 pub const MAX_ENTRY_BYTES: usize = 64 * 1024;
@@ -68,8 +102,18 @@ const MAX_NAME_BYTES: usize = 253;
 pub struct NodeDrainState {
     /// The Node's name; also the hash field.
     pub node: String,
-    /// When the writer computed these counts (Unix milliseconds, the writer's wall clock).
+    /// When the writer wrote this entry (Unix milliseconds, the writer's wall clock): its
+    /// publisher is alive.
     pub updated_at_ms: i64,
+    /// When the counts were computed (Unix milliseconds, the writer's clock, at most
+    /// `updated_at_ms`): a live publisher may repeat counts its planner no longer updates.
+    /// Absent from older writers: then `updated_at_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counted_at_ms: Option<i64>,
+    /// The writer left Fleets out to stay within [`MAX_ENTRY_BYTES`]: the listed ones count,
+    /// and every Fleet is held, since any of them may be among those left out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
     /// Fleets with game servers on this node; each Fleet at most once.
     pub fleets: Vec<FleetOnNode>,
 }
@@ -121,6 +165,11 @@ pub enum EntryError {
     InvalidName(String),
     #[error("fleet {namespace}/{name} is listed twice")]
     DuplicateFleet { namespace: String, name: String },
+    #[error("counts dated {counted_at_ms} ms, after the entry's own {updated_at_ms} ms")]
+    CountedAfterUpdate {
+        counted_at_ms: i64,
+        updated_at_ms: i64,
+    },
 }
 
 impl EntryError {
@@ -132,6 +181,7 @@ impl EntryError {
             Self::NodeMismatch { .. } => "node_mismatch",
             Self::InvalidName(_) => "invalid_name",
             Self::DuplicateFleet { .. } => "duplicate_fleet",
+            Self::CountedAfterUpdate { .. } => "counted_after_update",
         }
     }
 }
@@ -157,9 +207,18 @@ fn check_name(what: &str, value: &str) -> Result<(), EntryError> {
 }
 
 impl NodeDrainState {
-    /// The rules every reader applies; writers check them before writing.
+    /// The rules every reader applies; writers check them before writing (the size, too:
+    /// see [`NodeDrainState::fit`]).
     pub fn validate(&self) -> Result<(), EntryError> {
         check_name("node", &self.node)?;
+        if let Some(counted_at_ms) = self.counted_at_ms
+            && counted_at_ms > self.updated_at_ms
+        {
+            return Err(EntryError::CountedAfterUpdate {
+                counted_at_ms,
+                updated_at_ms: self.updated_at_ms,
+            });
+        }
         let mut seen: Vec<(&str, &str)> = Vec::with_capacity(self.fleets.len());
         for f in &self.fleets {
             check_name("fleet namespace", &f.namespace)?;
@@ -180,6 +239,45 @@ impl NodeDrainState {
     pub fn to_json(&self) -> String {
         // Serialising plain strings and integers cannot fail.
         serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// When the counts were computed: `counted_at_ms`, or `updated_at_ms` for an older
+    /// writer (never later than `updated_at_ms`).
+    pub fn counted_at(&self) -> i64 {
+        self.counted_at_ms
+            .map_or(self.updated_at_ms, |c| c.min(self.updated_at_ms))
+    }
+
+    /// Makes the entry fit in [`MAX_ENTRY_BYTES`], as readers require: if its JSON is
+    /// larger, the Fleets with the fewest servers to replace are left out until it fits,
+    /// and it is marked `truncated` (readers then hold every Fleet). Returns how many
+    /// Fleets were left out (0: unchanged).
+    pub fn fit(&mut self) -> usize {
+        if self.to_json().len() <= MAX_ENTRY_BYTES {
+            return 0;
+        }
+        self.truncated = true;
+        // Keep the Fleets that matter most to the webhook; a stable order otherwise.
+        self.fleets
+            .sort_by_key(|f| std::cmp::Reverse((f.to_replace(), u64::from(f.ready))));
+        let before = self.fleets.len();
+        // Each Fleet's share of the JSON, plus the comma between entries.
+        let mut size = serde_json::to_string(&NodeDrainState {
+            fleets: vec![],
+            ..self.clone()
+        })
+        .map_or(MAX_ENTRY_BYTES, |j| j.len());
+        let mut keep = 0;
+        for f in &self.fleets {
+            let len = serde_json::to_string(f).map_or(MAX_ENTRY_BYTES, |j| j.len()) + 1;
+            if size + len > MAX_ENTRY_BYTES {
+                break;
+            }
+            size += len;
+            keep += 1;
+        }
+        self.fleets.truncate(keep);
+        before - keep
     }
 
     /// Decodes the value of hash field `field`, with every reader-side check.
@@ -210,6 +308,12 @@ pub enum Skip {
     Stale {
         age_ms: i64,
     },
+    /// Refreshed within the max age, but its counts were computed longer ago than that:
+    /// the writer's publisher is alive, its planner is not keeping the counts current. Held
+    /// like a stale entry (the counts are unknown), up to the hold limit.
+    StaleCounts {
+        age_ms: i64,
+    },
     /// Older than the hold limit: counts for nothing and holds nothing (a writer that
     /// stays silent this long is gone; the alert on held Fleets has fired long before).
     Expired {
@@ -228,6 +332,7 @@ impl Skip {
         match self {
             Self::Malformed(e) => e.metric_label(),
             Self::Stale { .. } => "stale",
+            Self::StaleCounts { .. } => "stale_counts",
             Self::Expired { .. } => "expired",
             Self::Future { .. } => "future",
         }
@@ -250,19 +355,31 @@ pub struct Skipped {
 pub struct Live {
     pub node: String,
     pub updated_at_ms: i64,
-    /// Older than the max age (holds) rather than fresh (counts).
-    pub stale: bool,
+    /// Why it holds rather than counts, if it does: its writer went silent
+    /// ([`HOLD_STALE_ENTRY`]) or its counts are old ([`HOLD_STALE_COUNTS`]).
+    pub stale: Option<&'static str>,
+    /// Fleets were left out to fit the size limit: every Fleet is held.
+    pub truncated: bool,
     pub fleets: Vec<FleetOnNode>,
 }
+
+/// Hold reason (a metric label) of a Fleet named by an entry its writer stopped refreshing.
+pub const HOLD_STALE_ENTRY: &str = "stale_entry";
+/// Hold reason of a Fleet named by an entry refreshed with counts older than the max age.
+pub const HOLD_STALE_COUNTS: &str = "stale_counts";
+/// Hold reason of every Fleet while an entry that left Fleets out (to fit) is live.
+pub const HOLD_TRUNCATED: &str = "truncated_entry";
 
 /// What the drain state says about one Fleet, once dead nodes are set aside.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FleetDrain {
     /// Servers to replace, from fresh entries of nodes that exist.
     pub extra: u64,
-    /// Nodes whose stale entry names the Fleet (and that exist): its answer must not
-    /// shrink it.
+    /// Nodes whose stale entry names the Fleet (and that exist), or whose entry left Fleets
+    /// out: its answer must not shrink it.
     pub holding: Vec<String>,
+    /// Why, of the holding entries, the first one holds (a metric label), if any does.
+    pub hold_reason: Option<&'static str>,
     /// Nodes whose entry names the Fleet but which are gone: they count for nothing.
     pub gone: Vec<String>,
 }
@@ -305,28 +422,43 @@ impl Snapshot {
                 Err(e) => Skip::Malformed(e),
                 Ok(state) => {
                     let age_ms = now_ms.saturating_sub(state.updated_at_ms);
+                    let counts_age_ms = now_ms.saturating_sub(state.counted_at());
                     if age_ms < max_age_ms.saturating_neg() {
                         Skip::Future {
                             ahead_ms: age_ms.saturating_neg(),
                         }
-                    } else if age_ms > hold_ms {
-                        Skip::Expired { age_ms }
+                    } else if counts_age_ms > hold_ms {
+                        Skip::Expired {
+                            age_ms: counts_age_ms,
+                        }
                     } else {
-                        let stale = age_ms > max_age_ms;
-                        if stale {
-                            snap.skipped.push(Skipped {
+                        let stale = if age_ms > max_age_ms {
+                            Some(Skip::Stale { age_ms })
+                        } else if counts_age_ms > max_age_ms {
+                            Some(Skip::StaleCounts {
+                                age_ms: counts_age_ms,
+                            })
+                        } else {
+                            None
+                        };
+                        let reason = stale.as_ref().map(|s| match s {
+                            Skip::StaleCounts { .. } => HOLD_STALE_COUNTS,
+                            _ => HOLD_STALE_ENTRY,
+                        });
+                        match stale {
+                            Some(why) => snap.skipped.push(Skipped {
                                 node: state.node.clone(),
                                 field,
                                 value,
-                                why: Skip::Stale { age_ms },
-                            });
-                        } else {
-                            snap.fresh_nodes += 1;
+                                why,
+                            }),
+                            None => snap.fresh_nodes += 1,
                         }
                         snap.live.push(Live {
                             node: state.node,
                             updated_at_ms: state.updated_at_ms,
-                            stale,
+                            stale: reason,
+                            truncated: state.truncated,
                             fleets: state.fleets,
                         });
                         continue;
@@ -355,17 +487,18 @@ impl Snapshot {
         age >= ms(max_age).saturating_neg() && age < ms(RESTART_SETTLE)
     }
 
-    /// Nodes whose fresh or stale entry names Fleet `namespace/name`: the ones whose
-    /// existence decides the answer.
+    /// Nodes whose fresh or stale entry names Fleet `namespace/name`, or left Fleets out
+    /// (so may name it): the ones whose existence decides the answer.
     pub fn nodes_naming<'a>(
         &'a self,
         namespace: &'a str,
         name: &'a str,
     ) -> impl Iterator<Item = &'a Live> + 'a {
         self.live.iter().filter(move |e| {
-            e.fleets
-                .iter()
-                .any(|f| f.namespace == namespace && f.name == name)
+            e.truncated
+                || e.fleets
+                    .iter()
+                    .any(|f| f.namespace == namespace && f.name == name)
         })
     }
 
@@ -379,9 +512,14 @@ impl Snapshot {
                 out.gone.push(entry.node.clone());
                 continue;
             }
-            if entry.stale {
+            if let Some(reason) = entry.stale {
                 out.holding.push(entry.node.clone());
+                out.hold_reason.get_or_insert(reason);
                 continue;
+            }
+            if entry.truncated {
+                out.holding.push(entry.node.clone());
+                out.hold_reason.get_or_insert(HOLD_TRUNCATED);
             }
             for f in &entry.fleets {
                 if f.namespace == namespace && f.name == name {
@@ -398,7 +536,7 @@ impl Snapshot {
         let limit = i64::try_from(max_age.saturating_mul(PRUNE_AFTER_MAX_AGES).as_millis())
             .unwrap_or(i64::MAX);
         self.skipped.iter().filter(move |s| {
-            matches!(s.why, Skip::Stale { age_ms } | Skip::Expired { age_ms } if age_ms > limit)
+            matches!(s.why, Skip::Stale { age_ms } | Skip::StaleCounts { age_ms } | Skip::Expired { age_ms } if age_ms > limit)
         })
     }
 }
@@ -415,11 +553,29 @@ pub async fn publish<C>(conn: &mut C, state: &NodeDrainState) -> Result<(), Publ
 where
     C: redis::aio::ConnectionLike + Send,
 {
+    publish_to(conn, KEY, state).await
+}
+
+/// Writes (replaces) `state` as its node's field of hash `key` (see [`key_for`]). An entry
+/// over [`MAX_ENTRY_BYTES`] is refused, as every reader would skip it: call
+/// [`NodeDrainState::fit`] first.
+pub async fn publish_to<C>(
+    conn: &mut C,
+    key: &str,
+    state: &NodeDrainState,
+) -> Result<(), PublishError>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
     state.validate().map_err(PublishError::Invalid)?;
+    let json = state.to_json();
+    if json.len() > MAX_ENTRY_BYTES {
+        return Err(PublishError::Invalid(EntryError::Oversize(json.len())));
+    }
     redis::cmd("HSET")
-        .arg(KEY)
+        .arg(key)
         .arg(&state.node)
-        .arg(state.to_json())
+        .arg(json)
         .query_async::<i64>(conn)
         .await
         .map(|_| ())
@@ -431,8 +587,16 @@ pub async fn clear<C>(conn: &mut C, node: &str) -> redis::RedisResult<bool>
 where
     C: redis::aio::ConnectionLike + Send,
 {
+    clear_in(conn, KEY, node).await
+}
+
+/// [`clear`] in hash `key` (see [`key_for`]).
+pub async fn clear_in<C>(conn: &mut C, key: &str, node: &str) -> redis::RedisResult<bool>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
     redis::cmd("HDEL")
-        .arg(KEY)
+        .arg(key)
         .arg(node)
         .query_async::<i64>(conn)
         .await
@@ -443,6 +607,7 @@ where
 /// [`Snapshot::from_entries`]). A malformed entry never fails the read.
 pub async fn read_all<C>(
     conn: &mut C,
+    key: &str,
     now_ms: i64,
     max_age: Duration,
     hold_limit: Duration,
@@ -451,13 +616,21 @@ where
     C: redis::aio::ConnectionLike + Send,
 {
     // Raw bytes, so one entry that is not UTF-8 is skipped instead of failing the read.
-    let entries: Vec<(Vec<u8>, Vec<u8>)> = redis::cmd("HGETALL").arg(KEY).query_async(conn).await?;
+    let entries: Vec<(Vec<u8>, Vec<u8>)> = redis::cmd("HGETALL").arg(key).query_async(conn).await?;
     Ok(Snapshot::from_entries(entries, now_ms, max_age, hold_limit))
 }
 
 /// Dates the hash if nothing has ([`EPOCH_FIELD`]; a value that is not a number is
 /// replaced). Returns the epoch now held.
 pub async fn mark_epoch<C>(conn: &mut C, now_ms: i64) -> redis::RedisResult<i64>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    mark_epoch_in(conn, KEY, now_ms).await
+}
+
+/// [`mark_epoch`] in hash `key` (see [`key_for`]).
+pub async fn mark_epoch_in<C>(conn: &mut C, key: &str, now_ms: i64) -> redis::RedisResult<i64>
 where
     C: redis::aio::ConnectionLike + Send,
 {
@@ -470,7 +643,7 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return tonumber(ARGV[2])
 ";
     redis::Script::new(SET_IF_MISSING)
-        .key(KEY)
+        .key(key)
         .arg(EPOCH_FIELD)
         .arg(now_ms)
         .invoke_async::<i64>(conn)
@@ -479,7 +652,12 @@ return tonumber(ARGV[2])
 
 /// Deletes `field` only if it still holds `value`, so a writer that refreshed its entry in
 /// the meantime keeps it. Returns whether it was deleted.
-pub async fn prune<C>(conn: &mut C, field: &[u8], value: &[u8]) -> redis::RedisResult<bool>
+pub async fn prune<C>(
+    conn: &mut C,
+    key: &str,
+    field: &[u8],
+    value: &[u8],
+) -> redis::RedisResult<bool>
 where
     C: redis::aio::ConnectionLike + Send,
 {
@@ -490,7 +668,7 @@ end
 return 0
 ";
     redis::Script::new(COMPARE_AND_DELETE)
-        .key(KEY)
+        .key(key)
         .arg(field)
         .arg(value)
         .invoke_async::<i64>(conn)
@@ -514,6 +692,8 @@ mod tests {
         NodeDrainState {
             node: node.into(),
             updated_at_ms: at,
+            counted_at_ms: None,
+            truncated: false,
             fleets: fleets
                 .iter()
                 .map(|&(namespace, name, ready, allocated)| FleetOnNode {
@@ -744,5 +924,69 @@ mod tests {
                 .validate()
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn old_counts_hold_and_a_fitted_entry_holds_every_fleet() {
+        let now = 100_000_000;
+        let mut repeated = state("repeated", now, &[("ns", "f", 3, 0)]);
+        repeated.counted_at_ms = Some(now - 2 * 60_000);
+        let mut ancient = state("ancient", now, &[("ns", "g", 3, 0)]);
+        ancient.counted_at_ms = Some(now - 300_001);
+        let mut wide = state("wide", now, &[]);
+        wide.fleets = (0..2000)
+            .map(|i| FleetOnNode {
+                namespace: "ns".into(),
+                name: format!("fleet-with-a-long-name-{i:05}"),
+                ready: u32::from(i == 1999),
+                allocated: 0,
+                held: None,
+                at_risk: None,
+            })
+            .collect();
+        assert!(wide.to_json().len() > MAX_ENTRY_BYTES);
+        let left_out = wide.fit();
+        assert!(left_out > 0 && wide.truncated);
+        assert!(wide.to_json().len() <= MAX_ENTRY_BYTES);
+        assert_eq!(wide.fleets.len() + left_out, 2000);
+        assert_eq!(wide.fleets[0].name, "fleet-with-a-long-name-01999");
+        let snap = Snapshot::from_entries(
+            vec![entry(&repeated), entry(&ancient), entry(&wide)],
+            now,
+            MIN,
+            HOLD,
+        );
+        let f = snap.fleet("ns", "f", |_| false);
+        assert_eq!(f.hold_reason, Some(HOLD_STALE_COUNTS));
+        assert_eq!(f.holding, ["repeated", "wide"]);
+        assert_eq!(
+            snap.fleet("ns", "fleet-with-a-long-name-01999", |_| false),
+            FleetDrain {
+                extra: 1,
+                holding: vec!["wide".into()],
+                hold_reason: Some(HOLD_TRUNCATED),
+                gone: vec![],
+            }
+        );
+        let labels: Vec<&str> = snap.skipped.iter().map(|s| s.why.metric_label()).collect();
+        assert_eq!(labels, ["stale_counts", "expired"]);
+        let mut later = state("n", now, &[]);
+        later.counted_at_ms = Some(now + 1);
+        assert_eq!(
+            later.validate().unwrap_err().metric_label(),
+            "counted_after_update"
+        );
+    }
+
+    #[test]
+    fn cluster_names_are_dns_labels_and_the_empty_one_keeps_the_old_key() {
+        assert_eq!(key_for(""), KEY);
+        assert_eq!(key_for("eu-1"), "lastcall:drain-state:eu-1");
+        for ok in ["", "a", "eu-west-1", &"a".repeat(63)] {
+            assert!(check_cluster_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["-a", "a-", "A", "a_b", "a:b", "a b", &"a".repeat(64)] {
+            assert!(check_cluster_name(bad).is_err(), "{bad}");
+        }
     }
 }

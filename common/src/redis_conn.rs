@@ -188,9 +188,62 @@ impl ClusterSeeds {
         }
     }
 
-    fn client(&self) -> redis::RedisResult<redis::cluster::ClusterClient> {
+    /// Asks every known node for the slot map at once, each bounded by `timeout` (connect
+    /// and answer): the nodes that answered, in the order known, and the map learned from
+    /// the first answer. A node that accepts and never answers costs one bound, in
+    /// parallel with the others, and the node list is refreshed even when no cluster
+    /// connection can be made.
+    async fn probe(&self, timeout: Duration) -> Vec<RedisTarget> {
+        let nodes = self.nodes();
+        let asks = nodes.iter().map(|node| async move {
+            let client = client(node, self.ca.as_ref()).ok()?;
+            let ask = async {
+                let mut conn = connect(&client, timeout).await?;
+                let map: redis::Value = redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut conn)
+                    .await?;
+                Ok::<_, RedisError>(parse_cluster_slots(&map))
+            };
+            match tokio::time::timeout(timeout.saturating_mul(2), ask).await {
+                Ok(Ok(map)) => Some(map),
+                Ok(Err(e)) => {
+                    tracing::debug!(message = "a cluster node did not answer", node = %node, error = %e);
+                    None
+                }
+                Err(_) => {
+                    tracing::debug!(message = "a cluster node did not answer in time", node = %node);
+                    None
+                }
+            }
+        });
+        let answers = futures::future::join_all(asks).await;
+        if let Some(map) = answers.iter().flatten().find(|m| !m.is_empty()) {
+            self.learn(map.clone());
+        }
+        let silent: Vec<String> = nodes
+            .iter()
+            .zip(&answers)
+            .filter(|(_, a)| a.is_none())
+            .map(|(n, _)| n.to_string())
+            .collect();
+        if !silent.is_empty() {
+            tracing::warn!(
+                message = "Redis Cluster nodes did not answer within the timeout; connecting through the others",
+                silent = ?silent,
+                answering = nodes.len() - silent.len(),
+            );
+        }
+        nodes
+            .into_iter()
+            .zip(answers)
+            .filter_map(|(node, a)| a.map(|_| node))
+            .collect()
+    }
+
+    fn client(&self, nodes: Vec<RedisTarget>) -> redis::RedisResult<redis::cluster::ClusterClient> {
         let mut infos = Vec::new();
-        for node in self.nodes() {
+        for node in nodes {
             infos.push(
                 node.url()
                     .into_connection_info()?
@@ -271,7 +324,7 @@ pub fn any_client(target: &RedisTarget, ca: Option<&CaFile>) -> redis::RedisResu
         learned: Arc::default(),
     };
     // Checked now, so a bad URL fails at start.
-    seeds.client()?;
+    seeds.client(seeds.nodes())?;
     Ok(AnyClient::Cluster(seeds))
 }
 
@@ -283,7 +336,15 @@ pub async fn connect_any(client: &AnyClient, timeout: Duration) -> redis::RedisR
         AnyClient::Single(c) => return connect(c, timeout).await.map(AnyConn::Single),
         AnyClient::Cluster(c) => c,
     };
-    let cluster = seeds.client()?;
+    // Only nodes that answer seed the connection: a silent one would hold it to its bound.
+    let answering = seeds.probe(timeout).await;
+    if answering.is_empty() {
+        return Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no Redis Cluster node answered",
+        )));
+    }
+    let cluster = seeds.client(answering)?;
     let config = redis::cluster::ClusterConfig::new()
         .set_connection_timeout(timeout)
         .set_response_timeout(timeout);

@@ -224,7 +224,7 @@ pub struct Polled {
 
 /// Parses one entry of GameLift's answer into the message published for it, keeping the
 /// fields exactly as GameLift returned them (that is what the original published).
-pub fn to_polled(inst: &GameServerInstance, polled_at_ms: i64) -> Result<Polled, InvalidInstance> {
+pub fn to_polled(inst: &GameServerInstance, polled_at: Instant) -> Result<Polled, InvalidInstance> {
     let instance_id = inst
         .instance_id()
         .filter(|s| !s.is_empty())
@@ -261,18 +261,10 @@ pub fn to_polled(inst: &GameServerInstance, polled_at_ms: i64) -> Result<Polled,
                 instance_id,
                 raw_status,
             ),
-            polled_at_ms,
+            polled_at,
         },
         status: InstanceStatus::parse(raw_status),
     })
-}
-
-/// Unix milliseconds now.
-pub fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or_default()
 }
 
 /// Calls left in the current cycle (retries included).
@@ -351,7 +343,7 @@ impl Poller {
         let mut seen_tokens: Vec<String> = Vec::new();
         let mut token: Option<String> = None;
         loop {
-            let (page, polled_at_ms) = match self
+            let (page, polled_at) = match self
                 .describe_page(group, token.clone(), budget, limiter, deadline, &mut stats)
                 .await
             {
@@ -366,7 +358,7 @@ impl Poller {
             stats.pages += 1;
             let mut messages = Vec::with_capacity(page.game_server_instances().len());
             for inst in page.game_server_instances() {
-                match to_polled(inst, polled_at_ms) {
+                match to_polled(inst, polled_at) {
                     Ok(m) => messages.push(m),
                     Err(invalid) => self.skip_invalid(group, &invalid, &mut stats),
                 }
@@ -432,7 +424,7 @@ impl Poller {
     ) -> Result<
         (
             aws_sdk_gamelift::operation::describe_game_server_instances::DescribeGameServerInstancesOutput,
-            i64,
+            Instant,
         ),
         PollError,
     >{
@@ -468,7 +460,7 @@ impl Poller {
             let started = Instant::now();
             // The answer reflects GameLift at some moment after this: the status is at
             // least this fresh, which is what ordering between replicas needs.
-            let sent_at_ms = unix_ms();
+            let sent_at = Instant::now();
             let sent = self
                 .client
                 .describe_game_server_instances()
@@ -483,7 +475,7 @@ impl Poller {
                 Ok(out) => {
                     self.metrics.api_call("ok");
                     limiter.succeeded();
-                    return Ok((out, sent_at_ms));
+                    return Ok((out, sent_at));
                 }
                 Err(err) => err,
             };
@@ -546,15 +538,16 @@ mod tests {
 
     #[test]
     fn converts_entries_keeping_gamelift_fields() {
+        let at = Instant::now();
         let m = to_polled(
             &inst()
                 .instance_status(GameServerInstanceStatus::Draining)
                 .build(),
-            7,
+            at,
         )
         .unwrap();
         assert_eq!(m.status, Some(InstanceStatus::Draining));
-        assert_eq!(m.outgoing.polled_at_ms, 7);
+        assert_eq!(m.outgoing.polled_at, at);
         assert_eq!(
             m.outgoing.body,
             r#"{"GameServerGroupName": "g", "GameServerGroupArn": "arn:aws:gamelift:us-west-2:1:gameservergroup/g", "InstanceId": "i-1", "InstanceStatus": "DRAINING"}"#
@@ -564,7 +557,7 @@ mod tests {
             .instance_status(GameServerInstanceStatus::Active)
             .build();
         assert_eq!(
-            to_polled(&bare, 0).unwrap().outgoing.body,
+            to_polled(&bare, Instant::now()).unwrap().outgoing.body,
             r#"{"InstanceId": "i-2", "InstanceStatus": "ACTIVE"}"#
         );
     }
@@ -575,7 +568,7 @@ mod tests {
             &inst()
                 .instance_status(GameServerInstanceStatus::from("HIBERNATING"))
                 .build(),
-            0,
+            Instant::now(),
         )
         .unwrap();
         assert_eq!(m.status, None);
@@ -619,7 +612,7 @@ mod tests {
         ];
         for (entry, label) in cases {
             assert_eq!(
-                to_polled(&entry, 0).unwrap_err().label(),
+                to_polled(&entry, Instant::now()).unwrap_err().label(),
                 label,
                 "{entry:?}"
             );

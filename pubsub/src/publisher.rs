@@ -6,11 +6,16 @@
 //! the channel, and a subscriber that reads the cache after subscribing never misses a newer
 //! value (SET comes before PUBLISH).
 //!
-//! Poll times come from each replica's wall clock, so the script guards against clocks that
-//! disagree: a writer's own later poll always wins (its writer id is stored beside the
-//! time, so an NTP step back never silences it), a held time ahead of Redis' own `TIME`
-//! never blocks a write (a replica whose node ran ahead, since replaced), and no time ahead
-//! of Redis' `TIME` is ever stored. A dropped notice (anything but ACTIVE) is a warning and
+//! No wall clock of a replica orders anything. Polls are dated on Redis' own clock: on each
+//! new connection, and every [`CLOCK_REFRESH`] after, one `TIME` (run on the node that
+//! holds the batch's keys) gives Redis' time `T`, answered by the moment `r` the reply is
+//! in; a poll sent at `p` (monotonic) is dated `T + (p − r)`, which is never later than the
+//! truth (the transit of `TIME` only makes it older), so a replica whose path to Redis is
+//! slow looks older, never newer. A replica's clock step, forward or back, changes nothing. Between
+//! two polls of one writer, its own monotonic order decides (a per-writer sequence stored
+//! beside the time, `<writer> <sequence>`): a later poll always wins, and a delayed script
+//! carrying an older poll never does, however it is dated. A held time ahead of Redis'
+//! `TIME` (left by an older release) never blocks a write, and none is stored. A dropped notice (anything but ACTIVE) is a warning and
 //! `notices_dropped_total{status}`, which has an alert.
 //!
 //! The connection is ours, not a reconnecting manager's: any error that means "this
@@ -56,7 +61,10 @@ pub const READY_REDIS: &str = "redis";
 
 /// Applies a batch newer-only. KEYS: cache, polled-at and polled-by key per instance.
 /// ARGV[1]: TTL in seconds, ARGV[2]: this writer's id; then per instance: channel, body,
-/// polled-at (ms), publish mode ("1" always, "0" only if the cached body differs).
+/// the poll's time (ms, Redis' clock: see the module doc), the poll's sequence in this
+/// writer (its monotonic time, µs), publish mode ("1" always, "0" only if the cached body
+/// differs). Polled-by holds `<writer> <sequence>` (an older
+/// release's bare writer id reads as that writer with no sequence: superseded).
 /// Returns per instance 0 (another writer polled later: dropped), 1 (written and
 /// published) or 2 (written, not published because unchanged), plus [`REPLACED`] when one
 /// of its keys held another Redis type: a read of such a key fails (WRONGTYPE), which
@@ -70,7 +78,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 for i = 1, #KEYS / 3 do
-  local a = 3 + (i - 1) * 4
+  local a = 3 + (i - 1) * 5
   local replaced = 0
   local function get(key)
     local ok, v = pcall(redis.call, 'GET', key)
@@ -79,17 +87,26 @@ for i = 1, #KEYS / 3 do
     return false
   end
   local held = tonumber(get(KEYS[3 * i - 1]))
-  local mine = get(KEYS[3 * i]) == writer
+  local by = get(KEYS[3 * i]) or ''
+  local by_writer, by_seq = string.match(by, '^(%S+) (%d+)$')
+  if not by_writer then by_writer = by end
   local at = tonumber(ARGV[a + 2]) or 0
   if at > now then at = now end
-  if held and held <= now and held > at and not mine then
+  local seq = tonumber(ARGV[a + 3]) or 0
+  local older
+  if by_writer == writer then
+    older = by_seq ~= nil and tonumber(by_seq) > seq
+  else
+    older = held ~= nil and held <= now and held > at
+  end
+  if older then
     out[i] = 0
   else
     local body = ARGV[a + 1]
-    local publish = ARGV[a + 3] == '1' or get(KEYS[3 * i - 2]) ~= body
+    local publish = ARGV[a + 4] == '1' or get(KEYS[3 * i - 2]) ~= body
     redis.call('SET', KEYS[3 * i - 2], body, 'EX', ttl)
     redis.call('SET', KEYS[3 * i - 1], at, 'EX', ttl)
-    redis.call('SET', KEYS[3 * i], writer, 'EX', ttl)
+    redis.call('SET', KEYS[3 * i], writer .. ' ' .. string.format('%d', seq), 'EX', ttl)
     if publish then
       redis.call('PUBLISH', ARGV[a], body)
       out[i] = 1 + replaced
@@ -101,6 +118,16 @@ end
 return out
 ";
 
+/// How long one reading of Redis' clock dates polls before it is read again (a step of
+/// Redis' clock is followed within this long).
+const CLOCK_REFRESH: Duration = Duration::from_secs(30);
+
+/// Redis' clock (Unix ms) on the node that holds `KEYS[1]`.
+const TIME_MS: &str = r"
+local t = redis.call('TIME')
+return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+";
+
 /// Added to an instance's outcome when one of its keys held another type and was replaced.
 const REPLACED: i64 = 4;
 
@@ -110,9 +137,9 @@ pub struct Outgoing {
     pub instance_id: String,
     /// The exact bytes published and cached (the original's JSON form).
     pub body: String,
-    /// When the GameLift call that returned it was sent (Unix ms): the status is at least
-    /// this fresh.
-    pub polled_at_ms: i64,
+    /// When the GameLift call that returned it was sent (monotonic): the status is at
+    /// least this fresh. Redis dates it from its age, so no wall clock is involved.
+    pub polled_at: Instant,
 }
 
 /// What publishing one group's statuses did.
@@ -176,8 +203,14 @@ pub struct Publisher {
     batch: usize,
     publish_unchanged: bool,
     script: redis::Script,
+    /// Reads Redis' clock on the node of a batch's keys (see the module doc).
+    clock: redis::Script,
+    /// The last reading: connection generation, when its answer was in, Redis' time then.
+    reading: Mutex<Option<(u64, Instant, i64)>>,
     /// This process's id as a writer (see [`polled_by_key`]).
     writer: String,
+    /// The origin of this writer's sequence: a poll's sequence is its time since then.
+    origin: Instant,
     slot: tokio::sync::Mutex<Slot>,
     generation: AtomicU64,
     gate: Mutex<Gate>,
@@ -212,7 +245,13 @@ impl Publisher {
             batch: config.publish_batch.max(1) as usize,
             publish_unchanged: config.publish_unchanged,
             script: redis::Script::new(NEWER_ONLY),
+            clock: redis::Script::new(TIME_MS),
+            reading: Mutex::new(None),
             writer: new_writer_id(),
+            // Early enough that every poll of this process comes after it.
+            origin: Instant::now()
+                .checked_sub(Duration::from_secs(3600))
+                .unwrap_or_else(Instant::now),
             slot: tokio::sync::Mutex::new(None),
             generation: AtomicU64::new(0),
             gate: Mutex::new(Gate {
@@ -293,16 +332,53 @@ impl Publisher {
         // Unchanged is judged in the script against what Redis holds, not against what
         // this replica last sent, so another replica's write in between is seen.
         let mode = if self.publish_unchanged { "1" } else { "0" };
+        let Some(first) = chunk.first() else { return };
+        let held = *self.reading.lock().unwrap_or_else(|p| p.into_inner());
+        let (answered, redis_ms) = match held {
+            Some((g, at, t)) if g == generation && at.elapsed() < CLOCK_REFRESH => (at, t),
+            _ => {
+                // Counted with the batch it dates (round trips count batches).
+                let read = self
+                    .clock
+                    .key(self.keys.status(&first.instance_id))
+                    .invoke_async::<i64>(&mut conn)
+                    .await;
+                match read {
+                    Ok(t) => {
+                        let answered = Instant::now();
+                        *self.reading.lock().unwrap_or_else(|p| p.into_inner()) =
+                            Some((generation, answered, t));
+                        (answered, t)
+                    }
+                    Err(e) => {
+                        report.round_trips += 1;
+                        report.errors += 1;
+                        self.command_failed(generation, &e, chunk.len()).await;
+                        return;
+                    }
+                }
+            }
+        };
         let mut invocation = self.script.prepare_invoke();
         invocation.arg(self.ttl_secs).arg(&self.writer);
         for m in chunk {
+            let at_ms = if m.polled_at >= answered {
+                redis_ms.saturating_add(m.polled_at.duration_since(answered).as_millis() as i64)
+            } else {
+                redis_ms.saturating_sub(answered.duration_since(m.polled_at).as_millis() as i64)
+            };
+            let seq_us = m
+                .polled_at
+                .saturating_duration_since(self.origin)
+                .as_micros() as u64;
             invocation
                 .key(self.keys.status(&m.instance_id))
                 .key(self.keys.polled_at(&m.instance_id))
                 .key(self.keys.polled_by(&m.instance_id))
                 .arg(&m.instance_id)
                 .arg(&m.body)
-                .arg(m.polled_at_ms)
+                .arg(at_ms)
+                .arg(seq_us)
                 .arg(mode);
         }
 
@@ -387,8 +463,8 @@ impl Publisher {
             message = "a notice was not written: Redis holds a status another pubsub replica polled later",
             instance = %m.instance_id,
             status = label,
-            polled_at_ms = m.polled_at_ms,
-            hint = "if this repeats, check the replicas' clocks (NTP) and lastcall:polled_at of the instance",
+            polled_ago_ms = m.polled_at.elapsed().as_millis() as u64,
+            hint = "another replica polled it later (a rolling update, or replicas: 2); if this repeats with one replica, look at lastcall:polled_by of the instance",
         );
         true
     }

@@ -187,6 +187,7 @@ impl Pubsub {
                     settings.redis_timeout,
                     settings.drain_state_max_age,
                     settings.drain_state_hold_limit,
+                    settings.drain_state_key.clone(),
                     metrics.clone(),
                 );
                 Some(Arc::new(Webhook::new(
@@ -765,12 +766,18 @@ mod tests {
     use crate::poller::Polled;
     use lastcall_common::fleetiq::InstanceStatus;
 
-    fn polled(iid: &str, status: InstanceStatus, at: i64) -> Polled {
+    /// One instant for every test poll, so polls are told apart by offsets from it.
+    fn origin() -> tokio::time::Instant {
+        static ORIGIN: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+        *ORIGIN.get_or_init(tokio::time::Instant::now)
+    }
+
+    fn polled(iid: &str, status: InstanceStatus, at: u64) -> Polled {
         Polled {
             outgoing: Outgoing {
                 instance_id: iid.into(),
                 body: status.as_str().into(),
-                polled_at_ms: at,
+                polled_at: origin() + Duration::from_millis(at),
             },
             status: Some(status),
         }
@@ -785,7 +792,10 @@ mod tests {
         ]);
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].status, Some(InstanceStatus::Draining));
-        assert_eq!(out[0].outgoing.polled_at_ms, 2);
+        assert_eq!(
+            out[0].outgoing.polled_at,
+            origin() + Duration::from_millis(2)
+        );
         assert_eq!(out[1].outgoing.instance_id, "i-2");
     }
 

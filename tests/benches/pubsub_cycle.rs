@@ -130,7 +130,7 @@ async fn bench() -> anyhow::Result<()> {
                     Outgoing {
                         body: m.to_python_json(),
                         instance_id: m.instance_id,
-                        polled_at_ms: 1,
+                        polled_at: tokio::time::Instant::now(),
                     }
                 })
                 .collect()

@@ -169,6 +169,8 @@ async fn bench() -> anyhow::Result<()> {
             node: format!("gke-pool-{node:03}"),
             // Fresh for the whole run (max age 2 min).
             updated_at_ms: now,
+            counted_at_ms: None,
+            truncated: false,
             fleets: (0..FLEETS)
                 .map(|f| FleetOnNode {
                     namespace: "default".into(),

@@ -141,7 +141,11 @@ impl WebhookServer {
                 .await?;
         let an_hour_ago =
             lastcall_common::drain_state::unix_ms(std::time::SystemTime::now()) - 3_600_000;
-        lastcall_common::drain_state::mark_epoch(&mut conn, an_hour_ago).await?;
+        let key = config
+            .webhook_settings()?
+            .context("the webhook is configured")?
+            .drain_state_key;
+        lastcall_common::drain_state::mark_epoch_in(&mut conn, &key, an_hour_ago).await?;
         let credentials = aws_sdk_gamelift::config::Credentials::new(
             "AKIDWEBHOOKTEST",
             "webhook-test-secret",

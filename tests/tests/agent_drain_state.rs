@@ -109,3 +109,128 @@ async fn a_draining_node_asks_the_webhook_for_its_ready_servers() {
     );
     agent.stop().await.expect("clean stop");
 }
+
+/// Every change Redis makes to the drain-state hash, from its keyspace notifications: the
+/// command names (`hset`, `hdel`, `del`…), in order. Nothing but `hdel`/`del`/an expiry can
+/// make a field absent, so a log without them proves the entry never was.
+struct HashChanges {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HashChanges {
+    async fn watch(redis: &lastcall_testkit::redis::RedisServer, key: &str) -> Self {
+        use futures::StreamExt;
+        let mut conn = redis.client().await.expect("redis");
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg("Kgh")
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("keyspace notifications on");
+        let client = redis::Client::open(redis.url()).expect("client");
+        let mut pubsub = client.get_async_pubsub().await.expect("pubsub");
+        pubsub
+            .subscribe(format!("__keyspace@0__:{key}"))
+            .await
+            .expect("subscribe");
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut stream = pubsub.into_on_message();
+            while let Some(m) = stream.next().await {
+                let event: String = m.get_payload().unwrap_or_default();
+                log.lock().unwrap().push(event);
+            }
+        });
+        HashChanges { seen, task }
+    }
+
+    fn events(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+async fn entry(redis: &lastcall_testkit::redis::RedisServer) -> Option<String> {
+    let mut conn = redis.client().await.expect("redis");
+    redis::cmd("HGET")
+        .arg(lastcall_common::drain_state::KEY)
+        .arg("n1")
+        .query_async(&mut conn)
+        .await
+        .expect("HGET")
+}
+
+/// An agent restarted mid-drain (a rollout, an OOM kill) must not clear its node's entry
+/// before its first plan: between that clear and the next write the webhook would see no
+/// drain and let the Fleet shrink by the servers still held on the node. The keyspace
+/// notifications prove no `HDEL` (or `DEL`) touched the hash from the old agent's stop
+/// until the new one has written its entry, so the field was never absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_mid_drain_never_removes_its_entry() {
+    let w = World::start(WorldSpec::new(6, 2, 0)).await;
+    let args = vec![
+        "--redis-url".to_string(),
+        w.redis.url(),
+        "--publish-drain-state".into(),
+        "--release-floor".into(),
+        "6".into(),
+    ];
+    let first = w.start_agent(&args).await;
+    w.claimed_all().await;
+    label(&w, Some("true")).await;
+    eventually(
+        "the first agent publishes the drain",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async { entry(&w.redis).await },
+    )
+    .await;
+    let changes = HashChanges::watch(&w.redis, lastcall_common::drain_state::KEY).await;
+    first.stop().await.expect("clean stop");
+    assert!(entry(&w.redis).await.is_some(), "stopping leaves the entry");
+
+    let second = w.start_agent(&args).await;
+    eventually(
+        "the restarted agent writes its entry",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async {
+            let m = second.metrics().await;
+            let ok = metric(&m, "lastcall_drain_state_writes_total", &[("result", "ok")]);
+            (ok.unwrap_or(0.0) >= 1.0).then_some(())
+        },
+    )
+    .await;
+    // The notification of that write, and of anything before it, has arrived.
+    eventually(
+        "the restarted agent's write is seen",
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        || async { changes.events().iter().any(|e| e == "hset").then_some(()) },
+    )
+    .await;
+    let events = changes.events();
+    assert!(
+        !events
+            .iter()
+            .any(|e| e == "hdel" || e == "del" || e == "expired"),
+        "the entry was removed during the restart: {events:?}"
+    );
+    let state = lastcall_common::drain_state::NodeDrainState::parse(
+        b"n1",
+        entry(&w.redis).await.expect("the entry").as_bytes(),
+    )
+    .expect("a valid entry");
+    assert_eq!(state.fleets.len(), 1);
+    assert_eq!(state.fleets[0].held, Some(6), "still held on n1");
+    let counted = state.counted_at_ms.expect("the counts are dated");
+    assert!(
+        counted <= state.updated_at_ms && state.updated_at_ms - counted < 10_000,
+        "counted at {counted}, written at {}",
+        state.updated_at_ms
+    );
+    changes.task.abort();
+    second.stop().await.expect("clean stop");
+}

@@ -101,7 +101,7 @@ async fn publish(p: &lastcall_pubsub::publisher::Publisher, w: &World, iid: &str
                 .publish(&[lastcall_pubsub::publisher::Outgoing {
                     instance_id: iid.to_string(),
                     body: body.clone(),
-                    polled_at_ms: jiff::Timestamp::now().as_millisecond(),
+                    polled_at: tokio::time::Instant::now(),
                 }])
                 .await;
             (r.published == 1).then_some(())
@@ -348,4 +348,145 @@ async fn a_drain_survives_a_cluster_failover_then_its_node_killed() {
     never_deleted_by_the_agent(&w, &keep).await;
     w.finish_drain(&keep).await;
     a.stop().await.unwrap();
+}
+
+/// A listener that accepts connections and never answers: a node whose packets are
+/// blackholed after the handshake (a dead VM behind a still-routing address).
+async fn silent_node() -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    (port, task)
+}
+
+/// A Redis Cluster URL that names a node which never answers, first: every connection
+/// (the webhook's reads, the publisher's batches, the agents' drain-state writes) is still
+/// made within the per-node bound from the nodes that do answer, and the node list is
+/// learned from them. Before, the silent node held every connect to its whole timeout
+/// bound and then failed it, so no connection was ever made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_cluster_node_does_not_stall_connecting() {
+    use lastcall_common::redis_conn;
+    let cluster = RedisCluster::start(3, 0).await.unwrap();
+    let (silent, _task) = silent_node().await;
+    let mut ports = vec![silent];
+    ports.extend(cluster.ports());
+    let target = RedisTarget::parse(&cluster.url_through(&ports)).unwrap();
+    let client = redis_conn::any_client(&target, None).unwrap();
+    let timeout = Duration::from_millis(500);
+    for attempt in 0..3 {
+        let started = tokio::time::Instant::now();
+        let mut conn = redis_conn::connect_any(&client, timeout)
+            .await
+            .unwrap_or_else(|e| panic!("attempt {attempt}: no connection: {e}"));
+        let took = started.elapsed();
+        assert!(
+            took < timeout * 2,
+            "attempt {attempt}: connecting took {took:?}, over twice the per-node bound"
+        );
+        let pong: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
+        assert_eq!(pong, "PONG");
+        let _: () = redis::cmd("SET")
+            .arg(format!("k{attempt}"))
+            .arg(1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// A replica in the slot map that accepts connections and then answers nothing (paused:
+/// `CLIENT PAUSE … ALL`, as a node whose packets are blackholed after the handshake): a
+/// connection is still made within the per-node bound, and commands to the primaries work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_replica_in_the_slot_map_does_not_stall_connecting() {
+    use lastcall_common::redis_conn;
+    let cluster = RedisCluster::start(3, 1).await.unwrap();
+    let nodes = cluster.nodes_seen_by(cluster.ports()[0]).await.unwrap();
+    let replica = nodes.iter().find(|n| !n.primary).expect("a replica").port;
+    let primary = nodes.iter().find(|n| n.primary).expect("a primary").port;
+    let mut pause = cluster.node(replica).await.unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(30_000)
+        .arg("ALL")
+        .query_async(&mut pause)
+        .await
+        .unwrap();
+    let target = RedisTarget::parse(&cluster.url_through(&[primary])).unwrap();
+    let client = redis_conn::any_client(&target, None).unwrap();
+    let timeout = Duration::from_millis(500);
+    for attempt in 0..3 {
+        let started = tokio::time::Instant::now();
+        let mut conn = redis_conn::connect_any(&client, timeout)
+            .await
+            .unwrap_or_else(|e| panic!("attempt {attempt}: no connection: {e}"));
+        let took = started.elapsed();
+        assert!(
+            took < timeout * 2,
+            "attempt {attempt}: connecting took {took:?}, over twice the per-node bound"
+        );
+        for k in 0..6 {
+            let _: () = redis::cmd("SET")
+                .arg(format!("k{attempt}-{k}"))
+                .arg(1)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// A primary that accepts connections and answers nothing: connecting still succeeds
+/// within the bound, keys on the other primaries are written at once, and only the keys
+/// of the silent node's slots fail, each within the response timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_primary_stalls_only_its_own_slots() {
+    use lastcall_common::redis_conn;
+    let cluster = RedisCluster::start(3, 0).await.unwrap();
+    let ports = cluster.ports();
+    let silent = ports[2];
+    let mut pause = cluster.node(silent).await.unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(30_000)
+        .arg("ALL")
+        .query_async(&mut pause)
+        .await
+        .unwrap();
+    let target = RedisTarget::parse(&cluster.url_through(&ports[..2])).unwrap();
+    let client = redis_conn::any_client(&target, None).unwrap();
+    let timeout = Duration::from_millis(500);
+    for attempt in 0..3 {
+        let started = tokio::time::Instant::now();
+        let mut conn = redis_conn::connect_any(&client, timeout)
+            .await
+            .unwrap_or_else(|e| panic!("attempt {attempt}: no connection: {e}"));
+        let took = started.elapsed();
+        assert!(
+            took < timeout * 3,
+            "attempt {attempt}: connecting took {took:?}"
+        );
+        let (mut ok, mut failed) = (0, 0);
+        for k in 0..12 {
+            let started = tokio::time::Instant::now();
+            let r: redis::RedisResult<()> = redis::cmd("SET")
+                .arg(format!("k{attempt}-{k}"))
+                .arg(1)
+                .query_async(&mut conn)
+                .await;
+            let took = started.elapsed();
+            match r {
+                Ok(()) => ok += 1,
+                Err(_) => failed += 1,
+            }
+            assert!(took < timeout * 12, "a command took {took:?}");
+        }
+        assert!(ok >= 4, "attempt {attempt}: {ok} written, {failed} failed");
+    }
 }

@@ -1750,6 +1750,8 @@ async fn webhook_metrics(redis: &lastcall_testkit::redis::RedisServer) -> String
     let stale = NodeDrainState {
         node: "pkg-node".into(),
         updated_at_ms: drain_state::unix_ms(std::time::SystemTime::now()) - 3 * 60_000,
+        counted_at_ms: None,
+        truncated: false,
         fleets: vec![FleetOnNode {
             namespace: "default".into(),
             name: "pkg-fleet".into(),

@@ -2234,10 +2234,14 @@ async fn a_notice_is_written_over_a_poll_time_ahead_of_redis_time() {
     );
 }
 
-/// NTP steps a replica's clock back 90 s between two polls: its own later poll, dated
-/// before its earlier one, still wins. Before, it was dropped as older for 90 s.
+/// One writer's polls are ordered by its monotonic clock, not by when their scripts run:
+/// a SPOT_TERMINATING polled last and written first is not overwritten by an ACTIVE polled
+/// five seconds earlier whose script arrives late (a retried or delayed batch). Before,
+/// a writer's own script always won, so the late ACTIVE replaced the notice. And the time
+/// stored is Redis' `TIME` less the poll's age, so no replica's wall clock (stepped back
+/// or ahead) enters it.
 #[tokio::test]
-async fn a_writers_own_later_poll_wins_after_its_clock_steps_back() {
+async fn a_writers_older_poll_delivered_late_never_replaces_its_newer_one() {
     let emulator = GameLiftEmulator::start().await.unwrap();
     let redis = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -2246,22 +2250,33 @@ async fn a_writers_own_later_poll_wins_after_its_clock_steps_back() {
     let (p, _registry) = publisher(&emulator, &redis.host_port(), &groups_file);
     let iid = ids("c1", 1).remove(0);
     let mut conn = redis.client().await.unwrap();
-    let now = redis_time_ms(&mut conn).await;
-    let at = |status, polled_at_ms| lastcall_pubsub::publisher::Outgoing {
+    let at = |status, polled_at| lastcall_pubsub::publisher::Outgoing {
         instance_id: iid.clone(),
         body: body(&iid, status),
-        polled_at_ms,
+        polled_at,
     };
-    let r = p.publish(&[at(InstanceStatus::Active, now)]).await;
+    let now = tokio::time::Instant::now();
+    let earlier = now - Duration::from_secs(5);
+    let before = redis_time_ms(&mut conn).await;
+    let r = p.publish(&[at(InstanceStatus::SpotTerminating, now)]).await;
     assert_eq!(r.published, 1, "{r:?}");
-    let r = p
-        .publish(&[at(InstanceStatus::SpotTerminating, now - 90_000)])
-        .await;
-    assert_eq!((r.published, r.stale), (1, 0), "{r:?}");
+    let stored: i64 = conn.get(polled_at_key(&iid)).await.unwrap();
+    let after = redis_time_ms(&mut conn).await;
+    assert!(
+        before <= stored && stored <= after,
+        "dated by Redis' clock: {before} <= {stored} <= {after}"
+    );
+    let r = p.publish(&[at(InstanceStatus::Active, earlier)]).await;
+    assert_eq!((r.published, r.stale), (0, 1), "{r:?}");
     assert_eq!(
         cached_status(&mut conn, &iid).await,
         Some(InstanceStatus::SpotTerminating)
     );
+    // Its next poll wins as usual.
+    let r = p
+        .publish(&[at(InstanceStatus::Active, tokio::time::Instant::now())])
+        .await;
+    assert_eq!((r.published, r.stale), (1, 0), "{r:?}");
 }
 
 /// Another replica holds a later poll (both clocks right), so this replica's DRAINING is
@@ -2281,11 +2296,11 @@ async fn a_dropped_notice_is_a_warning_and_a_metric() {
     let (b, b_registry) = publisher(&emulator, &redis.host_port(), &groups_file);
     let iid = ids("c1", 1).remove(0);
     let mut conn = redis.client().await.unwrap();
-    let now = redis_time_ms(&mut conn).await;
-    let out = |status, polled_at_ms| lastcall_pubsub::publisher::Outgoing {
+    let now = tokio::time::Instant::now();
+    let out = |status, polled_at| lastcall_pubsub::publisher::Outgoing {
         instance_id: iid.clone(),
         body: body(&iid, status),
-        polled_at_ms,
+        polled_at,
     };
     assert_eq!(
         a.publish(&[out(InstanceStatus::Active, now)])
@@ -2294,7 +2309,7 @@ async fn a_dropped_notice_is_a_warning_and_a_metric() {
         1
     );
     let r = b
-        .publish(&[out(InstanceStatus::Draining, now - 5_000)])
+        .publish(&[out(InstanceStatus::Draining, now - Duration::from_secs(5))])
         .await;
     assert_eq!((r.published, r.stale), (0, 1), "{r:?}");
     assert_eq!(
@@ -2593,26 +2608,18 @@ async fn a_revert_after_another_replicas_write_is_published_with_publish_unchang
     let (b, _) = publisher_with(&emulator, &redis.host_port(), &groups_file, &quiet);
     let iid = ids("c1", 1).remove(0);
     let sub = Subscriber::start(&redis.url(), std::slice::from_ref(&iid)).await;
-    let mut conn = redis.client().await.unwrap();
-    let now = redis_time_ms(&mut conn).await;
-    let out = |status, polled_at_ms| lastcall_pubsub::publisher::Outgoing {
+    // Each poll just before its publish: later polls, in Redis' time too.
+    let out = |status| lastcall_pubsub::publisher::Outgoing {
         instance_id: iid.clone(),
         body: body(&iid, status),
-        polled_at_ms,
+        polled_at: tokio::time::Instant::now(),
     };
+    assert_eq!(a.publish(&[out(InstanceStatus::Active)]).await.published, 1);
     assert_eq!(
-        a.publish(&[out(InstanceStatus::Active, now)])
-            .await
-            .published,
+        b.publish(&[out(InstanceStatus::Draining)]).await.published,
         1
     );
-    assert_eq!(
-        b.publish(&[out(InstanceStatus::Draining, now + 1)])
-            .await
-            .published,
-        1
-    );
-    let r = a.publish(&[out(InstanceStatus::Active, now + 2)]).await;
+    let r = a.publish(&[out(InstanceStatus::Active)]).await;
     assert_eq!((r.published, r.unchanged), (1, 0), "{r:?}");
     let got = sub.wait_for_count(3).await;
     let seq: Vec<InstanceStatus> = got.iter().map(|(_, b)| status_of(b)).collect();
@@ -2625,6 +2632,6 @@ async fn a_revert_after_another_replicas_write_is_published_with_publish_unchang
         ]
     );
     // And nothing is published while it stays the same.
-    let r = a.publish(&[out(InstanceStatus::Active, now + 3)]).await;
+    let r = a.publish(&[out(InstanceStatus::Active)]).await;
     assert_eq!((r.published, r.unchanged), (0, 1), "{r:?}");
 }

@@ -82,6 +82,8 @@ fn draining(node: &str, at_ms: i64, fleets: &[(&str, &str, u32, u32)]) -> NodeDr
     NodeDrainState {
         node: node.into(),
         updated_at_ms: at_ms,
+        counted_at_ms: None,
+        truncated: false,
         fleets: fleets
             .iter()
             .map(|&(namespace, name, ready, allocated)| FleetOnNode {
@@ -523,6 +525,170 @@ async fn a_gone_node_or_an_expired_entry_counts_for_nothing_and_holds_nothing() 
         ),
         "{text}"
     );
+}
+
+/// "Fresh" is about the counts, not only the publisher: an agent whose publisher keeps
+/// refreshing its entry while its planner has stopped (counts computed three minutes ago,
+/// over the two-minute max age) says nothing current about the node, so the Fleets it names
+/// are held, not sized from old counts. Counts computed seconds ago count as before.
+#[tokio::test]
+async fn old_counts_from_a_live_publisher_hold_instead_of_counting() {
+    let redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap();
+    let client = http();
+    let now = now_ms();
+    let mut current = draining("current", now, &[(NS, "current", 3, 0)]);
+    current.counted_at_ms = Some(now - 10_000);
+    let mut repeated = draining("repeated", now, &[(NS, FLEET, 3, 0)]);
+    repeated.counted_at_ms = Some(now - 3 * 60_000);
+    publish(&redis, &current).await;
+    publish(&redis, &repeated).await;
+    assert_eq!(
+        ask_fleet(&client, &hook.url(), NS, "current", status(10, 10), &[]).await,
+        (true, 18),
+        "10 allocated + 5 + the 3 of current counts"
+    );
+    assert_eq!(
+        ask(&client, &hook.url(), status(20, 10)).await,
+        (false, 20),
+        "old counts hold the Fleet at its size: no scale-down to 10 + 5 (+ 3)"
+    );
+    assert_eq!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_held_total",
+            &[("reason", "stale_counts")]
+        ),
+        1.0,
+        "{}",
+        hook.metrics_text()
+    );
+    assert!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_drain_state_skipped_total",
+            &[("reason", "stale_counts")]
+        ) >= 1.0
+    );
+}
+
+/// Writers enforce the size readers enforce: an entry over 64 KiB is refused with an error
+/// naming the limit and nothing is written (a reader would skip it, and the Fleets on that
+/// node would silently count for nothing). Fitted, it keeps the Fleets with the most to
+/// replace and is marked truncated: the Fleets it lists count, and every other Fleet is
+/// held, since it may be among those left out.
+#[tokio::test]
+async fn an_oversize_entry_is_refused_by_the_writer_and_a_fitted_one_holds_every_fleet() {
+    let redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap();
+    let client = http();
+    let long = "f".repeat(200);
+    let names: Vec<String> = (0..400).map(|i| format!("{long}-{i:03}")).collect();
+    let mut fleets: Vec<(&str, &str, u32, u32)> =
+        names.iter().map(|n| (NS, n.as_str(), 1, 0)).collect();
+    fleets.push((NS, FLEET, 4, 0));
+    let mut big = draining("big", now_ms(), &fleets);
+    let mut conn = redis.client().await.unwrap();
+    let err = drain_state::publish(&mut conn, &big)
+        .await
+        .expect_err("an entry over the limit is refused");
+    let text = err.to_string();
+    assert!(
+        text.contains("over the 65536-byte limit"),
+        "a clear error: {text}"
+    );
+    let written: Option<String> = redis::cmd("HGET")
+        .arg(drain_state::KEY)
+        .arg("big")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(written, None, "nothing written");
+
+    let left_out = big.fit();
+    assert!(left_out > 0 && big.truncated);
+    assert!(big.to_json().len() <= drain_state::MAX_ENTRY_BYTES);
+    assert_eq!(
+        big.fleets[0].name, FLEET,
+        "the Fleet with most to replace kept"
+    );
+    drain_state::publish(&mut conn, &big).await.unwrap();
+    assert_eq!(
+        ask(&client, &hook.url(), status(10, 10)).await,
+        (true, 19),
+        "10 + 5 + its 4: the Fleet it lists counts"
+    );
+    let left = names.last().unwrap();
+    assert!(
+        !big.fleets.iter().any(|f| &f.name == left),
+        "{left} left out"
+    );
+    assert_eq!(
+        ask_fleet(&client, &hook.url(), NS, left, status(20, 10), &[]).await,
+        (false, 20),
+        "a Fleet left out is held, not scaled down to 15"
+    );
+    assert_eq!(
+        ask_fleet(&client, &hook.url(), NS, "other", status(20, 10), &[]).await,
+        (false, 20),
+        "any Fleet is"
+    );
+    assert!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_held_total",
+            &[("reason", "truncated_entry")]
+        ) >= 2.0
+    );
+}
+
+/// Two clusters on one Redis, each with its `--cluster-name`, read only their own drains;
+/// the default name keeps the key earlier releases used.
+#[tokio::test]
+async fn clusters_sharing_one_redis_do_not_see_each_others_drains() {
+    let redis = RedisServer::start().await.unwrap();
+    let start = |name: &'static str| {
+        let url = redis.host_port();
+        async move {
+            WebhookServer::start(
+                &url,
+                &["--webhook-max-replicas", "100", "--cluster-name", name],
+                None,
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let (blue, green) = (start("blue").await, start("green").await);
+    let legacy = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap();
+    let mut conn = redis.client().await.unwrap();
+    let state = draining("node-1", now_ms(), &[(NS, FLEET, 6, 0)]);
+    drain_state::publish_to(&mut conn, &drain_state::key_for("blue"), &state)
+        .await
+        .unwrap();
+    let mut old = draining("node-2", now_ms(), &[(NS, FLEET, 2, 0)]);
+    old.fleets[0].ready = 2;
+    drain_state::publish(&mut conn, &old).await.unwrap();
+    let client = http();
+    assert_eq!(ask(&client, &blue.url(), status(10, 10)).await, (true, 21));
+    assert_eq!(
+        ask(&client, &green.url(), status(10, 10)).await,
+        (true, 15),
+        "green does not see blue's drain"
+    );
+    assert_eq!(
+        ask(&client, &legacy.url(), status(10, 10)).await,
+        (true, 17),
+        "no name: lastcall:drain-state, as before"
+    );
+    assert_eq!(drain_state::key_for(""), "lastcall:drain-state");
+    assert_eq!(drain_state::key_for("blue"), "lastcall:drain-state:blue");
 }
 
 /// A held answer keeps the Fleet's own `spec.replicas`, read from the API server. Agones
@@ -1279,6 +1445,8 @@ mod full_loop {
         NodeDrainState {
             node: "n1".into(),
             updated_at_ms: now_ms(),
+            counted_at_ms: None,
+            truncated: false,
             fleets: vec![FleetOnNode {
                 namespace: NS.into(),
                 name: LOOP_FLEET.into(),
@@ -1428,6 +1596,181 @@ mod full_loop {
         let ((), created) = tokio::join!(fa.clone().run(&cluster, SYNC, stop.clone()), scenario);
         created.saturating_sub(READY)
     }
+
+    /// What one policy cost when a node died with matches on it.
+    #[derive(Clone, Copy, Debug)]
+    pub struct DeathCost {
+        /// GameServers created from the Spot notice until the Fleet settled, less the
+        /// `READY` the settled Fleet needs (every server of the dead node is gone).
+        pub beyond_need: usize,
+        /// From the node's death until `spec.replicas` reached the settled size.
+        pub cannot_shrink: Duration,
+    }
+
+    fn spec_replicas(cluster: &Cluster) -> i64 {
+        cluster
+            .store()
+            .get(
+                &lastcall_testkit::kube::resources::FLEETS,
+                Some(NS),
+                LOOP_FLEET,
+            )
+            .and_then(|f| {
+                f.pointer("/spec/replicas")
+                    .and_then(serde_json::Value::as_i64)
+            })
+            .unwrap_or(-1)
+    }
+
+    /// A Spot notice on n1 (`READY` Ready, `ALLOCATED` Allocated, buffer `READY`): the
+    /// agent fences and publishes (held 0, at_risk `ALLOCATED`: a Terminate deadline), one
+    /// sync lands, it releases the Ready servers and publishes again, one sync lands, then
+    /// the node dies with its matches (its servers end, the Node is deleted; no agent
+    /// clears the entry). `webhook`: the FleetAutoscaler calls the webhook that reads this
+    /// drain state; otherwise a webhook on an empty key, which answers Agones' Buffer
+    /// formula, on the very same drain.
+    pub async fn node_death(webhook: bool) -> DeathCost {
+        let redis = RedisServer::start().await.unwrap();
+        let name = if webhook { "" } else { "buffer-only" };
+        let hook = WebhookServer::start(
+            &redis.host_port(),
+            &[
+                "--webhook-buffer",
+                &READY.to_string(),
+                "--webhook-max-replicas",
+                "100",
+                "--cluster-name",
+                name,
+            ],
+            None,
+        )
+        .await
+        .unwrap();
+        let cluster = Cluster::start(ClusterConfig::default()).await.unwrap();
+        hook.attach_kube(cluster.client());
+        cluster.add_node(NodeSpec::new("n1")).unwrap();
+        let size = READY + ALLOCATED;
+        cluster
+            .create_fleet(FleetSpec::new(LOOP_FLEET, size as i64).grace_seconds(0))
+            .unwrap();
+        cluster.wait_ready(NS, LOOP_FLEET, size).await.unwrap();
+        for _ in 0..ALLOCATED {
+            let got = cluster
+                .allocate(&AllocationRequest::fleet(NS, LOOP_FLEET))
+                .await
+                .unwrap();
+            assert!(got.is_some(), "allocated");
+        }
+        cluster.add_node(NodeSpec::new("n2")).unwrap();
+        let fa = FleetAutoscaler::new(NS, LOOP_FLEET, &hook.url());
+        let stop = CancellationToken::new();
+        let mut redis_conn = redis.client().await.unwrap();
+        let entry = |ready: u32| NodeDrainState {
+            fleets: vec![FleetOnNode {
+                held: Some(0),
+                at_risk: Some(ALLOCATED as u32),
+                ..state(Contract::HeldAndAtRisk, ready).fleets[0].clone()
+            }],
+            ..state(Contract::HeldAndAtRisk, ready)
+        };
+        let one_sync = |fa: &FleetAutoscaler| {
+            let n = fa.journal().len();
+            let fa = fa.clone();
+            async move {
+                wait_for("an autoscaler sync", || async {
+                    (fa.journal().len() > n).then_some(())
+                })
+                .await;
+            }
+        };
+
+        let scenario = async {
+            wait_for("a sync that leaves the Fleet as it is", || async {
+                fa.journal()
+                    .last()
+                    .is_some_and(|s| {
+                        matches!(
+                            s,
+                            lastcall_testkit::cluster::fleet_autoscaler::Sync::Unchanged { .. }
+                        )
+                    })
+                    .then_some(())
+            })
+            .await;
+            let rv0 = cluster.store().resource_version();
+            cluster.set_unschedulable("n1", true).unwrap();
+            drain_state::publish(&mut redis_conn, &entry(READY as u32))
+                .await
+                .unwrap();
+            one_sync(&fa).await;
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(cluster.client(), NS, &gameserver_resource());
+            let on_n1 = |state: GameServerState| {
+                cluster
+                    .fleet_game_servers(NS, LOOP_FLEET)
+                    .into_iter()
+                    .filter(move |g| g.node.as_deref() == Some("n1") && g.state == Some(state))
+                    .collect::<Vec<_>>()
+            };
+            let ready_here = on_n1(GameServerState::Ready);
+            for gs in &ready_here {
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: Some(gs.uid.clone()),
+                        resource_version: Some(gs.resource_version.clone()),
+                    }),
+                    ..Default::default()
+                };
+                api.delete(&gs.name, &dp).await.unwrap();
+            }
+            drain_state::publish(&mut redis_conn, &entry(0))
+                .await
+                .unwrap();
+            one_sync(&fa).await;
+
+            // The VM goes with its matches: the servers end, the Node is deleted.
+            for gs in on_n1(GameServerState::Allocated) {
+                cluster.sdk_shutdown(NS, &gs.name).unwrap();
+            }
+            cluster.remove_node("n1").unwrap();
+            let died = tokio::time::Instant::now();
+            let settled = READY as i64;
+            cluster
+                .wait_until(
+                    "the Fleet shrinks to its need",
+                    Duration::from_secs(60),
+                    |c| (spec_replicas(c) == settled).then_some(()),
+                )
+                .await
+                .unwrap();
+            let cannot_shrink = died.elapsed();
+            cluster
+                .wait_until("the Fleet settles", Duration::from_secs(30), |c| {
+                    let servers = c.fleet_game_servers(NS, LOOP_FLEET);
+                    (servers.len() == READY
+                        && servers
+                            .iter()
+                            .all(|g| g.state == Some(GameServerState::Ready)))
+                    .then_some(())
+                })
+                .await
+                .unwrap();
+            let created = cluster
+                .store()
+                .events_since(rv0)
+                .unwrap()
+                .iter()
+                .filter(|e| e.rt == GAMESERVERS && e.kind == EventKind::Added)
+                .count();
+            stop.cancel();
+            DeathCost {
+                beyond_need: created.saturating_sub(READY),
+                cannot_shrink,
+            }
+        };
+        let ((), cost) = tokio::join!(fa.clone().run(&cluster, SYNC, stop.clone()), scenario);
+        cost
+    }
 }
 
 /// The full loop: a node drains while a FleetAutoscaler syncs against the webhook and the
@@ -1445,5 +1788,39 @@ async fn a_drain_creates_only_the_replacements_it_needs() {
     assert_eq!(
         before, 6,
         "an older agent's entry still counts its Ready servers"
+    );
+}
+
+/// A node dies with matches on it (a Spot reclaim after its notice), once with the webhook
+/// and once with Agones' Buffer formula (the same webhook on an empty key), on the same
+/// drain: servers created beyond need, and how long after the death the Fleet could not
+/// shrink to its need. The webhook must not be worse than Buffer by more than the
+/// replacements it deliberately asked for ahead of the deadline (`at_risk`), and the dead
+/// Node's entry must stop counting once the API server has no such Node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_dying_with_matches_costs_no_more_than_buffer_beyond_its_early_replacements() {
+    let hook = full_loop::node_death(true).await;
+    let buffer = full_loop::node_death(false).await;
+    let ratio = |a: f64, b: f64| if b == 0.0 { f64::NAN } else { a / b };
+    println!(
+        "node death with matches: servers beyond need webhook {} / Buffer {} (ratio {:.2}); cannot shrink for webhook {:.2} s / Buffer {:.2} s (ratio {:.2})",
+        hook.beyond_need,
+        buffer.beyond_need,
+        ratio(hook.beyond_need as f64, buffer.beyond_need as f64),
+        hook.cannot_shrink.as_secs_f64(),
+        buffer.cannot_shrink.as_secs_f64(),
+        ratio(
+            hook.cannot_shrink.as_secs_f64(),
+            buffer.cannot_shrink.as_secs_f64()
+        ),
+    );
+    assert!(
+        hook.beyond_need <= buffer.beyond_need + 2,
+        "{hook:?} vs {buffer:?}"
+    );
+    // The Node read is cached 10 s; a dead Node's entry counts for nothing after that.
+    assert!(
+        hook.cannot_shrink < Duration::from_secs(15),
+        "{hook:?} vs {buffer:?}"
     );
 }

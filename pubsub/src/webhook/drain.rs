@@ -70,6 +70,8 @@ pub struct DrainReader {
     timeout: Duration,
     max_age: Duration,
     hold_limit: Duration,
+    /// The hash read (`--cluster-name`).
+    key: String,
     slot: tokio::sync::Mutex<Option<AnyConn>>,
     gate: Mutex<Gate>,
     last_prune: Mutex<Option<Instant>>,
@@ -94,6 +96,7 @@ impl DrainReader {
         timeout: Duration,
         max_age: Duration,
         hold_limit: Duration,
+        key: String,
         metrics: WebhookMetrics,
     ) -> Self {
         Self {
@@ -102,6 +105,7 @@ impl DrainReader {
             timeout,
             max_age,
             hold_limit,
+            key,
             slot: tokio::sync::Mutex::new(None),
             gate: Mutex::new(Gate {
                 backoff: Backoff::new(RETRY_BASE, RETRY_MAX),
@@ -173,9 +177,10 @@ impl DrainReader {
         };
         let now_ms = drain_state::unix_ms(SystemTime::now());
         let mut snap =
-            drain_state::read_all(&mut conn, now_ms, self.max_age, self.hold_limit).await?;
+            drain_state::read_all(&mut conn, &self.key, now_ms, self.max_age, self.hold_limit)
+                .await?;
         if snap.epoch_ms.is_none() {
-            let epoch = drain_state::mark_epoch(&mut conn, now_ms).await?;
+            let epoch = drain_state::mark_epoch_in(&mut conn, &self.key, now_ms).await?;
             if epoch == now_ms {
                 tracing::warn!(
                     message = "the drain state had no epoch: Redis lost it (a restart without persistence, a flush) or no webhook has read it yet; holding every Fleet while the agents write again",
@@ -222,7 +227,7 @@ impl DrainReader {
             match s.why {
                 Skip::Malformed(_) => malformed += 1,
                 Skip::Future { .. } => future += 1,
-                Skip::Stale { .. } => stale += 1,
+                Skip::Stale { .. } | Skip::StaleCounts { .. } => stale += 1,
                 Skip::Expired { .. } => expired += 1,
             }
         }
@@ -283,10 +288,14 @@ impl DrainReader {
         }
         let pruned = self.metrics.drain_state_pruned.clone();
         let timeout = self.timeout;
+        let key = self.key.clone();
         tokio::spawn(async move {
             for (node, field, value) in dead {
-                match tokio::time::timeout(timeout, drain_state::prune(&mut conn, &field, &value))
-                    .await
+                match tokio::time::timeout(
+                    timeout,
+                    drain_state::prune(&mut conn, &key, &field, &value),
+                )
+                .await
                 {
                     Ok(Ok(true)) => {
                         pruned.inc();

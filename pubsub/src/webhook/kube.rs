@@ -172,7 +172,8 @@ mod tests {
         Live {
             node: "n".into(),
             updated_at_ms,
-            stale: false,
+            stale: None,
+            truncated: false,
             fleets: Vec::new(),
         }
     }

@@ -268,7 +268,7 @@ impl Webhook {
         let hold = if self.reader.settling(snap) {
             Some("redis_restarted")
         } else if !f.holding.is_empty() {
-            Some("stale_entry")
+            f.hold_reason
         } else {
             None
         };

@@ -74,6 +74,14 @@ pub struct WebhookFlags {
     #[arg(long, env = "LASTCALL_PUBSUB_WEBHOOK_REDIS_TIMEOUT", default_value = "500ms",
           value_parser = parse_webhook_timeout)]
     pub webhook_redis_timeout: Duration,
+
+    /// This cluster's name, when clusters share one Redis: the webhook reads the drain
+    /// state of `lastcall:drain-state:<name>`, which the agents started with the same
+    /// `--cluster-name` write. Empty (the default): `lastcall:drain-state`, the key of
+    /// earlier releases. A DNS label.
+    #[arg(long, env = "LASTCALL_CLUSTER_NAME", default_value = "",
+          value_parser = parse_cluster_name)]
+    pub cluster_name: String,
 }
 
 /// Settings of the webhook, checked together.
@@ -83,6 +91,8 @@ pub struct Settings {
     pub redis_timeout: Duration,
     pub drain_state_max_age: Duration,
     pub drain_state_hold_limit: Duration,
+    /// The drain-state hash of this cluster (`--cluster-name`).
+    pub drain_state_key: String,
 }
 
 /// Settings that are valid one by one but not together. Each message names the flags.
@@ -126,6 +136,7 @@ impl WebhookFlags {
             redis_timeout: self.webhook_redis_timeout,
             drain_state_max_age: self.webhook_drain_state_max_age,
             drain_state_hold_limit: self.webhook_drain_state_hold_limit,
+            drain_state_key: drain_state::key_for(&self.cluster_name),
         }))
     }
 }
@@ -148,6 +159,10 @@ fn parse_max_age(raw: &str) -> Result<Duration, String> {
         ));
     }
     Ok(d)
+}
+
+fn parse_cluster_name(raw: &str) -> Result<String, String> {
+    drain_state::check_cluster_name(raw).map(|()| raw.to_string())
 }
 
 fn parse_webhook_timeout(raw: &str) -> Result<Duration, String> {
