@@ -16,6 +16,7 @@ pub mod bench;
 pub mod demo;
 
 pub mod kube_box;
+pub mod paths;
 pub mod promises;
 pub mod scale;
 pub mod scale_agents;

@@ -75,7 +75,7 @@ fn build(package: &str, bin: &str, profile: Option<&str>) -> Result<PathBuf, Bin
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = std::process::Command::new(cargo);
     cmd.args(["build", "-p", package, "--bin", bin, "--profile", &profile])
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
+        .current_dir(package_dir());
     if let (None, Some(target)) = (std::env::var_os("CARGO_TARGET_DIR"), profile_dir.parent()) {
         cmd.env("CARGO_TARGET_DIR", target);
     }
@@ -117,6 +117,17 @@ fn profile_dir(exe: &Path) -> Option<PathBuf> {
     } else {
         Some(dir.to_path_buf())
     }
+}
+
+/// This package's directory: where it was built, or, when the build was made in another
+/// copy of the workspace (a CI checkout reusing a shared target directory), the directory
+/// the test runs in (cargo runs each test in its package's directory).
+pub fn package_dir() -> PathBuf {
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    if built.is_dir() {
+        return built;
+    }
+    std::env::current_dir().unwrap_or(built)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //! sets (`NODE_NAME`, `POD_NAME`, `POD_NAMESPACE`, `POD_UID`, `POD_IP`) are that pod's.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,7 +31,7 @@ pub const NAMESPACE: &str = "lastcall";
 pub const SERVICE_ACCOUNT: &str = "lastcall-agent";
 
 fn manifest_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/lastcall.yaml")
+    crate::paths::package_dir().join("../manifests/lastcall.yaml")
 }
 
 /// Every document of the rendered default manifest.

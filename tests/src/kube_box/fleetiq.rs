@@ -5,7 +5,6 @@
 //! config file, listen address and period changed: 10 s, GameLift's advised minimum, and
 //! no jitter, so a status change is published within one period).
 
-use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -43,7 +42,7 @@ impl Drop for FleetIq {
 
 /// The chart's pubsub container arguments.
 fn chart_pubsub_args() -> anyhow::Result<Vec<String>> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/lastcall-fleetiq.yaml");
+    let path = crate::paths::package_dir().join("../manifests/lastcall-fleetiq.yaml");
     let text = std::fs::read_to_string(&path)?;
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text)?;
     let args = docs

@@ -186,7 +186,7 @@ pub fn blocks(page: &str, text: &str) -> anyhow::Result<Vec<Block>> {
 
 /// The repository's root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    crate::paths::package_dir()
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default()

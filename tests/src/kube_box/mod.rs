@@ -74,9 +74,8 @@ pub fn bin_dir() -> anyhow::Result<PathBuf> {
     if let Some(dir) = std::env::var_os("LASTCALL_BOX_BIN") {
         return Ok(PathBuf::from(dir));
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .context("the workspace root")?;
+    let package = crate::paths::package_dir();
+    let root = package.parent().context("the workspace root")?;
     let script = root.join("hack/box/build.sh");
     if !script.is_file() {
         bail!(
