@@ -83,6 +83,7 @@ on_box!(
     eviction_of_unready_pods_follows_the_unhealthy_pod_policy,
     gameserver_status_travels_with_the_object,
     gameserver_selectable_fields_follow_the_crd,
+    event_recorder_creates_then_patches_events,
     status_subresource_and_nodes,
     pod_status_is_written_only_through_status,
     node_status_is_written_only_through_status,
