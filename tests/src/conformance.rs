@@ -174,24 +174,22 @@ impl Backend {
 
 /// [`Backend::settle_pdb`] in namespace `ns`.
 async fn settle_pdb_in(b: &Backend, ns: &str, name: &str, expected: i32, healthy: i32) {
-    {
-        if b.emu.is_some() {
-            return;
-        }
-        let pdbs: Api<PodDisruptionBudget> = Api::namespaced(b.client.clone(), ns);
-        wait_for(
-            &format!("PDB {name}: {expected} pods counted, {healthy} healthy"),
-            || async {
-                let p = pdbs.get(name).await.ok()?;
-                let st = p.status?;
-                (st.observed_generation >= p.metadata.generation
-                    && st.expected_pods == expected
-                    && st.current_healthy == healthy)
-                    .then_some(())
-            },
-        )
-        .await;
+    if b.emu.is_some() {
+        return;
     }
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(b.client.clone(), ns);
+    wait_for(
+        &format!("PDB {name}: {expected} pods counted, {healthy} healthy"),
+        || async {
+            let p = pdbs.get(name).await.ok()?;
+            let st = p.status?;
+            (st.observed_generation >= p.metadata.generation
+                && st.expected_pods == expected
+                && st.current_healthy == healthy)
+                .then_some(())
+        },
+    )
+    .await;
 }
 
 impl Backend {
