@@ -13,6 +13,7 @@ pub use lastcall_emulators::{
 pub mod agent;
 pub mod asg;
 pub mod bench;
+pub mod conformance;
 pub mod demo;
 
 pub mod kube_box;

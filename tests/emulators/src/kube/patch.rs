@@ -65,14 +65,13 @@ pub fn apply(
         PatchKind::Json => {
             let p: json_patch::Patch = serde_json::from_slice(body)
                 .map_err(|e| ApiError::bad_request(&format!("invalid JSON patch: {e}")))?;
-            json_patch::patch(target, &p).map_err(|e| {
+            // As a real server: no causes, and a message that does not say what failed.
+            json_patch::patch(target, &p).map_err(|_| {
                 let mut err = ApiError::new(
                     422,
                     "the server rejected our request due to an error in our request",
                 );
-                err.details = Some(serde_json::json!({
-                    "causes": [{ "reason": "UnexpectedServerResponse", "message": e.to_string() }]
-                }));
+                err.details = Some(serde_json::json!({}));
                 err
             })
         }

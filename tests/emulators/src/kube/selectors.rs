@@ -475,21 +475,10 @@ impl FieldSelector {
             };
             let field = field.trim().to_string();
             if !supported_field(rt, &field) && !crd_fields.contains(&field.as_str()) {
-                // Built-in types and CRDs word this differently on a real server.
-                let msg = if type_fields(rt).is_empty() && !rt.group.is_empty() {
-                    let known: Vec<String> = ["metadata.name", "metadata.namespace"]
-                        .iter()
-                        .chain(crd_fields)
-                        .map(|f| format!("\"{f}\""))
-                        .collect();
-                    format!(
-                        "\"{field}\" is not a known field selector: only {}",
-                        known.join(", ")
-                    )
-                } else {
-                    format!("field label not supported: {field}")
-                };
-                return Err(ApiError::bad_request(&msg));
+                // Worded alike for built-in types and CRDs (Kubernetes 1.35).
+                return Err(ApiError::bad_request(&format!(
+                    "field label not supported: {field}"
+                )));
             }
             reqs.push(FieldRequirement {
                 field,

@@ -503,6 +503,14 @@ fn bind(s: &ServerState, ns: &str, name: &str, body: &[u8]) -> Result<Reply, Api
         .and_then(Value::as_str)
         .filter(|n| !n.is_empty())
         .ok_or_else(|| ApiError::invalid("Binding", name, "target.name: Required value"))?;
+    // As a real server, a body naming another pod is refused before the pod is looked up.
+    if let Some(body_name) = v.pointer("/metadata/name").and_then(Value::as_str)
+        && body_name != name
+    {
+        return Err(ApiError::bad_request(&format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        )));
+    }
     let uid = v.pointer("/metadata/uid").and_then(Value::as_str);
     s.store.bind(ns, name, uid, node)?;
     Ok(Reply::Json(

@@ -705,10 +705,10 @@ impl Txn<'_> {
             // Custom resources allow no unconditional update (AllowUnconditionalUpdate is
             // false in the CRD registry's strategy).
             return Err(ApiError::invalid_list(
-                &rt.qualified_kind(),
+                &rt.qualified_plural(),
                 name,
                 &[
-                    "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+                    "metadata.resourceVersion: Invalid value: 0: must be specified for an update"
                         .to_string(),
                 ],
             ));
@@ -950,7 +950,7 @@ impl Txn<'_> {
                 &rt.qualified_plural(),
                 name,
                 &format!(
-                    "Precondition failed: UID in precondition: {p}, UID in object meta: {uid}"
+                    "the UID in the precondition ({p}) does not match the UID in record ({uid}). The object might have been deleted and then recreated"
                 ),
             ));
         }
@@ -962,7 +962,7 @@ impl Txn<'_> {
                 &rt.qualified_plural(),
                 name,
                 &format!(
-                    "Precondition failed: ResourceVersion in precondition: {p}, ResourceVersion in object meta: {rv}"
+                    "the ResourceVersion in the precondition ({p}) does not match the ResourceVersion in record ({rv}). The object might have been modified"
                 ),
             ));
         }

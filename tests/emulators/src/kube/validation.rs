@@ -91,7 +91,7 @@ pub fn qualified_name_errors(key: &str) -> Vec<String> {
 pub fn label_value_errors(value: &str) -> Vec<String> {
     let mut errs = Vec::new();
     if value.len() > 63 {
-        errs.push("must be no more than 63 characters".to_string());
+        errs.push("must be no more than 63 bytes".to_string());
     }
     if !value.is_empty() && !name_part_ok(value) {
         errs.push(format!("a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '{LABEL_VALUE_FMT}')"));
@@ -174,7 +174,7 @@ fn node_taints(obj: &Value, errs: &mut Errors) {
         }
         if seen.contains(&(key, effect)) {
             errs.push(format!(
-                "spec.taints[{i}]: Duplicate value: core.Taint{{Key:{}, Value:{}, Effect:{}, TimeAdded:<nil>}}: taints must be unique by key and effect pair",
+                "metadata.taints[{i}]: Duplicate value: {{\"Key\":{},\"Value\":{},\"Effect\":{},\"TimeAdded\":null}}: taints must be unique by key and effect pair",
                 quoted(key),
                 quoted(value),
                 quoted(effect)
