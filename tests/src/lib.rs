@@ -15,6 +15,7 @@ pub mod asg;
 pub mod bench;
 pub mod conformance;
 pub mod demo;
+pub mod demo_box;
 
 pub mod kube_box;
 pub mod paths;

@@ -96,3 +96,39 @@ async fn demo_rejects_a_bad_flag_with_exit_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--timeout-secs"));
 }
+
+/// `lastcall-demo --box`: the same drain on the box's real API server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_on_the_box_runs_the_drain_story_and_exits_0() {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lastcall-demo"))
+        .args(["--box", "--timeout-secs", "60"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let out = tokio::time::timeout(DEMO_WITHIN, child.wait_with_output())
+        .await
+        .expect("the demo finishes (it bounds each of its own steps)")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "demo --box failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    for milestone in [
+        "box-node-a fenced: cordoned and tainted lastcall.dev/draining",
+        "released gs-0",
+        "protected gs-3",
+        "lastcall called DeregisterGameServer once",
+        "Demo on the box complete",
+    ] {
+        assert!(
+            stdout.contains(milestone),
+            "missing {milestone:?}\n--- stdout\n{stdout}"
+        );
+    }
+}

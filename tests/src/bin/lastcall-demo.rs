@@ -37,6 +37,13 @@ struct Args {
     /// new directory under the system temp dir, kept after the demo.
     #[arg(long)]
     log_dir: Option<PathBuf>,
+
+    /// Runs the drain on the box instead: a real kube-apiserver, etcd, controller manager,
+    /// scheduler and kwok (built once from pinned Go modules by hack/box/build.sh, about 20
+    /// minutes cold), with the real agent and pubsub processes. Slower to start; no Fleet
+    /// controller there, so no replacements.
+    #[arg(long = "box", conflicts_with_all = ["keep_running", "log_dir"])]
+    on_box: bool,
 }
 
 fn main() -> ExitCode {
@@ -52,6 +59,19 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if args.on_box {
+        let result = rt.block_on(lastcall_testkit::demo_box::run(Duration::from_secs(
+            args.timeout_secs,
+        )));
+        rt.shutdown_timeout(Duration::from_secs(1));
+        return match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("DEMO FAILED: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let result = rt.block_on(demo::run(Options {
         verbose: args.verbose,
         keep_running: args.keep_running,
