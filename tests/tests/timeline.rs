@@ -7,7 +7,7 @@
 //! machine, within the cold CI run's budget), `TIMELINE_SEED=<n>` replays one,
 //! `TIMELINE_DISABLE=two_agents,hangs` switches generator dimensions off.
 
-use lastcall_testkit::timeline::{from_env, run_many, summary};
+use lastcall_testkit::timeline::{Met, from_env, run_many, summary};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_timelines_keep_every_invariant() {
@@ -40,9 +40,19 @@ async fn whole_timelines_keep_every_invariant() {
         slowest.as_secs_f64(),
         by.iter().map(|(i, s)| (i.as_str(), s)).collect::<Vec<_>>()
     );
+    let met = Met::total(&outcomes);
+    eprintln!("hand-off edges met: {met:?}");
     assert!(
         errors.is_empty(),
         "timelines that could not run: {errors:#?}"
     );
     assert_eq!(hits, 0, "invariant hits (reports above): {by:?}");
+    // Every edge is met at least a few times in the default 200 (about 20 to 60 each).
+    if n >= 200 {
+        let short = met.below(5);
+        assert!(
+            short.is_empty(),
+            "edges met fewer than 5 times: {short:?} ({met:?})"
+        );
+    }
 }

@@ -34,6 +34,86 @@ pub struct Outcome {
     pub setup: Duration,
     /// The run itself failed (world set-up); not an invariant hit.
     pub error: Option<String>,
+    /// What the run exercised of the hand-off edges.
+    pub met: Met,
+}
+
+/// The hand-off edges a run met, not just drew: each counts only when it happened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Met {
+    /// GameLift dropped a registered game server.
+    pub forgotten: usize,
+    /// The machine came back with a new boot id.
+    pub returned: usize,
+    /// A pod the scheduler placed as the fence went up landed on the node.
+    pub late_pods: usize,
+    /// The Auto Scaling API lagged IMDS and the instance began terminating.
+    pub asg_lagged: usize,
+    /// Hand-offs judged (deregistrations, lifecycle completions, Azure approvals).
+    pub handoffs: usize,
+}
+
+impl Met {
+    fn of(run: &runner::Run) -> Met {
+        let count = |f: &dyn Fn(&script::Action) -> bool| {
+            run.applied.iter().filter(|a| f(&a.action)).count()
+        };
+        let asg_began = count(&|a| matches!(a, script::Action::AsgTerminate));
+        Met {
+            forgotten: run
+                .applied
+                .iter()
+                .filter(|a| matches!(a.action, script::Action::GameLiftForgets) && a.note == "true")
+                .count(),
+            returned: count(&|a| matches!(a, script::Action::MachineReturns)),
+            late_pods: run
+                .late_servers
+                .iter()
+                .filter(|(n, _)| run.pods.iter().any(|p| &p.name == n))
+                .count(),
+            asg_lagged: usize::from(asg_began > 0 && run.timeline.asg_lag > 0),
+            handoffs: run
+                .calls
+                .iter()
+                .filter(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
+                .count()
+                + run
+                    .asg
+                    .iter()
+                    .filter(|(_, h)| {
+                        matches!(h, crate::autoscaling::Happening::Call { action, error: None, .. }
+                            if action == "CompleteLifecycleAction")
+                    })
+                    .count()
+                + run.azure_approvals.len(),
+        }
+    }
+
+    /// The sum over `outcomes`.
+    pub fn total(outcomes: &[Outcome]) -> Met {
+        outcomes.iter().fold(Met::default(), |a, o| Met {
+            forgotten: a.forgotten + o.met.forgotten,
+            returned: a.returned + o.met.returned,
+            late_pods: a.late_pods + o.met.late_pods,
+            asg_lagged: a.asg_lagged + o.met.asg_lagged,
+            handoffs: a.handoffs + o.met.handoffs,
+        })
+    }
+
+    /// The edges met fewer than `floor` times: a run that never met one proves nothing of it.
+    pub fn below(&self, floor: usize) -> Vec<&'static str> {
+        [
+            ("GameLift forgetting a registered server", self.forgotten),
+            ("a machine coming back", self.returned),
+            ("a pod landing as the fence went up", self.late_pods),
+            ("a lagging Auto Scaling API", self.asg_lagged),
+            ("a hand-off", self.handoffs),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n < floor)
+        .map(|(what, _)| what)
+        .collect()
+    }
 }
 
 /// Runs one timeline and checks it.
@@ -43,6 +123,7 @@ pub async fn run_one(seed: u64, dims: Dimensions, redis: &RedisServer) -> Outcom
     match runner::run(tl.clone(), redis).await {
         Ok(run) => {
             let hits = check::check(&run);
+            let met = Met::of(&run);
             let verbose = std::env::var_os("TIMELINE_VERBOSE").is_some();
             let report = if hits.is_empty() && !verbose {
                 String::new()
@@ -56,6 +137,7 @@ pub async fn run_one(seed: u64, dims: Dimensions, redis: &RedisServer) -> Outcom
                 wall: started.elapsed(),
                 setup: run.setup,
                 error: None,
+                met,
             }
         }
         Err(e) => Outcome {
@@ -65,6 +147,7 @@ pub async fn run_one(seed: u64, dims: Dimensions, redis: &RedisServer) -> Outcom
             wall: started.elapsed(),
             setup: Duration::ZERO,
             error: Some(format!("{e:#}")),
+            met: Met::default(),
         },
     }
 }
@@ -131,4 +214,28 @@ pub fn summary(outcomes: &[Outcome]) -> BTreeMap<Invariant, Vec<u64>> {
         v.sort_unstable();
     }
     by
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_edge_never_met_is_below_its_floor() {
+        let met = Met {
+            forgotten: 0,
+            returned: 7,
+            late_pods: 13,
+            asg_lagged: 4,
+            handoffs: 41,
+        };
+        assert_eq!(
+            met.below(5),
+            vec![
+                "GameLift forgetting a registered server",
+                "a lagging Auto Scaling API"
+            ]
+        );
+        assert!(Met::total(&[]).below(1).len() == 5);
+    }
 }
