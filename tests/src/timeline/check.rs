@@ -1019,7 +1019,8 @@ fn asg_lifecycle(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             }
             // Whether or not the agent knew of the match, it heartbeats until it completes:
             // within each heartbeat timeout it must get a heartbeat in, given the reaction
-            // time to run in. A process stalled for more of the timeout than that leaves
+            // time to run in (doubled just after an agent start, which reads the hook's wait
+            // afresh and must own the node before it may send anything). A process stalled for more of the timeout than that leaves
             // (the timeout here is seconds, not production's minutes) could not have, and
             // is not held against the agent.
             Happening::TimedOut { global, result } => {
@@ -1040,7 +1041,7 @@ fn asg_lifecycle(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                 let timeout = Duration::from_secs(cx.run.timeline.asg_heartbeat_s);
                 let could_run =
                     last.map_or(timeout, |l| timeout.saturating_sub(cx.stalled(l, *at)));
-                if !running.is_empty() && (*global || could_run >= lag()) {
+                if !running.is_empty() && (*global || could_run >= cx.base_lag_at(*at)) {
                     hits.push(Hit {
                         invariant: Invariant::AsgTimedOut,
                         at: *at,
