@@ -983,6 +983,16 @@ fn asg_lifecycle(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
         .into_iter()
         .flatten()
         .min();
+    // A server registered with FleetIQ must be deregistered before the instance goes; one
+    // never registered (the agent started on a node already draining) has nothing to undo.
+    let registered_before = |t: SystemTime| {
+        cx.run.timeline.fleetiq
+            && cx
+                .run
+                .calls
+                .iter()
+                .any(|c| c.op == "RegisterGameServer" && c.outcome == "ok" && c.at < t)
+    };
     let mut completions = 0;
     for (at, h) in &cx.run.asg {
         match h {
@@ -995,7 +1005,7 @@ fn asg_lifecycle(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                 let running = cx.running_at(*at, lag());
                 let early = if !running.is_empty() {
                     Some(format!("while {} ran", running.join(",")))
-                } else if cx.run.timeline.fleetiq && deregistered.is_none_or(|d| d > *at) {
+                } else if registered_before(*at) && deregistered.is_none_or(|d| d > *at) {
                     Some("before the FleetIQ deregistration".to_string())
                 } else {
                     None
