@@ -881,8 +881,14 @@ fn node_writes(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     // Deregistration is final within a life (GameLift dropping the server too, once the
     // agent knows it): judged in the last life only.
     let last_life = cx.returns.len();
+    // A record GameLift agrees with counts too: the server dropped on its own, or never
+    // registered in this life (an agent started on a node already draining registers
+    // nothing, and its deregistration finds nothing to remove).
+    let registered_in_life = cx.run.calls.iter().any(|c| {
+        c.op == "RegisterGameServer" && c.outcome == "ok" && cx.life_of(c.at) == last_life
+    });
     let deregistered = cx.deregistered_in(last_life).is_some()
-        || (cx.forgotten_in(last_life).is_some()
+        || ((cx.forgotten_in(last_life).is_some() || !registered_in_life)
             && cx
                 .run
                 .journal
