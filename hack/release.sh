@@ -210,7 +210,11 @@ meta="$("$HELM" show chart "$tgz")"
 grep -qx "version: $version" <<<"$meta" || die "$tgz: version is not $version"
 grep -qx "appVersion: $version" <<<"$meta" || die "$tgz: appVersion is not $version"
 step "chart: render the package (all components on) and compare its images with what is pushed"
-"$HELM" template lastcall "$tgz" --namespace lastcall -f "$CHART_DIR/ci/all-on-values.yaml" >"$work/rendered.yaml"
+# The CI values name a registry of their own: their `image:` map is left out, so the packaged
+# default is what renders.
+awk '/^image:/ { skip = 1; next } skip && /^[^ #]/ { skip = 0 } !skip' \
+  "$CHART_DIR/ci/all-on-values.yaml" >"$work/all-on-values.yaml"
+"$HELM" template lastcall "$tgz" --namespace lastcall -f "$work/all-on-values.yaml" >"$work/rendered.yaml"
 python3 - "$work/rendered.yaml" "$REGISTRY" "$version" <<'PY' || die "the packaged chart does not name the images this release pushes"
 import re, sys
 rendered, registry, version = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3]
