@@ -57,7 +57,7 @@ fn deregister_times(gl: &GameLiftEmulator) -> Vec<SystemTime> {
 
 /// How long failed DELETEs are watched for their backoff, the most attempts allowed in it
 /// and the gap that shows the delay grew (see the test).
-const RETRY_WINDOW: Duration = Duration::from_secs(4);
+const RETRY_WINDOW: Duration = Duration::from_secs(6);
 const RETRY_MAX: usize = 15;
 const RETRY_GAP: Duration = Duration::from_millis(400);
 
