@@ -7,12 +7,10 @@ use std::time::Duration;
 /// Generous: the demo may first build the agent and pubsub binaries (cargo, shared cores).
 const DEMO_WITHIN: Duration = Duration::from_secs(600);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_runs_the_drain_story_and_exits_0() {
-    let dir = tempfile::tempdir().unwrap();
+/// Runs `lastcall-demo` with `args` and returns its stdout once it exited 0.
+async fn demo_succeeds(args: &[&std::ffi::OsStr]) -> String {
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lastcall-demo"))
-        .args(["--timeout-secs", "60", "--log-dir"])
-        .arg(dir.path())
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -23,13 +21,26 @@ async fn demo_runs_the_drain_story_and_exits_0() {
         .await
         .expect("the demo finishes (it bounds each of its own steps)")
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         out.status.code(),
         Some(0),
-        "demo failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+        "demo {args:?} failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
     );
+    stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_the_drain_story_and_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdout = demo_succeeds(&[
+        "--timeout-secs".as_ref(),
+        "60".as_ref(),
+        "--log-dir".as_ref(),
+        dir.path().as_os_str(),
+    ])
+    .await;
     for milestone in [
         "node-a fenced: cordoned and tainted lastcall.dev/draining",
         "released ",
@@ -100,25 +111,7 @@ async fn demo_rejects_a_bad_flag_with_exit_2() {
 /// `lastcall-demo --box`: the same drain on the box's real API server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_on_the_box_runs_the_drain_story_and_exits_0() {
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lastcall-demo"))
-        .args(["--box", "--timeout-secs", "60"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let out = tokio::time::timeout(DEMO_WITHIN, child.wait_with_output())
-        .await
-        .expect("the demo finishes (it bounds each of its own steps)")
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "demo --box failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
-    );
+    let stdout = demo_succeeds(&["--box".as_ref(), "--timeout-secs".as_ref(), "60".as_ref()]).await;
     for milestone in [
         "box-node-a fenced: cordoned and tainted lastcall.dev/draining",
         "released gs-0",
