@@ -547,7 +547,7 @@ async fn the_agents_drain_completes_under_the_node_restriction() {
         .audit()
         .into_iter()
         .filter(|e| e.by_agent() && e.is_write() && e.received >= Some(started))
-        .filter(|e| e.code == 403 || e.code == 422)
+        .filter(|e| e.refused_by_policy())
         .map(|e| lastcall_testkit::kube_box::audit::describe(&e))
         .collect();
     if let Err(e) = done {

@@ -41,6 +41,8 @@ pub struct Entry {
     pub namespace: String,
     pub name: String,
     pub code: u16,
+    /// The response status's message (why a request failed).
+    pub message: String,
     pub uri: String,
     pub request: Value,
     pub response: Value,
@@ -70,6 +72,7 @@ impl Entry {
                 .and_then(Value::as_u64)
                 .and_then(|c| u16::try_from(c).ok())
                 .unwrap_or(0),
+            message: s("/responseStatus/message"),
             uri: s("/requestURI"),
             request: v.get("requestObject").cloned().unwrap_or(Value::Null),
             response: v.get("responseObject").cloned().unwrap_or(Value::Null),
@@ -89,6 +92,13 @@ impl Entry {
             self.verb.as_str(),
             "create" | "update" | "patch" | "delete" | "deletecollection"
         )
+    }
+
+    /// Refused by authorization or by a ValidatingAdmissionPolicy (both answer 403; the
+    /// policy's message names it). A 422 is the writer's own precondition, such as the
+    /// JSON-patch `test` of the resourceVersion the agent read, which it retries.
+    pub fn refused_by_policy(&self) -> bool {
+        self.code == 403 || self.message.contains("ValidatingAdmissionPolicy")
     }
 
     pub fn by_agent(&self) -> bool {
@@ -130,7 +140,7 @@ pub fn read(path: &Path) -> Vec<Entry> {
 /// A one-line description of an entry, for failure messages.
 pub fn describe(e: &Entry) -> String {
     format!(
-        "{} {} {}/{}{} by {} -> {} rv={:?}",
+        "{} {} {}/{}{} by {} -> {} rv={:?}{}",
         e.received.map(|t| t.to_string()).unwrap_or_default(),
         e.verb,
         e.resource,
@@ -142,7 +152,12 @@ pub fn describe(e: &Entry) -> String {
         },
         e.user,
         e.code,
-        e.rv()
+        e.rv(),
+        if e.message.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", e.message)
+        }
     )
 }
 
