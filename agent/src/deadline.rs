@@ -9,8 +9,8 @@
 //!
 //! | claim | deadline | standing |
 //! |---|---|---|
-//! | live, cancellable, a time the provider stated | the live one: the source may move it later (a rescheduled event) | current |
-//! | live, not cancellable (Spot), or a deadline lastcall counted from first seen | the earlier of the live and the recorded one: a restart or a lagging replica re-anchors it later | current |
+//! | live, a time the provider stated and may restate (cancellable, or restated like an Azure `Preempt`) | the live one: the source may move it later (a rescheduled event) | current |
+//! | live, not cancellable and never restated (EC2 Spot), or a deadline lastcall counted from first seen | the earlier of the live and the recorded one: a restart or a lagging replica re-anchors it later | current |
 //! | recorded, not cancellable, source silent or withdrawn | the recorded one | current |
 //! | recorded, cancellable, its source unknown since a restart | the recorded one | unconfirmed |
 //! | recorded, cancellable, its source known and no longer asking | – (withdrawn) | gone |
@@ -21,7 +21,7 @@
 //! - Only a **current** Terminate deadline may end a match. An unconfirmed one (the event may
 //!   have been cancelled or moved while the agent was down) protects and warns instead.
 //! - A deadline moves later only when the source that set it says so: live claims replace
-//!   their own recorded deadline only when they are cancellable and the provider stated it.
+//!   their own recorded deadline only when the provider stated it and may restate it.
 
 use std::time::Duration;
 
@@ -165,10 +165,11 @@ fn min_some(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
 pub fn current(inp: &Inputs<'_>) -> Deadlines {
     // Live notices, one group per (source, cause, severity).
     let mut groups: Vec<Entry> = vec![];
-    // Whether every notice of the group is cancellable with a deadline the provider stated.
+    // Whether every notice of the group has a deadline the provider stated and may move
+    // (cancellable, or restated while it stands).
     let mut authoritative: Vec<bool> = vec![];
     for n in inp.live.iter().filter(|n| n.severity >= Severity::Drain) {
-        let stated = n.cancellable && !n.estimated_deadline;
+        let stated = (n.cancellable || n.restated) && !n.estimated_deadline;
         let key = (n.source, n.cause.as_str(), n.severity);
         if let Some(i) = groups.iter().position(|g| g.key() == key) {
             let g = &mut groups[i];
@@ -191,7 +192,9 @@ pub fn current(inp: &Inputs<'_>) -> Deadlines {
     for (g, authoritative) in groups.into_iter().zip(authoritative) {
         let entry = match inp.record.iter().find(|r| r.key() == g.key()) {
             // The source stated this deadline and may move it: it replaces the record's.
-            Some(r) if authoritative && r.cancellable => Entry {
+            // (A record that could not be withdrawn is replaced only by a notice that cannot
+            // be either: the same restated event, not a weaker claim under its key.)
+            Some(r) if authoritative && (r.cancellable || !g.cancellable) => Entry {
                 first_seen: r.first_seen,
                 ..g.clone()
             },

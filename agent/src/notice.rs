@@ -114,6 +114,11 @@ pub struct Notice {
     /// Spot notice's two minutes, GCE's terminate notice), not a time the provider stated:
     /// a restart counts it again, later, so the recorded one stands (see `deadline`).
     pub estimated_deadline: bool,
+    /// The provider restates this deadline while the notice stands and may postpone it,
+    /// though it cannot withdraw the notice (an Azure `Preempt`): the time it states now is
+    /// the deadline, later or earlier. A cancellable stated deadline moves anyway; an EC2
+    /// Spot `instance-action` never moves later, so its source leaves this off.
+    pub restated: bool,
     pub detail: String,
 }
 
@@ -138,6 +143,7 @@ impl Notice {
             cordon: true,
             can_start_early: false,
             estimated_deadline: false,
+            restated: false,
             detail,
         }
     }
@@ -175,6 +181,7 @@ mod tests {
             cordon: true,
             can_start_early: false,
             estimated_deadline: false,
+            restated: false,
             detail: String::new(),
         }
     }

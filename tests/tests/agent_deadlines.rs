@@ -11,7 +11,9 @@
 //! graceful termination starts at `deadline − grace`, not before and not much after.
 //!
 //! And a deadline that stops being true ends nothing: an AWS scheduled event (from the IMDS
-//! emulator) moved later is not acted on at its old `deadline − grace`.
+//! emulator) or an Azure Spot eviction (`Preempt`, from the Azure emulator: it cannot be
+//! withdrawn, but the platform may postpone it) moved later is not acted on at its old
+//! `deadline − grace`.
 
 #[path = "support/scripted.rs"]
 mod scripted;
@@ -22,6 +24,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use lastcall_agent::notice::{Cause, Notice, Severity};
+use lastcall_emulators::azure::{AzureMetadataEmulator, event as azure_event};
 use lastcall_testkit::agent::{InProcessAgent, config, metric};
 use lastcall_testkit::cluster::{
     AllocationRequest, Cluster, ClusterConfig, EvictionSafe, FleetSpec, NodeSpec,
@@ -290,8 +293,94 @@ fn instance_stop(at: jiff::Timestamp) -> serde_json::Value {
     }])
 }
 
+/// A provider whose notice the test moves later: where the agent reads it, and how.
+enum Provider {
+    Imds(ImdsEmulator),
+    Azure(AzureMetadataEmulator),
+}
+
+impl Provider {
+    async fn start(azure: bool) -> Provider {
+        if azure {
+            Provider::Azure(AzureMetadataEmulator::start(AZURE_VM).await.expect("azure"))
+        } else {
+            Provider::Imds(
+                ImdsEmulator::start("i-0123456789abcdef0", "ip-10-0-0-1.ec2.internal")
+                    .await
+                    .expect("imds"),
+            )
+        }
+    }
+
+    fn flags(&self) -> Vec<String> {
+        let flags = match self {
+            Provider::Imds(imds) => vec![
+                "--aws-imds".to_string(),
+                "--imds-endpoint".into(),
+                imds.url(),
+                "--aws-imds-interval".into(),
+                "200ms".into(),
+            ],
+            Provider::Azure(azure) => vec![
+                "--azure-events".to_string(),
+                "--azure-metadata-endpoint".into(),
+                azure.url(),
+                "--azure-events-interval".into(),
+                "200ms".into(),
+            ],
+        };
+        [flags, vec!["--resync-interval".into(), "1s".into()]].concat()
+    }
+
+    /// The instance stops (IMDS) or is evicted (Azure `Preempt`) at `at`.
+    fn schedule(&self, at: jiff::Timestamp) {
+        match self {
+            Provider::Imds(imds) => imds.set_scheduled_events(instance_stop(at)),
+            Provider::Azure(azure) => azure.set_events(vec![azure_event(
+                "preempt-1",
+                "Preempt",
+                AZURE_VM,
+                &at.strftime("%a, %d %b %Y %H:%M:%S GMT").to_string(),
+            )]),
+        }
+    }
+
+    /// Successful reads of the notice document so far.
+    fn reads(&self) -> usize {
+        match self {
+            Provider::Imds(imds) => imds
+                .requests()
+                .iter()
+                .filter(|(m, path, status)| {
+                    m == "GET" && path.ends_with("/events/maintenance/scheduled") && *status == 200
+                })
+                .count(),
+            Provider::Azure(azure) => azure
+                .requests()
+                .iter()
+                .filter(|r| {
+                    r.method == "GET" && r.path == "/metadata/scheduledevents" && r.status == 200
+                })
+                .count(),
+        }
+    }
+}
+
+const AZURE_VM: &str = "aks-games-12345678-vmss_0";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduled_event_moved_later_ends_no_match_at_its_old_deadline() {
+    moved_later(false).await;
+}
+
+/// An Azure Spot eviction cannot be withdrawn, but the platform may postpone it: its new
+/// `NotBefore` is the deadline (the timeline found the old one kept, seed 1495).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_azure_spot_eviction_postponed_ends_no_match_at_its_old_deadline() {
+    moved_later(true).await;
+}
+
+async fn moved_later(azure: bool) {
     const OLD_LEAD: i64 = 12;
     let cluster = Cluster::start(ClusterConfig::default())
         .await
@@ -313,19 +402,9 @@ async fn a_scheduled_event_moved_later_ends_no_match_at_its_old_deadline() {
         .await
         .expect("allocate")
         .expect("an allocated server");
-    let imds = ImdsEmulator::start("i-0123456789abcdef0", "ip-10-0-0-1.ec2.internal")
-        .await
-        .expect("imds");
-    let url = imds.url();
-    let flags = [
-        "--aws-imds",
-        "--imds-endpoint",
-        &url,
-        "--aws-imds-interval",
-        "200ms",
-        "--resync-interval",
-        "1s",
-    ];
+    let provider = Provider::start(azure).await;
+    let flags = provider.flags();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let kube = cluster
         .emulator()
         .config_for("agent-n1")
@@ -359,25 +438,17 @@ async fn a_scheduled_event_moved_later_ends_no_match_at_its_old_deadline() {
     let (t0, start) = (jiff::Timestamp::now(), tokio::time::Instant::now());
     let monday = to_second(t0 + jiff::SignedDuration::from_secs(OLD_LEAD));
     let monday_at = start + Duration::try_from(monday.duration_since(t0)).expect("ahead");
-    imds.set_scheduled_events(instance_stop(monday));
+    provider.schedule(monday);
     wait_for("Monday announced to the game", || async {
         (announced() == Some(rfc3339(monday))).then_some(())
     })
     .await;
-    // AWS reschedules it to Saturday; the game is told.
+    // The provider reschedules it to Saturday; the game is told.
     let saturday = monday + jiff::SignedDuration::from_hours(5 * 24);
-    let reads = || {
-        imds.requests()
-            .iter()
-            .filter(|(m, path, status)| {
-                m == "GET" && path.ends_with("/events/maintenance/scheduled") && *status == 200
-            })
-            .count()
-    };
-    let before = reads();
-    imds.set_scheduled_events(instance_stop(saturday));
+    let before = provider.reads();
+    provider.schedule(saturday);
     wait_for("the agent read the move twice", || async {
-        (reads() >= before + 2).then_some(())
+        (provider.reads() >= before + 2).then_some(())
     })
     .await;
     let moved = tokio::time::Instant::now();

@@ -2,12 +2,13 @@
 //! pressing deadline, whether a match may be ended now, and the record kept.
 
 use super::*;
-use crate::sources::{aws_imds, fleetiq, gce_metadata, node};
+use crate::sources::{aws_imds, azure_events, fleetiq, gce_metadata, node};
 
 const IMDS: Source = aws_imds::SOURCE;
 const FLEETIQ: Source = fleetiq::SOURCE;
 const GCE: Source = gce_metadata::SOURCE;
 const GKE: Source = node::GKE;
+const AZURE: Source = azure_events::SOURCE;
 
 /// The game's grace period in every row.
 const GRACE: Duration = Duration::from_secs(120);
@@ -54,6 +55,31 @@ fn gce_terminate(at: i64) -> Notice {
     Notice {
         estimated_deadline: true,
         ..live(GCE, Cause::Maintenance, Severity::Terminate, Some(at), true)
+    }
+}
+
+/// An EC2 Spot `instance-action`: a time AWS stated, final, never moved.
+fn ec2_spot(at: i64) -> Notice {
+    live(
+        IMDS,
+        Cause::Preemption,
+        Severity::Terminate,
+        Some(at),
+        false,
+    )
+}
+
+/// An Azure `Preempt`: a time the platform stated, final, restated while it stands.
+fn azure_preempt(at: i64) -> Notice {
+    Notice {
+        restated: true,
+        ..live(
+            AZURE,
+            Cause::Preemption,
+            Severity::Terminate,
+            Some(at),
+            false,
+        )
     }
 }
 
@@ -184,6 +210,50 @@ fn the_current_deadline() {
             pressure: Some((Severity::Terminate, Some(2))),
             may_end: true,
             kept: vec![(FLEETIQ, Some(2), 0)],
+        },
+        Row {
+            name: "an EC2 Spot time read again later keeps the recorded one",
+            live: vec![ec2_spot(7)],
+            record: vec![rec(&ec2_spot(2), 0)],
+            unknown: vec![],
+            now: 0,
+            announced: Some((2, Record(IMDS))),
+            pressure: Some((Severity::Terminate, Some(2))),
+            may_end: true,
+            kept: vec![(IMDS, Some(2), 0)],
+        },
+        Row {
+            name: "an Azure Preempt the platform postponed is later: no match ends at its old time",
+            live: vec![azure_preempt(7)],
+            record: vec![rec(&azure_preempt(2), 0)],
+            unknown: vec![],
+            now: 0,
+            announced: Some((7, Live(AZURE))),
+            pressure: Some((Severity::Terminate, Some(7))),
+            may_end: false,
+            kept: vec![(AZURE, Some(7), 0)],
+        },
+        Row {
+            name: "an Azure Preempt moved earlier is earlier",
+            live: vec![azure_preempt(1)],
+            record: vec![rec(&azure_preempt(2), 0)],
+            unknown: vec![],
+            now: 0,
+            announced: Some((1, Live(AZURE))),
+            pressure: Some((Severity::Terminate, Some(1))),
+            may_end: true,
+            kept: vec![(AZURE, Some(1), 0)],
+        },
+        Row {
+            name: "an Azure Preempt gone from the document stays (cannot be withdrawn)",
+            live: vec![],
+            record: vec![rec(&azure_preempt(2), 0)],
+            unknown: vec![],
+            now: 0,
+            announced: Some((2, Record(AZURE))),
+            pressure: Some((Severity::Terminate, Some(2))),
+            may_end: true,
+            kept: vec![(AZURE, Some(2), 0)],
         },
         Row {
             name: "Spot, then a lagging replica says ACTIVE: still binding",

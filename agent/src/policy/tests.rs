@@ -116,6 +116,7 @@ fn draining() -> Notice {
         cordon: true,
         can_start_early: false,
         estimated_deadline: false,
+        restated: false,
         detail: String::new(),
     }
 }
@@ -816,6 +817,7 @@ fn spot(deadline: &str) -> Notice {
         cordon: true,
         can_start_early: false,
         estimated_deadline: false,
+        restated: false,
         detail: String::new(),
     }
 }
@@ -2363,6 +2365,7 @@ fn a_deadline_moved_earlier_is_announced_to_every_match() {
         cordon: true,
         can_start_early: false,
         estimated_deadline: false,
+        restated: false,
         detail: String::new(),
     };
     let (o, _, _) = converge(&obs0, &[notice(d1)], &cfg());

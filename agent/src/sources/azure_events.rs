@@ -342,6 +342,9 @@ pub fn notice(t: &Tracked) -> Notice {
         // Once started, the deadline is counted from when lastcall saw it: a restart would
         // count it again, later, so the recorded one stands.
         estimated_deadline: e.not_before.is_none(),
+        // The platform may postpone any scheduled event, a Spot eviction included: its
+        // `NotBefore` as stated now is the deadline.
+        restated: true,
         ..Notice::new(
             SOURCE,
             cause,

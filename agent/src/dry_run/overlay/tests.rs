@@ -90,6 +90,7 @@ fn notice(severity: Severity, deadline: Option<Timestamp>) -> Notice {
         cordon: true,
         can_start_early: false,
         estimated_deadline: false,
+        restated: false,
         detail: String::new(),
     }
 }

@@ -156,27 +156,33 @@ fn only_this_vms_events_count_and_a_started_event_is_due_now() {
     assert_eq!(notices(&fresh)[0].deadline, Some(now));
 }
 
-/// A Reboot the platform postpones is later, as the platform says, not at the first time:
-/// the deadline rule moves a stated, cancellable deadline only when its source does.
+/// A Reboot or a Spot eviction the platform postpones is later, as the platform says, not at
+/// the first time: the deadline rule moves a stated deadline its provider restates.
 #[test]
 fn a_postponed_event_is_later_and_an_earlier_one_earlier() {
-    let now = t("2016-09-19T18:00:00Z");
-    let mut v = View::default();
-    read(&mut v, vec![event("e1", "Reboot", VM, NB)], now);
-    assert_eq!(notices(&v)[0].deadline, Some(t("2016-09-19T18:29:47Z")));
-    assert!(!notices(&v)[0].estimated_deadline, "stated by the platform");
-    read(
-        &mut v,
-        vec![event("e1", "Reboot", VM, "Mon, 19 Sep 2016 19:29:47 GMT")],
-        now,
-    );
-    assert_eq!(notices(&v)[0].deadline, Some(t("2016-09-19T19:29:47Z")));
-    read(
-        &mut v,
-        vec![event("e1", "Reboot", VM, "Mon, 19 Sep 2016 18:15:00 GMT")],
-        now,
-    );
-    assert_eq!(notices(&v)[0].deadline, Some(t("2016-09-19T18:15:00Z")));
+    for kind in ["Reboot", "Preempt"] {
+        let now = t("2016-09-19T18:00:00Z");
+        let mut v = View::default();
+        read(&mut v, vec![event("e1", kind, VM, NB)], now);
+        assert_eq!(notices(&v)[0].deadline, Some(t("2016-09-19T18:29:47Z")));
+        assert!(!notices(&v)[0].estimated_deadline, "stated by the platform");
+        assert!(
+            notices(&v)[0].restated,
+            "{kind}: the platform may postpone it"
+        );
+        read(
+            &mut v,
+            vec![event("e1", kind, VM, "Mon, 19 Sep 2016 19:29:47 GMT")],
+            now,
+        );
+        assert_eq!(notices(&v)[0].deadline, Some(t("2016-09-19T19:29:47Z")));
+        read(
+            &mut v,
+            vec![event("e1", kind, VM, "Mon, 19 Sep 2016 18:15:00 GMT")],
+            now,
+        );
+        assert_eq!(notices(&v)[0].deadline, Some(t("2016-09-19T18:15:00Z")));
+    }
 }
 
 #[test]
