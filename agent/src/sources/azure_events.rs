@@ -15,8 +15,8 @@
 //! | `Preempt` | ends; Spot eviction | Terminate at `NotBefore`, preemption, not cancellable |
 //! | `Terminate` | ends; scale-in with terminate notification | Terminate at `NotBefore`, scale_down |
 //!
-//! A scheduled event's deadline is its `NotBefore` as the platform states it now: a Reboot
-//! or Redeploy postponed is later, as for every other source (the deadline rule decides what
+//! A scheduled event's deadline is its `NotBefore` as the platform states it now: a Reboot,
+//! Redeploy or `Preempt` postponed is later (`Notice::restated`), as for every other source (the deadline rule decides what
 //! that moves; see `deadline`). `NotBefore` is empty once an event has `Started`: its
 //! deadline is then when it was first seen `Started` (or the `NotBefore` it had, if earlier), an estimate
 //! the deadline rule never lets a restart move later. An event that vanishes from the document was
