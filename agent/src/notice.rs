@@ -3,6 +3,9 @@
 //! Policy matches on `cause`, `severity` and `deadline`, never on which source spoke, so a
 //! new source never touches policy.
 
+use std::collections::BTreeSet;
+use std::sync::{Mutex, OnceLock};
+
 use jiff::Timestamp;
 
 /// Which source said it: the source's `NAME` from the registry (`sources::REGISTRY`). A
@@ -10,10 +13,58 @@ use jiff::Timestamp;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Source(pub &'static str);
 
+/// The name of every source this version can start, as drain records carry it. Here, with
+/// the vocabulary, so that reading a record needs no registry (which needs the whole
+/// configuration); `sources::REGISTRY` says how each runs, and a test keeps the two equal.
+pub const BUILT_IN: &[Source] = &[
+    Source("fleetiq"),
+    Source("gce_metadata"),
+    Source("aws_imds"),
+    Source("azure_events"),
+    Source("asg_lifecycle"),
+    Source("karpenter_expiry"),
+    Source("manual"),
+    Source("karpenter"),
+    Source("cluster_autoscaler"),
+    Source("gke"),
+    Source("cordon"),
+];
+
 impl Source {
     pub fn as_str(self) -> &'static str {
         self.0
     }
+
+    /// The source named `name` (as read back from the Node), if this process knows it: a
+    /// built-in one or one an embedder started in-process. An unknown name makes the record
+    /// unreadable, never a claim.
+    pub fn by_name(name: &str) -> Option<Source> {
+        BUILT_IN
+            .iter()
+            .copied()
+            .find(|s| s.as_str() == name)
+            .or_else(|| {
+                embedded()
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .copied()
+                    .find(|s| s.as_str() == name)
+            })
+    }
+
+    /// Lets [`Source::by_name`] resolve sources started in-process beyond [`BUILT_IN`].
+    /// Without them the drain record such a source asked for would read back as
+    /// unreadable, and be written again on every pass.
+    pub fn remember(sources: impl IntoIterator<Item = Source>) {
+        let mut known = embedded().lock().unwrap_or_else(|e| e.into_inner());
+        known.extend(sources.into_iter().filter(|s| !BUILT_IN.contains(s)));
+    }
+}
+
+fn embedded() -> &'static Mutex<BTreeSet<Source>> {
+    static EMBEDDED: OnceLock<Mutex<BTreeSet<Source>>> = OnceLock::new();
+    EMBEDDED.get_or_init(Default::default)
 }
 
 /// What is happening to the node. Policy matches on this, never on the source.

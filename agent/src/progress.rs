@@ -115,7 +115,7 @@ fn parse_entry(v: &serde_json::Value) -> Option<Entry> {
         Some(d) => Some(d.as_str()?.parse().ok()?),
     };
     Some(Entry {
-        source: crate::sources::by_name(text("source")?)?,
+        source: Source::by_name(text("source")?)?,
         cause: Cause::parse(text("cause")?)?,
         severity: Severity::parse(text("severity")?)?,
         deadline,
@@ -254,7 +254,7 @@ mod tests {
 
     fn entry(source: &str, deadline: Option<&str>, cancellable: bool) -> Entry {
         Entry {
-            source: crate::sources::by_name(source).unwrap(),
+            source: Source::by_name(source).unwrap(),
             cause: Cause::Maintenance,
             severity: Severity::Terminate,
             deadline: deadline.map(|d| d.parse().unwrap()),

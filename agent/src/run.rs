@@ -26,7 +26,7 @@ use crate::owner::{self, Owner, Ownership, PodId};
 use crate::policy::PolicyConfig;
 use crate::reconciler::{HEALTH_KUBE, Reconciler};
 use crate::throttle::Throttle;
-use crate::{kube_client, sources, watches};
+use crate::{keys, kube_client, progress, sources, watches};
 
 /// Pre-built clients, for running the agent in-process (tests, the demo).
 #[derive(Default)]
@@ -749,7 +749,19 @@ async fn lifecycle_task(
             "registering and claiming in FleetIQ",
         );
         let heartbeat =
-            lifecycle::start_up(&actuator, nodes.clone(), &config.node_name, &stop).await;
+            match lifecycle::start_up(&fleetiq, nodes.clone(), &config.node_name, &stop).await {
+                lifecycle::StartUp::Claimed => {
+                    let now = progress::format_ts(jiff::Timestamp::now());
+                    match actuator.annotate_node(keys::ANN_REGISTERED, &now).await {
+                        Ok(_) => info!(message = "registered and claimed in FleetIQ"),
+                        Err(e) => {
+                            warn!(message = "recording registration on the Node failed", error = %e)
+                        }
+                    }
+                    true
+                }
+                lifecycle::StartUp::Resumed { heartbeat } => heartbeat,
+            };
         health.set(HEALTH_REGISTRATION, true, "start-up done");
         if heartbeat {
             lifecycle::heartbeat_loop(

@@ -16,10 +16,8 @@ use tracing::{info, warn};
 
 use super::gamelift::GameLiftError;
 use super::integration::FleetIq;
-use crate::actuator::Actuator;
-use crate::keys;
 use crate::metrics::{Metrics, ResultLabel};
-use crate::progress::{Progress, format_ts};
+use crate::progress::Progress;
 
 /// Readiness check name for the heartbeat.
 pub const HEALTH_HEARTBEAT: &str = "fleetiq_heartbeat";
@@ -121,33 +119,48 @@ async fn read_progress(
     }
 }
 
+/// How start-up ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartUp {
+    /// Registered and claimed now: the caller records it on the Node
+    /// (`keys::ANN_REGISTERED`, through the actuator) and starts heartbeats.
+    Claimed,
+    /// Nothing new to record; whether heartbeats may run.
+    Resumed { heartbeat: bool },
+}
+
+impl StartUp {
+    fn heartbeat(heartbeat: bool) -> Self {
+        StartUp::Resumed { heartbeat }
+    }
+}
+
 /// Register → HEALTHY → claim → UTILIZED, as the original did, unless the Node says a drain
-/// is under way or the server was already deregistered. Returns whether heartbeats may run:
-/// never for a server that is deregistered (or, on a draining node, not registered at all).
+/// is under way or the server was already deregistered. Heartbeats may run unless the server
+/// is deregistered (or, on a draining node, was never registered at all).
 pub async fn start_up(
-    actuator: &Actuator,
+    fleetiq: &FleetIq,
     nodes: Api<Node>,
     node_name: &str,
     shutdown: &CancellationToken,
-) -> bool {
+) -> StartUp {
     let Some(progress) = read_progress(&nodes, node_name, shutdown).await else {
-        return false;
+        return StartUp::heartbeat(false);
     };
-    let fleetiq = actuator.fleetiq();
     if progress.deregistered.is_some() {
         fleetiq.deregistered_earlier();
         info!(message = "game server was deregistered earlier; not registering or heartbeating");
-        return false;
+        return StartUp::heartbeat(false);
     }
     if progress.is_draining() {
         // A crash may have cut between the drain's deregistration and its Node record: ask
         // GameLift before the first heartbeat, which must never follow a deregistration.
         let Some(registered) = ask_registered(fleetiq, shutdown).await else {
-            return false;
+            return StartUp::heartbeat(false);
         };
         if registered {
             info!(message = "node is draining; not registering or claiming again");
-            return true;
+            return StartUp::heartbeat(true);
         }
         if progress.registered.is_some() {
             fleetiq.deregistered_earlier();
@@ -160,7 +173,7 @@ pub async fn start_up(
                     "node is draining and its game server was never registered; no heartbeats"
             );
         }
-        return false;
+        return StartUp::heartbeat(false);
     }
     loop {
         if retry("RegisterGameServer", shutdown, fleetiq, || {
@@ -169,7 +182,7 @@ pub async fn start_up(
         .await
         .is_none()
         {
-            return !fleetiq.is_deregistered();
+            return StartUp::heartbeat(!fleetiq.is_deregistered());
         }
         if retry("UpdateGameServer HEALTHY", shutdown, fleetiq, || {
             fleetiq.heartbeat()
@@ -177,7 +190,7 @@ pub async fn start_up(
         .await
         .is_none()
         {
-            return !fleetiq.is_deregistered();
+            return StartUp::heartbeat(!fleetiq.is_deregistered());
         }
         // Claim can say NotFound if registration was lost meanwhile: start over.
         let lost = AtomicBool::new(false);
@@ -197,7 +210,7 @@ pub async fn start_up(
         .await;
         let lost = lost.load(Ordering::SeqCst);
         if claimed.is_none() {
-            return !fleetiq.is_deregistered();
+            return StartUp::heartbeat(!fleetiq.is_deregistered());
         }
         if !lost {
             break;
@@ -210,16 +223,9 @@ pub async fn start_up(
     .await
     .is_none()
     {
-        return !fleetiq.is_deregistered();
+        return StartUp::heartbeat(!fleetiq.is_deregistered());
     }
-    match actuator
-        .annotate_node(keys::ANN_REGISTERED, &format_ts(jiff::Timestamp::now()))
-        .await
-    {
-        Ok(_) => info!(message = "registered and claimed in FleetIQ"),
-        Err(e) => warn!(message = "recording registration on the Node failed", error = %e),
-    }
-    true
+    StartUp::Claimed
 }
 
 /// Asks GameLift whether the server is registered, until it answers; `None` on shutdown or

@@ -16,8 +16,7 @@ pub mod node;
 #[cfg(test)]
 mod test_support;
 
-use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use jiff::Timestamp;
@@ -152,41 +151,6 @@ pub const REGISTRY: &[Registered] = &[
     Registered { source: node::FOREIGN_CORDON, kind: Kind::Node(node::foreign_cordon) },
 ];
 
-/// The source registered under `name` (as read back from the Node), if this process knows
-/// it: a line of [`REGISTRY`] or a source an embedder started in-process.
-pub fn by_name(name: &str) -> Option<Source> {
-    REGISTRY
-        .iter()
-        .map(|r| r.source)
-        .find(|s| s.as_str() == name)
-        .or_else(|| {
-            embedded()
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .copied()
-                .find(|s| s.as_str() == name)
-        })
-}
-
-/// Sources started in-process beyond [`REGISTRY`] (see [`start_all`]). Without them the
-/// drain record such a source asked for would read back as unreadable, and be written
-/// again on every pass.
-fn embedded() -> &'static Mutex<BTreeSet<Source>> {
-    static EMBEDDED: OnceLock<Mutex<BTreeSet<Source>>> = OnceLock::new();
-    EMBEDDED.get_or_init(Default::default)
-}
-
-/// Lets [`by_name`] resolve every source of `registry` that [`REGISTRY`] lacks.
-fn remember_embedded(registry: &[Registered]) {
-    let mut known = embedded().lock().unwrap_or_else(|e| e.into_inner());
-    for r in registry {
-        if !REGISTRY.iter().any(|k| k.source == r.source) {
-            known.insert(r.source);
-        }
-    }
-}
-
 /// The merged view of every running source, read by the reconciler.
 #[derive(Clone)]
 pub struct NoticeBoard {
@@ -296,7 +260,7 @@ pub fn start_all(
 ) -> (NoticeBoard, Vec<(Source, BoxFuture<'static, ()>)>) {
     let mut board = NoticeBoard::new(registry, node_config);
     let mut tasks = vec![];
-    remember_embedded(registry);
+    Source::remember(registry.iter().map(|r| r.source));
     for r in registry {
         if let Kind::Task(start) = r.kind {
             let (tx, rx) = watch::channel(Report::Unknown);
@@ -314,16 +278,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn registry_names_are_unique_and_resolvable() {
+    fn registry_names_are_unique_and_the_built_in_names() {
         let mut names: Vec<&str> = REGISTRY.iter().map(|r| r.source.as_str()).collect();
         names.sort_unstable();
         let n = names.len();
         names.dedup();
         assert_eq!(names.len(), n, "duplicate source names");
+        let mut built_in: Vec<&str> = crate::notice::BUILT_IN.iter().map(|s| s.as_str()).collect();
+        built_in.sort_unstable();
+        assert_eq!(
+            names, built_in,
+            "notice::BUILT_IN lists every registered source"
+        );
         for r in REGISTRY {
-            assert_eq!(by_name(r.source.as_str()), Some(r.source));
+            assert_eq!(Source::by_name(r.source.as_str()), Some(r.source));
         }
-        assert_eq!(by_name("mars"), None);
+        assert_eq!(Source::by_name("mars"), None);
     }
 
     /// A record an in-process source asked for reads back as written, so the fence does not
@@ -348,14 +318,8 @@ mod tests {
             None,
             "unknown yet"
         );
-        fn never(_: SourceContext) -> Option<BoxFuture<'static, ()>> {
-            None
-        }
-        remember_embedded(&[Registered {
-            source: MOON,
-            kind: Kind::Task(never),
-        }]);
-        assert_eq!(by_name("moon"), Some(MOON));
+        Source::remember([MOON]);
+        assert_eq!(Source::by_name("moon"), Some(MOON));
         assert_eq!(
             DrainRecord::parse(&record.to_annotation()),
             Some(record.clone())
