@@ -1958,9 +1958,11 @@ pub async fn new_pods_get_default_toleration_seconds(b: &Backend) {
 pub async fn binding_assigns_a_node_once(b: &Backend) {
     let (n1, n2) = (b.node("n1"), b.node("n2"));
     let pods: Api<Pod> = b.api();
-    pods.create(&PostParams::default(), &pod("p1", None, json!({})))
-        .await
-        .unwrap();
+    // No scheduler serves this name, so a real one does not race the test's own binding
+    // (its `PodScheduled=False` for an unschedulable pod could land after it).
+    let mut p1 = pod("p1", None, json!({}));
+    p1.spec.as_mut().unwrap().scheduler_name = Some("lastcall-test-binds-itself".into());
+    pods.create(&PostParams::default(), &p1).await.unwrap();
     let binding = |node: &str| json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p1"}, "target": {"kind": "Node", "name": node}});
     let s: Status = pods
         .create_subresource("binding", "p1", &PostParams::default(), &binding(&n1))
