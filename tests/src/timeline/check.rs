@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::runner::{DRAIN_NODE_ANNOTATIONS, NODE, PodSeen, REQUEST_TIMEOUT, Run, agent_pod};
 use super::script::{Action, KubeFault, Safe};
-use super::truth::{Truth, earliest, permits};
+use super::truth::{Live, Signal, SignalId, Truth, earliest, permits};
 use crate::autoscaling::Happening;
 use crate::gamelift;
 use crate::kube::journal::{JournalEntry, Verb};
@@ -78,6 +78,16 @@ pub enum Invariant {
     /// The machine handed over (deregistered, lifecycle action completed, Azure event
     /// approved) while a game-server pod was on the node, terminating ones included.
     HandedOverBusy,
+    /// Liveness: a match `eviction.safe` lets lastcall end for a live hard deadline was not
+    /// asked to end by deadline − grace (plus the reaction time): the machine would go
+    /// under it with no graceful termination.
+    MatchNotEnded,
+    /// Liveness: the termination hook timed out on a node that had been empty long enough
+    /// to hand it over (the instance waited out the timeout for nothing).
+    AsgNotCompleted,
+    /// Liveness: with `--azure-approve-when-empty`, an Azure event that asked for the drain
+    /// was not approved though the node had been empty long enough.
+    AzureNotApproved,
 }
 
 impl Invariant {
@@ -102,6 +112,9 @@ impl Invariant {
             Self::AgentStopFailed => "agent-stop-failed",
             Self::StandbyWrote => "standby-wrote",
             Self::HandedOverBusy => "handed-over-busy",
+            Self::MatchNotEnded => "match-not-ended",
+            Self::AsgNotCompleted => "asg-not-completed",
+            Self::AzureNotApproved => "azure-not-approved",
         }
     }
 }
@@ -120,7 +133,7 @@ fn ok(e: &JournalEntry) -> bool {
 }
 
 /// Made by one of the node's agents (each writes as its own user, [`agent_pod`]).
-fn by_agent(e: &JournalEntry) -> bool {
+pub fn by_agent(e: &JournalEntry) -> bool {
     e.identity.as_deref().and_then(agent_pod).is_some()
 }
 
@@ -195,9 +208,15 @@ struct Ctx<'a> {
     gone: BTreeMap<String, SystemTime>,
     /// When the machine came back (each starts a new life).
     returns: Vec<SystemTime>,
+    /// How many cases each liveness check judged (not just could have): coverage.
+    judged: std::cell::RefCell<BTreeMap<&'static str, usize>>,
 }
 
 impl Ctx<'_> {
+    fn judged(&self, what: &'static str) {
+        *self.judged.borrow_mut().entry(what).or_default() += 1;
+    }
+
     /// Which life of the machine `t` is in (0 before any return).
     fn life_of(&self, t: SystemTime) -> usize {
         self.returns.iter().filter(|r| **r <= t).count()
@@ -314,8 +333,18 @@ impl Ctx<'_> {
     }
 }
 
+/// What the liveness checks judged in a run: a check that never judged proves nothing.
+pub const JUDGED_DEADLINE: &str = "a match due to end by deadline − grace";
+pub const JUDGED_ASG: &str = "a hook timing out after the node emptied";
+pub const JUDGED_AZURE: &str = "an Azure event listed on an empty node";
+
 /// Every invariant hit of `run`.
 pub fn check(run: &Run) -> Vec<Hit> {
+    check_counted(run).0
+}
+
+/// Every invariant hit of `run`, and how many cases each liveness check judged.
+pub fn check_counted(run: &Run) -> (Vec<Hit>, BTreeMap<&'static str, usize>) {
     let truth = Truth::build(&run.applied);
     let mut ended = BTreeMap::new();
     for a in &run.applied {
@@ -363,6 +392,7 @@ pub fn check(run: &Run) -> Vec<Hit> {
         allocated,
         gone,
         returns,
+        judged: Default::default(),
     };
     let mut hits = vec![];
     matches_ended(&cx, &mut hits);
@@ -375,6 +405,9 @@ pub fn check(run: &Run) -> Vec<Hit> {
     azure_approvals(&cx, &mut hits);
     standby(&cx, &mut hits);
     handed_over_busy(&cx, &mut hits);
+    matches_ended_in_time(&cx, &mut hits);
+    asg_completed_once_empty(&cx, &mut hits);
+    azure_approved_once_empty(&cx, &mut hits);
     for e in &run.agent_errors {
         hits.push(Hit {
             invariant: Invariant::AgentStopFailed,
@@ -384,7 +417,7 @@ pub fn check(run: &Run) -> Vec<Hit> {
         });
     }
     hits.sort_by_key(|h| h.at);
-    hits
+    (hits, cx.judged.take())
 }
 
 /// No match ended by lastcall (eviction or pod DELETE of an in-use server's pod) unless a
@@ -719,10 +752,19 @@ const LIST_TAKES: Duration = Duration::from_millis(30);
 /// Where the settle of the agent's latest accepted write that put lastcall's taint on the
 /// Node, at or before `t`, counts from: the drain start it wrote with the fence (stamped
 /// before the request went out), else the moment the write took effect.
+pub fn fence_before_in(run: &Run, t: SystemTime) -> Option<SystemTime> {
+    fence_up_before(&run.journal, t)
+}
+
 fn fence_before(cx: &Ctx<'_>, t: SystemTime) -> Option<SystemTime> {
+    fence_up_before(&cx.run.journal, t)
+}
+
+/// When lastcall's last fence before `t` went up (its own taint appearing on the Node).
+fn fence_up_before(journal: &[JournalEntry], t: SystemTime) -> Option<SystemTime> {
     let mut prev: Option<&Value> = None;
     let mut at = None;
-    for e in cx.run.journal.iter().filter(|e| is_node_write(e)) {
+    for e in journal.iter().filter(|e| is_node_write(e)) {
         let Some(v) = e.response.as_deref() else {
             continue;
         };
@@ -1094,6 +1136,213 @@ fn azure_approvals(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                 detail: format!("approved {id} again"),
                 seqs: vec![],
             });
+        }
+    }
+}
+
+/// When the run ended: the drain's end (or the start of the settle, when it never ended).
+fn run_end(run: &Run) -> SystemTime {
+    run.settled.as_ref().map_or(run.settled_from, |t| *t)
+}
+
+/// Every hard-deadline signal the truth held, with the moment it began to hold it as it is
+/// (a moved deadline is another one).
+fn held_signals(truth: &Truth) -> Vec<(SignalId, Signal, SystemTime)> {
+    let mut out = vec![];
+    let mut before = Live::new();
+    for c in std::iter::once(SystemTime::UNIX_EPOCH).chain(truth.changes()) {
+        let live = truth.at(c);
+        for (id, s) in live {
+            if s.hard.is_some() && before.get(id) != Some(s) {
+                out.push((*id, *s, c));
+            }
+        }
+        before = live.clone();
+    }
+    out
+}
+
+/// Liveness of hard deadlines: a running match on the node that `eviction.safe` lets
+/// lastcall end for a hard deadline D is asked to end (an eviction or a pod DELETE by an
+/// agent, answered or not) by D − grace (for a deadline the agent counts from its first
+/// sight, [`RELATIVE_SLACK`] later), plus the reaction time. Judged only where the signal
+/// held unchanged from its start until then, the agent could have seen it, and the run
+/// lasted that long.
+fn matches_ended_in_time(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    let tl = &cx.run.timeline;
+    let end = run_end(cx.run);
+    let on_node = |name: &str| cx.run.pods.iter().any(|p| p.name == name);
+    for (id, s, since) in held_signals(&cx.truth) {
+        let Some(deadline) = s.hard else { continue };
+        for safe in Safe::ALL {
+            if !permits(safe, &s, tl.graceful_termination) {
+                continue;
+            }
+            let grace = Duration::from_secs(tl.grace_of(safe) as u64);
+            let mut expected = deadline.checked_sub(grace).unwrap_or(deadline);
+            if s.relative {
+                expected += RELATIVE_SLACK;
+            }
+            let from = expected.max(since);
+            let due = from + cx.reaction_after(from);
+            let held = cx
+                .truth
+                .during(since, due)
+                .iter()
+                .all(|live| live.get(&id) == Some(&s));
+            if !held {
+                continue;
+            }
+            // The matches running when this deadline asked for their end, known by then.
+            for name in cx.running_at(from, cx.reaction_after(from)) {
+                if Safe::of_server(&name) != Some(safe) || !on_node(&name) {
+                    continue;
+                }
+                let asked = cx.run.journal.iter().any(|e| {
+                    by_agent(e)
+                        && ends_a_match(e)
+                        && e.name.as_deref() == Some(&name)
+                        && e.at <= due
+                });
+                // Ended by the game or removed by someone else in time, or the run ended
+                // first: nothing to judge.
+                let moot = cx.ended.get(&name).is_some_and(|t| *t <= due)
+                    || cx.gone.get(&name).is_some_and(|t| *t <= due)
+                    || due > end;
+                if asked {
+                    cx.judged(JUDGED_DEADLINE);
+                } else if !moot {
+                    cx.judged(JUDGED_DEADLINE);
+                    hits.push(Hit {
+                        invariant: Invariant::MatchNotEnded,
+                        at: due,
+                        detail: format!(
+                            "{name} ({safe:?}, grace {}s) still running, never asked to end, {} ms after deadline − grace of {id:?} (deadline {})",
+                            grace.as_secs(),
+                            due.duration_since(expected).unwrap_or_default().as_millis(),
+                            jiff::Timestamp::try_from(deadline)
+                                .map(|t| t.to_string())
+                                .unwrap_or_default()
+                        ),
+                        seqs: vec![],
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The node's empty spells, `[from, to)`, within the run: no game-server pod bound to it
+/// (terminating ones included), as the pod sampler saw it.
+fn empty_spells(cx: &Ctx<'_>, start: SystemTime, end: SystemTime) -> Vec<(SystemTime, SystemTime)> {
+    let mut busy: Vec<(SystemTime, SystemTime)> =
+        cx.run.pods.iter().map(|p| (p.first, p.last)).collect();
+    busy.sort();
+    let mut spells = vec![];
+    let mut cursor = start;
+    for (first, last) in busy {
+        if first > cursor {
+            spells.push((cursor, first.min(end)));
+        }
+        cursor = cursor.max(last);
+    }
+    if cursor < end {
+        spells.push((cursor, end));
+    }
+    spells.retain(|(a, b)| a < b);
+    spells
+}
+
+/// How long after the node empties a hand-off may take: the settle the gate waits out
+/// since the fence, a fresh pod LIST, and the reaction time around it (doubled).
+fn handoff_within(cx: &Ctx<'_>, from: SystemTime) -> Duration {
+    let settle = Duration::from_millis(cx.run.timeline.deregister_settle_ms());
+    settle + cx.reaction_after(from) * 2
+}
+
+/// Liveness of the Auto Scaling hand-off: the hook never times out on a node that has been
+/// empty, with the instance terminating, for longer than a hand-off takes.
+fn asg_completed_once_empty(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    let Some(began) = cx
+        .run
+        .asg
+        .iter()
+        .find_map(|(t, h)| matches!(h, Happening::WaitStarted { .. }).then_some(*t))
+    else {
+        return;
+    };
+    for (at, h) in &cx.run.asg {
+        let Happening::TimedOut { .. } = h else {
+            continue;
+        };
+        for (from, to) in empty_spells(cx, began, *at) {
+            if to == *at {
+                cx.judged(JUDGED_ASG);
+            }
+            if to == *at && from + handoff_within(cx, from) < *at {
+                hits.push(Hit {
+                    invariant: Invariant::AsgNotCompleted,
+                    at: *at,
+                    detail: format!(
+                        "the hook timed out {} ms after the node emptied (a hand-off takes {} ms)",
+                        at.duration_since(from).unwrap_or_default().as_millis(),
+                        handoff_within(cx, from).as_millis()
+                    ),
+                    seqs: vec![],
+                });
+            }
+        }
+    }
+}
+
+/// Liveness of Azure approvals (`--azure-approve-when-empty`): an event that asks for the
+/// drain and stays listed while the node is empty is approved within a hand-off's time.
+fn azure_approved_once_empty(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    let tl = &cx.run.timeline;
+    if !tl.azure_approve {
+        return;
+    }
+    let end = run_end(cx.run);
+    for (from, to) in empty_spells(cx, cx.run.t0, end) {
+        // Each event listed during the spell, judged from the first moment it was listed
+        // (or the spell began) with a hand-off's time to go, if it stayed listed that long.
+        let starts =
+            std::iter::once(from).chain(cx.truth.changes().filter(|c| *c > from && *c < to));
+        let mut judged = BTreeSet::new();
+        for st in starts {
+            for id in cx.truth.at(st).keys() {
+                let SignalId::Azure(episode) = id else {
+                    continue;
+                };
+                if !judged.insert(*episode) {
+                    continue;
+                }
+                let due = st + handoff_within(cx, st);
+                let event = super::runner::azure_event_id(tl.seed, *episode);
+                let approved = cx
+                    .run
+                    .azure_approvals
+                    .iter()
+                    .any(|(e, t)| *e == event && *t <= due);
+                // Not approved, and the spell or the event ended first: nothing to judge.
+                let moot =
+                    due >= to || !cx.truth.during(st, due).iter().all(|l| l.contains_key(id));
+                if !approved && moot {
+                    continue;
+                }
+                cx.judged(JUDGED_AZURE);
+                if !approved {
+                    hits.push(Hit {
+                        invariant: Invariant::AzureNotApproved,
+                        at: due,
+                        detail: format!(
+                            "{event} not approved {} ms after it was listed on the empty node",
+                            due.duration_since(st).unwrap_or_default().as_millis()
+                        ),
+                        seqs: vec![],
+                    });
+                }
+            }
         }
     }
 }

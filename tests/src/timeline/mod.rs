@@ -34,46 +34,98 @@ pub struct Outcome {
     pub setup: Duration,
     /// The run itself failed (world set-up); not an invariant hit.
     pub error: Option<String>,
-    /// What the run exercised of the hand-off edges.
+    /// What the run exercised (edges met, faults answered, cases judged).
     pub met: Met,
 }
 
-/// The hand-off edges a run met, not just drew: each counts only when it happened.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Met {
-    /// GameLift dropped a registered game server.
-    pub forgotten: usize,
-    /// The machine came back with a new boot id.
-    pub returned: usize,
-    /// A pod the scheduler placed as the fence went up landed on the node.
-    pub late_pods: usize,
-    /// The Auto Scaling API lagged IMDS and the instance began terminating.
-    pub asg_lagged: usize,
-    /// Hand-offs judged (deregistrations, lifecycle completions, Azure approvals).
-    pub handoffs: usize,
-}
+/// What a run exercised, not just drew: each count is something that happened (an edge
+/// met, a fault answered, a case a liveness check judged), by name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Met(pub BTreeMap<&'static str, usize>);
+
+/// GameLift dropped a registered game server on its own.
+pub const FORGOTTEN: &str = "GameLift forgetting a registered server";
+/// The machine came back with a new boot id.
+pub const RETURNED: &str = "a machine coming back";
+/// A pod the scheduler placed as the fence went up landed on the node.
+pub const LATE_POD: &str = "a pod landing as the fence went up";
+/// The Auto Scaling API lagged IMDS and the instance began terminating.
+pub const ASG_LAGGED: &str = "a lagging Auto Scaling API";
+/// Hand-offs judged (deregistrations, lifecycle completions, Azure approvals).
+pub const HANDOFF: &str = "a hand-off";
+/// A match ended by lastcall (an accepted eviction or pod DELETE of an in-use server).
+pub const MATCH_ENDED: &str = "a match ended by lastcall";
+/// An allocation on the node after lastcall's fence went up.
+pub const ALLOCATED_AFTER_FENCE: &str = "an allocation after the fence";
+/// An agent restarted, killed or rolled out while the node was fenced.
+pub const RESTART_MID_DRAIN: &str = "an agent restart mid-drain";
+/// An agent request answered with a fault (a 5xx or a 429).
+pub const FAULT_MET: &str = "an API fault answered to the agent";
 
 impl Met {
-    fn of(run: &runner::Run) -> Met {
+    /// Every count, the floors' names first.
+    const NAMES: [&str; 12] = [
+        FORGOTTEN,
+        RETURNED,
+        LATE_POD,
+        ASG_LAGGED,
+        HANDOFF,
+        MATCH_ENDED,
+        ALLOCATED_AFTER_FENCE,
+        RESTART_MID_DRAIN,
+        FAULT_MET,
+        check::JUDGED_DEADLINE,
+        check::JUDGED_AZURE,
+        check::JUDGED_ASG,
+    ];
+    /// The counts a default run must meet (the rest are reported): a hook timing out after
+    /// the node emptied happens only when the agent fails, so it has no floor.
+    const FLOORED: usize = 11;
+
+    fn of(run: &runner::Run, judged: &BTreeMap<&'static str, usize>) -> Met {
         let count = |f: &dyn Fn(&script::Action) -> bool| {
             run.applied.iter().filter(|a| f(&a.action)).count()
         };
         let asg_began = count(&|a| matches!(a, script::Action::AsgTerminate));
-        Met {
-            forgotten: run
-                .applied
+        let agent = |e: &&crate::kube::journal::JournalEntry| check::by_agent(e);
+        let in_use: BTreeSet<&str> = run
+            .journal
+            .iter()
+            .filter(|e| {
+                e.identity.as_deref() == Some("agones-allocator")
+                    && e.resource.as_deref() == Some("gameservers")
+                    && (200..300).contains(&e.status)
+            })
+            .filter_map(|e| e.name.as_deref())
+            .chain(run.allocated_at_start.iter().map(String::as_str))
+            .collect();
+        let on_node = |name: &str| run.pods.iter().any(|p| p.name == name);
+        let mut m = BTreeMap::new();
+        m.insert(
+            FORGOTTEN,
+            run.applied
                 .iter()
                 .filter(|a| matches!(a.action, script::Action::GameLiftForgets) && a.note == "true")
                 .count(),
-            returned: count(&|a| matches!(a, script::Action::MachineReturns)),
-            late_pods: run
-                .late_servers
+        );
+        m.insert(
+            RETURNED,
+            count(&|a| matches!(a, script::Action::MachineReturns)),
+        );
+        m.insert(
+            LATE_POD,
+            run.late_servers
                 .iter()
                 .filter(|(n, _)| run.pods.iter().any(|p| &p.name == n))
                 .count(),
-            asg_lagged: usize::from(asg_began > 0 && run.timeline.asg_lag > 0),
-            handoffs: run
-                .calls
+        );
+        m.insert(
+            ASG_LAGGED,
+            usize::from(asg_began > 0 && run.timeline.asg_lag > 0),
+        );
+        m.insert(
+            HANDOFF,
+            run.calls
                 .iter()
                 .filter(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
                 .count()
@@ -86,33 +138,93 @@ impl Met {
                     })
                     .count()
                 + run.azure_approvals.len(),
+        );
+        m.insert(
+            MATCH_ENDED,
+            run.journal
+                .iter()
+                .filter(agent)
+                .filter(|e| {
+                    (200..300).contains(&e.status)
+                        && crate::promises::graceful::ends_a_match(e)
+                        && e.name.as_deref().is_some_and(|n| in_use.contains(n))
+                })
+                .count(),
+        );
+        m.insert(
+            ALLOCATED_AFTER_FENCE,
+            run.journal
+                .iter()
+                .filter(|e| {
+                    e.identity.as_deref() == Some("agones-allocator")
+                        && e.resource.as_deref() == Some("gameservers")
+                        && (200..300).contains(&e.status)
+                        && e.name.as_deref().is_some_and(on_node)
+                        && check::fence_before_in(run, e.at).is_some()
+                })
+                .count(),
+        );
+        m.insert(
+            RESTART_MID_DRAIN,
+            run.applied
+                .iter()
+                .filter(|a| {
+                    matches!(
+                        a.action,
+                        script::Action::RestartAgent
+                            | script::Action::AbortAgent { .. }
+                            | script::Action::Rollout { .. }
+                    ) && check::fence_before_in(run, a.at).is_some()
+                })
+                .count(),
+        );
+        m.insert(
+            FAULT_MET,
+            run.journal
+                .iter()
+                .filter(agent)
+                .filter(|e| e.status == 429 || e.status >= 500)
+                .count(),
+        );
+        for name in [
+            check::JUDGED_DEADLINE,
+            check::JUDGED_AZURE,
+            check::JUDGED_ASG,
+        ] {
+            m.insert(name, judged.get(name).copied().unwrap_or(0));
         }
+        Met(m)
     }
 
     /// The sum over `outcomes`.
     pub fn total(outcomes: &[Outcome]) -> Met {
-        outcomes.iter().fold(Met::default(), |a, o| Met {
-            forgotten: a.forgotten + o.met.forgotten,
-            returned: a.returned + o.met.returned,
-            late_pods: a.late_pods + o.met.late_pods,
-            asg_lagged: a.asg_lagged + o.met.asg_lagged,
-            handoffs: a.handoffs + o.met.handoffs,
-        })
+        let mut m = BTreeMap::new();
+        for o in outcomes {
+            for (k, v) in &o.met.0 {
+                *m.entry(*k).or_default() += v;
+            }
+        }
+        Met(m)
     }
 
-    /// The edges met fewer than `floor` times: a run that never met one proves nothing of it.
+    /// The counts with a floor met fewer than `floor` times: a run that never met one proves
+    /// nothing of it.
     pub fn below(&self, floor: usize) -> Vec<&'static str> {
-        [
-            ("GameLift forgetting a registered server", self.forgotten),
-            ("a machine coming back", self.returned),
-            ("a pod landing as the fence went up", self.late_pods),
-            ("a lagging Auto Scaling API", self.asg_lagged),
-            ("a hand-off", self.handoffs),
-        ]
-        .into_iter()
-        .filter(|(_, n)| *n < floor)
-        .map(|(what, _)| what)
-        .collect()
+        Self::NAMES[..Self::FLOORED]
+            .iter()
+            .filter(|n| self.0.get(*n).copied().unwrap_or(0) < floor)
+            .copied()
+            .collect()
+    }
+}
+
+impl std::fmt::Display for Met {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = Self::NAMES
+            .iter()
+            .map(|n| format!("{n}: {}", self.0.get(n).copied().unwrap_or(0)))
+            .collect();
+        write!(f, "{}", parts.join("; "))
     }
 }
 
@@ -122,8 +234,8 @@ pub async fn run_one(seed: u64, dims: Dimensions, redis: &RedisServer) -> Outcom
     let tl = Timeline::draw(seed, dims);
     match runner::run(tl.clone(), redis).await {
         Ok(run) => {
-            let hits = check::check(&run);
-            let met = Met::of(&run);
+            let (hits, judged) = check::check_counted(&run);
+            let met = Met::of(&run, &judged);
             let verbose = std::env::var_os("TIMELINE_VERBOSE").is_some();
             let report = if hits.is_empty() && !verbose {
                 String::new()
@@ -222,20 +334,11 @@ mod tests {
 
     #[test]
     fn an_edge_never_met_is_below_its_floor() {
-        let met = Met {
-            forgotten: 0,
-            returned: 7,
-            late_pods: 13,
-            asg_lagged: 4,
-            handoffs: 41,
-        };
-        assert_eq!(
-            met.below(5),
-            vec![
-                "GameLift forgetting a registered server",
-                "a lagging Auto Scaling API"
-            ]
-        );
-        assert!(Met::total(&[]).below(1).len() == 5);
+        let mut met = Met(Met::NAMES.iter().map(|n| (*n, 9)).collect());
+        met.0.insert(FORGOTTEN, 0);
+        met.0.insert(ASG_LAGGED, 4);
+        met.0.insert(check::JUDGED_ASG, 0);
+        assert_eq!(met.below(5), vec![FORGOTTEN, ASG_LAGGED]);
+        assert_eq!(Met::total(&[]).below(1).len(), Met::FLOORED);
     }
 }

@@ -871,6 +871,39 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                     let _ = allocator::allocate(&c, &req).await;
                 }));
             }
+            Action::AllocateAtFence(safe) => {
+                let (exclusion, safe) = (tl.exclusion_selector, *safe);
+                let (c, store) = (alloc_client.clone(), cluster.store().clone());
+                allocations.push(tokio::spawn(async move {
+                    // Until the fence goes up (a timeline that never fences gives up).
+                    let give_up = tokio::time::Instant::now() + Duration::from_secs(8);
+                    while !store
+                        .get(&crate::kube::resources::NODES, None, NODE)
+                        .is_some_and(|n| has_own_taint(&n))
+                    {
+                        if tokio::time::Instant::now() > give_up {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    // The drawn Fleet first, then the others: whichever still has a
+                    // Ready server on the node.
+                    let first = Safe::ALL.iter().position(|s| *s == safe).unwrap_or(0);
+                    for pause in [0, 10, 30] {
+                        tokio::time::sleep(Duration::from_millis(pause)).await;
+                        for i in 0..Safe::ALL.len() {
+                            let fleet = Safe::ALL[(first + i) % Safe::ALL.len()].fleet();
+                            let mut req = AllocationRequest::fleet(NS, fleet).on_node(NODE);
+                            if exclusion {
+                                req = req.selector(EXCLUSION);
+                            }
+                            if let Ok(Some(_)) = allocator::allocate(&c, &req).await {
+                                break;
+                            }
+                        }
+                    }
+                }));
+            }
             Action::EndMatch => {
                 let busy: Vec<String> = cluster
                     .game_servers()

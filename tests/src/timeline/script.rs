@@ -42,6 +42,10 @@ pub struct Dimensions {
     /// Nodes without FleetIQ, where a game-server pod the scheduler placed just before the
     /// cordon lands after it (needs "one gate for every hand-off").
     pub without_fleetiq: bool,
+    /// An allocator that asks for servers on the node the moment lastcall's fence goes up
+    /// (needs "no allocation after the fence" with the exclusion selector, and every
+    /// allocated server protected without it).
+    pub fence_races: bool,
 }
 
 impl Dimensions {
@@ -58,6 +62,7 @@ impl Dimensions {
         gamelift_forgets: true,
         asg_lag: true,
         without_fleetiq: true,
+        fence_races: true,
     };
 
     /// `ALL` minus the comma-separated names in `disabled`; an unknown name is an error.
@@ -77,6 +82,7 @@ impl Dimensions {
                 "gamelift_forgets" => &mut d.gamelift_forgets,
                 "asg_lag" => &mut d.asg_lag,
                 "without_fleetiq" => &mut d.without_fleetiq,
+                "fence_races" => &mut d.fence_races,
                 other => return Err(format!("unknown timeline dimension {other:?}")),
             };
             *flag = false;
@@ -264,6 +270,10 @@ pub enum Action {
     LateServer,
     /// The allocator asks for a server of this Fleet on the node.
     Allocate(Safe),
+    /// Arms an allocator that races lastcall's fence: the first time the fence's taint is
+    /// seen, it asks for a server of this Fleet on the node at once and twice shortly
+    /// after (with the exclusion selector when the timeline uses it).
+    AllocateAtFence(Safe),
     /// A running match on the node ends (the game calls `Shutdown()`).
     EndMatch,
 }
@@ -581,6 +591,14 @@ impl Timeline {
             ready = [0; 3];
             allocated = [0; 3];
         }
+        // An allocator racing the fence, from its own stream too.
+        let mut racing = StdRng::seed_from_u64(seed ^ 0x7261_6365_7321);
+        if dims.fence_races && racing.random_bool(0.4) {
+            steps.push(Step {
+                at_ms: 0,
+                action: Action::AllocateAtFence(Safe::ALL[racing.random_range(0..3)]),
+            });
+        }
         steps.sort_by_key(|s| s.at_ms);
         let gce_preemption_notice_s = rng.random_range(2..=3);
         let gce_terminate_notice_s = rng.random_range(2..=3);
@@ -774,7 +792,7 @@ mod tests {
         assert_eq!(a.steps, b.steps);
         assert_eq!(a.to_string(), b.to_string());
         let none = Dimensions::without(
-            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events,returns,gamelift_forgets,asg_lag,without_fleetiq",
+            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events,returns,gamelift_forgets,asg_lag,without_fleetiq,fence_races",
         )
         .expect("known names");
         for seed in 0..300 {
@@ -791,6 +809,7 @@ mod tests {
                             | Action::GameLiftForgets
                             | Action::MachineReturns
                             | Action::LateServer
+                            | Action::AllocateAtFence(_)
                             | Action::Fault(KubeFault::HangNode | KubeFault::HangGameServers)
                             | Action::ImdsScheduled {
                                 code: EventCode::SystemMaintenance,
