@@ -1140,9 +1140,11 @@ fn azure_approvals(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     }
 }
 
-/// When the run ended: the drain's end (or the start of the settle, when it never ended).
+/// When the run ended: the drain's end, or, when it never ended, the settle's bound.
 fn run_end(run: &Run) -> SystemTime {
-    run.settled.as_ref().map_or(run.settled_from, |t| *t)
+    run.settled
+        .as_ref()
+        .map_or(run.settled_from + super::runner::SETTLE, |t| *t)
 }
 
 /// Every hard-deadline signal the truth held, with the moment it began to hold it as it is
@@ -1253,11 +1255,12 @@ fn empty_spells(cx: &Ctx<'_>, start: SystemTime, end: SystemTime) -> Vec<(System
     spells
 }
 
-/// How long after the node empties a hand-off may take: the settle the gate waits out
-/// since the fence, a fresh pod LIST, and the reaction time around it (doubled).
-fn handoff_within(cx: &Ctx<'_>, from: SystemTime) -> Duration {
+/// When a hand-off is due once the node is empty from `from`: the gate waits out the settle
+/// since the fence (usually long past), then a fresh pod LIST, within the reaction time.
+fn handoff_due(cx: &Ctx<'_>, from: SystemTime) -> SystemTime {
     let settle = Duration::from_millis(cx.run.timeline.deregister_settle_ms());
-    settle + cx.reaction_after(from) * 2
+    let gate = fence_before(cx, from).map_or(from, |f| (f + settle).max(from));
+    gate + cx.reaction_after(gate)
 }
 
 /// Liveness of the Auto Scaling hand-off: the hook never times out on a node that has been
@@ -1279,14 +1282,14 @@ fn asg_completed_once_empty(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             if to == *at {
                 cx.judged(JUDGED_ASG);
             }
-            if to == *at && from + handoff_within(cx, from) < *at {
+            if to == *at && handoff_due(cx, from) < *at {
                 hits.push(Hit {
                     invariant: Invariant::AsgNotCompleted,
                     at: *at,
                     detail: format!(
-                        "the hook timed out {} ms after the node emptied (a hand-off takes {} ms)",
+                        "the hook timed out {} ms after the node emptied (the hand-off was due after {} ms)",
                         at.duration_since(from).unwrap_or_default().as_millis(),
-                        handoff_within(cx, from).as_millis()
+                        handoff_due(cx, from).duration_since(from).unwrap_or_default().as_millis()
                     ),
                     seqs: vec![],
                 });
@@ -1317,7 +1320,7 @@ fn azure_approved_once_empty(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                 if !judged.insert(*episode) {
                     continue;
                 }
-                let due = st + handoff_within(cx, st);
+                let due = handoff_due(cx, st);
                 let event = super::runner::azure_event_id(tl.seed, *episode);
                 let approved = cx
                     .run

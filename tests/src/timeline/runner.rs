@@ -979,13 +979,24 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             }
             // The Auto Scaling wait ends with the drain: the agent lets the instance go. A
             // wait that timed out is over too (the checker judges the timeout itself).
-            let completed = !asg_began
+            let asg_done = !asg_began
                 || asg.journal().iter().any(|e| {
                     matches!(
                         e.happening,
                         Happening::Completed { .. } | Happening::TimedOut { .. }
                     )
                 });
+            // So does an Azure event that asked for the drain, with approvals on: the agent
+            // approves it once the node is empty (the checker judges when).
+            let approvals = az.approvals();
+            let azure_done = !tl.azure_approve
+                || live_at_end.keys().all(|id| match id {
+                    super::truth::SignalId::Azure(ep) => {
+                        approvals.contains(&azure_event_id(tl.seed, *ep))
+                    }
+                    _ => true,
+                });
+            let completed = asg_done && azure_done;
             let node = cluster.node(NODE)?;
             // The agent has seen the machine's current boot: the Node's marks are this
             // life's, not the one before a return.
