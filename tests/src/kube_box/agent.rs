@@ -205,6 +205,27 @@ pub async fn create_pod(client: &kube::Client, node: &str) -> anyhow::Result<Pod
     Ok(got)
 }
 
+/// The chart's agent arguments with `--listen` on 127.0.0.1 (an ephemeral port) and `extra`
+/// in place of the chart's value of the same flag (`--flag=value`), or added.
+pub fn args_with(extra: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut args = chart_args()?;
+    for a in &mut args {
+        if a.starts_with("--listen=") {
+            *a = "--listen=127.0.0.1:0".into();
+        }
+    }
+    for a in extra {
+        if let Some((flag, _)) = a.split_once('=')
+            && let Some(slot) = args.iter_mut().find(|x| x.starts_with(&format!("{flag}=")))
+        {
+            *slot = a.clone();
+        } else {
+            args.push(a.clone());
+        }
+    }
+    Ok(args)
+}
+
 /// What a test adds to the chart's agent: chart values (arguments), and environment.
 #[derive(Clone, Debug, Default)]
 pub struct Extra {
@@ -252,21 +273,7 @@ impl AgentProcess {
         install_rbac(&client).await?;
         let pod = create_pod(&client, node).await?;
         let token = token(&client, &pod).await?;
-        let mut args = chart_args()?;
-        for a in &mut args {
-            if a.starts_with("--listen=") {
-                *a = "--listen=127.0.0.1:0".into();
-            }
-        }
-        for a in &extra.args {
-            if let Some((flag, _)) = a.split_once('=')
-                && let Some(slot) = args.iter_mut().find(|x| x.starts_with(&format!("{flag}=")))
-            {
-                *slot = a.clone();
-            } else {
-                args.push(a.clone());
-            }
-        }
+        let args = args_with(&extra.args)?;
         let pod_json = serde_json::to_value(&pod)?;
         let mut env = Vec::new();
         for (name, path) in chart_env()? {
