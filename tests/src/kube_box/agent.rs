@@ -171,6 +171,27 @@ pub async fn token(client: &kube::Client, pod: &Pod) -> anyhow::Result<String> {
 /// Creates the agent's pod on `node`, bound by name as the DaemonSet controller does, and
 /// waits until kwok runs it (it then has an IP).
 pub async fn create_pod(client: &kube::Client, node: &str) -> anyhow::Result<Pod> {
+    let pod = pod_for(node)?;
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    api.create(&PostParams::default(), &pod).await?;
+    let got = try_eventually(
+        &format!("agent pod {name} running on {node}"),
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            let p = api.get(&name).await.ok()?;
+            let st = p.status.as_ref()?;
+            (st.phase.as_deref() == Some("Running") && st.pod_ip.is_some()).then_some(p)
+        },
+    )
+    .await?;
+    Ok(got)
+}
+
+/// The agent's pod on `node` from the chart's DaemonSet template (its labels, tolerations
+/// and ServiceAccount), bound by name.
+pub fn pod_for(node: &str) -> anyhow::Result<Pod> {
     let docs = manifest()?;
     let template = doc(&docs, "DaemonSet", "lastcall-agent")?
         .pointer("/spec/template")
@@ -189,20 +210,7 @@ pub async fn create_pod(client: &kube::Client, node: &str) -> anyhow::Result<Pod
             "containers": [{"name": "agent", "image": "lastcall-agent:0.1.0"}],
         },
     }))?;
-    let api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    api.create(&PostParams::default(), &pod).await?;
-    let got = try_eventually(
-        &format!("agent pod {name} running on {node}"),
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async {
-            let p = api.get(&name).await.ok()?;
-            let st = p.status.as_ref()?;
-            (st.phase.as_deref() == Some("Running") && st.pod_ip.is_some()).then_some(p)
-        },
-    )
-    .await?;
-    Ok(got)
+    Ok(pod)
 }
 
 /// The chart's agent arguments with `--listen` on 127.0.0.1 (an ephemeral port) and `extra`
