@@ -265,6 +265,33 @@ impl Scene {
         }
     }
 
+    /// The agent's requests refused 401 or 403, described: on the box its RBAC is the
+    /// chart's, so a permission the chart lacks shows here; the emulator authorizes every
+    /// caller, so there it only shows a refusal a fault injected.
+    pub fn agent_refusals(&self) -> Vec<String> {
+        match &self.side {
+            Side::Emulator(e) => e
+                .cluster
+                .emulator()
+                .journal()
+                .entries()
+                .iter()
+                .filter(|j| {
+                    j.identity.as_deref() == Some(AGENT_IDENTITY)
+                        && (j.status == 401 || j.status == 403)
+                })
+                .map(|j| format!("#{} {} {} -> {}", j.seq, j.method, j.path, j.status))
+                .collect(),
+            Side::Box(b) => b
+                .kbox
+                .audit()
+                .iter()
+                .filter(|e| e.by_agent() && (e.code == 401 || e.code == 403))
+                .map(describe)
+                .collect(),
+        }
+    }
+
     /// Stops the agent as SIGTERM does (the process must exit on it).
     pub async fn stop(mut self) {
         match self.agent.take() {

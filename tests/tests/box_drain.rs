@@ -373,20 +373,12 @@ async fn fleetiq_drain_fences_releases_protects_and_deregisters_once() {
     agent.stop().await.expect("agent stops on SIGTERM");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancel_restores_exactly_what_was_there() {
-    cancel_case("box-cancel", false).await;
-}
-
+/// A drain and its cancel by FleetIQ (`DRAINING`, then `ACTIVE` through the real pubsub):
+/// what the agent found is what it leaves. (The operator's label and its removal is
+/// `scenarios.rs`'s cancel, on both backends.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleetiq_back_to_active_restores_exactly_what_was_there() {
-    cancel_case("box-cancel-fiq", true).await;
-}
-
-/// A drain and its cancel, by the operator's label or by FleetIQ (`DRAINING`, then `ACTIVE`
-/// through the real pubsub): what the agent found is what it leaves.
-async fn cancel_case(name: &str, fleetiq: bool) {
-    let s = scene(name, Crd::SelectableNodeName).await;
+    let s = scene("box-cancel-fiq", Crd::SelectableNodeName).await;
     let srv = s.ready_servers(1).await.remove(0);
     s.allocate(&srv).await;
     s.agones
@@ -420,41 +412,26 @@ async fn cancel_case(name: &str, fleetiq: bool) {
         )
         .await
         .unwrap();
-    let fiq = if fleetiq {
-        Some(FleetIq::start(&s.node).await.expect("FleetIQ"))
-    } else {
-        None
-    };
-    let agent = s
-        .start_agent(fiq.as_ref().map(FleetIq::agent_extra).unwrap_or_default())
-        .await;
+    let fiq = FleetIq::start(&s.node).await.expect("FleetIQ");
+    let agent = s.start_agent(fiq.agent_extra()).await;
     s.agent_sees(&agent, 1).await;
-    if let Some(f) = &fiq {
-        wait_for("registered with FleetIQ", || async {
-            (f.gl.count("RegisterGameServer") == 1).then_some(())
-        })
-        .await;
-    }
-    // The agent's start-up writes (ownership; with FleetIQ, the registration record) are
-    // part of what was there before the drain.
+    wait_for("registered with FleetIQ", || async {
+        (fiq.gl.count("RegisterGameServer") == 1).then_some(())
+    })
+    .await;
+    // The agent's start-up writes (ownership, the registration record) are part of what
+    // was there before the drain.
     wait_for("the agent's start-up writes on the node", || async {
         let a = s.node_obj().await.metadata.annotations?;
-        (a.contains_key("lastcall.dev/owner")
-            && (fiq.is_none() || a.contains_key("lastcall.dev/registered")))
-        .then_some(())
+        (a.contains_key("lastcall.dev/owner") && a.contains_key("lastcall.dev/registered"))
+            .then_some(())
     })
     .await;
     let before = (snapshot_node(&s).await, snapshot_gs(&s, &srv).await);
 
-    match &fiq {
-        Some(f) => f.set(InstanceStatus::Draining),
-        None => s.drain_label(true).await,
-    }
+    fiq.set(InstanceStatus::Draining);
     drained(&s, &[], std::slice::from_ref(&srv)).await;
-    match &fiq {
-        Some(f) => f.set(InstanceStatus::Active),
-        None => s.drain_label(false).await,
-    }
+    fiq.set(InstanceStatus::Active);
     let restored = try_eventually(
         "everything as it was before the drain",
         Duration::from_secs(40),
@@ -484,13 +461,11 @@ async fn cancel_case(name: &str, fleetiq: bool) {
     agones::expect_state(&s.agones, &srv, "Allocated")
         .await
         .unwrap();
-    if let Some(f) = &fiq {
-        assert_eq!(
-            f.gl.count("DeregisterGameServer"),
-            0,
-            "a cancel never deregisters"
-        );
-    }
+    assert_eq!(
+        fiq.gl.count("DeregisterGameServer"),
+        0,
+        "a cancel never deregisters"
+    );
     assert_nothing_forbidden(&s);
     agent.stop().await.expect("agent stops");
 }

@@ -199,6 +199,20 @@ async fn a_manual_drain_end_to_end(backend: Backend) {
             .any(|w| w.resource == "gameservers" && w.is_delete() && w.name == busy.name),
         "{backend:?}: the agent deleted the match's server"
     );
+    eprintln!(
+        "{backend:?}: the agent's writes in order:\n{}",
+        writes
+            .iter()
+            .map(|w| format!("{} {}/{}", w.verb, w.resource, w.name))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let refused = s.agent_refusals();
+    assert!(
+        refused.is_empty(),
+        "{backend:?}: the agent was refused:\n{}",
+        refused.join("\n")
+    );
     s.stop().await;
 }
 
@@ -322,6 +336,12 @@ async fn a_cancel_restores_exactly_what_was_there(backend: Backend) {
             && !tainted(&w.response)),
         "{backend:?}: the agent's own write lifted the fence:\n{}",
         dump(&writes.iter().collect::<Vec<_>>())
+    );
+    let refused = s.agent_refusals();
+    assert!(
+        refused.is_empty(),
+        "{backend:?}: the agent was refused:\n{}",
+        refused.join("\n")
     );
     s.stop().await;
 }
