@@ -71,16 +71,29 @@ pub struct Scene {
 
 impl Scene {
     /// `idle` Ready and `matches` Allocated servers on one node, named `gs-0`, `gs-1`, …
-    /// (the matches last); `name` names the box namespace and the node (`{name}-n1`).
+    /// (the matches last), under Agones 1.58+ (`status.nodeName` selectable); `name` names
+    /// the box namespace and the node (`{name}-n1`).
     pub async fn start(backend: Backend, name: &str, idle: usize, matches: usize) -> Scene {
+        Self::start_with(backend, name, idle, matches, Crd::SelectableNodeName).await
+    }
+
+    /// [`Scene::start`] with the GameServer CRD as `crd` (`Crd::LabelsOnly`: an Agones
+    /// before 1.58, where the agent claims its servers by label).
+    pub async fn start_with(
+        backend: Backend,
+        name: &str,
+        idle: usize,
+        matches: usize,
+        crd: Crd,
+    ) -> Scene {
         let (side, client, ns, node) = match backend {
             Backend::Box => {
-                let b = BoxScene::start(name, Crd::SelectableNodeName).await;
+                let b = BoxScene::start(name, crd).await;
                 let (c, ns, node) = (b.client.clone(), b.ns.clone(), b.node.clone());
                 (Side::Box(Box::new(b)), c, ns, node)
             }
             Backend::Emulator => {
-                let e = EmulatorScene::start(name).await;
+                let e = EmulatorScene::start(name, crd == Crd::SelectableNodeName).await;
                 let (c, ns, node) = (e.cluster.client(), e.ns.clone(), e.node.clone());
                 (Side::Emulator(Box::new(e)), c, ns, node)
             }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use lastcall_testkit::agent::metric;
 use lastcall_testkit::eventually::try_eventually;
+use lastcall_testkit::kube_box::agones::Crd;
 use lastcall_testkit::scene::writes::dump;
 use lastcall_testkit::scene::{Backend, Scene, Write};
 use serde_json::{Value, json};
@@ -91,6 +92,48 @@ fn the_fence<'a>(s: &Scene, writes: &'a [Write]) -> &'a Write {
     first
 }
 
+/// The agent's writes to a GameServer that set its node-claim label `lastcall.dev/node`
+/// (and not the drain's `lastcall.dev/node-draining`).
+fn claims(writes: &[Write]) -> Vec<&Write> {
+    writes
+        .iter()
+        .filter(|w| {
+            let sent = w.request.to_string();
+            w.resource == "gameservers"
+                && w.verb == "patch"
+                && sent.contains("lastcall.dev/node")
+                && !sent.contains("node-draining")
+        })
+        .collect()
+}
+
+/// Waits until the node is fenced, the idle servers and their pods are gone and every match
+/// carries the drain deadline.
+async fn drained(s: &Scene) {
+    until(
+        s,
+        "fenced, idle servers and their pods gone, the matches protected",
+        40,
+        || async {
+            if !fenced(&node_json(s).await) {
+                return None;
+            }
+            let pods = s.pods_on_node().await;
+            for srv in &s.idle {
+                if s.game_server(&srv.name).await.is_some() || pods.contains(&srv.name) {
+                    return None;
+                }
+            }
+            for m in &s.matches {
+                let gs = s.game_server(&m.name).await?;
+                gs.metadata.annotations?.get(DEADLINE)?;
+            }
+            Some(())
+        },
+    )
+    .await;
+}
+
 fn annotated(w: &Write, key: &str) -> bool {
     w.response
         .pointer(&format!("/metadata/annotations/{}", key.replace('/', "~1")))
@@ -107,25 +150,7 @@ async fn a_manual_drain_end_to_end(backend: Backend) {
     s.start_agent(&[]).await;
     let busy = s.matches[0].clone();
     s.drain_label(true).await;
-    until(
-        &s,
-        "fenced, idle servers and their pods gone, the match protected",
-        40,
-        || async {
-            if !fenced(&node_json(&s).await) {
-                return None;
-            }
-            let pods = s.pods_on_node().await;
-            for srv in &s.idle {
-                if s.game_server(&srv.name).await.is_some() || pods.contains(&srv.name) {
-                    return None;
-                }
-            }
-            let gs = s.game_server(&busy.name).await?;
-            gs.metadata.annotations?.get(DEADLINE).map(|_| ())
-        },
-    )
-    .await;
+    drained(&s).await;
 
     let writes = s.agent_writes().await;
     let fence = the_fence(&s, &writes);
@@ -198,6 +223,14 @@ async fn a_manual_drain_end_to_end(backend: Backend) {
             .iter()
             .any(|w| w.resource == "gameservers" && w.is_delete() && w.name == busy.name),
         "{backend:?}: the agent deleted the match's server"
+    );
+    // Agones 1.58+: the agent selects its servers by `status.nodeName` and writes nothing
+    // to a server to see it.
+    let claimed = claims(&writes);
+    assert!(
+        claimed.is_empty(),
+        "{backend:?}: claims written although status.nodeName is selectable:\n{}",
+        dump(&claimed)
     );
     eprintln!(
         "{backend:?}: the agent's writes in order:\n{}",
@@ -346,6 +379,64 @@ async fn a_cancel_restores_exactly_what_was_there(backend: Backend) {
     s.stop().await;
 }
 
+/// Under an Agones before 1.58 (no selectable `status.nodeName`) the agent, on its own
+/// (`--gameserver-selector=auto`, the chart's), claims each server on its node with the
+/// label `lastcall.dev/node` exactly once, before the drain, and drains as by the field:
+/// the idle servers released after the fence with their uid, the match protected.
+async fn under_an_older_agones_each_server_is_claimed_once(backend: Backend) {
+    let mut s = Scene::start_with(backend, "sc-label", 2, 1, Crd::LabelsOnly).await;
+    s.start_agent(&[]).await;
+    s.drain_label(true).await;
+    drained(&s).await;
+    let writes = s.agent_writes().await;
+    let fence = the_fence(&s, &writes);
+    let claimed = claims(&writes);
+    for srv in s.idle.iter().chain(&s.matches) {
+        let mine: Vec<&Write> = claimed
+            .iter()
+            .copied()
+            .filter(|w| w.name == srv.name)
+            .collect();
+        assert_eq!(
+            mine.len(),
+            1,
+            "{backend:?}: {} must be claimed once:\n{}",
+            srv.name,
+            dump(&claimed)
+        );
+        assert!(
+            mine[0].at < fence.at,
+            "{backend:?}: {} claimed only after the drain began:\n{}\n{}",
+            srv.name,
+            mine[0].describe(),
+            fence.describe()
+        );
+    }
+    for srv in &s.idle {
+        let d = writes
+            .iter()
+            .find(|w| w.resource == "gameservers" && w.is_delete() && w.name == srv.name)
+            .unwrap_or_else(|| panic!("{backend:?}: {} never released", srv.name));
+        assert!(
+            d.at > fence.at
+                && d.request
+                    .pointer("/preconditions/uid")
+                    .and_then(Value::as_str)
+                    == Some(srv.uid.as_str()),
+            "{backend:?}: the release of {} must follow the fence and name its uid: {}",
+            srv.name,
+            d.describe()
+        );
+    }
+    let refused = s.agent_refusals();
+    assert!(
+        refused.is_empty(),
+        "{backend:?}: the agent was refused:\n{}",
+        refused.join("\n")
+    );
+    s.stop().await;
+}
+
 macro_rules! on_both {
     ($($body:ident => $emulator:ident, $on_box:ident;)*) => {
         $(
@@ -365,4 +456,5 @@ macro_rules! on_both {
 on_both! {
     a_manual_drain_end_to_end => manual_drain_on_the_emulator, manual_drain_on_the_box;
     a_cancel_restores_exactly_what_was_there => cancel_on_the_emulator, cancel_on_the_box;
+    under_an_older_agones_each_server_is_claimed_once => label_claims_on_the_emulator, label_claims_on_the_box;
 }

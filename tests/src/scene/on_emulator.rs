@@ -30,11 +30,11 @@ pub struct EmulatorScene {
 }
 
 impl EmulatorScene {
-    /// A cluster whose GameServer CRD declares `status.nodeName` selectable (as the box's
-    /// does), with the node `{name}-n1`.
-    pub async fn start(name: &str) -> EmulatorScene {
+    /// A cluster whose GameServer CRD declares `status.nodeName` selectable (Agones 1.58+)
+    /// when `selectable`, with the node `{name}-n1`.
+    pub async fn start(name: &str, selectable: bool) -> EmulatorScene {
         let cluster = Cluster::start(ClusterConfig {
-            agones_selectable_fields: true,
+            agones_selectable_fields: selectable,
             ..ClusterConfig::default()
         })
         .await
