@@ -24,6 +24,7 @@ pub mod scale;
 pub mod scale_agents;
 pub mod scale_redis;
 pub mod scale_restart;
+pub mod scene;
 pub mod timeline;
 pub mod webhook;
 pub mod world;

@@ -8,188 +8,67 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
+use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
-use lastcall_testkit::agent::{metric, metric_sum};
+use kube::api::{Patch, PatchParams};
+use lastcall_testkit::agent::metric;
 use lastcall_testkit::eventually::{eventually, try_eventually, wait_for};
 use lastcall_testkit::gamelift::InstanceStatus;
-use lastcall_testkit::kube_box::agent::{AgentProcess, Extra};
-use lastcall_testkit::kube_box::agones::{self, Agones, Allocation, Crd, Deletions, Server};
+use lastcall_testkit::kube_box::agent::Extra;
+use lastcall_testkit::kube_box::agones::{self, Allocation, Crd, Server};
 use lastcall_testkit::kube_box::audit::{Entry, describe};
 use lastcall_testkit::kube_box::fleetiq::FleetIq;
-use lastcall_testkit::kube_box::{self, ADMIN_USER, GC_USER, Lease, create_node};
+use lastcall_testkit::kube_box::{ADMIN_USER, GC_USER};
+use lastcall_testkit::scene::on_box::{BoxScene as Scene, DRAIN_LABEL};
 use serde_json::{Value, json};
 
 const TAINT: &str = "lastcall.dev/draining";
-const DRAIN_LABEL: &str = "lastcall.dev/drain";
 const DEADLINE: &str = "lastcall.dev/drain-deadline";
 const CLAIM_LABEL: &str = "lastcall.dev/node";
 
-/// One test's part of the box: its namespace, its node, Agones' part there.
-struct Scene {
-    kbox: Lease,
-    client: kube::Client,
-    ns: String,
-    node: String,
-    agones: Agones,
-    deletions: Deletions,
-}
-
+/// One test's part of the box (`lastcall_testkit::scene::on_box`).
 async fn scene(name: &str, crd: Crd) -> Scene {
-    let kbox = kube_box::lease().await;
-    eprintln!("box started in {:?}", kbox.started_in());
-    let client = kbox.client().await.expect("admin client");
-    agones::install_crd(&client, crd)
-        .await
-        .expect("GameServer CRD");
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .expect("namespace");
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
-    wait_for("the namespace's default ServiceAccount", || async {
-        sas.get_opt("default").await.ok().flatten().map(|_| ())
-    })
-    .await;
-    agones::ensure_pdb(&client, name).await.expect("Agones PDB");
-    let node = format!("{name}-n1");
-    create_node(&client, &node).await.expect("kwok node");
-    let agones = Agones::new(&client, name);
-    let deletions = Deletions::watch(&client, name)
-        .await
-        .expect("a GameServer watch");
-    Scene {
-        kbox,
-        client,
-        ns: name.to_string(),
-        node,
-        agones,
-        deletions,
-    }
+    Scene::start(name, crd).await
 }
 
-impl Scene {
-    /// `n` Ready servers on the node, created together.
-    async fn ready_servers(&self, n: usize) -> Vec<Server> {
-        let names: Vec<String> = (0..n).map(|i| format!("gs-{i}")).collect();
-        let made = futures::future::join_all(
-            names
-                .iter()
-                .map(|name| self.agones.ready_server(name, &self.node)),
-        )
-        .await;
-        made.into_iter()
-            .map(|r| r.expect("a Ready GameServer"))
-            .collect()
-    }
-
-    async fn allocate(&self, s: &Server) {
-        let got = self.agones.allocate(&s.name).await.expect("allocate");
-        assert!(
-            matches!(got, Allocation::Allocated(_)),
-            "{}: {got:?}",
-            s.name
-        );
-    }
-
-    fn nodes(&self) -> Api<Node> {
-        Api::all(self.client.clone())
-    }
-
-    async fn node_obj(&self) -> Node {
-        self.nodes().get(&self.node).await.expect("the node")
-    }
-
-    async fn start_agent(&self, extra: Extra) -> AgentProcess {
-        let agent = AgentProcess::start(&self.kbox, &self.node, extra)
-            .await
-            .expect("the agent process");
-        agent.ready().await.expect("agent ready");
-        agent
-    }
-
-    /// Waits until the agent sees `n` GameServers on its node.
-    async fn agent_sees(&self, agent: &AgentProcess, n: usize) {
-        wait_for("the agent sees every server on its node", || async {
-            let seen = metric_sum(&agent.metrics().await, "lastcall_game_servers", &[]);
-            (seen as usize == n).then_some(())
-        })
-        .await;
-    }
-
-    /// The operator's drain label, set (`true`) or removed (`None`).
-    async fn drain_label(&self, on: bool) {
-        let v = if on { json!("true") } else { Value::Null };
-        self.nodes()
-            .patch(
-                &self.node,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"labels": {DRAIN_LABEL: v}}})),
-            )
-            .await
-            .expect("label the node");
-    }
-
-    /// Waits until the node is fenced, `released` are gone with their pods and `protected`
-    /// carry the drain deadline.
-    async fn drained(&self, released: &[Server], protected: &[Server]) {
-        let done = try_eventually(
-            "fenced, idle servers and their pods gone, matches protected",
-            Duration::from_secs(40),
-            Duration::from_millis(100),
-            || async {
-                if !fenced(&self.node_obj().await) {
+/// Waits until the node is fenced, `released` are gone with their pods and `protected`
+/// carry the drain deadline.
+async fn drained(s: &Scene, released: &[Server], protected: &[Server]) {
+    let done = try_eventually(
+        "fenced, idle servers and their pods gone, matches protected",
+        Duration::from_secs(40),
+        Duration::from_millis(100),
+        || async {
+            if !fenced(&s.node_obj().await) {
+                return None;
+            }
+            for srv in released {
+                if s.agones.get(&srv.name).await.ok()?.is_some()
+                    || !s.agones.pod_gone(&srv.name).await.ok()?
+                {
                     return None;
                 }
-                for s in released {
-                    if self.agones.get(&s.name).await.ok()?.is_some()
-                        || !self.agones.pod_gone(&s.name).await.ok()?
-                    {
-                        return None;
-                    }
-                }
-                for s in protected {
-                    let gs = self.agones.get(&s.name).await.ok()??;
-                    gs.metadata.annotations.as_ref()?.get(DEADLINE)?;
-                }
-                Some(())
-            },
-        )
-        .await;
-        if let Err(e) = done {
-            // A request the chart's RBAC refused is the likeliest cause: name it.
-            assert_nothing_forbidden(self);
-            panic!("{e}");
-        }
+            }
+            for srv in protected {
+                let gs = s.agones.get(&srv.name).await.ok()??;
+                gs.metadata.annotations.as_ref()?.get(DEADLINE)?;
+            }
+            Some(())
+        },
+    )
+    .await;
+    if let Err(e) = done {
+        // A request the chart's RBAC refused is the likeliest cause: name it.
+        assert_nothing_forbidden(s);
+        panic!("{e}");
     }
+}
 
-    /// The resourceVersion at which `name` was deleted (from the test's watch).
-    async fn deleted(&self, name: &str) -> u64 {
-        wait_for(&format!("the DELETED event of {name}"), || async {
-            self.deletions.of(name)
-        })
-        .await
-    }
-
-    /// Where a write of the journal stands in etcd's order: the revision it produced (for a
-    /// GameServer DELETE, whose answer is a bare Status, its deletion's).
-    async fn write_rv(&self, e: &Entry) -> u64 {
-        if e.verb == "delete" && e.resource == "gameservers" && e.ok() {
-            self.deleted(&e.name).await
-        } else {
-            rv(e)
-        }
-    }
-
-    /// This test's entries of the audit log: its node, its namespace.
-    fn journal(&self) -> Vec<Entry> {
-        self.kbox
-            .audit()
-            .into_iter()
-            .filter(|e| (e.resource == "nodes" && e.name == self.node) || e.namespace == self.ns)
-            .collect()
+/// Where a write of the journal stands in etcd's order.
+async fn write_rv(s: &Scene, e: &Entry) -> u64 {
+    match s.place(e).await {
+        Some(at) => at,
+        None => rv(e),
     }
 }
 
@@ -338,7 +217,7 @@ async fn fleetiq_drain_fences_releases_protects_and_deregisters_once() {
 
     let signalled = jiff::Timestamp::now();
     fiq.set(InstanceStatus::Draining);
-    s.drained(idle, busy).await;
+    drained(&s, idle, busy).await;
     assert!(fiq.pubsub_running(), "pubsub exited");
     let log = s.journal();
     let fence = the_fence(&log, &s.node);
@@ -494,20 +373,12 @@ async fn fleetiq_drain_fences_releases_protects_and_deregisters_once() {
     agent.stop().await.expect("agent stops on SIGTERM");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancel_restores_exactly_what_was_there() {
-    cancel_case("box-cancel", false).await;
-}
-
+/// A drain and its cancel by FleetIQ (`DRAINING`, then `ACTIVE` through the real pubsub):
+/// what the agent found is what it leaves. (The operator's label and its removal is
+/// `scenarios.rs`'s cancel, on both backends.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleetiq_back_to_active_restores_exactly_what_was_there() {
-    cancel_case("box-cancel-fiq", true).await;
-}
-
-/// A drain and its cancel, by the operator's label or by FleetIQ (`DRAINING`, then `ACTIVE`
-/// through the real pubsub): what the agent found is what it leaves.
-async fn cancel_case(name: &str, fleetiq: bool) {
-    let s = scene(name, Crd::SelectableNodeName).await;
+    let s = scene("box-cancel-fiq", Crd::SelectableNodeName).await;
     let srv = s.ready_servers(1).await.remove(0);
     s.allocate(&srv).await;
     s.agones
@@ -541,41 +412,26 @@ async fn cancel_case(name: &str, fleetiq: bool) {
         )
         .await
         .unwrap();
-    let fiq = if fleetiq {
-        Some(FleetIq::start(&s.node).await.expect("FleetIQ"))
-    } else {
-        None
-    };
-    let agent = s
-        .start_agent(fiq.as_ref().map(FleetIq::agent_extra).unwrap_or_default())
-        .await;
+    let fiq = FleetIq::start(&s.node).await.expect("FleetIQ");
+    let agent = s.start_agent(fiq.agent_extra()).await;
     s.agent_sees(&agent, 1).await;
-    if let Some(f) = &fiq {
-        wait_for("registered with FleetIQ", || async {
-            (f.gl.count("RegisterGameServer") == 1).then_some(())
-        })
-        .await;
-    }
-    // The agent's start-up writes (ownership; with FleetIQ, the registration record) are
-    // part of what was there before the drain.
+    wait_for("registered with FleetIQ", || async {
+        (fiq.gl.count("RegisterGameServer") == 1).then_some(())
+    })
+    .await;
+    // The agent's start-up writes (ownership, the registration record) are part of what
+    // was there before the drain.
     wait_for("the agent's start-up writes on the node", || async {
         let a = s.node_obj().await.metadata.annotations?;
-        (a.contains_key("lastcall.dev/owner")
-            && (fiq.is_none() || a.contains_key("lastcall.dev/registered")))
-        .then_some(())
+        (a.contains_key("lastcall.dev/owner") && a.contains_key("lastcall.dev/registered"))
+            .then_some(())
     })
     .await;
     let before = (snapshot_node(&s).await, snapshot_gs(&s, &srv).await);
 
-    match &fiq {
-        Some(f) => f.set(InstanceStatus::Draining),
-        None => s.drain_label(true).await,
-    }
-    s.drained(&[], std::slice::from_ref(&srv)).await;
-    match &fiq {
-        Some(f) => f.set(InstanceStatus::Active),
-        None => s.drain_label(false).await,
-    }
+    fiq.set(InstanceStatus::Draining);
+    drained(&s, &[], std::slice::from_ref(&srv)).await;
+    fiq.set(InstanceStatus::Active);
     let restored = try_eventually(
         "everything as it was before the drain",
         Duration::from_secs(40),
@@ -605,13 +461,11 @@ async fn cancel_case(name: &str, fleetiq: bool) {
     agones::expect_state(&s.agones, &srv, "Allocated")
         .await
         .unwrap();
-    if let Some(f) = &fiq {
-        assert_eq!(
-            f.gl.count("DeregisterGameServer"),
-            0,
-            "a cancel never deregisters"
-        );
-    }
+    assert_eq!(
+        fiq.gl.count("DeregisterGameServer"),
+        0,
+        "a cancel never deregisters"
+    );
     assert_nothing_forbidden(&s);
     agent.stop().await.expect("agent stops");
 }
@@ -656,7 +510,7 @@ async fn selection_drain(name: &str, crd: Crd) -> (Scene, Vec<Entry>, Vec<Server
     let agent = s.start_agent(Extra::default()).await;
     s.agent_sees(&agent, servers.len()).await;
     s.drain_label(true).await;
-    s.drained(&servers[..2], &servers[2..]).await;
+    drained(&s, &servers[..2], &servers[2..]).await;
     let log = s.journal();
     let label = log
         .iter()
@@ -871,7 +725,7 @@ async fn race_round(round: usize) -> usize {
         .iter()
         .filter(|e| e.by_agent() && e.resource == "gameservers" && e.is_write() && e.ok())
     {
-        let at = s.write_rv(e).await;
+        let at = write_rv(&s, e).await;
         if at > fence {
             let slot = first_write.entry(e.name.clone()).or_insert(at);
             *slot = (*slot).min(at);

@@ -11,16 +11,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
 use kube::Api;
 use kube::api::{DynamicObject, ListParams, PostParams};
 use lastcall_testkit::eventually::{eventually, try_eventually, wait_for};
+use lastcall_testkit::kube_box::ADMIN_USER;
 use lastcall_testkit::kube_box::agent::AgentProcess;
-use lastcall_testkit::kube_box::agones::{self, Agones, Allocation, Crd, Deletions, Server};
+use lastcall_testkit::kube_box::agones::{self, Crd, Server};
 use lastcall_testkit::kube_box::audit::{Entry, describe};
 use lastcall_testkit::kube_box::fleetiq::FleetIq;
 use lastcall_testkit::kube_box::proxy::{Fault, FaultProxy, Injection, Matcher};
-use lastcall_testkit::kube_box::{self, ADMIN_USER, Lease, create_node};
+use lastcall_testkit::scene::on_box::BoxScene as Scene;
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -42,101 +42,35 @@ const HOLD: Duration = Duration::from_millis(1500);
 /// The four writes a fault is armed on.
 const TARGETS: [&str; 4] = ["fence", "release", "protect", "eviction"];
 
-struct Scene {
-    kbox: Lease,
-    client: kube::Client,
-    ns: String,
-    node: String,
-    agones: Agones,
-    deletions: Deletions,
-}
-
+/// One test's part of the box (`lastcall_testkit::scene::on_box`).
 async fn scene(name: &str) -> Scene {
-    let kbox = kube_box::lease().await;
-    eprintln!("box started in {:?}", kbox.started_in());
-    let client = kbox.client().await.expect("admin client");
-    agones::install_crd(&client, Crd::SelectableNodeName)
-        .await
-        .expect("GameServer CRD");
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .expect("namespace");
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
-    wait_for("the namespace's default ServiceAccount", || async {
-        sas.get_opt("default").await.ok().flatten().map(|_| ())
-    })
-    .await;
-    agones::ensure_pdb(&client, name).await.expect("Agones PDB");
-    let node = format!("{name}-n1");
-    create_node(&client, &node).await.expect("kwok node");
-    let agones = Agones::new(&client, name);
-    let deletions = Deletions::watch(&client, name)
-        .await
-        .expect("a GameServer watch");
-    Scene {
-        kbox,
-        client,
-        ns: name.to_string(),
-        node,
-        agones,
-        deletions,
-    }
+    Scene::start(name, Crd::SelectableNodeName).await
 }
 
-impl Scene {
-    async fn node_obj(&self) -> Node {
-        Api::<Node>::all(self.client.clone())
-            .get(&self.node)
-            .await
-            .expect("the node")
-    }
-
-    /// This test's entries of the audit log: its node, its namespace.
-    fn journal(&self) -> Vec<Entry> {
-        self.kbox
-            .audit()
-            .into_iter()
-            .filter(|e| (e.resource == "nodes" && e.name == self.node) || e.namespace == self.ns)
-            .collect()
-    }
-
-    /// Three idle servers (`gs-0`..`gs-2`, `eviction.safe: Never`) and two matches (`gs-3`,
-    /// `gs-4`, `Always`: the Spot deadline evicts them).
-    async fn servers(&self) -> (Vec<Server>, Vec<Server>) {
-        let plan: Vec<(String, &str)> = (0..5)
-            .map(|i| (format!("gs-{i}"), if i < 3 { "Never" } else { "Always" }))
-            .collect();
-        let made = futures::future::join_all(
-            plan.iter()
-                .map(|(name, safe)| self.agones.ready_server_evictable(name, &self.node, safe)),
-        )
+/// Three idle servers (`gs-0`..`gs-2`, `eviction.safe: Never`) and two matches (`gs-3`,
+/// `gs-4`, `Always`: the Spot deadline evicts them).
+async fn servers(s: &Scene) -> (Vec<Server>, Vec<Server>) {
+    let mut all = s
+        .servers(&["Never", "Never", "Never", "Always", "Always"])
         .await;
-        let mut all: Vec<Server> = made
-            .into_iter()
-            .map(|r| r.expect("a Ready GameServer"))
-            .collect();
-        let busy = all.split_off(3);
-        for b in &busy {
-            let got = self.agones.allocate(&b.name).await.expect("allocate");
-            assert!(matches!(got, Allocation::Allocated(_)), "{got:?}");
-        }
-        (all, busy)
+    let busy = all.split_off(3);
+    for b in &busy {
+        s.allocate(b).await;
     }
+    (all, busy)
+}
 
-    /// Agones' part once the pods are gone: every server left is shut down and deleted.
-    async fn shut_down_the_rest(&self) {
-        let left = self
-            .agones
-            .api()
-            .list(&ListParams::default())
-            .await
-            .expect("list servers");
-        for gs in left.items {
-            let s = server_of(&self.ns, &gs);
-            self.agones.shutdown(&s).await.expect("shutdown");
-        }
+/// Agones' part once the pods are gone: every server left is shut down and deleted.
+async fn shut_down_the_rest(s: &Scene) {
+    let left = s
+        .agones
+        .api()
+        .list(&ListParams::default())
+        .await
+        .expect("list servers");
+    for gs in left.items {
+        let srv = server_of(&s.ns, &gs);
+        s.agones.shutdown(&srv).await.expect("shutdown");
     }
 }
 
@@ -271,7 +205,7 @@ struct Drained {
 async fn drain_under(name: &str, fault: Fault) {
     let began = std::time::Instant::now();
     let s = scene(name).await;
-    let (idle, busy) = s.servers().await;
+    let (idle, busy) = servers(&s).await;
     let pods_api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(s.client.clone(), &s.ns);
     let mut pods = BTreeMap::new();
     for b in &busy {
@@ -397,7 +331,7 @@ async fn drain_under(name: &str, fault: Fault) {
             .unwrap_or_else(|e| panic!("a match: {e}"));
     }
     // Agones deletes the servers whose pods are gone; the node empties and is handed over.
-    s.shut_down_the_rest().await;
+    shut_down_the_rest(&s).await;
     eventually(
         "deregistered once the node is empty",
         Duration::from_secs(40),
@@ -725,7 +659,7 @@ async fn check_promises(d: &Drained, injected: &[Injection]) {
 async fn the_api_server_killed_and_restarted_mid_drain() {
     const LEAD: i64 = 25;
     let s = scene("box-restart").await;
-    let (idle, busy) = s.servers().await;
+    let (idle, busy) = servers(&s).await;
     let fiq = FleetIq::start(&s.node).await.expect("FleetIQ and pubsub");
     let proxy = s.kbox.fault_proxy().await.expect("the fault proxy");
     let (held, landed) = idle.split_last().expect("idle servers");
@@ -827,7 +761,7 @@ async fn the_api_server_killed_and_restarted_mid_drain() {
             .await
             .unwrap_or_else(|e| panic!("a match: {e}"));
     }
-    s.shut_down_the_rest().await;
+    shut_down_the_rest(&s).await;
     eventually(
         "deregistered once the node is empty",
         Duration::from_secs(40),

@@ -171,6 +171,27 @@ pub async fn token(client: &kube::Client, pod: &Pod) -> anyhow::Result<String> {
 /// Creates the agent's pod on `node`, bound by name as the DaemonSet controller does, and
 /// waits until kwok runs it (it then has an IP).
 pub async fn create_pod(client: &kube::Client, node: &str) -> anyhow::Result<Pod> {
+    let pod = pod_for(node)?;
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    api.create(&PostParams::default(), &pod).await?;
+    let got = try_eventually(
+        &format!("agent pod {name} running on {node}"),
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            let p = api.get(&name).await.ok()?;
+            let st = p.status.as_ref()?;
+            (st.phase.as_deref() == Some("Running") && st.pod_ip.is_some()).then_some(p)
+        },
+    )
+    .await?;
+    Ok(got)
+}
+
+/// The agent's pod on `node` from the chart's DaemonSet template (its labels, tolerations
+/// and ServiceAccount), bound by name.
+pub fn pod_for(node: &str) -> anyhow::Result<Pod> {
     let docs = manifest()?;
     let template = doc(&docs, "DaemonSet", "lastcall-agent")?
         .pointer("/spec/template")
@@ -189,20 +210,28 @@ pub async fn create_pod(client: &kube::Client, node: &str) -> anyhow::Result<Pod
             "containers": [{"name": "agent", "image": "lastcall-agent:0.1.0"}],
         },
     }))?;
-    let api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    api.create(&PostParams::default(), &pod).await?;
-    let got = try_eventually(
-        &format!("agent pod {name} running on {node}"),
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async {
-            let p = api.get(&name).await.ok()?;
-            let st = p.status.as_ref()?;
-            (st.phase.as_deref() == Some("Running") && st.pod_ip.is_some()).then_some(p)
-        },
-    )
-    .await?;
-    Ok(got)
+    Ok(pod)
+}
+
+/// The chart's agent arguments with `--listen` on 127.0.0.1 (an ephemeral port) and `extra`
+/// in place of the chart's value of the same flag (`--flag=value`), or added.
+pub fn args_with(extra: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut args = chart_args()?;
+    for a in &mut args {
+        if a.starts_with("--listen=") {
+            *a = "--listen=127.0.0.1:0".into();
+        }
+    }
+    for a in extra {
+        if let Some((flag, _)) = a.split_once('=')
+            && let Some(slot) = args.iter_mut().find(|x| x.starts_with(&format!("{flag}=")))
+        {
+            *slot = a.clone();
+        } else {
+            args.push(a.clone());
+        }
+    }
+    Ok(args)
 }
 
 /// What a test adds to the chart's agent: chart values (arguments), and environment.
@@ -252,21 +281,7 @@ impl AgentProcess {
         install_rbac(&client).await?;
         let pod = create_pod(&client, node).await?;
         let token = token(&client, &pod).await?;
-        let mut args = chart_args()?;
-        for a in &mut args {
-            if a.starts_with("--listen=") {
-                *a = "--listen=127.0.0.1:0".into();
-            }
-        }
-        for a in &extra.args {
-            if let Some((flag, _)) = a.split_once('=')
-                && let Some(slot) = args.iter_mut().find(|x| x.starts_with(&format!("{flag}=")))
-            {
-                *slot = a.clone();
-            } else {
-                args.push(a.clone());
-            }
-        }
+        let args = args_with(&extra.args)?;
         let pod_json = serde_json::to_value(&pod)?;
         let mut env = Vec::new();
         for (name, path) in chart_env()? {

@@ -1,0 +1,318 @@
+//! One world, two backends: the scene a drain scenario plays on, written once and run on the
+//! emulator or on the box.
+//!
+//! A scene is a node with Ready and Allocated game servers (standalone GameServers, no
+//! Fleet), Agones' PDB in their namespace, and the agent started with the chart's arguments.
+//! A scenario speaks to it through a few verbs ([`Scene::node`], [`Scene::allocate`],
+//! [`Scene::end_match`], [`Scene::agent_writes`], [`Scene::stop`], …) and never asks which
+//! backend it is on:
+//!
+//! - [`Backend::Box`] ([`on_box`]): the real control plane, the Agones stand-in, the real
+//!   agent process with the chart's arguments, RBAC and Downward API values; writes ordered
+//!   by the audit log's resourceVersions.
+//! - [`Backend::Emulator`] ([`on_emulator`]): the kube emulator with its cluster model, the
+//!   agent in-process (built as the binary builds itself, from the same chart arguments);
+//!   writes ordered by the emulator journal's `seq`.
+//!
+//! Both play the allocator and the operator with the same API writes
+//! ([`crate::kube_box::agones::Agones`]); only a match's end differs (the model's SDK
+//! Shutdown, or the stand-in's), as each backend's Agones does it.
+
+pub mod on_box;
+pub mod on_emulator;
+pub mod writes;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::agent::InProcessAgent;
+use crate::kube_box::agent::{AgentProcess, Extra};
+use crate::kube_box::agones::{Agones, Allocation, Crd, Server};
+use crate::kube_box::audit::describe;
+use on_box::{BoxScene, DRAIN_LABEL};
+use on_emulator::{AGENT_IDENTITY, EmulatorScene};
+pub use writes::Write;
+
+/// Where a scene runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The test kit's kube emulator and cluster model; the agent in-process.
+    Emulator,
+    /// A real kube-apiserver, etcd, controllers, scheduler and kwok; the agent process.
+    Box,
+}
+
+enum Side {
+    Emulator(Box<EmulatorScene>),
+    Box(Box<BoxScene>),
+}
+
+enum Agent {
+    InProcess(InProcessAgent),
+    Process(Box<AgentProcess>),
+}
+
+/// A node with game servers, on one backend, and (once started) its agent.
+pub struct Scene {
+    pub backend: Backend,
+    pub ns: String,
+    pub node: String,
+    /// The Ready servers the scene began with.
+    pub idle: Vec<Server>,
+    /// The servers allocated before the agent started.
+    pub matches: Vec<Server>,
+    client: kube::Client,
+    agones: Agones,
+    side: Side,
+    agent: Option<Agent>,
+}
+
+impl Scene {
+    /// `idle` Ready and `matches` Allocated servers on one node, named `gs-0`, `gs-1`, …
+    /// (the matches last), under Agones 1.58+ (`status.nodeName` selectable); `name` names
+    /// the box namespace and the node (`{name}-n1`).
+    pub async fn start(backend: Backend, name: &str, idle: usize, matches: usize) -> Scene {
+        Self::start_with(backend, name, idle, matches, Crd::SelectableNodeName).await
+    }
+
+    /// [`Scene::start`] with the GameServer CRD as `crd` (`Crd::LabelsOnly`: an Agones
+    /// before 1.58, where the agent claims its servers by label).
+    pub async fn start_with(
+        backend: Backend,
+        name: &str,
+        idle: usize,
+        matches: usize,
+        crd: Crd,
+    ) -> Scene {
+        let (side, client, ns, node) = match backend {
+            Backend::Box => {
+                let b = BoxScene::start(name, crd).await;
+                let (c, ns, node) = (b.client.clone(), b.ns.clone(), b.node.clone());
+                (Side::Box(Box::new(b)), c, ns, node)
+            }
+            Backend::Emulator => {
+                let e = EmulatorScene::start(name, crd == Crd::SelectableNodeName).await;
+                let (c, ns, node) = (e.cluster.client(), e.ns.clone(), e.node.clone());
+                (Side::Emulator(Box::new(e)), c, ns, node)
+            }
+        };
+        let mut servers = match &side {
+            Side::Box(b) => b.ready_servers(idle + matches).await,
+            Side::Emulator(e) => e.ready_servers(idle + matches).await,
+        };
+        let agones = Agones::new(&client, &ns);
+        let mut s = Scene {
+            backend,
+            ns,
+            node,
+            idle: vec![],
+            matches: servers.split_off(idle),
+            client,
+            agones,
+            side,
+            agent: None,
+        };
+        s.idle = servers;
+        for m in s.matches.clone() {
+            s.allocate(&m).await;
+        }
+        s
+    }
+
+    /// Starts the node's agent with the chart's arguments plus `extra` (`--flag=value`
+    /// replaces the chart's value) and waits until it is ready and sees every server on
+    /// its node.
+    pub async fn start_agent(&mut self, extra: &[&str]) {
+        let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+        let agent = match &self.side {
+            Side::Box(b) => Agent::Process(Box::new(
+                b.start_agent(Extra {
+                    args: extra,
+                    env: vec![],
+                })
+                .await,
+            )),
+            Side::Emulator(e) => Agent::InProcess(e.start_agent(&extra).await),
+        };
+        self.agent = Some(agent);
+        let n = self.idle.len() + self.matches.len();
+        crate::eventually::wait_for("the agent sees every server on its node", || async {
+            let seen =
+                crate::agent::metric_sum(&self.agent_metrics().await, "lastcall_game_servers", &[]);
+            (seen as usize == n).then_some(())
+        })
+        .await;
+    }
+
+    /// The agent's metrics page.
+    ///
+    /// # Panics
+    /// Before [`Scene::start_agent`].
+    pub async fn agent_metrics(&self) -> String {
+        match self.agent.as_ref().expect("no agent started") {
+            Agent::InProcess(a) => a.metrics().await,
+            Agent::Process(a) => a.metrics().await,
+        }
+    }
+
+    pub async fn node(&self) -> Node {
+        Api::<Node>::all(self.client.clone())
+            .get(&self.node)
+            .await
+            .expect("the node")
+    }
+
+    /// A merge patch of the node, as someone else (the operator, another controller)
+    /// writes it.
+    pub async fn patch_node(&self, patch: Value) {
+        Api::<Node>::all(self.client.clone())
+            .patch(&self.node, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .expect("patch the node");
+    }
+
+    /// The operator's drain label, set (`true`) or removed.
+    pub async fn drain_label(&self, on: bool) {
+        let v = if on { json!("true") } else { Value::Null };
+        self.patch_node(json!({"metadata": {"labels": {DRAIN_LABEL: v}}}))
+            .await;
+    }
+
+    /// A merge patch of the GameServer `name` (someone else's labels or annotations).
+    pub async fn patch_server(&self, name: &str, patch: Value) {
+        self.agones
+            .api()
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .expect("patch the GameServer");
+    }
+
+    /// The GameServer `name`, if it exists.
+    pub async fn game_server(&self, name: &str) -> Option<DynamicObject> {
+        self.agones.get(name).await.expect("read a GameServer")
+    }
+
+    /// The scene's pods bound to its node (the game servers'; the agent's own pod lives in
+    /// the chart's namespace).
+    pub async fn pods_on_node(&self) -> Vec<String> {
+        let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
+        Api::<Pod>::namespaced(self.client.clone(), &self.ns)
+            .list(&lp)
+            .await
+            .expect("list pods")
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect()
+    }
+
+    /// The allocator's Ready → Allocated write (with the resourceVersion it read); it must
+    /// win.
+    pub async fn allocate(&self, s: &Server) {
+        let got = self.agones.allocate(&s.name).await.expect("allocate");
+        assert!(
+            matches!(got, Allocation::Allocated(_)),
+            "{}: {got:?}",
+            s.name
+        );
+    }
+
+    /// The match on `s` ends: the game's SDK Shutdown, then Agones deletes the server and
+    /// its pod goes.
+    pub async fn end_match(&self, s: &Server) {
+        match &self.side {
+            Side::Box(b) => b.agones.shutdown(s).await.expect("shutdown"),
+            Side::Emulator(e) => e
+                .cluster
+                .sdk_shutdown(&s.namespace, &s.name)
+                .expect("shutdown"),
+        }
+    }
+
+    /// The agent's accepted writes to the node and to the scene's pods and GameServers, in
+    /// the order the API server applied them ([`writes`]).
+    ///
+    /// # Panics
+    /// On the box, for a write whose place the audit log cannot give (an Eviction's
+    /// `Status` answer carries no resourceVersion): a scenario that evicts must order those
+    /// otherwise.
+    pub async fn agent_writes(&self) -> Vec<Write> {
+        match &self.side {
+            Side::Emulator(e) => writes::from_emulator(
+                &e.cluster.emulator().journal().entries(),
+                AGENT_IDENTITY,
+                &self.node,
+                &self.ns,
+            ),
+            Side::Box(b) => {
+                let mut out = vec![];
+                for e in b.journal().iter().filter(|e| {
+                    e.by_agent()
+                        && e.is_write()
+                        && e.ok()
+                        && writes::KINDS.contains(&e.resource.as_str())
+                }) {
+                    let at = b
+                        .place(e)
+                        .await
+                        .unwrap_or_else(|| panic!("no place in etcd's order for {}", describe(e)));
+                    out.push((
+                        e.received,
+                        Write {
+                            at,
+                            verb: e.verb.clone(),
+                            resource: e.resource.clone(),
+                            subresource: e.subresource.clone(),
+                            name: e.name.clone(),
+                            request: e.request.clone(),
+                            response: e.response.clone(),
+                        },
+                    ));
+                }
+                // A write that changed nothing keeps the object's revision: then arrival.
+                out.sort_by_key(|(received, w)| (w.at, *received));
+                out.into_iter().map(|(_, w)| w).collect()
+            }
+        }
+    }
+
+    /// The agent's requests refused 401 or 403, described: on the box its RBAC is the
+    /// chart's, so a permission the chart lacks shows here; the emulator authorizes every
+    /// caller, so there it only shows a refusal a fault injected.
+    pub fn agent_refusals(&self) -> Vec<String> {
+        match &self.side {
+            Side::Emulator(e) => e
+                .cluster
+                .emulator()
+                .journal()
+                .entries()
+                .iter()
+                .filter(|j| {
+                    j.identity.as_deref() == Some(AGENT_IDENTITY)
+                        && (j.status == 401 || j.status == 403)
+                })
+                .map(|j| format!("#{} {} {} -> {}", j.seq, j.method, j.path, j.status))
+                .collect(),
+            Side::Box(b) => b
+                .kbox
+                .audit()
+                .iter()
+                .filter(|e| e.by_agent() && (e.code == 401 || e.code == 403))
+                .map(describe)
+                .collect(),
+        }
+    }
+
+    /// Stops the agent as SIGTERM does (the process must exit on it).
+    pub async fn stop(mut self) {
+        match self.agent.take() {
+            Some(Agent::InProcess(a)) => a.stop().await.expect("the agent stops"),
+            Some(Agent::Process(a)) => {
+                a.stop().await.expect("the agent stops on SIGTERM");
+            }
+            None => {}
+        }
+    }
+}

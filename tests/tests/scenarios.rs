@@ -1,0 +1,460 @@
+//! Agent scenarios written once and run on both backends (`lastcall_testkit::scene`): the
+//! emulator (its cluster model, the agent in-process) and the box (a real control plane,
+//! the Agones stand-in, the real agent process with the chart's arguments and RBAC). Each
+//! body is one `async fn` taking a [`Backend`]; each backend gets its own `#[tokio::test]`.
+//!
+//! Orders come from [`Scene::agent_writes`]: the emulator journal's `seq` or the audit log's
+//! resourceVersions, whichever backend it is.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use lastcall_testkit::agent::metric;
+use lastcall_testkit::eventually::try_eventually;
+use lastcall_testkit::kube_box::agones::Crd;
+use lastcall_testkit::scene::writes::dump;
+use lastcall_testkit::scene::{Backend, Scene, Write};
+use serde_json::{Value, json};
+
+const TAINT: &str = "lastcall.dev/draining";
+const DEADLINE: &str = "lastcall.dev/drain-deadline";
+/// The marks a drain puts on a server (the claim label `lastcall.dev/node` is not one: the
+/// agent writes it at start-up under label selection, before any drain).
+const DRAIN_MARKS: [&str; 3] = [
+    "lastcall.dev/drain-deadline",
+    "lastcall.dev/drain-reason",
+    "lastcall.dev/node-draining",
+];
+
+fn cordoned(n: &Value) -> bool {
+    n.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true)
+}
+
+fn tainted(n: &Value) -> bool {
+    n.pointer("/spec/taints")
+        .and_then(Value::as_array)
+        .is_some_and(|t| t.iter().any(|t| t["key"] == TAINT))
+}
+
+fn fenced(n: &Value) -> bool {
+    cordoned(n) && tainted(n)
+}
+
+async fn node_json(s: &Scene) -> Value {
+    serde_json::to_value(s.node().await).unwrap_or(Value::Null)
+}
+
+/// Waits up to `secs` for `check`; on a timeout fails naming `what` and the agent's writes.
+async fn until<T, F, Fut>(s: &Scene, what: &str, secs: u64, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    match try_eventually(
+        what,
+        Duration::from_secs(secs),
+        Duration::from_millis(100),
+        check,
+    )
+    .await
+    {
+        Ok(v) => v,
+        Err(e) => {
+            let w = s.agent_writes().await;
+            panic!(
+                "{:?}: {e}\nthe agent's writes:\n{}",
+                s.backend,
+                dump(&w.iter().collect::<Vec<_>>())
+            )
+        }
+    }
+}
+
+/// The fence: the agent's first node write that cordons or taints; it must do both.
+fn the_fence<'a>(s: &Scene, writes: &'a [Write]) -> &'a Write {
+    let node_writes: Vec<&Write> = writes.iter().filter(|w| w.resource == "nodes").collect();
+    let first = node_writes
+        .iter()
+        .find(|w| cordoned(&w.response) || tainted(&w.response))
+        .unwrap_or_else(|| {
+            panic!(
+                "{:?}: no fence write by the agent:\n{}",
+                s.backend,
+                dump(&node_writes)
+            )
+        });
+    assert!(
+        fenced(&first.response),
+        "{:?}: the fence must cordon and taint in one write: {}",
+        s.backend,
+        first.describe()
+    );
+    first
+}
+
+/// The agent's writes to a GameServer that set its node-claim label `lastcall.dev/node`
+/// (and not the drain's `lastcall.dev/node-draining`).
+fn claims(writes: &[Write]) -> Vec<&Write> {
+    writes
+        .iter()
+        .filter(|w| {
+            let sent = w.request.to_string();
+            w.resource == "gameservers"
+                && w.verb == "patch"
+                && sent.contains("lastcall.dev/node")
+                && !sent.contains("node-draining")
+        })
+        .collect()
+}
+
+/// Waits until the node is fenced, the idle servers and their pods are gone and every match
+/// carries the drain deadline.
+async fn drained(s: &Scene) {
+    until(
+        s,
+        "fenced, idle servers and their pods gone, the matches protected",
+        40,
+        || async {
+            if !fenced(&node_json(s).await) {
+                return None;
+            }
+            let pods = s.pods_on_node().await;
+            for srv in &s.idle {
+                if s.game_server(&srv.name).await.is_some() || pods.contains(&srv.name) {
+                    return None;
+                }
+            }
+            for m in &s.matches {
+                let gs = s.game_server(&m.name).await?;
+                gs.metadata.annotations?.get(DEADLINE)?;
+            }
+            Some(())
+        },
+    )
+    .await;
+}
+
+fn annotated(w: &Write, key: &str) -> bool {
+    w.response
+        .pointer(&format!("/metadata/annotations/{}", key.replace('/', "~1")))
+        .is_some()
+}
+
+/// The operator's `lastcall.dev/drain=true`, end to end: the fence (cordon and taint in one
+/// write), exactly the idle servers released (uid-preconditioned, after the fence) with
+/// their pods gone, the match protected (its deadline written after the fence) and never
+/// deleted; then the match ends, the node is empty, the agent says so and the node stays
+/// fenced.
+async fn a_manual_drain_end_to_end(backend: Backend) {
+    let mut s = Scene::start(backend, "sc-drain", 2, 1).await;
+    s.start_agent(&[]).await;
+    let busy = s.matches[0].clone();
+    s.drain_label(true).await;
+    drained(&s).await;
+
+    let writes = s.agent_writes().await;
+    let fence = the_fence(&s, &writes);
+    let deletes: BTreeMap<&str, &Write> = writes
+        .iter()
+        .filter(|w| w.resource == "gameservers" && w.is_delete())
+        .map(|w| (w.name.as_str(), w))
+        .collect();
+    assert_eq!(
+        deletes.keys().copied().collect::<BTreeSet<_>>(),
+        s.idle.iter().map(|x| x.name.as_str()).collect(),
+        "{backend:?}: exactly the idle servers are released"
+    );
+    for srv in &s.idle {
+        let d = deletes[srv.name.as_str()];
+        assert!(
+            d.at > fence.at,
+            "{backend:?}: {} released before the fence:\n{}\n{}",
+            srv.name,
+            d.describe(),
+            fence.describe()
+        );
+        assert_eq!(
+            d.request
+                .pointer("/preconditions/uid")
+                .and_then(Value::as_str),
+            Some(srv.uid.as_str()),
+            "{backend:?}: the release of {} names its uid: {}",
+            srv.name,
+            d.describe()
+        );
+    }
+    let protect = writes
+        .iter()
+        .find(|w| w.resource == "gameservers" && w.name == busy.name && annotated(w, DEADLINE))
+        .unwrap_or_else(|| panic!("{backend:?}: {} never protected", busy.name));
+    assert!(
+        protect.at > fence.at,
+        "{backend:?}: {} protected before the fence",
+        busy.name
+    );
+
+    s.end_match(&busy).await;
+    until(&s, "the node empty and the agent saying so", 60, || async {
+        let m = s.agent_metrics().await;
+        (s.game_server(&busy.name).await.is_none()
+            && s.pods_on_node().await.is_empty()
+            && metric(&m, "lastcall_drain_phase", &[("phase", "empty")]) == Some(1.0))
+        .then_some(())
+    })
+    .await;
+    assert!(
+        fenced(&node_json(&s).await),
+        "{backend:?}: the emptied node must stay fenced"
+    );
+    let writes = s.agent_writes().await;
+    let fence_at = the_fence(&s, &writes).at;
+    for w in writes
+        .iter()
+        .filter(|w| w.resource == "nodes" && w.at > fence_at)
+    {
+        assert!(
+            fenced(&w.response),
+            "{backend:?}: the agent lifted its fence: {}",
+            w.describe()
+        );
+    }
+    assert!(
+        !writes
+            .iter()
+            .any(|w| w.resource == "gameservers" && w.is_delete() && w.name == busy.name),
+        "{backend:?}: the agent deleted the match's server"
+    );
+    // Agones 1.58+: the agent selects its servers by `status.nodeName` and writes nothing
+    // to a server to see it.
+    let claimed = claims(&writes);
+    assert!(
+        claimed.is_empty(),
+        "{backend:?}: claims written although status.nodeName is selectable:\n{}",
+        dump(&claimed)
+    );
+    eprintln!(
+        "{backend:?}: the agent's writes in order:\n{}",
+        writes
+            .iter()
+            .map(|w| format!("{} {}/{}", w.verb, w.resource, w.name))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let refused = s.agent_refusals();
+    assert!(
+        refused.is_empty(),
+        "{backend:?}: the agent was refused:\n{}",
+        refused.join("\n")
+    );
+    s.stop().await;
+}
+
+type NodeShape = (
+    BTreeMap<String, String>,
+    BTreeMap<String, String>,
+    Value,
+    bool,
+);
+type ServerShape = (BTreeMap<String, String>, BTreeMap<String, String>);
+
+/// What a cancel must restore: the node's labels, annotations, taints and cordon, and the
+/// match's labels and annotations.
+async fn shape(s: &Scene, server: &str) -> (NodeShape, ServerShape) {
+    let n = s.node().await;
+    let spec = n.spec.unwrap_or_default();
+    let node = (
+        n.metadata.labels.unwrap_or_default(),
+        n.metadata.annotations.unwrap_or_default(),
+        serde_json::to_value(spec.taints.unwrap_or_default()).unwrap_or(Value::Null),
+        spec.unschedulable.unwrap_or(false),
+    );
+    let gs = s.game_server(server).await.expect("the match's server");
+    let srv: ServerShape = (
+        gs.metadata.labels.unwrap_or_default().into_iter().collect(),
+        gs.metadata
+            .annotations
+            .unwrap_or_default()
+            .into_iter()
+            .collect(),
+    );
+    (node, srv)
+}
+
+/// A drain by the operator's label, then the label removed: the node (with someone else's
+/// taint, label and annotation on it) and the match are exactly as before the drain, no
+/// cordon, no lastcall taint, no drain mark left, and it was the agent's own write that
+/// lifted its fence.
+async fn a_cancel_restores_exactly_what_was_there(backend: Backend) {
+    let mut s = Scene::start(backend, "sc-cancel", 0, 1).await;
+    let busy = s.matches[0].clone();
+    s.patch_server(
+        &busy.name,
+        json!({"metadata": {"annotations": {"example.com/match": "42"}}}),
+    )
+    .await;
+    let mut taints: Vec<Value> = s
+        .node()
+        .await
+        .spec
+        .and_then(|x| x.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|t| serde_json::to_value(t).ok())
+        .collect();
+    taints.push(json!({"key": "example.com/foreign", "value": "x", "effect": "NoSchedule"}));
+    s.patch_node(json!({
+        "metadata": {"labels": {"example.com/pool": "a"},
+                     "annotations": {"example.com/keep": "yes"}},
+        "spec": {"taints": taints},
+    }))
+    .await;
+    s.start_agent(&[]).await;
+    // The agent's start-up write (its ownership of the node) is part of what was there.
+    until(&s, "the agent owns the node", 30, || async {
+        s.node()
+            .await
+            .metadata
+            .annotations?
+            .contains_key("lastcall.dev/owner")
+            .then_some(())
+    })
+    .await;
+    let before = shape(&s, &busy.name).await;
+
+    s.drain_label(true).await;
+    until(&s, "fenced and the match protected", 40, || async {
+        let gs = s.game_server(&busy.name).await?;
+        (fenced(&node_json(&s).await) && gs.metadata.annotations?.contains_key(DEADLINE))
+            .then_some(())
+    })
+    .await;
+    s.drain_label(false).await;
+    let restored = try_eventually(
+        "everything as it was before the drain",
+        Duration::from_secs(40),
+        Duration::from_millis(100),
+        || async { (shape(&s, &busy.name).await == before).then_some(()) },
+    )
+    .await;
+    if let Err(e) = restored {
+        let now = shape(&s, &busy.name).await;
+        panic!("{backend:?}: {e}\nbefore the drain: {before:#?}\nafter the cancel: {now:#?}");
+    }
+    let n = node_json(&s).await;
+    assert!(
+        !cordoned(&n) && !tainted(&n),
+        "{backend:?}: still fenced: {n}"
+    );
+    let gs = s.game_server(&busy.name).await.expect("the match's server");
+    let left: Vec<String> = gs
+        .metadata
+        .labels
+        .unwrap_or_default()
+        .into_keys()
+        .chain(gs.metadata.annotations.unwrap_or_default().into_keys())
+        .filter(|k| DRAIN_MARKS.contains(&k.as_str()))
+        .collect();
+    assert!(left.is_empty(), "{backend:?}: drain marks left: {left:?}");
+    assert_eq!(
+        gs.data.pointer("/status/state"),
+        Some(&json!("Allocated")),
+        "{backend:?}: the match goes on"
+    );
+    let writes = s.agent_writes().await;
+    let fence = the_fence(&s, &writes);
+    assert!(
+        writes.iter().any(|w| w.resource == "nodes"
+            && w.at > fence.at
+            && !cordoned(&w.response)
+            && !tainted(&w.response)),
+        "{backend:?}: the agent's own write lifted the fence:\n{}",
+        dump(&writes.iter().collect::<Vec<_>>())
+    );
+    let refused = s.agent_refusals();
+    assert!(
+        refused.is_empty(),
+        "{backend:?}: the agent was refused:\n{}",
+        refused.join("\n")
+    );
+    s.stop().await;
+}
+
+/// Under an Agones before 1.58 (no selectable `status.nodeName`) the agent, on its own
+/// (`--gameserver-selector=auto`, the chart's), claims each server on its node with the
+/// label `lastcall.dev/node` exactly once, before the drain, and drains as by the field:
+/// the idle servers released after the fence with their uid, the match protected.
+async fn under_an_older_agones_each_server_is_claimed_once(backend: Backend) {
+    let mut s = Scene::start_with(backend, "sc-label", 2, 1, Crd::LabelsOnly).await;
+    s.start_agent(&[]).await;
+    s.drain_label(true).await;
+    drained(&s).await;
+    let writes = s.agent_writes().await;
+    let fence = the_fence(&s, &writes);
+    let claimed = claims(&writes);
+    for srv in s.idle.iter().chain(&s.matches) {
+        let mine: Vec<&Write> = claimed
+            .iter()
+            .copied()
+            .filter(|w| w.name == srv.name)
+            .collect();
+        assert_eq!(
+            mine.len(),
+            1,
+            "{backend:?}: {} must be claimed once:\n{}",
+            srv.name,
+            dump(&claimed)
+        );
+        assert!(
+            mine[0].at < fence.at,
+            "{backend:?}: {} claimed only after the drain began:\n{}\n{}",
+            srv.name,
+            mine[0].describe(),
+            fence.describe()
+        );
+    }
+    for srv in &s.idle {
+        let d = writes
+            .iter()
+            .find(|w| w.resource == "gameservers" && w.is_delete() && w.name == srv.name)
+            .unwrap_or_else(|| panic!("{backend:?}: {} never released", srv.name));
+        assert!(
+            d.at > fence.at
+                && d.request
+                    .pointer("/preconditions/uid")
+                    .and_then(Value::as_str)
+                    == Some(srv.uid.as_str()),
+            "{backend:?}: the release of {} must follow the fence and name its uid: {}",
+            srv.name,
+            d.describe()
+        );
+    }
+    let refused = s.agent_refusals();
+    assert!(
+        refused.is_empty(),
+        "{backend:?}: the agent was refused:\n{}",
+        refused.join("\n")
+    );
+    s.stop().await;
+}
+
+macro_rules! on_both {
+    ($($body:ident => $emulator:ident, $on_box:ident;)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $emulator() {
+                $body(Backend::Emulator).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $on_box() {
+                $body(Backend::Box).await;
+            }
+        )*
+    };
+}
+
+on_both! {
+    a_manual_drain_end_to_end => manual_drain_on_the_emulator, manual_drain_on_the_box;
+    a_cancel_restores_exactly_what_was_there => cancel_on_the_emulator, cancel_on_the_box;
+    under_an_older_agones_each_server_is_claimed_once => label_claims_on_the_emulator, label_claims_on_the_box;
+}
