@@ -157,6 +157,7 @@ impl Met {
                 .iter()
                 .filter(|e| {
                     e.identity.as_deref() == Some("agones-allocator")
+                        && e.verb == crate::kube::journal::Verb::Update
                         && e.resource.as_deref() == Some("gameservers")
                         && (200..300).contains(&e.status)
                         && e.name.as_deref().is_some_and(on_node)

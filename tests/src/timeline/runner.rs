@@ -872,6 +872,14 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 }));
             }
             Action::AllocateAtFence(safe) => {
+                // The releases that follow the fence take a moment to answer, as on a busy
+                // API server, so the allocator can get in between the fence and a release.
+                cluster.emulator().faults().inject(FaultRule::delay(
+                    Some(Method::DELETE),
+                    "/gameservers/",
+                    3,
+                    Duration::from_millis(40),
+                ));
                 let (exclusion, safe) = (tl.exclusion_selector, *safe);
                 let (c, store) = (alloc_client.clone(), cluster.store().clone());
                 allocations.push(tokio::spawn(async move {
