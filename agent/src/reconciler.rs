@@ -1114,6 +1114,19 @@ impl Reconciler {
                 }
                 continue;
             }
+            if let Action::EndGracefully { .. } = action {
+                let mut batch = vec![];
+                while let Some(a @ Action::EndGracefully { .. }) = plan.actions.get(i) {
+                    batch.push(a);
+                    i += 1;
+                }
+                let (done, failed) = self.end_batch(&batch, observed, log).await;
+                applied += done;
+                if let Some(e) = failed {
+                    first_error.get_or_insert(e);
+                }
+                continue;
+            }
             i += 1;
             if write_target(action).is_some_and(|t| self.reverted.paused(&t, Instant::now())) {
                 // Its last write was reverted: wait out the pause. The Node write is a
@@ -1241,18 +1254,8 @@ impl Reconciler {
                 }
                 Ok(wrote)
             }
-            Action::EndGracefully {
-                namespace,
-                pod,
-                uid,
-            } => {
-                let started = a.end_gracefully(namespace, pod, uid).await?;
-                if started {
-                    info!(message = "started a match's graceful termination before the node's deadline", namespace = %namespace, pod = %pod);
-                    log.ended.push(format!("{namespace}/{pod}"));
-                }
-                Ok(started)
-            }
+            // Run together by `end_batch`.
+            Action::EndGracefully { .. } => Ok(false),
             Action::Deregister => {
                 if let Some(n) = a.deregister().await? {
                     self.own.wrote_node(n);
@@ -1317,6 +1320,60 @@ impl Reconciler {
     }
 
     /// Releases concurrently. Returns how many changed something, and the first failure.
+    /// Starts the graceful termination of every match in `batch` at once: each is due now,
+    /// and a slow or unanswered request for one must not hold the others past their own
+    /// `deadline − grace` (one at a time, a hung eviction made the next match a request
+    /// timeout late).
+    async fn end_batch(
+        &mut self,
+        batch: &[&Action],
+        observed: &Observed,
+        log: &mut PassLog,
+    ) -> (usize, Option<ActError>) {
+        let actuator = self.actuator.clone();
+        let results = futures::future::join_all(batch.iter().map(|action| {
+            let a = actuator.clone();
+            async move {
+                match action {
+                    Action::EndGracefully {
+                        namespace,
+                        pod,
+                        uid,
+                    } => a.end_gracefully(namespace, pod, uid).await,
+                    _ => Ok(false),
+                }
+            }
+        }))
+        .await;
+        let mut applied = 0;
+        let mut failed = None;
+        for (action, r) in batch.iter().zip(results) {
+            let Action::EndGracefully { namespace, pod, .. } = action else {
+                continue;
+            };
+            match r {
+                Ok(_) if self.sim.is_some() => {
+                    if self.simulate(action, observed) {
+                        applied += 1;
+                    }
+                }
+                Ok(true) => {
+                    applied += 1;
+                    self.count(action, "ok");
+                    info!(message = "started a match's graceful termination before the node's deadline", namespace = %namespace, pod = %pod);
+                    log.ended.push(format!("{namespace}/{pod}"));
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    self.count(action, e.metric_label());
+                    warn!(message = "action failed", action = action.metric_label(), error = %e);
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        (applied, failed)
+    }
+
     async fn release_batch(
         &mut self,
         batch: Vec<GsRef>,
