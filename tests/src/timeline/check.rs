@@ -1327,9 +1327,14 @@ fn azure_approved_once_empty(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                     .azure_approvals
                     .iter()
                     .any(|(e, t)| *e == event && *t <= due);
-                // Not approved, and the spell or the event ended first: nothing to judge.
-                let moot =
-                    due >= to || !cx.truth.during(st, due).iter().all(|l| l.contains_key(id));
+                // Not approved, and the spell or the event ended first (it left the
+                // document, or the truth), or it was not listed then: nothing to judge.
+                let listed =
+                    |t: SystemTime| super::truth::azure_listed(&cx.run.applied, *episode, t);
+                let moot = due >= to
+                    || !listed(st)
+                    || cx.truth.changes().any(|c| c > st && c <= due && !listed(c))
+                    || !cx.truth.during(st, due).iter().all(|l| l.contains_key(id));
                 if !approved && moot {
                     continue;
                 }

@@ -996,11 +996,14 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 });
             // So does an Azure event that asked for the drain, with approvals on: the agent
             // approves it once the node is empty (the checker judges when).
+            // Only an event still listed can be approved (a Spot eviction gone from the
+            // document stays a signal, but there is nothing left to approve).
             let approvals = az.approvals();
             let azure_done = !tl.azure_approve
                 || live_at_end.keys().all(|id| match id {
                     super::truth::SignalId::Azure(ep) => {
-                        approvals.contains(&azure_event_id(tl.seed, *ep))
+                        !super::truth::azure_listed(&applied, *ep, SystemTime::now())
+                            || approvals.contains(&azure_event_id(tl.seed, *ep))
                     }
                     _ => true,
                 });

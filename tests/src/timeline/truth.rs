@@ -317,6 +317,21 @@ pub fn earliest(live: &Live, now: SystemTime, slack: Duration) -> Option<SystemT
         .min()
 }
 
+/// Whether Azure event `episode` is listed in the document at `t` (listed, or listed again,
+/// and not gone since): only a listed event can be approved.
+pub fn azure_listed(applied: &[Applied], episode: u8, t: SystemTime) -> bool {
+    applied
+        .iter()
+        .filter(|a| a.at <= t)
+        .rev()
+        .find_map(|a| match a.action {
+            Action::AzureEvent { episode: e, .. } if e == episode => Some(true),
+            Action::AzureGone { episode: e } if e == episode => Some(false),
+            _ => None,
+        })
+        .unwrap_or(false)
+}
+
 /// Whether `eviction.safe` (and `--graceful-termination`) let lastcall end a match for `s`.
 pub fn permits(safe: Safe, s: &Signal, graceful: bool) -> bool {
     graceful
