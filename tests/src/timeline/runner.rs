@@ -687,6 +687,12 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 gl.set_instance_status(&iid, gs);
                 at = publish(redis, &iid, &status(s, &iid)).await.context(what)?;
             }
+            Action::FleetIqSpot => {
+                gl.set_instance_status(&iid, InstanceStatus::SpotTerminating);
+                at = publish(redis, &iid, &status(Status::SpotTerminating, &iid))
+                    .await
+                    .context(what)?;
+            }
             Action::Manual(on) => {
                 let on = *on;
                 at = edit_node(&operator, |n| {
@@ -810,6 +816,28 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                     }
                     KubeFault::FailEvictions { n } => {
                         faults.inject(FaultRule::status(Some(Method::POST), "/eviction", n, 503))
+                    }
+                    KubeFault::FailReleases { n, status: 429 } => {
+                        faults.inject(FaultRule::throttle(
+                            Some(Method::DELETE),
+                            "/gameservers/",
+                            n,
+                            Duration::from_secs(1),
+                        ))
+                    }
+                    KubeFault::FailReleases { n, status } => faults.inject(FaultRule::status(
+                        Some(Method::DELETE),
+                        "/gameservers/",
+                        n,
+                        status,
+                    )),
+                    KubeFault::LagWatches { ms } => {
+                        for resource in ["pods", "gameservers"] {
+                            faults.delay_watches(crate::kube::faults::WatchDelay::resource(
+                                resource,
+                                Duration::from_millis(ms),
+                            ));
+                        }
                     }
                 }
             }

@@ -46,6 +46,10 @@ pub struct Dimensions {
     /// (needs "no allocation after the fence" with the exclusion selector, and every
     /// allocated server protected without it).
     pub fence_races: bool,
+    /// Release DELETEs failing (5xx, or 429 with `Retry-After`), lagging pod and GameServer
+    /// watches, and FleetIQ `SPOT_TERMINATING` (needs "a failed release is labelled", "a
+    /// hand-off on a fresh read", "a Spot notice is never withdrawn").
+    pub more_faults: bool,
 }
 
 impl Dimensions {
@@ -63,6 +67,7 @@ impl Dimensions {
         asg_lag: true,
         without_fleetiq: true,
         fence_races: true,
+        more_faults: true,
     };
 
     /// `ALL` minus the comma-separated names in `disabled`; an unknown name is an error.
@@ -83,6 +88,7 @@ impl Dimensions {
                 "asg_lag" => &mut d.asg_lag,
                 "without_fleetiq" => &mut d.without_fleetiq,
                 "fence_races" => &mut d.fence_races,
+                "more_faults" => &mut d.more_faults,
                 other => return Err(format!("unknown timeline dimension {other:?}")),
             };
             *flag = false;
@@ -189,6 +195,12 @@ pub enum KubeFault {
     HangGameServers,
     /// The next `n` pod evictions answer 503.
     FailEvictions { n: usize },
+    /// The next `n` GameServer DELETEs (releases) answer this status (429 comes with
+    /// `Retry-After: 1`, as API Priority and Fairness sends it).
+    FailReleases { n: usize, status: u16 },
+    /// From now on, every watch of pods and GameServers delivers its events this late (a
+    /// lagging watch cache).
+    LagWatches { ms: u64 },
 }
 
 /// One thing that happens to the node.
@@ -238,6 +250,9 @@ pub enum Action {
     FleetIq {
         draining: bool,
     },
+    /// FleetIQ `SPOT_TERMINATING` published on Redis (never withdrawn: a later `ACTIVE`
+    /// from a lagging replica does not cancel it).
+    FleetIqSpot,
     /// The operator's `lastcall.dev/drain=true` label on or off.
     Manual(bool),
     /// Karpenter's `karpenter.sh/disrupted:NoSchedule` taint on or off.
@@ -599,6 +614,42 @@ impl Timeline {
                 action: Action::AllocateAtFence(Safe::ALL[racing.random_range(0..3)]),
             });
         }
+        // More faults and FleetIQ's Spot notice, from a stream of their own as well.
+        let mut more = StdRng::seed_from_u64(seed ^ 0x6d6f_7265_2121);
+        if dims.more_faults {
+            if more.random_bool(0.3) {
+                let status = [500, 503, 429][more.random_range(0..3)];
+                steps.push(Step {
+                    at_ms: more.random_range(0..horizon),
+                    action: Action::Fault(KubeFault::FailReleases {
+                        n: more.random_range(1..=3),
+                        status,
+                    }),
+                });
+            }
+            if more.random_bool(0.2) {
+                steps.push(Step {
+                    at_ms: more.random_range(0..horizon),
+                    action: Action::Fault(KubeFault::LagWatches {
+                        ms: more.random_range(100..=500),
+                    }),
+                });
+            }
+            if edges.fleetiq && more.random_bool(0.15) {
+                let t = more.random_range(0..horizon);
+                steps.push(Step {
+                    at_ms: t,
+                    action: Action::FleetIqSpot,
+                });
+                // A lagging replica answers ACTIVE afterwards: the notice stands.
+                if more.random_bool(0.5) {
+                    steps.push(Step {
+                        at_ms: t + more.random_range(200..800),
+                        action: Action::FleetIq { draining: false },
+                    });
+                }
+            }
+        }
         steps.sort_by_key(|s| s.at_ms);
         let gce_preemption_notice_s = rng.random_range(2..=3);
         let gce_terminate_notice_s = rng.random_range(2..=3);
@@ -792,7 +843,7 @@ mod tests {
         assert_eq!(a.steps, b.steps);
         assert_eq!(a.to_string(), b.to_string());
         let none = Dimensions::without(
-            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events,returns,gamelift_forgets,asg_lag,without_fleetiq,fence_races",
+            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events,returns,gamelift_forgets,asg_lag,without_fleetiq,fence_races,more_faults",
         )
         .expect("known names");
         for seed in 0..300 {
@@ -810,6 +861,10 @@ mod tests {
                             | Action::MachineReturns
                             | Action::LateServer
                             | Action::AllocateAtFence(_)
+                            | Action::FleetIqSpot
+                            | Action::Fault(
+                                KubeFault::FailReleases { .. } | KubeFault::LagWatches { .. }
+                            )
                             | Action::Fault(KubeFault::HangNode | KubeFault::HangGameServers)
                             | Action::ImdsScheduled {
                                 code: EventCode::SystemMaintenance,

@@ -14,6 +14,8 @@ pub enum SignalId {
     GceMaintenance,
     GcePreempted,
     FleetIq,
+    /// FleetIQ `SPOT_TERMINATING`: never withdrawn.
+    FleetIqSpot,
     Manual,
     Karpenter,
     /// The Auto Scaling termination hook's wait.
@@ -160,6 +162,14 @@ pub fn effect_of(
             }),
         ),
         Action::FleetIq { draining } => (SignalId::FleetIq, draining.then_some(drain)),
+        // Two minutes from pubsub's first poll, far beyond the run; counted by lastcall.
+        Action::FleetIqSpot => (
+            SignalId::FleetIqSpot,
+            Some(Signal {
+                relative: true,
+                ..hard(floor_secs(at + Duration::from_secs(120)))
+            }),
+        ),
         Action::Manual(on) => (SignalId::Manual, on.then_some(drain)),
         Action::Karpenter(on) => (
             SignalId::Karpenter,
@@ -208,8 +218,10 @@ impl Truth {
             let Some((id, s)) = a.effect else { continue };
             // Spot and preemption are never withdrawn, nor moved later: a repeat keeps the
             // first deadline unless it states an earlier one (the instance goes then).
-            if matches!(id, SignalId::ImdsSpot | SignalId::GcePreempted)
-                && let Some(old) = live.get(&id)
+            if matches!(
+                id,
+                SignalId::ImdsSpot | SignalId::GcePreempted | SignalId::FleetIqSpot
+            ) && let Some(old) = live.get(&id)
             {
                 let earlier = match (old.hard, s.and_then(|n| n.hard)) {
                     (Some(o), Some(n)) => n < o,
