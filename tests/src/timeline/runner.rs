@@ -979,6 +979,32 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     for a in allocations {
         let _ = a.await;
     }
+    // An allocator that raced a late fence may have allocated after every match ended:
+    // those matches end too, so a drain can finish (the game ends them as any other).
+    let late_matches: Vec<String> = cluster
+        .game_servers()
+        .into_iter()
+        .filter(|g| {
+            g.node.as_deref() == Some(NODE)
+                && !g.deleting
+                && matches!(
+                    g.state,
+                    Some(GameServerState::Allocated | GameServerState::Reserved)
+                )
+        })
+        .map(|g| g.name)
+        .collect();
+    if !late_matches.is_empty() {
+        for name in &late_matches {
+            let _ = cluster.sdk_shutdown(NS, name);
+        }
+        applied.push(Applied {
+            at: SystemTime::now(),
+            action: Action::EndMatch,
+            effect: None,
+            note: late_matches.join(","),
+        });
+    }
     // An empty body is a glitch, and a glitch ends: the metadata server answers its real
     // value again before the settle. Left standing, an agent started during it has never
     // read the source, so it holds the drain GCE asked for (as it must: an unknown source
