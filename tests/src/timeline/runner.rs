@@ -941,19 +941,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 }));
             }
             Action::EndMatch => {
-                let busy: Vec<String> = cluster
-                    .game_servers()
-                    .into_iter()
-                    .filter(|g| {
-                        g.node.as_deref() == Some(NODE)
-                            && !g.deleting
-                            && matches!(
-                                g.state,
-                                Some(GameServerState::Allocated | GameServerState::Reserved)
-                            )
-                    })
-                    .map(|g| g.name)
-                    .collect();
+                let busy = in_matches(&cluster);
                 let chosen: Vec<String> = if all {
                     busy
                 } else if busy.is_empty() {
@@ -981,19 +969,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     }
     // An allocator that raced a late fence may have allocated after every match ended:
     // those matches end too, so a drain can finish (the game ends them as any other).
-    let late_matches: Vec<String> = cluster
-        .game_servers()
-        .into_iter()
-        .filter(|g| {
-            g.node.as_deref() == Some(NODE)
-                && !g.deleting
-                && matches!(
-                    g.state,
-                    Some(GameServerState::Allocated | GameServerState::Reserved)
-                )
-        })
-        .map(|g| g.name)
-        .collect();
+    let late_matches = in_matches(&cluster);
     if !late_matches.is_empty() {
         for name in &late_matches {
             let _ = cluster.sdk_shutdown(NS, name);
@@ -1199,6 +1175,23 @@ pub fn is_game_pod(p: &Value) -> bool {
     p.pointer("/metadata/labels/agones.dev~1role")
         .and_then(Value::as_str)
         == Some("gameserver")
+}
+
+/// The node's servers in a match (Allocated or Reserved, not being deleted).
+fn in_matches(cluster: &Cluster) -> Vec<String> {
+    cluster
+        .game_servers()
+        .into_iter()
+        .filter(|g| {
+            g.node.as_deref() == Some(NODE)
+                && !g.deleting
+                && matches!(
+                    g.state,
+                    Some(GameServerState::Allocated | GameServerState::Reserved)
+                )
+        })
+        .map(|g| g.name)
+        .collect()
 }
 
 /// The Node carries lastcall's fence taint.
