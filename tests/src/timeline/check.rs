@@ -1195,6 +1195,14 @@ fn matches_ended_in_time(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             if !held {
                 continue;
             }
+            // An agent that started while the metadata server answered an empty body has
+            // never read GCE: the deadline it has from the record is unconfirmed, which
+            // protects and never ends a match (by design: it may have been cancelled).
+            if matches!(id, SignalId::GceMaintenance | SignalId::GcePreempted)
+                && started_during_gce_glitch(cx, due)
+            {
+                continue;
+            }
             // The matches running when this deadline asked for their end, known by then.
             for name in cx.running_at(from, cx.reaction_after(from)) {
                 if Safe::of_server(&name) != Some(safe) || !on_node(&name) {
@@ -1232,6 +1240,43 @@ fn matches_ended_in_time(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             }
         }
     }
+}
+
+/// Whether the agent running at `to` may never have read GCE: it (re)started while the
+/// metadata server answered an empty body (from a `GceEmpty` step until the next real value,
+/// which the runner restores at the settle at the latest), and that lasted until less than
+/// the reaction time before `to`.
+fn started_during_gce_glitch(cx: &Ctx<'_>, to: SystemTime) -> bool {
+    let mut glitch_since: Option<SystemTime> = None;
+    let mut spells = vec![];
+    for a in &cx.run.applied {
+        match a.action {
+            Action::GceEmpty => {
+                glitch_since.get_or_insert(a.at);
+            }
+            Action::GceTerminate | Action::GceNone => {
+                if let Some(g) = glitch_since.take() {
+                    spells.push((g, a.at));
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(g) = glitch_since {
+        spells.push((g, cx.run.settled_from));
+    }
+    cx.run.applied.iter().any(|a| {
+        let start = match a.action {
+            Action::RestartAgent | Action::Rollout { .. } | Action::MachineReturns => a.at,
+            Action::AbortAgent { gap_ms } => a.at + Duration::from_millis(gap_ms),
+            _ => return false,
+        };
+        // Started during a glitch that lasted until too close to `to` for a read after it.
+        start <= to
+            && spells
+                .iter()
+                .any(|(g, e)| *g <= start && start < *e && *e + lag() > to)
+    })
 }
 
 /// The node's empty spells, `[from, to)`, within the run: no game-server pod bound to it
