@@ -1195,6 +1195,17 @@ fn matches_ended_in_time(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             if !held {
                 continue;
             }
+            // Judged by the deadline the machine goes by: the earliest hard one live. A later
+            // one whose cause would permit the end (a maintenance after a scale-in) never
+            // comes; whether the match may end for it is the eviction policy's question.
+            let earliest_live = cx
+                .truth
+                .during(since, due)
+                .iter()
+                .all(|live| live.values().filter_map(|o| o.hard).all(|h| h >= deadline));
+            if !earliest_live {
+                continue;
+            }
             // An agent that started while the metadata server answered an empty body has
             // never read GCE: the deadline it has from the record is unconfirmed, which
             // protects and never ends a match (by design: it may have been cancelled).
