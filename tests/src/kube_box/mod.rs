@@ -103,8 +103,26 @@ pub fn bin_dir() -> anyhow::Result<PathBuf> {
 }
 
 impl KubeBox {
-    /// Starts the control plane and waits until every component is healthy.
+    /// Starts the control plane and waits until every component is healthy. A port picked
+    /// free can be taken by another process before its component binds it (on a busy
+    /// machine, by an outgoing connection's ephemeral port): then the whole box starts again
+    /// on fresh ports, up to three times.
     pub async fn start() -> anyhow::Result<KubeBox> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once().await {
+                Err(e) if attempt < 3 && format!("{e:#}").contains("address already in use") => {
+                    eprintln!(
+                        "box: a port was taken before its component bound it; starting again ({e})"
+                    );
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn start_once() -> anyhow::Result<KubeBox> {
         let bin = tokio::task::spawn_blocking(bin_dir).await??;
         for b in [
             "etcd",
