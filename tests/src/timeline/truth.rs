@@ -323,10 +323,31 @@ impl Truth {
 /// relative ones. A deadline already passed is left out: the machine would be gone, and
 /// the test world running on past it says nothing about what to announce.
 pub fn earliest(live: &Live, now: SystemTime, slack: Duration) -> Option<SystemTime> {
-    live.values()
-        .filter_map(|s| s.hard.map(|h| if s.relative { h + slack } else { h }))
+    live.iter()
+        .filter_map(|(id, s)| {
+            s.hard.map(|h| {
+                if s.relative {
+                    h + slack + extra_slack(*id)
+                } else {
+                    h
+                }
+            })
+        })
         .filter(|h| *h > now)
         .min()
+}
+
+/// What a relative deadline may be later by beyond the reaction time, for the signals the
+/// agent can only see late. The Auto Scaling wait is seen after IMDS' poll, up to three
+/// `DescribeAutoScalingInstances` reads that still answer the old state, and an agent
+/// start; its cap (from the agent's first sight) is counted to the second. The wait's real
+/// start is not in any answer the agent gets, so its announcement is that much late: in
+/// production against a cap of hours.
+fn extra_slack(id: SignalId) -> Duration {
+    match id {
+        SignalId::AsgLifecycle => Duration::from_secs(4),
+        _ => Duration::ZERO,
+    }
 }
 
 /// Whether Azure event `episode` is listed in the document at `t` (listed, or listed again,
