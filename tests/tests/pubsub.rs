@@ -2614,11 +2614,16 @@ async fn a_revert_after_another_replicas_write_is_published_with_publish_unchang
         body: body(&iid, status),
         polled_at: tokio::time::Instant::now(),
     };
+    // Polls far enough apart that the order of their stamps (Redis' TIME less the poll's
+    // age, each uncertain by a round trip) is their real order on a loaded machine too.
+    let apart = || tokio::time::sleep(std::time::Duration::from_millis(250));
     assert_eq!(a.publish(&[out(InstanceStatus::Active)]).await.published, 1);
+    apart().await;
     assert_eq!(
         b.publish(&[out(InstanceStatus::Draining)]).await.published,
         1
     );
+    apart().await;
     let r = a.publish(&[out(InstanceStatus::Active)]).await;
     assert_eq!((r.published, r.unchanged), (1, 0), "{r:?}");
     let got = sub.wait_for_count(3).await;
