@@ -138,6 +138,12 @@ impl InProcessAgent {
     pub fn abort(self) {
         self.handle.abort();
     }
+
+    /// Aborts the agent from elsewhere (a machine going down under an agent that a rollout
+    /// is stopping).
+    pub fn abort_handle(&self) -> tokio::task::AbortHandle {
+        self.handle.abort_handle()
+    }
 }
 
 /// The static credentials in-process agents sign AWS requests with (the emulators check

@@ -42,13 +42,16 @@ pub fn event(id: &str, event_type: &str, vm: &str, not_before: &str) -> Value {
     })
 }
 
-/// One request: method, path, whether `Metadata: true` was sent, the status answered.
+/// One request: method, path, whether `Metadata: true` was sent, the status answered, and
+/// when it was answered (so a test can tell whether a document was read while it held an
+/// event).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
     pub method: String,
     pub path: String,
     pub metadata_header: bool,
     pub status: u16,
+    pub at: std::time::SystemTime,
 }
 
 #[derive(Default)]
@@ -214,6 +217,7 @@ async fn handle(
         path: uri.path().to_string(),
         metadata_header,
         status: status.as_u16(),
+        at: std::time::SystemTime::now(),
     });
     let content_type = if uri.path().ends_with("/name") && status == StatusCode::OK {
         "text/plain; charset=utf-8"

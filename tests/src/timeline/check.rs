@@ -1210,7 +1210,7 @@ fn matches_ended_in_time(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             // never read GCE: the deadline it has from the record is unconfirmed, which
             // protects and never ends a match (by design: it may have been cancelled).
             if matches!(id, SignalId::GceMaintenance | SignalId::GcePreempted)
-                && started_during_gce_glitch(cx, due)
+                && gce_unread(cx, since, due)
             {
                 continue;
             }
@@ -1253,11 +1253,11 @@ fn matches_ended_in_time(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     }
 }
 
-/// Whether the agent running at `to` may never have read GCE: it (re)started while the
-/// metadata server answered an empty body (from a `GceEmpty` step until the next real value,
-/// which the runner restores at the settle at the latest), and that lasted until less than
-/// the reaction time before `to`.
-fn started_during_gce_glitch(cx: &Ctx<'_>, to: SystemTime) -> bool {
+/// Whether the agent may not have read GCE's value in `[from, to]`: the metadata server
+/// answered an empty body at some moment of it (from a `GceEmpty` step until the next real
+/// value, which the runner restores at the settle at the latest; a value it replaced at once
+/// was never seen), or the agent running at `to` (re)started during such a glitch.
+fn gce_unread(cx: &Ctx<'_>, from: SystemTime, to: SystemTime) -> bool {
     let mut glitch_since: Option<SystemTime> = None;
     let mut spells = vec![];
     for a in &cx.run.applied {
@@ -1287,7 +1287,7 @@ fn started_during_gce_glitch(cx: &Ctx<'_>, to: SystemTime) -> bool {
             && spells
                 .iter()
                 .any(|(g, e)| *g <= start && start < *e && *e + lag() > to)
-    })
+    }) || spells.iter().any(|(g, e)| *g <= to && *e > from)
 }
 
 /// The node's empty spells, `[from, to)`, within the run: no game-server pod bound to it

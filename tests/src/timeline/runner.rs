@@ -335,9 +335,20 @@ struct Agents {
     /// The running agents, oldest first, each with its pod (name, uid).
     live: Vec<(InProcessAgent, (String, String))>,
     /// Older agents stopping after a rollout's overlap.
-    stopping: Vec<JoinHandle<anyhow::Result<()>>>,
+    stopping: Vec<Stopping>,
     next_pod: u32,
 }
+
+/// An older agent a rollout is stopping: the task that stops it after the overlap, the
+/// agent itself (a machine going down takes it down at once), and its pod's name.
+struct Stopping {
+    task: JoinHandle<anyhow::Result<()>>,
+    agent: tokio::task::AbortHandle,
+    pod: String,
+}
+
+/// How long a Spot eviction stays in the Azure document at least (three 200 ms reads).
+const PREEMPT_LISTED_AT_LEAST: Duration = Duration::from_millis(600);
 
 /// Every Kubernetes request's deadline in a timeline (`--request-timeout`): time runs about a
 /// hundred times faster than in production (deadlines seconds away), so this is scaled too.
@@ -592,6 +603,8 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     // (a glitch) stands in for it now.
     let mut gce_event = "NONE";
     let mut gce_glitch = false;
+    // When each Azure event was (last) put in the document, by episode.
+    let mut azure_listed_at: std::collections::BTreeMap<u8, SystemTime> = Default::default();
     // The last step ends every match left, so a drain can finish.
     let steps: Vec<(u64, Action, bool)> = tl
         .steps
@@ -655,6 +668,9 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 kind,
                 not_before_ms,
             } => {
+                azure_listed_at
+                    .entry(*episode)
+                    .or_insert_with(SystemTime::now);
                 let id = azure_event_id(tl.seed, *episode);
                 let nb = ceil_secs(t0 + Duration::from_millis(*not_before_ms));
                 let mut ev = azure::event(&id, kind.event_type(), VM, &rfc1123(nb));
@@ -672,7 +688,36 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             }
             Action::AzureGone { episode } => {
                 let id = azure_event_id(tl.seed, *episode);
+                // A Spot eviction stays listed at least three of the agents' reads: one gone
+                // at once (steps bunch up behind a slow one) could be read by an agent that
+                // stops right then and missed by the next, which no checker can judge.
+                let preempt = az
+                    .events()
+                    .iter()
+                    .any(|e| e["EventId"] == id.as_str() && e["EventType"] == "Preempt");
+                if let (true, Some(since)) = (preempt, azure_listed_at.get(episode)) {
+                    let until = *since + PREEMPT_LISTED_AT_LEAST;
+                    if let Ok(wait) = until.duration_since(SystemTime::now()) {
+                        tokio::time::sleep(wait).await;
+                    }
+                    at = SystemTime::now();
+                }
                 let mut events = az.events();
+                // Whether any agent read the document while the event was in it: one gone
+                // before that was never seen (the truth keeps only a Spot eviction seen).
+                let listed = events.iter().any(|e| e["EventId"] == id.as_str());
+                let since = azure_listed_at.remove(episode);
+                let read = since.is_some_and(|since| {
+                    az.requests().iter().any(|r| {
+                        r.method == "GET"
+                            && r.path == "/metadata/scheduledevents"
+                            && r.status == 200
+                            && r.at >= since
+                    })
+                });
+                if listed && !read {
+                    note = super::truth::UNREAD.to_string();
+                }
                 events.retain(|e| e["EventId"] != id.as_str());
                 az.set_events(events);
             }
@@ -765,10 +810,11 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 agents.start(None).await.context(what.clone())?;
                 if agents.live.len() > 1 {
                     let (old, (old_name, _)) = agents.live.remove(0);
+                    let (agent, pod) = (old.abort_handle(), old_name.clone());
                     let overlap = Duration::from_millis(*overlap_ms);
                     let pods = agents.pods.clone();
                     let stalls = probe.stalls.clone();
-                    agents.stopping.push(tokio::spawn(async move {
+                    let task = tokio::spawn(async move {
                         tokio::time::sleep(overlap).await;
                         // STOP_WITHIN of time the process could run: a stall on a loaded
                         // machine holds the stop as much as anything else.
@@ -777,7 +823,9 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                         let took = from.elapsed().unwrap_or_default();
                         let stalled = stalls
                             .lock()
-                            .map(|v| crate::timeline::check::stalled_within(&v, from, SystemTime::now()))
+                            .map(|v| {
+                                crate::timeline::check::stalled_within(&v, from, SystemTime::now())
+                            })
                             .unwrap_or_default();
                         let _ = pods.delete(&old_name, &Default::default()).await;
                         match stopped {
@@ -789,7 +837,8 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                             ),
                             other => other.map(|_| ()),
                         }
-                    }));
+                    });
+                    agents.stopping.push(Stopping { task, agent, pod });
                 }
             }
             Action::Fault(f) => {
@@ -855,11 +904,17 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 note = gl.forget_game_server(GROUP, &iid).to_string();
             }
             Action::MachineReturns => {
-                // Down: every agent on the node with it.
+                // Down: every agent on the node with it, one a rollout is stopping too
+                // (its pod, being deleted, does not start again).
                 let mut pods = vec![];
                 for (a, pod) in agents.live.drain(..) {
                     a.abort();
                     pods.push(pod);
+                }
+                for old in agents.stopping.drain(..) {
+                    old.agent.abort();
+                    old.task.abort();
+                    let _ = agents.pods.delete(&old.pod, &Default::default()).await;
                 }
                 // Up again: a new boot, the old boot's notices gone.
                 imds.set_scheduled_events(json!([]));
@@ -1098,8 +1153,8 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     for (a, _) in agents.live.drain(..) {
         a.abort();
     }
-    for h in agents.stopping.drain(..) {
-        let Ok(joined) = tokio::time::timeout(STOP_WITHIN * 2, h).await else {
+    for old in agents.stopping.drain(..) {
+        let Ok(joined) = tokio::time::timeout(STOP_WITHIN * 2, old.task).await else {
             agent_errors.push("an old agent's stop never ended".into());
             continue;
         };

@@ -184,17 +184,24 @@ pub fn effect_of(
 
 pub type Live = BTreeMap<SignalId, Signal>;
 
-/// Whether the Azure event `id` was drawn as a Spot eviction (at or before `upto`).
+/// The note of an `AzureGone` step whose event no agent read while it was listed (no
+/// successful read of the document between its listing and its removal).
+pub const UNREAD: &str = "unread";
+
+/// Whether the Azure event `id` was drawn as a Spot eviction (before `upto`, its vanishing)
+/// and read while listed: a Spot eviction stays, but one gone before any agent read the
+/// document was never seen, and the platform evicting at once is all that can be said of it.
 fn preempt_seen(
     applied: &[Applied],
     upto: &Applied,
     id: SignalId,
     preempt: &dyn Fn(&Action) -> bool,
 ) -> bool {
-    applied
-        .iter()
-        .take_while(|a| !std::ptr::eq(*a, upto))
-        .any(|a| a.effect.map(|(i, _)| i) == Some(id) && preempt(&a.action))
+    upto.note != UNREAD
+        && applied
+            .iter()
+            .take_while(|a| !std::ptr::eq(*a, upto))
+            .any(|a| a.effect.map(|(i, _)| i) == Some(id) && preempt(&a.action))
 }
 
 /// The live signals over time: piecewise constant, changing at applied steps.
