@@ -65,6 +65,9 @@ pub struct Reconciler {
     pub notifier: crate::notify::Notifier,
     state: LocalState,
     own: OwnWrites,
+    /// Pods (by uid) whose graceful termination this agent started: a pass planned from a
+    /// watch that has not shown the termination yet does not send it again.
+    ended: std::collections::BTreeSet<String>,
     timing: DrainTiming,
     reverted: Reverted,
     /// Dry run only: what it did not send, laid over what it observes, and its narration.
@@ -195,6 +198,7 @@ impl Reconciler {
             trigger,
             state: LocalState::default(),
             own: OwnWrites::default(),
+            ended: Default::default(),
             timing: DrainTiming::default(),
             reverted: Reverted::default(),
             sim: dry_run.then(|| Simulation {
@@ -1331,6 +1335,11 @@ impl Reconciler {
         log: &mut PassLog,
     ) -> (usize, Option<ActError>) {
         let actuator = self.actuator.clone();
+        let batch: Vec<&Action> = batch
+            .iter()
+            .copied()
+            .filter(|a| !matches!(a, Action::EndGracefully { uid, .. } if self.ended.contains(uid)))
+            .collect();
         let results = futures::future::join_all(batch.iter().map(|action| {
             let a = actuator.clone();
             async move {
@@ -1360,6 +1369,9 @@ impl Reconciler {
                 Ok(true) => {
                     applied += 1;
                     self.count(action, "ok");
+                    if let Action::EndGracefully { uid, .. } = action {
+                        self.ended.insert(uid.clone());
+                    }
                     info!(message = "started a match's graceful termination before the node's deadline", namespace = %namespace, pod = %pod);
                     log.ended.push(format!("{namespace}/{pod}"));
                 }
