@@ -33,6 +33,21 @@ use crate::kube_box::agones::{Agones, Allocation, Crd, Server};
 use crate::kube_box::audit::describe;
 use on_box::{BoxScene, DRAIN_LABEL};
 use on_emulator::{AGENT_IDENTITY, EmulatorScene};
+
+/// lastcall's fence taint key.
+pub const TAINT: &str = "lastcall.dev/draining";
+
+/// The Node (as JSON) is cordoned.
+pub fn cordoned(n: &Value) -> bool {
+    n.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true)
+}
+
+/// The Node (as JSON) carries lastcall's fence taint.
+pub fn tainted(n: &Value) -> bool {
+    n.pointer("/spec/taints")
+        .and_then(Value::as_array)
+        .is_some_and(|t| t.iter().any(|t| t["key"] == TAINT))
+}
 pub use writes::Write;
 
 /// Where a scene runs.

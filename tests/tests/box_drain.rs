@@ -20,9 +20,9 @@ use lastcall_testkit::kube_box::audit::{Entry, describe};
 use lastcall_testkit::kube_box::fleetiq::FleetIq;
 use lastcall_testkit::kube_box::{ADMIN_USER, GC_USER};
 use lastcall_testkit::scene::on_box::{BoxScene as Scene, DRAIN_LABEL};
+use lastcall_testkit::scene::{cordoned, tainted};
 use serde_json::{Value, json};
 
-const TAINT: &str = "lastcall.dev/draining";
 const DEADLINE: &str = "lastcall.dev/drain-deadline";
 const CLAIM_LABEL: &str = "lastcall.dev/node";
 
@@ -70,16 +70,6 @@ async fn write_rv(s: &Scene, e: &Entry) -> u64 {
         Some(at) => at,
         None => rv(e),
     }
-}
-
-fn cordoned(n: &Value) -> bool {
-    n.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true)
-}
-
-fn tainted(n: &Value) -> bool {
-    n.pointer("/spec/taints")
-        .and_then(Value::as_array)
-        .is_some_and(|t| t.iter().any(|t| t["key"] == TAINT))
 }
 
 fn fenced(n: &Node) -> bool {
