@@ -208,6 +208,8 @@ struct Ctx<'a> {
     gone: BTreeMap<String, SystemTime>,
     /// When the machine came back (each starts a new life).
     returns: Vec<SystemTime>,
+    /// When each server was reserved by its game, and until when (`None`: still at the end).
+    reserved: BTreeMap<String, Vec<(SystemTime, Option<SystemTime>)>>,
     /// How many cases each liveness check judged (not just could have): coverage.
     judged: std::cell::RefCell<BTreeMap<&'static str, usize>>,
 }
@@ -242,11 +244,12 @@ impl Ctx<'_> {
             .map(|a| a.at)
     }
 
-    /// The reaction time allowed for a write at `t`: [`Ctx::base_lag_at`], plus however
-    /// long the process could not run within it (a stall delays the agent as much as it
-    /// delays the clock's hands; on a quiet machine there are none).
-    fn lag_at(&self, t: SystemTime) -> Duration {
-        let base = self.base_lag_at(t);
+    /// The reaction time allowed for write `e`: [`Ctx::base_lag_for`] its writer, plus
+    /// however long the process could not run within it (a stall delays the agent as much
+    /// as it delays the clock's hands; on a quiet machine there are none).
+    fn lag_for(&self, e: &JournalEntry) -> Duration {
+        let t = e.at;
+        let base = self.base_lag_for(t, e.identity.as_deref().and_then(agent_pod));
         let mut allowed = base;
         for _ in 0..8 {
             let next = base + self.stalled(t.checked_sub(allowed).unwrap_or(t), t);
@@ -258,7 +261,16 @@ impl Ctx<'_> {
         allowed
     }
 
-    /// The reaction time allowed after the truth changed at `c`: as [`Ctx::lag_at`], with
+    /// Whether a write at `t` was judged only by a state of the truth already past: the
+    /// reaction window was used (counted, so a run shows how much it leans on it).
+    fn window_used(&self, _at: SystemTime, justified_now: bool) {
+        self.judged(WINDOW_JUDGED);
+        if !justified_now {
+            self.judged(WINDOW_USED);
+        }
+    }
+
+    /// The reaction time allowed after the truth changed at `c`: as [`Ctx::lag_for`], with
     /// the stalls counted forwards from the change.
     fn reaction_after(&self, c: SystemTime) -> Duration {
         let base = self.base_lag_at(c + lag());
@@ -278,25 +290,42 @@ impl Ctx<'_> {
     }
 
     /// The reaction time allowed at `t` on a machine that runs the process: doubled shortly
-    /// after an agent (re)start, which reads every source and the cluster afresh; one
+    /// after any agent (re)start, which reads every source and the cluster afresh; one
     /// request deadline more after a request was made to hang (the agent waits that long
-    /// for it, then retries).
+    /// for it, then retries). For the liveness checks, where any agent may act.
     fn base_lag_at(&self, t: SystemTime) -> Duration {
+        let restarted = self
+            .run
+            .starts
+            .iter()
+            .skip(1)
+            .any(|(s, _)| Self::within(*s, t, lag() * 2));
+        self.with_hangs(t, restarted)
+    }
+
+    /// As [`Ctx::base_lag_at`] for a write by agent pod `writer`: doubled only after that
+    /// instance's own start (another agent starting beside it changes nothing it knows).
+    fn base_lag_for(&self, t: SystemTime, writer: Option<&str>) -> Duration {
+        let restarted = self
+            .run
+            .starts
+            .iter()
+            .skip(1)
+            .any(|(s, pod)| Some(pod.as_str()) == writer && Self::within(*s, t, lag() * 2));
+        self.with_hangs(t, restarted)
+    }
+
+    fn within(from: SystemTime, t: SystemTime, d: Duration) -> bool {
+        from <= t && t.duration_since(from).unwrap_or_default() < d
+    }
+
+    fn with_hangs(&self, t: SystemTime, restarted: bool) -> Duration {
         let lag = lag();
-        let within = |a: &super::truth::Applied, d: Duration| {
-            a.at <= t && t.duration_since(a.at).unwrap_or_default() < d
-        };
-        let restarted = self.run.applied.iter().any(|a| {
-            matches!(
-                a.action,
-                Action::RestartAgent | Action::AbortAgent { .. } | Action::Rollout { .. }
-            ) && within(a, lag * 2)
-        });
         let hung = self.run.applied.iter().any(|a| {
             matches!(
                 a.action,
                 Action::Fault(KubeFault::HangNode | KubeFault::HangGameServers)
-            ) && within(a, lag * 2 + REQUEST_TIMEOUT)
+            ) && Self::within(a.at, t, lag * 2 + REQUEST_TIMEOUT)
         });
         let base = if restarted { lag * 2 } else { lag };
         if hung { base + REQUEST_TIMEOUT } else { base }
@@ -327,6 +356,15 @@ impl Ctx<'_> {
             .collect()
     }
 
+    /// Whether the game had reserved `name` at `at` (and not ended since).
+    fn reserved_at(&self, name: &str, at: SystemTime) -> bool {
+        self.reserved.get(name).is_some_and(|spans| {
+            spans
+                .iter()
+                .any(|(from, to)| *from <= at && to.is_none_or(|t| at < t))
+        }) && self.ended.get(name).is_none_or(|t| *t > at)
+    }
+
     fn in_use(&self, name: &str, seq: u64, at: SystemTime) -> bool {
         self.allocated.get(name).is_some_and(|s| *s < seq)
             && self.ended.get(name).is_none_or(|t| *t > at)
@@ -337,6 +375,10 @@ impl Ctx<'_> {
 pub const JUDGED_DEADLINE: &str = "a match due to end by deadline − grace";
 pub const JUDGED_ASG: &str = "a hook timing out after the node emptied";
 pub const JUDGED_AZURE: &str = "an Azure event listed on an empty node";
+/// Writes judged against the truth (matches ended, deadlines announced, drains undone).
+pub const WINDOW_JUDGED: &str = "a write judged against the truth";
+/// Of those, the ones only a state already past justified: the reaction window used.
+pub const WINDOW_USED: &str = "a write justified only by its reaction window";
 
 /// Every invariant hit of `run`.
 pub fn check(run: &Run) -> Vec<Hit> {
@@ -385,6 +427,26 @@ pub fn check_counted(run: &Run) -> (Vec<Hit>, BTreeMap<&'static str, usize>) {
         .filter(|a| matches!(a.action, Action::MachineReturns))
         .map(|a| a.at)
         .collect();
+    let mut reserved: BTreeMap<String, Vec<(SystemTime, Option<SystemTime>)>> = BTreeMap::new();
+    for a in &run.applied {
+        match a.action {
+            Action::Reserve if !a.note.is_empty() => {
+                reserved
+                    .entry(a.note.clone())
+                    .or_default()
+                    .push((a.at, None));
+            }
+            Action::Unreserve if !a.note.is_empty() => {
+                if let Some(open) = reserved
+                    .get_mut(&a.note)
+                    .and_then(|spans| spans.iter_mut().rfind(|(_, to)| to.is_none()))
+                {
+                    open.1 = Some(a.at);
+                }
+            }
+            _ => {}
+        }
+    }
     let cx = Ctx {
         run,
         truth,
@@ -392,6 +454,7 @@ pub fn check_counted(run: &Run) -> (Vec<Hit>, BTreeMap<&'static str, usize>) {
         allocated,
         gone,
         returns,
+        reserved,
         judged: Default::default(),
     };
     let mut hits = vec![];
@@ -451,25 +514,28 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
         let Some(pod) = e.name.as_deref() else {
             continue;
         };
-        if !ends || !cx.in_use(pod, e.seq, e.at) {
+        if !ends || !(cx.in_use(pod, e.seq, e.at) || cx.reserved_at(pod, e.at)) {
             continue;
         }
         let Some(safe) = Safe::of_server(pod) else {
             continue;
         };
         let grace = Duration::from_secs(tl.grace_of(safe) as u64);
+        let justifies = |live: &Live| {
+            live.values().any(|s| {
+                s.hard
+                    .is_some_and(|d| d <= e.at + grace + Duration::from_millis(50))
+                    && permits(safe, s, tl.graceful_termination)
+            })
+        };
         let justified = cx
             .truth
-            .during(e.at.checked_sub(cx.lag_at(e.at)).unwrap_or(e.at), e.at)
-            .iter()
-            .any(|live| {
-                live.values().any(|s| {
-                    s.hard
-                        .is_some_and(|d| d <= e.at + grace + Duration::from_millis(50))
-                        && permits(safe, s, tl.graceful_termination)
-                })
-            });
-        if !justified {
+            .during(e.at.checked_sub(cx.lag_for(e)).unwrap_or(e.at), e.at)
+            .into_iter()
+            .any(justifies);
+        if justified {
+            cx.window_used(e.at, justifies(cx.truth.at(e.at)));
+        } else {
             hits.push(Hit {
                 invariant: Invariant::MatchEndedEarly,
                 at: e.at,
@@ -506,6 +572,24 @@ fn servers(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                 at: e.at,
                 detail: format!("deleted in-use {name}"),
                 seqs: vec![cx.allocated.get(name).copied().unwrap_or(0), e.seq],
+            });
+        }
+        // The world's own word: the server as the API server answered the DELETE.
+        let state = e
+            .response
+            .as_deref()
+            .filter(|v| is_kind(v, "GameServer"))
+            .and_then(|v| v["status"]["state"].as_str());
+        if by_agent(e)
+            && e.verb == Verb::Delete
+            && matches!(state, Some("Allocated" | "Reserved"))
+            && !cx.in_use(name, e.seq, e.at)
+        {
+            hits.push(Hit {
+                invariant: Invariant::AllocatedDeleted,
+                at: e.at,
+                detail: format!("deleted {name} while {}", state.unwrap_or_default()),
+                seqs: vec![e.seq],
             });
         }
     }
@@ -566,9 +650,16 @@ fn announced(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             .entry(name.to_string())
             .or_default()
             .push((e.at, e.seq, parsed));
-        if by_agent(e)
-            && let Some(d) = parsed
-            && let Some(b) = bound(e.at.checked_sub(cx.lag_at(e.at)).unwrap_or(e.at), e.at)
+        let judged = by_agent(e)
+            .then_some(parsed)
+            .flatten()
+            .zip(bound(e.at.checked_sub(cx.lag_for(e)).unwrap_or(e.at), e.at));
+        if let Some((d, b)) = judged
+            && d <= b
+        {
+            cx.window_used(e.at, bound(e.at, e.at).is_none_or(|now| d <= now));
+        }
+        if let Some((d, b)) = judged
             && d > b
         {
             hits.push(Hit {
@@ -626,12 +717,18 @@ fn deregistration(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
         let Some(first) = cx.deregistered_in(life) else {
             continue;
         };
+        // The agent never heard the first one succeed: asking again is all it can do, and
+        // GameLift's NotFound changes nothing.
+        let unheard = cx.run.answers_lost.contains(&first.seq);
         for c in cx
             .run
             .calls
             .iter()
             .filter(|c| c.seq > first.seq && cx.life_of(c.at) == life)
         {
+            if unheard && c.op == "DeregisterGameServer" && c.outcome != "ok" {
+                continue;
+            }
             if matches!(
                 c.op.as_str(),
                 "DeregisterGameServer"
@@ -893,14 +990,16 @@ fn node_writes(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                 let undone = taint_keys(p).contains("lastcall.dev/draining")
                     && !taint_keys(v).contains("lastcall.dev/draining");
                 if undone {
-                    let from = e.at.checked_sub(cx.lag_at(e.at)).unwrap_or(e.at);
+                    let from = e.at.checked_sub(cx.lag_for(e)).unwrap_or(e.at);
                     let states = cx.truth.during(from, e.at);
                     let steady: Vec<_> = states[0]
                         .iter()
                         .filter(|(id, s)| s.fences && states.iter().all(|l| l.get(id) == Some(s)))
                         .map(|(id, _)| *id)
                         .collect();
-                    if !steady.is_empty() {
+                    if steady.is_empty() {
+                        cx.window_used(e.at, !cx.truth.at(e.at).values().any(|s| s.fences));
+                    } else {
                         hits.push(Hit {
                             invariant: Invariant::UndoneWhileLive,
                             at: e.at,

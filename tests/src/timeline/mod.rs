@@ -61,10 +61,18 @@ pub const ALLOCATED_AFTER_FENCE: &str = "an allocation after the fence";
 pub const RESTART_MID_DRAIN: &str = "an agent restart mid-drain";
 /// An agent request answered with a fault (a 5xx or a 429).
 pub const FAULT_MET: &str = "an API fault answered to the agent";
+/// A Node signal from a cloud or an autoscaler was put on the node (taint or label).
+pub const NODE_SIGNAL: &str = "a cloud's or autoscaler's Node signal";
+/// A game on the node reserved its server.
+pub const RESERVED: &str = "a server reserved by its game";
+/// A server that was still starting turned Ready during the timeline.
+pub const SLOW_READY: &str = "a slow starter turning Ready";
+/// A GameLift call was applied and its answer lost.
+pub const ANSWER_LOST: &str = "an answer lost after the write";
 
 impl Met {
     /// Every count, the floors' names first.
-    const NAMES: [&str; 12] = [
+    const NAMES: [&str; 18] = [
         FORGOTTEN,
         RETURNED,
         LATE_POD,
@@ -74,13 +82,19 @@ impl Met {
         ALLOCATED_AFTER_FENCE,
         RESTART_MID_DRAIN,
         FAULT_MET,
+        NODE_SIGNAL,
+        RESERVED,
+        SLOW_READY,
+        ANSWER_LOST,
         check::JUDGED_DEADLINE,
         check::JUDGED_AZURE,
         check::JUDGED_ASG,
+        check::WINDOW_JUDGED,
+        check::WINDOW_USED,
     ];
     /// The counts a default run must meet (the rest are reported): a hook timing out after
     /// the node emptied happens only when the agent fails, so it has no floor.
-    const FLOORED: usize = 11;
+    const FLOORED: usize = 15;
 
     fn of(run: &runner::Run, judged: &BTreeMap<&'static str, usize>) -> Met {
         let count = |f: &dyn Fn(&script::Action) -> bool| {
@@ -187,10 +201,37 @@ impl Met {
                 .filter(|e| e.status == 429 || e.status >= 500)
                 .count(),
         );
+        m.insert(
+            NODE_SIGNAL,
+            count(&|a| {
+                matches!(
+                    a,
+                    script::Action::KarpenterAt { .. }
+                        | script::Action::Autoscaler(true)
+                        | script::Action::GkeTaint(true)
+                        | script::Action::GkeOngoing(true)
+                        | script::Action::GkeMaintenance { epoch_ms: Some(_) }
+                )
+            }),
+        );
+        let noted = |f: &dyn Fn(&script::Action) -> bool| {
+            run.applied
+                .iter()
+                .filter(|a| f(&a.action) && !a.note.is_empty())
+                .count()
+        };
+        m.insert(RESERVED, noted(&|a| matches!(a, script::Action::Reserve)));
+        m.insert(
+            SLOW_READY,
+            noted(&|a| matches!(a, script::Action::TurnsReady)),
+        );
+        m.insert(ANSWER_LOST, run.answers_lost.len());
         for name in [
             check::JUDGED_DEADLINE,
             check::JUDGED_AZURE,
             check::JUDGED_ASG,
+            check::WINDOW_JUDGED,
+            check::WINDOW_USED,
         ] {
             m.insert(name, judged.get(name).copied().unwrap_or(0));
         }

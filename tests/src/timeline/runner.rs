@@ -88,6 +88,10 @@ pub struct Run {
     /// The game server the scheduler placed on the node as the fence went up (its name,
     /// and when it was created: its pod lands `bind_lag_ms` later).
     pub late_servers: Vec<(String, SystemTime)>,
+    /// The GameLift calls (journal `seq`) applied whose answer the emulator then lost.
+    pub answers_lost: Vec<u64>,
+    /// When each agent instance started, and its pod's name (its identity).
+    pub starts: Vec<(SystemTime, String)>,
 }
 
 /// A game server a scheduler working from a cache of a moment ago places on the node as
@@ -337,6 +341,9 @@ struct Agents {
     /// Older agents stopping after a rollout's overlap.
     stopping: Vec<Stopping>,
     next_pod: u32,
+    /// When each agent instance started, and in which pod: the reaction time the checker
+    /// allows a fresh instance is its own, not every agent's.
+    starts: Vec<(SystemTime, String)>,
 }
 
 /// An older agent a rollout is stopping: the task that stops it after the overlap, the
@@ -392,6 +399,7 @@ impl Agents {
             "--pod-uid",
             pod.1.as_str(),
         ]);
+        self.starts.push((SystemTime::now(), pod.0.clone()));
         let kube = crate::kube::config_for_url(&self.kube_url, &agent_identity(&pod.0)).await?;
         let a = InProcessAgent::start(config(NODE, &args), kube, Some(self.gl.clone())).await?;
         self.live.push((a, pod));
@@ -453,6 +461,8 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let operator: Api<Node> = Api::all(cluster.emulator().client_as("operator").await?);
     let karpenter: Api<Node> = Api::all(cluster.emulator().client_as("karpenter").await?);
     let reverter: Api<Node> = Api::all(cluster.emulator().client_as("reverter").await?);
+    let autoscaler: Api<Node> = Api::all(cluster.emulator().client_as("cluster-autoscaler").await?);
+    let gke: Api<Node> = Api::all(cluster.emulator().client_as("gke").await?);
     if tl.foreign_cordon {
         edit_node(&operator, |n| {
             n.spec.get_or_insert_default().unschedulable = Some(true);
@@ -561,6 +571,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         live: vec![],
         stopping: vec![],
         next_pod: 0,
+        starts: vec![],
     };
     agents.start(None).await.context("starting the agent")?;
     try_eventually(
@@ -595,6 +606,16 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let sampler = PodSampler::start(cluster.store().clone());
     let mut boots = 0u32;
     let mut late: Option<LateServer> = None;
+    if tl.slow_starter {
+        // Placed on the node before any signal; the game calls `Ready()` late.
+        cluster.create_game_server(
+            GameServerSpec::new(SLOW_STARTER)
+                .namespace(NS)
+                .node_selector("example.com/team", "blue")
+                .grace_seconds(1)
+                .manual_ready(),
+        )?;
+    }
     let start = tokio::time::Instant::now();
     let t0 = SystemTime::now();
     let mut applied = vec![];
@@ -766,7 +787,72 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                             "",
                             "NoSchedule",
                         ));
+                    } else if let Some(a) = n.metadata.annotations.as_mut() {
+                        a.remove(KARPENTER_TERMINATION);
                     }
+                })
+                .await
+                .context(what)?;
+            }
+            Action::KarpenterAt { at_ms } => {
+                let when =
+                    jiff::Timestamp::try_from(ceil_secs(t0 + Duration::from_millis(*at_ms)))?
+                        .to_string();
+                at = edit_node(&karpenter, |n| {
+                    n.metadata
+                        .annotations
+                        .get_or_insert_default()
+                        .insert(KARPENTER_TERMINATION.into(), when.clone());
+                    set_taint(n, "karpenter.sh/disrupted", "", true);
+                })
+                .await
+                .context(what)?;
+            }
+            Action::Autoscaler(on) => {
+                let value = format!(
+                    "{}",
+                    ceil_secs(SystemTime::now())
+                        .duration_since(SystemTime::UNIX_EPOCH)?
+                        .as_secs()
+                );
+                at = edit_node(&autoscaler, |n| {
+                    set_taint(n, "ToBeDeletedByClusterAutoscaler", &value, *on);
+                })
+                .await
+                .context(what)?;
+            }
+            Action::GkeTaint(on) => {
+                at = edit_node(&gke, |n| {
+                    set_taint(n, "cloud.google.com/impending-node-termination", "", *on);
+                })
+                .await
+                .context(what)?;
+            }
+            Action::GkeOngoing(on) => {
+                at = edit_node(&gke, |n| {
+                    set_label(
+                        n,
+                        "cloud.google.com/active-node-maintenance",
+                        on.then_some("ONGOING"),
+                    );
+                })
+                .await
+                .context(what)?;
+            }
+            Action::GkeMaintenance { epoch_ms } => {
+                let epoch = epoch_ms.map(|e| {
+                    ceil_secs(t0 + Duration::from_millis(e))
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_secs()
+                        .to_string()
+                });
+                at = edit_node(&gke, |n| {
+                    set_label(
+                        n,
+                        "cloud.google.com/scheduled-maintenance-time",
+                        epoch.as_deref(),
+                    );
                 })
                 .await
                 .context(what)?;
@@ -891,6 +977,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 }
             }
             Action::FailDeregister => gl.fail_next("DeregisterGameServer", 1, 500),
+            Action::DeregisterAnswerLost => gl.lose_next("DeregisterGameServer", 1),
             Action::GameLiftForgets => {
                 // What it forgets is a registration: on a loaded machine the agent may still
                 // be registering (a draining node's agent registers nothing: then nothing).
@@ -994,6 +1081,30 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                         }
                     }
                 }));
+            }
+            Action::Reserve => {
+                let ready = servers_on_node(&cluster, GameServerState::Ready);
+                if !ready.is_empty() {
+                    let name = &ready[rng.random_range(0..ready.len())];
+                    // Deleted meanwhile (a release): nothing reserved.
+                    if cluster.reserve(NS, name).is_ok() {
+                        note = name.clone();
+                    }
+                }
+            }
+            Action::Unreserve => {
+                let reserved = servers_on_node(&cluster, GameServerState::Reserved);
+                if !reserved.is_empty() {
+                    let name = &reserved[rng.random_range(0..reserved.len())];
+                    if cluster.sdk_ready(NS, name).is_ok() {
+                        note = name.clone();
+                    }
+                }
+            }
+            Action::TurnsReady => {
+                if cluster.sdk_ready(NS, SLOW_STARTER).is_ok() {
+                    note = SLOW_STARTER.to_string();
+                }
             }
             Action::EndMatch => {
                 let busy = in_matches(&cluster);
@@ -1164,6 +1275,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             Ok(Ok(())) => {}
         }
     }
+    let agents_starts = std::mem::take(&mut agents.starts);
     let journal = cluster.emulator().journal().entries();
     let calls = gl.calls();
     let asg_journal = asg
@@ -1218,6 +1330,8 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         stalls,
         pods,
         late_servers,
+        answers_lost: gl.answers_lost(),
+        starts: agents_starts,
     })
 }
 
@@ -1233,6 +1347,44 @@ pub fn is_game_pod(p: &Value) -> bool {
 }
 
 /// The node's servers in a match (Allocated or Reserved, not being deleted).
+/// The name of the game server that starts slowly ([`Timeline::slow_starter`]).
+pub const SLOW_STARTER: &str = "starting-1";
+
+/// Karpenter's annotation: when it deletes every pod left on the node.
+const KARPENTER_TERMINATION: &str = "karpenter.sh/nodeclaim-termination-timestamp";
+
+/// Puts the `key:NoSchedule` taint on `n` (with `value`), or takes it off.
+fn set_taint(n: &mut Node, key: &str, value: &str, on: bool) {
+    let taints = n
+        .spec
+        .get_or_insert_default()
+        .taints
+        .get_or_insert_default();
+    taints.retain(|t| t.key != key);
+    if on {
+        taints.push(crate::cluster::fixtures::taint(key, value, "NoSchedule"));
+    }
+}
+
+/// Sets label `key` on `n` to `value`, or removes it.
+fn set_label(n: &mut Node, key: &str, value: Option<&str>) {
+    let labels = n.metadata.labels.get_or_insert_default();
+    match value {
+        Some(v) => labels.insert(key.into(), v.into()),
+        None => labels.remove(key),
+    };
+}
+
+/// The node's game servers in `state`, not being deleted.
+fn servers_on_node(cluster: &Cluster, state: GameServerState) -> Vec<String> {
+    cluster
+        .game_servers()
+        .into_iter()
+        .filter(|g| g.node.as_deref() == Some(NODE) && !g.deleting && g.state == Some(state))
+        .map(|g| g.name)
+        .collect()
+}
+
 fn in_matches(cluster: &Cluster) -> Vec<String> {
     cluster
         .game_servers()

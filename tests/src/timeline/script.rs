@@ -50,6 +50,15 @@ pub struct Dimensions {
     /// watches, and FleetIQ `SPOT_TERMINATING` (needs "a failed release is labelled", "a
     /// hand-off on a fresh read", "a Spot notice is never withdrawn").
     pub more_faults: bool,
+    /// Node signals from clouds and autoscalers: the cluster autoscaler's taint, GKE's
+    /// termination taint and maintenance labels, Karpenter's taint with a termination time.
+    pub node_signals: bool,
+    /// Game servers changing state under the drain: reserved and returned to Ready, one
+    /// Starting that turns Ready late.
+    pub server_states: bool,
+    /// 409 and 422 answers to the agent's writes, and a deregistration GameLift applies
+    /// whose answer is lost.
+    pub lost_answers: bool,
 }
 
 impl Dimensions {
@@ -68,6 +77,9 @@ impl Dimensions {
         without_fleetiq: true,
         fence_races: true,
         more_faults: true,
+        node_signals: true,
+        server_states: true,
+        lost_answers: true,
     };
 
     /// `ALL` minus the comma-separated names in `disabled`; an unknown name is an error.
@@ -89,6 +101,9 @@ impl Dimensions {
                 "without_fleetiq" => &mut d.without_fleetiq,
                 "fence_races" => &mut d.fence_races,
                 "more_faults" => &mut d.more_faults,
+                "node_signals" => &mut d.node_signals,
+                "server_states" => &mut d.server_states,
+                "lost_answers" => &mut d.lost_answers,
                 other => return Err(format!("unknown timeline dimension {other:?}")),
             };
             *flag = false;
@@ -255,8 +270,25 @@ pub enum Action {
     FleetIqSpot,
     /// The operator's `lastcall.dev/drain=true` label on or off.
     Manual(bool),
-    /// Karpenter's `karpenter.sh/disrupted:NoSchedule` taint on or off.
+    /// Karpenter's `karpenter.sh/disrupted:NoSchedule` taint on or off (off also removes
+    /// the termination time [`Action::KarpenterAt`] writes).
     Karpenter(bool),
+    /// Karpenter taints the node with a `terminationGracePeriod`: the taint and
+    /// `karpenter.sh/nodeclaim-termination-timestamp`, when it deletes every pod left.
+    KarpenterAt {
+        at_ms: u64,
+    },
+    /// The cluster autoscaler's `ToBeDeletedByClusterAutoscaler:NoSchedule` taint on or off.
+    Autoscaler(bool),
+    /// GKE's `cloud.google.com/impending-node-termination:NoSchedule` taint on or off.
+    GkeTaint(bool),
+    /// GKE's `cloud.google.com/active-node-maintenance=ONGOING` label on or off.
+    GkeOngoing(bool),
+    /// GKE's `cloud.google.com/scheduled-maintenance-time` label (Unix seconds) set or
+    /// moved, or removed.
+    GkeMaintenance {
+        epoch_ms: Option<u64>,
+    },
     /// Someone else strips lastcall's taint from the Node (a reverted write).
     RevertTaint,
     /// The agent shuts down cleanly and a new one starts.
@@ -272,6 +304,9 @@ pub enum Action {
     Fault(KubeFault),
     /// FleetIQ's `DeregisterGameServer` fails once with a 500.
     FailDeregister,
+    /// GameLift applies the next `DeregisterGameServer` and its answer is lost: the agent
+    /// sees its call fail (a 500 after the fact) though the server is gone.
+    DeregisterAnswerLost,
     /// GameLift drops the node's game server on its own (its heartbeats stopped, an old
     /// agent's exit deregistered it): unregistered with no call of this agent's.
     GameLiftForgets,
@@ -291,6 +326,12 @@ pub enum Action {
     AllocateAtFence(Safe),
     /// A running match on the node ends (the game calls `Shutdown()`).
     EndMatch,
+    /// The game on a Ready server of the node reserves it (SDK `Reserve`).
+    Reserve,
+    /// A Reserved server's reservation runs out: back to Ready (SDK `Ready`).
+    Unreserve,
+    /// The game server that started slowly on the node calls `Ready()`.
+    TurnsReady,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -332,6 +373,9 @@ pub struct Timeline {
     pub steps: Vec<Step>,
     /// All matches end at the last step (otherwise `Never` matches may hold the drain).
     pub end_all_at_ms: u64,
+    /// A game server on the node still Starting when the timeline begins (it turns Ready at
+    /// [`Action::TurnsReady`]).
+    pub slow_starter: bool,
 }
 
 impl Timeline {
@@ -650,6 +694,7 @@ impl Timeline {
                 }
             }
         }
+        let slow_starter = Later::draw(seed, dims, edges.fleetiq, horizon, &mut steps);
         steps.sort_by_key(|s| s.at_ms);
         let gce_preemption_notice_s = rng.random_range(2..=3);
         let gce_terminate_notice_s = rng.random_range(2..=3);
@@ -662,6 +707,8 @@ impl Timeline {
             .map(|s| match s.action {
                 Action::ImdsScheduled { not_before_ms, .. } => not_before_ms,
                 Action::ImdsSpot { at_ms } => at_ms,
+                Action::KarpenterAt { at_ms } => at_ms,
+                Action::GkeMaintenance { epoch_ms: Some(e) } => e,
                 Action::GcePreempted => s.at_ms + 1000 * gce_preemption_notice_s,
                 Action::GceTerminate => s.at_ms + 1000 * gce_terminate_notice_s,
                 Action::AzureEvent {
@@ -702,6 +749,7 @@ impl Timeline {
             bind_lag_ms: edges.bind_lag_ms,
             steps,
             end_all_at_ms,
+            slow_starter,
         }
     }
 
@@ -803,11 +851,133 @@ impl Edges {
     }
 }
 
+/// The draws added after the hand-off edges, each from a stream of its own so that every
+/// earlier draw of a seed stays what it was: Node signals from clouds and autoscalers, game
+/// servers changing state under the drain, and answers lost or refused after a write.
+struct Later;
+
+impl Later {
+    /// Draws into `steps`; returns whether a game server on the node starts slowly.
+    fn draw(
+        seed: u64,
+        dims: Dimensions,
+        fleetiq: bool,
+        horizon: u64,
+        steps: &mut Vec<Step>,
+    ) -> bool {
+        let has_karpenter = steps
+            .iter()
+            .any(|s| matches!(s.action, Action::Karpenter(_)));
+        let mut push = |at_ms: u64, action: Action| steps.push(Step { at_ms, action });
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x6e6f_6465_7321);
+        if dims.node_signals && rng.random_bool(0.45) {
+            let t = rng.random_range(0..horizon);
+            let off = |rng: &mut StdRng| t + rng.random_range(300..1500);
+            match rng.random_range(0..5) {
+                0 => {
+                    push(t, Action::Autoscaler(true));
+                    if rng.random_bool(0.5) {
+                        push(off(&mut rng), Action::Autoscaler(false));
+                    }
+                }
+                1 => {
+                    push(t, Action::GkeTaint(true));
+                    if rng.random_bool(0.4) {
+                        push(off(&mut rng), Action::GkeTaint(false));
+                    }
+                }
+                2 => {
+                    push(t, Action::GkeOngoing(true));
+                    if rng.random_bool(0.4) {
+                        push(off(&mut rng), Action::GkeOngoing(false));
+                    }
+                }
+                3 => {
+                    let mut epoch = t + rng.random_range(1500..=4500);
+                    push(
+                        t,
+                        Action::GkeMaintenance {
+                            epoch_ms: Some(epoch),
+                        },
+                    );
+                    let mut t2 = t;
+                    for _ in 0..rng.random_range(0..=2) {
+                        t2 += rng.random_range(300..900);
+                        let action = if rng.random_bool(0.3) {
+                            Action::GkeMaintenance { epoch_ms: None }
+                        } else {
+                            epoch = if rng.random_bool(0.5) {
+                                epoch + rng.random_range(1000..=3000)
+                            } else {
+                                epoch
+                                    .saturating_sub(rng.random_range(500..=1500))
+                                    .max(t2 + 1000)
+                            };
+                            Action::GkeMaintenance {
+                                epoch_ms: Some(epoch),
+                            }
+                        };
+                        push(t2, action);
+                    }
+                }
+                _ => {
+                    // Karpenter writes its taint once: not where the script already has it.
+                    if !has_karpenter {
+                        push(
+                            t,
+                            Action::KarpenterAt {
+                                at_ms: t + rng.random_range(1500..=4500),
+                            },
+                        );
+                        if rng.random_bool(0.3) {
+                            push(off(&mut rng), Action::Karpenter(false));
+                        }
+                    }
+                }
+            }
+        }
+        let mut states = StdRng::seed_from_u64(seed ^ 0x7374_6174_6573);
+        let mut slow_starter = false;
+        if dims.server_states {
+            // The first mostly early, while the node still has Ready servers; the rest at any
+            // time, racing the releases.
+            for i in 0..states.random_range(0..=2) {
+                let t = states.random_range(0..if i == 0 { horizon / 3 } else { horizon });
+                push(t, Action::Reserve);
+                if states.random_bool(0.6) {
+                    push(t + states.random_range(300..1500), Action::Unreserve);
+                }
+            }
+            if states.random_bool(0.3) {
+                slow_starter = true;
+                push(states.random_range(200..horizon + 1000), Action::TurnsReady);
+            }
+        }
+        let mut lost = StdRng::seed_from_u64(seed ^ 0x6c6f_7374_2121);
+        if dims.lost_answers {
+            if lost.random_bool(0.3) {
+                let status = [409, 422][lost.random_range(0..2)];
+                let n = lost.random_range(1..=2);
+                let action = match lost.random_range(0..3) {
+                    0 => Action::Fault(KubeFault::FailNode { n, status }),
+                    1 => Action::Fault(KubeFault::FailGameServers { n, status }),
+                    _ => Action::Fault(KubeFault::FailReleases { n, status }),
+                };
+                push(lost.random_range(0..horizon), action);
+            }
+            if fleetiq && lost.random_bool(0.4) {
+                push(lost.random_range(0..horizon), Action::DeregisterAnswerLost);
+            }
+        }
+        slow_starter
+    }
+}
+
 impl fmt::Display for Timeline {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, asg heartbeat {}s (describes lag {}), --azure-approve-when-empty {}, agones selectable fields {}, fleetiq {}, bind lag {} ms, {:?}",
+            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, asg heartbeat {}s (describes lag {}), --azure-approve-when-empty {}, agones selectable fields {}, fleetiq {}, bind lag {} ms, slow starter {}, {:?}",
             self.seed,
             self.ready,
             self.allocated,
@@ -823,6 +993,7 @@ impl fmt::Display for Timeline {
             self.agones_selectable_fields,
             self.fleetiq,
             self.bind_lag_ms,
+            self.slow_starter,
             self.dims,
         )?;
         for s in &self.steps {
@@ -843,7 +1014,7 @@ mod tests {
         assert_eq!(a.steps, b.steps);
         assert_eq!(a.to_string(), b.to_string());
         let none = Dimensions::without(
-            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events,returns,gamelift_forgets,asg_lag,without_fleetiq,fence_races,more_faults",
+            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events,returns,gamelift_forgets,asg_lag,without_fleetiq,fence_races,more_faults,node_signals,server_states,lost_answers",
         )
         .expect("known names");
         for seed in 0..300 {
@@ -862,6 +1033,27 @@ mod tests {
                             | Action::LateServer
                             | Action::AllocateAtFence(_)
                             | Action::FleetIqSpot
+                            | Action::KarpenterAt { .. }
+                            | Action::Autoscaler(_)
+                            | Action::GkeTaint(_)
+                            | Action::GkeOngoing(_)
+                            | Action::GkeMaintenance { .. }
+                            | Action::Reserve
+                            | Action::Unreserve
+                            | Action::TurnsReady
+                            | Action::DeregisterAnswerLost
+                            | Action::Fault(
+                                KubeFault::FailNode {
+                                    status: 409 | 422,
+                                    ..
+                                } | KubeFault::FailGameServers {
+                                    status: 409 | 422,
+                                    ..
+                                } | KubeFault::FailReleases {
+                                    status: 409 | 422,
+                                    ..
+                                }
+                            )
                             | Action::Fault(
                                 KubeFault::FailReleases { .. } | KubeFault::LagWatches { .. }
                             )
@@ -877,6 +1069,86 @@ mod tests {
             }
         }
         assert!(Dimensions::without("nope").is_err());
+    }
+
+    #[test]
+    fn node_signals_server_states_and_lost_answers_are_drawn() {
+        let mut n = std::collections::BTreeMap::<&str, usize>::new();
+        for seed in 0..400 {
+            let tl = Timeline::draw(seed, Dimensions::ALL);
+            let has = |f: &dyn Fn(&Action) -> bool| tl.steps.iter().any(|s| f(&s.action));
+            for (what, drawn) in [
+                (
+                    "Karpenter's termination time",
+                    has(&|a| matches!(a, Action::KarpenterAt { .. })),
+                ),
+                (
+                    "the autoscaler's taint",
+                    has(&|a| matches!(a, Action::Autoscaler(true))),
+                ),
+                ("GKE's taint", has(&|a| matches!(a, Action::GkeTaint(true)))),
+                (
+                    "GKE's ONGOING label",
+                    has(&|a| matches!(a, Action::GkeOngoing(true))),
+                ),
+                (
+                    "GKE's maintenance time",
+                    has(&|a| matches!(a, Action::GkeMaintenance { .. })),
+                ),
+                ("a reservation", has(&|a| matches!(a, Action::Reserve))),
+                ("a slow starter", tl.slow_starter),
+                (
+                    "a 409 or 422",
+                    has(&|a| {
+                        matches!(
+                            a,
+                            Action::Fault(
+                                KubeFault::FailNode {
+                                    status: 409 | 422,
+                                    ..
+                                } | KubeFault::FailGameServers {
+                                    status: 409 | 422,
+                                    ..
+                                } | KubeFault::FailReleases {
+                                    status: 409 | 422,
+                                    ..
+                                }
+                            )
+                        )
+                    }),
+                ),
+                (
+                    "a lost answer",
+                    has(&|a| matches!(a, Action::DeregisterAnswerLost)),
+                ),
+            ] {
+                *n.entry(what).or_default() += usize::from(drawn);
+            }
+            assert_eq!(
+                has(&|a| matches!(a, Action::TurnsReady)),
+                tl.slow_starter,
+                "seed {seed}"
+            );
+            if has(&|a| matches!(a, Action::KarpenterAt { .. })) {
+                assert_eq!(
+                    tl.steps
+                        .iter()
+                        .filter(|s| matches!(
+                            s.action,
+                            Action::Karpenter(true) | Action::KarpenterAt { .. }
+                        ))
+                        .count(),
+                    1,
+                    "seed {seed}: Karpenter taints the node once"
+                );
+            }
+        }
+        for (what, count) in n {
+            assert!(
+                count >= 15,
+                "{what}: drawn in only {count} of 400 timelines"
+            );
+        }
     }
 
     #[test]

@@ -18,10 +18,33 @@ pub enum SignalId {
     FleetIqSpot,
     Manual,
     Karpenter,
+    /// The cluster autoscaler's taint.
+    Autoscaler,
+    /// GKE's impending-termination taint.
+    GkeTaint,
+    /// GKE's `active-node-maintenance=ONGOING` label.
+    GkeOngoing,
+    /// GKE's `scheduled-maintenance-time` label.
+    GkeMaintenance,
     /// The Auto Scaling termination hook's wait.
     AsgLifecycle,
     /// One Azure scheduled event, by episode.
     Azure(u8),
+}
+
+impl SignalId {
+    /// Written on the Node object, not by the machine: it outlives a reboot.
+    pub fn on_the_node(self) -> bool {
+        matches!(
+            self,
+            SignalId::Manual
+                | SignalId::Karpenter
+                | SignalId::Autoscaler
+                | SignalId::GkeTaint
+                | SignalId::GkeOngoing
+                | SignalId::GkeMaintenance
+        )
+    }
 }
 
 /// A live signal.
@@ -178,6 +201,31 @@ pub fn effect_of(
                 ..drain
             }),
         ),
+        // Karpenter deletes every pod left at its termination time: a scale-down, and it
+        // keeps new pods off itself.
+        Action::KarpenterAt { at_ms } => (
+            SignalId::Karpenter,
+            Some(Signal {
+                upgrade_like: false,
+                fences: false,
+                ..hard(ms(*at_ms))
+            }),
+        ),
+        Action::Autoscaler(on) => (
+            SignalId::Autoscaler,
+            on.then_some(Signal {
+                fences: false,
+                ..drain
+            }),
+        ),
+        // GKE terminating the node says no time: the node goes, but nothing tells when.
+        Action::GkeTaint(on) => (SignalId::GkeTaint, on.then_some(drain)),
+        Action::GkeOngoing(on) => (SignalId::GkeOngoing, on.then_some(drain)),
+        // The maintenance window's start, to the second, well within the lead time: a
+        // drain with that deadline, upgrade-like.
+        Action::GkeMaintenance { epoch_ms } => {
+            (SignalId::GkeMaintenance, epoch_ms.map(|e| hard(ms(e))))
+        }
         _ => return None,
     })
 }
@@ -218,7 +266,7 @@ impl Truth {
             // A machine that came back: the old boot's notices went with it (the operator's
             // label and Karpenter's taint are on the Node).
             if matches!(a.action, Action::MachineReturns) {
-                live.retain(|id, _| matches!(id, SignalId::Manual | SignalId::Karpenter));
+                live.retain(|id, _| id.on_the_node());
                 segments.push((a.at, live.clone()));
                 continue;
             }

@@ -38,6 +38,8 @@ pub(crate) struct Faults {
     page_rules: Vec<PageRule>,
     /// (operation or `"*"`, calls left) held without an answer until released.
     hang_rules: Vec<(String, usize)>,
+    /// (operation or `"*"`, calls left) applied, then answered as failed: the answer lost.
+    lose_rules: Vec<(String, usize)>,
     rng: StdRng,
 }
 
@@ -50,6 +52,7 @@ impl Default for Faults {
             fail_rules: Vec::new(),
             page_rules: Vec::new(),
             hang_rules: Vec::new(),
+            lose_rules: Vec::new(),
             rng: StdRng::seed_from_u64(DEFAULT_SEED),
         }
     }
@@ -118,6 +121,27 @@ impl Faults {
         if n > 0 {
             self.hang_rules.push((op.to_string(), n));
         }
+    }
+
+    pub(crate) fn lose_next(&mut self, op: &str, n: usize) {
+        if n > 0 {
+            self.lose_rules.push((op.to_string(), n));
+        }
+    }
+
+    /// Whether this applied call's answer is to be lost (consumes one use of the oldest
+    /// matching rule).
+    pub(crate) fn take_lose(&mut self, op: &str) -> bool {
+        let Some(rule) = self
+            .lose_rules
+            .iter_mut()
+            .find(|(o, left)| *left > 0 && (o == op || o == ANY_OP))
+        else {
+            return false;
+        };
+        rule.1 -= 1;
+        self.lose_rules.retain(|(_, left)| *left > 0);
+        true
     }
 
     pub(crate) fn clear_hang_rules(&mut self) {

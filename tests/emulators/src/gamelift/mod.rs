@@ -132,6 +132,9 @@ pub(crate) struct Inner {
     journal: Vec<Call>,
     next_seq: u64,
     gate: Arc<HangGate>,
+    /// The journal `seq` of each call applied whose answer was then lost
+    /// ([`GameLiftEmulator::lose_next`]).
+    answers_lost: Vec<u64>,
 }
 
 /// Holds hung calls until released; counts them while held.
@@ -401,6 +404,20 @@ impl GameLiftEmulator {
         self.inner().faults.hang_next(op, n);
     }
 
+    /// The next `n` calls of `op` (`"*"` for any) that succeed are applied and then
+    /// answered `InternalServiceException` (500), as if the answer were lost on the way
+    /// back: the world changed, the client cannot know. The journal records what was
+    /// applied (`ok`).
+    pub fn lose_next(&self, op: &str, n: usize) {
+        self.inner().faults.lose_next(op, n);
+    }
+
+    /// The journal `seq` of every call applied whose answer was then lost: proof the fault
+    /// met a call, and which.
+    pub fn answers_lost(&self) -> Vec<u64> {
+        self.inner().answers_lost.clone()
+    }
+
     /// Serves every hung call now and drops the hang rules not used yet.
     pub fn release_hangs(&self) {
         let mut inner = self.inner();
@@ -530,7 +547,19 @@ pub(crate) async fn run(
         }
         Err(e) => (serde_json::Value::Null, Err(e)),
     };
+    let lost = result.is_ok() && inner.faults.take_lose(&op);
     let seq = record(inner, now, op, input, &result);
+    if lost {
+        inner.answers_lost.push(seq);
+        return (
+            seq,
+            Err(ApiError::new(
+                500,
+                "InternalServiceException",
+                "injected: the call was applied and its answer lost",
+            )),
+        );
+    }
     (seq, result)
 }
 
