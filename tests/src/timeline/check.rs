@@ -1412,9 +1412,26 @@ fn empty_spells(cx: &Ctx<'_>, start: SystemTime, end: SystemTime) -> Vec<(System
 
 /// When a hand-off is due once the node is empty from `from`: the gate waits out the settle
 /// since the fence (usually long past), then a fresh pod LIST, within the reaction time.
+/// When GameLift failed the deregistration that comes first (a fault, or an answer lost),
+/// the hand-off waits for its first conclusive answer (`ok` heard, or NotFound) instead.
 fn handoff_due(cx: &Ctx<'_>, from: SystemTime) -> SystemTime {
     let settle = Duration::from_millis(cx.run.timeline.deregister_settle_ms());
-    let gate = fence_before(cx, from).map_or(from, |f| (f + settle).max(from));
+    let mut gate = fence_before(cx, from).map_or(from, |f| (f + settle).max(from));
+    let deregs = || {
+        cx.run
+            .calls
+            .iter()
+            .filter(|c| c.op == "DeregisterGameServer" && c.at >= from)
+    };
+    let heard = |c: &gamelift::Call| {
+        (c.outcome == "ok" && !cx.run.answers_lost.contains(&c.seq))
+            || c.outcome == "NotFoundException"
+    };
+    if deregs().any(|c| !heard(c))
+        && let Some(concluded) = deregs().find(|c| heard(c))
+    {
+        gate = gate.max(concluded.at);
+    }
     gate + cx.reaction_after(gate)
 }
 
@@ -1576,6 +1593,20 @@ pub fn report(run: &Run, hits: &[Hit]) -> String {
             Err(e) => e.clone(),
         }
     );
+    // `TIMELINE_JOURNAL` (replaying a seed): every write and every game pod seen on the node.
+    if std::env::var_os("TIMELINE_JOURNAL").is_some() {
+        let _ = writeln!(s, "journal (writes):");
+        for e in run
+            .journal
+            .iter()
+            .filter(|e| e.verb.is_mutating() && e.identity.is_some())
+        {
+            let _ = writeln!(s, "    {}", entry_line(e, &rel));
+        }
+        for p in &run.pods {
+            let _ = writeln!(s, "  pod {p:?}");
+        }
+    }
     for h in hits {
         let _ = writeln!(
             s,

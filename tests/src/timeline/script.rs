@@ -708,7 +708,6 @@ impl Timeline {
                 Action::ImdsScheduled { not_before_ms, .. } => not_before_ms,
                 Action::ImdsSpot { at_ms } => at_ms,
                 Action::KarpenterAt { at_ms } => at_ms,
-                Action::GkeMaintenance { epoch_ms: Some(e) } => e,
                 Action::GcePreempted => s.at_ms + 1000 * gce_preemption_notice_s,
                 Action::GceTerminate => s.at_ms + 1000 * gce_terminate_notice_s,
                 Action::AzureEvent {

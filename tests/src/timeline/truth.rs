@@ -221,11 +221,9 @@ pub fn effect_of(
         // GKE terminating the node says no time: the node goes, but nothing tells when.
         Action::GkeTaint(on) => (SignalId::GkeTaint, on.then_some(drain)),
         Action::GkeOngoing(on) => (SignalId::GkeOngoing, on.then_some(drain)),
-        // The maintenance window's start, to the second, well within the lead time: a
-        // drain with that deadline, upgrade-like.
-        Action::GkeMaintenance { epoch_ms } => {
-            (SignalId::GkeMaintenance, epoch_ms.map(|e| hard(ms(e))))
-        }
+        // When host maintenance starts, well within the lead time: a drain. Nothing says
+        // the VM goes then (it may migrate live); if it does, GCE's metadata says so first.
+        Action::GkeMaintenance { epoch_ms } => (SignalId::GkeMaintenance, epoch_ms.map(|_| drain)),
         _ => return None,
     })
 }
