@@ -717,8 +717,9 @@ fn deregistration(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
         let Some(first) = cx.deregistered_in(life) else {
             continue;
         };
-        // The agent never heard the first one succeed: asking again is all it can do, and
-        // GameLift's NotFound changes nothing.
+        // The agent never heard the first one succeed: it goes on as registered (asks
+        // again, heartbeats) until GameLift says the server is gone; a call that found
+        // nothing changed nothing.
         let unheard = cx.run.answers_lost.contains(&first.seq);
         for c in cx
             .run
@@ -726,7 +727,7 @@ fn deregistration(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             .iter()
             .filter(|c| c.seq > first.seq && cx.life_of(c.at) == life)
         {
-            if unheard && c.op == "DeregisterGameServer" && c.outcome != "ok" {
+            if unheard && c.outcome != "ok" {
                 continue;
             }
             if matches!(

@@ -67,7 +67,7 @@ pub const NODE_SIGNAL: &str = "a cloud's or autoscaler's Node signal";
 pub const RESERVED: &str = "a server reserved by its game";
 /// A server that was still starting turned Ready during the timeline.
 pub const SLOW_READY: &str = "a slow starter turning Ready";
-/// A GameLift call was applied and its answer lost.
+/// A GameLift call or a kube write was applied and its answer lost.
 pub const ANSWER_LOST: &str = "an answer lost after the write";
 
 impl Met {
@@ -225,7 +225,10 @@ impl Met {
             SLOW_READY,
             noted(&|a| matches!(a, script::Action::TurnsReady)),
         );
-        m.insert(ANSWER_LOST, run.answers_lost.len());
+        m.insert(
+            ANSWER_LOST,
+            run.answers_lost.len() + run.kube_answers_lost.len(),
+        );
         for name in [
             check::JUDGED_DEADLINE,
             check::JUDGED_AZURE,

@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use super::script::{Action, AzureKind, KubeFault, Safe, Timeline};
+use super::script::{Action, AzureKind, KubeFault, Safe, Timeline, Write};
 use super::truth::{Applied, ceil_secs, effect_of};
 use crate::agent::{InProcessAgent, config};
 use crate::autoscaling::{AutoScalingEmulator, Happening, Hook};
@@ -90,6 +90,8 @@ pub struct Run {
     pub late_servers: Vec<(String, SystemTime)>,
     /// The GameLift calls (journal `seq`) applied whose answer the emulator then lost.
     pub answers_lost: Vec<u64>,
+    /// The kube writes (journal `seq`) applied whose answer the emulator then lost.
+    pub kube_answers_lost: Vec<u64>,
     /// When each agent instance started, and its pod's name (its identity).
     pub starts: Vec<(SystemTime, String)>,
 }
@@ -966,6 +968,15 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                         n,
                         status,
                     )),
+                    KubeFault::LoseAnswer(write) => {
+                        let (method, path) = match write {
+                            Write::Node => (Method::PATCH, node_path.as_str()),
+                            Write::GameServer => (Method::PATCH, "/gameservers/"),
+                            Write::Release => (Method::DELETE, "/gameservers/"),
+                            Write::Eviction => (Method::POST, "/eviction"),
+                        };
+                        faults.inject(FaultRule::lose_answer(Some(method), path, 1))
+                    }
                     KubeFault::LagWatches { ms } => {
                         for resource in ["pods", "gameservers"] {
                             faults.delay_watches(crate::kube::faults::WatchDelay::resource(
@@ -1276,6 +1287,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         }
     }
     let agents_starts = std::mem::take(&mut agents.starts);
+    let kube_answers_lost = cluster.emulator().faults().answers_lost();
     let journal = cluster.emulator().journal().entries();
     let calls = gl.calls();
     let asg_journal = asg
@@ -1331,6 +1343,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         pods,
         late_servers,
         answers_lost: gl.answers_lost(),
+        kube_answers_lost,
         starts: agents_starts,
     })
 }

@@ -216,6 +216,21 @@ pub enum KubeFault {
     /// From now on, every watch of pods and GameServers delivers its events this late (a
     /// lagging watch cache).
     LagWatches { ms: u64 },
+    /// The agent's next write of this kind is applied and its answer lost (`504 Timeout`).
+    LoseAnswer(Write),
+}
+
+/// A kind of write the agent makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// A Node PATCH: the fence, its progress, its undoing.
+    Node,
+    /// A GameServer PATCH: a mark, a deadline announced.
+    GameServer,
+    /// A GameServer DELETE: a release.
+    Release,
+    /// A pod eviction: a match ended.
+    Eviction,
 }
 
 /// One thing that happens to the node.
@@ -967,6 +982,18 @@ impl Later {
             if fleetiq && lost.random_bool(0.4) {
                 push(lost.random_range(0..horizon), Action::DeregisterAnswerLost);
             }
+            if lost.random_bool(0.4) {
+                let write = [
+                    Write::Node,
+                    Write::GameServer,
+                    Write::Release,
+                    Write::Eviction,
+                ][lost.random_range(0..4)];
+                push(
+                    lost.random_range(0..horizon),
+                    Action::Fault(KubeFault::LoseAnswer(write)),
+                );
+            }
         }
         slow_starter
     }
@@ -1041,6 +1068,7 @@ mod tests {
                             | Action::Unreserve
                             | Action::TurnsReady
                             | Action::DeregisterAnswerLost
+                            | Action::Fault(KubeFault::LoseAnswer(_))
                             | Action::Fault(
                                 KubeFault::FailNode {
                                     status: 409 | 422,
@@ -1119,6 +1147,10 @@ mod tests {
                 (
                     "a lost answer",
                     has(&|a| matches!(a, Action::DeregisterAnswerLost)),
+                ),
+                (
+                    "a lost kube answer",
+                    has(&|a| matches!(a, Action::Fault(KubeFault::LoseAnswer(_)))),
                 ),
             ] {
                 *n.entry(what).or_default() += usize::from(drawn);

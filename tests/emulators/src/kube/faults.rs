@@ -24,6 +24,10 @@ pub enum FaultAction {
     /// closes the connection (then it is never served). A server that stops answering
     /// looks like this to a client: only its own timeout ends the call.
     Hang,
+    /// Serve the request (it is applied and journaled as the server answered it), then
+    /// answer `504 Timeout` instead, as an API server does when its storage write outlived
+    /// the request's deadline yet went through: the write happened, the client cannot know.
+    LoseAnswer,
 }
 
 /// Affects the next `times` requests whose method matches (any if `None`) and whose
@@ -85,6 +89,17 @@ impl FaultRule {
             path_contains: path_contains.to_string(),
             times,
             action: FaultAction::Hang,
+        }
+    }
+
+    /// A rule applying the next `times` matching requests and losing their answers (see
+    /// [`FaultAction::LoseAnswer`]).
+    pub fn lose_answer(method: Option<Method>, path_contains: &str, times: usize) -> Self {
+        FaultRule {
+            method,
+            path_contains: path_contains.to_string(),
+            times,
+            action: FaultAction::LoseAnswer,
         }
     }
 }
@@ -227,6 +242,8 @@ pub struct Faults {
     hung: Arc<AtomicUsize>,
     /// Number of watch delay rules, read without the lock on every watch line.
     watch_delays: Arc<AtomicUsize>,
+    /// The journal `seq` of every write applied whose answer [`FaultAction::LoseAnswer`] lost.
+    lost: Arc<Mutex<Vec<u64>>>,
 }
 
 impl Default for Faults {
@@ -236,6 +253,7 @@ impl Default for Faults {
             release: Arc::new(watch::channel(0).0),
             hung: Arc::default(),
             watch_delays: Arc::default(),
+            lost: Arc::default(),
         }
     }
 }
@@ -334,6 +352,20 @@ impl Faults {
             rules.remove(i);
         }
         Some(action)
+    }
+
+    /// Records that the write journaled as `seq` was applied and its answer lost.
+    pub fn answer_lost(&self, seq: u64) {
+        self.lost
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(seq);
+    }
+
+    /// The journal `seq` of every write applied whose answer was lost, in order: proof a
+    /// [`FaultAction::LoseAnswer`] met a write, and which.
+    pub fn answers_lost(&self) -> Vec<u64> {
+        self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Holds the caller until [`Faults::release_hangs`]; dropping the future (the client

@@ -372,10 +372,21 @@ pub async fn handle(State(s): State<Arc<ServerState>>, req: Request) -> Response
         // Stream bytes are counted as they are sent.
         Reply::Stream(body) => (StatusCode::OK, json_response(StatusCode::OK, body)),
     };
-    s.journal
+    let applied = verb.is_mutating() && status.is_success();
+    let seq = s
+        .journal
         .record(entry(status, written, request, applied_at));
     drop(write);
     drop(seat);
+    if applied && fault == Some(FaultAction::LoseAnswer) {
+        s.faults.answer_lost(seq);
+        let e = ApiError::new(
+            504,
+            "Timeout: request did not complete within the allotted timeout (injected: the write was applied)",
+        );
+        let bytes = serde_json::to_vec(&e.to_status()).unwrap_or_default();
+        return json_response(StatusCode::GATEWAY_TIMEOUT, Body::from(bytes));
+    }
     response
 }
 
