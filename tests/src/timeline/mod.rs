@@ -63,6 +63,9 @@ pub const RESTART_MID_DRAIN: &str = "an agent restart mid-drain";
 pub const FAULT_MET: &str = "an API fault answered to the agent";
 /// A Node signal from a cloud or an autoscaler was put on the node (taint or label).
 pub const NODE_SIGNAL: &str = "a cloud's or autoscaler's Node signal";
+/// A rebalance recommendation, GCE's upcoming maintenance, or a foreign cordon taken as a
+/// drain.
+pub const MORE_SIGNAL: &str = "a rebalance, upcoming maintenance or foreign cordon";
 /// A game on the node reserved its server.
 pub const RESERVED: &str = "a server reserved by its game";
 /// A server that was still starting turned Ready during the timeline.
@@ -72,7 +75,7 @@ pub const ANSWER_LOST: &str = "an answer lost after the write";
 
 impl Met {
     /// Every count, the floors' names first.
-    const NAMES: [&str; 18] = [
+    const NAMES: [&str; 19] = [
         FORGOTTEN,
         RETURNED,
         LATE_POD,
@@ -83,6 +86,7 @@ impl Met {
         RESTART_MID_DRAIN,
         FAULT_MET,
         NODE_SIGNAL,
+        MORE_SIGNAL,
         RESERVED,
         SLOW_READY,
         ANSWER_LOST,
@@ -94,7 +98,7 @@ impl Met {
     ];
     /// The counts a default run must meet (the rest are reported): a hook timing out after
     /// the node emptied happens only when the agent fails, so it has no floor.
-    const FLOORED: usize = 15;
+    const FLOORED: usize = 16;
 
     fn of(run: &runner::Run, judged: &BTreeMap<&'static str, usize>) -> Met {
         let count = |f: &dyn Fn(&script::Action) -> bool| {
@@ -213,6 +217,21 @@ impl Met {
                         | script::Action::GkeMaintenance { epoch_ms: Some(_) }
                 )
             }),
+        );
+        m.insert(
+            MORE_SIGNAL,
+            count(&|a| {
+                matches!(
+                    a,
+                    script::Action::ImdsRebalance | script::Action::GceUpcoming { .. }
+                )
+            }) + run
+                .applied
+                .iter()
+                .filter(|a| {
+                    matches!(a.action, script::Action::OperatorCordon(true)) && !a.note.is_empty()
+                })
+                .count(),
         );
         let noted = |f: &dyn Fn(&script::Action) -> bool| {
             run.applied

@@ -13,8 +13,8 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use super::script::{Action, AzureKind, KubeFault, Safe, Timeline, Write};
-use super::truth::{Applied, ceil_secs, effect_of};
+use super::script::{Action, AzureKind, KubeFault, Safe, Timeline, Upcoming, Write};
+use super::truth::{Applied, ceil_secs, effect_of, floor_secs};
 use crate::agent::{InProcessAgent, config};
 use crate::autoscaling::{AutoScalingEmulator, Happening, Hook};
 use crate::cluster::{
@@ -523,11 +523,22 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             &format!("{}s", tl.gce_preemption_notice_s),
             "--gce-terminate-notice",
             &format!("{}s", tl.gce_terminate_notice_s),
+            "--gce-upcoming-interval",
+            "200ms",
         ]
         .map(String::from),
     );
     if tl.graceful_termination {
         flags.push("--graceful-termination".into());
+    }
+    if tl.rebalance_ttl_ms > 0 {
+        flags.extend([
+            "--rebalance-ttl".into(),
+            format!("{}ms", tl.rebalance_ttl_ms),
+        ]);
+    }
+    if tl.drain_on_foreign_cordon {
+        flags.push("--drain-on-foreign-cordon".into());
     }
     if tl.dims.asg_lifecycle {
         flags.extend(
@@ -621,6 +632,8 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let start = tokio::time::Instant::now();
     let t0 = SystemTime::now();
     let mut applied = vec![];
+    // Truth changes no step makes: a rebalance recommendation's TTL running out.
+    let mut expiries: Vec<Applied> = vec![];
     let mut scheduled_id = 0u32;
     // GCE's `maintenance-event` as last set to a real value, and whether an empty body
     // (a glitch) stands in for it now.
@@ -1020,6 +1033,8 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 scheduled_id = 0;
                 gce.set("maintenance-event", "NONE");
                 gce.set("preempted", "FALSE");
+                gce.remove("upcoming-maintenance");
+                imds.set_rebalance(None);
                 gce_event = "NONE";
                 gce_glitch = false;
                 az.set_events(vec![]);
@@ -1093,6 +1108,59 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                     }
                 }));
             }
+            Action::ImdsRebalance => {
+                let notice = floor_secs(at);
+                imds.set_rebalance(Some(json!({ "noticeTime": rfc3339(notice) })));
+                // The operator's TTL counts from the notice: then it no longer holds the node.
+                let ttl = Duration::from_millis(tl.rebalance_ttl_ms);
+                expiries.push(Applied {
+                    at: notice + ttl,
+                    action: Action::RebalanceExpires,
+                    effect: effect_of(&tl, t0, notice + ttl, &Action::RebalanceExpires),
+                    note: String::new(),
+                });
+            }
+            Action::RebalanceExpires => {}
+            Action::GceUpcoming { status, window_ms } => {
+                let start = ceil_secs(t0 + Duration::from_millis(*window_ms));
+                let state = match status {
+                    Upcoming::Pending => Some("PENDING"),
+                    Upcoming::Ongoing => Some("ONGOING"),
+                    Upcoming::Complete => None,
+                };
+                match state {
+                    Some(state) => gce.set(
+                        "upcoming-maintenance",
+                        &json!({
+                            "can_reschedule": "false",
+                            "latest_window_start_time": rfc3339(start),
+                            "maintenance_status": state,
+                            "type": "SCHEDULED",
+                            "window_end_time": rfc3339(start + Duration::from_secs(3600)),
+                            "window_start_time": rfc3339(start),
+                        })
+                        .to_string(),
+                    ),
+                    None => gce.remove("upcoming-maintenance"),
+                }
+            }
+            Action::OperatorCordon(on) => {
+                let changed = std::sync::atomic::AtomicBool::new(false);
+                at = edit_node(&operator, |n| {
+                    let spec = n.spec.get_or_insert_default();
+                    changed.store(
+                        spec.unschedulable.unwrap_or(false) != *on,
+                        std::sync::atomic::Ordering::SeqCst,
+                    );
+                    spec.unschedulable = Some(*on);
+                })
+                .await
+                .context(what)?;
+                // `kubectl cordon` on a node cordoned already changes nothing: no signal.
+                if changed.load(std::sync::atomic::Ordering::SeqCst) {
+                    note = "changed".into();
+                }
+            }
             Action::Reserve => {
                 let ready = servers_on_node(&cluster, GameServerState::Ready);
                 if !ready.is_empty() {
@@ -1133,7 +1201,10 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 note = chosen.join(",");
             }
         }
-        let effect = effect_of(&tl, t0, at, &action);
+        let effect = match action {
+            Action::OperatorCordon(true) if note.is_empty() => None,
+            _ => effect_of(&tl, t0, at, &action),
+        };
         applied.push(Applied {
             at,
             action,
@@ -1169,6 +1240,8 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
 
     // Settle: the drain ends, deregistered or cancelled.
     let settled_from = SystemTime::now();
+    applied.append(&mut expiries);
+    applied.sort_by_key(|a| a.at);
     let live_at_end = super::truth::Truth::build(&applied).last().clone();
     let asg_began = applied
         .iter()

@@ -59,6 +59,10 @@ pub struct Dimensions {
     /// 409 and 422 answers to the agent's writes, and a deregistration GameLift applies
     /// whose answer is lost.
     pub lost_answers: bool,
+    /// More signals: an AWS rebalance recommendation (and its TTL running out), GCE's
+    /// upcoming maintenance (pending, ongoing, complete), a foreign cordon with
+    /// `--drain-on-foreign-cordon`.
+    pub more_signals: bool,
 }
 
 impl Dimensions {
@@ -80,6 +84,7 @@ impl Dimensions {
         node_signals: true,
         server_states: true,
         lost_answers: true,
+        more_signals: true,
     };
 
     /// `ALL` minus the comma-separated names in `disabled`; an unknown name is an error.
@@ -104,6 +109,7 @@ impl Dimensions {
                 "node_signals" => &mut d.node_signals,
                 "server_states" => &mut d.server_states,
                 "lost_answers" => &mut d.lost_answers,
+                "more_signals" => &mut d.more_signals,
                 other => return Err(format!("unknown timeline dimension {other:?}")),
             };
             *flag = false;
@@ -218,6 +224,14 @@ pub enum KubeFault {
     LagWatches { ms: u64 },
     /// The agent's next write of this kind is applied and its answer lost (`504 Timeout`).
     LoseAnswer(Write),
+}
+
+/// GCE's `maintenance_status` of an upcoming maintenance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Upcoming {
+    Pending,
+    Ongoing,
+    Complete,
 }
 
 /// A kind of write the agent makes.
@@ -341,6 +355,19 @@ pub enum Action {
     AllocateAtFence(Safe),
     /// A running match on the node ends (the game calls `Shutdown()`).
     EndMatch,
+    /// IMDS `events/recommendations/rebalance` appears (never withdrawn by AWS).
+    ImdsRebalance,
+    /// Not drawn: the rebalance recommendation's `--rebalance-ttl` ran out (counted from its
+    /// `noticeTime`: the operator's setting for how long it holds the node).
+    RebalanceExpires,
+    /// GCE `instance/upcoming-maintenance`: a window starting at `window_ms`, in this state
+    /// (`Complete`: the key gone, 404).
+    GceUpcoming {
+        status: Upcoming,
+        window_ms: u64,
+    },
+    /// The operator cordons (`true`) or uncordons the node (`kubectl cordon`).
+    OperatorCordon(bool),
     /// The game on a Ready server of the node reserves it (SDK `Reserve`).
     Reserve,
     /// A Reserved server's reservation runs out: back to Ready (SDK `Ready`).
@@ -391,6 +418,10 @@ pub struct Timeline {
     /// A game server on the node still Starting when the timeline begins (it turns Ready at
     /// [`Action::TurnsReady`]).
     pub slow_starter: bool,
+    /// `--rebalance-ttl` in ms (0: the default, far beyond the run).
+    pub rebalance_ttl_ms: u64,
+    /// `--drain-on-foreign-cordon`.
+    pub drain_on_foreign_cordon: bool,
 }
 
 impl Timeline {
@@ -709,12 +740,22 @@ impl Timeline {
                 }
             }
         }
-        let slow_starter = Later::draw(seed, dims, edges.fleetiq, horizon, &mut steps);
-        steps.sort_by_key(|s| s.at_ms);
         let gce_preemption_notice_s = rng.random_range(2..=3);
         let gce_terminate_notice_s = rng.random_range(2..=3);
         let asg_heartbeat_s = rng.random_range(2..=3);
         let azure_approve = rng.random_bool(0.5);
+        let exclusion_selector = rng.random_bool(0.5);
+        let graceful_termination = rng.random_bool(0.3);
+        let foreign_cordon = rng.random_bool(0.15);
+        let later = Later::draw(
+            seed,
+            dims,
+            edges.fleetiq,
+            foreign_cordon,
+            horizon,
+            &mut steps,
+        );
+        steps.sort_by_key(|s| s.at_ms);
         // Run until the last hard deadline has passed (capped), so the agent's verdicts at
         // `deadline − grace` happen inside the timeline.
         let last_hard = steps
@@ -723,6 +764,10 @@ impl Timeline {
                 Action::ImdsScheduled { not_before_ms, .. } => not_before_ms,
                 Action::ImdsSpot { at_ms } => at_ms,
                 Action::KarpenterAt { at_ms } => at_ms,
+                Action::GceUpcoming {
+                    status: Upcoming::Ongoing,
+                    window_ms,
+                } => window_ms,
                 Action::GcePreempted => s.at_ms + 1000 * gce_preemption_notice_s,
                 Action::GceTerminate => s.at_ms + 1000 * gce_terminate_notice_s,
                 Action::AzureEvent {
@@ -741,16 +786,25 @@ impl Timeline {
             .iter()
             .find(|s| matches!(s.action, Action::AsgTerminate))
             .map_or(0, |s| s.at_ms + 2000 * asg_heartbeat_s);
-        let end_all_at_ms = last_step.max(last_hard.min(MAX_RUN_MS)).max(asg_hold) + 200;
+        // A rebalance recommendation's TTL runs out within the run.
+        let rebalance_end = steps
+            .iter()
+            .find(|s| matches!(s.action, Action::ImdsRebalance))
+            .map_or(0, |s| s.at_ms + later.rebalance_ttl_ms + 1000);
+        let end_all_at_ms = last_step
+            .max(last_hard.min(MAX_RUN_MS))
+            .max(asg_hold)
+            .max(rebalance_end)
+            + 200;
         Timeline {
             seed,
             dims,
             ready,
             allocated,
             grace_s,
-            exclusion_selector: rng.random_bool(0.5),
-            graceful_termination: rng.random_bool(0.3),
-            foreign_cordon: rng.random_bool(0.15),
+            exclusion_selector,
+            graceful_termination,
+            foreign_cordon,
             gce_preemption_notice_s,
             gce_terminate_notice_s,
             asg_heartbeat_s,
@@ -763,7 +817,9 @@ impl Timeline {
             bind_lag_ms: edges.bind_lag_ms,
             steps,
             end_all_at_ms,
-            slow_starter,
+            slow_starter: later.slow_starter,
+            rebalance_ttl_ms: later.rebalance_ttl_ms,
+            drain_on_foreign_cordon: later.drain_on_foreign_cordon,
         }
     }
 
@@ -868,17 +924,22 @@ impl Edges {
 /// The draws added after the hand-off edges, each from a stream of its own so that every
 /// earlier draw of a seed stays what it was: Node signals from clouds and autoscalers, game
 /// servers changing state under the drain, and answers lost or refused after a write.
-struct Later;
+struct Later {
+    slow_starter: bool,
+    rebalance_ttl_ms: u64,
+    drain_on_foreign_cordon: bool,
+}
 
 impl Later {
-    /// Draws into `steps`; returns whether a game server on the node starts slowly.
+    /// Draws into `steps`.
     fn draw(
         seed: u64,
         dims: Dimensions,
         fleetiq: bool,
+        foreign_cordon: bool,
         horizon: u64,
         steps: &mut Vec<Step>,
-    ) -> bool {
+    ) -> Later {
         let has_karpenter = steps
             .iter()
             .any(|s| matches!(s.action, Action::Karpenter(_)));
@@ -995,7 +1056,51 @@ impl Later {
                 );
             }
         }
-        slow_starter
+        let mut more = StdRng::seed_from_u64(seed ^ 0x7369_676e_616c_7332);
+        let (mut rebalance_ttl_ms, mut drain_on_foreign_cordon) = (0, false);
+        if dims.more_signals {
+            if more.random_bool(0.25) {
+                rebalance_ttl_ms = more.random_range(1500..=3000);
+                push(more.random_range(0..horizon), Action::ImdsRebalance);
+            }
+            if more.random_bool(0.25) {
+                let t = more.random_range(0..horizon);
+                let window_ms = t + more.random_range(1500..=4000);
+                let upcoming = |status| Action::GceUpcoming { status, window_ms };
+                push(t, upcoming(Upcoming::Pending));
+                if more.random_bool(0.3) {
+                    // Called off before it starts.
+                    push(
+                        t + more.random_range(300..1200),
+                        upcoming(Upcoming::Complete),
+                    );
+                } else if more.random_bool(0.6) {
+                    push(window_ms, upcoming(Upcoming::Ongoing));
+                    if more.random_bool(0.6) {
+                        push(
+                            window_ms + more.random_range(300..1200),
+                            upcoming(Upcoming::Complete),
+                        );
+                    }
+                }
+            }
+            if !foreign_cordon && more.random_bool(0.2) {
+                drain_on_foreign_cordon = true;
+                let t = more.random_range(0..horizon);
+                push(t, Action::OperatorCordon(true));
+                if more.random_bool(0.5) {
+                    push(
+                        t + more.random_range(300..1500),
+                        Action::OperatorCordon(false),
+                    );
+                }
+            }
+        }
+        Later {
+            slow_starter,
+            rebalance_ttl_ms,
+            drain_on_foreign_cordon,
+        }
     }
 }
 
@@ -1003,7 +1108,7 @@ impl fmt::Display for Timeline {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, asg heartbeat {}s (describes lag {}), --azure-approve-when-empty {}, agones selectable fields {}, fleetiq {}, bind lag {} ms, slow starter {}, {:?}",
+            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, asg heartbeat {}s (describes lag {}), --azure-approve-when-empty {}, agones selectable fields {}, fleetiq {}, bind lag {} ms, slow starter {}, --rebalance-ttl {} ms, --drain-on-foreign-cordon {}, {:?}",
             self.seed,
             self.ready,
             self.allocated,
@@ -1020,6 +1125,8 @@ impl fmt::Display for Timeline {
             self.fleetiq,
             self.bind_lag_ms,
             self.slow_starter,
+            self.rebalance_ttl_ms,
+            self.drain_on_foreign_cordon,
             self.dims,
         )?;
         for s in &self.steps {
@@ -1040,7 +1147,7 @@ mod tests {
         assert_eq!(a.steps, b.steps);
         assert_eq!(a.to_string(), b.to_string());
         let none = Dimensions::without(
-            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events,returns,gamelift_forgets,asg_lag,without_fleetiq,fence_races,more_faults,node_signals,server_states,lost_answers",
+            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events,returns,gamelift_forgets,asg_lag,without_fleetiq,fence_races,more_faults,node_signals,server_states,lost_answers,more_signals",
         )
         .expect("known names");
         for seed in 0..300 {
@@ -1069,6 +1176,9 @@ mod tests {
                             | Action::TurnsReady
                             | Action::DeregisterAnswerLost
                             | Action::Fault(KubeFault::LoseAnswer(_))
+                            | Action::ImdsRebalance
+                            | Action::GceUpcoming { .. }
+                            | Action::OperatorCordon(_)
                             | Action::Fault(
                                 KubeFault::FailNode {
                                     status: 409 | 422,
@@ -1148,6 +1258,12 @@ mod tests {
                     "a lost answer",
                     has(&|a| matches!(a, Action::DeregisterAnswerLost)),
                 ),
+                ("a rebalance", has(&|a| matches!(a, Action::ImdsRebalance))),
+                (
+                    "GCE's upcoming maintenance",
+                    has(&|a| matches!(a, Action::GceUpcoming { .. })),
+                ),
+                ("a foreign cordon", tl.drain_on_foreign_cordon),
                 (
                     "a lost kube answer",
                     has(&|a| matches!(a, Action::Fault(KubeFault::LoseAnswer(_)))),

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use super::script::{Action, AzureKind, Safe, Timeline};
+use super::script::{Action, AzureKind, Safe, Timeline, Upcoming};
 
 /// One signal of one source; a source holds at most one at a time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -26,6 +26,12 @@ pub enum SignalId {
     GkeOngoing,
     /// GKE's `scheduled-maintenance-time` label.
     GkeMaintenance,
+    /// IMDS' rebalance recommendation, until `--rebalance-ttl` after its `noticeTime`.
+    ImdsRebalance,
+    /// GCE's `upcoming-maintenance`.
+    GceUpcoming,
+    /// The operator's cordon, with `--drain-on-foreign-cordon`.
+    ForeignCordon,
     /// The Auto Scaling termination hook's wait.
     AsgLifecycle,
     /// One Azure scheduled event, by episode.
@@ -43,6 +49,7 @@ impl SignalId {
                 | SignalId::GkeTaint
                 | SignalId::GkeOngoing
                 | SignalId::GkeMaintenance
+                | SignalId::ForeignCordon
         )
     }
 }
@@ -224,6 +231,28 @@ pub fn effect_of(
         // When host maintenance starts, well within the lead time: a drain. Nothing says
         // the VM goes then (it may migrate live); if it does, GCE's metadata says so first.
         Action::GkeMaintenance { epoch_ms } => (SignalId::GkeMaintenance, epoch_ms.map(|_| drain)),
+        Action::ImdsRebalance => (SignalId::ImdsRebalance, Some(drain)),
+        Action::RebalanceExpires => (SignalId::ImdsRebalance, None),
+        // Pending: a drain (the window is when maintenance starts, well within the lead).
+        // Ongoing on a VM that host maintenance stops (the emulator's policy is TERMINATE):
+        // the VM goes from the window's start.
+        Action::GceUpcoming { status, window_ms } => (
+            SignalId::GceUpcoming,
+            match status {
+                Upcoming::Pending => Some(drain),
+                Upcoming::Ongoing => Some(hard(ms(*window_ms))),
+                Upcoming::Complete => None,
+            },
+        ),
+        // A cordon someone else made, when the agent is asked to take it as a drain (it
+        // never cordons or fences for it: the node is cordoned already).
+        Action::OperatorCordon(on) if tl.drain_on_foreign_cordon => (
+            SignalId::ForeignCordon,
+            on.then_some(Signal {
+                fences: false,
+                ..drain
+            }),
+        ),
         _ => return None,
     })
 }
