@@ -88,6 +88,9 @@ pub enum Invariant {
     /// Liveness: with `--azure-approve-when-empty`, an Azure event that asked for the drain
     /// was not approved though the node had been empty long enough.
     AzureNotApproved,
+    /// With `--dry-run`, the agent sent a write: to Kubernetes, GameLift, Auto Scaling or
+    /// Azure.
+    DryRunWrote,
 }
 
 impl Invariant {
@@ -115,6 +118,7 @@ impl Invariant {
             Self::MatchNotEnded => "match-not-ended",
             Self::AsgNotCompleted => "asg-not-completed",
             Self::AzureNotApproved => "azure-not-approved",
+            Self::DryRunWrote => "dry-run-wrote",
         }
     }
 }
@@ -458,6 +462,13 @@ pub fn check_counted(run: &Run) -> (Vec<Hit>, BTreeMap<&'static str, usize>) {
         judged: Default::default(),
     };
     let mut hits = vec![];
+    if run.timeline.mode.dry_run {
+        // The whole promise of a dry run: nothing sent. Nothing else is judged (no drain
+        // happens, so the liveness checks would only count what the flag forbids).
+        dry_run_writes(&cx, &mut hits);
+        hits.sort_by_key(|h| h.at);
+        return (hits, cx.judged.take());
+    }
     matches_ended(&cx, &mut hits);
     servers(&cx, &mut hits);
     announced(&cx, &mut hits);
@@ -481,6 +492,49 @@ pub fn check_counted(run: &Run) -> (Vec<Hit>, BTreeMap<&'static str, usize>) {
     }
     hits.sort_by_key(|h| h.at);
     (hits, cx.judged.take())
+}
+
+/// With `--dry-run`, no write leaves the agent: no mutating Kubernetes request (answered or
+/// not), no GameLift call but reads, no Auto Scaling call but reads, no Azure approval.
+fn dry_run_writes(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    let mut hit = |at: SystemTime, detail: String, seqs: Vec<u64>| {
+        hits.push(Hit {
+            invariant: Invariant::DryRunWrote,
+            at,
+            detail,
+            seqs,
+        });
+    };
+    for e in cx
+        .run
+        .journal
+        .iter()
+        .filter(|e| by_agent(e) && e.verb.is_mutating())
+    {
+        hit(
+            e.at,
+            format!("{} {}{} ({})", e.method, e.path, e.query, e.status),
+            vec![e.seq],
+        );
+    }
+    for c in cx
+        .run
+        .calls
+        .iter()
+        .filter(|c| !c.op.starts_with("Describe"))
+    {
+        hit(c.at, format!("GameLift {} ({})", c.op, c.outcome), vec![]);
+    }
+    for (at, h) in &cx.run.asg {
+        if let Happening::Call { action, .. } = h
+            && !action.starts_with("Describe")
+        {
+            hit(*at, format!("Auto Scaling {action}"), vec![]);
+        }
+    }
+    for (id, at) in &cx.run.azure_approvals {
+        hit(*at, format!("Azure approval of {id}"), vec![]);
+    }
 }
 
 /// No match ended by lastcall (eviction or pod DELETE of an in-use server's pod) unless a
@@ -650,7 +704,9 @@ fn announced(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             .entry(name.to_string())
             .or_default()
             .push((e.at, e.seq, parsed));
-        let judged = by_agent(e)
+        // A DELETE's answer is the object as it stood: what it carries was written before
+        // (and is judged there), not by the DELETE.
+        let judged = (by_agent(e) && e.verb != Verb::Delete)
             .then_some(parsed)
             .flatten()
             .zip(bound(e.at.checked_sub(cx.lag_for(e)).unwrap_or(e.at), e.at));

@@ -66,6 +66,11 @@ pub const NODE_SIGNAL: &str = "a cloud's or autoscaler's Node signal";
 /// A rebalance recommendation, GCE's upcoming maintenance, or a foreign cordon taken as a
 /// drain.
 pub const MORE_SIGNAL: &str = "a rebalance, upcoming maintenance or foreign cordon";
+/// A timeline with the agent in a mode (dry run, drain state published, release pacing,
+/// autoscaler cooperation).
+pub const IN_A_MODE: &str = "an agent mode (dry run, drain state, pacing, cooperation)";
+/// A dry run (the only thing judged there: nothing sent).
+pub const DRY_RUN: &str = "a dry run";
 /// A game on the node reserved its server.
 pub const RESERVED: &str = "a server reserved by its game";
 /// A server that was still starting turned Ready during the timeline.
@@ -75,7 +80,7 @@ pub const ANSWER_LOST: &str = "an answer lost after the write";
 
 impl Met {
     /// Every count, the floors' names first.
-    const NAMES: [&str; 19] = [
+    const NAMES: [&str; 21] = [
         FORGOTTEN,
         RETURNED,
         LATE_POD,
@@ -87,6 +92,8 @@ impl Met {
         FAULT_MET,
         NODE_SIGNAL,
         MORE_SIGNAL,
+        IN_A_MODE,
+        DRY_RUN,
         RESERVED,
         SLOW_READY,
         ANSWER_LOST,
@@ -98,7 +105,7 @@ impl Met {
     ];
     /// The counts a default run must meet (the rest are reported): a hook timing out after
     /// the node emptied happens only when the agent fails, so it has no floor.
-    const FLOORED: usize = 16;
+    const FLOORED: usize = 18;
 
     fn of(run: &runner::Run, judged: &BTreeMap<&'static str, usize>) -> Met {
         let count = |f: &dyn Fn(&script::Action) -> bool| {
@@ -233,6 +240,17 @@ impl Met {
                 })
                 .count(),
         );
+        let mode = run.timeline.mode;
+        m.insert(
+            IN_A_MODE,
+            usize::from(
+                mode.dry_run
+                    || mode.publish_drain_state
+                    || mode.pacing
+                    || mode.cooperation.is_some(),
+            ),
+        );
+        m.insert(DRY_RUN, usize::from(mode.dry_run));
         let noted = |f: &dyn Fn(&script::Action) -> bool| {
             run.applied
                 .iter()

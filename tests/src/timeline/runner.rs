@@ -540,6 +540,34 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     if tl.drain_on_foreign_cordon {
         flags.push("--drain-on-foreign-cordon".into());
     }
+    let mode = tl.mode;
+    if mode.dry_run {
+        flags.push("--dry-run".into());
+    }
+    if mode.publish_drain_state {
+        // Timelines share one Redis: each publishes under its own cluster name.
+        flags.extend([
+            "--publish-drain-state".into(),
+            "--cluster-name".into(),
+            format!("tl{}", tl.seed),
+        ]);
+    }
+    if mode.pacing {
+        flags.extend(
+            [
+                "--release-floor",
+                "1",
+                "--release-interval",
+                "150ms",
+                "--release-hold-max",
+                "1s",
+            ]
+            .map(String::from),
+        );
+    }
+    if let Some(c) = mode.cooperation {
+        flags.extend(["--autoscaler-cooperation".into(), c.to_string()]);
+    }
     if tl.dims.asg_lifecycle {
         flags.extend(
             [
@@ -1254,6 +1282,11 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         SETTLE * 3,
         Duration::from_millis(50),
         || async {
+            // A dry run changes nothing: there is no drain to end (the checker holds it to
+            // having sent nothing).
+            if mode.dry_run {
+                return Some(Ok(SystemTime::now()));
+            }
             let stalled = crate::timeline::check::stalled_within(
                 &probe.stalls_now(),
                 settled_from,

@@ -63,6 +63,9 @@ pub struct Dimensions {
     /// upcoming maintenance (pending, ongoing, complete), a foreign cordon with
     /// `--drain-on-foreign-cordon`.
     pub more_signals: bool,
+    /// The agent's modes: `--dry-run`, `--publish-drain-state`, release pacing,
+    /// `--autoscaler-cooperation`.
+    pub modes: bool,
 }
 
 impl Dimensions {
@@ -85,6 +88,7 @@ impl Dimensions {
         server_states: true,
         lost_answers: true,
         more_signals: true,
+        modes: true,
     };
 
     /// `ALL` minus the comma-separated names in `disabled`; an unknown name is an error.
@@ -110,6 +114,7 @@ impl Dimensions {
                 "server_states" => &mut d.server_states,
                 "lost_answers" => &mut d.lost_answers,
                 "more_signals" => &mut d.more_signals,
+                "modes" => &mut d.modes,
                 other => return Err(format!("unknown timeline dimension {other:?}")),
             };
             *flag = false;
@@ -422,6 +427,39 @@ pub struct Timeline {
     pub rebalance_ttl_ms: u64,
     /// `--drain-on-foreign-cordon`.
     pub drain_on_foreign_cordon: bool,
+    /// The agent's modes.
+    pub mode: Modes,
+}
+
+/// The agent's modes a timeline runs it in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Modes {
+    /// `--dry-run`: the agent must send no write at all (the world is judged by that alone).
+    pub dry_run: bool,
+    /// `--publish-drain-state` (FleetIQ nodes: the Redis is there).
+    pub publish_drain_state: bool,
+    /// Release pacing: `--release-floor 1 --release-interval 150ms --release-hold-max 1s`.
+    pub pacing: bool,
+    /// `--autoscaler-cooperation`: `in-use` or `all`.
+    pub cooperation: Option<&'static str>,
+}
+
+impl Modes {
+    fn draw(seed: u64, dims: Dimensions, fleetiq: bool, selectable_fields: bool) -> Modes {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x6d6f_6465_7321);
+        if !dims.modes {
+            return Modes::default();
+        }
+        Modes {
+            // By field only: claiming servers by label is a write, which a dry run never sends.
+            dry_run: selectable_fields && rng.random_bool(0.12),
+            publish_drain_state: fleetiq && rng.random_bool(0.3),
+            pacing: rng.random_bool(0.2),
+            cooperation: rng
+                .random_bool(0.2)
+                .then(|| ["in-use", "all"][rng.random_range(0..2)]),
+        }
+    }
 }
 
 impl Timeline {
@@ -747,6 +785,10 @@ impl Timeline {
         let exclusion_selector = rng.random_bool(0.5);
         let graceful_termination = rng.random_bool(0.3);
         let foreign_cordon = rng.random_bool(0.15);
+        // Its own stream: every seed's script stays what it was before this was drawn.
+        let agones_selectable_fields =
+            StdRng::seed_from_u64(seed ^ 0x6167_6f6e_6573).random_bool(0.5);
+        let mode = Modes::draw(seed, dims, edges.fleetiq, agones_selectable_fields);
         let later = Later::draw(
             seed,
             dims,
@@ -809,9 +851,7 @@ impl Timeline {
             gce_terminate_notice_s,
             asg_heartbeat_s,
             azure_approve,
-            // Its own stream: every seed's script stays what it was before this was drawn.
-            agones_selectable_fields: StdRng::seed_from_u64(seed ^ 0x6167_6f6e_6573)
-                .random_bool(0.5),
+            agones_selectable_fields,
             fleetiq: edges.fleetiq,
             asg_lag: edges.asg_lag,
             bind_lag_ms: edges.bind_lag_ms,
@@ -820,6 +860,7 @@ impl Timeline {
             slow_starter: later.slow_starter,
             rebalance_ttl_ms: later.rebalance_ttl_ms,
             drain_on_foreign_cordon: later.drain_on_foreign_cordon,
+            mode,
         }
     }
 
@@ -1108,7 +1149,7 @@ impl fmt::Display for Timeline {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, asg heartbeat {}s (describes lag {}), --azure-approve-when-empty {}, agones selectable fields {}, fleetiq {}, bind lag {} ms, slow starter {}, --rebalance-ttl {} ms, --drain-on-foreign-cordon {}, {:?}",
+            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, asg heartbeat {}s (describes lag {}), --azure-approve-when-empty {}, agones selectable fields {}, fleetiq {}, bind lag {} ms, slow starter {}, --rebalance-ttl {} ms, --drain-on-foreign-cordon {}, {:?}, {:?}",
             self.seed,
             self.ready,
             self.allocated,
@@ -1127,6 +1168,7 @@ impl fmt::Display for Timeline {
             self.slow_starter,
             self.rebalance_ttl_ms,
             self.drain_on_foreign_cordon,
+            self.mode,
             self.dims,
         )?;
         for s in &self.steps {
@@ -1147,10 +1189,11 @@ mod tests {
         assert_eq!(a.steps, b.steps);
         assert_eq!(a.to_string(), b.to_string());
         let none = Dimensions::without(
-            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events,returns,gamelift_forgets,asg_lag,without_fleetiq,fence_races,more_faults,node_signals,server_states,lost_answers,more_signals",
+            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events,returns,gamelift_forgets,asg_lag,without_fleetiq,fence_races,more_faults,node_signals,server_states,lost_answers,more_signals,modes",
         )
         .expect("known names");
         for seed in 0..300 {
+            assert_eq!(Timeline::draw(seed, none).mode, Modes::default());
             for s in Timeline::draw(seed, none).steps {
                 assert!(
                     !matches!(
@@ -1264,6 +1307,10 @@ mod tests {
                     has(&|a| matches!(a, Action::GceUpcoming { .. })),
                 ),
                 ("a foreign cordon", tl.drain_on_foreign_cordon),
+                ("a dry run", tl.mode.dry_run),
+                ("the drain state published", tl.mode.publish_drain_state),
+                ("release pacing", tl.mode.pacing),
+                ("autoscaler cooperation", tl.mode.cooperation.is_some()),
                 (
                     "a lost kube answer",
                     has(&|a| matches!(a, Action::Fault(KubeFault::LoseAnswer(_)))),
@@ -1291,8 +1338,10 @@ mod tests {
             }
         }
         for (what, count) in n {
+            // A dry run is drawn rarely: it judges one thing.
+            let floor = if what == "a dry run" { 5 } else { 15 };
             assert!(
-                count >= 15,
+                count >= floor,
                 "{what}: drawn in only {count} of 400 timelines"
             );
         }
