@@ -447,7 +447,13 @@ pub fn apply(view: &mut View, key: &str, body: Option<&str>, now: Timestamp) -> 
     let mut rejected = vec![];
     match key {
         SPOT => match body.map(parse_spot).transpose() {
-            Ok(t) => view.spot = Some(t),
+            // EC2 never postpones a Spot interruption: a later time than one already read
+            // is not believed (the instance goes at the first).
+            Ok(Some(t)) => {
+                let first = view.spot.flatten().map_or(t, |old| old.min(t));
+                view.spot = Some(Some(first));
+            }
+            Ok(None) => view.spot = Some(None),
             Err(e) => rejected.push(e),
         },
         REBALANCE => match body.map(parse_rebalance).transpose() {

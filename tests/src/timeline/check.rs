@@ -216,6 +216,46 @@ struct Ctx<'a> {
     reserved: BTreeMap<String, Vec<(SystemTime, Option<SystemTime>)>>,
     /// How many cases each liveness check judged (not just could have): coverage.
     judged: std::cell::RefCell<BTreeMap<&'static str, usize>>,
+    /// When each agent pod's client was closed by a 429 with `Retry-After`: (pod, from, to).
+    paused: Vec<(String, SystemTime, SystemTime)>,
+}
+
+/// When each agent's client was closed by the API server's 429s (`Retry-After`), as the
+/// agent's throttle must honour them: no request of that agent leaves before the wait asked
+/// plus its jitter (`lastcall_common::backoff::after_retry_after`: one second more the first
+/// time, doubling with each refusal in a row up to eight). Each pause runs from the refusal
+/// to that bound (requests already on their way may still land inside it, so the journal
+/// cannot say when the gate opened): an agent idle past it is not covered. A 429 to an
+/// eviction is a PodDisruptionBudget's refusal, not a throttle.
+fn throttle_pauses(
+    journal: &[JournalEntry],
+    retry_after: Duration,
+) -> Vec<(String, SystemTime, SystemTime)> {
+    let mut out = vec![];
+    for (i, e) in journal.iter().enumerate() {
+        let Some(pod) = e.identity.as_deref().and_then(agent_pod) else {
+            continue;
+        };
+        if e.status != 429 || e.subresource.as_deref() == Some("eviction") {
+            continue;
+        }
+        let in_a_row = journal[..i]
+            .iter()
+            .filter(|p| {
+                p.identity == e.identity
+                    && p.status == 429
+                    && p.subresource.as_deref() != Some("eviction")
+                    && e.at.duration_since(p.at).unwrap_or_default() < Duration::from_secs(10)
+            })
+            .count() as u32;
+        let window = Duration::from_secs(1 << in_a_row.min(3));
+        out.push((
+            pod.to_string(),
+            e.at,
+            e.at + retry_after.max(Duration::from_secs(1)) + window,
+        ));
+    }
+    out
 }
 
 impl Ctx<'_> {
@@ -253,10 +293,12 @@ impl Ctx<'_> {
     /// as it delays the clock's hands; on a quiet machine there are none).
     fn lag_for(&self, e: &JournalEntry) -> Duration {
         let t = e.at;
-        let base = self.base_lag_for(t, e.identity.as_deref().and_then(agent_pod));
+        let writer = e.identity.as_deref().and_then(agent_pod);
+        let base = self.base_lag_for(t, writer);
         let mut allowed = base;
         for _ in 0..8 {
-            let next = base + self.stalled(t.checked_sub(allowed).unwrap_or(t), t);
+            let from = t.checked_sub(allowed).unwrap_or(t);
+            let next = base + self.stalled(from, t) + self.throttled(writer, from, t);
             if next == allowed {
                 break;
             }
@@ -280,13 +322,38 @@ impl Ctx<'_> {
         let base = self.base_lag_at(c + lag());
         let mut allowed = base;
         for _ in 0..8 {
-            let next = base + self.stalled(c, c + allowed);
+            let next = base + self.stalled(c, c + allowed) + self.throttled(None, c, c + allowed);
             if next == allowed {
                 break;
             }
             allowed = next;
         }
         allowed
+    }
+
+    /// How long, within `[from, to]`, the API server's `Retry-After` held `writer`'s client
+    /// closed (any agent's, for `None`: the liveness checks, where any agent may act).
+    fn throttled(&self, writer: Option<&str>, from: SystemTime, to: SystemTime) -> Duration {
+        let spans: Vec<(SystemTime, Duration)> = self
+            .paused
+            .iter()
+            .filter(|(pod, _, _)| writer.is_none_or(|w| w == pod))
+            .map(|(_, a, b)| (*b, b.duration_since(*a).unwrap_or_default()))
+            .collect();
+        // Overlapping pauses (two refusals at once) count once.
+        let mut total = Duration::ZERO;
+        let mut cursor = from;
+        let mut sorted = spans;
+        sorted.sort_by_key(|(end, len)| end.checked_sub(*len).unwrap_or(*end));
+        for (end, len) in sorted {
+            let start = end.checked_sub(len).unwrap_or(end).max(cursor);
+            let end = end.min(to);
+            if end > start {
+                total += end.duration_since(start).unwrap_or_default();
+                cursor = end;
+            }
+        }
+        total
     }
 
     fn stalled(&self, from: SystemTime, to: SystemTime) -> Duration {
@@ -460,6 +527,7 @@ pub fn check_counted(run: &Run) -> (Vec<Hit>, BTreeMap<&'static str, usize>) {
         returns,
         reserved,
         judged: Default::default(),
+        paused: throttle_pauses(&run.journal, super::runner::RELEASE_RETRY_AFTER),
     };
     let mut hits = vec![];
     if run.timeline.mode.dry_run {
@@ -1650,13 +1718,15 @@ pub fn report(run: &Run, hits: &[Hit]) -> String {
             Err(e) => e.clone(),
         }
     );
-    // `TIMELINE_JOURNAL` (replaying a seed): every write and every game pod seen on the node.
+    // `TIMELINE_JOURNAL` (replaying a seed): every write (`all`: every request) and every game
+    // pod seen on the node.
     if std::env::var_os("TIMELINE_JOURNAL").is_some() {
         let _ = writeln!(s, "journal (writes):");
+        let all = std::env::var("TIMELINE_JOURNAL").is_ok_and(|v| v == "all");
         for e in run
             .journal
             .iter()
-            .filter(|e| e.verb.is_mutating() && e.identity.is_some())
+            .filter(|e| (all || e.verb.is_mutating()) && e.identity.is_some())
         {
             let _ = writeln!(s, "    {}", entry_line(e, &rel));
         }

@@ -356,6 +356,9 @@ struct Stopping {
     pod: String,
 }
 
+/// The `Retry-After` a throttled release is answered with (as API Priority and Fairness).
+pub const RELEASE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// How long a Spot eviction stays in the Azure document at least (three 200 ms reads).
 const PREEMPT_LISTED_AT_LEAST: Duration = Duration::from_millis(600);
 
@@ -1000,7 +1003,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                             Some(Method::DELETE),
                             "/gameservers/",
                             n,
-                            Duration::from_secs(1),
+                            RELEASE_RETRY_AFTER,
                         ))
                     }
                     KubeFault::FailReleases { n, status } => faults.inject(FaultRule::status(

@@ -28,6 +28,29 @@ fn empty_view(now: Timestamp) -> View {
     v
 }
 
+#[test]
+fn a_spot_time_read_later_than_the_first_is_not_believed() {
+    let now = t("2027-01-21T09:00:00Z");
+    let mut v = empty_view(now);
+    let spot = |time: &str| json!({ "action": "terminate", "time": time }).to_string();
+    assert_eq!(
+        apply(&mut v, SPOT, Some(&spot("2027-01-21T09:02:00Z")), now),
+        vec![]
+    );
+    // Rewritten later: the instance still goes at the first time.
+    assert_eq!(
+        apply(&mut v, SPOT, Some(&spot("2027-01-21T09:02:01Z")), now),
+        vec![]
+    );
+    assert_eq!(v.spot, Some(Some(t("2027-01-21T09:02:00Z"))));
+    // Earlier: believed (the instance goes then).
+    assert_eq!(
+        apply(&mut v, SPOT, Some(&spot("2027-01-21T09:01:30Z")), now),
+        vec![]
+    );
+    assert_eq!(v.spot, Some(Some(t("2027-01-21T09:01:30Z"))));
+}
+
 fn event(code: &str, state: &str, description: &str) -> serde_json::Value {
     json!({
         "Code": code,
