@@ -91,6 +91,12 @@ pub enum Invariant {
     /// With `--dry-run`, the agent sent a write: to Kubernetes, GameLift, Auto Scaling or
     /// Azure.
     DryRunWrote,
+    /// The node deregistered from FleetIQ though no signal had asked for a drain within the
+    /// reaction time: a machine handed over that should have been kept (a cancel ignored).
+    HandedOverUnasked,
+    /// Liveness: a signal asked for a drain and, the reaction time later, still did, yet the
+    /// Node carried no `lastcall.dev/drain-started`: a source not heard.
+    DrainNotStarted,
 }
 
 impl Invariant {
@@ -119,6 +125,8 @@ impl Invariant {
             Self::AsgNotCompleted => "asg-not-completed",
             Self::AzureNotApproved => "azure-not-approved",
             Self::DryRunWrote => "dry-run-wrote",
+            Self::HandedOverUnasked => "handed-over-unasked",
+            Self::DrainNotStarted => "drain-not-started",
         }
     }
 }
@@ -446,6 +454,7 @@ impl Ctx<'_> {
 pub const JUDGED_DEADLINE: &str = "a match due to end by deadline − grace";
 pub const JUDGED_ASG: &str = "a hook timing out after the node emptied";
 pub const JUDGED_AZURE: &str = "an Azure event listed on an empty node";
+pub const JUDGED_STARTED: &str = "a signal asking for a drain the reaction time long";
 /// Writes judged against the truth (matches ended, deadlines announced, drains undone).
 pub const WINDOW_JUDGED: &str = "a write judged against the truth";
 /// Of those, the ones only a state already past justified: the reaction window used.
@@ -547,6 +556,8 @@ pub fn check_counted(run: &Run) -> (Vec<Hit>, BTreeMap<&'static str, usize>) {
     azure_approvals(&cx, &mut hits);
     standby(&cx, &mut hits);
     handed_over_busy(&cx, &mut hits);
+    handed_over_unasked(&cx, &mut hits);
+    drain_started_in_time(&cx, &mut hits);
     matches_ended_in_time(&cx, &mut hits);
     asg_completed_once_empty(&cx, &mut hits);
     azure_approved_once_empty(&cx, &mut hits);
@@ -902,6 +913,98 @@ fn deregistration(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                 }
             }
             prev = Some(v);
+        }
+    }
+}
+
+/// Liveness: every signal that asks for a drain and still does the reaction time later finds
+/// the drain started by then (`lastcall.dev/drain-started` on the Node, by the journal's
+/// last Node state). Judged from each moment a signal appears that none live before asked
+/// for; the Auto Scaling wait is seen late (its own slack), and a GCE signal the agent may
+/// not have read (a metadata glitch) is not judged.
+fn drain_started_in_time(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    let mut before: Option<&Live> = None;
+    let mut starts = vec![];
+    for c in std::iter::once(SystemTime::UNIX_EPOCH).chain(cx.truth.changes()) {
+        let live = cx.truth.at(c);
+        let was = before.is_some_and(|b| !b.is_empty());
+        if !live.is_empty() && !was {
+            starts.push(c);
+        }
+        before = Some(live);
+    }
+    for a in starts {
+        let live = cx.truth.at(a);
+        let slack = live
+            .keys()
+            .map(|id| super::truth::extra_slack(*id))
+            .max()
+            .unwrap_or_default();
+        let due = a + cx.reaction_after(a) + slack;
+        if due > cx.run.settled_from {
+            continue;
+        }
+        // Asked for all along: some signal live at every moment until the due time.
+        if cx.truth.during(a, due).iter().any(|l| l.is_empty()) {
+            continue;
+        }
+        let gce_only = live
+            .keys()
+            .all(|id| matches!(id, SignalId::GceMaintenance | SignalId::GcePreempted));
+        if gce_only && gce_unread(cx, a, due) {
+            continue;
+        }
+        cx.judged(JUDGED_STARTED);
+        let started = cx
+            .run
+            .journal
+            .iter()
+            .rfind(|e| is_node_write(e) && e.at <= due)
+            .and_then(|e| e.response.as_deref())
+            .is_some_and(|v| annotation(v, "lastcall.dev/drain-started").is_some());
+        if !started {
+            hits.push(Hit {
+                invariant: Invariant::DrainNotStarted,
+                at: due,
+                detail: format!(
+                    "a drain asked for since {} ms before ({:?} first, {:?} now); none started",
+                    due.duration_since(a).unwrap_or_default().as_millis(),
+                    live.keys().collect::<Vec<_>>(),
+                    cx.truth.at(due).keys().collect::<Vec<_>>()
+                ),
+                seqs: vec![],
+            });
+        }
+    }
+}
+
+/// The node is deregistered only while some signal asks for the drain (or did within the
+/// reaction time): a signal that clears before the node is empty cancels the drain, and a
+/// cancelled drain hands nothing over.
+fn handed_over_unasked(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    for c in cx
+        .run
+        .calls
+        .iter()
+        .filter(|c| c.op == "DeregisterGameServer" && c.outcome == "ok")
+    {
+        let from = c.at.checked_sub(cx.reaction_after(c.at)).unwrap_or(c.at);
+        let asked = cx
+            .truth
+            .during(from, c.at)
+            .into_iter()
+            .any(|live| !live.is_empty());
+        if !asked {
+            hits.push(Hit {
+                invariant: Invariant::HandedOverUnasked,
+                at: c.at,
+                detail: format!(
+                    "DeregisterGameServer #{} with no signal live since {} ms before",
+                    c.seq,
+                    c.at.duration_since(from).unwrap_or_default().as_millis()
+                ),
+                seqs: vec![],
+            });
         }
     }
 }

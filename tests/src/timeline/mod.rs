@@ -80,7 +80,7 @@ pub const ANSWER_LOST: &str = "an answer lost after the write";
 
 impl Met {
     /// Every count, the floors' names first.
-    const NAMES: [&str; 21] = [
+    const NAMES: [&str; 22] = [
         FORGOTTEN,
         RETURNED,
         LATE_POD,
@@ -99,13 +99,14 @@ impl Met {
         ANSWER_LOST,
         check::JUDGED_DEADLINE,
         check::JUDGED_AZURE,
+        check::JUDGED_STARTED,
         check::JUDGED_ASG,
         check::WINDOW_JUDGED,
         check::WINDOW_USED,
     ];
     /// The counts a default run must meet (the rest are reported): a hook timing out after
     /// the node emptied happens only when the agent fails, so it has no floor.
-    const FLOORED: usize = 18;
+    const FLOORED: usize = 19;
 
     fn of(run: &runner::Run, judged: &BTreeMap<&'static str, usize>) -> Met {
         let count = |f: &dyn Fn(&script::Action) -> bool| {
@@ -269,6 +270,7 @@ impl Met {
         for name in [
             check::JUDGED_DEADLINE,
             check::JUDGED_AZURE,
+            check::JUDGED_STARTED,
             check::JUDGED_ASG,
             check::WINDOW_JUDGED,
             check::WINDOW_USED,

@@ -425,7 +425,7 @@ pub fn earliest(live: &Live, now: SystemTime, slack: Duration) -> Option<SystemT
 /// start; its cap (from the agent's first sight) is counted to the second. The wait's real
 /// start is not in any answer the agent gets, so its announcement is that much late: in
 /// production against a cap of hours.
-fn extra_slack(id: SignalId) -> Duration {
+pub fn extra_slack(id: SignalId) -> Duration {
     match id {
         SignalId::AsgLifecycle => Duration::from_secs(4),
         _ => Duration::ZERO,
