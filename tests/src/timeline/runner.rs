@@ -356,6 +356,10 @@ struct Stopping {
     pod: String,
 }
 
+/// How long a dry run goes on after the last step: long enough for the drain it narrates to
+/// reach its hand-off (the settle, the gate's fresh LIST), which it must not send.
+const DRY_RUN_SETTLE: Duration = Duration::from_secs(2);
+
 /// The `Retry-After` a throttled release is answered with (as API Priority and Fairness).
 pub const RELEASE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -1286,9 +1290,10 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         Duration::from_millis(50),
         || async {
             // A dry run changes nothing: there is no drain to end (the checker holds it to
-            // having sent nothing).
+            // having sent nothing). It goes on as if each step had landed: given the time a
+            // drain takes to hand over once empty, it would have deregistered by now.
             if mode.dry_run {
-                return Some(Ok(SystemTime::now()));
+                return (settle_started.elapsed() > DRY_RUN_SETTLE).then(|| Ok(SystemTime::now()));
             }
             let stalled = crate::timeline::check::stalled_within(
                 &probe.stalls_now(),
