@@ -987,6 +987,40 @@ async fn hang_fault_holds_a_request_until_released_or_abandoned() {
     assert_eq!(emu.faults().pending(), 0);
 }
 
+#[tokio::test]
+async fn a_lost_answer_fault_applies_the_write_and_answers_504() {
+    let (emu, client) = setup_no_retry().await;
+    emu.faults()
+        .inject(FaultRule::lose_answer(Some(Method::POST), "/configmaps", 1));
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    let err = cms
+        .create(&PostParams::default(), &cm("c1"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 504),
+        "{err:?}"
+    );
+    // Applied all the same, journaled as the server applied it, and counted as lost.
+    assert!(
+        emu.store()
+            .get(&CONFIGMAPS, Some("default"), "c1")
+            .is_some()
+    );
+    let created: Vec<_> = emu
+        .journal()
+        .entries()
+        .into_iter()
+        .filter(|e| e.verb == Verb::Create)
+        .collect();
+    assert_eq!(created.len(), 1);
+    assert_eq!(created[0].status, 201);
+    assert_eq!(emu.faults().answers_lost(), vec![created[0].seq]);
+    // Once: the next write is answered.
+    cms.create(&PostParams::default(), &cm("c2")).await.unwrap();
+    assert_eq!(emu.faults().answers_lost().len(), 1);
+}
+
 // ---------------------------------------------------------------- strictness: /status
 
 #[tokio::test]

@@ -205,6 +205,15 @@ mod tests {
     }
 
     #[test]
+    fn a_lose_rule_is_taken_once_per_call_of_its_operation() {
+        let mut f = Faults::default();
+        f.lose_next("DeregisterGameServer", 1);
+        assert!(!f.take_lose("UpdateGameServer"));
+        assert!(f.take_lose("DeregisterGameServer"));
+        assert!(!f.take_lose("DeregisterGameServer"));
+    }
+
+    #[test]
     fn a_page_rule_fails_only_that_page_of_that_group() {
         let mut f = Faults::default();
         f.fail_page("g", 40, 2, ApiError::injected(503));
