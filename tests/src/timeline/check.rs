@@ -371,7 +371,9 @@ impl Ctx<'_> {
     /// The reaction time allowed at `t` on a machine that runs the process: doubled shortly
     /// after any agent (re)start, which reads every source and the cluster afresh; one
     /// request deadline more after a request was made to hang (the agent waits that long
-    /// for it, then retries). For the liveness checks, where any agent may act.
+    /// for it, then retries), and after an API server restart its downtime and one request
+    /// deadline more (then every watch re-lists). For the liveness checks, where any agent
+    /// may act.
     fn base_lag_at(&self, t: SystemTime) -> Duration {
         let restarted = self
             .run
@@ -406,7 +408,21 @@ impl Ctx<'_> {
                 Action::Fault(KubeFault::HangNode | KubeFault::HangGameServers)
             ) && Self::within(a.at, t, lag * 2 + REQUEST_TIMEOUT)
         });
-        let base = if restarted { lag * 2 } else { lag };
+        // An API server restart: down for a moment, then every watch re-lists.
+        let down: Duration = self
+            .run
+            .applied
+            .iter()
+            .filter_map(|a| match a.action {
+                Action::ApiRestart { down_ms } => {
+                    let down = Duration::from_millis(down_ms);
+                    Self::within(a.at, t, lag * 2 + down + REQUEST_TIMEOUT)
+                        .then_some(down + REQUEST_TIMEOUT)
+                }
+                _ => None,
+            })
+            .sum();
+        let base = if restarted { lag * 2 } else { lag } + down;
         if hung { base + REQUEST_TIMEOUT } else { base }
     }
 

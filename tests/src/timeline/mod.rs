@@ -71,6 +71,9 @@ pub const MORE_SIGNAL: &str = "a rebalance, upcoming maintenance or foreign cord
 pub const IN_A_MODE: &str = "an agent mode (dry run, drain state, pacing, cooperation)";
 /// A dry run (the only thing judged there: nothing sent).
 pub const DRY_RUN: &str = "a dry run";
+/// The API server restarted and an agent listed again after it (its watches were answered
+/// 410).
+pub const RELISTED: &str = "an API server restart, then a re-list";
 /// A game on the node reserved its server.
 pub const RESERVED: &str = "a server reserved by its game";
 /// A server that was still starting turned Ready during the timeline.
@@ -80,7 +83,7 @@ pub const ANSWER_LOST: &str = "an answer lost after the write";
 
 impl Met {
     /// Every count, the floors' names first.
-    const NAMES: [&str; 22] = [
+    const NAMES: [&str; 23] = [
         FORGOTTEN,
         RETURNED,
         LATE_POD,
@@ -94,6 +97,7 @@ impl Met {
         MORE_SIGNAL,
         IN_A_MODE,
         DRY_RUN,
+        RELISTED,
         RESERVED,
         SLOW_READY,
         ANSWER_LOST,
@@ -106,7 +110,7 @@ impl Met {
     ];
     /// The counts a default run must meet (the rest are reported): a hook timing out after
     /// the node emptied happens only when the agent fails, so it has no floor.
-    const FLOORED: usize = 19;
+    const FLOORED: usize = 20;
 
     fn of(run: &runner::Run, judged: &BTreeMap<&'static str, usize>) -> Met {
         let count = |f: &dyn Fn(&script::Action) -> bool| {
@@ -252,6 +256,21 @@ impl Met {
             ),
         );
         m.insert(DRY_RUN, usize::from(mode.dry_run));
+        m.insert(
+            RELISTED,
+            run.applied
+                .iter()
+                .filter(|a| matches!(a.action, script::Action::ApiRestart { .. }))
+                .filter(|a| {
+                    run.journal.iter().filter(agent).any(|e| {
+                        e.verb == crate::kube::journal::Verb::List
+                            && e.at > a.at
+                            && e.at.duration_since(a.at).unwrap_or_default()
+                                < Duration::from_secs(3)
+                    })
+                })
+                .count(),
+        );
         let noted = |f: &dyn Fn(&script::Action) -> bool| {
             run.applied
                 .iter()

@@ -1196,6 +1196,9 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                     note = "changed".into();
                 }
             }
+            Action::ApiRestart { down_ms } => {
+                cluster.emulator().restart(Duration::from_millis(*down_ms));
+            }
             Action::Reserve => {
                 let ready = servers_on_node(&cluster, GameServerState::Ready);
                 if !ready.is_empty() {

@@ -66,6 +66,9 @@ pub struct Dimensions {
     /// The agent's modes: `--dry-run`, `--publish-drain-state`, release pacing,
     /// `--autoscaler-cooperation`.
     pub modes: bool,
+    /// The API server restarting: every watch ends, requests answered 503 for a moment, the
+    /// watch history gone (a resumed watch is answered 410 and its client lists again).
+    pub api_restarts: bool,
 }
 
 impl Dimensions {
@@ -89,6 +92,7 @@ impl Dimensions {
         lost_answers: true,
         more_signals: true,
         modes: true,
+        api_restarts: true,
     };
 
     /// `ALL` minus the comma-separated names in `disabled`; an unknown name is an error.
@@ -115,6 +119,7 @@ impl Dimensions {
                 "lost_answers" => &mut d.lost_answers,
                 "more_signals" => &mut d.more_signals,
                 "modes" => &mut d.modes,
+                "api_restarts" => &mut d.api_restarts,
                 other => return Err(format!("unknown timeline dimension {other:?}")),
             };
             *flag = false;
@@ -373,6 +378,11 @@ pub enum Action {
     },
     /// The operator cordons (`true`) or uncordons the node (`kubectl cordon`).
     OperatorCordon(bool),
+    /// The API server restarts, down (answering 503) for `down_ms`; watches resumed from
+    /// before it are answered 410 and re-list.
+    ApiRestart {
+        down_ms: u64,
+    },
     /// The game on a Ready server of the node reserves it (SDK `Reserve`).
     Reserve,
     /// A Reserved server's reservation runs out: back to Ready (SDK `Ready`).
@@ -1097,6 +1107,15 @@ impl Later {
                 );
             }
         }
+        let mut restarts = StdRng::seed_from_u64(seed ^ 0x7265_7374_6172_7421);
+        if dims.api_restarts && restarts.random_bool(0.25) {
+            push(
+                restarts.random_range(0..horizon),
+                Action::ApiRestart {
+                    down_ms: restarts.random_range(50..=300),
+                },
+            );
+        }
         let mut more = StdRng::seed_from_u64(seed ^ 0x7369_676e_616c_7332);
         let (mut rebalance_ttl_ms, mut drain_on_foreign_cordon) = (0, false);
         if dims.more_signals {
@@ -1189,7 +1208,7 @@ mod tests {
         assert_eq!(a.steps, b.steps);
         assert_eq!(a.to_string(), b.to_string());
         let none = Dimensions::without(
-            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events,returns,gamelift_forgets,asg_lag,without_fleetiq,fence_races,more_faults,node_signals,server_states,lost_answers,more_signals,modes",
+            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events,returns,gamelift_forgets,asg_lag,without_fleetiq,fence_races,more_faults,node_signals,server_states,lost_answers,more_signals,modes,api_restarts",
         )
         .expect("known names");
         for seed in 0..300 {
@@ -1222,6 +1241,7 @@ mod tests {
                             | Action::ImdsRebalance
                             | Action::GceUpcoming { .. }
                             | Action::OperatorCordon(_)
+                            | Action::ApiRestart { .. }
                             | Action::Fault(
                                 KubeFault::FailNode {
                                     status: 409 | 422,
@@ -1307,6 +1327,10 @@ mod tests {
                     has(&|a| matches!(a, Action::GceUpcoming { .. })),
                 ),
                 ("a foreign cordon", tl.drain_on_foreign_cordon),
+                (
+                    "an API server restart",
+                    has(&|a| matches!(a, Action::ApiRestart { .. })),
+                ),
                 ("a dry run", tl.mode.dry_run),
                 ("the drain state published", tl.mode.publish_drain_state),
                 ("release pacing", tl.mode.pacing),
