@@ -147,6 +147,10 @@ struct State {
     /// began (the API is eventually consistent; IMDS may be ahead of it).
     stale_describes: usize,
     next_request: u64,
+    /// (action, calls left) applied and then answered `InternalFailure`: the answer lost.
+    lose: Vec<(String, usize)>,
+    /// How many answers were lost so far.
+    answers_lost: usize,
 }
 
 type Shared = Arc<Mutex<State>>;
@@ -313,6 +317,20 @@ impl AutoScalingEmulator {
     pub fn clear_faults(&self) {
         self.state().faults.clear();
     }
+
+    /// The next `n` successful calls of `action` are applied and then answered
+    /// `InternalFailure` (500), as if the answer were lost on the way back: the journal
+    /// records them as the successes they were.
+    pub fn lose_next(&self, action: &str, n: usize) {
+        if n > 0 {
+            self.state().lose.push((action.to_string(), n));
+        }
+    }
+
+    /// How many calls were applied and their answers lost so far.
+    pub fn answers_lost(&self) -> usize {
+        self.state().answers_lost
+    }
 }
 
 /// Applies every elapsed timeout: the default result, then termination.
@@ -383,6 +401,20 @@ async fn handle(
     s.next_request += 1;
     let request_id = format!("00000000-0000-4000-8000-{:012x}", s.next_request);
     let result = answer(&mut s, &headers, &action, &params, now);
+    let lost = result.is_ok()
+        && match s
+            .lose
+            .iter_mut()
+            .find(|(a, left)| *a == action && *left > 0)
+        {
+            Some(rule) => {
+                rule.1 -= 1;
+                true
+            }
+            None => false,
+        };
+    s.lose.retain(|(_, left)| *left > 0);
+    s.answers_lost += usize::from(lost);
     s.journal.push(Entry {
         at: now,
         instance: instance.clone(),
@@ -393,6 +425,15 @@ async fn handle(
         },
     });
     drop(s);
+    let result = if lost {
+        Err(ApiError {
+            status: 500,
+            code: "InternalFailure".into(),
+            message: "injected: the call was applied and its answer lost".into(),
+        })
+    } else {
+        result
+    };
     let (status, xml) = match result {
         Ok(inner) => (
             StatusCode::OK,

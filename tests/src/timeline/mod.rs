@@ -284,7 +284,7 @@ impl Met {
         );
         m.insert(
             ANSWER_LOST,
-            run.answers_lost.len() + run.kube_answers_lost.len(),
+            run.answers_lost.len() + run.kube_answers_lost.len() + run.asg_answers_lost,
         );
         for name in [
             check::JUDGED_DEADLINE,

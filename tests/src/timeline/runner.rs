@@ -92,6 +92,8 @@ pub struct Run {
     pub answers_lost: Vec<u64>,
     /// The kube writes (journal `seq`) applied whose answer the emulator then lost.
     pub kube_answers_lost: Vec<u64>,
+    /// How many Auto Scaling calls were applied and their answers lost.
+    pub asg_answers_lost: usize,
     /// When each agent instance started, and its pod's name (its identity).
     pub starts: Vec<(SystemTime, String)>,
 }
@@ -1037,6 +1039,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             }
             Action::FailDeregister => gl.fail_next("DeregisterGameServer", 1, 500),
             Action::DeregisterAnswerLost => gl.lose_next("DeregisterGameServer", 1),
+            Action::AsgCompleteAnswerLost => asg.lose_next("CompleteLifecycleAction", 1),
             Action::GameLiftForgets => {
                 // What it forgets is a registration: on a loaded machine the agent may still
                 // be registering (a draining node's agent registers nothing: then nothing).
@@ -1461,6 +1464,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         late_servers,
         answers_lost: gl.answers_lost(),
         kube_answers_lost,
+        asg_answers_lost: asg.answers_lost(),
         starts: agents_starts,
     })
 }

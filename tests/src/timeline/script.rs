@@ -346,6 +346,8 @@ pub enum Action {
     /// GameLift applies the next `DeregisterGameServer` and its answer is lost: the agent
     /// sees its call fail (a 500 after the fact) though the server is gone.
     DeregisterAnswerLost,
+    /// Auto Scaling applies the next `CompleteLifecycleAction` and its answer is lost.
+    AsgCompleteAnswerLost,
     /// GameLift drops the node's game server on its own (its heartbeats stopped, an old
     /// agent's exit deregistered it): unregistered with no call of this agent's.
     GameLiftForgets,
@@ -994,6 +996,9 @@ impl Later {
         let has_karpenter = steps
             .iter()
             .any(|s| matches!(s.action, Action::Karpenter(_)));
+        let asg_drawn = steps
+            .iter()
+            .any(|s| matches!(s.action, Action::AsgTerminate));
         let mut push = |at_ms: u64, action: Action| steps.push(Step { at_ms, action });
         let mut rng = StdRng::seed_from_u64(seed ^ 0x6e6f_6465_7321);
         if dims.node_signals && rng.random_bool(0.45) {
@@ -1105,6 +1110,10 @@ impl Later {
                     lost.random_range(0..horizon),
                     Action::Fault(KubeFault::LoseAnswer(write)),
                 );
+            }
+            // Only where the group terminates the instance: then the hook is completed.
+            if asg_drawn && lost.random_bool(0.5) {
+                push(lost.random_range(0..horizon), Action::AsgCompleteAnswerLost);
             }
         }
         let mut restarts = StdRng::seed_from_u64(seed ^ 0x7265_7374_6172_7421);
@@ -1237,6 +1246,7 @@ mod tests {
                             | Action::Unreserve
                             | Action::TurnsReady
                             | Action::DeregisterAnswerLost
+                            | Action::AsgCompleteAnswerLost
                             | Action::Fault(KubeFault::LoseAnswer(_))
                             | Action::ImdsRebalance
                             | Action::GceUpcoming { .. }

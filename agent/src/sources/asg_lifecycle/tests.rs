@@ -303,6 +303,32 @@ async fn unreadable_metadata_is_unknown_never_in_service() {
     assert_eq!(s.up(), 0);
 }
 
+/// A completion Auto Scaling applied but whose answer was lost: asked again, the group has
+/// no action left (`No active Lifecycle Action`), which is taken as done, not retried.
+#[tokio::test]
+async fn a_completion_whose_answer_is_lost_is_done_once() {
+    let w = world(60).await;
+    w.asg.begin_termination(I).unwrap();
+    w.imds.set_target_lifecycle_state(Some("Terminated"));
+    w.asg.lose_next("CompleteLifecycleAction", 1);
+    let s = start(&w);
+    s.wait_for_notices("the hold", |n| n.iter().any(|n| n.deadline.is_some()))
+        .await;
+    s.node_empty.send_replace(true);
+    wait_for("the lost answer and the answer to the retry", || async {
+        (w.asg.answers_lost() == 1
+            && s.asg_calls("CompleteLifecycleAction", "no_active_action") >= 1)
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(w.asg.calls("CompleteLifecycleAction"), 1);
+    assert_eq!(
+        s.asg_calls("CompleteLifecycleAction", "no_active_action"),
+        1
+    );
+}
+
 #[tokio::test]
 async fn an_action_completed_before_a_restart_is_not_completed_again() {
     let w = world(60).await;
