@@ -964,10 +964,14 @@ fn drain_started_in_time(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
         if cx.truth.during(a, due).iter().any(|l| l.is_empty()) {
             continue;
         }
-        let gce_only = live
-            .keys()
-            .all(|id| matches!(id, SignalId::GceMaintenance | SignalId::GcePreempted));
-        if gce_only && gce_unread(cx, a, due) {
+        // Where GCE alone asks, at the start or at the due time (another signal that asked
+        // first may have cleared meanwhile), a metadata glitch may have kept the agent from
+        // reading it: an unreadable source starts nothing.
+        let gce_only = |l: &Live| {
+            l.keys()
+                .all(|id| matches!(id, SignalId::GceMaintenance | SignalId::GcePreempted))
+        };
+        if (gce_only(live) || gce_only(cx.truth.at(due))) && gce_unread(cx, a, due) {
             continue;
         }
         cx.judged(JUDGED_STARTED);
