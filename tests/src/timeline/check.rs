@@ -326,11 +326,35 @@ impl Ctx<'_> {
 
     /// The reaction time allowed after the truth changed at `c`: as [`Ctx::lag_for`], with
     /// the stalls counted forwards from the change.
+    ///
+    /// An agent (re)started within the window starts over: it gets its own window from its
+    /// start (doubled, as after any start); so does a request made to hang, or an API server
+    /// restart, within it.
     fn reaction_after(&self, c: SystemTime) -> Duration {
         let base = self.base_lag_at(c + lag());
+        let lag = lag();
         let mut allowed = base;
         for _ in 0..8 {
-            let next = base + self.stalled(c, c + allowed) + self.throttled(None, c, c + allowed);
+            let end = c + allowed;
+            let within = |t: SystemTime| t > c && t <= end;
+            let since = |t: SystemTime| t.duration_since(c).unwrap_or_default();
+            let mut next =
+                base + self.stalled(c, c + allowed) + self.throttled(None, c, c + allowed);
+            for (s, _) in self.run.starts.iter().skip(1).filter(|(s, _)| within(*s)) {
+                next = next.max(since(*s) + lag * 2 + self.stalled(*s, *s + lag * 2));
+            }
+            for a in self.run.applied.iter().filter(|a| within(a.at)) {
+                let more = match a.action {
+                    Action::Fault(KubeFault::HangNode | KubeFault::HangGameServers) => {
+                        lag * 2 + REQUEST_TIMEOUT
+                    }
+                    Action::ApiRestart { down_ms } => {
+                        lag + Duration::from_millis(down_ms) + REQUEST_TIMEOUT
+                    }
+                    _ => continue,
+                };
+                next = next.max(since(a.at) + more + self.stalled(a.at, a.at + more));
+            }
             if next == allowed {
                 break;
             }
