@@ -385,10 +385,25 @@ fn spawn_watches(
         tasks.stop.clone(),
     );
     for handle in watch_tasks {
-        // A watch task that panics must not leave the reconciler on a frozen cache.
-        tasks.spawn(|_| async move { handle.await.unwrap_or("watch (panicked)") });
+        // A watch task that panics must not leave the reconciler on a frozen cache. Dropped
+        // (the agent's tasks aborted), the wrapper takes the watch with it: awaiting alone
+        // would leave it running, polling a server the agent no longer serves.
+        let watch = AbortOnDrop(handle.abort_handle());
+        tasks.spawn(|_| async move {
+            let _watch = watch;
+            handle.await.unwrap_or("watch (panicked)")
+        });
     }
     stores
+}
+
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// `--publish-drain-state`: publishes the reconciler's drain counts to Redis. It clears what

@@ -663,12 +663,15 @@ fn dry_run_writes(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
 /// live hard deadline that `eviction.safe` lets it act on was within the pod's grace.
 fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     let tl = &cx.run.timeline;
-    // Every ending request, accepted or not, asks for the pod's own graceful termination.
+    // Every ending request, accepted or not, asks for the pod's own graceful termination:
+    // judged by its body, so not where the server refused it unread (restarting, or
+    // throttled: seed 140, an eviction answered 503 while the API server restarted).
+    let unread = |e: &JournalEntry| e.request.is_none() && matches!(e.status, 429 | 503);
     for e in cx
         .run
         .journal
         .iter()
-        .filter(|e| by_agent(e) && ends_a_match(e))
+        .filter(|e| by_agent(e) && ends_a_match(e) && !unread(e))
     {
         let grace = e
             .name
@@ -1572,11 +1575,17 @@ fn matches_ended_in_time(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             // Judged by the deadline the machine goes by: the earliest hard one live. A later
             // one whose cause would permit the end (a maintenance after a scale-in) never
             // comes; whether the match may end for it is the eviction policy's question.
-            let earliest_live = cx
-                .truth
-                .during(since, due)
-                .iter()
-                .all(|live| live.values().filter_map(|o| o.hard).all(|h| h >= deadline));
+            // A tie goes to no one: a scale-down due the same second may be the cause the
+            // agent weighs (seed 56: Karpenter's time and GCE's on one second).
+            let earliest_live = cx.truth.during(since, due).iter().all(|live| {
+                live.iter().all(|(oid, o)| {
+                    *oid == id
+                        || o.hard.is_none_or(|h| {
+                            h > deadline
+                                || (h == deadline && permits(safe, o, tl.graceful_termination))
+                        })
+                })
+            });
             if !earliest_live {
                 continue;
             }
