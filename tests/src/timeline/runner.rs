@@ -801,6 +801,19 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 } else {
                     (Status::Active, InstanceStatus::Active)
                 };
+                // A Spot notice that ACTIVE replaces before any agent recorded it (its drain
+                // notice on the Node) was read by no one who lived to act on it: the truth
+                // drops it (a lagging replica's ACTIVE is all any later agent can learn).
+                if !*draining
+                    && applied
+                        .iter()
+                        .any(|a: &Applied| matches!(a.action, Action::FleetIqSpot))
+                    && !cluster
+                        .node(NODE)
+                        .is_some_and(|n| recorded_fleetiq_spot(&n))
+                {
+                    note = super::truth::UNREAD.to_string();
+                }
                 // GameLift says what Redis says: the agent may also ask GameLift.
                 gl.set_instance_status(&iid, gs);
                 at = publish(redis, &iid, &status(s, &iid)).await.context(what)?;
@@ -1507,6 +1520,18 @@ fn set_label(n: &mut Node, key: &str, value: Option<&str>) {
         Some(v) => labels.insert(key.into(), v.into()),
         None => labels.remove(key),
     };
+}
+
+/// Whether the Node's recorded drain notices hold FleetIQ's Spot notice.
+fn recorded_fleetiq_spot(node: &Value) -> bool {
+    node["metadata"]["annotations"]["lastcall.dev/drain-notice"]
+        .as_str()
+        .and_then(|s| serde_json::from_str::<Vec<Value>>(s).ok())
+        .is_some_and(|notices| {
+            notices
+                .iter()
+                .any(|n| n["source"] == "fleetiq" && n["cause"] == "preemption")
+        })
 }
 
 /// The node's game servers in `state`, not being deleted.

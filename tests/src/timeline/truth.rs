@@ -297,6 +297,10 @@ impl Truth {
                 segments.push((a.at, live.clone()));
                 continue;
             }
+            // ACTIVE replacing a Spot notice no agent recorded: no one can know of it.
+            if matches!(a.action, Action::FleetIq { draining: false }) && a.note == UNREAD {
+                live.remove(&SignalId::FleetIqSpot);
+            }
             let Some((id, s)) = a.effect else { continue };
             // Spot and preemption are never withdrawn, nor moved later: a repeat keeps the
             // first deadline unless it states an earlier one (the instance goes then).
