@@ -1210,6 +1210,25 @@ impl fmt::Display for Timeline {
 mod tests {
     use super::*;
 
+    /// A 409 or 422 answer drawn for a write.
+    fn refused(a: &Action) -> bool {
+        matches!(
+            a,
+            Action::Fault(
+                KubeFault::FailNode {
+                    status: 409 | 422,
+                    ..
+                } | KubeFault::FailGameServers {
+                    status: 409 | 422,
+                    ..
+                } | KubeFault::FailReleases {
+                    status: 409 | 422,
+                    ..
+                }
+            )
+        )
+    }
+
     #[test]
     fn a_seed_draws_the_same_timeline_and_dimensions_switch_off() {
         let a = Timeline::draw(7, Dimensions::ALL);
@@ -1224,55 +1243,44 @@ mod tests {
             assert_eq!(Timeline::draw(seed, none).mode, Modes::default());
             for s in Timeline::draw(seed, none).steps {
                 assert!(
-                    !matches!(
-                        s.action,
-                        Action::Rollout { .. }
-                            | Action::AbortAgent { .. }
-                            | Action::GceEmpty
-                            | Action::AsgTerminate
-                            | Action::AzureEvent { .. }
-                            | Action::AzureGone { .. }
-                            | Action::GameLiftForgets
-                            | Action::MachineReturns
-                            | Action::LateServer
-                            | Action::AllocateAtFence(_)
-                            | Action::FleetIqSpot
-                            | Action::KarpenterAt { .. }
-                            | Action::Autoscaler(_)
-                            | Action::GkeTaint(_)
-                            | Action::GkeOngoing(_)
-                            | Action::GkeMaintenance { .. }
-                            | Action::Reserve
-                            | Action::Unreserve
-                            | Action::TurnsReady
-                            | Action::DeregisterAnswerLost
-                            | Action::AsgCompleteAnswerLost
-                            | Action::Fault(KubeFault::LoseAnswer(_))
-                            | Action::ImdsRebalance
-                            | Action::GceUpcoming { .. }
-                            | Action::OperatorCordon(_)
-                            | Action::ApiRestart { .. }
-                            | Action::Fault(
-                                KubeFault::FailNode {
-                                    status: 409 | 422,
-                                    ..
-                                } | KubeFault::FailGameServers {
-                                    status: 409 | 422,
-                                    ..
-                                } | KubeFault::FailReleases {
-                                    status: 409 | 422,
+                    !refused(&s.action)
+                        && !matches!(
+                            s.action,
+                            Action::Rollout { .. }
+                                | Action::AbortAgent { .. }
+                                | Action::GceEmpty
+                                | Action::AsgTerminate
+                                | Action::AzureEvent { .. }
+                                | Action::AzureGone { .. }
+                                | Action::GameLiftForgets
+                                | Action::MachineReturns
+                                | Action::LateServer
+                                | Action::AllocateAtFence(_)
+                                | Action::FleetIqSpot
+                                | Action::KarpenterAt { .. }
+                                | Action::Autoscaler(_)
+                                | Action::GkeTaint(_)
+                                | Action::GkeOngoing(_)
+                                | Action::GkeMaintenance { .. }
+                                | Action::Reserve
+                                | Action::Unreserve
+                                | Action::TurnsReady
+                                | Action::DeregisterAnswerLost
+                                | Action::AsgCompleteAnswerLost
+                                | Action::Fault(KubeFault::LoseAnswer(_))
+                                | Action::ImdsRebalance
+                                | Action::GceUpcoming { .. }
+                                | Action::OperatorCordon(_)
+                                | Action::ApiRestart { .. }
+                                | Action::Fault(
+                                    KubeFault::FailReleases { .. } | KubeFault::LagWatches { .. }
+                                )
+                                | Action::Fault(KubeFault::HangNode | KubeFault::HangGameServers)
+                                | Action::ImdsScheduled {
+                                    code: EventCode::SystemMaintenance,
                                     ..
                                 }
-                            )
-                            | Action::Fault(
-                                KubeFault::FailReleases { .. } | KubeFault::LagWatches { .. }
-                            )
-                            | Action::Fault(KubeFault::HangNode | KubeFault::HangGameServers)
-                            | Action::ImdsScheduled {
-                                code: EventCode::SystemMaintenance,
-                                ..
-                            }
-                    ),
+                        ),
                     "seed {seed}: {:?} drawn while switched off",
                     s.action
                 );
@@ -1307,26 +1315,7 @@ mod tests {
                 ),
                 ("a reservation", has(&|a| matches!(a, Action::Reserve))),
                 ("a slow starter", tl.slow_starter),
-                (
-                    "a 409 or 422",
-                    has(&|a| {
-                        matches!(
-                            a,
-                            Action::Fault(
-                                KubeFault::FailNode {
-                                    status: 409 | 422,
-                                    ..
-                                } | KubeFault::FailGameServers {
-                                    status: 409 | 422,
-                                    ..
-                                } | KubeFault::FailReleases {
-                                    status: 409 | 422,
-                                    ..
-                                }
-                            )
-                        )
-                    }),
-                ),
+                ("a 409 or 422", has(&refused)),
                 (
                     "a lost answer",
                     has(&|a| matches!(a, Action::DeregisterAnswerLost)),

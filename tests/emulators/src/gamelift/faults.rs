@@ -132,16 +132,7 @@ impl Faults {
     /// Whether this applied call's answer is to be lost (consumes one use of the oldest
     /// matching rule).
     pub(crate) fn take_lose(&mut self, op: &str) -> bool {
-        let Some(rule) = self
-            .lose_rules
-            .iter_mut()
-            .find(|(o, left)| *left > 0 && (o == op || o == ANY_OP))
-        else {
-            return false;
-        };
-        rule.1 -= 1;
-        self.lose_rules.retain(|(_, left)| *left > 0);
-        true
+        take_counted(&mut self.lose_rules, op)
     }
 
     pub(crate) fn clear_hang_rules(&mut self) {
@@ -150,16 +141,7 @@ impl Faults {
 
     /// Whether this call is to be held (consumes one use of the oldest matching rule).
     pub(crate) fn take_hang(&mut self, op: &str) -> bool {
-        let Some(rule) = self
-            .hang_rules
-            .iter_mut()
-            .find(|(o, left)| *left > 0 && (o == op || o == ANY_OP))
-        else {
-            return false;
-        };
-        rule.1 -= 1;
-        self.hang_rules.retain(|(_, left)| *left > 0);
-        true
+        take_counted(&mut self.hang_rules, op)
     }
 
     /// The injected error for this call, if any: explicit failures first (oldest rule
@@ -185,6 +167,19 @@ impl Faults {
         }
         None
     }
+}
+
+/// Consumes one use of the oldest rule naming `op` (or any operation); whether there was one.
+fn take_counted(rules: &mut Vec<(String, usize)>, op: &str) -> bool {
+    let Some(rule) = rules
+        .iter_mut()
+        .find(|(o, left)| *left > 0 && (o == op || o == ANY_OP))
+    else {
+        return false;
+    };
+    rule.1 -= 1;
+    rules.retain(|(_, left)| *left > 0);
+    true
 }
 
 #[cfg(test)]
