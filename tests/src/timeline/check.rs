@@ -8,7 +8,10 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
-use super::runner::{DRAIN_NODE_ANNOTATIONS, NODE, PodSeen, REQUEST_TIMEOUT, Run, agent_pod};
+use super::runner::{
+    COMPAT_ACTIVE, COMPAT_DRAINING, DRAIN_NODE_ANNOTATIONS, NODE, PodSeen, REQUEST_TIMEOUT, Run,
+    agent_pod,
+};
 use super::script::{Action, KubeFault, Safe};
 use super::truth::{Live, Signal, SignalId, Truth, earliest, permits};
 use crate::autoscaling::Happening;
@@ -97,6 +100,10 @@ pub enum Invariant {
     /// Liveness: a signal asked for a drain and, the reaction time later, still did, yet the
     /// Node carried no `lastcall.dev/drain-started`: a source not heard.
     DrainNotStarted,
+    /// A running match's pod deleted by the taint manager: a NoExecute taint (only lastcall
+    /// puts one on the node, in compat mode) it did not tolerate. The world ended the match,
+    /// so no request of the agent's shows it.
+    MatchKilledByTaint,
 }
 
 impl Invariant {
@@ -127,6 +134,7 @@ impl Invariant {
             Self::DryRunWrote => "dry-run-wrote",
             Self::HandedOverUnasked => "handed-over-unasked",
             Self::DrainNotStarted => "drain-not-started",
+            Self::MatchKilledByTaint => "match-killed-by-taint",
         }
     }
 }
@@ -181,9 +189,11 @@ fn parse_time(s: &str) -> Option<SystemTime> {
     Some(SystemTime::from(t))
 }
 
-/// Keys lastcall owns on a Node (its manual label belongs to the operator).
-fn own_key(k: &str) -> bool {
-    k.starts_with("lastcall.dev/") && k != "lastcall.dev/drain"
+/// Keys lastcall owns on a Node (its manual label belongs to the operator); in compat mode
+/// also the original adapter's taints, which only it writes here.
+fn own_key(k: &str, compat: bool) -> bool {
+    (k.starts_with("lastcall.dev/") && k != "lastcall.dev/drain")
+        || (compat && [COMPAT_ACTIVE, COMPAT_DRAINING].contains(&k))
 }
 
 /// Keys the cluster model writes without going through the API (so absent from the
@@ -587,6 +597,7 @@ pub fn check_counted(run: &Run) -> (Vec<Hit>, BTreeMap<&'static str, usize>) {
         return (hits, cx.judged.take());
     }
     matches_ended(&cx, &mut hits);
+    killed_by_taint(&cx, &mut hits);
     servers(&cx, &mut hits);
     announced(&cx, &mut hits);
     deregistration(&cx, &mut hits);
@@ -611,6 +622,45 @@ pub fn check_counted(run: &Run) -> (Vec<Hit>, BTreeMap<&'static str, usize>) {
     }
     hits.sort_by_key(|h| h.at);
     (hits, cx.judged.take())
+}
+
+/// No match is ended by the world on lastcall's account: the pod of a server in use
+/// (allocated before and not ended by its game, or reserved) deleted by the taint manager.
+fn killed_by_taint(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    for p in &cx.run.pods {
+        let Some(at) = p.taint_deleted else { continue };
+        let allocated_at = cx.allocated.get(&p.name).and_then(|seq| {
+            if *seq == 0 {
+                Some(SystemTime::UNIX_EPOCH)
+            } else {
+                cx.run.journal.iter().find(|e| e.seq == *seq).map(|e| e.at)
+            }
+        });
+        let running =
+            allocated_at.is_some_and(|t| t <= at) && cx.ended.get(&p.name).is_none_or(|t| *t > at);
+        if !running && !cx.reserved_at(&p.name, at) {
+            continue;
+        }
+        // The Node write that put the NoExecute taint there, for the report.
+        let tainted = cx.run.journal.iter().rfind(|e| {
+            is_node_write(e)
+                && e.at <= at
+                && e.response.as_deref().is_some_and(|v| {
+                    v["spec"]["taints"]
+                        .as_array()
+                        .is_some_and(|ts| ts.iter().any(|t| t["effect"] == "NoExecute"))
+                })
+        });
+        hits.push(Hit {
+            invariant: Invariant::MatchKilledByTaint,
+            at,
+            detail: format!(
+                "{}'s pod deleted by the taint manager while its match ran",
+                p.name
+            ),
+            seqs: tainted.map(|e| e.seq).into_iter().collect(),
+        });
+    }
 }
 
 /// With `--dry-run`, no write leaves the agent: no mutating Kubernetes request (answered or
@@ -1244,7 +1294,9 @@ fn node_writes(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                     gone.extend(
                         before
                             .difference(&after)
-                            .filter(|k| !own_key(k) && !model_key(k))
+                            .filter(|k| {
+                                !own_key(k, cx.run.timeline.mode.compat_taints) && !model_key(k)
+                            })
                             .map(|k| format!("{what} {k}")),
                     );
                 }
@@ -1333,8 +1385,10 @@ fn node_writes(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
         .rfind(|e| is_node_write(e) && e.at <= settle_end)
         && let Some(v) = e.response.as_deref()
     {
-        if taint_keys(v).contains("lastcall.dev/draining") {
-            left.push("Node taint lastcall.dev/draining".to_string());
+        for k in ["lastcall.dev/draining", COMPAT_DRAINING] {
+            if taint_keys(v).contains(k) {
+                left.push(format!("Node taint {k}"));
+            }
         }
         for k in DRAIN_NODE_ANNOTATIONS {
             if annotation(v, k).is_some() {

@@ -80,10 +80,15 @@ pub const RESERVED: &str = "a server reserved by its game";
 pub const SLOW_READY: &str = "a slow starter turning Ready";
 /// A GameLift call or a kube write was applied and its answer lost.
 pub const ANSWER_LOST: &str = "an answer lost after the write";
+/// A signal's own time came in the run: a rebalance's TTL ran out, a NodeClaim's expiry
+/// came within the lead.
+pub const SIGNAL_TIMED: &str = "a rebalance's TTL or a NodeClaim's lead passing";
+/// In compat mode, the agent put the original adapter's draining taint (NoExecute) on.
+pub const COMPAT_TAINTED: &str = "a compat-mode NoExecute draining taint";
 
 impl Met {
     /// Every count, the floors' names first.
-    const NAMES: [&str; 23] = [
+    const NAMES: [&str; 25] = [
         FORGOTTEN,
         RETURNED,
         LATE_POD,
@@ -101,6 +106,8 @@ impl Met {
         RESERVED,
         SLOW_READY,
         ANSWER_LOST,
+        SIGNAL_TIMED,
+        COMPAT_TAINTED,
         check::JUDGED_DEADLINE,
         check::JUDGED_AZURE,
         check::JUDGED_STARTED,
@@ -110,7 +117,7 @@ impl Met {
     ];
     /// The counts a default run must meet (the rest are reported): a hook timing out after
     /// the node emptied happens only when the agent fails, so it has no floor.
-    const FLOORED: usize = 20;
+    const FLOORED: usize = 22;
 
     fn of(run: &runner::Run, judged: &BTreeMap<&'static str, usize>) -> Met {
         let count = |f: &dyn Fn(&script::Action) -> bool| {
@@ -227,6 +234,7 @@ impl Met {
                         | script::Action::GkeTaint(true)
                         | script::Action::GkeOngoing(true)
                         | script::Action::GkeMaintenance { epoch_ms: Some(_) }
+                        | script::Action::NodeClaimFence { .. }
                 )
             }),
         );
@@ -285,6 +293,27 @@ impl Met {
         m.insert(
             ANSWER_LOST,
             run.answers_lost.len() + run.kube_answers_lost.len() + run.asg_answers_lost,
+        );
+        m.insert(
+            SIGNAL_TIMED,
+            count(&|a| {
+                matches!(
+                    a,
+                    script::Action::RebalanceExpires | script::Action::NodeClaimFence { .. }
+                )
+            }),
+        );
+        m.insert(
+            COMPAT_TAINTED,
+            usize::from(run.journal.iter().filter(agent).any(|e| {
+                e.resource.as_deref() == Some("nodes")
+                    && (200..300).contains(&e.status)
+                    && e.response.as_deref().is_some_and(|v| {
+                        v["spec"]["taints"].as_array().is_some_and(|ts| {
+                            ts.iter().any(|t| t["key"] == runner::COMPAT_DRAINING)
+                        })
+                    })
+            })),
         );
         for name in [
             check::JUDGED_DEADLINE,

@@ -13,13 +13,14 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use super::script::{Action, AzureKind, KubeFault, Safe, Timeline, Upcoming, Write};
+use super::script::{Action, AzureKind, KubeFault, NodeClaim, Safe, Timeline, Upcoming, Write};
 use super::truth::{Applied, ceil_secs, effect_of, floor_secs};
 use crate::agent::{InProcessAgent, config};
 use crate::autoscaling::{AutoScalingEmulator, Happening, Hook};
+use crate::cluster::autoscaler::karpenter::{self, NodeClaimSpec};
 use crate::cluster::{
     AllocationRequest, Cluster, ClusterConfig, EvictionSafe, FleetSpec, GameServerSpec,
-    GameServerState, NodeSpec, allocator,
+    GameServerState, NodeSpec, allocator, toleration_equal,
 };
 use crate::eventually::try_eventually;
 use crate::gamelift::{self, GameLiftEmulator, InstanceStatus};
@@ -29,6 +30,62 @@ use crate::kube::faults::{FaultRule, Method};
 use crate::kube::journal::JournalEntry;
 use crate::redis::RedisServer;
 use lastcall_emulators::azure::{self, AzureMetadataEmulator};
+
+/// Karpenter registers the node under a NodeClaim that expires in the run, before the
+/// agent starts (as registration comes before the node runs pods): returns when it was
+/// created (its own `creationTimestamp`) and when the Node named it as owner.
+async fn launch_nodeclaim(
+    cluster: &Cluster,
+    claim: NodeClaim,
+) -> anyhow::Result<(SystemTime, SystemTime)> {
+    let k = cluster.karpenter(karpenter::Config::default()).await?;
+    let obj = k
+        .launch(
+            NODE,
+            &NodeClaimSpec {
+                expire_after: format!("{}s", claim.expire_s),
+                termination_grace_period: claim.grace_s.map(|g| format!("{g}s")),
+            },
+        )
+        .await?;
+    let launched = SystemTime::now();
+    let created: jiff::Timestamp = obj["metadata"]["creationTimestamp"]
+        .as_str()
+        .context("the NodeClaim's creationTimestamp")?
+        .parse()?;
+    Ok((SystemTime::from(created), launched))
+}
+
+/// The truth's change a NodeClaim makes: when its expiry comes within `--maintenance-lead`
+/// (at once for one that expires within the lead), with its expiry plus its grace period,
+/// counted from its `creationTimestamp`, as the node's end.
+fn nodeclaim_fence(
+    tl: &Timeline,
+    t0: SystemTime,
+    claim: NodeClaim,
+    (created, launched): (SystemTime, SystemTime),
+) -> Applied {
+    let at = (created + Duration::from_millis(claim.fence_after_ms())).max(launched);
+    let end_ms = claim.end_after_ms().map(|e| {
+        let end = created + Duration::from_millis(e);
+        match end.duration_since(t0) {
+            Ok(d) => d.as_millis() as i64,
+            Err(before) => -(before.duration().as_millis() as i64),
+        }
+    });
+    let action = Action::NodeClaimFence { end_ms };
+    Applied {
+        at,
+        effect: effect_of(tl, t0, at, &action),
+        action,
+        note: String::new(),
+    }
+}
+
+/// The taint compat mode adds after claim (NoExecute).
+pub const COMPAT_ACTIVE: &str = "gamelift.status/active";
+/// The taint compat mode adds once every match tolerates it (NoExecute).
+pub const COMPAT_DRAINING: &str = "gamelift.status/draining";
 
 pub const NS: &str = "default";
 pub const NODE: &str = "n1";
@@ -159,6 +216,17 @@ pub struct PodSeen {
     pub name: String,
     pub first: SystemTime,
     pub last: SystemTime,
+    /// When the pod was first seen marked for deletion by the taint manager (a NoExecute
+    /// taint it does not tolerate): the world ending its match, not an agent's request.
+    pub taint_deleted: Option<SystemTime>,
+}
+
+/// Whether the taint manager has marked `pod` for deletion.
+fn taint_deleted(pod: &Value) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "DisruptionTarget" && c["reason"] == "DeletionByTaintManager")
+    })
 }
 
 /// How often the pod sampler looks at the node.
@@ -185,12 +253,17 @@ impl PodSampler {
                             && is_game_pod(p)
                     }) {
                         let name = p["metadata"]["name"].as_str().unwrap_or_default();
+                        let tainted = taint_deleted(p).then_some(now);
                         match v.iter_mut().find(|s| s.name == name) {
-                            Some(s) => s.last = now,
+                            Some(s) => {
+                                s.last = now;
+                                s.taint_deleted = s.taint_deleted.or(tainted);
+                            }
                             None => v.push(PodSeen {
                                 name: name.to_string(),
                                 first: now,
                                 last: now,
+                                taint_deleted: tainted,
                             }),
                         }
                     }
@@ -450,11 +523,13 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             Safe::OnUpgrade => EvictionSafe::OnUpgrade,
             Safe::Always => EvictionSafe::Always,
         };
-        cluster.create_fleet(
-            FleetSpec::new(safe.fleet(), total as i64)
-                .eviction_safe(es)
-                .grace_seconds(tl.grace_s[i]),
-        )?;
+        let mut fleet = FleetSpec::new(safe.fleet(), total as i64)
+            .eviction_safe(es)
+            .grace_seconds(tl.grace_s[i]);
+        if tl.mode.tolerate_active {
+            fleet = fleet.toleration(toleration_equal(COMPAT_ACTIVE, "true", "NoExecute"));
+        }
+        cluster.create_fleet(fleet)?;
         cluster
             .wait_ready(NS, safe.fleet(), total)
             .await
@@ -549,6 +624,12 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     if tl.drain_on_foreign_cordon {
         flags.push("--drain-on-foreign-cordon".into());
     }
+    if tl.nodeclaim.is_some() {
+        flags.extend([
+            "--maintenance-lead".into(),
+            format!("{}s", super::script::NODECLAIM_LEAD_S),
+        ]);
+    }
     let mode = tl.mode;
     if mode.dry_run {
         flags.push("--dry-run".into());
@@ -576,6 +657,9 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     }
     if let Some(c) = mode.cooperation {
         flags.extend(["--autoscaler-cooperation".into(), c.to_string()]);
+    }
+    if mode.compat_taints {
+        flags.push("--compat-taints".into());
     }
     if tl.dims.asg_lifecycle {
         flags.extend(
@@ -623,6 +707,14 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         next_pod: 0,
         starts: vec![],
     };
+    let nodeclaim_launched = match tl.nodeclaim {
+        Some(claim) => Some(
+            launch_nodeclaim(&cluster, claim)
+                .await
+                .context("launching the NodeClaim")?,
+        ),
+        None => None,
+    };
     agents.start(None).await.context("starting the agent")?;
     try_eventually(
         "the agent sees its servers",
@@ -669,8 +761,12 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let start = tokio::time::Instant::now();
     let t0 = SystemTime::now();
     let mut applied = vec![];
-    // Truth changes no step makes: a rebalance recommendation's TTL running out.
+    // Truth changes no step makes: a rebalance recommendation's TTL running out, a
+    // NodeClaim's expiry coming within the lead.
     let mut expiries: Vec<Applied> = vec![];
+    if let (Some(claim), Some(launched)) = (tl.nodeclaim, nodeclaim_launched) {
+        expiries.push(nodeclaim_fence(&tl, t0, claim, launched));
+    }
     let mut scheduled_id = 0u32;
     // GCE's `maintenance-event` as last set to a real value, and whether an empty body
     // (a glitch) stands in for it now.
@@ -1171,7 +1267,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                     note: String::new(),
                 });
             }
-            Action::RebalanceExpires => {}
+            Action::RebalanceExpires | Action::NodeClaimFence { .. } => {}
             Action::GceUpcoming { status, window_ms } => {
                 let start = ceil_secs(t0 + Duration::from_millis(*window_ms));
                 let state = match status {

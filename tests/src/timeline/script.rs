@@ -372,6 +372,15 @@ pub enum Action {
     /// Not drawn: the rebalance recommendation's `--rebalance-ttl` ran out (counted from its
     /// `noticeTime`: the operator's setting for how long it holds the node).
     RebalanceExpires,
+    /// Not drawn: the node's Karpenter NodeClaim expires `--maintenance-lead` from now (the
+    /// node takes no new match from here); `end_ms`, the expiry plus its
+    /// `terminationGracePeriod`, is when Karpenter deletes every pod left (`None`: it has no
+    /// grace period, so nothing is killed).
+    NodeClaimFence {
+        /// From `t0`: negative where it lies before (the NodeClaim is created before the
+        /// agent starts, as Karpenter registers the node before its pods run).
+        end_ms: Option<i64>,
+    },
     /// GCE `instance/upcoming-maintenance`: a window starting at `window_ms`, in this state
     /// (`Complete`: the key gone, 404).
     GceUpcoming {
@@ -391,6 +400,40 @@ pub enum Action {
     Unreserve,
     /// The game server that started slowly on the node calls `Ready()`.
     TurnsReady,
+}
+
+impl Action {
+    /// Whether the step is a signal's (or its withdrawal, or the machine's return, which
+    /// ends the machine's own signals): what asks for a drain or stops asking.
+    pub fn is_signal(&self) -> bool {
+        matches!(
+            self,
+            Action::ImdsScheduled { .. }
+                | Action::ImdsScheduledCancel
+                | Action::ImdsSpot { .. }
+                | Action::GceTerminate
+                | Action::GceNone
+                | Action::GceEmpty
+                | Action::GcePreempted
+                | Action::AsgTerminate
+                | Action::AzureEvent { .. }
+                | Action::AzureGone { .. }
+                | Action::FleetIq { .. }
+                | Action::FleetIqSpot
+                | Action::Manual(_)
+                | Action::Karpenter(_)
+                | Action::KarpenterAt { .. }
+                | Action::Autoscaler(_)
+                | Action::GkeTaint(_)
+                | Action::GkeOngoing(_)
+                | Action::GkeMaintenance { .. }
+                | Action::ImdsRebalance
+                | Action::GceUpcoming { .. }
+                | Action::OperatorCordon(_)
+                | Action::MachineReturns
+                | Action::NodeClaimFence { .. }
+        )
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -439,8 +482,57 @@ pub struct Timeline {
     pub rebalance_ttl_ms: u64,
     /// `--drain-on-foreign-cordon`.
     pub drain_on_foreign_cordon: bool,
+    /// The node was launched by Karpenter with a NodeClaim that expires in the run.
+    pub nodeclaim: Option<NodeClaim>,
     /// The agent's modes.
     pub mode: Modes,
+}
+
+/// `--maintenance-lead` where a NodeClaim expires: longer than any other drawn signal's
+/// deadline is ahead of it (those stay "within the lead", as with the default hour), so only
+/// the NodeClaim's fence waits for it.
+pub const NODECLAIM_LEAD_S: u64 = 20;
+
+/// A Karpenter NodeClaim owning the node, created as the timeline starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeClaim {
+    /// `spec.expireAfter` in seconds: either longer than `NODECLAIM_LEAD_S`, so the fence
+    /// comes within the run, or a few seconds, so the fence is at once and the expiry (and
+    /// its grace period's end) within the run.
+    pub expire_s: u64,
+    /// `spec.terminationGracePeriod` in seconds, if any.
+    pub grace_s: Option<u64>,
+}
+
+impl NodeClaim {
+    /// Drawn from a stream of its own, with the Node signals.
+    fn draw(seed: u64, dims: Dimensions) -> Option<NodeClaim> {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x636c_6169_6d21);
+        if !(dims.node_signals && rng.random_bool(0.15)) {
+            return None;
+        }
+        Some(if rng.random_bool(0.5) {
+            NodeClaim {
+                expire_s: NODECLAIM_LEAD_S + rng.random_range(1..=4),
+                grace_s: rng.random_bool(0.6).then(|| rng.random_range(1..=30)),
+            }
+        } else {
+            NodeClaim {
+                expire_s: rng.random_range(4..=6),
+                grace_s: rng.random_bool(0.7).then(|| rng.random_range(1..=2)),
+            }
+        })
+    }
+
+    /// How long after its creation the NodeClaim's fence comes, in ms.
+    pub fn fence_after_ms(&self) -> u64 {
+        self.expire_s.saturating_sub(NODECLAIM_LEAD_S) * 1000
+    }
+
+    /// How long after its creation Karpenter deletes every pod left, in ms.
+    pub fn end_after_ms(&self) -> Option<u64> {
+        self.grace_s.map(|g| (self.expire_s + g) * 1000)
+    }
 }
 
 /// The agent's modes a timeline runs it in.
@@ -454,9 +546,26 @@ pub struct Modes {
     pub pacing: bool,
     /// `--autoscaler-cooperation`: `in-use` or `all`.
     pub cooperation: Option<&'static str>,
+    /// `--compat-taints`: the original adapter's NoExecute taints, which the taint manager
+    /// acts on (the world, not the agent, ends a match that does not tolerate them).
+    pub compat_taints: bool,
+    /// With compat taints: the Fleets' pods tolerate `gamelift.status/active`, as the
+    /// original's setup required (without it the agent must not add that taint).
+    pub tolerate_active: bool,
 }
 
 impl Modes {
+    /// Compat mode, from a stream of its own (other seeds keep their scripts).
+    fn compat(seed: u64) -> Modes {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x636f_6d70_6174);
+        let compat_taints = rng.random_bool(0.15);
+        Modes {
+            compat_taints,
+            tolerate_active: compat_taints && rng.random_bool(0.5),
+            ..Modes::default()
+        }
+    }
+
     fn draw(seed: u64, dims: Dimensions, fleetiq: bool, selectable_fields: bool) -> Modes {
         let mut rng = StdRng::seed_from_u64(seed ^ 0x6d6f_6465_7321);
         if !dims.modes {
@@ -470,6 +579,7 @@ impl Modes {
             cooperation: rng
                 .random_bool(0.2)
                 .then(|| ["in-use", "all"][rng.random_range(0..2)]),
+            ..Modes::compat(seed)
         }
     }
 }
@@ -845,10 +955,16 @@ impl Timeline {
             .iter()
             .find(|s| matches!(s.action, Action::ImdsRebalance))
             .map_or(0, |s| s.at_ms + later.rebalance_ttl_ms + 1000);
+        // A NodeClaim's fence (created before `t0`, so no later than this) well inside.
+        let nodeclaim = NodeClaim::draw(seed, dims);
+        let nodeclaim_end = nodeclaim.map_or(0, |c| {
+            (c.fence_after_ms() + 2000).max(c.end_after_ms().unwrap_or(0).min(MAX_RUN_MS))
+        });
         let end_all_at_ms = last_step
             .max(last_hard.min(MAX_RUN_MS))
             .max(asg_hold)
             .max(rebalance_end)
+            .max(nodeclaim_end)
             + 200;
         Timeline {
             seed,
@@ -872,6 +988,7 @@ impl Timeline {
             slow_starter: later.slow_starter,
             rebalance_ttl_ms: later.rebalance_ttl_ms,
             drain_on_foreign_cordon: later.drain_on_foreign_cordon,
+            nodeclaim,
             mode,
         }
     }
@@ -1165,6 +1282,12 @@ impl Later {
                 }
             }
         }
+        // Sometimes the rebalance is the only signal, so its TTL running out is what ends the
+        // drain (from a stream of its own: other seeds keep their scripts).
+        if rebalance_ttl_ms > 0 && StdRng::seed_from_u64(seed ^ 0x616c_6f6e_6521).random_bool(0.4) {
+            steps.retain(|s| matches!(s.action, Action::ImdsRebalance) || !s.action.is_signal());
+            drain_on_foreign_cordon = false;
+        }
         Later {
             slow_starter,
             rebalance_ttl_ms,
@@ -1177,7 +1300,7 @@ impl fmt::Display for Timeline {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, asg heartbeat {}s (describes lag {}), --azure-approve-when-empty {}, agones selectable fields {}, fleetiq {}, bind lag {} ms, slow starter {}, --rebalance-ttl {} ms, --drain-on-foreign-cordon {}, {:?}, {:?}",
+            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, asg heartbeat {}s (describes lag {}), --azure-approve-when-empty {}, agones selectable fields {}, fleetiq {}, bind lag {} ms, slow starter {}, --rebalance-ttl {} ms, --drain-on-foreign-cordon {}, NodeClaim {:?}, {:?}, {:?}",
             self.seed,
             self.ready,
             self.allocated,
@@ -1196,6 +1319,7 @@ impl fmt::Display for Timeline {
             self.slow_starter,
             self.rebalance_ttl_ms,
             self.drain_on_foreign_cordon,
+            self.nodeclaim,
             self.mode,
             self.dims,
         )?;
@@ -1241,6 +1365,7 @@ mod tests {
         .expect("known names");
         for seed in 0..300 {
             assert_eq!(Timeline::draw(seed, none).mode, Modes::default());
+            assert_eq!(Timeline::draw(seed, none).nodeclaim, None);
             for s in Timeline::draw(seed, none).steps {
                 assert!(
                     !refused(&s.action)
@@ -1322,6 +1447,11 @@ mod tests {
                 ),
                 ("a rebalance", has(&|a| matches!(a, Action::ImdsRebalance))),
                 (
+                    "a rebalance, the only signal",
+                    has(&|a| matches!(a, Action::ImdsRebalance))
+                        && !has(&|a| a.is_signal() && !matches!(a, Action::ImdsRebalance)),
+                ),
+                (
                     "GCE's upcoming maintenance",
                     has(&|a| matches!(a, Action::GceUpcoming { .. })),
                 ),
@@ -1331,9 +1461,11 @@ mod tests {
                     has(&|a| matches!(a, Action::ApiRestart { .. })),
                 ),
                 ("a dry run", tl.mode.dry_run),
+                ("a NodeClaim expiring", tl.nodeclaim.is_some()),
                 ("the drain state published", tl.mode.publish_drain_state),
                 ("release pacing", tl.mode.pacing),
                 ("autoscaler cooperation", tl.mode.cooperation.is_some()),
+                ("compat taints", tl.mode.compat_taints),
                 (
                     "a lost kube answer",
                     has(&|a| matches!(a, Action::Fault(KubeFault::LoseAnswer(_)))),
@@ -1362,7 +1494,7 @@ mod tests {
         }
         for (what, count) in n {
             // A dry run is drawn rarely: it judges one thing.
-            let floor = if what == "a dry run" { 5 } else { 15 };
+            let floor = if what == "a dry run" { 5 } else { 10 };
             assert!(
                 count >= floor,
                 "{what}: drawn in only {count} of 400 timelines"

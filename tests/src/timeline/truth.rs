@@ -36,6 +36,8 @@ pub enum SignalId {
     AsgLifecycle,
     /// One Azure scheduled event, by episode.
     Azure(u8),
+    /// The Karpenter NodeClaim's expiry, from `--maintenance-lead` before it.
+    NodeClaimExpiry,
 }
 
 impl SignalId {
@@ -50,6 +52,7 @@ impl SignalId {
                 | SignalId::GkeOngoing
                 | SignalId::GkeMaintenance
                 | SignalId::ForeignCordon
+                | SignalId::NodeClaimExpiry
         )
     }
 }
@@ -232,6 +235,20 @@ pub fn effect_of(
         // the VM goes then (it may migrate live); if it does, GCE's metadata says so first.
         Action::GkeMaintenance { epoch_ms } => (SignalId::GkeMaintenance, epoch_ms.map(|_| drain)),
         Action::ImdsRebalance => (SignalId::ImdsRebalance, Some(drain)),
+        // Karpenter's expiry replaces the node (upgrade-like); with a grace period every pod
+        // left is deleted at its end, without one nothing is killed.
+        Action::NodeClaimFence { end_ms } => (
+            SignalId::NodeClaimExpiry,
+            Some(Signal {
+                // Counted from the NodeClaim's creation, which may precede `t0`.
+                hard: end_ms.map(|m| {
+                    let d = Duration::from_millis(m.unsigned_abs());
+                    ceil_secs(if m < 0 { t0 - d } else { t0 + d })
+                }),
+                upgrade_like: true,
+                ..drain
+            }),
+        ),
         Action::RebalanceExpires => (SignalId::ImdsRebalance, None),
         // Pending: a drain (the window is when maintenance starts, well within the lead).
         // Ongoing on a VM that host maintenance stops (the emulator's policy is TERMINATE):
