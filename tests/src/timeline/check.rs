@@ -334,6 +334,18 @@ impl Ctx<'_> {
         }
     }
 
+    /// When the agent instance that made `e` started: the last start in its pod at or
+    /// before it (a restart keeps its pod).
+    fn instance_start(&self, e: &JournalEntry) -> Option<SystemTime> {
+        let pod = e.identity.as_deref().and_then(agent_pod)?;
+        self.run
+            .starts
+            .iter()
+            .filter(|(s, p)| p == pod && *s <= e.at)
+            .map(|(s, _)| *s)
+            .next_back()
+    }
+
     /// The reaction time allowed after the truth changed at `c`: as [`Ctx::lag_for`], with
     /// the stalls counted forwards from the change.
     ///
@@ -757,11 +769,11 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                     && permits(safe, s, tl.graceful_termination)
             })
         };
-        let justified = cx
-            .truth
-            .during(e.at.checked_sub(cx.lag_for(e)).unwrap_or(e.at), e.at)
-            .into_iter()
-            .any(justifies);
+        // Not before the writer's instance started: it read no source before then, and the
+        // drain it found recorded on the Node ends no match until a source confirms it.
+        let window = e.at.checked_sub(cx.lag_for(e)).unwrap_or(e.at);
+        let from = cx.instance_start(e).map_or(window, |s| window.max(s));
+        let justified = cx.truth.during(from, e.at).into_iter().any(justifies);
         if justified {
             cx.window_used(e.at, justifies(cx.truth.at(e.at)));
         } else {
@@ -769,14 +781,22 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                 invariant: Invariant::MatchEndedEarly,
                 at: e.at,
                 detail: format!(
-                    "{} {pod} ({safe:?}, grace {}s) with live signals {:?}",
+                    "{} {pod} ({safe:?}, grace {}s) with live signals {:?}{}",
                     if e.verb == Verb::Create {
                         "evicted"
                     } else {
                         "deleted pod"
                     },
                     grace.as_secs(),
-                    cx.truth.at(e.at)
+                    cx.truth.at(e.at),
+                    if from > window {
+                        format!(
+                            " (judged from its instance's start, {} ms before)",
+                            e.at.duration_since(from).unwrap_or_default().as_millis()
+                        )
+                    } else {
+                        String::new()
+                    }
                 ),
                 seqs: vec![e.seq],
             });
