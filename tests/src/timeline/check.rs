@@ -477,24 +477,22 @@ impl Ctx<'_> {
     fn running_at(&self, at: SystemTime, known: Duration) -> Vec<String> {
         let known = at.checked_sub(known).unwrap_or(at);
         self.allocated
-            .iter()
-            .filter(|(name, seq)| {
-                // Allocated before the start: long known.
-                let allocated_at = if **seq == 0 {
-                    Some(SystemTime::UNIX_EPOCH)
-                } else {
-                    self.run
-                        .journal
-                        .iter()
-                        .find(|e| e.seq == **seq)
-                        .map(|e| e.at)
-                };
-                allocated_at.is_some_and(|t| t <= known)
+            .keys()
+            .filter(|name| {
+                self.allocated_at(name).is_some_and(|t| t <= known)
                     && self.ended.get(*name).is_none_or(|t| *t > at)
                     && self.gone.get(*name).is_none_or(|t| *t > at)
             })
-            .map(|(name, _)| name.clone())
+            .cloned()
             .collect()
+    }
+
+    /// When `name` was first allocated (before the start: long known).
+    fn allocated_at(&self, name: &str) -> Option<SystemTime> {
+        match *self.allocated.get(name)? {
+            0 => Some(SystemTime::UNIX_EPOCH),
+            seq => self.run.journal.iter().find(|e| e.seq == seq).map(|e| e.at),
+        }
     }
 
     /// Whether the game had reserved `name` at `at` (and not ended since).
@@ -641,15 +639,8 @@ pub fn check_counted(run: &Run) -> (Vec<Hit>, BTreeMap<&'static str, usize>) {
 fn killed_by_taint(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     for p in &cx.run.pods {
         let Some(at) = p.taint_deleted else { continue };
-        let allocated_at = cx.allocated.get(&p.name).and_then(|seq| {
-            if *seq == 0 {
-                Some(SystemTime::UNIX_EPOCH)
-            } else {
-                cx.run.journal.iter().find(|e| e.seq == *seq).map(|e| e.at)
-            }
-        });
-        let running =
-            allocated_at.is_some_and(|t| t <= at) && cx.ended.get(&p.name).is_none_or(|t| *t > at);
+        let running = cx.allocated_at(&p.name).is_some_and(|t| t <= at)
+            && cx.ended.get(&p.name).is_none_or(|t| *t > at);
         if !running && !cx.reserved_at(&p.name, at) {
             continue;
         }
