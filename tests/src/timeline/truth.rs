@@ -570,6 +570,27 @@ mod tests {
     }
 
     #[test]
+    fn a_nodeclaim_s_end_counts_from_t0_either_side_and_is_upgrade_like() {
+        let tl = Timeline::draw(1, super::super::script::Dimensions::ALL);
+        let t0 = at(5000);
+        let effect = |end_ms| {
+            effect_of(&tl, t0, t0, &Action::NodeClaimFence { end_ms })
+                .and_then(|(id, s)| (id == SignalId::NodeClaimExpiry).then_some(s?))
+                .expect("a NodeClaim signal")
+        };
+        // Created before `t0`: its end may lie before it too (to the second above).
+        assert_eq!(effect(Some(-1500)).hard, Some(at(4000)));
+        assert_eq!(effect(Some(2000)).hard, Some(at(7000)));
+        let no_grace = effect(None);
+        assert_eq!(
+            no_grace.hard, None,
+            "without a grace period nothing is killed"
+        );
+        assert!(no_grace.fences && no_grace.upgrade_like && !no_grace.relative);
+        assert!(SignalId::NodeClaimExpiry.on_the_node());
+    }
+
+    #[test]
     fn eviction_safe_decides_which_deadlines_may_end_a_match() {
         let upgrade = hard(1000);
         let autoscaler = Signal {
