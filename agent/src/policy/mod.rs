@@ -400,7 +400,16 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
     // Releasing idle servers on a node lastcall has fenced is safe whatever the signals say
     // now: nothing may start a match there, and a Fleet replaces them elsewhere.
     let fenced = obs.node.has_taint(keys::TAINT_DRAINING);
-    out.phase = if returned {
+    out.phase = if returned && driver.is_none() && held(&progress, inp.unknown_sources) {
+        // The machine came back and nothing asks yet, but a source that asked for the drain
+        // has not reported in this life: the Node's and the cluster's signals (a label, a
+        // taint, an expiring NodeClaim) outlive a reboot. Hold the fence as after any
+        // restart; the new life begins once they have spoken.
+        if let Some(p) = fence::refence(inp, &progress) {
+            out.actions.push(Action::PatchNode(p));
+        }
+        Phase::Draining
+    } else if returned {
         returned::returned(inp, &progress, driver.as_ref(), &mut out.actions)
     } else if progress.deregistered.is_some() || inp.fleetiq_deregistered {
         // Deregistration is final: the instance is leaving. Keep the fence up, and keep

@@ -2639,6 +2639,43 @@ fn a_machine_that_came_back_under_a_live_signal_drains_again() {
     assert_eq!(count(&acts, "deregister"), 1, "{acts:?}");
 }
 
+/// Came back before a source that asked for the drain has reported in the new life (a
+/// NodeClaim's expiry is read with a GET after the start): the fence is held as after any
+/// restart, not lifted to be put up again a moment later; once the sources have spoken the
+/// new life begins, lifted or drained again.
+#[test]
+fn a_machine_that_came_back_holds_the_fence_until_the_sources_that_asked_report() {
+    let done = handed_over_on("boot-a", &[draining()]);
+    let mut back = done.clone();
+    back.node.boot_id = Some("boot-b".into());
+    let with = |unknown: &[crate::notice::Source], notices: &[Notice]| {
+        plan(&Inputs {
+            notices,
+            observed: &back,
+            config: &cfg(),
+            unknown_sources: unknown,
+            fleetiq_deregistered: false,
+            now: now(),
+        })
+    };
+    let held = with(&[fleetiq::SOURCE], &[]);
+    assert_eq!(held.phase, Phase::Draining);
+    assert!(
+        !held.actions.iter().any(|a| matches!(a, Action::PatchNode(n)
+            if n.unschedulable == Some(false)
+                || n.taints.is_some()
+                || n.events.contains(&NodeEvent::MachineReturned))),
+        "nothing lifted or told yet: {:?}",
+        held.actions
+    );
+    // An unknown source that never asked holds nothing.
+    let other = crate::notice::Source("gce_metadata");
+    assert_eq!(with(&[other], &[]).phase, Phase::Cancelling);
+    // Heard from: nothing asks, so the new life starts lifted; or the drain goes on.
+    assert_eq!(with(&[], &[]).phase, Phase::Cancelling);
+    assert_eq!(with(&[], &[draining()]).phase, Phase::Fencing);
+}
+
 /// A drain held after a restart (its source not heard from yet) keeps the node fenced: a
 /// taint or cordon another writer stripped meanwhile is put back, and nothing else moves.
 #[test]

@@ -351,7 +351,8 @@ impl Ctx<'_> {
     ///
     /// An agent (re)started within the window starts over: it gets its own window from its
     /// start (doubled, as after any start); so does a request made to hang, or an API server
-    /// restart, within it.
+    /// restart, within it. The first agent too, where the signal came before it (a NodeClaim
+    /// Karpenter registered the node under).
     fn reaction_after(&self, c: SystemTime) -> Duration {
         let base = self.base_lag_at(c + lag());
         let lag = lag();
@@ -362,7 +363,7 @@ impl Ctx<'_> {
             let since = |t: SystemTime| t.duration_since(c).unwrap_or_default();
             let mut next =
                 base + self.stalled(c, c + allowed) + self.throttled(None, c, c + allowed);
-            for (s, _) in self.run.starts.iter().skip(1).filter(|(s, _)| within(*s)) {
+            for (s, _) in self.run.starts.iter().filter(|(s, _)| within(*s)) {
                 next = next.max(since(*s) + lag * 2 + self.stalled(*s, *s + lag * 2));
             }
             for a in self.run.applied.iter().filter(|a| within(a.at)) {
