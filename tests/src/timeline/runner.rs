@@ -727,10 +727,23 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 .filter(|g| g.node.as_deref() == Some(NODE))
                 .collect();
             if tl.agones_selectable_fields {
-                // Nothing to claim: the agent's gauges count every server on the node.
-                let m = agents.live.first()?.0.metrics().await;
+                // Nothing to claim: the agent's gauges count every server on the node. A dry
+                // run already draining (a NodeClaim expiring within the lead) plans as if its
+                // releases had landed: the servers it narrated released are not counted.
+                let a = &agents.live.first()?.0;
+                let m = a.metrics().await;
                 let seen = crate::agent::metric_sum(&m, "lastcall_game_servers", &[]);
-                (seen as usize == here.len()).then_some(())
+                let steps = a.narration.steps();
+                let released = here
+                    .iter()
+                    .filter(|g| {
+                        let named = format!("{NS}/{} ", g.name);
+                        steps
+                            .iter()
+                            .any(|s| s.kind == "release" && s.text.contains(&named))
+                    })
+                    .count();
+                (seen as usize + released == here.len()).then_some(())
             } else {
                 here.iter()
                     .all(|g| g.labels.contains_key("lastcall.dev/node"))
