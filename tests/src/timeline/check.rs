@@ -754,18 +754,28 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             continue;
         };
         let grace = Duration::from_secs(tl.grace_of(safe) as u64);
-        let justifies = |live: &Live| {
+        let justifies_by = |live: &Live, relative_only: bool| {
             live.values().any(|s| {
-                s.hard
-                    .is_some_and(|d| d <= e.at + grace + Duration::from_millis(50))
+                (s.relative || !relative_only)
+                    && s.hard
+                        .is_some_and(|d| d <= e.at + grace + Duration::from_millis(50))
                     && permits(safe, s, tl.graceful_termination)
             })
         };
+        let justifies = |live: &Live| justifies_by(live, false);
         // Not before the writer's instance started: it read no source before then, and the
-        // drain it found recorded on the Node ends no match until a source confirms it.
+        // drain it found recorded on the Node ends no match until a source confirms it. But a
+        // deadline counted from first sight (GCE's notices, FleetIQ's Spot) is kept from the
+        // record once its source says the same again: the agent cannot tell a repeat from the
+        // same event, so over the whole window for those (seed 2314).
         let window = e.at.checked_sub(cx.lag_for(e)).unwrap_or(e.at);
         let from = cx.instance_start(e).map_or(window, |s| window.max(s));
-        let justified = cx.truth.during(from, e.at).into_iter().any(justifies);
+        let justified = cx.truth.during(from, e.at).into_iter().any(justifies)
+            || cx
+                .truth
+                .during(window, e.at)
+                .into_iter()
+                .any(|l| justifies_by(l, true));
         if justified {
             cx.window_used(e.at, justifies(cx.truth.at(e.at)));
         } else {
@@ -1572,7 +1582,10 @@ fn azure_approvals(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                 seqs: vec![],
             });
         }
-        if !seen.insert(id) {
+        // Once per life of the machine: one that came back starts over (the platform still
+        // listing an event the old life approved is asked again, and nothing of the old
+        // life's hand-off stays on the Node).
+        if !seen.insert((cx.life_of(*at), id)) {
             hits.push(Hit {
                 invariant: Invariant::AzureApprovedTwice,
                 at: *at,
