@@ -1261,12 +1261,28 @@ fn standby(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                         == Some(pod)
                 })
         };
+        // A Node write the API server refused unread (restarting, throttled) says nothing
+        // the journal kept: once the owner's pod is gone, it is taken for the takeover it
+        // would be (seed 2961).
+        let unread_takeover = |o: &str| {
+            e.resource.as_deref() == Some("nodes")
+                && e.request.is_none()
+                && matches!(e.status, 429 | 503)
+                && cx.run.journal.iter().any(|d| {
+                    d.verb == Verb::Delete
+                        && d.resource.as_deref() == Some("pods")
+                        && d.name.as_deref() == Some(o)
+                        && ok(d)
+                        && d.at <= e.at
+                })
+        };
         if let Some(pod) = e.identity.as_deref().and_then(agent_pod)
             && e.verb.is_mutating()
             && e.resource.as_deref() != Some("events")
             && let Some(o) = owner.as_deref()
             && o != pod
             && !claims(pod)
+            && !unread_takeover(o)
         {
             hits.push(Hit {
                 invariant: Invariant::StandbyWrote,
