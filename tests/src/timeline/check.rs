@@ -352,7 +352,8 @@ impl Ctx<'_> {
     /// An agent (re)started within the window starts over: it gets its own window from its
     /// start (doubled, as after any start); so does a request made to hang, or an API server
     /// restart, within it. The first agent too, where the signal came before it (a NodeClaim
-    /// Karpenter registered the node under).
+    /// Karpenter registered the node under); and an agent asked to stop within it, from its
+    /// successor's start.
     fn reaction_after(&self, c: SystemTime) -> Duration {
         let base = self.base_lag_at(c + lag());
         let lag = lag();
@@ -367,6 +368,16 @@ impl Ctx<'_> {
                 next = next.max(since(*s) + lag * 2 + self.stalled(*s, *s + lag * 2));
             }
             for a in self.run.applied.iter().filter(|a| within(a.at)) {
+                // An agent asked to stop (restarted, killed, the machine back) within the
+                // window acts no more: the window starts over at its successor's start,
+                // however long the stop took (seed 3327).
+                if matches!(
+                    a.action,
+                    Action::RestartAgent | Action::AbortAgent { .. } | Action::MachineReturns
+                ) && let Some((s, _)) = self.run.starts.iter().find(|(s, _)| *s > a.at)
+                {
+                    next = next.max(since(*s) + lag * 2 + self.stalled(*s, *s + lag * 2));
+                }
                 let more = match a.action {
                     Action::Fault(KubeFault::HangNode | KubeFault::HangGameServers) => {
                         lag * 2 + REQUEST_TIMEOUT
