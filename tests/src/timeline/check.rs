@@ -335,13 +335,16 @@ impl Ctx<'_> {
     }
 
     /// When the agent instance that made `e` started: the last start in its pod at or
-    /// before it (a restart keeps its pod).
+    /// before it (a restart keeps its pod), one request deadline before `e` at the latest. A
+    /// request a stopped instance sent may land after its successor started (seed 4264), so
+    /// near a start it may be the previous instance's.
     fn instance_start(&self, e: &JournalEntry) -> Option<SystemTime> {
         let pod = e.identity.as_deref().and_then(agent_pod)?;
+        let sent_by = e.at.checked_sub(REQUEST_TIMEOUT)?;
         self.run
             .starts
             .iter()
-            .filter(|(s, p)| p == pod && *s <= e.at)
+            .filter(|(s, p)| p == pod && *s <= sent_by)
             .map(|(s, _)| *s)
             .next_back()
     }

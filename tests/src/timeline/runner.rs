@@ -911,12 +911,27 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                     (Status::Active, InstanceStatus::Active)
                 };
                 // A Spot notice that ACTIVE replaces before any agent recorded it (its drain
-                // notice on the Node) was read by no one who lived to act on it: the truth
-                // drops it (a lagging replica's ACTIVE is all any later agent can learn).
+                // notice on the Node), where the agents that could have heard it were stopped
+                // since, was read by no one who lived to act on it: the truth drops it (a
+                // lagging replica's ACTIVE is all any later agent can learn). An agent that
+                // heard it and lives keeps it (seed 4450).
+                let spot_at = applied
+                    .iter()
+                    .rfind(|a: &&Applied| matches!(a.action, Action::FleetIqSpot))
+                    .map(|a| a.at);
                 if !*draining
-                    && applied
-                        .iter()
-                        .any(|a: &Applied| matches!(a.action, Action::FleetIqSpot))
+                    && spot_at.is_some_and(|t| {
+                        applied.iter().any(|a: &Applied| {
+                            a.at >= t
+                                && matches!(
+                                    a.action,
+                                    Action::RestartAgent
+                                        | Action::AbortAgent { .. }
+                                        | Action::Rollout { .. }
+                                        | Action::MachineReturns
+                                )
+                        })
+                    })
                     && !cluster
                         .node(NODE)
                         .is_some_and(|n| recorded_fleetiq_spot(&n))
