@@ -370,6 +370,30 @@ impl Ctx<'_> {
             for (s, _) in self.run.starts.iter().filter(|(s, _)| within(*s)) {
                 next = next.max(since(*s) + lag * 2 + self.stalled(*s, *s + lag * 2));
             }
+            // A Node write the API server refused (5xx): the agent tries again after its
+            // error backoff (at most 100 ms doubling with each refusal in a row), then needs
+            // the reaction time (seed 1182: five in a row).
+            let mut in_a_row = 0u32;
+            for e in self.run.journal.iter().filter(|e| {
+                by_agent(e)
+                    && e.resource.as_deref() == Some("nodes")
+                    && e.name.as_deref() == Some(NODE)
+                    && e.subresource.is_none()
+                    && e.verb.is_mutating()
+            }) {
+                if e.status < 500 {
+                    in_a_row = 0;
+                    continue;
+                }
+                in_a_row += 1;
+                if within(e.at) {
+                    let backoff =
+                        Duration::from_millis(100).saturating_mul(1 << (in_a_row - 1).min(8));
+                    next = next.max(
+                        since(e.at) + backoff + lag + self.stalled(e.at, e.at + backoff + lag),
+                    );
+                }
+            }
             for a in self.run.applied.iter().filter(|a| within(a.at)) {
                 // An agent asked to stop (restarted, killed, the machine back) within the
                 // window acts no more: the window starts over at its successor's start,
