@@ -152,6 +152,12 @@ fn ok(e: &JournalEntry) -> bool {
     (200..300).contains(&e.status)
 }
 
+/// A request the API server refused before reading its body (restarting, or throttled):
+/// the journal keeps nothing of what it asked.
+fn refused_unread(e: &JournalEntry) -> bool {
+    e.request.is_none() && matches!(e.status, 429 | 503)
+}
+
 /// Made by one of the node's agents (each writes as its own user, [`agent_pod`]).
 pub fn by_agent(e: &JournalEntry) -> bool {
     e.identity.as_deref().and_then(agent_pod).is_some()
@@ -758,12 +764,11 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     // Every ending request, accepted or not, asks for the pod's own graceful termination:
     // judged by its body, so not where the server refused it unread (restarting, or
     // throttled: seed 140, an eviction answered 503 while the API server restarted).
-    let unread = |e: &JournalEntry| e.request.is_none() && matches!(e.status, 429 | 503);
     for e in cx
         .run
         .journal
         .iter()
-        .filter(|e| by_agent(e) && ends_a_match(e) && !unread(e))
+        .filter(|e| by_agent(e) && ends_a_match(e) && !refused_unread(e))
     {
         let grace = e
             .name
@@ -1304,8 +1309,7 @@ fn standby(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
         // would be (seed 2961).
         let unread_takeover = |o: &str| {
             e.resource.as_deref() == Some("nodes")
-                && e.request.is_none()
-                && matches!(e.status, 429 | 503)
+                && refused_unread(e)
                 && cx.run.journal.iter().any(|d| {
                     d.verb == Verb::Delete
                         && d.resource.as_deref() == Some("pods")
