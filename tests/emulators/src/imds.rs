@@ -39,6 +39,9 @@ struct ImdsState {
     fail_next: usize,
     fail_status: u16,
     requests: Vec<(String, String, u16)>,
+    /// When each of `requests` was answered (under the lock a change takes too, so a read
+    /// answered after a change saw it).
+    answered_at: Vec<std::time::SystemTime>,
 }
 
 type Shared = Arc<Mutex<ImdsState>>;
@@ -84,6 +87,7 @@ impl ImdsEmulator {
             fail_next: 0,
             fail_status: 500,
             requests: Vec::new(),
+            answered_at: Vec::new(),
         }));
         let app = Router::new().fallback(handle).with_state(shared.clone());
         let (stop, _) = crate::net::serve(listener, app, "the IMDS emulator");
@@ -137,6 +141,18 @@ impl ImdsEmulator {
         self.state().requests.clone()
     }
 
+    /// When each GET of `path` was answered with its value (200) or its absence (404): the
+    /// moments a reader could have learned what the path said.
+    pub fn reads(&self, path: &str) -> Vec<std::time::SystemTime> {
+        let s = self.state();
+        s.requests
+            .iter()
+            .zip(&s.answered_at)
+            .filter(|((m, p, st), _)| m == "GET" && p == path && matches!(st, 200 | 404))
+            .map(|(_, t)| *t)
+            .collect()
+    }
+
     /// Number of tokens currently valid.
     pub fn live_tokens(&self) -> usize {
         let now = Instant::now();
@@ -160,6 +176,7 @@ async fn handle(
     state
         .requests
         .push((method.to_string(), path, status.as_u16()));
+    state.answered_at.push(std::time::SystemTime::now());
     let mut response = (status, body).into_response();
     let h = response.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));

@@ -9,11 +9,11 @@ use std::time::{Duration, SystemTime};
 use serde_json::Value;
 
 use super::runner::{
-    COMPAT_ACTIVE, COMPAT_DRAINING, DRAIN_NODE_ANNOTATIONS, NODE, PodSeen, REQUEST_TIMEOUT, Run,
-    agent_pod,
+    COMPAT_ACTIVE, COMPAT_DRAINING, DRAIN_NODE_ANNOTATIONS, IMDS_POLL, NODE, PodSeen,
+    REQUEST_TIMEOUT, Run, agent_pod,
 };
 use super::script::{Action, KubeFault, Safe};
-use super::truth::{Live, Signal, SignalId, Truth, earliest, permits};
+use super::truth::{Change, Live, Signal, SignalId, Truth, earliest, permits};
 use crate::autoscaling::Happening;
 use crate::gamelift;
 use crate::kube::journal::{JournalEntry, Verb};
@@ -35,6 +35,11 @@ fn lag() -> Duration {
         .map(Duration::from_millis)
         .unwrap_or(DEFAULT_LAG)
 }
+/// How long an agent may take to act on a read that showed it a change (its pass in flight,
+/// the requests before the one judged): the part of the reaction time a read does not
+/// shorten.
+pub const READ_TO_ACT: Duration = Duration::from_millis(700);
+
 /// Extra allowed on deadlines the agent counts from its first sight of a signal (GCE).
 pub const RELATIVE_SLACK: Duration = Duration::from_millis(1500);
 
@@ -340,6 +345,40 @@ impl Ctx<'_> {
         }
     }
 
+    /// Whether the writer of `e` could still have believed a state that `end` ended: always
+    /// while it held, and after any change but an IMDS scheduled event's move or cancel
+    /// within the reaction window. After those, only until the first read of the events that
+    /// saw the change, plus [`READ_TO_ACT`], one poll (the read may have been another
+    /// agent's: reads are not told apart by agent) and whatever the window allows beyond the
+    /// bare reaction time (a hang, stalls, a `Retry-After`). Not where an agent started
+    /// during the run from shortly before the change to the write: a new instance's first
+    /// reads come late. Those that started before the run had set up and were polling.
+    fn still_believable(&self, e: &JournalEntry, end: Option<Change>) -> bool {
+        let Some((c, Some(SignalId::ImdsScheduled))) = end else {
+            return true;
+        };
+        let quiet_from = c.checked_sub(lag() * 2).unwrap_or(c).max(self.run.t0);
+        if self
+            .run
+            .starts
+            .iter()
+            .any(|(s, _)| *s >= quiet_from && *s <= e.at)
+        {
+            return true;
+        }
+        let Some(read) = self.run.imds_scheduled_reads.iter().find(|r| **r > c) else {
+            return true;
+        };
+        e.at.duration_since(*read)
+            .map_or(true, |since| since <= self.read_to_act(e))
+    }
+
+    /// How long after the first read that showed a change the writer of `e` may still act
+    /// on what it read before ([`still_believable`](Self::still_believable)).
+    fn read_to_act(&self, e: &JournalEntry) -> Duration {
+        READ_TO_ACT + IMDS_POLL + self.lag_for(e).saturating_sub(lag())
+    }
+
     /// When the agent instance that made `e` started: the last start in its pod at or
     /// before it (a restart keeps its pod), one request deadline before `e` at the latest. A
     /// request a stopped instance sent may land after its successor started (seed 4264), so
@@ -560,10 +599,44 @@ pub const JUDGED_DEADLINE: &str = "a match due to end by deadline − grace";
 pub const JUDGED_ASG: &str = "a hook timing out after the node emptied";
 pub const JUDGED_AZURE: &str = "an Azure event listed on an empty node";
 pub const JUDGED_STARTED: &str = "a signal asking for a drain the reaction time long";
+/// An IMDS cancel read with time to spare before a match lastcall may end was due: a match
+/// ended at the old time would be judged by the reads that saw the cancel, not the window.
+pub const JUDGED_READ_BOUND: &str = "an IMDS cancel read before a match was due";
 /// Writes judged against the truth (matches ended, deadlines announced, drains undone).
 pub const WINDOW_JUDGED: &str = "a write judged against the truth";
 /// Of those, the ones only a state already past justified: the reaction window used.
 pub const WINDOW_USED: &str = "a write justified only by its reaction window";
+
+/// Counts [`JUDGED_READ_BOUND`]: where [`Ctx::still_believable`] would decide a match
+/// ended at an IMDS event's old deadline.
+fn cancels_read_early(cx: &Ctx<'_>) {
+    if cx.run.timeline.allocated[Safe::Always as usize] == 0 {
+        return;
+    }
+    let grace = Duration::from_secs(cx.run.timeline.grace_of(Safe::Always) as u64);
+    let mut deadline = None;
+    for a in &cx.run.applied {
+        match (&a.action, &a.effect) {
+            (Action::ImdsScheduled { .. }, Some((_, Some(s)))) => deadline = s.hard,
+            (Action::ImdsScheduledCancel, _) => {
+                let Some(due) = deadline.take().and_then(|d| d.checked_sub(grace)) else {
+                    continue;
+                };
+                let read = cx.run.imds_scheduled_reads.iter().find(|r| **r > a.at);
+                let quiet_from = a.at.checked_sub(lag() * 2).unwrap_or(a.at).max(cx.run.t0);
+                let started = cx
+                    .run
+                    .starts
+                    .iter()
+                    .any(|(s, _)| *s >= quiet_from && *s <= due);
+                if !started && read.is_some_and(|r| *r + READ_TO_ACT + IMDS_POLL < due) {
+                    cx.judged(JUDGED_READ_BOUND);
+                }
+            }
+            _ => {}
+        }
+    }
+}
 
 /// Every invariant hit of `run`.
 pub fn check(run: &Run) -> Vec<Hit> {
@@ -652,6 +725,7 @@ pub fn check_counted(run: &Run) -> (Vec<Hit>, BTreeMap<&'static str, usize>) {
         return (hits, cx.judged.take());
     }
     matches_ended(&cx, &mut hits);
+    cancels_read_early(&cx);
     killed_by_taint(&cx, &mut hits);
     servers(&cx, &mut hits);
     announced(&cx, &mut hits);
@@ -813,12 +887,17 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
         // same event, so over the whole window for those (seed 2314).
         let window = e.at.checked_sub(cx.lag_for(e)).unwrap_or(e.at);
         let from = cx.instance_start(e).map_or(window, |s| window.max(s));
-        let justified = cx.truth.during(from, e.at).into_iter().any(justifies)
+        let states = cx.truth.during_with_ends(from, e.at);
+        let justified = states
+            .iter()
+            .any(|(live, end)| justifies(live) && cx.still_believable(e, *end))
             || cx
                 .truth
                 .during(window, e.at)
                 .into_iter()
                 .any(|l| justifies_by(l, true));
+        // Justified by the window alone, but not once the source's reads bound it.
+        let read_bound = !justified && states.iter().any(|(live, _)| justifies(live));
         if justified {
             cx.window_used(e.at, justifies(cx.truth.at(e.at)));
         } else {
@@ -834,7 +913,12 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                     },
                     grace.as_secs(),
                     cx.truth.at(e.at),
-                    if from > window {
+                    if read_bound {
+                        format!(
+                            " (an IMDS read showed the change more than {} ms before)",
+                            cx.read_to_act(e).as_millis()
+                        )
+                    } else if from > window {
                         format!(
                             " (judged from its instance's start, {} ms before)",
                             e.at.duration_since(from).unwrap_or_default().as_millis()

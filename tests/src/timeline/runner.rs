@@ -82,6 +82,11 @@ fn nodeclaim_fence(
     }
 }
 
+/// The agents' `--aws-imds-interval`.
+pub const IMDS_POLL: Duration = Duration::from_millis(200);
+/// IMDS' scheduled-events path.
+pub const IMDS_SCHEDULED: &str = "/latest/meta-data/events/maintenance/scheduled";
+
 /// The taint compat mode adds after claim (NoExecute).
 pub const COMPAT_ACTIVE: &str = "gamelift.status/active";
 /// The taint compat mode adds once every match tolerates it (NoExecute).
@@ -118,6 +123,9 @@ pub const SETTLE: Duration = Duration::from_secs(10);
 /// Everything a run leaves for the checker.
 pub struct Run {
     pub timeline: Timeline,
+    /// When IMDS answered a read of its scheduled events (any agent's): the moments an agent
+    /// could have learned of an event's move or cancel.
+    pub imds_scheduled_reads: Vec<SystemTime>,
     pub t0: SystemTime,
     pub applied: Vec<Applied>,
     /// Servers allocated before the timeline started.
@@ -597,7 +605,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             "--imds-endpoint",
             &imds.url(),
             "--aws-imds-interval",
-            "200ms",
+            &format!("{}ms", IMDS_POLL.as_millis()),
             "--gce-metadata",
             "--gce-metadata-endpoint",
             &gce.url(),
@@ -771,6 +779,15 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 .manual_ready(),
         )?;
     }
+    if tl.late_cancel {
+        // On a whole second, so that IMDS' `NotBefore` (whole seconds) is the drawn one to
+        // within 50 ms and the cancel falls where it was drawn, just before a match is due.
+        let into = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .subsec_nanos();
+        tokio::time::sleep(Duration::from_nanos(u64::from(1_000_000_000 - into))).await;
+    }
     let start = tokio::time::Instant::now();
     let t0 = SystemTime::now();
     let mut applied = vec![];
@@ -816,9 +833,12 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                     "NotAfter": imds_time(nb + Duration::from_secs(7200)),
                     "State": "active",
                 }]));
+                // Taken after the change: a read answered later saw it.
+                at = SystemTime::now();
             }
             Action::ImdsScheduledCancel => {
                 imds.set_scheduled_events(json!([]));
+                at = SystemTime::now();
                 scheduled_id = 0;
             }
             Action::ImdsSpot { at_ms } => {
@@ -1584,6 +1604,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         eprintln!("timeline {}: the cluster's shutdown took over 5 s", tl.seed);
     }
     Ok(Run {
+        imds_scheduled_reads: imds.reads(IMDS_SCHEDULED),
         timeline: tl,
         t0,
         applied,

@@ -484,6 +484,9 @@ pub struct Timeline {
     pub drain_on_foreign_cordon: bool,
     /// The node was launched by Karpenter with a NodeClaim that expires in the run.
     pub nodeclaim: Option<NodeClaim>,
+    /// The only signal is an IMDS event cancelled just before its matches are due
+    /// ([`late_cancel`]).
+    pub late_cancel: bool,
     /// The agent's modes.
     pub mode: Modes,
 }
@@ -919,6 +922,7 @@ impl Timeline {
             horizon,
             &mut steps,
         );
+        let late_cancel = late_cancel(seed, dims, &grace_s, &mut allocated, &mut steps);
         steps.sort_by_key(|s| s.at_ms);
         // Run until the last hard deadline has passed (capped), so the agent's verdicts at
         // `deadline − grace` happen inside the timeline.
@@ -956,7 +960,7 @@ impl Timeline {
             .find(|s| matches!(s.action, Action::ImdsRebalance))
             .map_or(0, |s| s.at_ms + later.rebalance_ttl_ms + 1000);
         // A NodeClaim's fence (created before `t0`, so no later than this) well inside.
-        let nodeclaim = NodeClaim::draw(seed, dims);
+        let nodeclaim = NodeClaim::draw(seed, dims).filter(|_| !late_cancel);
         let nodeclaim_end = nodeclaim.map_or(0, |c| {
             (c.fence_after_ms() + 2000).max(c.end_after_ms().unwrap_or(0).min(MAX_RUN_MS))
         });
@@ -987,8 +991,9 @@ impl Timeline {
             end_all_at_ms,
             slow_starter: later.slow_starter,
             rebalance_ttl_ms: later.rebalance_ttl_ms,
-            drain_on_foreign_cordon: later.drain_on_foreign_cordon,
+            drain_on_foreign_cordon: later.drain_on_foreign_cordon && !late_cancel,
             nodeclaim,
+            late_cancel,
             mode,
         }
     }
@@ -1002,6 +1007,52 @@ impl Timeline {
     pub fn grace_of(&self, safe: Safe) -> i64 {
         self.grace_s[safe as usize]
     }
+}
+
+/// Sometimes (under `more_signals`, from a stream of its own) the only signal is an IMDS
+/// event cancelled 1.0–1.3 s before a match lastcall may end is due. An agent that acts on
+/// the cancel a second late ends that match, and a reaction window of 1.5 s would excuse it:
+/// only the bound by the reads that saw the cancel catches it. Returns whether it drew one.
+fn late_cancel(
+    seed: u64,
+    dims: Dimensions,
+    grace_s: &[i64; 3],
+    allocated: &mut [usize; 3],
+    steps: &mut Vec<Step>,
+) -> bool {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6c61_7465_6321);
+    if !dims.more_signals || !rng.random_bool(0.08) {
+        return false;
+    }
+    let always = Safe::Always as usize;
+    allocated[always] = allocated[always].max(1);
+    let t: u64 = rng.random_range(0..1000);
+    // Just short of a whole second: the run starts on one, so IMDS (whole seconds, rounded
+    // up) states it 50 ms later, whatever the few ms the start took.
+    let not_before_ms = (t + rng.random_range(3500..=4500)).div_ceil(1000) * 1000 - 50;
+    let due = not_before_ms - 1000 * grace_s[always] as u64;
+    // No agent stopped near the cancel (a start is a moment the bound cannot judge), and the
+    // matches still running when they are due.
+    steps.retain(|s| {
+        !s.action.is_signal()
+            && !matches!(
+                s.action,
+                Action::RestartAgent | Action::AbortAgent { .. } | Action::Rollout { .. }
+            )
+            && !(matches!(s.action, Action::EndMatch) && s.at_ms <= due + 500)
+    });
+    steps.push(Step {
+        at_ms: t,
+        action: Action::ImdsScheduled {
+            code: EventCode::InstanceStop,
+            not_before_ms,
+        },
+    });
+    steps.push(Step {
+        at_ms: due - rng.random_range(1000..=1300),
+        action: Action::ImdsScheduledCancel,
+    });
+    true
 }
 
 /// What the hand-off edges drew for a timeline.
@@ -1300,7 +1351,7 @@ impl fmt::Display for Timeline {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, asg heartbeat {}s (describes lag {}), --azure-approve-when-empty {}, agones selectable fields {}, fleetiq {}, bind lag {} ms, slow starter {}, --rebalance-ttl {} ms, --drain-on-foreign-cordon {}, NodeClaim {:?}, {:?}, {:?}",
+            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, asg heartbeat {}s (describes lag {}), --azure-approve-when-empty {}, agones selectable fields {}, fleetiq {}, bind lag {} ms, slow starter {}, --rebalance-ttl {} ms, --drain-on-foreign-cordon {}, NodeClaim {:?}, late cancel {}, {:?}, {:?}",
             self.seed,
             self.ready,
             self.allocated,
@@ -1320,6 +1371,7 @@ impl fmt::Display for Timeline {
             self.rebalance_ttl_ms,
             self.drain_on_foreign_cordon,
             self.nodeclaim,
+            self.late_cancel,
             self.mode,
             self.dims,
         )?;
@@ -1542,5 +1594,40 @@ mod tests {
         ] {
             assert!(n >= 20, "{what}: drawn in only {n} of 400 timelines");
         }
+    }
+
+    #[test]
+    fn a_late_cancel_is_the_only_signal_and_falls_just_before_a_match_is_due() {
+        let drawn: Vec<Timeline> = (1..=1000)
+            .map(|seed| Timeline::draw(seed, Dimensions::ALL))
+            .filter(|t| t.late_cancel)
+            .collect();
+        if std::env::var_os("LATE_CANCEL_SEEDS").is_some() {
+            let seeds: Vec<u64> = drawn.iter().map(|t| t.seed).collect();
+            eprintln!("{seeds:?}");
+        }
+        assert!((40..=120).contains(&drawn.len()), "{} drawn", drawn.len());
+        for t in &drawn {
+            let signals: Vec<&Step> = t.steps.iter().filter(|s| s.action.is_signal()).collect();
+            let [event, cancel] = signals[..] else {
+                panic!("seed {}: {signals:?}", t.seed);
+            };
+            let Action::ImdsScheduled { not_before_ms, .. } = event.action else {
+                panic!("seed {}: {event:?}", t.seed);
+            };
+            assert_eq!(cancel.action, Action::ImdsScheduledCancel);
+            let due = not_before_ms - 1000 * t.grace_of(Safe::Always) as u64;
+            assert!(
+                (1000..=1300).contains(&(due - cancel.at_ms)),
+                "seed {}",
+                t.seed
+            );
+            assert!(cancel.at_ms > event.at_ms + 200, "seed {}", t.seed);
+            assert!(t.allocated[Safe::Always as usize] > 0);
+            assert!(t.nodeclaim.is_none() && !t.drain_on_foreign_cordon);
+            assert!(t.end_all_at_ms > due, "seed {}", t.seed);
+        }
+        let without = Dimensions::without("more_signals").expect("a known name");
+        assert!((1..=1000).all(|seed| !Timeline::draw(seed, without).late_cancel));
     }
 }

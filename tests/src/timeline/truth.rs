@@ -276,6 +276,9 @@ pub fn effect_of(
 
 pub type Live = BTreeMap<SignalId, Signal>;
 
+/// A change of the truth: when, and which signal changed (`None`: a machine's return).
+pub type Change = (SystemTime, Option<SignalId>);
+
 /// The note of an `AzureGone` step whose event no agent read while it was listed (no
 /// successful read of the document between its listing and its removal).
 pub const UNREAD: &str = "unread";
@@ -300,18 +303,22 @@ fn preempt_seen(
 pub struct Truth {
     /// `(from, live)`, in time order; before the first entry nothing is live.
     segments: Vec<(SystemTime, Live)>,
+    /// The signal whose change began each segment (`None`: the start, a machine's return).
+    causes: Vec<Option<SignalId>>,
 }
 
 impl Truth {
     pub fn build(applied: &[Applied]) -> Truth {
         let mut live = Live::new();
         let mut segments = vec![(SystemTime::UNIX_EPOCH, live.clone())];
+        let mut causes = vec![None];
         for a in applied {
             // A machine that came back: the old boot's notices went with it (the operator's
             // label and Karpenter's taint are on the Node).
             if matches!(a.action, Action::MachineReturns) {
                 live.retain(|id, _| id.on_the_node());
                 segments.push((a.at, live.clone()));
+                causes.push(None);
                 continue;
             }
             // ACTIVE replacing a Spot notice no agent recorded: no one can know of it.
@@ -390,8 +397,35 @@ impl Truth {
                 None => live.remove(&id),
             };
             segments.push((a.at, live.clone()));
+            causes.push(Some(id));
         }
-        Truth { segments }
+        Truth { segments, causes }
+    }
+
+    /// Every state holding at some moment of `[from, to]`, each with the change that ended
+    /// it by `to` (when, and which signal changed), or `None` if it still held then.
+    pub fn during_with_ends(
+        &self,
+        from: SystemTime,
+        to: SystemTime,
+    ) -> Vec<(&Live, Option<Change>)> {
+        let first = self
+            .segments
+            .partition_point(|(t, _)| *t <= from)
+            .saturating_sub(1);
+        let mut out = vec![];
+        for i in first..self.segments.len() {
+            if i > first && self.segments[i].0 > to {
+                break;
+            }
+            let end = self
+                .segments
+                .get(i + 1)
+                .filter(|(t, _)| *t <= to)
+                .map(|(t, _)| (*t, self.causes[i + 1]));
+            out.push((&self.segments[i].1, end));
+        }
+        out
     }
 
     /// The live signals at `t`.
