@@ -357,20 +357,30 @@ impl Ctx<'_> {
         let Some((c, Some(SignalId::ImdsScheduled))) = end else {
             return true;
         };
-        let quiet_from = c.checked_sub(lag() * 2).unwrap_or(c).max(self.run.t0);
-        if self
-            .run
-            .starts
-            .iter()
-            .any(|(s, _)| *s >= quiet_from && *s <= e.at)
-        {
+        if self.started_around(c, e.at) {
             return true;
         }
-        let Some(read) = self.run.imds_scheduled_reads.iter().find(|r| **r > c) else {
+        let Some(read) = self.first_read_after(c) else {
             return true;
         };
-        e.at.duration_since(*read)
+        e.at.duration_since(read)
             .map_or(true, |since| since <= self.read_to_act(e))
+    }
+
+    /// Whether an agent started during the run from shortly before the change at `c` to
+    /// `to`: its first reads may come late, so reads do not bound what it believed.
+    fn started_around(&self, c: SystemTime, to: SystemTime) -> bool {
+        let from = c.checked_sub(lag() * 2).unwrap_or(c).max(self.run.t0);
+        self.run.starts.iter().any(|(s, _)| *s >= from && *s <= to)
+    }
+
+    /// The first read of IMDS' scheduled events answered after `c`.
+    fn first_read_after(&self, c: SystemTime) -> Option<SystemTime> {
+        self.run
+            .imds_scheduled_reads
+            .iter()
+            .find(|r| **r > c)
+            .copied()
     }
 
     /// How long after the first read that showed a change the writer of `e` may still act
@@ -622,14 +632,11 @@ fn cancels_read_early(cx: &Ctx<'_>) {
                 let Some(due) = deadline.take().and_then(|d| d.checked_sub(grace)) else {
                     continue;
                 };
-                let read = cx.run.imds_scheduled_reads.iter().find(|r| **r > a.at);
-                let quiet_from = a.at.checked_sub(lag() * 2).unwrap_or(a.at).max(cx.run.t0);
-                let started = cx
-                    .run
-                    .starts
-                    .iter()
-                    .any(|(s, _)| *s >= quiet_from && *s <= due);
-                if !started && read.is_some_and(|r| *r + READ_TO_ACT + IMDS_POLL < due) {
+                if !cx.started_around(a.at, due)
+                    && cx
+                        .first_read_after(a.at)
+                        .is_some_and(|r| r + READ_TO_ACT + IMDS_POLL < due)
+                {
                     cx.judged(JUDGED_READ_BOUND);
                 }
             }

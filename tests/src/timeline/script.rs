@@ -1034,12 +1034,12 @@ fn late_cancel(
     // No agent stopped near the cancel (a start is a moment the bound cannot judge), and the
     // matches still running when they are due.
     steps.retain(|s| {
-        !s.action.is_signal()
-            && !matches!(
-                s.action,
-                Action::RestartAgent | Action::AbortAgent { .. } | Action::Rollout { .. }
-            )
-            && !(matches!(s.action, Action::EndMatch) && s.at_ms <= due + 500)
+        let dropped = match s.action {
+            Action::RestartAgent | Action::AbortAgent { .. } | Action::Rollout { .. } => true,
+            Action::EndMatch => s.at_ms <= due + 500,
+            ref a => a.is_signal(),
+        };
+        !dropped
     });
     steps.push(Step {
         at_ms: t,
