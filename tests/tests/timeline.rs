@@ -11,6 +11,14 @@ use lastcall_testkit::timeline::{Met, from_env, run_many, summary};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_timelines_keep_every_invariant() {
+    // The agents' own logs with `RUST_LOG` set (e.g. `lastcall_agent=debug`), to replay one
+    // seed: they are not told apart by timeline.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
     let (seeds, dims, concurrency) = from_env(200);
     let n = seeds.len();
     let started = std::time::Instant::now();
