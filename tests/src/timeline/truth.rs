@@ -436,14 +436,10 @@ impl Truth {
 
     /// Every state holding at some moment of `[from, to]`.
     pub fn during(&self, from: SystemTime, to: SystemTime) -> Vec<&Live> {
-        let mut out = vec![self.at(from)];
-        out.extend(
-            self.segments
-                .iter()
-                .filter(|(t, _)| *t > from && *t <= to)
-                .map(|(_, l)| l),
-        );
-        out
+        self.during_with_ends(from, to)
+            .into_iter()
+            .map(|(live, _)| live)
+            .collect()
     }
 
     /// Times at which the truth changed.
