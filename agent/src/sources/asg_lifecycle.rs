@@ -101,6 +101,8 @@ pub struct Hold {
     pub expires: Timestamp,
     /// Heartbeats were refused for good (AccessDenied): the instance goes at `expires`.
     pub heartbeats_denied: bool,
+    /// The denial was told on the Node (a Warning Event, once, by the acting agent).
+    pub denial_told: bool,
 }
 
 impl Hold {
@@ -120,6 +122,7 @@ impl Hold {
             hook,
             began,
             heartbeats_denied: false,
+            denial_told: false,
         }
     }
 
@@ -478,6 +481,10 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
     loop {
         let wake = match &stage {
             Stage::Watching | Stage::Leaving => next_poll,
+            // A standby also looks again each second: it completes nothing until it acts.
+            Stage::Holding(_) if !ctx.acting.now() => {
+                next_heartbeat.min(tokio::time::Instant::now() + STANDBY_RECHECK)
+            }
             Stage::Holding(_) => next_heartbeat,
             Stage::Done(_) => next_poll + Duration::from_secs(86_400),
         };
@@ -540,16 +547,9 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
             }
         }
         let node_empty = *empty.borrow();
-        // A standby agent holds nothing: the acting one heartbeats and completes.
-        if let Stage::Holding(hold) = &mut stage
-            && !ctx.acting.now()
-        {
-            next_heartbeat = now + Duration::from_secs(1);
-            super::publish(&ctx.out, Report::Known(vec![hold.notice()]));
-            continue;
-        }
         if let Stage::Holding(hold) = &mut stage {
-            stage = hold_step(&api, hold, node_empty, &mut next_heartbeat, &error).await;
+            let acting = ctx.acting.now();
+            stage = hold_step(&api, hold, acting, node_empty, &mut next_heartbeat, &error).await;
             if !matches!(stage, Stage::Holding(_)) {
                 metrics.asg_heartbeat_denied.set(0);
             }
@@ -564,16 +564,33 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
     }
 }
 
-/// One step of holding the wait: complete it once the node is empty, else heartbeat when
-/// due. Returns the next stage.
+/// How often a standby agent holding a wait looks whether it acts yet.
+const STANDBY_RECHECK: Duration = Duration::from_secs(1);
+
+/// One step of holding the wait: complete it once the node is empty (the acting agent
+/// only), else heartbeat when due. Returns the next stage.
+///
+/// A standby heartbeats too, while the node holds matches. A heartbeat changes nothing but
+/// when the wait times out, and were only the owner to send them, nobody would from the
+/// old owner's last heartbeat through its stop and the successor's takeover: a slow stop or
+/// refused Node writes during a rollout could outlast the hook's timeout and take the
+/// instance from under its matches. Completing stays the owner's alone, and a standby
+/// raises no Warning Event.
 async fn hold_step(
     api: &Api,
     hold: &mut Hold,
+    acting: bool,
     node_empty: bool,
     next_heartbeat: &mut tokio::time::Instant,
     error: &impl Fn(&'static str),
 ) -> Stage {
     let now = tokio::time::Instant::now();
+    // A denial seen while standing by is told once this agent acts.
+    tell_denial(api, hold, acting);
+    if node_empty && !acting {
+        // Nothing left to keep: the wait is the owner's to complete, or to time out.
+        return Stage::Holding(hold.clone());
+    }
     if node_empty {
         return match api.complete(hold).await {
             Ok(()) | Err(CallError::NoActiveAction(_)) => {
@@ -611,11 +628,10 @@ async fn hold_step(
             if matches!(e, CallError::AccessDenied(_)) {
                 if !hold.heartbeats_denied {
                     warn!(message = "RecordLifecycleActionHeartbeat is denied: the instance goes at the hook's heartbeat timeout; grant autoscaling:RecordLifecycleActionHeartbeat (docs/install.md)", error = %e, deadline = %hold.expires);
-                    api.warnings
-                        .warn(HEARTBEAT_DENIED, heartbeat_denied_note(hold));
                 }
                 api.metrics.asg_heartbeat_denied.set(1);
                 hold.heartbeats_denied = true;
+                tell_denial(api, hold, acting);
             } else {
                 warn!(message = "Auto Scaling lifecycle heartbeat failed; retrying", error = %e);
                 *next_heartbeat = now + Duration::from_secs(1).min(hold.heartbeat_every());
@@ -623,6 +639,15 @@ async fn hold_step(
         }
     }
     Stage::Holding(hold.clone())
+}
+
+/// Tells refused heartbeats on the Node, once, and only as the acting agent.
+fn tell_denial(api: &Api, hold: &mut Hold, acting: bool) {
+    if acting && hold.heartbeats_denied && !hold.denial_told {
+        api.warnings
+            .warn(HEARTBEAT_DENIED, heartbeat_denied_note(hold));
+        hold.denial_told = true;
+    }
 }
 
 /// The Warning Event's reason when the Auto Scaling API refuses heartbeats.

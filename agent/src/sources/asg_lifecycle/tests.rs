@@ -354,12 +354,12 @@ async fn an_action_completed_before_a_restart_is_not_completed_again() {
     assert_eq!(second.asg_calls("RecordLifecycleActionHeartbeat", "ok"), 0);
 }
 
-/// A standby agent (a rollout runs two on the node) finds and reports the wait but sends
-/// nothing: no heartbeat, no completion, even on an empty node. Once it acts, it holds and
-/// completes as usual.
+/// A standby agent (a rollout runs two on the node) keeps the wait alive, so a hand-over
+/// between owners never lets the hook time out under a match; it completes nothing, even on
+/// an empty node, until it acts.
 #[tokio::test]
-async fn a_standby_agent_sends_no_heartbeat_and_no_completion() {
-    let w = world(60).await;
+async fn a_standby_agent_heartbeats_the_wait_and_completes_nothing() {
+    let w = world(2).await;
     let s = start(&w);
     s.acting.store(false, std::sync::atomic::Ordering::SeqCst);
     s.wait_for_notices("in service", <[Notice]>::is_empty).await;
@@ -367,15 +367,25 @@ async fn a_standby_agent_sends_no_heartbeat_and_no_completion() {
     w.imds.set_target_lifecycle_state(Some("Terminated"));
     s.wait_for_notices("the hold", |n| n.iter().any(|n| n.deadline.is_some()))
         .await;
+    // Three heartbeat timeouts with nobody acting: the wait still stands.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let j = w.asg.journal();
+    assert_eq!(
+        w.asg.lifecycle_state(I),
+        Some(LifecycleState::TerminatingWait),
+        "{j:?}"
+    );
+    let beats = j
+        .iter()
+        .filter(|e| e.happening == Happening::HeartbeatRecorded)
+        .count();
+    assert!(beats >= 4, "{beats} heartbeats in 6 s with a 2 s timeout");
+    // Empty, but standing by: no completion.
     s.node_empty.send_replace(true);
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let writes = |a: &str| w.asg.calls(a);
     assert_eq!(
-        (
-            writes("RecordLifecycleActionHeartbeat"),
-            writes("CompleteLifecycleAction")
-        ),
-        (0, 0),
+        w.asg.calls("CompleteLifecycleAction"),
+        0,
         "{:?}",
         w.asg.journal()
     );
@@ -385,4 +395,34 @@ async fn a_standby_agent_sends_no_heartbeat_and_no_completion() {
     })
     .await;
     assert_eq!(w.asg.calls("CompleteLifecycleAction"), 1);
+}
+
+/// A standby whose heartbeats are refused announces the earlier end but leaves the Warning
+/// Event to the acting agent; once it acts, it tells it, once.
+#[tokio::test]
+async fn a_standby_tells_no_heartbeat_denial_until_it_acts() {
+    let w = world(60).await;
+    w.asg
+        .fail("RecordLifecycleActionHeartbeat", "AccessDenied", 403, None);
+    let s = start(&w);
+    s.acting.store(false, std::sync::atomic::Ordering::SeqCst);
+    s.wait_for_notices("in service", <[Notice]>::is_empty).await;
+    w.asg.begin_termination(I).unwrap();
+    w.imds.set_target_lifecycle_state(Some("Terminated"));
+    s.wait_for_notices("the denied hold", |n| {
+        n.iter().any(|n| n.detail.contains("AccessDenied"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(s.warnings(), vec![]);
+    s.acting.store(true, std::sync::atomic::Ordering::SeqCst);
+    wait_for("the acting agent's Warning Event", || async {
+        (!s.warnings().is_empty()).then_some(())
+    })
+    .await;
+    // Told at once (heartbeats go every 20 s here), and only once.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let warned = s.warnings();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert_eq!(warned[0].0, HEARTBEAT_DENIED);
 }

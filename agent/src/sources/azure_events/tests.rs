@@ -448,3 +448,24 @@ async fn a_dry_run_counts_the_approval_and_sends_nothing() {
     assert!(emu.approvals().is_empty());
     assert!(emu.requests().iter().all(|r| r.method == "GET"));
 }
+
+/// A standby agent (a rollout runs two on the node) reports the event but approves
+/// nothing, even on an empty node; once it acts, it approves, once.
+#[tokio::test]
+async fn a_standby_agent_approves_nothing_until_it_acts() {
+    let emu = azure().await;
+    emu.set_events(vec![event("reboot", "Reboot", VM, LATER)]);
+    let src = start_on(&emu, &["--azure-approve-when-empty"]);
+    src.acting.store(false, std::sync::atomic::Ordering::SeqCst);
+    src.wait_for_notices("the reboot", |n| n.len() == 1).await;
+    src.node_empty.send_replace(true);
+    reads_past(&emu, event_reads(&emu), 3).await;
+    assert!(emu.approvals().is_empty(), "{:?}", emu.requests());
+    src.acting.store(true, std::sync::atomic::Ordering::SeqCst);
+    wait_for("approved by the acting agent", || async {
+        (!emu.approvals().is_empty()).then_some(())
+    })
+    .await;
+    reads_past(&emu, event_reads(&emu), 3).await;
+    assert_eq!(emu.approvals(), ["reboot"]);
+}
