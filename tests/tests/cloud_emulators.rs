@@ -1507,4 +1507,19 @@ async fn azure_scheduled_events_need_the_metadata_header_and_record_approvals() 
     let journal = emu.requests();
     assert!(!journal[0].metadata_header && journal[0].status == 400);
     assert_eq!(journal.iter().filter(|r| r.method == "POST").count(), 2);
+    // The reads that could have told a reader the document: not the refused (no header),
+    // failed or garbled ones.
+    let reads = emu.event_reads();
+    let at = |f: &dyn Fn(&lastcall_emulators::azure::Request) -> bool| {
+        journal.iter().find(|r| f(r)).map(|r| r.at).unwrap()
+    };
+    for refused in [
+        at(&|r| r.garbled),
+        at(&|r| r.status == 503),
+        at(&|r| r.status == 400),
+    ] {
+        assert!(!reads.contains(&refused));
+    }
+    assert_eq!(reads.last(), journal.last().map(|r| r.at).as_ref());
+    assert_eq!(journal.iter().filter(|r| r.garbled).count(), 1);
 }

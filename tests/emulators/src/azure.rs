@@ -52,6 +52,8 @@ pub struct Request {
     pub metadata_header: bool,
     pub status: u16,
     pub at: std::time::SystemTime,
+    /// Answered with the garbled body instead of the document.
+    pub garbled: bool,
 }
 
 #[derive(Default)]
@@ -173,6 +175,22 @@ impl AzureMetadataEmulator {
         lock(&self.shared).journal.clone()
     }
 
+    /// When each GET of the events document was answered with it (200, not garbled), taken
+    /// under the lock a change takes too: a read answered after a change saw it.
+    pub fn event_reads(&self) -> Vec<std::time::SystemTime> {
+        lock(&self.shared)
+            .journal
+            .iter()
+            .filter(|r| {
+                r.method == "GET"
+                    && r.path == "/metadata/scheduledevents"
+                    && r.status == 200
+                    && !r.garbled
+            })
+            .map(|r| r.at)
+            .collect()
+    }
+
     /// Refuses connections (`true`) or serves again on the same port (`false`).
     pub async fn set_unreachable(&self, unreachable: bool) -> anyhow::Result<()> {
         if unreachable {
@@ -212,12 +230,14 @@ async fn handle(
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
     let mut g = lock(&shared);
     let (status, text) = answer(&mut g, &method, uri.path(), &q, metadata_header, &body);
+    let garbled = g.garbled.as_ref() == Some(&text) && status == StatusCode::OK;
     g.journal.push(Request {
         method: method.to_string(),
         path: uri.path().to_string(),
         metadata_header,
         status: status.as_u16(),
         at: std::time::SystemTime::now(),
+        garbled,
     });
     let content_type = if uri.path().ends_with("/name") && status == StatusCode::OK {
         "text/plain; charset=utf-8"

@@ -31,6 +31,9 @@ struct Inner {
     fail_next: usize,
     /// Every request: (key, had the header, wait_for_change).
     journal: Vec<(String, bool, bool)>,
+    /// Every answer with a value: (key, when it was read under the lock a change takes too,
+    /// whether the value was not empty).
+    answered: Vec<(String, std::time::SystemTime, bool)>,
 }
 
 #[derive(Clone)]
@@ -120,6 +123,19 @@ impl GceMetadataEmulator {
         self.shared.lock().journal.clone()
     }
 
+    /// When each GET of `key` was answered with a value that is not empty (an empty body is
+    /// a glitch, which tells nothing): the moments a reader could have learned what it said.
+    /// A read answered after a change saw it.
+    pub fn reads(&self, key: &str) -> Vec<std::time::SystemTime> {
+        self.shared
+            .lock()
+            .answered
+            .iter()
+            .filter(|(k, _, told)| k == key && *told)
+            .map(|(_, at, _)| *at)
+            .collect()
+    }
+
     /// Refuses connections (`true`) or serves again on the same port (`false`).
     pub async fn set_unreachable(&self, unreachable: bool) -> anyhow::Result<()> {
         if unreachable {
@@ -179,19 +195,33 @@ async fn get(
     let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
     loop {
         let changed = shared.changed.notified();
-        let current = shared.lock().keys.get(&key).cloned();
-        let ready = !wait
-            || match (&current, &last) {
-                (Some((_, etag)), Some(l)) => etag_text(*etag) != *l,
-                // Without last_etag, wait for the next change (as the real server does).
-                _ => false,
-            };
-        if ready || tokio::time::Instant::now() >= deadline {
+        let answered = {
+            let mut g = shared.lock();
+            let current = g.keys.get(&key).cloned();
+            let ready = !wait
+                || match (&current, &last) {
+                    (Some((_, etag)), Some(l)) => etag_text(*etag) != *l,
+                    // Without last_etag, wait for the next change (as the real server does).
+                    _ => false,
+                };
+            if ready || tokio::time::Instant::now() >= deadline {
+                if let Some((Answer::Value(v), _)) = &current {
+                    let told = !v.is_empty();
+                    g.answered
+                        .push((key.clone(), std::time::SystemTime::now(), told));
+                }
+                Some(current)
+            } else {
+                None
+            }
+        };
+        if let Some(current) = answered {
             return answer(current);
         }
         tokio::select! {
             () = changed => {}
-            () = tokio::time::sleep_until(deadline) => return answer(shared.lock().keys.get(&key).cloned()),
+            // Read again: past the deadline, answered whatever it holds.
+            () = tokio::time::sleep_until(deadline) => {}
         }
     }
 }
@@ -214,6 +244,51 @@ fn answer(current: Option<(Answer, u64)>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reads that told a value: a hanging GET woken by a change counts from the
+    /// change, a refused, failed or empty answer does not count.
+    #[tokio::test]
+    async fn reads_are_the_answers_that_told_a_value() {
+        let emu = GceMetadataEmulator::start().await.unwrap();
+        let c = reqwest::Client::new();
+        let url = format!(
+            "{}/computeMetadata/v1/instance/maintenance-event",
+            emu.url()
+        );
+        let get = |u: String, flavor: bool| {
+            let mut r = c.get(u);
+            if flavor {
+                r = r.header("Metadata-Flavor", "Google");
+            }
+            r.send()
+        };
+        let r = get(url.clone(), true).await.unwrap();
+        let etag = r.headers()["etag"].to_str().unwrap().to_string();
+        assert_eq!(get(url.clone(), false).await.unwrap().status(), 403);
+        emu.fail_next(1);
+        assert_eq!(get(url.clone(), true).await.unwrap().status(), 503);
+        assert_eq!(emu.reads("maintenance-event").len(), 1);
+        let waiting = get(
+            format!("{url}?wait_for_change=true&last_etag={etag}&timeout_sec=30"),
+            true,
+        );
+        let set = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let before = std::time::SystemTime::now();
+            emu.set("maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE");
+            before
+        };
+        let (r, before) = tokio::join!(waiting, set);
+        assert_eq!(r.unwrap().status(), 200);
+        let reads = emu.reads("maintenance-event");
+        assert_eq!(reads.len(), 2);
+        assert!(reads[1] >= before, "woken by the change, read after it");
+        // An empty body (a glitch) tells nothing.
+        emu.set("maintenance-event", "");
+        assert_eq!(get(url.clone(), true).await.unwrap().status(), 200);
+        assert_eq!(emu.reads("maintenance-event").len(), 2);
+        assert!(emu.reads("preempted").is_empty());
+    }
 
     #[tokio::test]
     async fn hanging_get_answers_on_change_or_timeout_with_the_same_etag() {

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::Value;
 
 use super::runner::{
-    COMPAT_ACTIVE, COMPAT_DRAINING, DRAIN_NODE_ANNOTATIONS, IMDS_POLL, NODE, PodSeen,
+    AZURE_POLL, COMPAT_ACTIVE, COMPAT_DRAINING, DRAIN_NODE_ANNOTATIONS, IMDS_POLL, NODE, PodSeen,
     REQUEST_TIMEOUT, Run, agent_pod,
 };
 use super::script::{Action, KubeFault, Safe};
@@ -39,6 +39,42 @@ fn lag() -> Duration {
 /// the requests before the one judged): the part of the reaction time a read does not
 /// shorten.
 pub const READ_TO_ACT: Duration = Duration::from_millis(700);
+/// The GCE source's first retry after a failed read (its backoff's first step).
+const GCE_RETRY: Duration = Duration::from_millis(200);
+
+/// The event documents the agents poll, whose reads bound what an agent could still believe
+/// after a change ([`Ctx::still_believable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Polled {
+    /// IMDS' scheduled events.
+    Imds,
+    /// Azure's scheduled events.
+    Azure,
+    /// GCE's `maintenance-event`, read by hanging GETs.
+    Gce,
+}
+
+impl Polled {
+    fn of(id: SignalId) -> Option<Polled> {
+        match id {
+            SignalId::ImdsScheduled => Some(Polled::Imds),
+            SignalId::Azure(_) => Some(Polled::Azure),
+            SignalId::GceMaintenance => Some(Polled::Gce),
+            _ => None,
+        }
+    }
+
+    /// How long after a read another agent's could still come: the agents' poll interval
+    /// of the document; for GCE, whose hanging GET is answered at the change, the agent's
+    /// first retry after a failed read.
+    fn poll(self) -> Duration {
+        match self {
+            Polled::Imds => IMDS_POLL,
+            Polled::Azure => AZURE_POLL,
+            Polled::Gce => GCE_RETRY,
+        }
+    }
+}
 
 /// Extra allowed on deadlines the agent counts from its first sight of a signal (GCE).
 pub const RELATIVE_SLACK: Duration = Duration::from_millis(1500);
@@ -346,25 +382,29 @@ impl Ctx<'_> {
     }
 
     /// Whether the writer of `e` could still have believed a state that `end` ended: always
-    /// while it held, and after any change but an IMDS scheduled event's move or cancel
-    /// within the reaction window. After those, only until the first read of the events that
-    /// saw the change, plus [`READ_TO_ACT`], one poll (the read may have been another
-    /// agent's: reads are not told apart by agent) and whatever the window allows beyond the
-    /// bare reaction time (a hang, stalls, a `Retry-After`). Not where an agent started
-    /// during the run from shortly before the change to the write: a new instance's first
-    /// reads come late. Those that started before the run had set up and were polling.
+    /// while it held, and after any change but a polled event document's (an IMDS scheduled
+    /// event's or an Azure event's listing, move or removal) within the reaction window.
+    /// After those, only until the first read of the document that saw the change, plus
+    /// [`READ_TO_ACT`], one poll (the read may have been another agent's: reads are not told
+    /// apart by agent) and whatever the window allows beyond the bare reaction time (a hang,
+    /// stalls, a `Retry-After`). Not where an agent started during the run from shortly
+    /// before the change to the write: a new instance's first reads come late. Those that
+    /// started before the run had set up and were polling.
     fn still_believable(&self, e: &JournalEntry, end: Option<Change>) -> bool {
-        let Some((c, Some(SignalId::ImdsScheduled))) = end else {
+        let Some((c, Some(id))) = end else {
+            return true;
+        };
+        let Some(source) = Polled::of(id) else {
             return true;
         };
         if self.started_around(c, e.at) {
             return true;
         }
-        let Some(read) = self.first_read_after(c) else {
+        let Some(read) = self.first_read_after(source, c) else {
             return true;
         };
         e.at.duration_since(read)
-            .map_or(true, |since| since <= self.read_to_act(e))
+            .map_or(true, |since| since <= self.read_to_act(e, source))
     }
 
     /// Whether an agent started during the run from shortly before the change at `c` to
@@ -374,19 +414,20 @@ impl Ctx<'_> {
         self.run.starts.iter().any(|(s, _)| *s >= from && *s <= to)
     }
 
-    /// The first read of IMDS' scheduled events answered after `c`.
-    fn first_read_after(&self, c: SystemTime) -> Option<SystemTime> {
-        self.run
-            .imds_scheduled_reads
-            .iter()
-            .find(|r| **r > c)
-            .copied()
+    /// The first read of `source`'s document answered after `c`.
+    fn first_read_after(&self, source: Polled, c: SystemTime) -> Option<SystemTime> {
+        let reads = match source {
+            Polled::Imds => &self.run.imds_scheduled_reads,
+            Polled::Azure => &self.run.azure_event_reads,
+            Polled::Gce => &self.run.gce_maintenance_reads,
+        };
+        reads.iter().find(|r| **r > c).copied()
     }
 
     /// How long after the first read that showed a change the writer of `e` may still act
     /// on what it read before ([`still_believable`](Self::still_believable)).
-    fn read_to_act(&self, e: &JournalEntry) -> Duration {
-        READ_TO_ACT + IMDS_POLL + self.lag_for(e).saturating_sub(lag())
+    fn read_to_act(&self, e: &JournalEntry, source: Polled) -> Duration {
+        READ_TO_ACT + source.poll() + self.lag_for(e).saturating_sub(lag())
     }
 
     /// When the agent instance that made `e` started: the last start in its pod at or
@@ -612,35 +653,58 @@ pub const JUDGED_STARTED: &str = "a signal asking for a drain the reaction time 
 /// An IMDS cancel read with time to spare before a match lastcall may end was due: a match
 /// ended at the old time would be judged by the reads that saw the cancel, not the window.
 pub const JUDGED_READ_BOUND: &str = "an IMDS cancel read before a match was due";
+/// The same for an Azure event gone from the document.
+pub const JUDGED_AZURE_READ_BOUND: &str = "an Azure event's removal read before a match was due";
+/// The same for GCE's `maintenance-event` back to `NONE`.
+pub const JUDGED_GCE_READ_BOUND: &str = "a GCE maintenance cancel read before a match was due";
 /// Writes judged against the truth (matches ended, deadlines announced, drains undone).
 pub const WINDOW_JUDGED: &str = "a write judged against the truth";
 /// Of those, the ones only a state already past justified: the reaction window used.
 pub const WINDOW_USED: &str = "a write justified only by its reaction window";
 
-/// Counts [`JUDGED_READ_BOUND`]: where [`Ctx::still_believable`] would decide a match
-/// ended at an IMDS event's old deadline.
+/// Counts [`JUDGED_READ_BOUND`], [`JUDGED_AZURE_READ_BOUND`] and [`JUDGED_GCE_READ_BOUND`]: where
+/// [`Ctx::still_believable`] would decide a match ended at a cancelled event's old deadline.
 fn cancels_read_early(cx: &Ctx<'_>) {
     if cx.run.timeline.allocated[Safe::Always as usize] == 0 {
         return;
     }
     let grace = Duration::from_secs(cx.run.timeline.grace_of(Safe::Always) as u64);
-    let mut deadline = None;
+    let mut deadlines: BTreeMap<SignalId, SystemTime> = BTreeMap::new();
     for a in &cx.run.applied {
-        match (&a.action, &a.effect) {
-            (Action::ImdsScheduled { .. }, Some((_, Some(s)))) => deadline = s.hard,
-            (Action::ImdsScheduledCancel, _) => {
-                let Some(due) = deadline.take().and_then(|d| d.checked_sub(grace)) else {
-                    continue;
-                };
-                if !cx.started_around(a.at, due)
-                    && cx
-                        .first_read_after(a.at)
-                        .is_some_and(|r| r + READ_TO_ACT + IMDS_POLL < due)
-                {
-                    cx.judged(JUDGED_READ_BOUND);
+        let Some((id, s)) = a.effect else { continue };
+        let cancel = match &a.action {
+            Action::ImdsScheduled { .. } | Action::AzureEvent { .. } => {
+                if let Some(hard) = s.and_then(|s| s.hard) {
+                    deadlines.insert(id, hard);
                 }
+                continue;
             }
-            _ => {}
+            // A repeated TERMINATE is the same event: its end stays where it was.
+            Action::GceTerminate => {
+                if let Some(hard) = s.and_then(|s| s.hard) {
+                    deadlines.entry(id).or_insert(hard);
+                }
+                continue;
+            }
+            Action::ImdsScheduledCancel | Action::AzureGone { .. } | Action::GceNone => id,
+            _ => continue,
+        };
+        let Some(source) = Polled::of(cancel) else {
+            continue;
+        };
+        let Some(due) = deadlines.remove(&cancel).and_then(|d| d.checked_sub(grace)) else {
+            continue;
+        };
+        if !cx.started_around(a.at, due)
+            && cx
+                .first_read_after(source, a.at)
+                .is_some_and(|r| r + READ_TO_ACT + source.poll() < due)
+        {
+            cx.judged(match source {
+                Polled::Imds => JUDGED_READ_BOUND,
+                Polled::Azure => JUDGED_AZURE_READ_BOUND,
+                Polled::Gce => JUDGED_GCE_READ_BOUND,
+            });
         }
     }
 }
@@ -900,11 +964,19 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             .any(|(live, end)| justifies(live) && cx.still_believable(e, *end))
             || cx
                 .truth
-                .during(window, e.at)
+                .during_with_ends(window, e.at)
                 .into_iter()
-                .any(|l| justifies_by(l, true));
+                .any(|(l, end)| justifies_by(l, true) && cx.still_believable(e, end));
         // Justified by the window alone, but not once the source's reads bound it.
-        let read_bound = !justified && states.iter().any(|(live, _)| justifies(live));
+        let read_bound = (!justified)
+            .then(|| {
+                states.iter().find_map(|(live, end)| {
+                    justifies(live)
+                        .then(|| end.and_then(|(_, id)| id.and_then(Polled::of)))
+                        .flatten()
+                })
+            })
+            .flatten();
         if justified {
             cx.window_used(e.at, justifies(cx.truth.at(e.at)));
         } else {
@@ -920,10 +992,10 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                     },
                     grace.as_secs(),
                     cx.truth.at(e.at),
-                    if read_bound {
+                    if let Some(source) = read_bound {
                         format!(
-                            " (an IMDS read showed the change more than {} ms before)",
-                            cx.read_to_act(e).as_millis()
+                            " (a read of {source:?}'s events showed the change more than {} ms before)",
+                            cx.read_to_act(e, source).as_millis()
                         )
                     } else if from > window {
                         format!(

@@ -88,7 +88,7 @@ pub const COMPAT_TAINTED: &str = "a compat-mode NoExecute draining taint";
 
 impl Met {
     /// Every count, the floors' names first.
-    const NAMES: [&str; 26] = [
+    const NAMES: [&str; 28] = [
         FORGOTTEN,
         RETURNED,
         LATE_POD,
@@ -112,13 +112,15 @@ impl Met {
         check::JUDGED_AZURE,
         check::JUDGED_STARTED,
         check::JUDGED_READ_BOUND,
+        check::JUDGED_AZURE_READ_BOUND,
+        check::JUDGED_GCE_READ_BOUND,
         check::JUDGED_ASG,
         check::WINDOW_JUDGED,
         check::WINDOW_USED,
     ];
     /// The counts a default run must meet (the rest are reported): a hook timing out after
     /// the node emptied happens only when the agent fails, so it has no floor.
-    const FLOORED: usize = 23;
+    const FLOORED: usize = 25;
 
     fn of(run: &runner::Run, judged: &BTreeMap<&'static str, usize>) -> Met {
         let count = |f: &dyn Fn(&script::Action) -> bool| {
@@ -321,6 +323,8 @@ impl Met {
             check::JUDGED_AZURE,
             check::JUDGED_STARTED,
             check::JUDGED_READ_BOUND,
+            check::JUDGED_AZURE_READ_BOUND,
+            check::JUDGED_GCE_READ_BOUND,
             check::JUDGED_ASG,
             check::WINDOW_JUDGED,
             check::WINDOW_USED,

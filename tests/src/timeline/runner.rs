@@ -84,6 +84,8 @@ fn nodeclaim_fence(
 
 /// The agents' `--aws-imds-interval`.
 pub const IMDS_POLL: Duration = Duration::from_millis(200);
+/// The agents' `--azure-events-interval`.
+pub const AZURE_POLL: Duration = Duration::from_millis(200);
 /// IMDS' scheduled-events path.
 pub const IMDS_SCHEDULED: &str = "/latest/meta-data/events/maintenance/scheduled";
 
@@ -126,6 +128,12 @@ pub struct Run {
     /// When IMDS answered a read of its scheduled events (any agent's): the moments an agent
     /// could have learned of an event's move or cancel.
     pub imds_scheduled_reads: Vec<SystemTime>,
+    /// When Azure's metadata service answered a read of its scheduled events with the
+    /// document (any agent's).
+    pub azure_event_reads: Vec<SystemTime>,
+    /// When GCE's metadata server answered a read of `maintenance-event` with a value (a
+    /// hanging GET: at the change, for an agent waiting on it).
+    pub gce_maintenance_reads: Vec<SystemTime>,
     pub t0: SystemTime,
     pub applied: Vec<Applied>,
     /// Servers allocated before the timeline started.
@@ -690,7 +698,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 "--azure-metadata-endpoint",
                 &az.url(),
                 "--azure-events-interval",
-                "200ms",
+                &format!("{}ms", AZURE_POLL.as_millis()),
                 "--azure-vm-name",
                 VM,
             ]
@@ -849,11 +857,14 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 gce_event = "TERMINATE_ON_HOST_MAINTENANCE";
                 gce_glitch = false;
                 gce.set("maintenance-event", gce_event);
+                // Taken after the change: a read answered later saw it.
+                at = SystemTime::now();
             }
             Action::GceNone => {
                 gce_event = "NONE";
                 gce_glitch = false;
                 gce.set("maintenance-event", gce_event);
+                at = SystemTime::now();
             }
             Action::GceEmpty => {
                 gce_glitch = true;
@@ -887,6 +898,8 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                     None => events.push(ev),
                 }
                 az.set_events(events);
+                // Taken after the change: a read answered later saw it.
+                at = SystemTime::now();
             }
             Action::AzureGone { episode } => {
                 let id = azure_event_id(tl.seed, *episode);
@@ -902,7 +915,6 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                     if let Ok(wait) = until.duration_since(SystemTime::now()) {
                         tokio::time::sleep(wait).await;
                     }
-                    at = SystemTime::now();
                 }
                 let mut events = az.events();
                 // Whether any agent read the document while the event was in it: one gone
@@ -922,6 +934,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 }
                 events.retain(|e| e["EventId"] != id.as_str());
                 az.set_events(events);
+                at = SystemTime::now();
             }
             Action::AzureApproved { .. } => {}
             Action::FleetIq { draining } => {
@@ -1605,6 +1618,8 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     }
     Ok(Run {
         imds_scheduled_reads: imds.reads(IMDS_SCHEDULED),
+        azure_event_reads: az.event_reads(),
+        gce_maintenance_reads: gce.reads("maintenance-event"),
         timeline: tl,
         t0,
         applied,

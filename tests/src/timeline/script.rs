@@ -484,7 +484,7 @@ pub struct Timeline {
     pub drain_on_foreign_cordon: bool,
     /// The node was launched by Karpenter with a NodeClaim that expires in the run.
     pub nodeclaim: Option<NodeClaim>,
-    /// The only signal is an IMDS event cancelled just before its matches are due
+    /// The only signal is an IMDS, Azure or GCE event cancelled just before its matches are due
     /// ([`late_cancel`]).
     pub late_cancel: bool,
     /// The agent's modes.
@@ -904,7 +904,7 @@ impl Timeline {
             }
         }
         let gce_preemption_notice_s = rng.random_range(2..=3);
-        let gce_terminate_notice_s = rng.random_range(2..=3);
+        let mut gce_terminate_notice_s = rng.random_range(2..=3);
         let asg_heartbeat_s = rng.random_range(2..=3);
         let azure_approve = rng.random_bool(0.5);
         let exclusion_selector = rng.random_bool(0.5);
@@ -922,7 +922,14 @@ impl Timeline {
             horizon,
             &mut steps,
         );
-        let late_cancel = late_cancel(seed, dims, &grace_s, &mut allocated, &mut steps);
+        let late_cancel = late_cancel(
+            seed,
+            dims,
+            &grace_s,
+            &mut allocated,
+            &mut gce_terminate_notice_s,
+            &mut steps,
+        );
         steps.sort_by_key(|s| s.at_ms);
         // Run until the last hard deadline has passed (capped), so the agent's verdicts at
         // `deadline − grace` happen inside the timeline.
@@ -1010,7 +1017,9 @@ impl Timeline {
 }
 
 /// Sometimes (under `more_signals`, from a stream of its own) the only signal is an IMDS
-/// event cancelled 1.0–1.3 s before a match lastcall may end is due. An agent that acts on
+/// scheduled stop, an Azure reboot (IMDS' where Azure is not drawn) or a GCE
+/// `TERMINATE_ON_HOST_MAINTENANCE` (then `--gce-terminate-notice` is stretched to match),
+/// cancelled 1.0–1.3 s before a match lastcall may end is due. An agent that acts on
 /// the cancel a second late ends that match, and a reaction window of 1.5 s would excuse it:
 /// only the bound by the reads that saw the cancel catches it. Returns whether it drew one.
 fn late_cancel(
@@ -1018,15 +1027,16 @@ fn late_cancel(
     dims: Dimensions,
     grace_s: &[i64; 3],
     allocated: &mut [usize; 3],
+    gce_terminate_notice_s: &mut u64,
     steps: &mut Vec<Step>,
 ) -> bool {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x6c61_7465_6321);
-    if !dims.more_signals || !rng.random_bool(0.08) {
+    if !dims.more_signals || !rng.random_bool(0.16) {
         return false;
     }
     let always = Safe::Always as usize;
     allocated[always] = allocated[always].max(1);
-    let t: u64 = rng.random_range(0..1000);
+    let t: u64 = rng.random_range(0..900);
     // Just short of a whole second: the run starts on one, so IMDS (whole seconds, rounded
     // up) states it 50 ms later, whatever the few ms the start took.
     let not_before_ms = (t + rng.random_range(3500..=4500)).div_ceil(1000) * 1000 - 50;
@@ -1041,16 +1051,44 @@ fn late_cancel(
         };
         !dropped
     });
+    let cancel_at = due - rng.random_range(1000..=1300);
+    // One source in three each (IMDS where Azure is not drawn).
+    let kind = rng.random_range(0..3);
+    let (event, cancel) = if kind == 1 && dims.azure_events {
+        (
+            Action::AzureEvent {
+                episode: 1,
+                kind: AzureKind::Reboot,
+                not_before_ms,
+            },
+            Action::AzureGone { episode: 1 },
+        )
+    } else if kind == 2 {
+        // GCE counts the notice from the agent's first sight, and the truth from the step's
+        // whole second: the step comes just after one (below), so the two ends agree to
+        // within 100 ms, on the whole second 50 ms after IMDS' would be.
+        *gce_terminate_notice_s = (not_before_ms + 50) / 1000;
+        (Action::GceTerminate, Action::GceNone)
+    } else {
+        (
+            Action::ImdsScheduled {
+                code: EventCode::InstanceStop,
+                not_before_ms,
+            },
+            Action::ImdsScheduledCancel,
+        )
+    };
     steps.push(Step {
-        at_ms: t,
-        action: Action::ImdsScheduled {
-            code: EventCode::InstanceStop,
-            not_before_ms,
+        at_ms: if event == Action::GceTerminate {
+            t / 10
+        } else {
+            t
         },
+        action: event,
     });
     steps.push(Step {
-        at_ms: due - rng.random_range(1000..=1300),
-        action: Action::ImdsScheduledCancel,
+        at_ms: cancel_at,
+        action: cancel,
     });
     true
 }
@@ -1603,19 +1641,41 @@ mod tests {
             .filter(|t| t.late_cancel)
             .collect();
         if std::env::var_os("LATE_CANCEL_SEEDS").is_some() {
-            let seeds: Vec<u64> = drawn.iter().map(|t| t.seed).collect();
+            let seeds: Vec<(u64, Option<String>)> = drawn
+                .iter()
+                .map(|t| {
+                    let first = t.steps.iter().find(|s| s.action.is_signal());
+                    (t.seed, first.map(|s| format!("{:?}", s.action)))
+                })
+                .collect();
             eprintln!("{seeds:?}");
         }
-        assert!((40..=120).contains(&drawn.len()), "{} drawn", drawn.len());
+        assert!((100..=220).contains(&drawn.len()), "{} drawn", drawn.len());
+        let (mut imds, mut azure, mut gce) = (0, 0, 0);
         for t in &drawn {
             let signals: Vec<&Step> = t.steps.iter().filter(|s| s.action.is_signal()).collect();
             let [event, cancel] = signals[..] else {
                 panic!("seed {}: {signals:?}", t.seed);
             };
-            let Action::ImdsScheduled { not_before_ms, .. } = event.action else {
-                panic!("seed {}: {event:?}", t.seed);
+            match (&event.action, &cancel.action) {
+                (Action::ImdsScheduled { .. }, Action::ImdsScheduledCancel) => imds += 1,
+                (
+                    Action::AzureEvent {
+                        episode: 1,
+                        kind: AzureKind::Reboot,
+                        ..
+                    },
+                    Action::AzureGone { episode: 1 },
+                ) => azure += 1,
+                (Action::GceTerminate, Action::GceNone) => gce += 1,
+                _ => panic!("seed {}: {signals:?}", t.seed),
+            }
+            let not_before_ms = match event.action {
+                Action::ImdsScheduled { not_before_ms, .. }
+                | Action::AzureEvent { not_before_ms, .. } => not_before_ms,
+                // GCE's end: the notice from the step, on a whole second.
+                _ => t.gce_terminate_notice_s * 1000 - 50,
             };
-            assert_eq!(cancel.action, Action::ImdsScheduledCancel);
             let due = not_before_ms - 1000 * t.grace_of(Safe::Always) as u64;
             assert!(
                 (1000..=1300).contains(&(due - cancel.at_ms)),
@@ -1627,6 +1687,10 @@ mod tests {
             assert!(t.nodeclaim.is_none() && !t.drain_on_foreign_cordon);
             assert!(t.end_all_at_ms > due, "seed {}", t.seed);
         }
+        assert!(
+            imds >= 30 && azure >= 30 && gce >= 30,
+            "{imds} IMDS, {azure} Azure, {gce} GCE"
+        );
         let without = Dimensions::without("more_signals").expect("a known name");
         assert!((1..=1000).all(|seed| !Timeline::draw(seed, without).late_cancel));
     }
