@@ -64,6 +64,15 @@ impl Polled {
         }
     }
 
+    /// The met count of a cancel read with time to spare ([`cancels_read_early`]).
+    fn read_early_count(self) -> &'static str {
+        match self {
+            Polled::Imds => JUDGED_READ_BOUND,
+            Polled::Azure => JUDGED_AZURE_READ_BOUND,
+            Polled::Gce => JUDGED_GCE_READ_BOUND,
+        }
+    }
+
     /// How long after a read another agent's could still come: the agents' poll interval
     /// of the document; for GCE, whose hanging GET is answered at the change, the agent's
     /// first retry after a failed read.
@@ -382,8 +391,9 @@ impl Ctx<'_> {
     }
 
     /// Whether the writer of `e` could still have believed a state that `end` ended: always
-    /// while it held, and after any change but a polled event document's (an IMDS scheduled
-    /// event's or an Azure event's listing, move or removal) within the reaction window.
+    /// while it held, and after any change but a polled event document's ([`Polled`]: an
+    /// IMDS or Azure event listed, moved or gone, GCE's `maintenance-event` set or back to
+    /// `NONE`) within the reaction window.
     /// After those, only until the first read of the document that saw the change, plus
     /// [`READ_TO_ACT`], one poll (the read may have been another agent's: reads are not told
     /// apart by agent) and whatever the window allows beyond the bare reaction time (a hang,
@@ -673,16 +683,13 @@ fn cancels_read_early(cx: &Ctx<'_>) {
     for a in &cx.run.applied {
         let Some((id, s)) = a.effect else { continue };
         let cancel = match &a.action {
-            Action::ImdsScheduled { .. } | Action::AzureEvent { .. } => {
-                if let Some(hard) = s.and_then(|s| s.hard) {
+            Action::ImdsScheduled { .. } | Action::AzureEvent { .. } | Action::GceTerminate => {
+                // A repeated GCE TERMINATE is the same event: its end stays where it was.
+                let anchored = a.action == Action::GceTerminate && deadlines.contains_key(&id);
+                if let Some(hard) = s.and_then(|s| s.hard)
+                    && !anchored
+                {
                     deadlines.insert(id, hard);
-                }
-                continue;
-            }
-            // A repeated TERMINATE is the same event: its end stays where it was.
-            Action::GceTerminate => {
-                if let Some(hard) = s.and_then(|s| s.hard) {
-                    deadlines.entry(id).or_insert(hard);
                 }
                 continue;
             }
@@ -700,11 +707,7 @@ fn cancels_read_early(cx: &Ctx<'_>) {
                 .first_read_after(source, a.at)
                 .is_some_and(|r| r + READ_TO_ACT + source.poll() < due)
         {
-            cx.judged(match source {
-                Polled::Imds => JUDGED_READ_BOUND,
-                Polled::Azure => JUDGED_AZURE_READ_BOUND,
-                Polled::Gce => JUDGED_GCE_READ_BOUND,
-            });
+            cx.judged(source.read_early_count());
         }
     }
 }
@@ -968,15 +971,14 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                 .into_iter()
                 .any(|(l, end)| justifies_by(l, true) && cx.still_believable(e, end));
         // Justified by the window alone, but not once the source's reads bound it.
-        let read_bound = (!justified)
-            .then(|| {
-                states.iter().find_map(|(live, end)| {
-                    justifies(live)
-                        .then(|| end.and_then(|(_, id)| id.and_then(Polled::of)))
-                        .flatten()
-                })
-            })
-            .flatten();
+        let read_bound = if justified {
+            None
+        } else {
+            states
+                .iter()
+                .filter(|(live, _)| justifies(live))
+                .find_map(|(_, end)| end.and_then(|(_, id)| id).and_then(Polled::of))
+        };
         if justified {
             cx.window_used(e.at, justifies(cx.truth.at(e.at)));
         } else {
