@@ -1746,7 +1746,11 @@ async fn webhook_metrics(redis: &lastcall_testkit::redis::RedisServer) -> String
     use lastcall_testkit::webhook::{FleetStatus, WebhookServer, agones_review};
     let hook = WebhookServer::start(&redis.url(), &["--webhook-max-replicas", "100"], None)
         .await
+        .unwrap()
+        .with_fleets(&[("default", "pkg-fleet", 20)])
+        .await
         .unwrap();
+    hook.add_nodes(&["pkg-node"]).await.unwrap();
     let stale = NodeDrainState {
         node: "pkg-node".into(),
         updated_at_ms: drain_state::unix_ms(std::time::SystemTime::now()) - 3 * 60_000,

@@ -2006,9 +2006,29 @@ async fn binary_stays_live_and_answers_the_webhook_while_redis_never_answers() {
     write_groups(&groups_file, &["live-group"]);
     emulator.add_instances("live-group", &ids("live", 2), emu::InstanceStatus::Active);
     let (port, hook_port, no_redis) = (free_port(), free_port(), free_port());
+    // The Kubernetes API the webhook watches Fleets in: a held answer keeps the Fleet's
+    // spec.replicas, and without it would be refused.
+    let api_server = lastcall_testkit::kube::Emulator::start().await.unwrap();
+    let fleet: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "agones.dev/v1", "kind": "Fleet",
+        "metadata": {"name": "arena", "namespace": "default"},
+        "spec": {"replicas": 16, "template": {"spec": {"ports": []}}},
+    }))
+    .unwrap();
+    kube::Api::<kube::api::DynamicObject>::namespaced_with(
+        api_server.client().await.unwrap(),
+        "default",
+        &lastcall_pubsub::webhook::fleets::fleet_resource(),
+    )
+    .create(&kube::api::PostParams::default(), &fleet)
+    .await
+    .unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api_server.write_kubeconfig(&kubeconfig, "pubsub").unwrap();
     let liveness_timeout = Duration::from_secs(20);
     let started = tokio::time::Instant::now();
     let _child = pubsub_command(dir.path())
+        .env("KUBECONFIG", &kubeconfig)
         .args(["--config-file", groups_file.to_str().unwrap()])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--period", "10s", "--cycle-jitter", "0s"])
@@ -2063,9 +2083,9 @@ async fn binary_stays_live_and_answers_the_webhook_while_redis_never_answers() {
     let text = ready.text().await.unwrap();
     assert!(text.contains("connection"), "{text}");
 
-    // Agones' reviews are answered: held at the Fleet's size, and growth still allowed.
+    // Agones' reviews are answered: held at the Fleet's spec, and growth still allowed.
     let hook = format!("http://127.0.0.1:{hook_port}/scale");
-    for (uid, replicas, allocated, want) in [("held", 16, 5, 16), ("grow", 10, 8, 13)] {
+    for (uid, replicas, allocated, want) in [("held", 16, 5, 16), ("grow", 16, 14, 19)] {
         let r = http
             .post(&hook)
             .json(&review(uid, replicas, allocated))
@@ -2322,6 +2342,81 @@ async fn a_dropped_notice_is_a_warning_and_a_metric() {
         1.0
     );
     assert_eq!(logs.warnings(&[&iid, "DRAINING"]).len(), 1);
+}
+
+/// Between two replicas the later poll wins, whatever the statuses: replica A polled
+/// DRAINING, replica B polled ACTIVE two seconds later (FleetIQ put the instance back), so
+/// B's ACTIVE replaces A's DRAINING in the cache and on the channel, and agents cancel the
+/// drain (`docs/pubsub.md`, "Which status wins"). Delivered the other way round (A's
+/// DRAINING reaching Redis after B's later ACTIVE), the DRAINING is older and dropped, with
+/// a warning and `notices_dropped_total`: no subscriber sees it after the ACTIVE.
+#[tokio::test]
+async fn between_two_replicas_the_later_poll_wins_whatever_the_status() {
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["c1"]);
+    let (a, a_registry) = publisher(&emulator, &redis.host_port(), &groups_file);
+    let (b, _) = publisher(&emulator, &redis.host_port(), &groups_file);
+    let iid = ids("c1", 1).remove(0);
+    let sub = Subscriber::start(&redis.url(), std::slice::from_ref(&iid)).await;
+    let mut conn = redis.client().await.unwrap();
+    // Polls in the past, so no date is capped at Redis' present.
+    let t0 = tokio::time::Instant::now() - Duration::from_secs(10);
+    let out = |status, polled_at| lastcall_pubsub::publisher::Outgoing {
+        instance_id: iid.clone(),
+        body: body(&iid, status),
+        polled_at,
+    };
+    let r = a.publish(&[out(InstanceStatus::Draining, t0)]).await;
+    assert_eq!(r.published, 1, "{r:?}");
+    let r = b
+        .publish(&[out(InstanceStatus::Active, t0 + Duration::from_secs(2))])
+        .await;
+    assert_eq!(
+        (r.published, r.stale),
+        (1, 0),
+        "the later ACTIVE replaces the DRAINING: {r:?}"
+    );
+    assert_eq!(
+        cached_status(&mut conn, &iid).await,
+        Some(InstanceStatus::Active)
+    );
+    // A's DRAINING polled between the two, delivered last: older than B's ACTIVE.
+    let r = a
+        .publish(&[out(InstanceStatus::Draining, t0 + Duration::from_secs(1))])
+        .await;
+    assert_eq!(
+        (r.published, r.stale, r.notices_dropped),
+        (0, 1, 1),
+        "{r:?}"
+    );
+    assert_eq!(
+        cached_status(&mut conn, &iid).await,
+        Some(InstanceStatus::Active)
+    );
+    assert_eq!(
+        counter(
+            &registry_text(&a_registry),
+            "notices_dropped",
+            &[("status", "DRAINING")]
+        ),
+        1.0
+    );
+    // Ordered by the channel itself: a marker after everything.
+    let _: i64 = conn.publish(&iid, "marker").await.unwrap();
+    let got = wait_for("marker", || async {
+        let got = sub.received();
+        got.iter().any(|(_, b)| b == b"marker").then_some(got)
+    })
+    .await;
+    let seq: Vec<InstanceStatus> = got
+        .iter()
+        .filter(|(_, b)| b != b"marker")
+        .map(|(_, b)| status_of(b))
+        .collect();
+    assert_eq!(seq, [InstanceStatus::Draining, InstanceStatus::Active]);
 }
 
 /// Every call throttled and one attempt allowed: each page's only (so last) attempt is
