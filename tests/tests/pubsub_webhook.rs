@@ -2130,3 +2130,63 @@ async fn a_redis_restored_from_an_old_snapshot_holds_until_the_agents_have_writt
         "growth is still allowed (never below the Fleet's spec)"
     );
 }
+
+/// A held answer's floor is the Fleet's `spec.replicas`; when the webhook cannot know it
+/// (here the API server restarts: its Fleet watch fails and must list again), it holds
+/// rather than guesses: 503, and Agones keeps the Fleet exactly as it is. Before, a failed
+/// Fleet read fell back to `status.replicas`: mid-rollout (spec 10, status 13 with the
+/// surge) the answer was 13, which Agones writes into spec, and the ratchet returned.
+#[tokio::test]
+async fn a_held_answer_whose_fleet_size_is_unknown_is_refused_not_guessed() {
+    let redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap()
+        .with_fleets(&[(NS, FLEET, 10)])
+        .await
+        .unwrap();
+    hook.add_nodes(&["agent-down"]).await.unwrap();
+    let client = http();
+    // A stale entry names the Fleet: answers hold.
+    publish(
+        &redis,
+        &draining("agent-down", now_ms() - 3 * 60_000, &[(NS, FLEET, 3, 0)]),
+    )
+    .await;
+    let mid_rollout = status(13, 2);
+    assert_eq!(ask(&client, &hook.url(), mid_rollout).await, (true, 10));
+
+    // The API server restarts: the watch ends, requests get 503 for a while.
+    let api = hook.kube().unwrap();
+    api.restart(Duration::from_secs(3));
+    let webhook = hook.pubsub.webhook().unwrap().clone();
+    wait_for(
+        "the webhook knows its Fleet cache is not current",
+        || async {
+            matches!(
+                webhook.fleet_size(NS, FLEET),
+                lastcall_pubsub::webhook::fleets::FleetSize::Unknown(_)
+            )
+            .then_some(())
+        },
+    )
+    .await;
+    let (code, body) = post(
+        &client,
+        &hook.url(),
+        agones_review("u-unknown", NS, FLEET, mid_rollout, &[]),
+    )
+    .await;
+    assert_eq!(code, 503, "held with no known floor is refused: {body}");
+    assert!(body.contains("watch_failed"), "{body}");
+    assert!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_requests_total",
+            &[("result", "unavailable")]
+        ) >= 1.0
+    );
+    // Listed again: held at the spec as before.
+    hook.wait_fleet_listed(NS, FLEET).await;
+    assert_eq!(ask(&client, &hook.url(), mid_rollout).await, (true, 10));
+}
