@@ -213,6 +213,10 @@ pub struct Publisher {
     origin: Instant,
     slot: tokio::sync::Mutex<Slot>,
     generation: AtomicU64,
+    /// The last connection generation on which a round trip succeeded: a connection thrown
+    /// away before any did (a node that accepts and never answers) paces the next connect
+    /// like a failed connect, so a silent Redis costs one timeout per backoff step.
+    proven: AtomicU64,
     gate: Mutex<Gate>,
     /// Round trips that succeeded, and the last failure, since readiness was last settled.
     since_settled: Mutex<(u64, Option<String>)>,
@@ -254,6 +258,7 @@ impl Publisher {
                 .unwrap_or_else(Instant::now),
             slot: tokio::sync::Mutex::new(None),
             generation: AtomicU64::new(0),
+            proven: AtomicU64::new(0),
             gate: Mutex::new(Gate {
                 // Capped below half a period, so publishing resumes within two periods of
                 // Redis coming back.
@@ -290,29 +295,67 @@ impl Publisher {
         }
     }
 
-    /// Publishes and caches `messages`, `--publish-batch` instances per round trip.
+    /// Publishes and caches `messages`, `--publish-batch` instances per round trip, until
+    /// `deadline`: what is not written by then fails this cycle (`reason="deadline"`, a
+    /// warning with the count), so a slow or silent Redis never runs a cycle past it.
     /// On a Redis Cluster, one script per instance instead (an instance's keys share a
     /// slot, different instances' do not), many in flight at once: the cluster connection
     /// pipelines them per node and follows `MOVED`/`ASK` through a failover.
-    pub async fn publish(&self, messages: &[Outgoing]) -> PublishReport {
+    pub async fn publish(&self, messages: &[Outgoing], deadline: Instant) -> PublishReport {
         let mut report = PublishReport::default();
+        let mut done = 0usize;
         if self.cluster {
             let mut chunks = futures::stream::iter(messages.chunks(1))
                 .map(|chunk| async move {
                     let mut r = PublishReport::default();
-                    self.publish_chunk(chunk, &mut r).await;
+                    // One instance holds one of the slots in flight for at most one
+                    // timeout, whatever the cluster client's own retries would take: a
+                    // silent primary's instances must not keep the others waiting.
+                    let sent =
+                        tokio::time::timeout(self.timeout, self.publish_chunk(chunk, &mut r)).await;
+                    if sent.is_err() {
+                        r.round_trips += 1;
+                        r.errors += 1;
+                        Metrics::reason(&self.metrics.publish_errors, ErrorClass::Timeout.label());
+                        Metrics::result(&self.metrics.redis_round_trips, "error");
+                    }
                     r
                 })
                 .buffer_unordered(CLUSTER_IN_FLIGHT);
-            while let Some(r) = chunks.next().await {
+            let all = async {
+                while let Some(r) = chunks.next().await {
+                    report.add(&r);
+                    done += 1;
+                }
+            };
+            let _ = tokio::time::timeout_at(deadline, all).await;
+        } else {
+            for chunk in messages.chunks(self.batch) {
+                let mut r = PublishReport::default();
+                let sent =
+                    tokio::time::timeout_at(deadline, self.publish_chunk(chunk, &mut r)).await;
                 report.add(&r);
+                if sent.is_err() {
+                    break;
+                }
+                done += chunk.len();
             }
-            return report;
         }
-        for chunk in messages.chunks(self.batch) {
-            self.publish_chunk(chunk, &mut report).await;
+        if done < messages.len() {
+            self.cut(messages.len() - done, &mut report);
         }
         report
+    }
+
+    /// Statuses left unwritten at the deadline: one error, one warning.
+    fn cut(&self, left: usize, report: &mut PublishReport) {
+        report.errors += 1;
+        Metrics::reason(&self.metrics.publish_errors, "deadline");
+        tracing::warn!(
+            message = "the cycle deadline passed before these statuses were written to Redis; their group goes first next cycle",
+            instances = left,
+            hint = "a slow or silent Redis (or a Redis Cluster node): see publish_errors_total{reason}",
+        );
     }
 
     async fn publish_chunk(&self, chunk: &[Outgoing], report: &mut PublishReport) {
@@ -390,7 +433,7 @@ impl Publisher {
             .observe(started.elapsed().as_secs_f64());
         match sent {
             Ok(outcomes) if outcomes.len() == chunk.len() => {
-                self.round_trip_ok();
+                self.round_trip_ok(generation);
                 let (mut published, mut unchanged, mut stale) = (0u64, 0u64, 0u64);
                 for (m, outcome) in chunk.iter().zip(&outcomes) {
                     let outcome = if *outcome >= REPLACED {
@@ -493,7 +536,7 @@ impl Publisher {
             .publish_duration
             .observe(started.elapsed().as_secs_f64());
         match sent {
-            Ok(_) => self.round_trip_ok(),
+            Ok(_) => self.round_trip_ok(generation),
             Err(e) => {
                 report.errors += 1;
                 self.command_failed(generation, &e, 0).await;
@@ -527,12 +570,23 @@ impl Publisher {
     }
 
     /// A command failed on a connection: drop the connection if the error says it is no
-    /// good, and count it. No backoff: the next batch tries a fresh connection at once.
+    /// good, and count it. The next batch tries a fresh connection at once, unless the one
+    /// dropped never completed a round trip (then the connect backs off, as a failed one
+    /// does). On a Redis Cluster a timeout keeps the connection: it is one node's (the
+    /// client keeps one per node and follows the slot map), so a silent primary fails only
+    /// its own slots' instances instead of remaking every node's connection each time.
     async fn command_failed(&self, generation: u64, err: &redis::RedisError, batch: usize) {
-        if redis_conn::classify(err).needs_new_connection() {
+        let class = redis_conn::classify(err);
+        let drop = class.needs_new_connection() && !(self.cluster && class == ErrorClass::Timeout);
+        if drop {
             let mut slot = self.slot.lock().await;
             if slot.as_ref().is_some_and(|(g, _)| *g == generation) {
                 *slot = None;
+                if self.proven.load(Ordering::Relaxed) != generation {
+                    let mut gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+                    let delay = gate.backoff.next_delay();
+                    gate.retry_at = Some(Instant::now() + delay);
+                }
             }
         }
         self.failed(err, batch, false);
@@ -543,7 +597,8 @@ impl Publisher {
         gate.retry_at.is_some_and(|at| Instant::now() < at)
     }
 
-    fn round_trip_ok(&self) {
+    fn round_trip_ok(&self, generation: u64) {
+        self.proven.store(generation, Ordering::Relaxed);
         Metrics::result(&self.metrics.redis_round_trips, "ok");
         self.metrics.redis_up.set(1);
         let recovered = {

@@ -2167,6 +2167,11 @@ async fn binary_publishes_serves_metrics_and_exits_0_on_sigterm() {
 // ---------------------------------------------------------------------------------------
 
 /// Redis' own clock, in Unix milliseconds.
+/// A publishing deadline no test reaches.
+fn far() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(60)
+}
+
 async fn redis_time_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.unwrap();
     secs * 1000 + micros / 1000
@@ -2278,7 +2283,9 @@ async fn a_writers_older_poll_delivered_late_never_replaces_its_newer_one() {
     let now = tokio::time::Instant::now();
     let earlier = now - Duration::from_secs(5);
     let before = redis_time_ms(&mut conn).await;
-    let r = p.publish(&[at(InstanceStatus::SpotTerminating, now)]).await;
+    let r = p
+        .publish(&[at(InstanceStatus::SpotTerminating, now)], far())
+        .await;
     assert_eq!(r.published, 1, "{r:?}");
     let stored: i64 = conn.get(polled_at_key(&iid)).await.unwrap();
     let after = redis_time_ms(&mut conn).await;
@@ -2286,7 +2293,9 @@ async fn a_writers_older_poll_delivered_late_never_replaces_its_newer_one() {
         before <= stored && stored <= after,
         "dated by Redis' clock: {before} <= {stored} <= {after}"
     );
-    let r = p.publish(&[at(InstanceStatus::Active, earlier)]).await;
+    let r = p
+        .publish(&[at(InstanceStatus::Active, earlier)], far())
+        .await;
     assert_eq!((r.published, r.stale), (0, 1), "{r:?}");
     assert_eq!(
         cached_status(&mut conn, &iid).await,
@@ -2294,7 +2303,10 @@ async fn a_writers_older_poll_delivered_late_never_replaces_its_newer_one() {
     );
     // Its next poll wins as usual.
     let r = p
-        .publish(&[at(InstanceStatus::Active, tokio::time::Instant::now())])
+        .publish(
+            &[at(InstanceStatus::Active, tokio::time::Instant::now())],
+            far(),
+        )
         .await;
     assert_eq!((r.published, r.stale), (1, 0), "{r:?}");
 }
@@ -2323,13 +2335,16 @@ async fn a_dropped_notice_is_a_warning_and_a_metric() {
         polled_at,
     };
     assert_eq!(
-        a.publish(&[out(InstanceStatus::Active, now)])
+        a.publish(&[out(InstanceStatus::Active, now)], far())
             .await
             .published,
         1
     );
     let r = b
-        .publish(&[out(InstanceStatus::Draining, now - Duration::from_secs(5))])
+        .publish(
+            &[out(InstanceStatus::Draining, now - Duration::from_secs(5))],
+            far(),
+        )
         .await;
     assert_eq!((r.published, r.stale), (0, 1), "{r:?}");
     assert_eq!(
@@ -2369,10 +2384,13 @@ async fn between_two_replicas_the_later_poll_wins_whatever_the_status() {
         body: body(&iid, status),
         polled_at,
     };
-    let r = a.publish(&[out(InstanceStatus::Draining, t0)]).await;
+    let r = a.publish(&[out(InstanceStatus::Draining, t0)], far()).await;
     assert_eq!(r.published, 1, "{r:?}");
     let r = b
-        .publish(&[out(InstanceStatus::Active, t0 + Duration::from_secs(2))])
+        .publish(
+            &[out(InstanceStatus::Active, t0 + Duration::from_secs(2))],
+            far(),
+        )
         .await;
     assert_eq!(
         (r.published, r.stale),
@@ -2385,7 +2403,10 @@ async fn between_two_replicas_the_later_poll_wins_whatever_the_status() {
     );
     // A's DRAINING polled between the two, delivered last: older than B's ACTIVE.
     let r = a
-        .publish(&[out(InstanceStatus::Draining, t0 + Duration::from_secs(1))])
+        .publish(
+            &[out(InstanceStatus::Draining, t0 + Duration::from_secs(1))],
+            far(),
+        )
         .await;
     assert_eq!(
         (r.published, r.stale, r.notices_dropped),
@@ -2712,14 +2733,21 @@ async fn a_revert_after_another_replicas_write_is_published_with_publish_unchang
     // Polls far enough apart that the order of their stamps (Redis' TIME less the poll's
     // age, each uncertain by a round trip) is their real order on a loaded machine too.
     let apart = || tokio::time::sleep(std::time::Duration::from_millis(250));
-    assert_eq!(a.publish(&[out(InstanceStatus::Active)]).await.published, 1);
-    apart().await;
     assert_eq!(
-        b.publish(&[out(InstanceStatus::Draining)]).await.published,
+        a.publish(&[out(InstanceStatus::Active)], far())
+            .await
+            .published,
         1
     );
     apart().await;
-    let r = a.publish(&[out(InstanceStatus::Active)]).await;
+    assert_eq!(
+        b.publish(&[out(InstanceStatus::Draining)], far())
+            .await
+            .published,
+        1
+    );
+    apart().await;
+    let r = a.publish(&[out(InstanceStatus::Active)], far()).await;
     assert_eq!((r.published, r.unchanged), (1, 0), "{r:?}");
     let got = sub.wait_for_count(3).await;
     let seq: Vec<InstanceStatus> = got.iter().map(|(_, b)| status_of(b)).collect();
@@ -2732,6 +2760,84 @@ async fn a_revert_after_another_replicas_write_is_published_with_publish_unchang
         ]
     );
     // And nothing is published while it stays the same.
-    let r = a.publish(&[out(InstanceStatus::Active)]).await;
+    let r = a.publish(&[out(InstanceStatus::Active)], far()).await;
     assert_eq!((r.published, r.unchanged), (0, 1), "{r:?}");
+}
+
+/// A Redis Cluster primary that accepts connections and never answers (`CLIENT PAUSE …
+/// ALL`: its packets blackholed after the handshake), under a group of 1,500 instances:
+/// the cycle ends within its deadline plus one Redis timeout, under the liveness timeout,
+/// and what was not written by then fails the cycle (`reason="deadline"`) instead of
+/// running on. Before, publishing had no deadline and every timeout threw the whole
+/// cluster connection away and connected again at once (through the silent node), so the
+/// cycle ran for many minutes and the kubelet restarted pubsub.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_cluster_primary_never_runs_a_cycle_past_its_deadline() {
+    use lastcall_testkit::redis::RedisCluster;
+    let cluster = RedisCluster::start(3, 0).await.unwrap();
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["s1"]);
+    let instances = ids("s1", 1500);
+    emulator.add_instances("s1", &instances, emu::InstanceStatus::Active);
+    let ports = cluster.ports();
+    let liveness = Duration::from_secs(10);
+    let pubsub = build_pubsub(
+        &emulator,
+        &cluster.url_through(&ports[..2]),
+        &groups_file,
+        &[
+            "--period",
+            "10s",
+            "--cycle-deadline",
+            "4s",
+            "--liveness-timeout",
+            "10s",
+            "--redis-timeout",
+            "1s",
+        ],
+    )
+    .await;
+    let r = pubsub.run_cycle().await;
+    assert_eq!((r.published, r.publish_errors), (1500, 0), "{r:?}");
+
+    let mut pause = cluster.node(ports[2]).await.unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(120_000)
+        .arg("ALL")
+        .query_async(&mut pause)
+        .await
+        .unwrap();
+    let r = tokio::time::timeout(liveness * 3, pubsub.run_cycle())
+        .await
+        .expect("the cycle ends");
+    assert!(
+        r.duration < liveness,
+        "a cycle of {:?} would fail /healthz: {r:?}",
+        r.duration
+    );
+    let m = Metrics::parse(&pubsub.metrics_text());
+    assert!(
+        counter(&m, "publish_errors", &[("reason", "timeout")]) >= 1.0,
+        "the silent primary's instances timed out, each within one Redis timeout: {r:?}"
+    );
+    assert!(
+        counter(&m, "publish_errors", &[("reason", "deadline")]) >= 1.0,
+        "what was left at the deadline failed the cycle: {r:?}"
+    );
+    assert!(
+        r.published > 0,
+        "the answering primaries' instances were written: {r:?}"
+    );
+    eprintln!(
+        "{r:?}\n{}",
+        pubsub
+            .metrics_text()
+            .lines()
+            .filter(|l| l.contains("publish_errors"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
