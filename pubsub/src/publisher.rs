@@ -6,10 +6,12 @@
 //! the channel, and a subscriber that reads the cache after subscribing never misses a newer
 //! value (SET comes before PUBLISH).
 //!
-//! No wall clock of a replica orders anything. Polls are dated on Redis' own clock: on each
-//! new connection, and every [`CLOCK_REFRESH`] after, one `TIME` (run on the node that
-//! holds the batch's keys) gives Redis' time `T`, answered by the moment `r` the reply is
-//! in; a poll sent at `p` (monotonic) is dated `T + (p − r)`, which is never later than the
+//! No wall clock of a replica orders anything. Polls are dated on Redis' own clock, read on
+//! the node that stores them (on a Redis Cluster, one reading per slot: the nodes' clocks
+//! are never mixed): a reading is Redis' time `T` on that node, answered by the moment `r`
+//! the reply is in, taken by one `TIME` when there is none (a new connection, a slot not
+//! written lately) and renewed by every write, whose script returns the time it ran at; a
+//! poll sent at `p` (monotonic) is dated `T + (p − r)`, which is never later than the
 //! truth (the transit of `TIME` only makes it older), so a replica whose path to Redis is
 //! slow looks older, never newer. A replica's clock step, forward or back, changes nothing. Between
 //! two polls of one writer, its own monotonic order decides (a per-writer sequence stored
@@ -25,6 +27,7 @@
 //! backoff step instead of a timeout per group. A server error on one batch (out of memory)
 //! fails that batch only.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -65,7 +68,8 @@ pub const READY_REDIS: &str = "redis";
 /// writer (its monotonic time, µs), publish mode ("1" always, "0" only if the cached body
 /// differs). Polled-by holds `<writer> <sequence>` (an older
 /// release's bare writer id reads as that writer with no sequence: superseded).
-/// Returns per instance 0 (another writer polled later: dropped), 1 (written and
+/// Returns Redis' time when the script ran (Unix ms: it renews the reading that dates this
+/// node's polls), then per instance 0 (another writer polled later: dropped), 1 (written and
 /// published) or 2 (written, not published because unchanged), plus [`REPLACED`] when one
 /// of its keys held another Redis type: a read of such a key fails (WRONGTYPE), which
 /// would fail the whole script, every batch of it and every cycle, so it is read as absent
@@ -76,7 +80,7 @@ local ttl = ARGV[1]
 local writer = ARGV[2]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {}
+local out = {now}
 for i = 1, #KEYS / 3 do
   local a = 3 + (i - 1) * 5
   local replaced = 0
@@ -100,7 +104,7 @@ for i = 1, #KEYS / 3 do
     older = held ~= nil and held <= now and held > at
   end
   if older then
-    out[i] = 0
+    out[i + 1] = 0
   else
     local body = ARGV[a + 1]
     local publish = ARGV[a + 4] == '1' or get(KEYS[3 * i - 2]) ~= body
@@ -109,21 +113,27 @@ for i = 1, #KEYS / 3 do
     redis.call('SET', KEYS[3 * i], writer .. ' ' .. string.format('%d', seq), 'EX', ttl)
     if publish then
       redis.call('PUBLISH', ARGV[a], body)
-      out[i] = 1 + replaced
+      out[i + 1] = 1 + replaced
     else
-      out[i] = 2 + replaced
+      out[i + 1] = 2 + replaced
     end
   end
 end
 return out
 ";
 
-/// How long one reading of Redis' clock dates polls before it is read again (a step of
-/// Redis' clock is followed within this long).
+/// Shortest time a reading of Redis' clock dates polls before it is read again; the
+/// longest gap between two writes of a status by healthy cycles lengthens it (see
+/// [`Publisher::new`]), since every write renews its slot's reading anyway. A step of
+/// Redis' clock is followed by the next write after it.
 const CLOCK_REFRESH: Duration = Duration::from_secs(30);
 
+/// Where a reading of Redis' clock was taken: the single node, or one slot of a cluster
+/// (a slot lives on one node at a time).
+type ClockKey = Option<redis::cluster_routing::Slot>;
+
 /// Redis' clock (Unix ms) on the node that holds `KEYS[1]`.
-const TIME_MS: &str = r"
+pub const TIME_MS: &str = r"
 local t = redis.call('TIME')
 return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 ";
@@ -205,8 +215,11 @@ pub struct Publisher {
     script: redis::Script,
     /// Reads Redis' clock on the node of a batch's keys (see the module doc).
     clock: redis::Script,
-    /// The last reading: connection generation, when its answer was in, Redis' time then.
-    reading: Mutex<Option<(u64, Instant, i64)>>,
+    /// The last reading per node or slot: connection generation, when its answer was in,
+    /// Redis' time then. At most one per slot (16,384).
+    readings: Mutex<HashMap<ClockKey, (u64, Instant, i64)>>,
+    /// How long a reading dates polls (see [`CLOCK_REFRESH`]).
+    clock_refresh: Duration,
     /// This process's id as a writer (see [`polled_by_key`]).
     writer: String,
     /// The origin of this writer's sequence: a poll's sequence is its time since then.
@@ -250,7 +263,9 @@ impl Publisher {
             publish_unchanged: config.publish_unchanged,
             script: redis::Script::new(NEWER_ONLY),
             clock: redis::Script::new(TIME_MS),
-            reading: Mutex::new(None),
+            readings: Mutex::new(HashMap::new()),
+            clock_refresh: CLOCK_REFRESH
+                .max(config.period + config.cycle_jitter + config.cycle_deadline()),
             writer: new_writer_id(),
             // Early enough that every poll of this process comes after it.
             origin: Instant::now()
@@ -376,9 +391,18 @@ impl Publisher {
         // this replica last sent, so another replica's write in between is seen.
         let mode = if self.publish_unchanged { "1" } else { "0" };
         let Some(first) = chunk.first() else { return };
-        let held = *self.reading.lock().unwrap_or_else(|p| p.into_inner());
+        // On a cluster a chunk is one instance: its slot's reading, never another node's.
+        let clock_key: ClockKey = self
+            .cluster
+            .then(|| redis::cluster_routing::Slot::for_key(self.keys.status(&first.instance_id)));
+        let held = self
+            .readings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&clock_key)
+            .copied();
         let (answered, redis_ms) = match held {
-            Some((g, at, t)) if g == generation && at.elapsed() < CLOCK_REFRESH => (at, t),
+            Some((g, at, t)) if g == generation && at.elapsed() < self.clock_refresh => (at, t),
             _ => {
                 // Counted with the batch it dates (round trips count batches).
                 let read = self
@@ -389,8 +413,10 @@ impl Publisher {
                 match read {
                     Ok(t) => {
                         let answered = Instant::now();
-                        *self.reading.lock().unwrap_or_else(|p| p.into_inner()) =
-                            Some((generation, answered, t));
+                        self.readings
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(clock_key, (generation, answered, t));
                         (answered, t)
                     }
                     Err(e) => {
@@ -432,10 +458,16 @@ impl Publisher {
             .publish_duration
             .observe(started.elapsed().as_secs_f64());
         match sent {
-            Ok(outcomes) if outcomes.len() == chunk.len() => {
+            Ok(answer) if answer.len() == chunk.len() + 1 => {
                 self.round_trip_ok(generation);
+                // The script's own `TIME`, answered now: the freshest reading of this node.
+                self.readings
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(clock_key, (generation, Instant::now(), answer[0]));
+                let outcomes = &answer[1..];
                 let (mut published, mut unchanged, mut stale) = (0u64, 0u64, 0u64);
-                for (m, outcome) in chunk.iter().zip(&outcomes) {
+                for (m, outcome) in chunk.iter().zip(outcomes) {
                     let outcome = if *outcome >= REPLACED {
                         self.wrong_type_replaced(m);
                         outcome - REPLACED
@@ -468,7 +500,11 @@ impl Publisher {
                 let err = redis::RedisError::from((
                     redis::ErrorKind::UnexpectedReturnType,
                     "script answered the wrong number of outcomes",
-                    format!("{} for {} instances", outcomes.len(), chunk.len()),
+                    format!(
+                        "{} for {} instances",
+                        outcomes.len().saturating_sub(1),
+                        chunk.len()
+                    ),
                 ));
                 self.command_failed(generation, &err, chunk.len()).await;
             }

@@ -2841,3 +2841,71 @@ async fn a_silent_cluster_primary_never_runs_a_cycle_past_its_deadline() {
             .join("\n")
     );
 }
+
+/// On a Redis Cluster each poll is dated by the clock of the node that stores it: writing
+/// an instance whose keys live on another primary first reads that primary's own `TIME`.
+/// Before, one reading (from whichever node dated the first batch) dated every node's
+/// writes for 30 s, so a skew between the nodes' clocks could order an older poll after a
+/// newer one and drop a notice. Seen with `MONITOR` on the second primary (its clock
+/// cannot be skewed here: Debian's `redis-server` does not run under libfaketime).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster_each_node_dates_its_own_polls() {
+    use lastcall_testkit::redis::RedisCluster;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cluster = RedisCluster::start(3, 0).await.unwrap();
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["c1"]);
+    let (p, _) = publisher(&emulator, &cluster.url(), &groups_file);
+    let keys = RedisTarget::parse(&cluster.url()).unwrap().keys();
+    let mut on: Vec<(u16, String)> = Vec::new();
+    for iid in ids("c1", 40) {
+        let port = cluster.primary_of(&keys.status(&iid)).await.unwrap();
+        if !on.iter().any(|(p, _)| *p == port) {
+            on.push((port, iid));
+        }
+        if on.len() == 2 {
+            break;
+        }
+    }
+    let [(_, first), (second_port, second)] = <[(u16, String); 2]>::try_from(on).unwrap();
+    // Everything the second primary executes, as it executes it.
+    let mut monitor = tokio::net::TcpStream::connect(("127.0.0.1", second_port))
+        .await
+        .unwrap();
+    monitor.write_all(b"MONITOR\r\n").await.unwrap();
+    let seen = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let sink = seen.clone();
+    let reader = tokio::spawn(async move {
+        let mut buf = vec![0u8; 8192];
+        while let Ok(n) = monitor.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+    });
+    let out = |iid: &str| lastcall_pubsub::publisher::Outgoing {
+        instance_id: iid.to_string(),
+        body: body(iid, InstanceStatus::Active),
+        polled_at: tokio::time::Instant::now(),
+    };
+    assert_eq!(p.publish(&[out(&first)], far()).await.published, 1);
+    assert_eq!(p.publish(&[out(&second)], far()).await.published, 1);
+    let status_key = keys.status(&second);
+    let polled_at_key = keys.polled_at(&second);
+    // The write (the script naming the polled-at key) is on the monitor, so everything
+    // before it is too.
+    let text = wait_for("the second primary ran the write", || async {
+        let text = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+        text.contains(polled_at_key.as_str()).then_some(text)
+    })
+    .await;
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(&status_key)).collect();
+    assert!(
+        !lines[0].contains(polled_at_key.as_str()),
+        "the first command for {second} on its node reads that node's clock, before the write: {lines:?}"
+    );
+    reader.abort();
+}
