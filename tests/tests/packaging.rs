@@ -1338,12 +1338,18 @@ const FLAG_PATHS: &[(&str, &str, &[&str])] = &[
     (
         "pubsub",
         "--webhook-tls-cert",
-        &["pubsub.webhook.tls.secretName"],
+        &[
+            "pubsub.webhook.tls.enabled",
+            "pubsub.webhook.tls.secretName",
+        ],
     ),
     (
         "pubsub",
         "--webhook-tls-key",
-        &["pubsub.webhook.tls.secretName"],
+        &[
+            "pubsub.webhook.tls.enabled",
+            "pubsub.webhook.tls.secretName",
+        ],
     ),
 ];
 
