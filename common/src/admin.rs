@@ -5,8 +5,9 @@
 //!
 //! Every HTTP listener of lastcall (this one, the webhook's, plain or TLS) is served by
 //! [`serve_with`], with the same limits: a client that does not send a request's headers
-//! within [`HEADER_TIMEOUT`] (a new connection, or an idle keep-alive one) is dropped, and at
-//! most [`MAX_CONNECTIONS`] connections are open at once (more wait in the kernel's accept
+//! within [`HEADER_TIMEOUT`] (a new connection, or an idle keep-alive one) is dropped, a
+//! connection buffers at most [`MAX_READ_BUFFER`] of a request, and at most
+//! [`MAX_CONNECTIONS`] connections are open at once (more wait in the kernel's accept
 //! queue). So idle or slow clients cannot grow the process's memory.
 
 use std::collections::BTreeMap;
@@ -31,6 +32,10 @@ use tokio_util::sync::CancellationToken;
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections open at once per listener. Scrapes, probes and Agones' reviews need a few.
 pub const MAX_CONNECTIONS: usize = 256;
+/// Most bytes a connection buffers while reading a request (its headers must fit): with
+/// [`MAX_CONNECTIONS`], what idle or slow clients can make a listener hold is bounded
+/// (hyper's default is about 400 KiB a connection).
+pub const MAX_READ_BUFFER: usize = 64 * 1024;
 /// How long open requests may finish at shutdown.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -168,7 +173,8 @@ where
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT);
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(MAX_READ_BUFFER);
             let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(router));
             tokio::pin!(conn);
             tokio::select! {

@@ -94,6 +94,29 @@ pub const EPOCH_FIELD: &str = "#epoch";
 /// has refreshed (once, with a retry's margin) since the hash was lost.
 pub const RESTART_SETTLE: Duration = Duration::from_secs(60);
 
+/// The hash field naming the Redis server run (its `INFO server` `run_id`) on which the
+/// epoch was set. A Redis restored from an old snapshot, or a replica promoted while it
+/// lagged, keeps an old hash *with* its epoch, so the epoch alone cannot tell that writes
+/// made since the snapshot are gone; but either is another server run. A reader that finds
+/// another run here (or none) dates the hash again, and answers hold as after a loss.
+pub const RUN_FIELD: &str = "#run";
+
+/// Fields starting with this are the hash's own ([`EPOCH_FIELD`], [`RUN_FIELD`]), never a
+/// Node's (Node names are DNS names).
+const RESERVED_PREFIX: u8 = b'#';
+
+/// Why a read dated the hash again ([`read_dated`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Redated {
+    /// The hash was dated before, on this server run: nothing was lost.
+    No,
+    /// The hash had no epoch: lost (a restart without persistence, a flush) or new.
+    Missing,
+    /// The epoch was set on another server run (or by a release that did not record the
+    /// run): Redis restarted from a snapshot or failed over, and may have lost writes.
+    OtherRun,
+}
+
 /// Longest node, namespace or Fleet name accepted (Kubernetes names are at most 253).
 const MAX_NAME_BYTES: usize = 253;
 
@@ -418,6 +441,9 @@ impl Snapshot {
                     .and_then(|v| v.trim().parse().ok());
                 continue;
             }
+            if field.first() == Some(&RESERVED_PREFIX) {
+                continue;
+            }
             let why = match NodeDrainState::parse(&field, &value) {
                 Err(e) => Skip::Malformed(e),
                 Ok(state) => {
@@ -620,8 +646,55 @@ where
     Ok(Snapshot::from_entries(entries, now_ms, max_age, hold_limit))
 }
 
+/// Hash fields and values as Redis returns them.
+type RawEntries = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Reads every entry like [`read_all`], in the same atomic script that first checks the
+/// hash's date: when it has no epoch, or its epoch was set on another run of the Redis
+/// server ([`RUN_FIELD`]: a restore from a snapshot, a failover to a replica), the epoch is
+/// set to `now_ms` on this run, so [`Snapshot::settling`] holds answers while the agents
+/// write again. One round trip; a concurrent reader's date is kept (the script is atomic).
+pub async fn read_dated<C>(
+    conn: &mut C,
+    key: &str,
+    now_ms: i64,
+    max_age: Duration,
+    hold_limit: Duration,
+) -> redis::RedisResult<(Snapshot, Redated)>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    const READ_DATED: &str = r"
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+local epoch = tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
+local by = redis.call('HGET', KEYS[1], ARGV[2])
+local why = 0
+if not epoch then why = 1 elseif by ~= run then why = 2 end
+if why > 0 then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3], ARGV[2], run)
+end
+return {why, redis.call('HGETALL', KEYS[1])}
+";
+    let (why, entries): (i64, RawEntries) = redis::Script::new(READ_DATED)
+        .key(key)
+        .arg(EPOCH_FIELD)
+        .arg(RUN_FIELD)
+        .arg(now_ms)
+        .invoke_async(conn)
+        .await?;
+    let redated = match why {
+        0 => Redated::No,
+        1 => Redated::Missing,
+        _ => Redated::OtherRun,
+    };
+    Ok((
+        Snapshot::from_entries(entries, now_ms, max_age, hold_limit),
+        redated,
+    ))
+}
+
 /// Dates the hash if nothing has ([`EPOCH_FIELD`]; a value that is not a number is
-/// replaced). Returns the epoch now held.
+/// replaced), on the server's current run ([`RUN_FIELD`]). Returns the epoch now held.
 pub async fn mark_epoch<C>(conn: &mut C, now_ms: i64) -> redis::RedisResult<i64>
 where
     C: redis::aio::ConnectionLike + Send,
@@ -637,15 +710,20 @@ where
     // Set if missing or not a number (so a garbled epoch cannot hold for ever); another
     // reader's valid epoch is kept.
     const SET_IF_MISSING: &str = r"
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
 local held = tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
-if held then return held end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if held then
+  redis.call('HSET', KEYS[1], ARGV[3], run)
+  return held
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], ARGV[3], run)
 return tonumber(ARGV[2])
 ";
     redis::Script::new(SET_IF_MISSING)
         .key(key)
         .arg(EPOCH_FIELD)
         .arg(now_ms)
+        .arg(RUN_FIELD)
         .invoke_async::<i64>(conn)
         .await
 }

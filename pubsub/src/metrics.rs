@@ -343,8 +343,9 @@ pub struct StateLabels {
     pub state: &'static str,
 }
 
-/// A Fleet named in a review: bounded by the Fleets pointed at the webhook (at most
-/// [`crate::webhook::held::MAX_TRACKED`] tracked, each forgotten when it stops asking).
+/// A Fleet named in a review: only Fleets that exist are tracked (see
+/// [`crate::webhook::fleets`]), at most [`crate::webhook::held::MAX_TRACKED`], each forgotten
+/// when it stops asking.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FleetLabels {
     /// Not `namespace`: Prometheus gives that label the scraped pod's namespace.
@@ -365,6 +366,8 @@ pub struct WebhookMetrics {
     pub held: Family<ReasonLabels, Counter>,
     pub drain_state_reads: Family<ResultLabels, Counter>,
     pub drain_state_read_duration: Histogram,
+    pub redis_connects: Family<ResultLabels, Counter>,
+    pub redis_connect_duration: Histogram,
     pub drain_state_nodes: Family<StateLabels, Gauge>,
     pub drain_state_skipped: Family<ReasonLabels, Counter>,
     pub drain_state_pruned: Counter,
@@ -372,7 +375,9 @@ pub struct WebhookMetrics {
     pub fleets_held: Gauge,
     pub fleet_held_seconds: Family<FleetLabels, Gauge<f64, AtomicU64>>,
     pub node_reads: Family<ResultLabels, Counter>,
-    pub fleet_reads: Family<ResultLabels, Counter>,
+    pub fleet_sizes: Family<ResultLabels, Counter>,
+    pub fleets_known: Gauge,
+    pub fleet_lists: Family<ResultLabels, Counter>,
     pub bad_overrides: Family<SourceLabels, Counter>,
 }
 
@@ -389,6 +394,9 @@ impl WebhookMetrics {
             held: Family::default(),
             drain_state_reads: Family::default(),
             drain_state_read_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            redis_connects: Family::default(),
+            // 1 ms to about 33 s: a cluster connect through a silent node takes two timeouts.
+            redis_connect_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             drain_state_nodes: Family::default(),
             drain_state_skipped: Family::default(),
             drain_state_pruned: Counter::default(),
@@ -396,7 +404,9 @@ impl WebhookMetrics {
             fleets_held: Gauge::default(),
             fleet_held_seconds: Family::default(),
             node_reads: Family::default(),
-            fleet_reads: Family::default(),
+            fleet_sizes: Family::default(),
+            fleets_known: Gauge::default(),
+            fleet_lists: Family::default(),
             bad_overrides: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("lastcall_pubsub_webhook");
@@ -427,18 +437,28 @@ impl WebhookMetrics {
         );
         r.register(
             "held",
-            "Answers that refused a scale-down because the drain state was not fully known, by reason (stale_entry, redis_restarted, backoff, timeout, or an error class)",
+            "Answers that refused a scale-down because the drain state was not fully known, by reason (stale_entry, redis_restarted, backoff, connecting, timeout, or an error class)",
             m.held.clone(),
         );
         r.register(
             "drain_state_reads",
-            "Reads of the drain state from Redis, by result (ok, backoff, or an error class)",
+            "Reads of the drain state from Redis, by result (ok, backoff, connecting, or an error class)",
             m.drain_state_reads.clone(),
         );
         r.register(
             "drain_state_read_duration_seconds",
-            "Duration of one drain state read (connect included)",
+            "Duration of one drain state read (waiting for the connection included)",
             m.drain_state_read_duration.clone(),
+        );
+        r.register(
+            "redis_connects",
+            "Connections to Redis the webhook opened (in the background, one at a time), by result (ok, error)",
+            m.redis_connects.clone(),
+        );
+        r.register(
+            "redis_connect_duration_seconds",
+            "Duration of one connect to Redis by the webhook (for a cluster: asking every known node for the slot map, then connecting)",
+            m.redis_connect_duration.clone(),
         );
         r.register(
             "drain_state_nodes",
@@ -476,9 +496,19 @@ impl WebhookMetrics {
             m.node_reads.clone(),
         );
         r.register(
-            "fleet_reads",
-            "Reads of a held Fleet's spec.replicas, by result (ok, not_found, error, no_client)",
-            m.fleet_reads.clone(),
+            "fleet_sizes",
+            "Held answers by what the Fleet cache said of the Fleet's spec.replicas (known; absent, no_client, not_listed, watch_failed: answered with an error, so Agones keeps the Fleet as it is)",
+            m.fleet_sizes.clone(),
+        );
+        r.register(
+            "fleets_known",
+            "Fleets in the webhook's Fleet cache (from its watch on fleets.agones.dev)",
+            m.fleets_known.clone(),
+        );
+        r.register(
+            "fleet_lists",
+            "Lists of every Fleet by the webhook's watch (ok), and failures of the watch (error: the cache is unknown until the next list)",
+            m.fleet_lists.clone(),
         );
         r.register(
             "bad_overrides",

@@ -6,10 +6,12 @@
 //! the channel, and a subscriber that reads the cache after subscribing never misses a newer
 //! value (SET comes before PUBLISH).
 //!
-//! No wall clock of a replica orders anything. Polls are dated on Redis' own clock: on each
-//! new connection, and every [`CLOCK_REFRESH`] after, one `TIME` (run on the node that
-//! holds the batch's keys) gives Redis' time `T`, answered by the moment `r` the reply is
-//! in; a poll sent at `p` (monotonic) is dated `T + (p − r)`, which is never later than the
+//! No wall clock of a replica orders anything. Polls are dated on Redis' own clock, read on
+//! the node that stores them (on a Redis Cluster, one reading per slot: the nodes' clocks
+//! are never mixed): a reading is Redis' time `T` on that node, answered by the moment `r`
+//! the reply is in, taken by one `TIME` when there is none (a new connection, a slot not
+//! written lately) and renewed by every write, whose script returns the time it ran at; a
+//! poll sent at `p` (monotonic) is dated `T + (p − r)`, which is never later than the
 //! truth (the transit of `TIME` only makes it older), so a replica whose path to Redis is
 //! slow looks older, never newer. A replica's clock step, forward or back, changes nothing. Between
 //! two polls of one writer, its own monotonic order decides (a per-writer sequence stored
@@ -25,6 +27,7 @@
 //! backoff step instead of a timeout per group. A server error on one batch (out of memory)
 //! fails that batch only.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -65,7 +68,8 @@ pub const READY_REDIS: &str = "redis";
 /// writer (its monotonic time, µs), publish mode ("1" always, "0" only if the cached body
 /// differs). Polled-by holds `<writer> <sequence>` (an older
 /// release's bare writer id reads as that writer with no sequence: superseded).
-/// Returns per instance 0 (another writer polled later: dropped), 1 (written and
+/// Returns Redis' time when the script ran (Unix ms: it renews the reading that dates this
+/// node's polls), then per instance 0 (another writer polled later: dropped), 1 (written and
 /// published) or 2 (written, not published because unchanged), plus [`REPLACED`] when one
 /// of its keys held another Redis type: a read of such a key fails (WRONGTYPE), which
 /// would fail the whole script, every batch of it and every cycle, so it is read as absent
@@ -76,7 +80,7 @@ local ttl = ARGV[1]
 local writer = ARGV[2]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {}
+local out = {now}
 for i = 1, #KEYS / 3 do
   local a = 3 + (i - 1) * 5
   local replaced = 0
@@ -100,7 +104,7 @@ for i = 1, #KEYS / 3 do
     older = held ~= nil and held <= now and held > at
   end
   if older then
-    out[i] = 0
+    out[i + 1] = 0
   else
     local body = ARGV[a + 1]
     local publish = ARGV[a + 4] == '1' or get(KEYS[3 * i - 2]) ~= body
@@ -109,21 +113,27 @@ for i = 1, #KEYS / 3 do
     redis.call('SET', KEYS[3 * i], writer .. ' ' .. string.format('%d', seq), 'EX', ttl)
     if publish then
       redis.call('PUBLISH', ARGV[a], body)
-      out[i] = 1 + replaced
+      out[i + 1] = 1 + replaced
     else
-      out[i] = 2 + replaced
+      out[i + 1] = 2 + replaced
     end
   end
 end
 return out
 ";
 
-/// How long one reading of Redis' clock dates polls before it is read again (a step of
-/// Redis' clock is followed within this long).
+/// Shortest time a reading of Redis' clock dates polls before it is read again; the
+/// longest gap between two writes of a status by healthy cycles lengthens it (see
+/// [`Publisher::new`]), since every write renews its slot's reading anyway. A step of
+/// Redis' clock is followed by the next write after it.
 const CLOCK_REFRESH: Duration = Duration::from_secs(30);
 
+/// Where a reading of Redis' clock was taken: the single node, or one slot of a cluster
+/// (a slot lives on one node at a time).
+type ClockKey = Option<redis::cluster_routing::Slot>;
+
 /// Redis' clock (Unix ms) on the node that holds `KEYS[1]`.
-const TIME_MS: &str = r"
+pub const TIME_MS: &str = r"
 local t = redis.call('TIME')
 return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 ";
@@ -205,14 +215,21 @@ pub struct Publisher {
     script: redis::Script,
     /// Reads Redis' clock on the node of a batch's keys (see the module doc).
     clock: redis::Script,
-    /// The last reading: connection generation, when its answer was in, Redis' time then.
-    reading: Mutex<Option<(u64, Instant, i64)>>,
+    /// The last reading per node or slot: connection generation, when its answer was in,
+    /// Redis' time then. At most one per slot (16,384).
+    readings: Mutex<HashMap<ClockKey, (u64, Instant, i64)>>,
+    /// How long a reading dates polls (see [`CLOCK_REFRESH`]).
+    clock_refresh: Duration,
     /// This process's id as a writer (see [`polled_by_key`]).
     writer: String,
     /// The origin of this writer's sequence: a poll's sequence is its time since then.
     origin: Instant,
     slot: tokio::sync::Mutex<Slot>,
     generation: AtomicU64,
+    /// The last connection generation on which a round trip succeeded: a connection thrown
+    /// away before any did (a node that accepts and never answers) paces the next connect
+    /// like a failed connect, so a silent Redis costs one timeout per backoff step.
+    proven: AtomicU64,
     gate: Mutex<Gate>,
     /// Round trips that succeeded, and the last failure, since readiness was last settled.
     since_settled: Mutex<(u64, Option<String>)>,
@@ -246,7 +263,9 @@ impl Publisher {
             publish_unchanged: config.publish_unchanged,
             script: redis::Script::new(NEWER_ONLY),
             clock: redis::Script::new(TIME_MS),
-            reading: Mutex::new(None),
+            readings: Mutex::new(HashMap::new()),
+            clock_refresh: CLOCK_REFRESH
+                .max(config.period + config.cycle_jitter + config.cycle_deadline()),
             writer: new_writer_id(),
             // Early enough that every poll of this process comes after it.
             origin: Instant::now()
@@ -254,6 +273,7 @@ impl Publisher {
                 .unwrap_or_else(Instant::now),
             slot: tokio::sync::Mutex::new(None),
             generation: AtomicU64::new(0),
+            proven: AtomicU64::new(0),
             gate: Mutex::new(Gate {
                 // Capped below half a period, so publishing resumes within two periods of
                 // Redis coming back.
@@ -290,29 +310,67 @@ impl Publisher {
         }
     }
 
-    /// Publishes and caches `messages`, `--publish-batch` instances per round trip.
+    /// Publishes and caches `messages`, `--publish-batch` instances per round trip, until
+    /// `deadline`: what is not written by then fails this cycle (`reason="deadline"`, a
+    /// warning with the count), so a slow or silent Redis never runs a cycle past it.
     /// On a Redis Cluster, one script per instance instead (an instance's keys share a
     /// slot, different instances' do not), many in flight at once: the cluster connection
     /// pipelines them per node and follows `MOVED`/`ASK` through a failover.
-    pub async fn publish(&self, messages: &[Outgoing]) -> PublishReport {
+    pub async fn publish(&self, messages: &[Outgoing], deadline: Instant) -> PublishReport {
         let mut report = PublishReport::default();
+        let mut done = 0usize;
         if self.cluster {
             let mut chunks = futures::stream::iter(messages.chunks(1))
                 .map(|chunk| async move {
                     let mut r = PublishReport::default();
-                    self.publish_chunk(chunk, &mut r).await;
+                    // One instance holds one of the slots in flight for at most one
+                    // timeout, whatever the cluster client's own retries would take: a
+                    // silent primary's instances must not keep the others waiting.
+                    let sent =
+                        tokio::time::timeout(self.timeout, self.publish_chunk(chunk, &mut r)).await;
+                    if sent.is_err() {
+                        r.round_trips += 1;
+                        r.errors += 1;
+                        Metrics::reason(&self.metrics.publish_errors, ErrorClass::Timeout.label());
+                        Metrics::result(&self.metrics.redis_round_trips, "error");
+                    }
                     r
                 })
                 .buffer_unordered(CLUSTER_IN_FLIGHT);
-            while let Some(r) = chunks.next().await {
+            let all = async {
+                while let Some(r) = chunks.next().await {
+                    report.add(&r);
+                    done += 1;
+                }
+            };
+            let _ = tokio::time::timeout_at(deadline, all).await;
+        } else {
+            for chunk in messages.chunks(self.batch) {
+                let mut r = PublishReport::default();
+                let sent =
+                    tokio::time::timeout_at(deadline, self.publish_chunk(chunk, &mut r)).await;
                 report.add(&r);
+                if sent.is_err() {
+                    break;
+                }
+                done += chunk.len();
             }
-            return report;
         }
-        for chunk in messages.chunks(self.batch) {
-            self.publish_chunk(chunk, &mut report).await;
+        if done < messages.len() {
+            self.cut(messages.len() - done, &mut report);
         }
         report
+    }
+
+    /// Statuses left unwritten at the deadline: one error, one warning.
+    fn cut(&self, left: usize, report: &mut PublishReport) {
+        report.errors += 1;
+        Metrics::reason(&self.metrics.publish_errors, "deadline");
+        tracing::warn!(
+            message = "the cycle deadline passed before these statuses were written to Redis; their group goes first next cycle",
+            instances = left,
+            hint = "a slow or silent Redis (or a Redis Cluster node): see publish_errors_total{reason}",
+        );
     }
 
     async fn publish_chunk(&self, chunk: &[Outgoing], report: &mut PublishReport) {
@@ -333,9 +391,18 @@ impl Publisher {
         // this replica last sent, so another replica's write in between is seen.
         let mode = if self.publish_unchanged { "1" } else { "0" };
         let Some(first) = chunk.first() else { return };
-        let held = *self.reading.lock().unwrap_or_else(|p| p.into_inner());
+        // On a cluster a chunk is one instance: its slot's reading, never another node's.
+        let clock_key: ClockKey = self
+            .cluster
+            .then(|| redis::cluster_routing::Slot::for_key(self.keys.status(&first.instance_id)));
+        let held = self
+            .readings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&clock_key)
+            .copied();
         let (answered, redis_ms) = match held {
-            Some((g, at, t)) if g == generation && at.elapsed() < CLOCK_REFRESH => (at, t),
+            Some((g, at, t)) if g == generation && at.elapsed() < self.clock_refresh => (at, t),
             _ => {
                 // Counted with the batch it dates (round trips count batches).
                 let read = self
@@ -346,8 +413,10 @@ impl Publisher {
                 match read {
                     Ok(t) => {
                         let answered = Instant::now();
-                        *self.reading.lock().unwrap_or_else(|p| p.into_inner()) =
-                            Some((generation, answered, t));
+                        self.readings
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(clock_key, (generation, answered, t));
                         (answered, t)
                     }
                     Err(e) => {
@@ -389,10 +458,16 @@ impl Publisher {
             .publish_duration
             .observe(started.elapsed().as_secs_f64());
         match sent {
-            Ok(outcomes) if outcomes.len() == chunk.len() => {
-                self.round_trip_ok();
+            Ok(answer) if answer.len() == chunk.len() + 1 => {
+                self.round_trip_ok(generation);
+                // The script's own `TIME`, answered now: the freshest reading of this node.
+                self.readings
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(clock_key, (generation, Instant::now(), answer[0]));
+                let outcomes = &answer[1..];
                 let (mut published, mut unchanged, mut stale) = (0u64, 0u64, 0u64);
-                for (m, outcome) in chunk.iter().zip(&outcomes) {
+                for (m, outcome) in chunk.iter().zip(outcomes) {
                     let outcome = if *outcome >= REPLACED {
                         self.wrong_type_replaced(m);
                         outcome - REPLACED
@@ -425,7 +500,11 @@ impl Publisher {
                 let err = redis::RedisError::from((
                     redis::ErrorKind::UnexpectedReturnType,
                     "script answered the wrong number of outcomes",
-                    format!("{} for {} instances", outcomes.len(), chunk.len()),
+                    format!(
+                        "{} for {} instances",
+                        outcomes.len().saturating_sub(1),
+                        chunk.len()
+                    ),
                 ));
                 self.command_failed(generation, &err, chunk.len()).await;
             }
@@ -493,7 +572,7 @@ impl Publisher {
             .publish_duration
             .observe(started.elapsed().as_secs_f64());
         match sent {
-            Ok(_) => self.round_trip_ok(),
+            Ok(_) => self.round_trip_ok(generation),
             Err(e) => {
                 report.errors += 1;
                 self.command_failed(generation, &e, 0).await;
@@ -527,12 +606,23 @@ impl Publisher {
     }
 
     /// A command failed on a connection: drop the connection if the error says it is no
-    /// good, and count it. No backoff: the next batch tries a fresh connection at once.
+    /// good, and count it. The next batch tries a fresh connection at once, unless the one
+    /// dropped never completed a round trip (then the connect backs off, as a failed one
+    /// does). On a Redis Cluster a timeout keeps the connection: it is one node's (the
+    /// client keeps one per node and follows the slot map), so a silent primary fails only
+    /// its own slots' instances instead of remaking every node's connection each time.
     async fn command_failed(&self, generation: u64, err: &redis::RedisError, batch: usize) {
-        if redis_conn::classify(err).needs_new_connection() {
+        let class = redis_conn::classify(err);
+        let drop = class.needs_new_connection() && !(self.cluster && class == ErrorClass::Timeout);
+        if drop {
             let mut slot = self.slot.lock().await;
             if slot.as_ref().is_some_and(|(g, _)| *g == generation) {
                 *slot = None;
+                if self.proven.load(Ordering::Relaxed) != generation {
+                    let mut gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+                    let delay = gate.backoff.next_delay();
+                    gate.retry_at = Some(Instant::now() + delay);
+                }
             }
         }
         self.failed(err, batch, false);
@@ -543,7 +633,8 @@ impl Publisher {
         gate.retry_at.is_some_and(|at| Instant::now() < at)
     }
 
-    fn round_trip_ok(&self) {
+    fn round_trip_ok(&self, generation: u64) {
+        self.proven.store(generation, Ordering::Relaxed);
         Metrics::result(&self.metrics.redis_round_trips, "ok");
         self.metrics.redis_up.set(1);
         let recovered = {

@@ -137,6 +137,8 @@ pub struct Pubsub {
     limiter: RateLimiter,
     started: Instant,
     cycle_deadline: Duration,
+    /// How long after the cycle deadline publishing may go on (one Redis timeout).
+    publish_grace: Duration,
     ready_within: Duration,
     liveness: Liveness,
     metrics: Metrics,
@@ -205,6 +207,7 @@ impl Pubsub {
             limiter: RateLimiter::new(config.api_rate, config.api_burst),
             started: Instant::now(),
             cycle_deadline: config.cycle_deadline(),
+            publish_grace: config.redis_timeout,
             ready_within: config.period.saturating_mul(config.ready_periods),
             liveness: Liveness::new(config.liveness_timeout()),
             metrics,
@@ -419,14 +422,17 @@ impl Pubsub {
     }
 
     /// Polls `group` and publishes each page as soon as it is read (see
-    /// [`Poller::poll_group`]), in page order. Publishing is never cut by the deadline:
-    /// only polling is.
+    /// [`Poller::poll_group`]), in page order. Polling stops at the cycle deadline;
+    /// publishing one Redis timeout later (what is left unwritten fails the group), so a
+    /// cycle never outlives its deadline by more than that, whatever Redis does.
     async fn poll_and_publish(
         &self,
         group: &str,
         budget: &Budget,
         deadline: Instant,
     ) -> GroupOutcome {
+        // A page read just before the deadline gets one Redis timeout to be written.
+        let publish_by = deadline + self.publish_grace;
         let (pages, mut received) = tokio::sync::mpsc::unbounded_channel();
         let poll = async move {
             let poll = tokio::time::timeout_at(
@@ -468,7 +474,7 @@ impl Pubsub {
                     }
                 }
                 let outgoing: Vec<Outgoing> = unique.into_iter().map(|p| p.outgoing).collect();
-                report.add(&self.publisher.publish(&outgoing).await);
+                report.add(&self.publisher.publish(&outgoing, publish_by).await);
             }
             (report, seen)
         };

@@ -160,7 +160,12 @@ async fn bench() -> anyhow::Result<()> {
         let started = Instant::now();
         pipelined_trips = 0;
         for group in &messages {
-            let report = publisher.publish(group).await;
+            let report = publisher
+                .publish(
+                    group,
+                    tokio::time::Instant::now() + Duration::from_secs(600),
+                )
+                .await;
             anyhow::ensure!(report.errors == 0, "pipelined publish failed");
             pipelined_trips += report.round_trips;
         }

@@ -89,6 +89,8 @@ pub struct WebhookServer {
     addr: std::net::SocketAddr,
     tls: bool,
     shutdown: CancellationToken,
+    /// The bare Kubernetes API the webhook watches Fleets in ([`WebhookServer::with_fleets`]).
+    kube: Option<crate::kube::Emulator>,
 }
 
 impl Drop for WebhookServer {
@@ -180,6 +182,7 @@ impl WebhookServer {
             addr,
             tls: tls.is_some(),
             shutdown,
+            kube: None,
         })
     }
 
@@ -199,6 +202,95 @@ impl WebhookServer {
         if let Some(w) = self.pubsub.webhook() {
             w.attach_kube(client);
         }
+    }
+
+    /// Gives the webhook a Kubernetes API (a bare emulator: no cluster model) holding these
+    /// Fleets `(namespace, name, spec.replicas)`, as the binary has with its in-cluster
+    /// credentials, and waits until its Fleet watch has listed them: held answers keep each
+    /// one's `spec.replicas`.
+    pub async fn with_fleets(mut self, fleets: &[(&str, &str, u32)]) -> anyhow::Result<Self> {
+        let emulator = crate::kube::Emulator::start().await?;
+        self.attach_kube(emulator.client_as("pubsub").await?);
+        self.kube = Some(emulator);
+        for (namespace, name, replicas) in fleets {
+            self.set_fleet(namespace, name, *replicas).await?;
+        }
+        Ok(self)
+    }
+
+    /// Creates Fleet `namespace/name` with `spec.replicas` (or sets it) in the API of
+    /// [`WebhookServer::with_fleets`], and waits until the webhook's cache has it.
+    pub async fn set_fleet(
+        &self,
+        namespace: &str,
+        name: &str,
+        replicas: u32,
+    ) -> anyhow::Result<()> {
+        use ::kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+        let emulator = self.kube.as_ref().context("with_fleets first")?;
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            emulator.client().await?,
+            namespace,
+            &lastcall_pubsub::webhook::fleets::fleet_resource(),
+        );
+        if api.get_opt(name).await?.is_some() {
+            let patch = serde_json::json!({"spec": {"replicas": replicas}});
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        } else {
+            let fleet: DynamicObject = serde_json::from_value(serde_json::json!({
+                "apiVersion": "agones.dev/v1",
+                "kind": "Fleet",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"replicas": replicas, "template": {"spec": {"ports": []}}},
+            }))?;
+            api.create(&PostParams::default(), &fleet).await?;
+        }
+        let webhook = self.pubsub.webhook().context("the webhook is configured")?;
+        crate::eventually::wait_for("the webhook's Fleet cache has the Fleet", || async {
+            (webhook.fleet_size(namespace, name)
+                == lastcall_pubsub::webhook::fleets::FleetSize::Known(replicas))
+            .then_some(())
+        })
+        .await;
+        Ok(())
+    }
+
+    /// Creates these Nodes in the API of [`WebhookServer::with_fleets`]: drain-state
+    /// entries of Nodes the API server does not have count for nothing and hold nothing.
+    pub async fn add_nodes(&self, names: &[&str]) -> anyhow::Result<()> {
+        use ::kube::api::{Api, PostParams};
+        use k8s_openapi::api::core::v1::Node;
+        let emulator = self.kube.as_ref().context("with_fleets first")?;
+        let api: Api<Node> = Api::all(emulator.client().await?);
+        for name in names {
+            let node: Node = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+            }))?;
+            api.create(&PostParams::default(), &node).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until the webhook's Fleet cache knows Fleet `namespace/name` (after
+    /// [`WebhookServer::attach_kube`]).
+    pub async fn wait_fleet_listed(&self, namespace: &str, name: &str) {
+        let Some(webhook) = self.pubsub.webhook() else {
+            return;
+        };
+        crate::eventually::wait_for("the webhook's Fleet cache lists the Fleet", || async {
+            matches!(
+                webhook.fleet_size(namespace, name),
+                lastcall_pubsub::webhook::fleets::FleetSize::Known(_)
+            )
+            .then_some(())
+        })
+        .await;
+    }
+
+    /// The bare Kubernetes API of [`WebhookServer::with_fleets`].
+    pub fn kube(&self) -> Option<&crate::kube::Emulator> {
+        self.kube.as_ref()
     }
 
     /// The process's metrics, as `/metrics` serves them.

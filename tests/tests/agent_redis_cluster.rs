@@ -98,11 +98,14 @@ async fn publish(p: &lastcall_pubsub::publisher::Publisher, w: &World, iid: &str
         POLL,
         || async {
             let r = p
-                .publish(&[lastcall_pubsub::publisher::Outgoing {
-                    instance_id: iid.to_string(),
-                    body: body.clone(),
-                    polled_at: tokio::time::Instant::now(),
-                }])
+                .publish(
+                    &[lastcall_pubsub::publisher::Outgoing {
+                        instance_id: iid.to_string(),
+                        body: body.clone(),
+                        polled_at: tokio::time::Instant::now(),
+                    }],
+                    tokio::time::Instant::now() + Duration::from_secs(60),
+                )
                 .await;
             (r.published == 1).then_some(())
         },

@@ -1338,12 +1338,18 @@ const FLAG_PATHS: &[(&str, &str, &[&str])] = &[
     (
         "pubsub",
         "--webhook-tls-cert",
-        &["pubsub.webhook.tls.secretName"],
+        &[
+            "pubsub.webhook.tls.enabled",
+            "pubsub.webhook.tls.secretName",
+        ],
     ),
     (
         "pubsub",
         "--webhook-tls-key",
-        &["pubsub.webhook.tls.secretName"],
+        &[
+            "pubsub.webhook.tls.enabled",
+            "pubsub.webhook.tls.secretName",
+        ],
     ),
 ];
 
@@ -1746,7 +1752,11 @@ async fn webhook_metrics(redis: &lastcall_testkit::redis::RedisServer) -> String
     use lastcall_testkit::webhook::{FleetStatus, WebhookServer, agones_review};
     let hook = WebhookServer::start(&redis.url(), &["--webhook-max-replicas", "100"], None)
         .await
+        .unwrap()
+        .with_fleets(&[("default", "pkg-fleet", 20)])
+        .await
         .unwrap();
+    hook.add_nodes(&["pkg-node"]).await.unwrap();
     let stale = NodeDrainState {
         node: "pkg-node".into(),
         updated_at_ms: drain_state::unix_ms(std::time::SystemTime::now()) - 3 * 60_000,

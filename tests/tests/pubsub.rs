@@ -2006,9 +2006,29 @@ async fn binary_stays_live_and_answers_the_webhook_while_redis_never_answers() {
     write_groups(&groups_file, &["live-group"]);
     emulator.add_instances("live-group", &ids("live", 2), emu::InstanceStatus::Active);
     let (port, hook_port, no_redis) = (free_port(), free_port(), free_port());
+    // The Kubernetes API the webhook watches Fleets in: a held answer keeps the Fleet's
+    // spec.replicas, and without it would be refused.
+    let api_server = lastcall_testkit::kube::Emulator::start().await.unwrap();
+    let fleet: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "agones.dev/v1", "kind": "Fleet",
+        "metadata": {"name": "arena", "namespace": "default"},
+        "spec": {"replicas": 16, "template": {"spec": {"ports": []}}},
+    }))
+    .unwrap();
+    kube::Api::<kube::api::DynamicObject>::namespaced_with(
+        api_server.client().await.unwrap(),
+        "default",
+        &lastcall_pubsub::webhook::fleets::fleet_resource(),
+    )
+    .create(&kube::api::PostParams::default(), &fleet)
+    .await
+    .unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api_server.write_kubeconfig(&kubeconfig, "pubsub").unwrap();
     let liveness_timeout = Duration::from_secs(20);
     let started = tokio::time::Instant::now();
     let _child = pubsub_command(dir.path())
+        .env("KUBECONFIG", &kubeconfig)
         .args(["--config-file", groups_file.to_str().unwrap()])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--period", "10s", "--cycle-jitter", "0s"])
@@ -2063,9 +2083,9 @@ async fn binary_stays_live_and_answers_the_webhook_while_redis_never_answers() {
     let text = ready.text().await.unwrap();
     assert!(text.contains("connection"), "{text}");
 
-    // Agones' reviews are answered: held at the Fleet's size, and growth still allowed.
+    // Agones' reviews are answered: held at the Fleet's spec, and growth still allowed.
     let hook = format!("http://127.0.0.1:{hook_port}/scale");
-    for (uid, replicas, allocated, want) in [("held", 16, 5, 16), ("grow", 10, 8, 13)] {
+    for (uid, replicas, allocated, want) in [("held", 16, 5, 16), ("grow", 16, 14, 19)] {
         let r = http
             .post(&hook)
             .json(&review(uid, replicas, allocated))
@@ -2147,6 +2167,11 @@ async fn binary_publishes_serves_metrics_and_exits_0_on_sigterm() {
 // ---------------------------------------------------------------------------------------
 
 /// Redis' own clock, in Unix milliseconds.
+/// A publishing deadline no test reaches.
+fn far() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(60)
+}
+
 async fn redis_time_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.unwrap();
     secs * 1000 + micros / 1000
@@ -2258,7 +2283,9 @@ async fn a_writers_older_poll_delivered_late_never_replaces_its_newer_one() {
     let now = tokio::time::Instant::now();
     let earlier = now - Duration::from_secs(5);
     let before = redis_time_ms(&mut conn).await;
-    let r = p.publish(&[at(InstanceStatus::SpotTerminating, now)]).await;
+    let r = p
+        .publish(&[at(InstanceStatus::SpotTerminating, now)], far())
+        .await;
     assert_eq!(r.published, 1, "{r:?}");
     let stored: i64 = conn.get(polled_at_key(&iid)).await.unwrap();
     let after = redis_time_ms(&mut conn).await;
@@ -2266,7 +2293,9 @@ async fn a_writers_older_poll_delivered_late_never_replaces_its_newer_one() {
         before <= stored && stored <= after,
         "dated by Redis' clock: {before} <= {stored} <= {after}"
     );
-    let r = p.publish(&[at(InstanceStatus::Active, earlier)]).await;
+    let r = p
+        .publish(&[at(InstanceStatus::Active, earlier)], far())
+        .await;
     assert_eq!((r.published, r.stale), (0, 1), "{r:?}");
     assert_eq!(
         cached_status(&mut conn, &iid).await,
@@ -2274,7 +2303,10 @@ async fn a_writers_older_poll_delivered_late_never_replaces_its_newer_one() {
     );
     // Its next poll wins as usual.
     let r = p
-        .publish(&[at(InstanceStatus::Active, tokio::time::Instant::now())])
+        .publish(
+            &[at(InstanceStatus::Active, tokio::time::Instant::now())],
+            far(),
+        )
         .await;
     assert_eq!((r.published, r.stale), (1, 0), "{r:?}");
 }
@@ -2303,13 +2335,16 @@ async fn a_dropped_notice_is_a_warning_and_a_metric() {
         polled_at,
     };
     assert_eq!(
-        a.publish(&[out(InstanceStatus::Active, now)])
+        a.publish(&[out(InstanceStatus::Active, now)], far())
             .await
             .published,
         1
     );
     let r = b
-        .publish(&[out(InstanceStatus::Draining, now - Duration::from_secs(5))])
+        .publish(
+            &[out(InstanceStatus::Draining, now - Duration::from_secs(5))],
+            far(),
+        )
         .await;
     assert_eq!((r.published, r.stale), (0, 1), "{r:?}");
     assert_eq!(
@@ -2322,6 +2357,87 @@ async fn a_dropped_notice_is_a_warning_and_a_metric() {
         1.0
     );
     assert_eq!(logs.warnings(&[&iid, "DRAINING"]).len(), 1);
+}
+
+/// Between two replicas the later poll wins, whatever the statuses: replica A polled
+/// DRAINING, replica B polled ACTIVE two seconds later (FleetIQ put the instance back), so
+/// B's ACTIVE replaces A's DRAINING in the cache and on the channel, and agents cancel the
+/// drain (`docs/pubsub.md`, "Which status wins"). Delivered the other way round (A's
+/// DRAINING reaching Redis after B's later ACTIVE), the DRAINING is older and dropped, with
+/// a warning and `notices_dropped_total`: no subscriber sees it after the ACTIVE.
+#[tokio::test]
+async fn between_two_replicas_the_later_poll_wins_whatever_the_status() {
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["c1"]);
+    let (a, a_registry) = publisher(&emulator, &redis.host_port(), &groups_file);
+    let (b, _) = publisher(&emulator, &redis.host_port(), &groups_file);
+    let iid = ids("c1", 1).remove(0);
+    let sub = Subscriber::start(&redis.url(), std::slice::from_ref(&iid)).await;
+    let mut conn = redis.client().await.unwrap();
+    // Polls in the past, so no date is capped at Redis' present.
+    let t0 = tokio::time::Instant::now() - Duration::from_secs(10);
+    let out = |status, polled_at| lastcall_pubsub::publisher::Outgoing {
+        instance_id: iid.clone(),
+        body: body(&iid, status),
+        polled_at,
+    };
+    let r = a.publish(&[out(InstanceStatus::Draining, t0)], far()).await;
+    assert_eq!(r.published, 1, "{r:?}");
+    let r = b
+        .publish(
+            &[out(InstanceStatus::Active, t0 + Duration::from_secs(2))],
+            far(),
+        )
+        .await;
+    assert_eq!(
+        (r.published, r.stale),
+        (1, 0),
+        "the later ACTIVE replaces the DRAINING: {r:?}"
+    );
+    assert_eq!(
+        cached_status(&mut conn, &iid).await,
+        Some(InstanceStatus::Active)
+    );
+    // A's DRAINING polled between the two, delivered last: older than B's ACTIVE.
+    let r = a
+        .publish(
+            &[out(InstanceStatus::Draining, t0 + Duration::from_secs(1))],
+            far(),
+        )
+        .await;
+    assert_eq!(
+        (r.published, r.stale, r.notices_dropped),
+        (0, 1, 1),
+        "{r:?}"
+    );
+    assert_eq!(
+        cached_status(&mut conn, &iid).await,
+        Some(InstanceStatus::Active)
+    );
+    assert_eq!(
+        counter(
+            &registry_text(&a_registry),
+            "notices_dropped",
+            &[("status", "DRAINING")]
+        ),
+        1.0
+    );
+    // Ordered by the channel itself: a marker after everything.
+    let _: i64 = conn.publish(&iid, "marker").await.unwrap();
+    let got = wait_for("marker", || async {
+        let got = sub.received();
+        got.iter().any(|(_, b)| b == b"marker").then_some(got)
+    })
+    .await;
+    let seq: Vec<InstanceStatus> = got
+        .iter()
+        .filter(|(_, b)| b != b"marker")
+        .map(|(_, b)| status_of(b))
+        .collect();
+    assert_eq!(seq, [InstanceStatus::Draining, InstanceStatus::Active]);
 }
 
 /// Every call throttled and one attempt allowed: each page's only (so last) attempt is
@@ -2460,6 +2576,245 @@ async fn binary_idle_connections_are_capped_and_timed_out_and_publishing_goes_on
         (r.status() == 200).then_some(())
     })
     .await;
+    signal(pid, "TERM").await.unwrap();
+    let status = exited_within(&mut child, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("exit after SIGTERM");
+    assert_eq!(status.code(), Some(0));
+}
+
+/// Thousands of hostile reviews at the real binary's webhook, with slow clients holding
+/// every connection they can: names over Kubernetes' limits (a 300 KiB Fleet name),
+/// invalid namespaces, 2,000 Fleets that do not exist, bodies over the size limit,
+/// garbage, and 400 connections that trickle their headers (slowloris). Pubsub's memory
+/// stays bounded (RSS from /proc, sampled throughout), `/healthz` keeps answering every
+/// probe, FleetIQ statuses keep being published (a DRAINING set mid-attack reaches Redis),
+/// and `/metrics` names no Fleet that does not exist. Before, every name was stored for
+/// ten minutes, as a tracker key and a metric label: 150 reviews with 1 MiB names grew
+/// pubsub from 28 to 320 MiB and `/metrics` to 150 MB. The figures are printed for
+/// `docs/benchmarks.md` (`--nocapture`); this test asserts the bounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_withstands_hostile_reviews_and_slow_clients() {
+    use tokio::io::AsyncWriteExt;
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["hostile-group"]);
+    let instances = ids("hostile", 20);
+    emulator.add_instances("hostile-group", &instances, emu::InstanceStatus::Active);
+    // The Kubernetes API the webhook watches Fleets in: one real Fleet.
+    let api_server = lastcall_testkit::kube::Emulator::start().await.unwrap();
+    let fleet: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "agones.dev/v1", "kind": "Fleet",
+        "metadata": {"name": "arena", "namespace": "default"},
+        "spec": {"replicas": 10, "template": {"spec": {"ports": []}}},
+    }))
+    .unwrap();
+    kube::Api::<kube::api::DynamicObject>::namespaced_with(
+        api_server.client().await.unwrap(),
+        "default",
+        &lastcall_pubsub::webhook::fleets::fleet_resource(),
+    )
+    .create(&kube::api::PostParams::default(), &fleet)
+    .await
+    .unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api_server.write_kubeconfig(&kubeconfig, "pubsub").unwrap();
+    // A drain state dated an hour ago: answers do not hold for a restart that did not
+    // happen (a held review of a Fleet that does not exist is refused with 503).
+    let mut conn = redis.client().await.unwrap();
+    lastcall_common::drain_state::mark_epoch_in(
+        &mut conn,
+        lastcall_common::drain_state::KEY,
+        lastcall_common::drain_state::unix_ms(std::time::SystemTime::now()) - 3_600_000,
+    )
+    .await
+    .unwrap();
+    let (port, hook_port) = (free_port(), free_port());
+    let mut child = pubsub_command(dir.path())
+        .env("KUBECONFIG", &kubeconfig)
+        .args(["--config-file", groups_file.to_str().unwrap()])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--webhook-listen", &format!("127.0.0.1:{hook_port}")])
+        .args(["--webhook-max-replicas", "100"])
+        .args(["--period", "10s", "--cycle-jitter", "0s"])
+        .args(["--redis-url", &redis.host_port()])
+        .env("AWS_REGION", "us-west-2")
+        .env("AWS_ENDPOINT_URL_GAMELIFT", emulator.url())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let probe = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let hook = format!("http://127.0.0.1:{hook_port}/scale");
+    wait_for("the binary becomes ready", || async {
+        let r = probe.get(format!("{base}/readyz")).send().await.ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+    let idle_kib = rss_kib(pid);
+
+    let review = |namespace: &str, name: &str, annotations: serde_json::Value| {
+        serde_json::json!({"request": {"uid": "u", "name": name, "namespace": namespace,
+            "status": {"replicas": 10, "readyReplicas": 5, "reservedReplicas": 0, "allocatedReplicas": 5},
+            "annotations": annotations}, "response": null})
+        .to_string()
+    };
+    let huge_name = "f".repeat(300 * 1024);
+    let big_annotation = serde_json::json!({"kubectl.kubernetes.io/last-applied-configuration": "x".repeat(400 * 1024)});
+    // What an attacker sends, and the status each must get.
+    let bodies: Vec<(String, u16)> = (0..2600)
+        .map(|i| match i % 13 {
+            0 => (review("default", &huge_name, serde_json::json!({})), 400),
+            1 => (review(&"n".repeat(64), "arena", serde_json::json!({})), 400),
+            2 => ("x".repeat(600 * 1024), 413),
+            3 => ("{\"request\": [1, 2".into(), 400),
+            4 => (
+                review("default", &format!("fleet-{i}"), big_annotation.clone()),
+                200,
+            ),
+            _ => (
+                review("default", &format!("fleet-{i}"), serde_json::json!({})),
+                200,
+            ),
+        })
+        .collect();
+    let bodies = Arc::new(bodies);
+
+    // 400 slow clients: they send headers a byte a second, never the end of them.
+    let slow = tokio::spawn(async move {
+        let mut held = Vec::new();
+        for _ in 0..400 {
+            if let Ok(Ok(s)) = tokio::time::timeout(
+                Duration::from_secs(1),
+                tokio::net::TcpStream::connect(("127.0.0.1", hook_port)),
+            )
+            .await
+            {
+                held.push(s);
+            }
+        }
+        for _ in 0..20 {
+            for s in &mut held {
+                let _ = s.write_all(b"X").await;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(idle_kib));
+    let sampler = {
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            loop {
+                peak.fetch_max(rss_kib(pid), std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let probes = {
+        let (probe, base) = (probe.clone(), base.clone());
+        tokio::spawn(async move {
+            let mut codes = Vec::new();
+            for _ in 0..40 {
+                let code = probe
+                    .get(format!("{base}/healthz"))
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0);
+                codes.push(code);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            codes
+        })
+    };
+    let attack = {
+        let (bodies, hook) = (bodies.clone(), hook.clone());
+        // Past Agones' 15 s: a review may first wait in the kernel's accept queue while the
+        // slow clients hold every connection (each for at most the 10 s header timeout).
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        futures::stream::iter(0..bodies.len())
+            .map(move |i| {
+                let (bodies, hook, client) = (bodies.clone(), hook.clone(), client.clone());
+                async move {
+                    let r = client.post(&hook).body(bodies[i].0.clone()).send().await;
+                    let code = match r {
+                        Ok(r) => Some(r.status().as_u16()),
+                        Err(e) => {
+                            eprintln!("review {i}: {e:?}");
+                            None
+                        }
+                    };
+                    (i, code)
+                }
+            })
+            .buffer_unordered(24)
+            .collect::<Vec<_>>()
+    };
+    // Mid-attack, FleetIQ says one instance drains: it must reach Redis.
+    let drained = async {
+        emulator.set_instance_status(&instances[0], emu::InstanceStatus::Draining);
+        wait_for("the DRAINING is published during the attack", || async {
+            let mut conn = redis.client().await.ok()?;
+            let body: Option<Vec<u8>> = conn.get(cache_key(&instances[0])).await.ok()?;
+            (status_of(&body?) == InstanceStatus::Draining).then_some(())
+        })
+        .await;
+    };
+    let (answers, ()) = tokio::join!(attack, drained);
+    let codes = probes.await.unwrap();
+    sampler.abort();
+    slow.abort();
+    let peak_kib = peak.load(std::sync::atomic::Ordering::Relaxed);
+    let mut wrong = Vec::new();
+    for (i, code) in &answers {
+        if *code != Some(bodies[*i].1) {
+            wrong.push((i % 13, *code));
+        }
+    }
+    wrong.dedup();
+    assert!(
+        wrong.iter().all(|(_, c)| *c == Some(503)) && wrong.len() < 50,
+        "each hostile review got its answer (a few 503s: no turn within 12 s): {wrong:?}"
+    );
+    assert!(
+        codes.iter().all(|c| *c == 200),
+        "/healthz answered every probe: {codes:?}"
+    );
+    let metrics = probe.get(format!("{base}/metrics")).send().await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    assert!(
+        !metrics.contains("fleet=\"fleet-"),
+        "no series for Fleets that do not exist"
+    );
+    assert!(
+        metrics.len() < 256 * 1024,
+        "/metrics is {} bytes",
+        metrics.len()
+    );
+    eprintln!(
+        "hostile reviews: {} sent; pubsub RSS idle {} KiB, peak {} KiB ({:.2}x); /metrics {} bytes",
+        answers.len(),
+        idle_kib,
+        peak_kib,
+        peak_kib as f64 / idle_kib as f64,
+        metrics.len()
+    );
+    assert!(
+        peak_kib < 160 * 1024,
+        "pubsub's RSS peaked at {peak_kib} KiB (idle {idle_kib} KiB)"
+    );
     signal(pid, "TERM").await.unwrap();
     let status = exited_within(&mut child, Duration::from_secs(10))
         .await
@@ -2617,14 +2972,21 @@ async fn a_revert_after_another_replicas_write_is_published_with_publish_unchang
     // Polls far enough apart that the order of their stamps (Redis' TIME less the poll's
     // age, each uncertain by a round trip) is their real order on a loaded machine too.
     let apart = || tokio::time::sleep(std::time::Duration::from_millis(250));
-    assert_eq!(a.publish(&[out(InstanceStatus::Active)]).await.published, 1);
-    apart().await;
     assert_eq!(
-        b.publish(&[out(InstanceStatus::Draining)]).await.published,
+        a.publish(&[out(InstanceStatus::Active)], far())
+            .await
+            .published,
         1
     );
     apart().await;
-    let r = a.publish(&[out(InstanceStatus::Active)]).await;
+    assert_eq!(
+        b.publish(&[out(InstanceStatus::Draining)], far())
+            .await
+            .published,
+        1
+    );
+    apart().await;
+    let r = a.publish(&[out(InstanceStatus::Active)], far()).await;
     assert_eq!((r.published, r.unchanged), (1, 0), "{r:?}");
     let got = sub.wait_for_count(3).await;
     let seq: Vec<InstanceStatus> = got.iter().map(|(_, b)| status_of(b)).collect();
@@ -2637,6 +2999,152 @@ async fn a_revert_after_another_replicas_write_is_published_with_publish_unchang
         ]
     );
     // And nothing is published while it stays the same.
-    let r = a.publish(&[out(InstanceStatus::Active)]).await;
+    let r = a.publish(&[out(InstanceStatus::Active)], far()).await;
     assert_eq!((r.published, r.unchanged), (0, 1), "{r:?}");
+}
+
+/// A Redis Cluster primary that accepts connections and never answers (`CLIENT PAUSE …
+/// ALL`: its packets blackholed after the handshake), under a group of 1,500 instances:
+/// the cycle ends within its deadline plus one Redis timeout, under the liveness timeout,
+/// and what was not written by then fails the cycle (`reason="deadline"`) instead of
+/// running on. Before, publishing had no deadline and every timeout threw the whole
+/// cluster connection away and connected again at once (through the silent node), so the
+/// cycle ran for many minutes and the kubelet restarted pubsub.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_cluster_primary_never_runs_a_cycle_past_its_deadline() {
+    use lastcall_testkit::redis::RedisCluster;
+    let cluster = RedisCluster::start(3, 0).await.unwrap();
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["s1"]);
+    let instances = ids("s1", 1500);
+    emulator.add_instances("s1", &instances, emu::InstanceStatus::Active);
+    let ports = cluster.ports();
+    let liveness = Duration::from_secs(10);
+    let pubsub = build_pubsub(
+        &emulator,
+        &cluster.url_through(&ports[..2]),
+        &groups_file,
+        &[
+            "--period",
+            "10s",
+            "--cycle-deadline",
+            "4s",
+            "--liveness-timeout",
+            "10s",
+            "--redis-timeout",
+            "2s",
+        ],
+    )
+    .await;
+    let r = pubsub.run_cycle().await;
+    assert!(r.published > 0, "connected and publishing: {r:?}");
+
+    let mut pause = cluster.node(ports[2]).await.unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(120_000)
+        .arg("ALL")
+        .query_async(&mut pause)
+        .await
+        .unwrap();
+    let r = tokio::time::timeout(liveness * 3, pubsub.run_cycle())
+        .await
+        .expect("the cycle ends");
+    assert!(
+        r.duration < liveness,
+        "a cycle of {:?} would fail /healthz: {r:?}",
+        r.duration
+    );
+    let m = Metrics::parse(&pubsub.metrics_text());
+    assert!(
+        counter(&m, "publish_errors", &[("reason", "timeout")]) >= 1.0,
+        "the silent primary's instances timed out, each within one Redis timeout: {r:?}"
+    );
+    assert!(
+        counter(&m, "publish_errors", &[("reason", "deadline")]) >= 1.0,
+        "what was left at the deadline failed the cycle: {r:?}"
+    );
+    assert!(
+        r.published > 0,
+        "the answering primaries' instances were written: {r:?}"
+    );
+    eprintln!(
+        "{r:?}\n{}",
+        pubsub
+            .metrics_text()
+            .lines()
+            .filter(|l| l.contains("publish_errors"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// On a Redis Cluster each poll is dated by the clock of the node that stores it: writing
+/// an instance whose keys live on another primary first reads that primary's own `TIME`.
+/// Before, one reading (from whichever node dated the first batch) dated every node's
+/// writes for 30 s, so a skew between the nodes' clocks could order an older poll after a
+/// newer one and drop a notice. Seen with `MONITOR` on the second primary (its clock
+/// cannot be skewed here: Debian's `redis-server` does not run under libfaketime).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster_each_node_dates_its_own_polls() {
+    use lastcall_testkit::redis::RedisCluster;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cluster = RedisCluster::start(3, 0).await.unwrap();
+    let emulator = GameLiftEmulator::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let groups_file = dir.path().join("fleetiq.conf");
+    write_groups(&groups_file, &["c1"]);
+    let (p, _) = publisher(&emulator, &cluster.url(), &groups_file);
+    let keys = RedisTarget::parse(&cluster.url()).unwrap().keys();
+    let mut on: Vec<(u16, String)> = Vec::new();
+    for iid in ids("c1", 40) {
+        let port = cluster.primary_of(&keys.status(&iid)).await.unwrap();
+        if !on.iter().any(|(p, _)| *p == port) {
+            on.push((port, iid));
+        }
+        if on.len() == 2 {
+            break;
+        }
+    }
+    let [(_, first), (second_port, second)] = <[(u16, String); 2]>::try_from(on).unwrap();
+    // Everything the second primary executes, as it executes it.
+    let mut monitor = tokio::net::TcpStream::connect(("127.0.0.1", second_port))
+        .await
+        .unwrap();
+    monitor.write_all(b"MONITOR\r\n").await.unwrap();
+    let seen = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let sink = seen.clone();
+    let reader = tokio::spawn(async move {
+        let mut buf = vec![0u8; 8192];
+        while let Ok(n) = monitor.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+    });
+    let out = |iid: &str| lastcall_pubsub::publisher::Outgoing {
+        instance_id: iid.to_string(),
+        body: body(iid, InstanceStatus::Active),
+        polled_at: tokio::time::Instant::now(),
+    };
+    assert_eq!(p.publish(&[out(&first)], far()).await.published, 1);
+    assert_eq!(p.publish(&[out(&second)], far()).await.published, 1);
+    let status_key = keys.status(&second);
+    let polled_at_key = keys.polled_at(&second);
+    // The write (the script naming the polled-at key) is on the monitor, so everything
+    // before it is too.
+    let text = wait_for("the second primary ran the write", || async {
+        let text = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+        text.contains(polled_at_key.as_str()).then_some(text)
+    })
+    .await;
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(&status_key)).collect();
+    assert!(
+        !lines[0].contains(polled_at_key.as_str()),
+        "the first command for {second} on its node reads that node's clock, before the write: {lines:?}"
+    );
+    reader.abort();
 }

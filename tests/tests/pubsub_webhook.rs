@@ -103,6 +103,12 @@ async fn publish(redis: &RedisServer, state: &NodeDrainState) {
     drain_state::publish(&mut conn, state).await.unwrap();
 }
 
+/// Sets Fleet `NS/FLEET`'s `spec.replicas`, the floor of a held answer, and waits until the
+/// webhook's Fleet cache has it.
+async fn spec(hook: &WebhookServer, replicas: u32) {
+    hook.set_fleet(NS, FLEET, replicas).await.unwrap();
+}
+
 fn m(server: &WebhookServer, name: &str, labels: &[(&str, &str)]) -> f64 {
     metric_sum(&server.metrics_text(), name, labels)
 }
@@ -290,7 +296,13 @@ async fn stale_future_and_malformed_drain_state_counts_zero_and_dead_entries_are
         None,
     )
     .await
+    .unwrap()
+    .with_fleets(&[(NS, FLEET, 10), (NS, "other-fleet", 20)])
+    .await
     .unwrap();
+    hook.add_nodes(&["late", "dead", "ahead", "fresh"])
+        .await
+        .unwrap();
     let client = http();
     let fleet = status(10, 10);
     let now = now_ms();
@@ -333,6 +345,7 @@ async fn stale_future_and_malformed_drain_state_counts_zero_and_dead_entries_are
     );
     // The stale entries name this Fleet: what those nodes hold now is unknown, so the
     // answer may not shrink it. Another Fleet, named by no stale entry, shrinks.
+    spec(&hook, 20).await;
     assert_eq!(
         ask(&client, &hook.url(), status(20, 10)).await,
         (false, 20),
@@ -352,6 +365,7 @@ async fn stale_future_and_malformed_drain_state_counts_zero_and_dead_entries_are
     );
 
     // One fresh entry still counts beside them.
+    spec(&hook, 10).await;
     publish(&redis, &draining("fresh", now_ms(), &[(NS, FLEET, 2, 0)])).await;
     assert_eq!(ask(&client, &hook.url(), fleet).await, (true, 17));
 
@@ -391,8 +405,8 @@ async fn stale_future_and_malformed_drain_state_counts_zero_and_dead_entries_are
         .unwrap();
     assert_eq!(
         fields.len(),
-        6,
-        "late, ahead, garbage, non-UTF-8, fresh and the epoch remain"
+        7,
+        "late, ahead, garbage, non-UTF-8, fresh, the epoch and its server run remain"
     );
     assert_eq!(
         m(
@@ -451,7 +465,11 @@ async fn a_gone_node_or_an_expired_entry_counts_for_nothing_and_holds_nothing() 
     )
     .await
     .unwrap();
+    cluster
+        .create_fleet(lastcall_testkit::cluster::FleetSpec::new("held", 20))
+        .unwrap();
     hook.attach_kube(cluster.client());
+    hook.wait_fleet_listed(NS, "held").await;
     let client = http();
     let now = now_ms();
     // Fresh: 2 on a live node, 6 on a node that died (a Spot reclaim: its agent could
@@ -536,7 +554,11 @@ async fn old_counts_from_a_live_publisher_hold_instead_of_counting() {
     let redis = RedisServer::start().await.unwrap();
     let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
         .await
+        .unwrap()
+        .with_fleets(&[(NS, FLEET, 20), (NS, "current", 10)])
+        .await
         .unwrap();
+    hook.add_nodes(&["current", "repeated"]).await.unwrap();
     let client = http();
     let now = now_ms();
     let mut current = draining("current", now, &[(NS, "current", 3, 0)]);
@@ -582,11 +604,16 @@ async fn old_counts_from_a_live_publisher_hold_instead_of_counting() {
 #[tokio::test]
 async fn an_oversize_entry_is_refused_by_the_writer_and_a_fitted_one_holds_every_fleet() {
     let redis = RedisServer::start().await.unwrap();
+    let long = "f".repeat(200);
+    let left = format!("{long}-399");
     let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
         .await
+        .unwrap()
+        .with_fleets(&[(NS, FLEET, 10), (NS, &left, 20), (NS, "other", 20)])
+        .await
         .unwrap();
+    hook.add_nodes(&["big"]).await.unwrap();
     let client = http();
-    let long = "f".repeat(200);
     let names: Vec<String> = (0..400).map(|i| format!("{long}-{i:03}")).collect();
     let mut fleets: Vec<(&str, &str, u32, u32)> =
         names.iter().map(|n| (NS, n.as_str(), 1, 0)).collect();
@@ -691,7 +718,7 @@ async fn clusters_sharing_one_redis_do_not_see_each_others_drains() {
     assert_eq!(drain_state::key_for("blue"), "lastcall:drain-state:blue");
 }
 
-/// A held answer keeps the Fleet's own `spec.replicas`, read from the API server. Agones
+/// A held answer keeps the Fleet's own `spec.replicas`, watched on the API server. Agones
 /// writes the answer into `spec.replicas` (and, when `scale` is false, its
 /// `status.replicas`), so during a rolling update (status = spec + the surge) holding at
 /// `status.replicas` ratcheted the Fleet up at every held sync: spec 10 became 13 here.
@@ -706,6 +733,7 @@ async fn a_held_answer_keeps_the_fleets_spec_during_a_rolling_update() {
         .await
         .unwrap();
     hook.attach_kube(cluster.emulator().client_as("pubsub").await.unwrap());
+    hook.wait_fleet_listed(NS, FLEET).await;
     let client = http();
     // A stale entry names the Fleet: its agent stopped refreshing, its Node is still
     // there, so it holds.
@@ -728,18 +756,26 @@ async fn a_held_answer_keeps_the_fleets_spec_during_a_rolling_update() {
     assert_eq!(
         m(
             &hook,
-            "lastcall_pubsub_webhook_fleet_reads_total",
-            &[("result", "ok")]
+            "lastcall_pubsub_webhook_fleet_sizes_total",
+            &[("result", "known")]
         ),
         1.0
     );
-    // A Fleet the API does not know: held at its status, as before.
-    assert_eq!(
-        ask_fleet(&client, &hook.url(), NS, "no-such", status(13, 2), &[]).await,
-        (false, 13)
+    // A Fleet the API does not know: no size to hold at, so no guess either: an error,
+    // and Agones leaves that Fleet as it is.
+    let (code, body) = post(
+        &client,
+        &hook.url(),
+        agones_review("u-1", NS, "no-such", status(13, 2), &[]),
+    )
+    .await;
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("spec.replicas is not known (absent)"),
+        "{body}"
     );
-    // Every call is one the chart's ClusterRole for the webhook grants: get nodes, get
-    // fleets.agones.dev; nothing else.
+    // Every call is one the chart's ClusterRole for the webhook grants: get nodes, list
+    // and watch fleets.agones.dev; nothing else.
     let calls: std::collections::BTreeSet<(String, String)> = cluster
         .emulator()
         .journal()
@@ -754,7 +790,7 @@ async fn a_held_answer_keeps_the_fleets_spec_during_a_rolling_update() {
         })
         .collect();
     let granted: std::collections::BTreeSet<(String, String)> =
-        [("get", "fleets"), ("get", "nodes")]
+        [("list", "fleets"), ("watch", "fleets"), ("get", "nodes")]
             .iter()
             .map(|(v, r)| (v.to_string(), r.to_string()))
             .collect();
@@ -766,7 +802,7 @@ async fn a_held_answer_keeps_the_fleets_spec_during_a_rolling_update() {
     .unwrap();
     for rule in [
         "resources: [nodes]\n    verbs: [get]",
-        "resources: [fleets]\n    verbs: [get]",
+        "resources: [fleets]\n    verbs: [list, watch]",
     ] {
         assert!(chart.contains(rule), "the chart grants {rule:?}");
     }
@@ -782,7 +818,11 @@ async fn a_redis_restarted_empty_holds_until_the_agents_have_written_again() {
     let mut redis = RedisServer::start().await.unwrap();
     let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
         .await
+        .unwrap()
+        .with_fleets(&[(NS, FLEET, 21)])
+        .await
         .unwrap();
+    hook.add_nodes(&["node-a"]).await.unwrap();
     let client = http();
     // Settled: nothing drains, the Fleet shrinks to the buffer.
     assert_eq!(ask(&client, &hook.url(), status(20, 10)).await, (true, 15));
@@ -810,6 +850,7 @@ async fn a_redis_restarted_empty_holds_until_the_agents_have_written_again() {
         (false, 21),
         "held: not shrunk to 15 on an empty read"
     );
+    spec(&hook, 10).await;
     assert_eq!(
         ask(&client, &hook.url(), status(10, 10)).await,
         (true, 15),
@@ -856,7 +897,11 @@ async fn redis_down_still_answers_200_and_holds_the_size() {
         None,
     )
     .await
+    .unwrap()
+    .with_fleets(&[(NS, FLEET, 16)])
+    .await
     .unwrap();
+    hook.add_nodes(&["node-a"]).await.unwrap();
     let client = http();
     publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
     assert_eq!(ask(&client, &hook.url(), status(10, 5)).await, (true, 16));
@@ -869,6 +914,7 @@ async fn redis_down_still_answers_200_and_holds_the_size() {
             "held: no scale-down on a guess"
         );
     }
+    spec(&hook, 10).await;
     assert_eq!(
         ask(&client, &hook.url(), status(10, 8)).await,
         (true, 13),
@@ -923,7 +969,11 @@ async fn blackholed_redis_is_bounded_by_the_timeout_and_answers_the_plain_buffer
         None,
     )
     .await
+    .unwrap()
+    .with_fleets(&[(NS, FLEET, 10)])
+    .await
     .unwrap();
+    hook.add_nodes(&["node-a"]).await.unwrap();
     let client = http();
     publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
     assert_eq!(ask(&client, &hook.url(), status(10, 5)).await.1, 16);
@@ -1312,6 +1362,12 @@ async fn binary_serves_the_webhook_and_refuses_bad_webhook_flags_in_one_line() {
 
     // Served over HTTPS by the binary, next to an admin port whose /metrics shows it.
     let redis = RedisServer::start().await.unwrap();
+    // A Redis dated an hour ago: answers do not hold for a restart that did not happen
+    // (the binary has no Kubernetes client here, so a held answer would be refused).
+    let mut c = redis.client().await.unwrap();
+    drain_state::mark_epoch_in(&mut c, drain_state::KEY, now_ms() - 3_600_000)
+        .await
+        .unwrap();
     let (admin, port) = (
         lastcall_testkit::net::free_port(),
         lastcall_testkit::net::free_port(),
@@ -1823,4 +1879,314 @@ async fn a_node_dying_with_matches_costs_no_more_than_buffer_beyond_its_early_re
         hook.cannot_shrink < Duration::from_secs(15),
         "{hook:?} vs {buffer:?}"
     );
+}
+
+/// The webhook against a real Redis Cluster whose primary for the drain-state hash goes
+/// silent (SIGSTOP: its address still accepts connections, nothing answers, as a VM that
+/// froze or whose packets are blackholed) and is failed over to its replica. Connecting
+/// through a silent node takes one to two timeouts (the slot map is asked of every known
+/// node, each within the timeout); before, that connect ran inside each answer's own
+/// timeout, was always cancelled, the node list was never refreshed, and every Fleet stayed
+/// held until pubsub restarted. Now the connect runs in the background, within its own
+/// bounds, and the answers read the drain state again once the replica is promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_reads_a_redis_cluster_again_after_its_primary_goes_silent_and_fails_over() {
+    use lastcall_common::redis_conn;
+    use lastcall_common::redis_url::RedisTarget;
+    use lastcall_testkit::redis::RedisCluster;
+    let cluster = RedisCluster::start(3, 1).await.unwrap();
+    let ports = cluster.ports();
+    let silent = cluster.primary_of(drain_state::KEY).await.unwrap();
+    let url = cluster.url_through(&ports);
+    let hook = WebhookServer::start(
+        &url,
+        &[
+            "--webhook-max-replicas",
+            "100",
+            "--webhook-redis-timeout",
+            "500ms",
+        ],
+        None,
+    )
+    .await
+    .unwrap()
+    .with_fleets(&[(NS, FLEET, 10)])
+    .await
+    .unwrap();
+    hook.add_nodes(&["node-a"]).await.unwrap();
+    let client = http();
+    let target = RedisTarget::parse(&url).unwrap();
+    let writer = redis_conn::any_client(&target, None).unwrap();
+    let mut conn = redis_conn::connect_any(&writer, Duration::from_secs(5))
+        .await
+        .unwrap();
+    drain_state::publish(
+        &mut conn,
+        &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)]),
+    )
+    .await
+    .unwrap();
+    wait_for("the webhook has connected to the cluster", || async {
+        (ask(&client, &hook.url(), status(10, 5)).await == (true, 16)).then_some(())
+    })
+    .await;
+
+    // The hash's primary freezes; its replica is elected after the node timeout (1 s).
+    let mut node = cluster.node(silent).await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut node)
+        .await
+        .unwrap();
+    let pid = info
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    // Held while the hash cannot be read (the Fleet's spec is 10: no scale-down, no guess).
+    assert_eq!(ask(&client, &hook.url(), status(10, 5)).await, (false, 10));
+    let others: Vec<u16> = ports.iter().copied().filter(|p| *p != silent).collect();
+    let promoted = wait_for("another node is the hash's primary", || async {
+        for port in &others {
+            let Ok(mut c) = cluster.node(*port).await else {
+                continue;
+            };
+            let slot: redis::RedisResult<u16> = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(drain_state::KEY)
+                .query_async(&mut c)
+                .await;
+            let Ok(slot) = slot else { continue };
+            let Ok(nodes) = cluster.nodes_seen_by(*port).await else {
+                continue;
+            };
+            let serving = nodes
+                .iter()
+                .find(|n| n.primary && n.slots.iter().any(|&(a, b)| a <= slot && slot <= b));
+            if let Some(n) = serving.filter(|n| n.port != silent) {
+                return Some(n.port);
+            }
+        }
+        None
+    })
+    .await;
+    // The webhook finds the new primary (the old one still silent): its read there dates
+    // the hash on that server's run (a promoted replica may lack recent writes).
+    let mut on_promoted = cluster.node(promoted).await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut on_promoted)
+        .await
+        .unwrap();
+    let run = info
+        .lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    wait_for(
+        "the webhook reads the hash on the promoted replica",
+        || async {
+            ask(&client, &hook.url(), status(10, 5)).await;
+            let dated: Option<String> = redis::cmd("HGET")
+                .arg(drain_state::KEY)
+                .arg(drain_state::RUN_FIELD)
+                .query_async(&mut cluster.node(promoted).await.ok()?)
+                .await
+                .ok()?;
+            (dated.as_deref() == Some(run.as_str())).then_some(())
+        },
+    )
+    .await;
+    // The agent writes its entry again (every 30 s, on a new connection); once the settle
+    // has passed (the epoch moved back here, as time would move it), it counts as before.
+    let mut conn = redis_conn::connect_any(&writer, Duration::from_secs(5))
+        .await
+        .unwrap();
+    drain_state::publish(
+        &mut conn,
+        &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)]),
+    )
+    .await
+    .unwrap();
+    let epoch: i64 = redis::cmd("HGET")
+        .arg(drain_state::KEY)
+        .arg(drain_state::EPOCH_FIELD)
+        .query_async(&mut on_promoted)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("HSET")
+        .arg(drain_state::KEY)
+        .arg(drain_state::EPOCH_FIELD)
+        .arg(epoch - drain_state::RESTART_SETTLE.as_millis() as i64)
+        .query_async(&mut on_promoted)
+        .await
+        .unwrap();
+    assert_eq!(ask(&client, &hook.url(), status(10, 5)).await, (true, 16));
+    let text = hook.metrics_text();
+    let connects = metric_sum(
+        &text,
+        "lastcall_pubsub_webhook_redis_connect_duration_seconds_count",
+        &[],
+    );
+    assert!(
+        metric_sum(
+            &text,
+            "lastcall_pubsub_webhook_redis_connects_total",
+            &[("result", "ok")]
+        ) >= 2.0,
+        "a new connection after the failover: {text}"
+    );
+    // Each connect is bounded by its own timeouts: the slot map asked of every node at
+    // once, then the connection (each at most two timeouts, 1 s here), whatever the
+    // silent node does.
+    assert_eq!(
+        metric_sum(
+            &text,
+            "lastcall_pubsub_webhook_redis_connect_duration_seconds_bucket",
+            &[("le", "2.048")]
+        ),
+        connects,
+        "{text}"
+    );
+    signal("-CONT");
+}
+
+/// A Redis restored from an old snapshot (here: `SAVE`, then a drain starts, then the
+/// server restarts and loads that snapshot) comes back with the drain-state hash *and its
+/// epoch*: the drain that began after the snapshot is gone, and the hash reads like "that
+/// node does not drain". Before, the next answer shrank the Fleet (21 to 15 here). The hash
+/// also records the Redis server run that dated it: another run dates it again, and every
+/// answer holds while the agents write again, as after a loss.
+#[tokio::test]
+async fn a_redis_restored_from_an_old_snapshot_holds_until_the_agents_have_written_again() {
+    let mut redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap()
+        .with_fleets(&[(NS, FLEET, 21)])
+        .await
+        .unwrap();
+    hook.add_nodes(&["node-a"]).await.unwrap();
+    let client = http();
+    // Settled: nothing drains, the Fleet shrinks to the buffer.
+    assert_eq!(ask(&client, &hook.url(), status(20, 10)).await, (true, 15));
+    let mut conn = redis.client().await.unwrap();
+    let _: String = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
+    publish(&redis, &draining("node-a", now_ms(), &[(NS, FLEET, 6, 0)])).await;
+    assert_eq!(ask(&client, &hook.url(), status(21, 10)).await, (false, 21));
+
+    // The server restarts from the snapshot: node-a's entry is gone, the epoch is not.
+    redis.restart().await.unwrap();
+    let mut conn = redis.client().await.unwrap();
+    let restored: Vec<String> = redis::cmd("HKEYS")
+        .arg(drain_state::KEY)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        restored.contains(&drain_state::EPOCH_FIELD.to_string())
+            && !restored.contains(&"node-a".to_string()),
+        "the snapshot has the epoch and not the drain: {restored:?}"
+    );
+    let reads = || {
+        metric_sum(
+            &hook.metrics_text(),
+            "lastcall_pubsub_webhook_drain_state_reads_total",
+            &[("result", "ok")],
+        )
+    };
+    let before = reads();
+    let last = wait_for("the webhook reads the restored Redis", || async {
+        let answer = ask(&client, &hook.url(), status(21, 10)).await;
+        (reads() > before).then_some(answer)
+    })
+    .await;
+    assert_eq!(
+        last,
+        (false, 21),
+        "held: not shrunk to 15 on the restored hash"
+    );
+    assert!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_held_total",
+            &[("reason", "redis_restarted")]
+        ) >= 1.0
+    );
+    assert_eq!(
+        ask(&client, &hook.url(), status(10, 10)).await,
+        (true, 21),
+        "growth is still allowed (never below the Fleet's spec)"
+    );
+}
+
+/// A held answer's floor is the Fleet's `spec.replicas`; when the webhook cannot know it
+/// (here the API server restarts: its Fleet watch fails and must list again), it holds
+/// rather than guesses: 503, and Agones keeps the Fleet exactly as it is. Before, a failed
+/// Fleet read fell back to `status.replicas`: mid-rollout (spec 10, status 13 with the
+/// surge) the answer was 13, which Agones writes into spec, and the ratchet returned.
+#[tokio::test]
+async fn a_held_answer_whose_fleet_size_is_unknown_is_refused_not_guessed() {
+    let redis = RedisServer::start().await.unwrap();
+    let hook = WebhookServer::start(&redis.host_port(), &["--webhook-max-replicas", "100"], None)
+        .await
+        .unwrap()
+        .with_fleets(&[(NS, FLEET, 10)])
+        .await
+        .unwrap();
+    hook.add_nodes(&["agent-down"]).await.unwrap();
+    let client = http();
+    // A stale entry names the Fleet: answers hold.
+    publish(
+        &redis,
+        &draining("agent-down", now_ms() - 3 * 60_000, &[(NS, FLEET, 3, 0)]),
+    )
+    .await;
+    let mid_rollout = status(13, 2);
+    assert_eq!(ask(&client, &hook.url(), mid_rollout).await, (true, 10));
+
+    // The API server restarts: the watch ends, requests get 503 for a while.
+    let api = hook.kube().unwrap();
+    api.restart(Duration::from_secs(3));
+    let webhook = hook.pubsub.webhook().unwrap().clone();
+    wait_for(
+        "the webhook knows its Fleet cache is not current",
+        || async {
+            matches!(
+                webhook.fleet_size(NS, FLEET),
+                lastcall_pubsub::webhook::fleets::FleetSize::Unknown(_)
+            )
+            .then_some(())
+        },
+    )
+    .await;
+    let (code, body) = post(
+        &client,
+        &hook.url(),
+        agones_review("u-unknown", NS, FLEET, mid_rollout, &[]),
+    )
+    .await;
+    assert_eq!(code, 503, "held with no known floor is refused: {body}");
+    assert!(body.contains("watch_failed"), "{body}");
+    assert!(
+        m(
+            &hook,
+            "lastcall_pubsub_webhook_requests_total",
+            &[("result", "unavailable")]
+        ) >= 1.0
+    );
+    // Listed again: held at the spec as before.
+    hook.wait_fleet_listed(NS, FLEET).await;
+    assert_eq!(ask(&client, &hook.url(), mid_rollout).await, (true, 10));
 }

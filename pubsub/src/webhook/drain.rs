@@ -1,16 +1,18 @@
 //! Reads the drain state for the webhook, never slowly and never fatally.
 //!
-//! Each answer reads Redis once (`HGETALL`, O(draining nodes)), so it reflects the state at
-//! the time of the question. The read is bounded by `--webhook-redis-timeout`; on any
-//! failure the answer is held (see [`Lookup::hold`]), and reads back off for a while, so a dead or
-//! blackholed Redis costs one timeout per backoff step, not one per request. The connection
-//! is the webhook's own: a slow publish batch never delays an answer.
+//! Each answer reads Redis once (one script: the hash's date checked, then `HGETALL`,
+//! O(draining nodes)), so it reflects the state at the time of the question. The read is
+//! bounded by `--webhook-redis-timeout`; on any failure the answer is held (see
+//! [`Lookup::hold`]), and reads back off for a while, so a dead or blackholed Redis costs one
+//! timeout per backoff step, not one per request. The connection is the webhook's own (a
+//! slow publish batch never delays an answer), made in the background (see [`Link`]).
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use lastcall_common::backoff::Backoff;
-use lastcall_common::drain_state::{self, Skip, Snapshot};
+use lastcall_common::drain_state::{self, Redated, Skip, Snapshot};
 use lastcall_common::fleetiq::trim_for_log;
 use lastcall_common::redis_conn::{self, AnyClient, AnyConn, ErrorClass};
 use tokio::time::Instant;
@@ -63,8 +65,29 @@ struct Gate {
     failing: Option<&'static str>,
 }
 
+/// The webhook's connection to Redis, as answers see it. Connecting is one background task
+/// at a time, never cancelled by an answer's timeout: a connection through a silent Redis
+/// Cluster node takes about two timeouts (see `redis_conn::connect_any`), longer than one
+/// answer may wait, and a connect cut short would never learn the cluster's new node list.
+/// Answers wait for it only as long as their own timeout, and are held meanwhile.
+#[derive(Clone)]
+enum Link {
+    /// No connection and none being made.
+    Down,
+    Connecting,
+    /// A connection and its generation (so a failure on an old one never drops a new one).
+    Up(u64, AnyConn),
+    /// The last connect failed (the label of its error class); the next answer after the
+    /// backoff connects again.
+    Failed(&'static str),
+}
+
 /// The webhook's view of `lastcall:drain-state`.
 pub struct DrainReader {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     client: AnyClient,
     tls: bool,
     timeout: Duration,
@@ -72,7 +95,8 @@ pub struct DrainReader {
     hold_limit: Duration,
     /// The hash read (`--cluster-name`).
     key: String,
-    slot: tokio::sync::Mutex<Option<AnyConn>>,
+    link: tokio::sync::watch::Sender<Link>,
+    generation: AtomicU64,
     gate: Mutex<Gate>,
     last_prune: Mutex<Option<Instant>>,
     last_warning: Mutex<Option<Instant>>,
@@ -82,8 +106,8 @@ pub struct DrainReader {
 impl std::fmt::Debug for DrainReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DrainReader")
-            .field("timeout", &self.timeout)
-            .field("max_age", &self.max_age)
+            .field("timeout", &self.inner.timeout)
+            .field("max_age", &self.inner.max_age)
             .finish_non_exhaustive()
     }
 }
@@ -100,103 +124,186 @@ impl DrainReader {
         metrics: WebhookMetrics,
     ) -> Self {
         Self {
-            client,
-            tls,
-            timeout,
-            max_age,
-            hold_limit,
-            key,
-            slot: tokio::sync::Mutex::new(None),
-            gate: Mutex::new(Gate {
-                backoff: Backoff::new(RETRY_BASE, RETRY_MAX),
-                retry_at: None,
-                failing: None,
+            inner: Arc::new(Inner {
+                client,
+                tls,
+                timeout,
+                max_age,
+                hold_limit,
+                key,
+                link: tokio::sync::watch::Sender::new(Link::Down),
+                generation: AtomicU64::new(0),
+                gate: Mutex::new(Gate {
+                    backoff: Backoff::new(RETRY_BASE, RETRY_MAX),
+                    retry_at: None,
+                    failing: None,
+                }),
+                last_prune: Mutex::new(None),
+                last_warning: Mutex::new(None),
+                metrics,
             }),
-            last_prune: Mutex::new(None),
-            last_warning: Mutex::new(None),
-            metrics,
         }
     }
 
     /// Whether answers must hold because the hash was lost recently (see
     /// [`Snapshot::settling`]).
     pub fn settling(&self, snap: &Snapshot) -> bool {
-        snap.settling(drain_state::unix_ms(SystemTime::now()), self.max_age)
+        snap.settling(drain_state::unix_ms(SystemTime::now()), self.inner.max_age)
     }
 
-    /// The drain state now, within the timeout, or why it cannot be read (`backoff`,
-    /// `timeout`, an error class): then the answer is held.
-    pub async fn snapshot(&self) -> Result<Snapshot, &'static str> {
-        if self.backing_off() {
-            Metrics::result(&self.metrics.drain_state_reads, "backoff");
+    /// The drain state now, by `deadline` (at most the webhook's Redis timeout from now),
+    /// or why it cannot be read (`backoff`, `connecting`, `timeout`, an error class): then
+    /// the answer is held.
+    pub async fn snapshot(&self, deadline: Instant) -> Result<Snapshot, &'static str> {
+        let me = &self.inner;
+        if me.backing_off() {
+            Metrics::result(&me.metrics.drain_state_reads, "backoff");
             return Err("backoff");
         }
+        let deadline = deadline.min(Instant::now() + me.timeout);
         let started = Instant::now();
-        let read = tokio::time::timeout(self.timeout, self.read()).await;
-        self.metrics
+        let conn = tokio::time::timeout_at(deadline, me.connection()).await;
+        let (generation, mut conn) = match conn {
+            Ok(Ok(c)) => c,
+            Ok(Err(label)) => {
+                // Counted and logged (with the backoff step) by the connect itself.
+                Metrics::result(&me.metrics.drain_state_reads, label);
+                return Err(label);
+            }
+            Err(_) => {
+                // The connect goes on in the background; a later answer uses it.
+                Metrics::result(&me.metrics.drain_state_reads, CONNECTING);
+                return Err(CONNECTING);
+            }
+        };
+        let now_ms = drain_state::unix_ms(SystemTime::now());
+        let read = tokio::time::timeout_at(
+            deadline,
+            drain_state::read_dated(&mut conn, &me.key, now_ms, me.max_age, me.hold_limit),
+        )
+        .await;
+        me.metrics
             .drain_state_read_duration
             .observe(started.elapsed().as_secs_f64());
         match read {
-            Ok(Ok((snap, conn))) => {
-                self.read_ok(&snap, conn);
+            Ok(Ok((snap, redated))) => {
+                if redated != Redated::No {
+                    tracing::warn!(
+                        message = match redated {
+                            Redated::Missing =>
+                                "the drain state had no epoch: Redis lost it (a restart without persistence, a flush) or no webhook has read it yet; holding every Fleet while the agents write again",
+                            _ =>
+                                "the drain state was dated on another run of the Redis server: it restarted from a snapshot or failed over to a replica, and may have lost drains written since; holding every Fleet while the agents write again",
+                        },
+                        hold_s = drain_state::RESTART_SETTLE.as_secs(),
+                    );
+                }
+                me.read_ok(&snap, conn);
                 Ok(snap)
             }
             Ok(Err(e)) => {
                 let class = redis_conn::classify(&e);
                 if class.needs_new_connection() {
-                    self.forget_connection();
+                    me.reconnect(generation);
                 }
-                self.read_failed(class.label(), class.hint(self.tls), &e.to_string());
+                Metrics::result(&me.metrics.drain_state_reads, class.label());
+                me.failed(class.label(), class.hint(me.tls), &e.to_string());
                 Err(class.label())
             }
             Err(_) => {
                 // A connection that did not answer in time is not trusted again.
-                self.forget_connection();
+                me.reconnect(generation);
                 let label = ErrorClass::Timeout.label();
-                self.read_failed(
+                Metrics::result(&me.metrics.drain_state_reads, label);
+                me.failed(
                     label,
-                    ErrorClass::Timeout.hint(self.tls),
+                    ErrorClass::Timeout.hint(me.tls),
                     "no answer within --webhook-redis-timeout",
                 );
                 Err(label)
             }
         }
     }
+}
 
-    async fn read(&self) -> redis::RedisResult<(Snapshot, AnyConn)> {
-        let mut conn = {
-            let mut slot = self.slot.lock().await;
-            match slot.as_ref() {
-                Some(c) => c.clone(),
-                None => {
-                    let c = redis_conn::connect_any(&self.client, self.timeout).await?;
-                    *slot = Some(c.clone());
-                    c
-                }
+/// Label of a read that found the connection still being made.
+const CONNECTING: &str = "connecting";
+
+impl Inner {
+    /// The connection, once there is one: starts a connect when there is none (and none is
+    /// under way) and waits for it, or for its failure.
+    async fn connection(self: &Arc<Self>) -> Result<(u64, AnyConn), &'static str> {
+        let mut rx = self.link.subscribe();
+        let mut first = true;
+        loop {
+            let state = rx.borrow_and_update().clone();
+            match state {
+                Link::Up(generation, conn) => return Ok((generation, conn)),
+                Link::Failed(label) if !first => return Err(label),
+                Link::Connecting => {}
+                Link::Down | Link::Failed(_) => self.start_connect(),
             }
-        };
-        let now_ms = drain_state::unix_ms(SystemTime::now());
-        let mut snap =
-            drain_state::read_all(&mut conn, &self.key, now_ms, self.max_age, self.hold_limit)
-                .await?;
-        if snap.epoch_ms.is_none() {
-            let epoch = drain_state::mark_epoch_in(&mut conn, &self.key, now_ms).await?;
-            if epoch == now_ms {
-                tracing::warn!(
-                    message = "the drain state had no epoch: Redis lost it (a restart without persistence, a flush) or no webhook has read it yet; holding every Fleet while the agents write again",
-                    hold_s = drain_state::RESTART_SETTLE.as_secs(),
-                );
+            first = false;
+            if rx.changed().await.is_err() {
+                return Err(ErrorClass::Connection.label());
             }
-            snap.epoch_ms = Some(epoch);
         }
-        Ok((snap, conn))
     }
 
-    /// Drops the shared connection so the next read opens a new one. Never waits: if
-    /// another request holds the slot it is connecting, and the slot is empty anyway.
-    fn forget_connection(&self) {
-        if let Ok(mut slot) = self.slot.try_lock() {
-            *slot = None;
+    /// Starts the one background connect, unless one runs or a connection is up.
+    fn start_connect(self: &Arc<Self>) {
+        let claimed = self.link.send_if_modified(|l| {
+            if matches!(l, Link::Down | Link::Failed(_)) {
+                *l = Link::Connecting;
+                true
+            } else {
+                false
+            }
+        });
+        if !claimed {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            // Bounded inside: per node, and the cluster connection, each by the timeout.
+            let result = redis_conn::connect_any(&me.client, me.timeout).await;
+            me.metrics
+                .redis_connect_duration
+                .observe(started.elapsed().as_secs_f64());
+            match result {
+                Ok(conn) => {
+                    Metrics::result(&me.metrics.redis_connects, "ok");
+                    // A fresh connection is worth a read at once.
+                    me.gate.lock().unwrap_or_else(|p| p.into_inner()).retry_at = None;
+                    let generation = me.generation.fetch_add(1, Ordering::Relaxed) + 1;
+                    me.link.send_replace(Link::Up(generation, conn));
+                }
+                Err(e) => {
+                    let class = redis_conn::classify(&e);
+                    Metrics::result(&me.metrics.redis_connects, "error");
+                    me.failed(class.label(), class.hint(me.tls), &e.to_string());
+                    me.link.send_replace(Link::Failed(class.label()));
+                }
+            }
+        });
+    }
+
+    /// Drops connection `generation` (a newer one stays) and starts a new one at once, in
+    /// the background: answers meanwhile back off (held) without waiting for it, and the
+    /// first after the backoff uses it. So a failover is followed within about one connect
+    /// (the new slot map), not one backoff step after another.
+    fn reconnect(self: &Arc<Self>, generation: u64) {
+        let dropped = self.link.send_if_modified(|l| {
+            if matches!(l, Link::Up(g, _) if *g == generation) {
+                *l = Link::Down;
+                true
+            } else {
+                false
+            }
+        });
+        if dropped {
+            self.start_connect();
         }
     }
 
@@ -312,8 +419,8 @@ impl DrainReader {
         });
     }
 
-    fn read_failed(&self, reason: &'static str, hint: &'static str, error: &str) {
-        Metrics::result(&self.metrics.drain_state_reads, reason);
+    /// One step of the backoff, and one warning per outage (repeats at debug).
+    fn failed(&self, reason: &'static str, hint: &'static str, error: &str) {
         let (first, retry_in) = {
             let mut gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
             let first = gate.failing != Some(reason);

@@ -2,8 +2,9 @@
 //! `fleet_held_seconds{namespace,fleet}` (and the alert on a Fleet held too long: while
 //! held, a Fleet can grow but never shrink).
 //!
-//! The Fleet names come from reviews, so the tracker is bounded: at most [`MAX_TRACKED`]
-//! Fleets, each forgotten (its series dropped) once it has not asked for [`FORGET_AFTER`],
+//! The Fleet names come from reviews, so only Fleets that exist (the webhook's Fleet cache)
+//! are tracked, and the tracker is bounded even so: at most [`MAX_TRACKED`] Fleets, each
+//! forgotten (its series dropped) once it has not asked for [`FORGET_AFTER`],
 //! so a deleted Fleet's last value does not stay behind and fire the alert forever.
 
 use std::collections::HashMap;
@@ -25,13 +26,29 @@ struct Track {
     last_answer: Instant,
 }
 
+/// At most one warning about held answers that cannot be sized, per this period.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+
 /// Per-Fleet hold durations.
 #[derive(Debug, Default)]
 pub struct HeldFleets {
     fleets: Mutex<HashMap<(String, String), Track>>,
+    last_warning: Mutex<Option<Instant>>,
 }
 
 impl HeldFleets {
+    /// Whether a warning about held answers may be logged now (at most one a minute, so
+    /// callers cannot flood the log); if so, marks now.
+    pub fn due_warning(&self) -> bool {
+        let mut last = self.last_warning.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if last.is_some_and(|at| now.saturating_duration_since(at) < WARN_EVERY) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+
     /// Records an answer for `namespace/name` and updates the metrics. Returns how long
     /// the Fleet has been held (zero when this answer is not held).
     pub fn answered(

@@ -1,11 +1,11 @@
-//! What the webhook reads from the Kubernetes API: whether the Nodes that drain-state
-//! entries name still exist, and a held Fleet's own `spec.replicas`.
+//! What the webhook reads of Nodes from the Kubernetes API: whether the Nodes that
+//! drain-state entries name still exist (Fleets come from a watch: [`super::fleets`]).
 //!
-//! Both are optional: without a client (no in-cluster credentials, no kubeconfig) or when
-//! a read fails, a Node counts as present (its entry counts, or holds, by its age alone)
-//! and a held answer keeps `status.replicas`, as before. Every read is bounded by the
-//! webhook's timeout, and Node answers are cached for [`NODE_CACHE_FOR`], so a review
-//! costs at most one GET per draining node every few seconds.
+//! Optional: without a client (no in-cluster credentials, no kubeconfig) or when a read
+//! fails, a Node counts as present (its entry counts, or holds, by its age alone). Every
+//! read is bounded by the webhook's timeout, and Node answers are cached for
+//! [`NODE_CACHE_FOR`], so a review costs at most one GET per draining node every few
+//! seconds. The names come from the drain state agents write, never from a review.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use lastcall_common::drain_state::Live;
 use tokio::time::Instant;
 
@@ -38,14 +37,6 @@ pub enum NodeSeen {
 /// told apart: the dead one's entry then ends by age, at the hold limit.)
 pub fn is_gone(seen: NodeSeen, _entry: &Live) -> bool {
     seen == NodeSeen::Absent
-}
-
-/// The Fleet resource, `agones.dev/v1`.
-fn fleet_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("agones.dev", "v1", "Fleet"),
-        "fleets",
-    )
 }
 
 /// The webhook's Kubernetes reads.
@@ -75,8 +66,8 @@ impl KubeReads {
     }
 
     /// What is known of each of `names`, reading the ones not cached, all at once, within
-    /// the timeout.
-    pub async fn nodes(&self, names: &[&str]) -> HashMap<String, NodeSeen> {
+    /// the timeout and by `deadline`.
+    pub async fn nodes(&self, names: &[&str], deadline: Instant) -> HashMap<String, NodeSeen> {
         let now = Instant::now();
         let mut out = HashMap::new();
         let mut wanted = Vec::new();
@@ -101,7 +92,7 @@ impl KubeReads {
             let api = api.clone();
             async move { (name.to_string(), api.get_metadata_opt(name).await) }
         }));
-        let read = tokio::time::timeout(self.timeout, reads).await;
+        let read = tokio::time::timeout_at(deadline.min(now + self.timeout), reads).await;
         let mut cache = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
         let Ok(read) = read else {
             Metrics::result(&self.metrics.node_reads, "error");
@@ -134,33 +125,6 @@ impl KubeReads {
             out.insert(name, seen);
         }
         out
-    }
-
-    /// Fleet `namespace/name`'s `spec.replicas`, or `None` (counted, with the reason) when
-    /// it cannot be read within the timeout.
-    pub async fn fleet_spec_replicas(&self, namespace: &str, name: &str) -> Option<u32> {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), namespace, &fleet_resource());
-        let read = tokio::time::timeout(self.timeout, api.get_opt(name)).await;
-        let (result, replicas) = match read {
-            Ok(Ok(Some(fleet))) => match fleet
-                .data
-                .pointer("/spec/replicas")
-                .and_then(serde_json::Value::as_u64)
-                .and_then(|n| u32::try_from(n).ok())
-            {
-                Some(n) => ("ok", Some(n)),
-                None => ("error", None),
-            },
-            Ok(Ok(None)) => ("not_found", None),
-            Ok(Err(e)) => {
-                tracing::debug!(message = "reading a Fleet failed", namespace, fleet = name, error = %e);
-                ("error", None)
-            }
-            Err(_) => ("error", None),
-        };
-        Metrics::result(&self.metrics.fleet_reads, result);
-        replicas
     }
 }
 

@@ -20,6 +20,7 @@
 //! scaling on guesses.
 
 pub mod drain;
+pub mod fleets;
 pub mod held;
 pub mod kube;
 pub mod policy;
@@ -46,6 +47,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{BoundLabels, Metrics, ReasonLabels, SourceLabels, WebhookMetrics};
 use drain::{DrainReader, Lookup};
+use fleets::{FleetCache, FleetSize};
 use held::HeldFleets;
 use kube::{KubeReads, NodeSeen};
 use lastcall_common::drain_state::Snapshot;
@@ -53,8 +55,18 @@ use policy::{Buffer, FleetCounts, Overrides, Policy, PolicyError};
 use review::{Review, ReviewError};
 
 /// Largest review accepted. Agones sends the Fleet's labels and annotations, which may
-/// carry a `kubectl` last-applied-configuration of several KiB.
-pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+/// carry a `kubectl` last-applied-configuration; Kubernetes caps an object's annotations at
+/// 256 KiB together, so a real review is well under this.
+pub const MAX_BODY_BYTES: usize = 512 * 1024;
+
+/// Reviews read and answered at once; more wait (their bodies unread) for a turn. Bounds
+/// the memory that bodies take, whatever callers send: an answer takes a millisecond or a
+/// bounded Redis read, so Agones' reviews are not kept waiting long by this.
+pub const MAX_IN_FLIGHT: usize = 32;
+
+/// Every answer is sent within this of its request's arrival (body, Redis and Node reads
+/// together): Agones gives up on a webhook after 15 s.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(12);
 
 /// Longest a client may take to send a review's body once its headers are in (the
 /// headers have their own limit): a client that trickles a body is cut off (408) instead
@@ -85,10 +97,22 @@ pub struct Webhook {
     timeout: Duration,
     /// Set once a Kubernetes client is attached ([`Webhook::attach_kube`]).
     kube: OnceLock<KubeReads>,
+    /// Every Fleet's `spec.replicas`, from a watch (once a client is attached).
+    fleets: FleetCache,
     held: HeldFleets,
+    /// Turns for reviews ([`MAX_IN_FLIGHT`]).
+    turns: Arc<tokio::sync::Semaphore>,
+    /// Stops the Fleet watch when the webhook is dropped.
+    stop: CancellationToken,
     metrics: WebhookMetrics,
     /// pubsub's readiness: [`serve`] sets [`READY_WEBHOOK`] while it serves.
     health: Health,
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
 }
 
 /// An answer: the status and body.
@@ -110,19 +134,32 @@ impl Webhook {
             reader,
             timeout,
             kube: OnceLock::new(),
+            fleets: FleetCache::default(),
             held: HeldFleets::default(),
+            turns: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
+            stop: CancellationToken::new(),
             metrics,
             health,
         }
     }
 
     /// Lets the webhook read Nodes (an entry of a gone Node counts for nothing and holds
-    /// nothing) and Fleets (a held answer keeps `spec.replicas`). Only the first call
-    /// counts.
+    /// nothing) and watch Fleets (a held answer keeps `spec.replicas`; only Fleets that
+    /// exist are tracked). Only the first call counts. Must run inside Tokio.
     pub fn attach_kube(&self, client: ::kube::Client) {
-        let _ = self
-            .kube
-            .set(KubeReads::new(client, self.timeout, self.metrics.clone()));
+        let reads = KubeReads::new(client.clone(), self.timeout, self.metrics.clone());
+        if self.kube.set(reads).is_ok() {
+            tokio::spawn(
+                self.fleets
+                    .clone()
+                    .run(client, self.metrics.clone(), self.stop.clone()),
+            );
+        }
+    }
+
+    /// What the webhook's Fleet cache says of Fleet `namespace/name`.
+    pub fn fleet_size(&self, namespace: &str, name: &str) -> FleetSize {
+        self.fleets.size(namespace, name)
     }
 
     pub fn policy(&self) -> &Policy {
@@ -139,14 +176,17 @@ impl Webhook {
             .with_state(self.clone())
     }
 
-    async fn answer(&self, query: Option<&str>, body: &[u8]) -> Answer {
+    async fn answer(&self, query: Option<&str>, body: &[u8], deadline: Instant) -> Answer {
         let review = match Review::parse(body) {
             Ok(r) => r,
             Err(e) => return self.reject(&e, None),
         };
         let policy = self.policy_for(&review, query);
-        let lookup = match self.reader.snapshot().await {
-            Ok(snap) => self.lookup(&snap, &review.namespace, &review.name).await,
+        let lookup = match self.reader.snapshot(deadline).await {
+            Ok(snap) => {
+                self.lookup(&snap, &review.namespace, &review.name, deadline)
+                    .await
+            }
             Err(reason) => Lookup::Unavailable(reason),
         };
         let fleet = FleetCounts {
@@ -156,12 +196,23 @@ impl Webhook {
         let hold = lookup.hold();
         let hold_at = match hold {
             None => None,
-            Some(_) => Some(self.size_to_hold(&review).await),
+            Some(reason) => {
+                let size = self.fleets.size(&review.namespace, &review.name);
+                Metrics::result(&self.metrics.fleet_sizes, size.label());
+                match size {
+                    FleetSize::Known(spec) => Some(spec),
+                    other => return self.unknown_size(&review, reason, other),
+                }
+            }
         };
         let d = policy::decide(&policy, fleet, lookup.extra(), hold_at);
-        let held_for = self
-            .held
-            .answered(&self.metrics, &review.namespace, &review.name, d.held);
+        // Only Fleets that exist are tracked: the names come from callers.
+        let held_for = if self.fleets.exists(&review.namespace, &review.name) {
+            self.held
+                .answered(&self.metrics, &review.namespace, &review.name, d.held)
+        } else {
+            Duration::ZERO
+        };
         if d.held {
             let reason = hold.unwrap_or("unknown");
             self.metrics
@@ -239,13 +290,19 @@ impl Webhook {
     /// The Fleet's drain state, with the entries of Nodes that are gone set aside: they
     /// count for nothing and hold nothing (the GameServerSet already replaces what was on
     /// them).
-    async fn lookup(&self, snap: &Snapshot, namespace: &str, name: &str) -> Lookup {
+    async fn lookup(
+        &self,
+        snap: &Snapshot,
+        namespace: &str,
+        name: &str,
+        deadline: Instant,
+    ) -> Lookup {
         let naming: Vec<&str> = snap
             .nodes_naming(namespace, name)
             .map(|e| e.node.as_str())
             .collect();
         let seen: HashMap<String, NodeSeen> = match self.kube.get() {
-            Some(k) if !naming.is_empty() => k.nodes(&naming).await,
+            Some(k) if !naming.is_empty() => k.nodes(&naming, deadline).await,
             _ => HashMap::new(),
         };
         let f = snap.fleet(namespace, name, |e| {
@@ -278,17 +335,35 @@ impl Webhook {
         }
     }
 
-    /// The size a held answer keeps: the Fleet's `spec.replicas` (what Agones will write
-    /// the answer into), or `status.replicas` when the Fleet cannot be read.
-    async fn size_to_hold(&self, review: &Review) -> u32 {
-        let spec = match self.kube.get() {
-            Some(k) => k.fleet_spec_replicas(&review.namespace, &review.name).await,
-            None => {
-                Metrics::result(&self.metrics.fleet_reads, "no_client");
-                None
-            }
-        };
-        spec.unwrap_or(review.replicas)
+    /// A held answer whose floor, the Fleet's `spec.replicas`, is not known (no client, the
+    /// Fleets not listed yet or the watch failed, or no such Fleet): any number would be a
+    /// guess (`status.replicas` ratchets a rolling update up and shrinks a scale-up in
+    /// progress), so the answer is an error, and Agones keeps the Fleet as it is until a
+    /// later sync. Counted; logged at most once a minute.
+    fn unknown_size(&self, review: &Review, hold: &'static str, size: FleetSize) -> Answer {
+        Metrics::result(&self.metrics.requests, "unavailable");
+        self.metrics
+            .held
+            .get_or_create(&ReasonLabels { reason: hold })
+            .inc();
+        if self.held.due_warning() {
+            tracing::warn!(
+                message = "held answer refused: the Fleet's spec.replicas is not known, so Agones keeps the Fleet as it is",
+                namespace = %review.namespace,
+                fleet = %review.name,
+                hold,
+                fleet_size = size.label(),
+                hint = "the webhook watches fleets.agones.dev (the chart grants list and watch); absent: no such Fleet",
+            );
+        }
+        Answer {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            body: format!(
+                "held ({hold}): the Fleet's spec.replicas is not known ({}); the Fleet is left as it is\n",
+                size.label()
+            )
+            .into_bytes(),
+        }
     }
 
     /// The service-wide policy with this Fleet's overrides: annotations, then the query.
@@ -400,20 +475,22 @@ fn overrides<'a>(
 
 async fn scale(State(webhook): State<Arc<Webhook>>, uri: Uri, body: Body) -> Response {
     let started = Instant::now();
-    let answer = match tokio::time::timeout(
-        BODY_TIMEOUT,
-        axum::body::to_bytes(body, MAX_BODY_BYTES),
-    )
-    .await
-    {
-        Ok(Ok(body)) => webhook.answer(uri.query(), &body).await,
-        Ok(Err(e)) => {
-            webhook.refuse_body(StatusCode::PAYLOAD_TOO_LARGE, "too_large", &e.to_string())
+    let deadline = started + ANSWER_WITHIN;
+    // A turn first, the body after: bodies waiting for a turn are not read into memory.
+    let turn = tokio::time::timeout_at(deadline, webhook.turns.clone().acquire_owned()).await;
+    let answer = match turn {
+        Ok(Ok(_turn)) => {
+            webhook
+                .read_and_answer(uri.query(), body, started, deadline)
+                .await
         }
-        Err(_) => webhook.refuse_body(
-            StatusCode::REQUEST_TIMEOUT,
-            "body_timeout",
-            &format!("the body did not arrive within {}s", BODY_TIMEOUT.as_secs()),
+        _ => webhook.refuse_body(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            &format!(
+                "no turn within {}s: {MAX_IN_FLIGHT} reviews are being answered",
+                ANSWER_WITHIN.as_secs()
+            ),
         ),
     };
     webhook
@@ -431,6 +508,30 @@ async fn scale(State(webhook): State<Arc<Webhook>>, uri: Uri, body: Body) -> Res
         answer.body,
     )
         .into_response()
+}
+
+impl Webhook {
+    /// Reads the body (bounded in size and time) and answers it.
+    async fn read_and_answer(
+        &self,
+        query: Option<&str>,
+        body: Body,
+        started: Instant,
+        deadline: Instant,
+    ) -> Answer {
+        let body_by = (started + BODY_TIMEOUT).min(deadline);
+        match tokio::time::timeout_at(body_by, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
+            Ok(Ok(body)) => self.answer(query, &body, deadline).await,
+            Ok(Err(e)) => {
+                self.refuse_body(StatusCode::PAYLOAD_TOO_LARGE, "too_large", &e.to_string())
+            }
+            Err(_) => self.refuse_body(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                &format!("the body did not arrive within {}s", BODY_TIMEOUT.as_secs()),
+            ),
+        }
+    }
 }
 
 impl Webhook {

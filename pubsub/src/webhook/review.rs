@@ -45,6 +45,12 @@ pub enum ReviewError {
     Missing(&'static str),
     #[error("{field} is {value}: a Fleet count is a whole number from 0 to 2147483647")]
     BadCount { field: &'static str, value: i64 },
+    #[error("{field} {value:?} is not a Kubernetes {rule}")]
+    InvalidName {
+        field: &'static str,
+        value: String,
+        rule: &'static str,
+    },
 }
 
 impl ReviewError {
@@ -55,6 +61,7 @@ impl ReviewError {
             Self::WrongApiVersion(_) => "wrong_api_version",
             Self::Missing(_) => "missing_field",
             Self::BadCount { .. } => "bad_count",
+            Self::InvalidName { .. } => "invalid_name",
         }
     }
 }
@@ -122,6 +129,26 @@ impl Review {
         let uid = non_empty("request.uid", req.uid)?;
         let name = non_empty("request.name", req.name)?;
         let namespace = non_empty("request.namespace", req.namespace)?;
+        // Kubernetes' own limits, so no name a Fleet cannot have is stored, logged at
+        // length or echoed.
+        check(
+            "request.uid",
+            &uid,
+            is_uid,
+            "UID (at most 128 printable ASCII characters)",
+        )?;
+        check(
+            "request.namespace",
+            &namespace,
+            is_dns_label,
+            "namespace (a DNS label: lowercase letters, digits and '-', at most 63)",
+        )?;
+        check(
+            "request.name",
+            &name,
+            is_dns_subdomain,
+            "object name (a DNS subdomain: lowercase letters, digits, '-' and '.', at most 253)",
+        )?;
         let status = req.status.ok_or(ReviewError::Missing("request.status"))?;
         Ok(Review {
             uid,
@@ -143,6 +170,48 @@ impl Review {
             api_version: wire.api_version,
         })
     }
+}
+
+fn check(
+    field: &'static str,
+    value: &str,
+    valid: fn(&str) -> bool,
+    rule: &'static str,
+) -> Result<(), ReviewError> {
+    if valid(value) {
+        return Ok(());
+    }
+    Err(ReviewError::InvalidName {
+        field,
+        value: trim(value),
+        rule,
+    })
+}
+
+/// A UID as the API server writes it (a UUID), with room to spare: printable ASCII.
+fn is_uid(s: &str) -> bool {
+    s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// RFC 1123 label (Kubernetes' `IsDNS1123Label`): what a namespace name must be.
+pub fn is_dns_label(s: &str) -> bool {
+    s.len() <= 63 && is_label_chars(s)
+}
+
+/// RFC 1123 subdomain (Kubernetes' `IsDNS1123Subdomain`, whose parts have no length of
+/// their own): what a Fleet name must be.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_label_chars)
+}
+
+/// Lowercase letters, digits and `-`, not empty, starting and ending with a letter or digit.
+fn is_label_chars(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
 }
 
 fn trim(s: &str) -> String {
@@ -238,11 +307,33 @@ mod tests {
             (r#"{"request":{"uid":"u","name":"f","namespace":"n","status":{"replicas":1,"allocatedReplicas":0,"readyReplicas":-1}}}"#.into(), "bad_count", "readyReplicas"),
             (r#"{"request":{"uid":"u","name":"f","namespace":"n","status":{"replicas":1.5,"allocatedReplicas":0}}}"#.into(), "invalid_json", "not a FleetAutoscaleReview"),
             (r#"{"request":{"uid":7,"name":"f","namespace":"n","status":{"replicas":1,"allocatedReplicas":0}}}"#.into(), "invalid_json", "not a FleetAutoscaleReview"),
+            (format!(r#"{{"request":{{"uid":"u","name":"{}","namespace":"n",{status}}}}}"#, "f".repeat(254)), "invalid_name", "request.name"),
+            (format!(r#"{{"request":{{"uid":"u","name":"Simple_Game","namespace":"n",{status}}}}}"#), "invalid_name", "DNS subdomain"),
+            (format!(r#"{{"request":{{"uid":"u","name":"a..b","namespace":"n",{status}}}}}"#), "invalid_name", "request.name"),
+            (format!(r#"{{"request":{{"uid":"u","name":"f","namespace":"{}",{status}}}}}"#, "n".repeat(64)), "invalid_name", "request.namespace"),
+            (format!(r#"{{"request":{{"uid":"u","name":"f","namespace":"a.b",{status}}}}}"#), "invalid_name", "DNS label"),
+            (format!(r#"{{"request":{{"uid":"u","name":"f","namespace":"-n",{status}}}}}"#), "invalid_name", "request.namespace"),
+            (format!(r#"{{"request":{{"uid":"{}","name":"f","namespace":"n",{status}}}}}"#, "u".repeat(129)), "invalid_name", "request.uid"),
+            (format!(r#"{{"request":{{"uid":"a b","name":"f","namespace":"n",{status}}}}}"#), "invalid_name", "request.uid"),
         ];
         for (body, label, text) in cases {
             let err = Review::parse(body.as_bytes()).unwrap_err();
             assert_eq!(err.metric_label(), label, "{body}: {err}");
             assert!(err.to_string().contains(text), "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn names_follow_kubernetes_rules() {
+        for ok in ["a", "simple-game", "a.b-c", &"x".repeat(253)] {
+            assert!(is_dns_subdomain(ok), "{ok}");
+        }
+        for bad in ["", "A", "a_b", "-a", "a-", "a..b", ".a", &"x".repeat(254)] {
+            assert!(!is_dns_subdomain(bad), "{bad}");
+        }
+        assert!(is_dns_label("default") && is_dns_label(&"x".repeat(63)));
+        for bad in ["a.b", "", &"x".repeat(64)] {
+            assert!(!is_dns_label(bad), "{bad}");
         }
     }
 
