@@ -3,6 +3,8 @@
 //! - RBAC: the chart's rules (as rendered in `manifests/`) equal the API calls the agent makes
 //!   in end-to-end flows against the emulator — nothing used is missing, nothing granted is
 //!   unused — and pubsub calls nothing and is granted nothing;
+//! - the admission policies' table (`charts/lastcall/agent-writes.yaml`): every write the
+//!   agents make in the same flows is one it lists, and every entry is a write they make;
 //! - IAM: the policies `docs/install.md` gives equal the AWS SDK operations each binary's code
 //!   calls, both directions;
 //! - every agent and pubsub flag has a chart value with the binary's default, passed by the
@@ -30,11 +32,13 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use lastcall_common::fleetiq::InstanceStatus as Status;
 use lastcall_testkit::agent::{InProcessAgent, config, scrape};
+use lastcall_testkit::agent_writes::{self, Options, Table};
 use lastcall_testkit::bins::workspace_binary;
 use lastcall_testkit::cluster::GameServerState as S;
 use lastcall_testkit::cluster::fixtures::toleration_equal;
 use lastcall_testkit::eventually::wait_for;
 use lastcall_testkit::gamelift::{GameLiftEmulator, InstanceStatus as GlStatus};
+use lastcall_testkit::gce::GceMetadataEmulator;
 use lastcall_testkit::kube::JournalEntry;
 use lastcall_testkit::net::free_port;
 use lastcall_testkit::world::{World, WorldSpec, cordoned, has_taint, subscribed};
@@ -283,9 +287,47 @@ fn assert_tolerated(file: &str, seen: &BTreeSet<(String, String, String)>) {
     }
 }
 
+/// The agents' writes in `w`, named by the admission policies' table
+/// (`lastcall_testkit::agent_writes`): each name is added to `seen`, and each name the table
+/// does not admit in a release with `options` is returned with its request.
+fn writes_outside_the_table(
+    table: &Table,
+    w: &World,
+    options: Options,
+    seen: &mut BTreeSet<String>,
+) -> Vec<String> {
+    let store = w.cluster.store();
+    let floor = store.oldest_resumable();
+    assert!(
+        floor <= 1,
+        "the store history no longer starts at the world's start (rv {floor}): raise its limit"
+    );
+    let history = store
+        .events_since(floor)
+        .expect("the store history since the world started");
+    let writes =
+        agent_writes::journal_writes(table, &w.cluster.emulator().journal().entries(), &history)
+            .unwrap_or_else(|e| panic!("naming the agents' writes: {e:#}"));
+    let mut outside = Vec::new();
+    for wr in writes {
+        for n in &wr.names {
+            seen.insert(n.clone());
+            if !table.admits(options, n) {
+                outside.push(format!("  {n}: {}", wr.request));
+            }
+        }
+    }
+    outside
+}
+
 /// Flows without compat mode: a FleetIQ drain that is cancelled, drains again and
 /// deregisters (Events, including a repeated one); a Node-label drain and its cancel; a
-/// Node-label drain in dry-run mode. Then, in a second world, the compat-mode drain.
+/// Node-label drain in dry-run mode. Then, in a second world, the compat-mode drain; in a
+/// third, a Spot deadline's graceful termination; in a fourth, a GKE maintenance handed back.
+///
+/// The same writes against the admission policies' table, both ways: a write the table does
+/// not list (the policies would refuse it: the agent's drain would fail on a real cluster),
+/// and an entry no flow makes (the policies would admit a write the agent never makes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_grants_the_agent_exactly_what_it_calls() {
     let mut seen_taints = BTreeSet::new();
@@ -447,6 +489,110 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
     })
     .await;
     hard.stop().await.unwrap();
+
+    // World 4: GKE maintenance that may start early, with --gke-hand-back, on a node whose
+    // kubelet reports its boot id: the drain records it, and the empty node is handed back.
+    // The match is `eviction.safe: Always` (Agones says safe-to-evict "true"), so autoscaler
+    // cooperation writes "false" on its pod.
+    let w4 = World::start(
+        WorldSpec::new(1, 1, 0).eviction_safe(lastcall_testkit::cluster::EvictionSafe::Always),
+    )
+    .await;
+    w4.cluster.set_boot_id("n1", "boot-1").unwrap();
+    let gce = GceMetadataEmulator::start().await.unwrap();
+    let gce_url = gce.url();
+    let gke = w4
+        .start_agent(
+            &[
+                "--gce-metadata",
+                "--gce-metadata-endpoint",
+                &gce_url,
+                "--gce-wait-timeout",
+                "2s",
+                "--gce-upcoming-interval",
+                "200ms",
+                "--gke-hand-back",
+                "--autoscaler-cooperation",
+                "in-use",
+                "--resync-interval",
+                "1s",
+            ]
+            .map(String::from),
+        )
+        .await;
+    w4.claimed_all().await;
+    let window = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_mins(30))
+        .unwrap()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    gce.set(
+        "upcoming-maintenance",
+        &serde_json::json!({"can_reschedule": "true", "maintenance_status": "PENDING",
+                            "type": "SCHEDULED", "window_start_time": window})
+        .to_string(),
+    );
+    wait_for("drained for the maintenance window", || async {
+        has_taint(&w4.node().await, "lastcall.dev/draining").then_some(())
+    })
+    .await;
+    let keep = w4.allocated();
+    w4.cluster
+        .sdk_shutdown(lastcall_testkit::world::NS, &keep.name)
+        .unwrap();
+    wait_for("handed back to GKE", || async {
+        let n = w4.node().await;
+        (n.metadata
+            .labels?
+            .get("cloud.google.com/perform-maintenance")?
+            == "true")
+            .then_some(())
+    })
+    .await;
+    gke.stop().await.unwrap();
+
+    // Every write of every flow against the policies' table.
+    let table = Table::load(&repo()).expect("charts/lastcall/agent-writes.yaml");
+    let mut seen = BTreeSet::new();
+    let compat = Options {
+        compat_taints: true,
+        ..Options::default()
+    };
+    let hand_back = Options {
+        gke_hand_back: true,
+        ..Options::default()
+    };
+    let outside: Vec<String> = [
+        (&w, Options::default()),
+        (&w2, compat),
+        (&w3, Options::default()),
+        (&w4, hand_back),
+    ]
+    .into_iter()
+    .flat_map(|(world, options)| writes_outside_the_table(&table, world, options, &mut seen))
+    .collect();
+    assert!(
+        outside.is_empty(),
+        "the agents made writes the admission policies' table ({}) does not list for their \
+         release, so the policies refuse them: add them to the table (and to the policies if \
+         the table's vocabulary lacks them), or stop making them:\n{}",
+        agent_writes::TABLE,
+        outside.join("\n")
+    );
+    let unmade: Vec<String> = table
+        .kinds(Options::ALL)
+        .into_iter()
+        .filter(|group| group.is_disjoint(&seen))
+        .map(|group| format!("  {}", group.into_iter().collect::<Vec<_>>().join(" | ")))
+        .collect();
+    assert!(
+        unmade.is_empty(),
+        "the admission policies' table ({}) lists writes no agent made in these flows, so the \
+         policies admit writes the agent never makes: remove them, or add the flow that makes \
+         them:\n{}\nseen: {seen:#?}",
+        agent_writes::TABLE,
+        unmade.join("\n")
+    );
 
     let agents = ["agent-n1", "agent-n2", "agent-n3"];
     let plain: BTreeSet<Permission> = used(&w.cluster.emulator().journal().entries(), &agents)
@@ -2337,6 +2483,14 @@ const NOT_RUN: &[(&str, &str)] = &[
     (
         "kubectl -n lastcall rollout restart",
         "Deployments and DaemonSets (apps/v1) are not served by the emulator",
+    ),
+    (
+        "kubectl get events -A --field-selector reason=NodeRestrictionUnenforceable",
+        "the emulator's agents run without a pod-bound token, so none posts this Event (the box's install test runs it)",
+    ),
+    (
+        "kubectl get validatingadmissionpolicies",
+        "admission policies (admissionregistration.k8s.io) are not served by the emulator",
     ),
     (
         "kubectl delete gameserver",

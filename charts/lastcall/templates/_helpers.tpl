@@ -139,6 +139,30 @@ discovery lists kinds, e.g. `v1/Pod`), when it serves ValidatingAdmissionPolicy 
 {{- else if eq $v "true" -}}true{{- end -}}
 {{- end -}}
 
+{{/*
+Entries of agent-writes.yaml that apply to this release, as a JSON list: pass (list $ entries).
+An entry with `when: <value>` applies only where `agent.<value>` is set.
+*/}}
+{{- define "lastcall.agentWrites" -}}
+{{- $root := index . 0 -}}
+{{- $out := list -}}
+{{- range (index . 1) -}}
+{{- if or (not .when) (index $root.Values.agent .when) -}}
+{{- $out = append $out . -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* The keys of those entries, as a JSON list (a CEL list literal): pass (list $ entries). */}}
+{{- define "lastcall.agentWriteKeys" -}}
+{{- $out := list -}}
+{{- range (include "lastcall.agentWrites" . | fromJsonArray) -}}
+{{- $out = append $out .key -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
 {{/* The agent's priority class: the value, else the chart's own, else none. */}}
 {{- define "lastcall.agentPriorityClass" -}}
 {{- if .Values.agent.priorityClassName -}}
