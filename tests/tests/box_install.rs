@@ -41,6 +41,7 @@ const VARS: &[(&str, &str)] = &[
     ("CLUSTER", "games"),
     ("NODE", GAME_NODE),
     ("PASSWORD", "box-password"),
+    ("AGENT_PASSWORD", "box-agent-password"),
     ("NODE_RESOURCE_GROUP", "MC_games_games_westeurope"),
     ("SCALE_SET", "aks-gameservers-12345678-vmss"),
     ("NODE_ROLE_ARN", "arn:aws:iam::123456789012:role/games-node"),
@@ -332,25 +333,73 @@ async fn runbook(kbox: &KubeBox, shell: &Shell, client: &kube::Client, all: &[Bl
         .expect("a second revision");
     workloads_ready(client, base[base.len() - 1]).await;
 
-    // The bundled Redis's backend: a real redis-server with the Secret's password (and the
-    // box's exec password, for `kubectl exec` into the Redis pod).
+    // The bundled Redis's backend: a real redis-server with the users the installed Redis
+    // Deployment's command writes (read back from the API server), each with its password
+    // from the Secret, and pubsub's also with the box's exec password (for `kubectl exec`
+    // into the Redis pod, which runs `redis-cli --user lastcall-pubsub`).
     let secret: k8s_openapi::api::core::v1::Secret = Api::namespaced(client.clone(), NS)
         .get("lastcall-redis-auth")
         .await
         .expect("the Redis password Secret the page created");
-    let password =
-        String::from_utf8(secret.data.unwrap_or_default()["password"].0.clone()).unwrap();
+    let data = secret.data.unwrap_or_default();
+    let key = |k: &str| {
+        String::from_utf8(
+            data.get(k)
+                .unwrap_or_else(|| panic!("the Secret has no {k}"))
+                .0
+                .clone(),
+        )
+        .unwrap()
+    };
+    let (password, agent_password) = (key("password"), key("agent-password"));
+    let deployment: Deployment = Api::namespaced(client.clone(), NS)
+        .get("lastcall-redis")
+        .await
+        .expect("the bundled Redis' Deployment");
+    let script = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|s| s.containers[0].args.clone().unwrap_or_default().join(" "))
+        .unwrap_or_default();
+    let format = script
+        .split_once("printf '")
+        .and_then(|(_, rest)| rest.split_once('\''))
+        .map(|(f, _)| f.replace("%%", "\u{0}").replace("\\n", "\n"))
+        .expect("the Redis command writes its users with printf");
     let redis = RedisServer::start().await.expect("redis-server");
     let mut conn = redis.client().await.expect("redis client");
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("default")
-        .arg("on")
-        .arg(format!(">{password}"))
-        .arg(format!(">{EXEC_REDIS_PASSWORD}"))
-        .query_async(&mut conn)
-        .await
-        .expect("Redis passwords");
+    let mut secrets = vec![
+        vec![password.clone(), EXEC_REDIS_PASSWORD.to_string()],
+        vec![agent_password],
+    ]
+    .into_iter();
+    // The default user's `off` last: this connection is the default user's.
+    let mut lines: Vec<&str> = format.lines().filter(|l| l.starts_with("user ")).collect();
+    lines.sort_by_key(|l| l.starts_with("user default "));
+    for line in lines {
+        let mut words = line.split_whitespace().skip(1);
+        let user = words.next().unwrap().to_string();
+        let mut setuser = redis::cmd("ACL");
+        setuser.arg("SETUSER").arg(&user);
+        for w in words {
+            if w == ">%s" {
+                for pw in secrets.next().expect("a password for each %s") {
+                    setuser.arg(format!(">{pw}"));
+                }
+            } else {
+                setuser.arg(w.replace('\u{0}', "%"));
+            }
+        }
+        let _: () = setuser
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("the chart's Redis user {user}: {e}"));
+    }
+    assert_eq!(
+        secrets.next(),
+        None,
+        "the chart's Redis command sets both passwords"
+    );
     let cli = kbox.redis_exec_dir().join("bin/redis-cli");
     std::fs::write(
         &cli,

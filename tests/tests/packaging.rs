@@ -694,87 +694,244 @@ async fn pubsub_is_granted_nothing_and_calls_nothing() {
     assert_eq!(pod["automountServiceAccountToken"], false);
 }
 
-/// The `REDIS_URL` the chart gives both binaries for the bundled Redis (`redis://:$(REDIS_PASSWORD)@…`,
-/// expanded by the kubelet) authenticates against a Redis that requires the password.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_charts_redis_url_authenticates_both_binaries() {
-    let objs = manifest("lastcall-fleetiq.yaml");
-    let env_of = |component: &str| -> String {
-        let pod = objs
-            .iter()
-            .find(|o| {
-                o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
-                    == component
-            })
-            .unwrap_or_else(|| panic!("no {component} workload"));
-        let env = pod["spec"]["template"]["spec"]["containers"][0]["env"]
-            .as_array()
-            .unwrap();
-        let names: Vec<&str> = env.iter().filter_map(|e| e["name"].as_str()).collect();
-        let pw = names.iter().position(|n| *n == "REDIS_PASSWORD");
-        let url = names.iter().position(|n| *n == "REDIS_URL");
-        assert!(
-            pw.is_some() && pw < url,
-            "{component}: REDIS_PASSWORD must come before REDIS_URL for $(…) expansion"
-        );
-        env[url.unwrap()]["value"].as_str().unwrap().to_string()
-    };
-    let template = env_of("pubsub");
-    assert_eq!(template, env_of("agent"));
-    assert!(template.contains("$(REDIS_PASSWORD)"), "{template}");
-
-    let w = World::start(WorldSpec::new(0, 0, 0).extra_nodes(&[])).await;
-    let password = "Zq7lastcallChartPw";
-    let mut c = w.redis.client().await.unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("requirepass")
-        .arg(password)
-        .query_async(&mut c)
-        .await
+/// The `REDIS_URL` the chart gives one component for the bundled Redis
+/// (`redis://lastcall-<component>:$(REDIS_PASSWORD)@…`, expanded by the kubelet), with the
+/// Secret key its password comes from.
+fn redis_env(objs: &[Value], component: &str) -> (String, String) {
+    let pod = objs
+        .iter()
+        .find(|o| {
+            o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        })
+        .unwrap_or_else(|| panic!("no {component} workload"));
+    let env = pod["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
         .unwrap();
+    let names: Vec<&str> = env.iter().filter_map(|e| e["name"].as_str()).collect();
+    let pw = names.iter().position(|n| *n == "REDIS_PASSWORD");
+    let url = names.iter().position(|n| *n == "REDIS_URL");
+    assert!(
+        pw.is_some() && pw < url,
+        "{component}: REDIS_PASSWORD must come before REDIS_URL for $(…) expansion"
+    );
+    (
+        env[url.unwrap()]["value"].as_str().unwrap().to_string(),
+        env[pw.unwrap()]["valueFrom"]["secretKeyRef"]["key"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+    )
+}
+
+/// A connection as `url`'s user.
+async fn redis_as(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("connecting as {url}: {e}"))
+}
+
+/// The error code of a command Redis refused (`NOPERM`), or `None` when it ran.
+async fn refused(
+    con: &mut redis::aio::MultiplexedConnection,
+    cmd: &mut redis::Cmd,
+) -> Option<String> {
+    match cmd.query_async::<redis::Value>(con).await {
+        Ok(_) => None,
+        Err(e) => Some(e.code().unwrap_or("?").to_string()),
+    }
+}
+
+/// Agents cannot speak for pubsub. The bundled Redis as the chart runs it (its container's
+/// command with the real `redis-server`, both passwords from the Secret's keys) and the URLs
+/// the chart gives each component: the agents' user gets `NOPERM` for PUBLISH, for a status
+/// key (SET, or a hash over it), for a script and for the drain state where the agents do not
+/// publish it, and may subscribe and read the statuses; pubsub's user publishes. Then the whole
+/// FleetIQ drain runs on those users: the real pubsub process as `lastcall-pubsub` polls the
+/// GameLift emulator and publishes `DRAINING`, the agent as `lastcall-agent` hears it, drains
+/// and deregisters once the match ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_and_pubsub_have_their_own_redis_users_and_the_drain_works() {
+    let objs = manifest("lastcall-fleetiq.yaml");
+    let (agent_template, agent_key) = redis_env(&objs, "agent");
+    let (pubsub_template, pubsub_key) = redis_env(&objs, "pubsub");
+    assert!(
+        agent_template.starts_with("redis://lastcall-agent:$(REDIS_PASSWORD)@"),
+        "{agent_template}"
+    );
+    assert!(
+        pubsub_template.starts_with("redis://lastcall-pubsub:$(REDIS_PASSWORD)@"),
+        "{pubsub_template}"
+    );
+    assert_ne!(agent_key, pubsub_key, "agents and pubsub share a password");
+    let passwords = [
+        (pubsub_key.as_str(), "Zq7lastcallPubsubPw"),
+        (agent_key.as_str(), "Zq7lastcallAgentPw"),
+    ];
+    let bundled = BundledRedis::start(&objs, &passwords).await;
     // What the kubelet does: expand $(REDIS_PASSWORD); the Service name points here instead.
-    let host = template
-        .split('@')
-        .nth(1)
-        .expect("a host after the credentials")
-        .to_string();
-    let url = |pw: &str| {
+    let url = |template: &str, pw: &str, port: u16| {
+        let host = template
+            .split('@')
+            .nth(1)
+            .expect("a host after the credentials");
         template
             .replace("$(REDIS_PASSWORD)", pw)
-            .replace(&host, &w.redis.host_port())
+            .replace(host, &format!("127.0.0.1:{port}"))
     };
+    let agent_url = url(&agent_template, passwords[1].1, bundled.port);
+    let pubsub_url = url(&pubsub_template, passwords[0].1, bundled.port);
 
-    let pubsub = PubsubRun::start(&w.gl, &url(password), None).await;
-    pubsub.wait_cycle().await;
-    let m = pubsub.metrics().await;
+    // The agents' credential, as a compromised node would use it.
+    let mut agent = redis_as(&agent_url).await;
+    let spot = lastcall_testkit::world::World::message(Status::SpotTerminating);
+    let iid = lastcall_testkit::world::IID;
+    for (what, cmd) in [
+        (
+            "PUBLISH a SPOT_TERMINATING",
+            redis::cmd("PUBLISH").arg(iid).arg(&spot).clone(),
+        ),
+        (
+            "SET a status key",
+            redis::cmd("SET")
+                .arg(format!("lastcall:status:{iid}"))
+                .arg(&spot)
+                .clone(),
+        ),
+        (
+            "HSET over a status key",
+            redis::cmd("HSET")
+                .arg(format!("lastcall:status:{iid}"))
+                .arg("a")
+                .arg("b")
+                .clone(),
+        ),
+        (
+            "DEL a status key",
+            redis::cmd("DEL")
+                .arg(format!("lastcall:status:{iid}"))
+                .clone(),
+        ),
+        (
+            "a script that publishes",
+            redis::cmd("EVAL")
+                .arg("return redis.call('PUBLISH', KEYS[1], ARGV[1])")
+                .arg(1)
+                .arg(iid)
+                .arg(&spot)
+                .clone(),
+        ),
+        (
+            "HSET the drain state (not published by these agents)",
+            redis::cmd("HSET")
+                .arg("lastcall:drain-state")
+                .arg("n9")
+                .arg("{}")
+                .clone(),
+        ),
+        ("FLUSHALL", redis::cmd("FLUSHALL").clone()),
+    ] {
+        let mut cmd = cmd;
+        assert_eq!(
+            refused(&mut agent, &mut cmd).await.as_deref(),
+            Some("NOPERM"),
+            "the agents' credential may {what}"
+        );
+    }
+    let mut pubsub = redis_as(&pubsub_url).await;
+    assert_eq!(
+        refused(
+            &mut pubsub,
+            redis::cmd("SET")
+                .arg(format!("lastcall:status:{iid}"))
+                .arg("x")
+        )
+        .await,
+        None
+    );
+    assert_eq!(
+        refused(
+            &mut agent,
+            redis::cmd("GET").arg(format!("lastcall:status:{iid}"))
+        )
+        .await,
+        None
+    );
+    assert_eq!(
+        refused(
+            &mut pubsub,
+            redis::cmd("DEL").arg(format!("lastcall:status:{iid}"))
+        )
+        .await
+        .as_deref(),
+        Some("NOPERM"),
+        "pubsub deletes nothing"
+    );
+    assert_eq!(
+        refused(&mut pubsub, redis::cmd("PUBLISH").arg("i-x").arg("y")).await,
+        None
+    );
+    // The default user is off: no password alone gets in.
+    let anon = redis::Client::open(format!("redis://127.0.0.1:{}", bundled.port)).unwrap();
+    let mut anon = anon.get_multiplexed_async_connection().await.unwrap();
+    assert!(
+        refused(&mut anon, &mut redis::cmd("PING")).await.is_some(),
+        "the default user answers"
+    );
+
+    // The whole FleetIQ drain on those two users.
+    let w = World::start(WorldSpec::new(1, 1, 0)).await;
+    let run = PubsubRun::start_polling(&w.gl, &pubsub_url, &[lastcall_testkit::world::GROUP]).await;
+    let mut args = w.fleetiq_args();
+    let i = args.iter().position(|a| a == "--redis-url").unwrap();
+    args[i + 1] = agent_url.clone();
+    args.extend(["--instance-id", iid].map(String::from));
+    let agent = w.start_agent(&args).await;
+    subscribed(&agent).await;
+    w.claimed_all().await;
+    let keep = w.allocated();
+    w.gl.set_instance_status(iid, GlStatus::Draining);
+    w.fenced_and_released(&keep).await;
+    w.finish_drain(&keep).await;
+    let m = run.metrics().await;
     assert_eq!(
         lastcall_testkit::agent::metric(&m, "lastcall_pubsub_redis_up", &[]),
         Some(1.0),
         "{m}"
     );
-    drop(pubsub);
-    let wrong = PubsubRun::start(&w.gl, &url("not-the-password"), None).await;
-    wrong.wait_cycle().await;
-    assert_eq!(
-        lastcall_testkit::agent::metric(&wrong.metrics().await, "lastcall_pubsub_redis_up", &[]),
-        Some(0.0),
-        "a wrong password must not pass"
-    );
-    drop(wrong);
-
-    let agent = w
-        .start_agent(&[
-            "--game-server-group".into(),
-            "g1".into(),
-            "--instance-id".into(),
-            lastcall_testkit::world::IID.into(),
-            "--redis-url".into(),
-            url(password),
-        ])
-        .await;
-    subscribed(&agent).await;
     agent.stop().await.unwrap();
+    drop(run);
+    drop(bundled);
+
+    // With the drain state published (the webhook), the agents' user may write that hash.
+    let objs = helm_template(&[
+        REG,
+        "pubsub.webhook.enabled=true",
+        "pubsub.webhook.maxReplicas=10",
+        "redis.bundled.auth.existingSecret=s",
+    ])
+    .unwrap();
+    let bundled = BundledRedis::start(&objs, &passwords).await;
+    let (template, _) = redis_env(&objs, "agent");
+    let mut agent = redis_as(&url(&template, passwords[1].1, bundled.port)).await;
+    assert_eq!(
+        refused(
+            &mut agent,
+            redis::cmd("HSET")
+                .arg("lastcall:drain-state")
+                .arg("n1")
+                .arg("{}")
+        )
+        .await,
+        None
+    );
+    assert_eq!(
+        refused(&mut agent, redis::cmd("PUBLISH").arg(iid).arg(&spot))
+            .await
+            .as_deref(),
+        Some("NOPERM")
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1165,11 +1322,108 @@ fn the_fleetiq_manifest_gives_both_binaries_a_region_and_a_role() {
     }
 }
 
-/// The bundled Redis as the chart runs it (its container's command, with the real
-/// `redis-server`): the password from the Secret's variable is required, and it is on no
-/// command line (`ps` on the node, the pod spec).
+/// The bundled Redis as the chart runs it: its container's command with the real
+/// `redis-server` (on 127.0.0.1 and a free port, its config in a temp dir), each Secret key's
+/// password in the variable the container reads it from. `redis-server` on the PATH records
+/// the arguments it is started with (Redis rewrites its own process title, so /proc would not
+/// show them), then runs the real one.
+struct BundledRedis {
+    port: u16,
+    spec: String,
+    recorded: PathBuf,
+    child: tokio::process::Child,
+    _conf: tempfile::TempDir,
+}
+
+impl BundledRedis {
+    async fn start(objs: &[Value], passwords: &[(&str, &str)]) -> BundledRedis {
+        let redis = find(objs, "Deployment")
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == "lastcall-redis")
+            .expect("the bundled Redis");
+        let c = &redis["spec"]["template"]["spec"]["containers"][0];
+        let spec = c.to_string();
+        let mut argv: Vec<String> = c["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .chain(c["args"].as_array().unwrap())
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(argv[..2], ["sh", "-c"], "{spec}");
+        let conf = tempfile::tempdir().unwrap();
+        let port = free_port();
+        argv[2] = argv[2].replace("/run/redis", &conf.path().to_string_lossy())
+            + &format!(
+                " --port {port} --bind 127.0.0.1 --dir {}",
+                conf.path().display()
+            );
+        let real = std::process::Command::new("sh")
+            .args(["-c", "command -v redis-server"])
+            .output()
+            .expect("sh");
+        let real = String::from_utf8_lossy(&real.stdout).trim().to_string();
+        assert!(!real.is_empty(), "redis-server is not installed");
+        let bin = conf.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let recorded = conf.path().join("argv");
+        std::fs::write(
+            bin.join("redis-server"),
+            format!(
+                "#!/bin/sh\nprintf '%s\\n' \"$0\" \"$@\" > '{}'\nexec '{real}' \"$@\"\n",
+                recorded.display()
+            ),
+        )
+        .unwrap();
+        std::process::Command::new("chmod")
+            .args(["+x", &bin.join("redis-server").to_string_lossy()])
+            .status()
+            .unwrap();
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut cmd = tokio::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..]).env("PATH", path);
+        for e in c["env"].as_array().unwrap() {
+            let key = e["valueFrom"]["secretKeyRef"]["key"].as_str().unwrap();
+            let pw = passwords
+                .iter()
+                .find(|(k, _)| *k == key)
+                .unwrap_or_else(|| panic!("no password for Secret key {key}"))
+                .1;
+            cmd.env(e["name"].as_str().unwrap(), pw);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("sh");
+        let up = BundledRedis {
+            port,
+            spec,
+            recorded,
+            child,
+            _conf: conf,
+        };
+        wait_for("the bundled Redis started", || async {
+            std::fs::metadata(&up.recorded).ok().map(drop)?;
+            tokio::net::TcpStream::connect(("127.0.0.1", up.port))
+                .await
+                .ok()
+                .map(drop)
+        })
+        .await;
+        up
+    }
+}
+
+/// The bundled Redis as the chart runs it: each user's password from its Secret key is
+/// required, and no password is on a command line (`ps` on the node, the pod spec).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_bundled_redis_requires_the_password_it_never_shows_on_a_command_line() {
+async fn the_bundled_redis_requires_the_passwords_it_never_shows_on_a_command_line() {
     let objs = manifest("lastcall-fleetiq.yaml");
     let redis = find(&objs, "Deployment")
         .into_iter()
@@ -1189,61 +1443,12 @@ async fn the_bundled_redis_requires_the_password_it_never_shows_on_a_command_lin
         "the Redis image {} is not under image.registry {registry}",
         c["image"]
     );
-    let spec = c.to_string();
-    let mut argv: Vec<String> = c["command"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .chain(c["args"].as_array().unwrap())
-        .map(|a| a.as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(argv[..2], ["sh", "-c"], "{spec}");
-    let conf = tempfile::tempdir().unwrap();
-    let port = free_port();
-    argv[2] = argv[2].replace("/run/redis", &conf.path().to_string_lossy())
-        + &format!(
-            " --port {port} --bind 127.0.0.1 --dir {}",
-            conf.path().display()
-        );
-    // `redis-server` on the PATH records the arguments it is started with (Redis rewrites
-    // its own process title, so /proc would not show them), then runs the real one.
-    let real = std::process::Command::new("sh")
-        .args(["-c", "command -v redis-server"])
-        .output()
-        .expect("sh");
-    let real = String::from_utf8_lossy(&real.stdout).trim().to_string();
-    assert!(!real.is_empty(), "redis-server is not installed");
-    let bin = conf.path().join("bin");
-    std::fs::create_dir(&bin).unwrap();
-    let recorded = conf.path().join("argv");
-    std::fs::write(
-        bin.join("redis-server"),
-        format!(
-            "#!/bin/sh\nprintf '%s\\n' \"$0\" \"$@\" > '{}'\nexec '{real}' \"$@\"\n",
-            recorded.display()
-        ),
-    )
-    .unwrap();
-    std::process::Command::new("chmod")
-        .args(["+x", &bin.join("redis-server").to_string_lossy()])
-        .status()
-        .unwrap();
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let password = "Zq7lastcallBundledPw";
-    let mut child = tokio::process::Command::new(&argv[0])
-        .args(&argv[1..])
-        .env("PATH", path)
-        .env("REDIS_PASSWORD", password)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("sh");
-    let url = |pw: &str| format!("redis://:{pw}@127.0.0.1:{port}/");
+    let (pubsub_pw, agent_pw) = ("Zq7lastcallBundledPw", "Zq7lastcallAgentPw2");
+    let (_, pubsub_key) = redis_env(&objs, "pubsub");
+    let (_, agent_key) = redis_env(&objs, "agent");
+    let mut redis =
+        BundledRedis::start(&objs, &[(&pubsub_key, pubsub_pw), (&agent_key, agent_pw)]).await;
+    let url = |user: &str, pw: &str| format!("redis://{user}:{pw}@127.0.0.1:{}/", redis.port);
     let ping = |u: String| async move {
         let c = redis::Client::open(u).ok()?;
         let mut con = c.get_multiplexed_async_connection().await.ok()?;
@@ -1252,23 +1457,36 @@ async fn the_bundled_redis_requires_the_password_it_never_shows_on_a_command_lin
             .await
             .ok()
     };
-    wait_for("the bundled Redis answers with the password", || async {
-        ping(url(password)).await
-    })
+    wait_for(
+        "the bundled Redis answers each user with its password",
+        || async {
+            ping(url("lastcall-pubsub", pubsub_pw)).await?;
+            ping(url("lastcall-agent", agent_pw)).await
+        },
+    )
     .await;
-    assert_eq!(
-        ping(url("not-the-password")).await,
-        None,
-        "a wrong password passed"
-    );
-    let argv = std::fs::read_to_string(&recorded).expect("redis-server's arguments");
+    for (user, pw) in [
+        ("lastcall-pubsub", "not-the-password"),
+        ("lastcall-agent", pubsub_pw),
+        ("lastcall-pubsub", agent_pw),
+        ("default", pubsub_pw),
+    ] {
+        assert_eq!(
+            ping(url(user, pw)).await,
+            None,
+            "{user} with a wrong password passed"
+        );
+    }
+    let argv = std::fs::read_to_string(&redis.recorded).expect("redis-server's arguments");
     assert!(argv.contains("redis-server"), "{argv}");
-    assert!(
-        !argv.contains(password),
-        "the password is on redis-server's command line: {argv}"
-    );
-    assert!(!spec.contains("$(REDIS_PASSWORD)"), "{spec}");
-    child.kill().await.ok();
+    for pw in [pubsub_pw, agent_pw] {
+        assert!(
+            !argv.contains(pw),
+            "a password is on redis-server's command line: {argv}"
+        );
+    }
+    assert!(!redis.spec.contains("$(REDIS_PASSWORD)"), "{}", redis.spec);
+    redis.child.kill().await.ok();
 }
 
 /// `helm template` of the chart with the box's helm, default values plus `sets`.
@@ -1951,14 +2169,6 @@ impl PubsubRun {
         redis_url: &str,
         cluster: Option<&lastcall_testkit::cluster::Cluster>,
     ) -> PubsubRun {
-        let dir = tempfile::tempdir().unwrap();
-        let groups = dir.path().join("fleetiq.conf");
-        // pkg-missing does not exist: its NotFound fills the group-error family.
-        std::fs::write(
-            &groups,
-            r#"{"GameServerGroups": ["pkg-group", "pkg-missing"]}"#,
-        )
-        .unwrap();
         gl.add_instances(
             "pkg-group",
             &[
@@ -1967,6 +2177,28 @@ impl PubsubRun {
             ],
             GlStatus::Draining,
         );
+        // pkg-missing does not exist: its NotFound fills the group-error family.
+        Self::start_with(gl, redis_url, cluster, &["pkg-group", "pkg-missing"]).await
+    }
+
+    /// The real pubsub polling `groups` of `gl`, publishing to `redis_url`.
+    async fn start_polling(gl: &GameLiftEmulator, redis_url: &str, groups: &[&str]) -> PubsubRun {
+        Self::start_with(gl, redis_url, None, groups).await
+    }
+
+    async fn start_with(
+        gl: &GameLiftEmulator,
+        redis_url: &str,
+        cluster: Option<&lastcall_testkit::cluster::Cluster>,
+        group_names: &[&str],
+    ) -> PubsubRun {
+        let dir = tempfile::tempdir().unwrap();
+        let groups = dir.path().join("fleetiq.conf");
+        std::fs::write(
+            &groups,
+            serde_json::json!({"GameServerGroups": group_names}).to_string(),
+        )
+        .unwrap();
         let port = free_port();
         let bin =
             tokio::task::spawn_blocking(|| workspace_binary("lastcall-pubsub", "lastcall-pubsub"))
