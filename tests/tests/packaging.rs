@@ -1042,17 +1042,34 @@ fn aws_actions(krate_dir: &str) -> BTreeSet<String> {
     actions
 }
 
-/// The `Allow` actions of the policy document `doc` writes with `cat > <file> <<'JSON'`.
-fn documented_policy(doc: &str, file: &str) -> BTreeSet<String> {
+/// The policy document `doc` writes with `cat > <file> <<JSON` (or `<<'JSON'`), the shell
+/// variables it names (`$ACCOUNT`) filled with sample values.
+fn policy_document(doc: &str, file: &str) -> Value {
     let md = read(doc);
-    let start = format!("cat > {file} <<'JSON'\n");
-    let body = md
-        .split_once(&start)
+    let body = ["<<JSON\n", "<<'JSON'\n"]
+        .iter()
+        .find_map(|h| md.split_once(&format!("cat > {file} {h}")))
         .and_then(|(_, rest)| rest.split_once("\nJSON\n"))
         .map(|(body, _)| body)
-        .unwrap_or_else(|| panic!("{doc} has no `{}` heredoc", start.trim()));
-    let doc: Value =
-        serde_json::from_str(body).unwrap_or_else(|e| panic!("{doc}: {file} is not JSON: {e}"));
+        .unwrap_or_else(|| panic!("{doc} has no `cat > {file} <<JSON` heredoc"));
+    let body = body
+        .replace("$ACCOUNT", "123456789012")
+        .replace("$REGION", "us-west-2")
+        .replace("$ASG_NAME", "game-nodes");
+    assert!(!body.contains('$'), "{doc}: {file} names an unknown variable: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{doc}: {file} is not JSON: {e}"))
+}
+
+/// Actions that AWS's Service Authorization Reference lists with no resource type: a policy
+/// can grant them only on `*`. Every other action must name its resources.
+const NO_RESOURCE_LEVEL: &[&str] = &[
+    "autoscaling:DescribeAutoScalingInstances",
+    "autoscaling:DescribeLifecycleHooks",
+];
+
+/// The `Allow` actions of the policy document `doc` writes with `cat > <file> <<JSON`.
+fn documented_policy(doc: &str, file: &str) -> BTreeSet<String> {
+    let doc = policy_document(doc, file);
     let mut out = BTreeSet::new();
     for st in doc["Statement"].as_array().expect("Statement") {
         assert_eq!(st["Effect"], "Allow", "{file}: only Allow statements");
@@ -1116,6 +1133,57 @@ fn the_documented_iam_policies_are_exactly_the_aws_calls_the_code_makes() {
         aws_actions("agent").contains("gamelift:DescribeGameServer"),
         "the scan must see the check before deregistration"
     );
+}
+
+/// The documented policies name their resources: a statement on `*` holds only actions AWS
+/// grants on nothing narrower; a GameLift statement names game server groups, an Auto
+/// Scaling one its groups.
+#[test]
+fn the_documented_iam_policies_name_their_resources() {
+    for (doc, file) in [
+        ("docs/install.md", "lastcall-agent-policy.json"),
+        ("docs/install.md", "lastcall-pubsub-policy.json"),
+        ("docs/asg-lifecycle.md", "lastcall-asg-policy.json"),
+    ] {
+        let policy = policy_document(doc, file);
+        for st in policy["Statement"].as_array().expect("Statement") {
+            let actions: Vec<&str> = match &st["Action"] {
+                Value::String(a) => vec![a.as_str()],
+                Value::Array(l) => l.iter().filter_map(Value::as_str).collect(),
+                other => panic!("{file}: Action {other}"),
+            };
+            let resources: Vec<&str> = match &st["Resource"] {
+                Value::String(r) => vec![r.as_str()],
+                Value::Array(l) => l.iter().filter_map(Value::as_str).collect(),
+                other => panic!("{file}: Resource {other}"),
+            };
+            for r in &resources {
+                if *r == "*" {
+                    let wide: Vec<_> = actions
+                        .iter()
+                        .filter(|a| !NO_RESOURCE_LEVEL.contains(a))
+                        .collect();
+                    assert!(
+                        wide.is_empty(),
+                        "{doc}: {file} grants {wide:?} on every resource; name the game server \
+                         groups' or Auto Scaling groups' ARNs"
+                    );
+                    continue;
+                }
+                for a in &actions {
+                    let want = match a.split(':').next() {
+                        Some("gamelift") => ":gameservergroup/",
+                        Some("autoscaling") => ":autoScalingGroup:",
+                        _ => panic!("{file}: an action of another service: {a}"),
+                    };
+                    assert!(
+                        r.starts_with("arn:aws:") && r.contains(want),
+                        "{doc}: {file} grants {a} on {r}, not a {want} ARN"
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[test]
