@@ -292,6 +292,50 @@ async fn prepare(kbox: &KubeBox) -> (kube::Client, Shell) {
     (client, shell)
 }
 
+/// After §5 (two pubsub replicas, the chart's one PodDisruptionBudget over them), a node
+/// drain can evict a pubsub pod: the Eviction API admits it (two budgets over one pod answer
+/// 500 and stall every drain of that node).
+async fn pubsub_evicts(client: &kube::Client) {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let budgets = Api::<PodDisruptionBudget>::namespaced(client.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .expect("the namespace's PodDisruptionBudgets");
+    assert_eq!(
+        budgets.items.len(),
+        1,
+        "one PodDisruptionBudget over pubsub after §5: {:?}",
+        budgets.items.iter().map(|b| b.metadata.name.clone()).collect::<Vec<_>>()
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let lp = ListParams::default().labels("app.kubernetes.io/component=pubsub");
+    // The disruption controller counts both pods healthy first.
+    try_eventually(
+        "the PodDisruptionBudget allows one disruption",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        || async {
+            let b = Api::<PodDisruptionBudget>::namespaced(client.clone(), NS)
+                .list(&ListParams::default())
+                .await
+                .ok()?;
+            (b.items.first()?.status.as_ref()?.disruptions_allowed >= 1).then_some(())
+        },
+    )
+    .await
+    .expect("a disruption allowed");
+    let victim = pods.list(&lp).await.expect("pubsub pods").items[0]
+        .metadata
+        .name
+        .clone()
+        .expect("a name");
+    pods.evict(&victim, &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("evicting pubsub pod {victim} after §5: {e}"));
+    eprintln!("  evicted pubsub pod {victim} under the chart's PodDisruptionBudget");
+}
+
 /// What the runbook runs against: the agent started from the installed DaemonSet, the Redis
 /// playing the bundled one, and Agones' part.
 struct Runbook {
@@ -328,10 +372,11 @@ async fn runbook(kbox: &KubeBox, shell: &Shell, client: &kube::Client, all: &[Bl
         }
     }
     shell
-        .sh(&format!("helm upgrade lastcall charts/lastcall -n {NS} --reuse-values --set pubsub.cycleJitter=6s"))
+        .sh(&format!("helm upgrade lastcall charts/lastcall -n {NS} --reuse-values --set pubsub.replicas=2 --set pubsub.cycleJitter=6s"))
         .await
         .expect("a second revision");
     workloads_ready(client, base[base.len() - 1]).await;
+    pubsub_evicts(client).await;
 
     // The bundled Redis's backend: a real redis-server with the users the installed Redis
     // Deployment's command writes (read back from the API server), each with its password

@@ -2789,6 +2789,10 @@ const NOT_RUN: &[(&str, &str)] = &[
         "the emulator's agents run without a pod-bound token, so none posts this Event (the box's install test runs it)",
     ),
     (
+        "kubectl -n lastcall get events --field-selector reason=FailedScheduling",
+        "the emulator schedules no agent pods, so none is ever Pending (the box's install test runs it)",
+    ),
+    (
         "kubectl get validatingadmissionpolicies",
         "admission policies (admissionregistration.k8s.io) are not served by the emulator",
     ),

@@ -51,6 +51,22 @@ groups:
         annotations:
           summary: "Auto Scaling refuses lifecycle heartbeats for node {{`{{ $labels.node }}`}}: it goes at the hook's timeout."
           description: "The agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} cannot keep its instance in Terminating:Wait: the node's IAM role lacks autoscaling:RecordLifecycleActionHeartbeat, so matches still running at the heartbeat timeout are cut off (see the LifecycleHeartbeatDenied Event on the Node). See docs/operations.md, \"Auto Scaling refuses lifecycle heartbeats\"."
+      - alert: LastcallAgentMissing
+        # A node the agent DaemonSet selects has no available agent (kube-state-metrics'
+        # DaemonSet figures): an agent that stays Pending on a packed node (the chart's
+        # PriorityClass never preempts a pod, which there could be a match), crash-loops or
+        # cannot pull its image. That node's drains go unheard.
+        expr: |-
+          max by (namespace, daemonset) (
+            kube_daemonset_status_desired_number_scheduled{daemonset="{{ include "lastcall.fullname" . }}-agent"}
+            - kube_daemonset_status_number_available{daemonset="{{ include "lastcall.fullname" . }}-agent"}
+          ) > 0
+        for: {{ $r.agentMissingMinutes }}m
+        labels:
+          severity: critical
+        annotations:
+          summary: "{{`{{ $value }}`}} game node(s) have no running lastcall agent."
+          description: "DaemonSet {{`{{ $labels.namespace }}/{{ $labels.daemonset }}`}} has had nodes without an available agent for {{ $r.agentMissingMinutes }} minutes: a doomed node among them drains without lastcall, its matches unprotected. See docs/operations.md, \"A game node has no agent\"."
       - alert: LastcallNodeRestrictionUnenforceable
         # Start-up found that the chart's node restriction cannot hold the agent: its token
         # carries no node (not bound to a pod, Kubernetes before 1.30) or the API server serves
