@@ -64,7 +64,7 @@ async fn reset(shell: &Shell) {
         .sh(&format!(
             "for r in $(helm -n {NS} list -aq); do helm -n {NS} uninstall \"$r\" --wait; done\n\
              kubectl delete namespace {NS} --ignore-not-found --wait=true --timeout=120s\n\
-             kubectl delete clusterrole,clusterrolebinding,priorityclass -l app.kubernetes.io/part-of=lastcall --ignore-not-found\n"
+             kubectl delete clusterrole,clusterrolebinding,priorityclass,validatingadmissionpolicy,validatingadmissionpolicybinding -l app.kubernetes.io/part-of=lastcall --ignore-not-found\n"
         ))
         .await
         .unwrap_or_else(|e| panic!("removing the previous install: {e:#}"));
