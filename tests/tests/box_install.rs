@@ -306,7 +306,11 @@ async fn pubsub_evicts(client: &kube::Client) {
         budgets.items.len(),
         1,
         "one PodDisruptionBudget over pubsub after §5: {:?}",
-        budgets.items.iter().map(|b| b.metadata.name.clone()).collect::<Vec<_>>()
+        budgets
+            .items
+            .iter()
+            .map(|b| b.metadata.name.clone())
+            .collect::<Vec<_>>()
     );
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let lp = ListParams::default().labels("app.kubernetes.io/component=pubsub");

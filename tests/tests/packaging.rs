@@ -1056,7 +1056,10 @@ fn policy_document(doc: &str, file: &str) -> Value {
         .replace("$ACCOUNT", "123456789012")
         .replace("$REGION", "us-west-2")
         .replace("$ASG_NAME", "game-nodes");
-    assert!(!body.contains('$'), "{doc}: {file} names an unknown variable: {body}");
+    assert!(
+        !body.contains('$'),
+        "{doc}: {file} names an unknown variable: {body}"
+    );
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{doc}: {file} is not JSON: {e}"))
 }
 
