@@ -52,6 +52,8 @@ pub const REASONS: &[&str] = &[
     crate::policy::DEREGISTERED_WHILE_BUSY,
     // Sources' warnings (`sources::NodeWarnings`).
     crate::sources::asg_lifecycle::HEARTBEAT_DENIED,
+    // Start-up's check of the node restriction.
+    crate::node_restriction::REASON,
 ];
 
 fn names(list: &[String]) -> String {

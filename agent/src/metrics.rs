@@ -129,6 +129,9 @@ pub struct Metrics {
     pub gameserver_selection: Family<ByLabel, Gauge>,
     /// Webhook notifications, by drain event and outcome (see `notify`).
     pub notifications: Family<EventOutcome, Counter>,
+    /// 1 once start-up found the node restriction able to hold this agent (see
+    /// `node_restriction`), 0 when it found a gap.
+    pub node_restriction_enforceable: Gauge,
 }
 
 impl Metrics {
@@ -176,6 +179,7 @@ impl Metrics {
             node_owner: Gauge::default(),
             gameserver_selection: Family::default(),
             notifications: Family::default(),
+            node_restriction_enforceable: Gauge::default(),
         };
         let mut r = Registry::with_prefix("lastcall");
         r.register(
@@ -192,6 +196,11 @@ impl Metrics {
             "kube_throttled",
             "Kubernetes API requests refused with 429 (API Priority and Fairness), by verb; the agent then waits Retry-After plus jitter",
             m.throttled.clone(),
+        );
+        r.register(
+            "node_restriction_enforceable",
+            "1 when the token carries this node and the API server serves ValidatingAdmissionPolicy v1, so the chart's node restriction holds this agent; 0 when not (checked once at start-up, in a pod)",
+            m.node_restriction_enforceable.clone(),
         );
         r.register(
             "node_owner",

@@ -175,6 +175,16 @@ impl Agent {
             config.dry_run,
             metrics.clone(),
         );
+        // In a pod: whether the node restriction can hold this agent, said once.
+        if identity.is_some() {
+            let (c, a, m, n) = (
+                client.clone(),
+                actuator.clone(),
+                metrics.clone(),
+                config.node_name.clone(),
+            );
+            tasks.spawn(|stop| crate::node_restriction::run(c, a, m, n, stop));
+        }
         // One agent acts on a node at a time (see `owner`); a dry run writes nothing, so
         // it needs no ownership. Before the sources: a standby's sources send nothing.
         let identity = identity.filter(|_| !config.dry_run);

@@ -11,6 +11,7 @@ pub use lastcall_emulators::{
 };
 
 pub mod agent;
+pub mod agent_writes;
 pub mod asg;
 pub mod bench;
 pub mod conformance;
