@@ -731,6 +731,7 @@ pub async fn serve(config: Config) -> Result<(), Error> {
                 config.aws_region.as_deref(),
                 config.queue.sqs_endpoint.as_deref(),
                 config.queue.queue_wait,
+                None,
             )
             .await;
             crate::queue::Queue::new(

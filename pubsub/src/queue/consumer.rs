@@ -53,11 +53,12 @@ pub enum EventFate {
 }
 
 /// The message's fate from its events'. Pure.
-pub fn decide(fates: &[EventFate]) -> Decision {
+/// `recheck`: how soon a message waiting for a Node comes back.
+pub fn decide(fates: &[EventFate], recheck: Duration) -> Decision {
     if fates.contains(&EventFate::Failed) {
         Decision::Leave
     } else if fates.contains(&EventFate::Waiting) {
-        Decision::RetryIn(NODE_RECHECK)
+        Decision::RetryIn(recheck)
     } else if !fates.is_empty() && fates.iter().all(|f| *f == EventFate::Unmanaged) {
         Decision::Delete("unmanaged")
     } else {
@@ -289,7 +290,10 @@ impl Consumer {
         for e in &events {
             fates.push(self.relay_one(e, sent).await);
         }
-        decide(&fates)
+        decide(
+            &fates,
+            NODE_RECHECK.min(self.node_wait).max(Duration::from_secs(1)),
+        )
     }
 
     async fn relay_one(&self, e: &Relayed, sent: Timestamp) -> EventFate {
@@ -389,19 +393,23 @@ where
 mod tests {
     use super::*;
 
+    fn decide_(fates: &[EventFate]) -> Decision {
+        decide(fates, NODE_RECHECK)
+    }
+
     #[test]
     fn a_message_is_deleted_only_when_no_event_is_pending() {
         use EventFate::*;
-        assert_eq!(decide(&[Done]), Decision::Delete("relayed"));
-        assert_eq!(decide(&[Done, Unmanaged]), Decision::Delete("relayed"));
+        assert_eq!(decide_(&[Done]), Decision::Delete("relayed"));
+        assert_eq!(decide_(&[Done, Unmanaged]), Decision::Delete("relayed"));
         assert_eq!(
-            decide(&[Unmanaged, Unmanaged]),
+            decide_(&[Unmanaged, Unmanaged]),
             Decision::Delete("unmanaged")
         );
-        assert_eq!(decide(&[Done, Waiting]), Decision::RetryIn(NODE_RECHECK));
-        assert_eq!(decide(&[Waiting, Failed]), Decision::Leave);
+        assert_eq!(decide_(&[Done, Waiting]), Decision::RetryIn(NODE_RECHECK));
+        assert_eq!(decide_(&[Waiting, Failed]), Decision::Leave);
         assert_eq!(
-            decide(&[Done, Failed]),
+            decide_(&[Done, Failed]),
             Decision::Leave,
             "a failed write is never deleted"
         );

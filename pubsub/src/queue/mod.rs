@@ -33,6 +33,7 @@ pub async fn sqs_client(
     region: Option<&str>,
     endpoint: Option<&str>,
     wait: Duration,
+    credentials: Option<aws_sdk_sqs::config::Credentials>,
 ) -> aws_sdk_sqs::Client {
     use aws_config::retry::RetryConfig;
     use aws_config::timeout::TimeoutConfig;
@@ -49,6 +50,9 @@ pub async fn sqs_client(
     }
     if let Some(ep) = endpoint {
         loader = loader.endpoint_url(ep);
+    }
+    if let Some(c) = credentials {
+        loader = loader.credentials_provider(c);
     }
     aws_sdk_sqs::Client::new(&loader.load().await)
 }
@@ -152,6 +156,7 @@ pub async fn serve_alone(config: crate::Config) -> Result<(), ServeError> {
         config.aws_region.as_deref(),
         config.queue.sqs_endpoint.as_deref(),
         config.queue.queue_wait,
+        None,
     )
     .await;
     let Some(queue) = Queue::new(&config.queue, sqs, kube, metrics, health.clone()) else {
