@@ -168,11 +168,15 @@ impl Consumer {
             })?;
         let messages = out.messages.unwrap_or_default();
         let now = Timestamp::now();
-        if let Some(oldest) = messages.iter().filter_map(sent_at).min() {
-            self.metrics
-                .oldest_message_age
-                .set(now.duration_since(oldest).as_secs_f64().max(0.0));
-        }
+        // An empty receive means nothing waits: the age goes back to 0.
+        let age = messages
+            .iter()
+            .filter_map(sent_at)
+            .min()
+            .map_or(0.0, |oldest| {
+                now.duration_since(oldest).as_secs_f64().max(0.0)
+            });
+        self.metrics.oldest_message_age.set(age);
         Ok(messages)
     }
 

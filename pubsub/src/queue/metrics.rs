@@ -44,8 +44,8 @@ pub struct QueueMetrics {
     pub errors: Family<OperationLabels, Counter>,
     /// From the event's time to its Node written, in seconds.
     pub relay_latency: Histogram,
-    /// How long the oldest message of the last non-empty receive had waited in the queue
-    /// (SQS `SentTimestamp`), in seconds: the queue backing up.
+    /// How long the oldest message of the last receive had waited in the queue (SQS
+    /// `SentTimestamp`), in seconds; 0 after an empty receive: the queue backing up.
     pub oldest_message_age: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// Nodes with an instance id the relay knows (from the Node watch).
     pub nodes: Gauge,
@@ -114,7 +114,7 @@ impl QueueMetrics {
         );
         r.register(
             "oldest_message_age_seconds",
-            "How long the oldest message of the last non-empty receive had waited in the queue",
+            "How long the oldest message of the last receive had waited in the queue (0: none waited)",
             m.oldest_message_age.clone(),
         );
         r.register(
