@@ -391,6 +391,30 @@ mod tests {
         assert_eq!(Record::parse(&raw).unwrap_err().metric_label(), "too_many");
     }
 
+    /// A Node name reused by a new instance keeps the old instance's entries until they age
+    /// out: they are never the new instance's.
+    #[test]
+    fn an_earlier_instances_event_is_not_the_new_ones() {
+        let now = t("2026-12-01T00:00:10Z");
+        let r = Record::empty()
+            .with(
+                spot("i-0000000000000old0", "old", "2026-12-01T00:00:00Z"),
+                now,
+            )
+            .unwrap()
+            .with(
+                spot("i-0000000000000new0", "new", "2026-12-01T00:00:05Z"),
+                now,
+            )
+            .unwrap();
+        let ids: Vec<&str> = r
+            .for_instance("i-0000000000000new0")
+            .map(|e| e.id.as_str())
+            .collect();
+        assert_eq!(ids, ["new"]);
+        assert_eq!(r.for_instance("i-00000000").count(), 0);
+    }
+
     #[test]
     fn only_an_aws_provider_id_names_an_instance() {
         assert_eq!(
