@@ -129,6 +129,13 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_AWS_IMDS_INTERVAL", default_value = "1s", value_parser = positive_duration)]
     pub aws_imds_interval: Duration,
 
+    /// Queue mode: read the AWS events pubsub relays from an EventBridge → SQS queue onto
+    /// this Node (`lastcall.dev/aws-events`): Spot and capacity-reservation warnings,
+    /// rebalance recommendations, state changes, Health scheduled changes, Auto Scaling
+    /// terminations. Needs no instance metadata and no host network.
+    #[arg(long, env = "LASTCALL_AWS_QUEUE")]
+    pub aws_queue: bool,
+
     /// How long a rebalance recommendation that never escalates keeps the node draining.
     #[arg(long, env = "LASTCALL_REBALANCE_TTL", default_value = "30m", value_parser = positive_duration)]
     pub rebalance_ttl: Duration,

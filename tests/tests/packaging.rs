@@ -1106,7 +1106,10 @@ fn the_documented_iam_policies_are_exactly_the_aws_calls_the_code_makes() {
         ),
         (
             "pubsub",
-            &[("docs/install.md", "lastcall-pubsub-policy.json")][..],
+            &[
+                ("docs/install.md", "lastcall-pubsub-policy.json"),
+                ("docs/queue.md", "lastcall-queue-policy.json"),
+            ][..],
         ),
     ] {
         let calls = aws_actions(krate);
@@ -1741,6 +1744,8 @@ const FLAG_PATHS: &[(&str, &str, &[&str])] = &[
     ),
     ("agent", "--listen", &["agent.listenHost", "agent.port"]),
     ("agent", "--publish-period", &["pubsub.period"]),
+    ("agent", "--aws-queue", &["queue.enabled"]), // queue mode: pubsub and the agents together
+    ("pubsub", "--sqs-endpoint", &["queue.endpoint"]),
     // The webhook URL is a secret: a file mounted from notifications.existingSecret.
     (
         "agent",
@@ -1846,6 +1851,10 @@ fn flag_value_problems(component: &str, help: &str, values: &Value, template: &s
         let path = match (name.strip_prefix("webhook-"), name.strip_prefix("notify-")) {
             (Some(rest), _) if component == "pubsub" => {
                 format!("pubsub.webhook.{}", camel(rest))
+            }
+            // Queue mode's values are the top-level `queue` block (both binaries use it).
+            _ if component == "pubsub" && name.starts_with("queue-") => {
+                format!("queue.{}", camel(name.trim_start_matches("queue-")))
             }
             (_, Some(rest)) if component == "agent" => format!("notifications.{}", camel(rest)),
             _ => format!("{component}.{}", camel(name)),
@@ -2236,6 +2245,65 @@ async fn webhook_metrics(redis: &lastcall_testkit::redis::RedisServer) -> String
     hook.metrics_text()
 }
 
+/// The real pubsub binary in queue mode alone (no Redis) against moto's SQS and the kube
+/// emulator, after relaying one event and deleting one unreadable message.
+async fn queue_metrics(w: &World) -> String {
+    use lastcall_testkit::queue::{QueueRig, REGION, set_provider_id};
+    let instance = "i-0123456789abcdef0";
+    let admin = w.cluster.emulator().config_for("admin").await.unwrap();
+    set_provider_id(&admin, "n1", instance).await;
+    let rig = QueueRig::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    w.cluster
+        .emulator()
+        .write_kubeconfig(&kubeconfig, "pubsub")
+        .unwrap();
+    let port = free_port();
+    let bin =
+        tokio::task::spawn_blocking(|| workspace_binary("lastcall-pubsub", "lastcall-pubsub"))
+            .await
+            .unwrap();
+    let mut child = tokio::process::Command::new(bin)
+        .env_clear()
+        .env("HOME", dir.path())
+        .env("AWS_ACCESS_KEY_ID", "AKIDPACKAGING")
+        .env("AWS_SECRET_ACCESS_KEY", "packaging-secret")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("KUBECONFIG", &kubeconfig)
+        .args([
+            "--queue-url",
+            &rig.queue_url,
+            "--sqs-endpoint",
+            &rig.moto.url(),
+        ])
+        .args(["--aws-region", REGION, "--queue-wait", "1s"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    rig.spot(instance, "terminate").await;
+    rig.moto.send(&rig.queue_url, "{not json").await.unwrap();
+    let addr = ([127, 0, 0, 1], port).into();
+    let text = wait_for(
+        "pubsub relayed one event and deleted the bad message",
+        || async {
+            let text = scrape(addr).await;
+            (text.contains("lastcall_pubsub_queue_messages_deleted_total{reason=\"relayed\"} 1")
+                && text.contains(
+                    "lastcall_pubsub_queue_messages_deleted_total{reason=\"parse_error\"} 1",
+                ))
+            .then_some(text)
+        },
+    )
+    .await;
+    let _ = child.start_kill();
+    text
+}
+
 /// The real pubsub binary polling a group with instances and a group that does not exist;
 /// its `/metrics` port.
 struct PubsubRun {
@@ -2515,11 +2583,13 @@ async fn dashboard_and_alerts_use_only_metrics_the_binaries_export() {
     let pubsub_text = pubsub.metrics().await;
     drop(pubsub);
     let webhook_text = webhook_metrics(&w.redis).await;
+    let queue_text = queue_metrics(&w).await;
 
     promtool_check_metrics("lastcall-agent", &agent_text);
     promtool_check_metrics("lastcall-pubsub", &pubsub_text);
     promtool_check_metrics("lastcall-pubsub (webhook)", &webhook_text);
-    let pubsub_text = format!("{pubsub_text}\n{webhook_text}");
+    promtool_check_metrics("lastcall-pubsub (queue)", &queue_text);
+    let pubsub_text = format!("{pubsub_text}\n{webhook_text}\n{queue_text}");
 
     let exported: BTreeSet<String> = exported_names(&agent_text)
         .into_iter()

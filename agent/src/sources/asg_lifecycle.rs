@@ -9,7 +9,10 @@
 //! action with `CONTINUE` once the node is empty (and deregistered where FleetIQ is on).
 //!
 //! Off by default (`--asg-lifecycle`). The only steady-state cost is one local IMDS read per
-//! `--asg-interval`; the Auto Scaling API is called only once the instance is leaving.
+//! `--asg-interval`; the Auto Scaling API is called only once the instance is leaving. In
+//! queue mode (`--aws-queue`) the termination comes from the `EC2 Instance-terminate
+//! Lifecycle Action` pubsub relayed onto the agent's Node, and the instance id from the
+//! Node's `spec.providerID`: no IMDS, so no host network; the hold is the same.
 
 use std::time::Duration;
 
@@ -401,9 +404,91 @@ pub async fn sdk_client(
     aws_sdk_autoscaling::Client::from_conf(b.build())
 }
 
+/// Where the source learns that the instance is leaving, and which instance it is.
+enum Watch {
+    /// Instance metadata: `autoscaling/target-lifecycle-state` and `instance-id`.
+    Imds(aws_config::imds::client::Client),
+    /// Queue mode (`--aws-queue`): the termination lifecycle action pubsub relayed onto the
+    /// agent's own Node, and the instance its `spec.providerID` names. No IMDS at all.
+    Node(super::KubeAccess, String),
+}
+
+impl Watch {
+    fn node_instance(kube: &super::KubeAccess, node: &str) -> Option<String> {
+        let n = kube
+            .node
+            .get(&kube::runtime::reflector::ObjectRef::new(node))?;
+        let pid = n.spec.as_ref()?.provider_id.as_deref()?;
+        lastcall_common::aws_events::instance_of_provider_id(pid).map(str::to_string)
+    }
+
+    async fn instance_id(&self) -> Option<String> {
+        match self {
+            Self::Imds(imds) => match imds.get(INSTANCE_ID_PATH).await {
+                Ok(v) if !v.as_ref().trim().is_empty() => Some(v.as_ref().trim().to_string()),
+                _ => None,
+            },
+            Self::Node(kube, node) => Self::node_instance(kube, node),
+        }
+    }
+
+    /// `Ok(true)`: the group is terminating the instance; `Err`: unknown (not "in service"),
+    /// with a bounded reason.
+    async fn leaving(&self) -> Result<bool, &'static str> {
+        match self {
+            Self::Imds(imds) => match imds.get(LIFECYCLE_PATH).await {
+                Ok(v) => Ok(v.as_ref().trim() == "Terminated"),
+                // Not in an Auto Scaling group (or nothing said yet): not leaving.
+                Err(aws_config::imds::client::error::ImdsError::ErrorResponse(r))
+                    if r.response().status().as_u16() == 404 =>
+                {
+                    Ok(false)
+                }
+                Err(_) => Err("imds"),
+            },
+            Self::Node(kube, node) => {
+                use lastcall_common::aws_events::{ANNOTATION, Event, Record};
+                let n = kube
+                    .node
+                    .get(&kube::runtime::reflector::ObjectRef::new(node))
+                    .ok_or("node")?;
+                let instance = Self::node_instance(kube, node).ok_or("node")?;
+                let Some(raw) = n
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ANNOTATION))
+                else {
+                    return Ok(false);
+                };
+                // An unreadable record is the queue source's to report; here it says nothing.
+                let record = Record::parse(raw).map_err(|_| "node")?;
+                let now = Timestamp::now();
+                Ok(record.for_instance(&instance).any(|e| {
+                    matches!(e.event, Event::TerminateLifecycleAction { .. })
+                        && e.time
+                            .checked_add(SignedDuration::try_from(MAX_WAIT).unwrap_or_default())
+                            .is_ok_and(|end| now < end)
+                }))
+            }
+        }
+    }
+}
+
 pub fn start(ctx: SourceContext) -> Option<BoxFuture<'static, ()>> {
     if !ctx.config.asg_lifecycle {
         return None;
+    }
+    if ctx.config.aws_queue {
+        let Some(kube) = ctx.kube.clone() else {
+            warn!(
+                message =
+                    "queue mode needs the API server's Node; Auto Scaling lifecycle source off"
+            );
+            return None;
+        };
+        let node = ctx.config.node_name.clone();
+        return Some(run(ctx, Watch::Node(kube, node)).boxed());
     }
     let imds = match aws_config::imds::client::Client::builder()
         .endpoint(&ctx.config.imds_endpoint)
@@ -419,10 +504,10 @@ pub fn start(ctx: SourceContext) -> Option<BoxFuture<'static, ()>> {
             return None;
         }
     };
-    Some(run(ctx, imds).boxed())
+    Some(run(ctx, Watch::Imds(imds)).boxed())
 }
 
-async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
+async fn run(ctx: SourceContext, watch: Watch) {
     let c = ctx.config.clone();
     let metrics = ctx.metrics.clone();
     let up = |ok: bool| {
@@ -442,14 +527,14 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
             })
             .inc();
     };
-    // The instance id: from the flag, else IMDS (retried until it answers).
+    // The instance id: from the flag, else IMDS or the Node (retried until it answers).
     let instance = loop {
         if let Some(id) = &c.instance_id {
             break id.clone();
         }
-        match imds.get(INSTANCE_ID_PATH).await {
-            Ok(v) if !v.as_ref().trim().is_empty() => break v.as_ref().trim().to_string(),
-            _ => {
+        match watch.instance_id().await {
+            Some(id) => break id,
+            None => {
                 up(false);
                 error("instance_id");
                 tokio::select! {
@@ -497,8 +582,8 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
         // IMDS: is the instance leaving? Read every --asg-interval until it is.
         if matches!(stage, Stage::Watching | Stage::Leaving) && now >= next_poll {
             next_poll = now + c.asg_interval;
-            match imds.get(LIFECYCLE_PATH).await {
-                Ok(v) if v.as_ref().trim() == "Terminated" => {
+            match watch.leaving().await {
+                Ok(true) => {
                     up(true);
                     stage = match discover(&api, &c, Timestamp::now()).await {
                         Ok(s) => s,
@@ -531,17 +616,11 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
                         next_heartbeat = now;
                     }
                 }
-                Ok(_) => up(true),
-                Err(aws_config::imds::client::error::ImdsError::ErrorResponse(r))
-                    if r.response().status().as_u16() == 404 =>
-                {
-                    // Not in an Auto Scaling group (or nothing said yet): not leaving.
-                    up(true);
-                }
-                Err(_) => {
+                Ok(false) => up(true),
+                Err(reason) => {
                     // Unknown is not "in service": keep the last report.
                     up(false);
-                    error("imds");
+                    error(reason);
                     continue;
                 }
             }

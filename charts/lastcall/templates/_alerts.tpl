@@ -185,4 +185,12 @@ groups:
         annotations:
           summary: "A Fleet's lastcall.dev/autoscaler-* settings are invalid ({{`{{ $labels.source }}`}}) and ignored."
           description: "The webhook answers that Fleet with the flags' buffer, min and max; the warning log names the Fleet and the setting."
+      - alert: LastcallQueueBackingUp
+        expr: max by (namespace, pod) (lastcall_pubsub_queue_oldest_message_age_seconds) > 60
+        for: 5m
+        labels:
+          severity: warning
+        annotations:
+          summary: "pubsub {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} reads interruption events that waited over a minute in the queue."
+          description: "A Spot warning relayed two minutes late is no warning. pubsub is too slow or its calls fail: see lastcall_pubsub_queue_errors_total (ReceiveMessage, DeleteMessage, PatchNode), more receivers (queue.receivers), and docs/queue.md."
 {{- end -}}

@@ -93,7 +93,7 @@ prometheus.io/path: /metrics
 
 {{/* Whether pubsub is deployed: something needs it (FleetIQ statuses, the webhook). */}}
 {{- define "lastcall.pubsubEnabled" -}}
-{{- if and .Values.pubsub.enabled (or .Values.fleetiq.enabled .Values.pubsub.webhook.enabled) -}}true{{- end -}}
+{{- if and .Values.pubsub.enabled (or .Values.fleetiq.enabled .Values.pubsub.webhook.enabled .Values.queue.enabled) -}}true{{- end -}}
 {{- end -}}
 
 {{/* Whether the agents publish their drain state (the webhook reads it). */}}
@@ -103,7 +103,8 @@ prometheus.io/path: /metrics
 
 {{/* Whether anything deployed uses Redis. */}}
 {{- define "lastcall.redisNeeded" -}}
-{{- if or .Values.fleetiq.enabled (include "lastcall.pubsubEnabled" .) (and .Values.agent.enabled (include "lastcall.publishDrainState" .)) -}}true{{- end -}}
+{{- /* Queue mode alone needs none: pubsub then runs without --redis-url. */ -}}
+{{- if or .Values.fleetiq.enabled (and .Values.pubsub.enabled .Values.pubsub.webhook.enabled) (and .Values.agent.enabled (include "lastcall.publishDrainState" .)) -}}true{{- end -}}
 {{- end -}}
 
 {{/* Whether the bundled Redis is deployed. */}}
@@ -120,7 +121,9 @@ Identity; AKS clusters that block pods from IMDS).
 {{- define "lastcall.hostNetwork" -}}
 {{- $v := .Values.agent.hostNetwork -}}
 {{- if eq (toString $v) "auto" -}}
-{{- if or .Values.fleetiq.enabled .Values.agent.awsImds .Values.agent.asgLifecycle .Values.agent.gceMetadata .Values.agent.azureEvents -}}true{{- end -}}
+{{- /* Queue mode reads nothing on the node: with it, an Auto Scaling hold learns of the
+termination from the relayed event and the instance id from the Node, not from IMDS. */ -}}
+{{- if or .Values.fleetiq.enabled .Values.agent.awsImds (and .Values.agent.asgLifecycle (not .Values.queue.enabled)) .Values.agent.gceMetadata .Values.agent.azureEvents -}}true{{- end -}}
 {{- else if $v -}}true{{- end -}}
 {{- end -}}
 
