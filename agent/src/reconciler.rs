@@ -251,8 +251,10 @@ impl Reconciler {
         let mut again = 0u32;
         loop {
             if !self.owner.is_owner() {
-                // What this agent did as the owner is told before it stands by.
+                // What this agent did as the owner is told before it stands by; a hand-off
+                // it told is not this standby's to keep telling.
                 self.tell_untold();
+                self.retract_empty("this agent no longer owns the node");
                 // Another agent acts on this node: keep the caches warm, stay ready, write
                 // nothing until it hands over (or is gone).
                 if !self.owner.owned(&shutdown).await {
@@ -297,8 +299,12 @@ impl Reconciler {
                     });
                     until_wake.map_or(self.resync, |w| w.min(self.resync))
                 }
-                Ok(Pass::Conflicted) => CONFLICT_PAUSE,
+                Ok(Pass::Conflicted) => {
+                    self.retract_empty("a write conflicted");
+                    CONFLICT_PAUSE
+                }
                 Err(e) => {
+                    self.retract_empty("a pass failed");
                     let d = backoff.next_delay();
                     warn!(message = "reconcile failed; retrying", error = %e, retry_in_ms = d.as_millis() as u64);
                     d
@@ -322,6 +328,23 @@ impl Reconciler {
                 () = self.trigger.notified() => {}
                 () = tokio::time::sleep(wait) => {}
             }
+        }
+    }
+
+    /// The node is no longer told empty: only a pass that succeeds, on state read after
+    /// the failure, tells it again (confirmed on a fresh read first). A hand-off told before
+    /// may have gone stale: a pod that landed since, whose release keeps failing (429s),
+    /// makes every pass fail, and a platform that comes asking meanwhile (an Auto Scaling
+    /// hook, an Azure event) must not be handed a busy machine.
+    fn retract_empty(&self, why: &str) {
+        if self
+            .node_empty
+            .send_if_modified(|v| std::mem::replace(v, false))
+        {
+            info!(
+                message = "the node is no longer told empty until a pass succeeds again",
+                reason = why
+            );
         }
     }
 

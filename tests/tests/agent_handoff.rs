@@ -438,3 +438,147 @@ async fn a_machine_that_comes_back_is_unfenced_and_registers_again() {
     assert_eq!(told, 1, "one MachineReturned Event");
     agent.stop().await.expect("clean stop");
 }
+
+/// Whether `e` is a request of the agent's to a GameServer refused with 429.
+fn refused_gameserver_write(e: &lastcall_testkit::kube::journal::JournalEntry) -> bool {
+    e.identity.as_deref() == Some("agent-n1")
+        && e.resource.as_deref() == Some("gameservers")
+        && e.verb.is_mutating()
+        && e.status == 429
+}
+
+/// A node told empty, then a game-server pod that tolerates everything lands on it, and
+/// every write to its GameServer is refused with 429 (API Priority and Fairness): every pass
+/// fails. An Auto Scaling termination that begins now is not handed the node: the source
+/// holds the wait with heartbeats while the pod is there, and completes it only once the
+/// server is released and the node is empty again. Ordered by the journals: no completion
+/// while the refusals go on and the pod stands; the completion after they end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_told_empty_that_gets_a_pod_it_cannot_release_is_not_handed_over() {
+    use lastcall_testkit::kube::faults::{FaultRule, Method};
+    let cluster = Cluster::start(ClusterConfig::default())
+        .await
+        .expect("cluster");
+    cluster.add_node(NodeSpec::new("n1")).expect("n1");
+    // Heartbeats every 2 s: two of them take a few passes of the agent.
+    let (imds, asg) = asg(6).await;
+    let mut args = asg_flags(&imds, &asg);
+    args.extend(["--deregister-settle", "0s"].map(String::from));
+    let agent = start_agent(&cluster, &args, None).await;
+    Api::<Node>::all(cluster.client())
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &serde_json::json!({"metadata": {"labels": {"lastcall.dev/drain": "true"}}}),
+            ),
+        )
+        .await
+        .expect("drain label");
+    // Empty and settled: a pass that planned the hand-off has succeeded, so the node is told
+    // empty (a hook that came now would be completed at once).
+    let ok_when_empty = eventually(
+        "the drain empty",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || async {
+            let m = agent.metrics().await;
+            (metric(&m, "lastcall_drain_phase", &[("phase", "empty")]) == Some(1.0))
+                .then(|| metric(&m, "lastcall_reconciles_total", &[("result", "ok")]))
+                .flatten()
+        },
+    )
+    .await;
+    wait_for("a pass told the node empty", || async {
+        let m = agent.metrics().await;
+        (metric(&m, "lastcall_reconciles_total", &[("result", "ok")])? > ok_when_empty)
+            .then_some(())
+    })
+    .await;
+
+    // Every write to a GameServer is refused from now on; a game server that tolerates
+    // everything is placed on the node.
+    let faults = cluster.emulator().faults();
+    for method in [Method::PATCH, Method::DELETE] {
+        faults.inject(FaultRule::throttle(
+            Some(method),
+            "gameservers",
+            100_000,
+            Duration::from_secs(1),
+        ));
+    }
+    cluster
+        .create_game_server(
+            GameServerSpec::new("late")
+                .grace_seconds(1)
+                .toleration(Toleration {
+                    operator: Some("Exists".into()),
+                    ..Toleration::default()
+                }),
+        )
+        .expect("game server");
+    let on_node = || {
+        cluster
+            .pods_on("n1")
+            .iter()
+            .any(|p| p["metadata"]["labels"]["agones.dev/role"] == "gameserver")
+    };
+    wait_for("the game-server pod on n1", || async {
+        on_node().then_some(())
+    })
+    .await;
+    let journal = cluster.emulator().journal();
+    wait_for(
+        "two of the agent's writes to the server refused",
+        || async { (journal.count(refused_gameserver_write) >= 2).then_some(()) },
+    )
+    .await;
+
+    // The group starts terminating the instance now.
+    let began = Instant::now();
+    asg.begin_termination(I).expect("terminating");
+    imds.set_target_lifecycle_state(Some("Terminated"));
+    wait_for(
+        "the wait completed, or held with two heartbeats",
+        || async {
+            let j = asg.journal();
+            let beats = j
+                .iter()
+                .filter(|e| e.happening == Happening::HeartbeatRecorded && e.at > began)
+                .count();
+            (beats >= 2 || asg.calls("CompleteLifecycleAction") > 0).then_some(())
+        },
+    )
+    .await;
+    let refused_meanwhile = journal.count(refused_gameserver_write);
+    let j = asg.journal();
+    assert_eq!(
+        asg.calls("CompleteLifecycleAction"),
+        0,
+        "the instance was handed over while a game-server pod the agent could not release was on the node: {j:#?}"
+    );
+    assert!(on_node(), "the pod is still on the node");
+    assert!(refused_meanwhile > 2, "the refusals went on meanwhile");
+
+    // The refusals end: the server is released, the node is empty again, the wait completed.
+    faults.clear();
+    wait_for("the hook completed", || async {
+        (asg.lifecycle_state(I) == Some(LifecycleState::Terminated)).then_some(())
+    })
+    .await;
+    assert_eq!(asg.calls("CompleteLifecycleAction"), 1);
+    let released = journal
+        .filter(|e| {
+            e.identity.as_deref() == Some("agent-n1")
+                && e.resource.as_deref() == Some("gameservers")
+                && e.verb == Verb::Delete
+                && e.status < 300
+        })
+        .len();
+    assert!(
+        released >= 1,
+        "the server was released once the refusals ended"
+    );
+    agent.stop().await.expect("clean stop");
+    cluster.shutdown().await;
+}
