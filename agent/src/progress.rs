@@ -129,6 +129,7 @@ pub struct Progress {
     pub started: Option<Timestamp>,
     /// The latest moment the fence can have been made: the start, or for a start stored to
     /// the whole second (older agents) the second after it. `None` when unreadable.
+    /// A fence put back later (`lastcall.dev/fence-restored`) counts from then.
     pub fenced_by: Option<Timestamp>,
     pub cause: Option<Cause>,
     /// lastcall cordoned the node (it was schedulable before), so a cancel may uncordon it.
@@ -161,6 +162,16 @@ impl Progress {
                 t.checked_add(jiff::SignedDuration::from_secs(1)).ok()
             }
         });
+        // A fence put back after another writer stripped it has stood only since then; an
+        // unreadable mark is written anew by the next fence, so it never shortens the settle.
+        let restored = ann
+            .get(keys::ANN_FENCE_RESTORED)
+            .map(|v| v.parse::<Timestamp>().ok());
+        let fenced_by = match restored {
+            None => fenced_by,
+            Some(None) => None,
+            Some(Some(r)) => fenced_by.map(|f| f.max(r)),
+        };
         Self {
             started,
             fenced_by,

@@ -1961,6 +1961,99 @@ fn the_node_is_handed_off_once_empty_settled_and_deregistered_where_fleetiq_is_o
     }
 }
 
+/// The fence has stood only since it was last put back: a taint or cordon another writer
+/// strips from an empty, long-fenced node is put back, and the settle before any hand-off
+/// (FleetIQ's deregistration, or a waiting platform's) counts again from then. The scheduler
+/// may have chosen the node while the fence was gone and bind its pod after the next fresh
+/// read, exactly as just after the first fence.
+#[test]
+fn a_fence_put_back_restarts_the_settle() {
+    type Strip = fn(&mut Observed);
+    let strips: [(&str, Strip); 3] = [
+        ("taint", |o| {
+            o.node.taints.retain(|t| t.key != keys::TAINT_DRAINING)
+        }),
+        ("cordon", |o| o.node.unschedulable = false),
+        ("both", |o| {
+            o.node.taints.retain(|t| t.key != keys::TAINT_DRAINING);
+            o.node.unschedulable = false;
+        }),
+    ];
+    for fleetiq in [true, false] {
+        let c = PolicyConfig {
+            deregister: fleetiq,
+            deregister_settle: Duration::from_secs(5),
+            ..cfg()
+        };
+        let fence = plan_at(&observed(vec![]), &[draining()], &[], &c, now());
+        let fenced = simulate(&observed(vec![]), &fence.actions);
+        let later = now() + secs(3600);
+        for (what, strip) in strips {
+            let mut stripped = fenced.clone();
+            strip(&mut stripped);
+            let p = plan_at(&stripped, &[draining()], &[], &c, later);
+            assert!(
+                !p.hands_over(),
+                "{what}, FleetIQ {fleetiq}: {:?}",
+                p.actions
+            );
+            let marked = p.actions.iter().any(|a| {
+                matches!(a, Action::PatchNode(n)
+                    if n.set_annotations.get(keys::ANN_FENCE_RESTORED) == Some(&format_precise(later)))
+            });
+            assert!(marked, "{what}, FleetIQ {fleetiq}: {:?}", p.actions);
+            let back = simulate(&stripped, &p.actions);
+            assert!(back.node.unschedulable && back.node.has_taint(keys::TAINT_DRAINING));
+            let early = plan_at(&back, &[draining()], &[], &c, later + secs(4));
+            assert!(
+                !early.hands_over() && early.actions.is_empty(),
+                "{what}, FleetIQ {fleetiq}: handed over 4 s after the fence was put back: {:?}",
+                early.actions
+            );
+            assert_eq!(early.wake_at, Some(later + secs(5)), "{what}");
+            let due = plan_at(&back, &[draining()], &[], &c, later + secs(5));
+            assert!(
+                due.hands_over(),
+                "{what}, FleetIQ {fleetiq}: {:?}",
+                due.actions
+            );
+        }
+        // A held drain (its source not heard since a restart) puts the fence back the same way.
+        let mut stripped = fenced.clone();
+        stripped
+            .node
+            .taints
+            .retain(|t| t.key != keys::TAINT_DRAINING);
+        let held = plan_at(&stripped, &[], &[fleetiq::SOURCE], &c, later);
+        let marked = held.actions.iter().any(|a| {
+            matches!(a, Action::PatchNode(n)
+                if n.set_annotations.get(keys::ANN_FENCE_RESTORED) == Some(&format_precise(later)))
+        });
+        assert!(marked, "held, FleetIQ {fleetiq}: {:?}", held.actions);
+        // An unreadable mark never shortens the settle: it is written anew.
+        let mut garbled = fenced.clone();
+        garbled
+            .node
+            .annotations
+            .insert(keys::ANN_FENCE_RESTORED.into(), "soon".into());
+        let p = plan_at(&garbled, &[draining()], &[], &c, later);
+        assert!(!p.hands_over(), "{:?}", p.actions);
+        let back = simulate(&garbled, &p.actions);
+        assert!(!plan_at(&back, &[draining()], &[], &c, later + secs(4)).hands_over());
+        assert!(plan_at(&back, &[draining()], &[], &c, later + secs(5)).hands_over());
+        // A cancel takes the mark away with the rest of the drain's record.
+        let cancelled = converge(&back, &[], &c).0;
+        assert!(
+            !cancelled
+                .node
+                .annotations
+                .contains_key(keys::ANN_FENCE_RESTORED),
+            "{:?}",
+            cancelled.node.annotations
+        );
+    }
+}
+
 /// Deregistered is not empty: GameLift may drop a busy node's game server on its own
 /// (heartbeats stopped while the agent was away, an old agent's deregistration on exit, a
 /// wrong id). The node stays fenced, its matches protected, nothing is handed over, and the
@@ -2714,7 +2807,14 @@ fn a_held_drain_puts_back_a_stripped_fence() {
         "{:?}",
         patches[0]
     );
-    assert!(patches[0].set_annotations.is_empty() && patches[0].remove_annotations.is_empty());
+    // The drain's record stays as it was; only the moment the fence stands again is kept.
+    assert_eq!(
+        patches[0].set_annotations.keys().collect::<Vec<_>>(),
+        [keys::ANN_FENCE_RESTORED],
+        "{:?}",
+        patches[0]
+    );
+    assert!(patches[0].remove_annotations.is_empty());
     let again = simulate(&stripped, &held.actions);
     let p = plan(&Inputs {
         notices: &[],
