@@ -1210,6 +1210,11 @@ impl Reconciler {
                 if let Some(n) = a.patch_node(p, has_ann, has_labels).await? {
                     self.check_kept(action, reverted::node_kept(node_write(p), &n));
                     self.own.wrote_node(n);
+                    if p.events.contains(&policy::NodeEvent::MachineReturned) {
+                        // The last life's drain is settled on the Node: FleetIQ start-up is
+                        // decided again for this one.
+                        a.fleetiq().new_life();
+                    }
                 }
                 log.node.extend(p.events.iter().copied());
                 log.cordoned |= p.unschedulable == Some(true);

@@ -735,7 +735,10 @@ async fn admin_task(
 /// Register and claim, then heartbeat, whenever this agent owns the node. Heartbeats start
 /// once start-up is done (registered, or found already draining and still registered), so
 /// the first one never reaches GameLift before the registration nor after a
-/// deregistration. They run on their own task, independent of Redis.
+/// deregistration. They run on their own task, independent of Redis. A new life of the
+/// machine (a new boot id, settled on the Node by the reconciler) decides start-up again:
+/// what one Node read decided, perhaps before the kubelet posted the new boot id, is never
+/// final.
 async fn lifecycle_task(
     actuator: Actuator,
     owner: Owner,
@@ -746,6 +749,7 @@ async fn lifecycle_task(
     stop: CancellationToken,
 ) {
     let fleetiq = actuator.fleetiq().clone();
+    let mut lives = fleetiq.lives();
     loop {
         if !owner.is_owner() {
             // A standby agent is ready: the rollout must be able to go on.
@@ -758,6 +762,7 @@ async fn lifecycle_task(
         if !owner.owned(&stop).await {
             return;
         }
+        lives.mark_unchanged();
         health.set(
             HEALTH_REGISTRATION,
             false,
@@ -776,8 +781,13 @@ async fn lifecycle_task(
                     true
                 }
                 lifecycle::StartUp::Resumed { heartbeat } => heartbeat,
+                lifecycle::StartUp::Returned => false,
             };
         health.set(HEALTH_REGISTRATION, true, "start-up done");
+        if lives.has_changed().unwrap_or(false) {
+            // A new life began while start-up read the last one: decide again.
+            continue;
+        }
         if heartbeat {
             lifecycle::heartbeat_loop(
                 fleetiq.clone(),
@@ -789,12 +799,20 @@ async fn lifecycle_task(
             )
             .await;
         }
-        if fleetiq.is_deregistered() || stop.is_cancelled() {
+        if stop.is_cancelled() {
             break;
         }
-        if owner.is_owner() {
-            // Start-up found nothing to heartbeat (a draining node): that stays so.
-            break;
+        if lives.has_changed().unwrap_or(false) {
+            continue;
+        }
+        if fleetiq.is_deregistered() || owner.is_owner() {
+            // Nothing to heartbeat in this life (deregistered, a draining node, a machine
+            // that came back): that stays so until a new life begins.
+            tokio::select! {
+                () = stop.cancelled() => break,
+                r = lives.changed() => if r.is_err() { break },
+            }
+            continue;
         }
         // Ownership was lost (another agent took the node): wait to get it back.
     }

@@ -582,3 +582,156 @@ async fn a_node_told_empty_that_gets_a_pod_it_cannot_release_is_not_handed_over(
     agent.stop().await.expect("clean stop");
     cluster.shutdown().await;
 }
+
+/// The agent's `/readyz` body.
+async fn readyz(agent: &InProcessAgent) -> serde_json::Value {
+    match reqwest::get(format!("http://{}/readyz", agent.admin)).await {
+        Ok(r) => r.json().await.unwrap_or_default(),
+        Err(_) => serde_json::Value::Null,
+    }
+}
+
+/// Waits until the agent's FleetIQ start-up has read the Node and decided.
+async fn start_up_done(agent: &InProcessAgent) {
+    wait_for("FleetIQ start-up done", || async {
+        (readyz(agent).await["fleetiq_registration"]["detail"] == "start-up done").then_some(())
+    })
+    .await;
+}
+
+/// A machine that comes back after its node was drained and deregistered, whose agent
+/// starts before the kubelet has posted the new boot id: the agent's start-up reads the old
+/// life's deregistration as current. Once the new boot id is posted, the new life begins
+/// all the same: the fence is lifted and stays lifted, and the node registers with FleetIQ
+/// again. Ordered by the API server's journal: the boot id changes after start-up decided;
+/// no write of the agent's puts a fence back after the uncordon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_back_before_its_new_boot_id_is_posted_registers_again_and_stays_unfenced() {
+    use lastcall_common::fleetiq::InstanceStatus as Status;
+    use lastcall_testkit::world::{GROUP, IID, World, WorldSpec, annotation, cordoned, has_taint};
+
+    let w = World::start(WorldSpec::new(1, 0, 0)).await;
+    w.cluster.set_boot_id("n1", "boot-1").expect("boot id");
+    let first = w.agent(&["--deregister-settle", "0s"]).await;
+    wait_for("registered", || async {
+        (w.gl.count("ClaimGameServer") >= 1).then_some(())
+    })
+    .await;
+    w.status(Status::Draining).await;
+    wait_for("deregistered", || async {
+        annotation(&w.node().await, "lastcall.dev/deregistered").map(|_| ())
+    })
+    .await;
+    first.stop().await.expect("clean stop");
+    // The VM is stopped and started again: FleetIQ has it ACTIVE, and the new agent starts
+    // before the kubelet has posted the new boot: the Node still says boot-1.
+    w.status(Status::Active).await;
+    let registers_before = w.gl.count("RegisterGameServer");
+    let agent = w.agent(&["--deregister-settle", "0s"]).await;
+    start_up_done(&agent).await;
+    assert!(
+        cordoned(&w.node().await),
+        "the old life, as far as it can tell"
+    );
+    let journal = w.cluster.emulator().journal();
+    let posted = journal.entries().len();
+    w.cluster
+        .set_boot_id("n1", "boot-2")
+        .expect("the new boot id");
+    wait_for("registered again", || async {
+        (w.gl.count("RegisterGameServer") > registers_before
+            && w.gl.game_server(GROUP, IID).is_some_and(|g| g.registered))
+        .then_some(())
+    })
+    .await;
+    // Two more passes of the agent after the registration: the fence stays lifted.
+    let ok = |m: &str| metric(m, "lastcall_reconciles_total", &[("result", "ok")]).unwrap_or(0.0);
+    let passes = ok(&agent.metrics().await);
+    wait_for("two more passes", || async {
+        (ok(&agent.metrics().await) >= passes + 2.0).then_some(())
+    })
+    .await;
+    let node = w.node().await;
+    assert!(
+        !cordoned(&node) && !has_taint(&node, "lastcall.dev/draining"),
+        "the returned machine was fenced again"
+    );
+    let fenced = |n: &serde_json::Value| {
+        n["spec"]["unschedulable"] == true
+            || n["spec"]["taints"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["key"] == "lastcall.dev/draining"))
+    };
+    let writes: Vec<bool> = journal
+        .entries()
+        .into_iter()
+        .skip(posted)
+        .filter(|r| {
+            r.identity.as_deref() == Some("agent-n1")
+                && r.resource.as_deref() == Some("nodes")
+                && r.verb == Verb::Patch
+                && r.status < 300
+        })
+        .filter_map(|r| r.response.as_ref().map(|n| fenced(n)))
+        .collect();
+    let lifted = writes
+        .iter()
+        .position(|f| !f)
+        .expect("the agent lifted the fence after the new boot id");
+    assert!(
+        writes[lifted..].iter().all(|f| !f),
+        "a write of the agent's put the fence back after it lifted it: {writes:?}"
+    );
+    agent.stop().await.expect("clean stop");
+}
+
+/// A machine that comes back while FleetIQ still says DRAINING (its instance is still being
+/// taken away): the new life drains again, and the game server, deregistered in the last
+/// life, is not registered only to be deregistered again. GameLift's journal: nothing but
+/// reads from the new agent; the Node records the new life's drain, deregistered once empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_back_under_a_draining_status_drains_again_without_registering() {
+    use lastcall_common::fleetiq::InstanceStatus as Status;
+    use lastcall_testkit::world::{World, WorldSpec, annotation, cordoned, has_taint};
+
+    let w = World::start(WorldSpec::new(1, 0, 0)).await;
+    w.cluster.set_boot_id("n1", "boot-1").expect("boot id");
+    let first = w.agent(&["--deregister-settle", "0s"]).await;
+    wait_for("registered", || async {
+        (w.gl.count("ClaimGameServer") >= 1).then_some(())
+    })
+    .await;
+    w.status(Status::Draining).await;
+    wait_for("deregistered", || async {
+        annotation(&w.node().await, "lastcall.dev/deregistered").map(|_| ())
+    })
+    .await;
+    first.stop().await.expect("clean stop");
+    let calls_before = w.gl.calls().len();
+    w.cluster
+        .set_boot_id("n1", "boot-2")
+        .expect("the new boot id");
+    let agent = w.agent(&["--deregister-settle", "0s"]).await;
+    wait_for("the new life's drain, deregistered once empty", || async {
+        let n = w.node().await;
+        (annotation(&n, "lastcall.dev/drain-boot-id").as_deref() == Some("boot-2")
+            && annotation(&n, "lastcall.dev/deregistered").is_some())
+        .then_some(())
+    })
+    .await;
+    let node = w.node().await;
+    assert!(cordoned(&node) && has_taint(&node, "lastcall.dev/draining"));
+    start_up_done(&agent).await;
+    let calls = w.gl.calls();
+    let writes: Vec<&str> = calls[calls_before..]
+        .iter()
+        .map(|c| c.op.as_str())
+        .filter(|op| !op.starts_with("Describe"))
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "the new life sent {writes:?} to GameLift for a server it drains anyway"
+    );
+    agent.stop().await.expect("clean stop");
+}
+

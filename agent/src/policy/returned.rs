@@ -20,6 +20,20 @@ const FINAL_MARKS: [&str; 3] = [
     keys::ANN_NOTICE,
 ];
 
+/// The old life's marks to drop from the Node: the final ones, and a registration the old
+/// life's deregistration ended (GameLift no longer has it: this life has registered
+/// nothing, and a restarted agent must not take "GameLift does not have it" for a
+/// deregistration of this life).
+fn old_marks(inp: &Inputs<'_>) -> Vec<&'static str> {
+    let ann = &inp.observed.node.annotations;
+    let registration_ended = ann.contains_key(keys::ANN_DEREGISTERED);
+    FINAL_MARKS
+        .into_iter()
+        .chain(registration_ended.then_some(keys::ANN_REGISTERED))
+        .filter(|k| ann.contains_key(*k))
+        .collect()
+}
+
 pub(super) fn returned(
     inp: &Inputs<'_>,
     progress: &Progress,
@@ -45,10 +59,13 @@ pub(super) fn returned(
                 }
             }
         };
-        for k in FINAL_MARKS.into_iter().chain([keys::ANN_BOOT_ID]) {
-            if node.annotations.contains_key(k) {
-                patch.remove_annotations.insert(k.to_string());
-            }
+        for k in old_marks(inp) {
+            patch.remove_annotations.insert(k.to_string());
+        }
+        if node.annotations.contains_key(keys::ANN_BOOT_ID) {
+            patch
+                .remove_annotations
+                .insert(keys::ANN_BOOT_ID.to_string());
         }
         patch.events.retain(|e| *e != NodeEvent::DrainCancelled);
         patch.events.push(NodeEvent::MachineReturned);
@@ -59,10 +76,8 @@ pub(super) fn returned(
         resource_version: node.resource_version.clone(),
         ..Default::default()
     };
-    for k in FINAL_MARKS {
-        if node.annotations.contains_key(k) {
-            patch.remove_annotations.insert(k.to_string());
-        }
+    for k in old_marks(inp) {
+        patch.remove_annotations.insert(k.to_string());
     }
     if node.annotations.contains_key(keys::ANN_HANDED_BACK)
         && node
