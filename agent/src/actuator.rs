@@ -144,6 +144,11 @@ impl Actuator {
         }
     }
 
+    /// The agent's metrics, for a step taken outside the reconciler (the exit).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     pub fn client(&self) -> kube::Client {
         self.client.clone()
     }

@@ -778,11 +778,15 @@ impl Reconciler {
             });
         }
         // Every hand-off (deregistration, the hand-back to GKE, a platform told it may have
-        // the machine) is final, and the watch caches can lag behind a pod bound just before
-        // the fence: "empty" is confirmed on a fresh, consistent read first. A hand-off
-        // already told is not read again on every pass.
-        let already_told = plan.hand_off && *self.node_empty.borrow();
-        let nobody_waits = !self.hand_off_waiters && !plan.hands_over_by_writing();
+        // the machine, an operator notified that it may be taken) is final, and the watch
+        // caches can lag behind a pod bound just before the fence: "empty" is confirmed on a
+        // fresh, consistent read first. A hand-off already told is not read again on every
+        // pass, unless this pass also writes one (the hand-back to GKE, a deregistration).
+        let already_told =
+            plan.hand_off && *self.node_empty.borrow() && !plan.hands_over_by_writing();
+        let nobody_waits = !self.hand_off_waiters
+            && !self.notifier.tells_empty(self.config.deregister)
+            && !plan.hands_over_by_writing();
         let confirming = plan.hands_over() && !already_told && !nobody_waits;
         if confirming && !self.actuator.is_dry_run() {
             let fresh = self.confirm(&observed).await.map_err(|e| {
@@ -1046,7 +1050,7 @@ impl Reconciler {
     /// Without FleetIQ, the moment a drain's node is empty and may be taken. Sent only when
     /// this process saw the drain busy first, so a restart on an empty node sends none.
     fn notify_empty(&mut self, plan: &Plan, empty_now: bool, was_empty: bool) {
-        if !self.notifier.is_on() || self.config.deregister {
+        if !self.notifier.tells_empty(self.config.deregister) {
             return;
         }
         match plan.phase {
@@ -1499,17 +1503,7 @@ impl Reconciler {
     /// the watches have not shown yet keeps the node busy (and gets its GameServer claimed),
     /// and a GameServer without a pod on this node runs nothing here. One LIST, not two.
     async fn confirm(&mut self, watched: &Observed) -> Result<Observed, kube::Error> {
-        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
-            kube::Api::all(self.actuator.client());
-        let lp =
-            kube::api::ListParams::default().fields(&format!("spec.nodeName={}", self.node_name));
-        let pods = pods
-            .list(&lp)
-            .await?
-            .items
-            .iter()
-            .filter_map(|p| PodView::from_pod(p).ok())
-            .collect();
+        let pods = fresh_pods(&self.actuator, &self.node_name).await?;
         Ok(Observed {
             node: watched.node.clone(),
             game_servers: watched.game_servers.clone(),
@@ -1517,6 +1511,20 @@ impl Reconciler {
             fleets: watched.fleets.clone(),
         })
     }
+}
+
+/// This node's pods, straight from the API server (a consistent LIST): the fresh read of
+/// the hand-off gate (see `policy::handoff`).
+pub async fn fresh_pods(actuator: &Actuator, node: &str) -> Result<Vec<PodView>, kube::Error> {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(actuator.client());
+    let lp = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+    Ok(pods
+        .list(&lp)
+        .await?
+        .items
+        .iter()
+        .filter_map(|p| PodView::from_pod(p).ok())
+        .collect())
 }
 
 /// The object of a write whose effect is checked for reverts; `None` for deletes and the

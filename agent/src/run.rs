@@ -626,6 +626,41 @@ pub struct Running {
 }
 
 impl Running {
+    /// `--deregister-on-exit` passes the hand-off gate's fresh read: no game-server pod (a
+    /// terminating one included) on a consistent LIST of the node's pods. Deregistering a
+    /// node whose matches run (a rollout) would drop FleetIQ's hold on it under them; a node
+    /// that is going away has had its game servers stopped first. Unread is not empty.
+    async fn empty_on_exit(&self) -> bool {
+        let node = &self.config.node_name;
+        let skipped = |why: &str| {
+            self.actuator
+                .metrics()
+                .deregistrations
+                .get_or_create(&crate::metrics::ResultLabel {
+                    result: "exit_skipped",
+                })
+                .inc();
+            warn!(
+                message = "not deregistering on exit (--deregister-on-exit)",
+                reason = why
+            );
+            false
+        };
+        match tokio::time::timeout(
+            DEREGISTER_GRACE,
+            crate::reconciler::fresh_pods(&self.actuator, node),
+        )
+        .await
+        {
+            Ok(Ok(pods)) if crate::policy::hosts_games(&pods) => {
+                skipped("game-server pods are on the node: its matches keep FleetIQ's hold")
+            }
+            Ok(Ok(_)) => true,
+            Ok(Err(e)) => skipped(&format!("the node's pods could not be read: {e}")),
+            Err(_) => skipped("the node's pods could not be read in time"),
+        }
+    }
+
     /// Waits for `shutdown` or for a task to end early (a bug we must not hide), then shuts
     /// down: stops the tasks, deregisters on exit if asked and still the owner, and hands
     /// the node's ownership over.
@@ -676,7 +711,9 @@ impl Running {
         // is gone, never before a late Deregister.
         let mut hand_over = true;
         if self.config.deregister_on_exit && clean {
-            if owner {
+            if owner && !self.empty_on_exit().await {
+                // Nothing was sent: the next agent may take the node over at once.
+            } else if owner {
                 match tokio::time::timeout(
                     DEREGISTER_GRACE,
                     self.actuator.fleetiq().deregister_on_exit(),

@@ -735,3 +735,150 @@ async fn a_machine_back_under_a_draining_status_drains_again_without_registering
     agent.stop().await.expect("clean stop");
 }
 
+/// An empty drained node, told empty, that nothing waits for (no Auto Scaling hook, no
+/// Azure approval): its caches then lag behind a game-server pod that binds (it tolerates
+/// everything), and its GCE maintenance becomes one that may start early. The hand-back to
+/// GKE is a hand-off written now, whatever was told before, so it is confirmed on a fresh
+/// read first, which finds the pod: nothing is handed back. Ordered by the journal: after
+/// the pod bound, the agent read the node's pods afresh and wrote no hand-back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_back_after_the_node_was_told_empty_is_confirmed_on_a_fresh_read() {
+    use lastcall_testkit::gce::GceMetadataEmulator;
+    use lastcall_testkit::kube::faults::WatchDelay;
+    let cluster = Cluster::start(ClusterConfig::default())
+        .await
+        .expect("cluster");
+    cluster.add_node(NodeSpec::new("n1")).expect("n1");
+    // Stopped by host maintenance (the emulator's default policy): it may be handed back.
+    let gce = GceMetadataEmulator::start().await.expect("gce");
+    let args: Vec<String> = [
+        "--gce-metadata",
+        "--gce-metadata-endpoint",
+        &gce.url(),
+        "--gce-wait-timeout",
+        "2s",
+        "--gce-upcoming-interval",
+        "200ms",
+        "--gke-hand-back",
+        "--deregister-settle",
+        "0s",
+        "--resync-interval",
+        "1s",
+    ]
+    .map(String::from)
+    .to_vec();
+    let agent = start_agent(&cluster, &args, None).await;
+    let start = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_mins(30))
+        .expect("time")
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let window = |reschedule: &str| {
+        serde_json::json!({"can_reschedule": reschedule, "maintenance_status": "PENDING", "type": "SCHEDULED", "window_start_time": start}).to_string()
+    };
+    gce.set("upcoming-maintenance", &window("false"));
+    let ok_when_empty = eventually(
+        "the drain empty",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || async {
+            let m = agent.metrics().await;
+            (metric(&m, "lastcall_drain_phase", &[("phase", "empty")]) == Some(1.0))
+                .then(|| metric(&m, "lastcall_reconciles_total", &[("result", "ok")]))
+                .flatten()
+        },
+    )
+    .await;
+    wait_for("a pass told the node empty", || async {
+        let m = agent.metrics().await;
+        (metric(&m, "lastcall_reconciles_total", &[("result", "ok")])? > ok_when_empty)
+            .then_some(())
+    })
+    .await;
+    // The agent's pod and GameServer watches lag 30 s from now; a game server that
+    // tolerates everything binds to the node.
+    let faults = cluster.emulator().faults();
+    for resource in ["pods", "gameservers"] {
+        faults.delay_watches(
+            WatchDelay::resource(resource, Duration::from_secs(30)).identity("agent-n1"),
+        );
+    }
+    cluster
+        .create_game_server(
+            GameServerSpec::new("late")
+                .grace_seconds(1)
+                .toleration(Toleration {
+                    operator: Some("Exists".into()),
+                    ..Toleration::default()
+                }),
+        )
+        .expect("game server");
+    let on_node = || {
+        cluster
+            .pods_on("n1")
+            .iter()
+            .any(|p| p["metadata"]["labels"]["agones.dev/role"] == "gameserver")
+    };
+    wait_for("the game-server pod on n1", || async {
+        on_node().then_some(())
+    })
+    .await;
+    let journal = cluster.emulator().journal();
+    let bound = journal.entries().len();
+    // The maintenance may start early now.
+    gce.set("upcoming-maintenance", &window("true"));
+    let handed_back = |n: &serde_json::Value| {
+        n["metadata"]["labels"]["cloud.google.com/perform-maintenance"] == "true"
+    };
+    wait_for("the hand-back written, or the pods read afresh", || async {
+        journal
+            .entries()
+            .into_iter()
+            .skip(bound)
+            .any(|e| {
+                e.identity.as_deref() == Some("agent-n1")
+                    && e.status < 300
+                    && ((e.resource.as_deref() == Some("pods") && e.verb == Verb::List)
+                        || (e.resource.as_deref() == Some("nodes")
+                            && e.verb == Verb::Patch
+                            && e.response.as_ref().is_some_and(|n| handed_back(n))))
+            })
+            .then_some(())
+    })
+    .await;
+    let ok = |m: &str| metric(m, "lastcall_reconciles_total", &[("result", "ok")]).unwrap_or(0.0);
+    let passes = ok(&agent.metrics().await);
+    wait_for("two more passes", || async {
+        (ok(&agent.metrics().await) >= passes + 2.0).then_some(())
+    })
+    .await;
+    // The fresh read found the pod, so the agent claimed and released its server. A
+    // hand-back, if any, comes only after that release (its pod terminating counts too).
+    let after: Vec<_> = journal
+        .entries()
+        .into_iter()
+        .skip(bound)
+        .filter(|e| e.identity.as_deref() == Some("agent-n1") && e.status < 300)
+        .collect();
+    let hand_back = after.iter().find(|e| {
+        e.resource.as_deref() == Some("nodes")
+            && e.verb == Verb::Patch
+            && e.response.as_ref().is_some_and(|n| handed_back(n))
+    });
+    let released = after.iter().find(|e| {
+        e.resource.as_deref() == Some("gameservers")
+            && e.verb == Verb::Delete
+            && e.name.as_deref() == Some("late")
+    });
+    if let Some(h) = hand_back {
+        assert!(
+            released.is_some_and(|r| r.seq < h.seq),
+            "handed back to GKE (journal #{}) while the game-server pod was on the node (its server released: {:?})",
+            h.seq,
+            released.map(|r| r.seq)
+        );
+    }
+    faults.clear_watch_delays();
+    agent.stop().await.expect("clean stop");
+    cluster.shutdown().await;
+}

@@ -43,7 +43,7 @@ pub use deadlines::{DeadlineView, deadline_view};
 use drain::drain;
 use fence::{fence_patch, unseen_servers};
 use game_servers::{fenced_work, remove_terminating_from_allocation, warn_unknown_eviction_safe};
-pub use handoff::DEREGISTERED_WHILE_BUSY;
+pub use handoff::{DEREGISTERED_WHILE_BUSY, hosts_games};
 use idle::idle;
 pub use taints::compat_toleration;
 #[cfg(test)]
