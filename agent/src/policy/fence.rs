@@ -100,8 +100,10 @@ pub(super) fn fence_patch(
         patch.taints = Some(taints);
     }
     // To the sub-second (the settle counts from it); a garbled start is written anew, so
-    // the settle is never shortened by it.
-    if progress.start().is_none() && progress.deregistered.is_none() {
+    // the settle is never shortened by it. Also once deregistered: the hand-off that may
+    // still wait (an Auto Scaling hook) counts its settle from it, and an unreadable start
+    // would push it later on every pass, for ever.
+    if progress.start().is_none() {
         patch
             .set_annotations
             .insert(keys::ANN_STARTED.into(), format_precise(inp.now));
@@ -143,7 +145,10 @@ pub(super) fn fence_patch(
                 .insert(keys::ANN_NOTICE.into(), record.to_annotation());
         }
     }
-    if progress.started.is_none() && patch.set_annotations.contains_key(keys::ANN_STARTED) {
+    if progress.started.is_none()
+        && progress.deregistered.is_none()
+        && patch.set_annotations.contains_key(keys::ANN_STARTED)
+    {
         patch.events.push(NodeEvent::DrainStarted);
     }
     if patch.unschedulable == Some(true) || patch.taints.is_some() {

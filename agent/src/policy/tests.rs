@@ -1809,6 +1809,43 @@ fn a_garbled_start_never_shortens_the_settle() {
     assert_eq!(count(&p.actions, "deregister"), 1, "{:?}", p.actions);
 }
 
+/// Once deregistered, an unreadable `drain-started` is written anew as before it: the
+/// settle before the hand-off that may still wait (an Auto Scaling hook, after FleetIQ's
+/// deregistration) counts from then. Left unreadable, it would count from every pass's
+/// `now`, and the hook would be heartbeated to its cap on an empty node.
+#[test]
+fn a_garbled_start_after_deregistration_is_written_anew_and_the_hand_off_follows() {
+    let c = PolicyConfig {
+        deregister_settle: Duration::from_secs(5),
+        ..cfg()
+    };
+    let (mut o, _, _) = converge(&observed(vec![]), &[draining()], &cfg());
+    assert!(o.node.annotations.contains_key(keys::ANN_DEREGISTERED));
+    let later = now() + secs(3600);
+    assert!(
+        plan_at(&o, &[draining()], &[], &c, later).hand_off,
+        "empty, deregistered, settled"
+    );
+    o.node
+        .annotations
+        .insert(keys::ANN_STARTED.into(), "yesterday-ish".into());
+    let p = plan_at(&o, &[draining()], &[], &c, later);
+    assert!(!p.hand_off, "{:?}", p.actions);
+    let written = simulate(&o, &p.actions);
+    assert!(!plan_at(&written, &[draining()], &[], &c, later + secs(4)).hand_off);
+    let due = plan_at(&written, &[draining()], &[], &c, later + secs(5));
+    assert!(
+        due.hand_off && due.actions.is_empty(),
+        "the settle after an unreadable start never ends: {due:?}"
+    );
+    let rewritten = p.actions.iter().any(|a| {
+        matches!(a, Action::PatchNode(n)
+            if n.set_annotations.get(keys::ANN_STARTED) == Some(&format_precise(later))
+                && n.events.is_empty())
+    });
+    assert!(rewritten, "written anew, with no Event: {:?}", p.actions);
+}
+
 /// An empty node whose pending GCE maintenance may start early, handed back to GKE.
 fn handed_back() -> (Observed, Notice, PolicyConfig) {
     let mut m = draining();
