@@ -2393,6 +2393,7 @@ fn a_joining_source_is_first_seen_now_until_deregistration_then_at_the_start() {
                 deadline: None,
                 cancellable: true,
                 first_seen: start,
+                restated: false,
             }],
         }),
         ..Progress::default()
