@@ -652,6 +652,11 @@ impl Reconciler {
         self.metrics
             .deregistered_while_busy
             .set(i64::from(forgotten));
+        let held = plan
+            .warnings
+            .iter()
+            .any(|w| w.reason == policy::MACHINE_RETURNED_HELD);
+        self.metrics.machine_returned_held.set(i64::from(held));
         let mode =
             crate::cooperation::Mode::for_node(&observed.node.labels, self.config.cooperation)
                 .unwrap_or(self.config.cooperation);

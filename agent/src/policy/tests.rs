@@ -47,6 +47,7 @@ fn node() -> NodeView {
         labels: BTreeMap::new(),
         annotations: BTreeMap::new(),
         boot_id: None,
+        ready_since: None,
     }
 }
 
@@ -2805,6 +2806,49 @@ fn a_machine_that_came_back_holds_the_fence_until_the_sources_that_asked_report(
     // Heard from: nothing asks, so the new life starts lifted; or the drain goes on.
     assert_eq!(with(&[], &[]).phase, Phase::Cancelling);
     assert_eq!(with(&[], &[draining()]).phase, Phase::Fencing);
+}
+
+/// A machine that came back stays fenced while a source that asked for its last drain has
+/// not reported; one that never does (down, or gone from the configuration) would keep it
+/// fenced for good without a word. A minute after the machine is back (its Node Ready
+/// again), the operator is told which source holds it, once; before that, the plan wakes
+/// for that moment. Unsaid when it came back: told at once.
+#[test]
+fn a_machine_held_for_a_source_that_never_reports_is_told() {
+    let done = handed_over_on("boot-a", &[draining()]);
+    let mut back = done.clone();
+    back.node.boot_id = Some("boot-b".into());
+    back.node.ready_since = Some(now());
+    let at = |o: &Observed, unknown: &[crate::notice::Source], t: Timestamp| {
+        plan(&Inputs {
+            notices: &[],
+            observed: o,
+            config: &cfg(),
+            unknown_sources: unknown,
+            fleetiq_deregistered: false,
+            now: t,
+        })
+    };
+    let told = |p: &Plan| {
+        p.warnings
+            .iter()
+            .filter(|w| w.reason == MACHINE_RETURNED_HELD)
+            .map(|w| w.note.clone())
+            .collect::<Vec<_>>()
+    };
+    let early = at(&back, &[fleetiq::SOURCE], now() + secs(30));
+    assert!(told(&early).is_empty(), "{:?}", early.warnings);
+    assert_eq!(early.wake_at, Some(now() + secs(60)));
+    let late = at(&back, &[fleetiq::SOURCE], now() + secs(60));
+    let notes = told(&late);
+    assert_eq!(notes.len(), 1, "{:?}", late.warnings);
+    assert!(notes[0].contains("fleetiq"), "{notes:?}");
+    assert_eq!(late.phase, Phase::Draining, "still held");
+    // Heard from: nothing to tell.
+    assert!(told(&at(&back, &[], now() + secs(600))).is_empty());
+    // When the machine came back is not said: told at once.
+    back.node.ready_since = None;
+    assert_eq!(told(&at(&back, &[fleetiq::SOURCE], now())).len(), 1);
 }
 
 /// A drain held after a restart (its source not heard from yet) keeps the node fenced: a
