@@ -105,8 +105,9 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_DRY_RUN")]
     pub dry_run: bool,
 
-    /// Deregister from FleetIQ on SIGTERM (the original adapter always did; off by default
-    /// because a rollout must not hand a busy node back).
+    /// Deregister from FleetIQ on SIGTERM, as the original adapter always did, but only a
+    /// node with no game-server pod on a fresh read of its pods (a rollout never hands a busy
+    /// node back; skipped ones count as deregistrations_total{result="exit_skipped"}).
     #[arg(long, env = "LASTCALL_DEREGISTER_ON_EXIT")]
     pub deregister_on_exit: bool,
 

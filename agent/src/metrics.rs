@@ -89,6 +89,9 @@ pub struct Metrics {
     pub notices: Family<NoticeLabels, Gauge>,
     pub matches_at_risk: Gauge,
     pub deregistered_while_busy: Gauge,
+    /// 1 while a machine that came back stays fenced, a while after it did, for a source
+    /// that asked for its last drain and has not reported since.
+    pub machine_returned_held: Gauge,
     pub cooperation_exposed: Gauge,
     pub writes_reverted: Family<ActionLabel, Counter>,
     pub drain_state: Family<ResultLabel, Counter>,
@@ -145,6 +148,7 @@ impl Metrics {
             notices: Family::default(),
             matches_at_risk: Gauge::default(),
             deregistered_while_busy: Gauge::default(),
+            machine_returned_held: Gauge::default(),
             cooperation_exposed: Gauge::default(),
             writes_reverted: Family::default(),
             drain_state: Family::default(),
@@ -316,6 +320,11 @@ impl Metrics {
             "fleetiq_deregistered_while_busy",
             "1 while GameLift no longer lists this node's game server although matches still run on it: the node stays fenced and is handed over only once empty",
             m.deregistered_while_busy.clone(),
+        );
+        r.register(
+            "machine_returned_held",
+            "1 while a machine that came back stays fenced, a minute after it did, for a source that asked for its last drain and has not reported since",
+            m.machine_returned_held.clone(),
         );
         r.register(
             "cooperation_exposed_matches",

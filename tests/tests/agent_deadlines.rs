@@ -497,3 +497,106 @@ async fn moved_later(azure: bool) {
     );
     cluster.shutdown().await;
 }
+
+/// A match due to end at `deadline − grace` whose Eviction the API server turns away with
+/// 429 for throttling (API Priority and Fairness: a plain-text body and `Retry-After`), not
+/// for a disruption budget: the agent waits out the `Retry-After` and evicts again. It does
+/// not take the refusal for a budget's and DELETE the pod around it. Ordered by the journal:
+/// the throttled Eviction, then an accepted one; no pod DELETE of the agent's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_throttled_by_the_api_server_is_retried_not_taken_for_a_budget() {
+    use lastcall_testkit::kube::faults::{FaultRule, Method};
+    let cluster = Cluster::start(ClusterConfig::default())
+        .await
+        .expect("cluster");
+    cluster.add_node(NodeSpec::new("n1")).expect("n1");
+    cluster
+        .create_fleet(
+            FleetSpec::new("always", 1)
+                .eviction_safe(EvictionSafe::Always)
+                .grace_seconds(GRACE),
+        )
+        .expect("fleet");
+    cluster
+        .wait_ready("default", "always", 1)
+        .await
+        .expect("ready");
+    cluster
+        .allocate(&AllocationRequest::fleet("default", "always"))
+        .await
+        .expect("allocate")
+        .expect("an allocated server");
+    let imds = ImdsEmulator::start("i-0123456789abcdef0", "n1")
+        .await
+        .expect("imds");
+    let url = imds.url();
+    let flags = [
+        "--resync-interval",
+        "1s",
+        "--aws-imds",
+        "--imds-endpoint",
+        &url,
+    ];
+    let kube = cluster
+        .emulator()
+        .config_for("agent-n1")
+        .await
+        .expect("client");
+    let agent = InProcessAgent::start(config("n1", &flags), kube, None)
+        .await
+        .expect("agent");
+    wait_for("claimed", || async {
+        cluster
+            .game_servers()
+            .iter()
+            .all(|g| g.labels.get("lastcall.dev/node").map(String::as_str) == Some("n1"))
+            .then_some(())
+    })
+    .await;
+    // The next Eviction is turned away by APF, with a Retry-After of 1 s.
+    cluster.emulator().faults().inject(FaultRule::throttle(
+        Some(Method::POST),
+        "/eviction",
+        1,
+        Duration::from_secs(1),
+    ));
+    // A Spot interruption LEAD s from now (to the second, as IMDS says it).
+    let deadline = (jiff::Timestamp::now() + jiff::SignedDuration::from_secs(LEAD))
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    imds.set_spot_action(Some(
+        serde_json::json!({"action": "terminate", "time": deadline}),
+    ));
+    let journal = cluster.emulator().journal();
+    let evictions = || {
+        journal.filter(|e| {
+            e.identity.as_deref() == Some("agent-n1")
+                && e.subresource.as_deref() == Some("eviction")
+        })
+    };
+    let deleted = || {
+        journal.filter(|e| {
+            e.identity.as_deref() == Some("agent-n1")
+                && e.resource.as_deref() == Some("pods")
+                && e.verb == lastcall_testkit::kube::journal::Verb::Delete
+        })
+    };
+    wait_for("an Eviction accepted, or the pod deleted", || async {
+        (evictions().iter().any(|e| e.status < 300) || !deleted().is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        deleted().is_empty(),
+        "a throttled Eviction was taken for a disruption budget's refusal and the pod deleted: {:#?}",
+        deleted()
+    );
+    let ev = evictions();
+    let throttled = ev
+        .iter()
+        .find(|e| e.status == 429)
+        .expect("the first Eviction was throttled");
+    let accepted = ev.iter().find(|e| e.status < 300).expect("accepted");
+    assert!(throttled.seq < accepted.seq, "{ev:#?}");
+    agent.stop().await.expect("clean stop");
+    cluster.shutdown().await;
+}

@@ -716,6 +716,72 @@ async fn maintenance_that_can_start_early_is_handed_back_once_only_when_asked() 
     }
 }
 
+/// A VM that live-migrates (`scheduling/on-host-maintenance=MIGRATE`, GCE's default for a
+/// standard VM) whose pending maintenance may start early is not handed back to GKE: a
+/// hand-back is final until the machine returns with a new boot id, and a live migration
+/// keeps the VM running (the same boot). Its drain ends with the window instead: once the
+/// maintenance is complete, the node takes game servers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_migrating_vm_is_not_handed_back_and_its_drain_ends_with_the_window() {
+    let w = World::start(WorldSpec::new(1, 0, 0)).await;
+    w.cluster.set_boot_id(NODE, "boot-1").expect("boot id");
+    let gce = GceMetadataEmulator::start().await.unwrap();
+    gce.set("scheduling/on-host-maintenance", "MIGRATE");
+    let agent = gce_agent(
+        &w,
+        &gce,
+        &[
+            "--gke-hand-back",
+            "--gce-upcoming-interval",
+            "200ms",
+            "--deregister-settle",
+            "0s",
+        ],
+    )
+    .await;
+    w.claimed_all().await;
+    let start = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_mins(30))
+        .unwrap()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let window = |status: &str| {
+        serde_json::json!({"can_reschedule": "true", "maintenance_status": status, "type": "SCHEDULED", "window_start_time": start}).to_string()
+    };
+    gce.set("upcoming-maintenance", &window("PENDING"));
+    wait_for("drained for the window, and empty", || async {
+        let m = agent.metrics().await;
+        (has_taint(&w.node().await, "lastcall.dev/draining")
+            && metric(&m, "lastcall_drain_phase", &[("phase", "empty")]) == Some(1.0))
+        .then_some(())
+    })
+    .await;
+    // Empty, settled, and the window may start early: two more passes of the agent.
+    let ok = |m: &str| metric(m, "lastcall_reconciles_total", &[("result", "ok")]).unwrap_or(0.0);
+    let passes = ok(&agent.metrics().await);
+    wait_for("two more passes", || async {
+        (ok(&agent.metrics().await) >= passes + 2.0).then_some(())
+    })
+    .await;
+    let node = w.node().await;
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let annotations = node.metadata.annotations.clone().unwrap_or_default();
+    assert!(
+        !labels.contains_key("cloud.google.com/perform-maintenance")
+            && !annotations.contains_key("lastcall.dev/handed-back"),
+        "a VM that live-migrates was handed back to GKE: {labels:?} {annotations:?}"
+    );
+    // The maintenance happens: a live migration (the same boot id), then it is complete.
+    gce.set("upcoming-maintenance", &window("ONGOING"));
+    gce.set("upcoming-maintenance", &window("COMPLETE"));
+    wait_for("the drain ended with the window", || async {
+        let n = w.node().await;
+        (!cordoned(&n) && !has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    agent.stop().await.unwrap();
+}
+
 async fn label_n1(w: &World, value: Option<&str>) {
     let nodes: Api<Node> = Api::all(w.cluster.client());
     nodes

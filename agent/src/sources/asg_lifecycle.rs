@@ -367,8 +367,10 @@ impl Api {
 enum Stage {
     /// The instance is in service (or IMDS has not said otherwise yet).
     Watching,
-    /// It is leaving; the wait could not be read yet (retried every poll).
-    Leaving,
+    /// It is leaving; the wait could not be read yet (retried every poll). With the group
+    /// and hook known (the API lags behind instance metadata), the wait is heartbeated and
+    /// its end announced all the same: it began when instance metadata said so.
+    Leaving(Option<Hold>),
     /// Holding the wait.
     Holding(Hold),
     /// Nothing left to do: completed, or there was no wait to hold. The notice stays.
@@ -559,13 +561,17 @@ async fn run(ctx: SourceContext, watch: Watch) {
     let mut empty = ctx.node_empty.clone();
     let mut empty_open = true;
     let mut stage = Stage::Watching;
+    // When instance metadata first said the instance is leaving: the wait began then at the
+    // latest, however long the Auto Scaling API lags behind.
+    let mut leaving_since: Option<Timestamp> = None;
     // Since when the API has lagged behind instance metadata.
     let mut lagging_since: Option<tokio::time::Instant> = None;
     let mut next_poll = tokio::time::Instant::now();
     let mut next_heartbeat = next_poll;
     loop {
         let wake = match &stage {
-            Stage::Watching | Stage::Leaving => next_poll,
+            Stage::Watching | Stage::Leaving(None) => next_poll,
+            Stage::Leaving(Some(_)) => next_poll.min(next_heartbeat),
             // A standby also looks again each second: it completes nothing until it acts.
             Stage::Holding(_) if !ctx.acting.now() => {
                 next_heartbeat.min(tokio::time::Instant::now() + STANDBY_RECHECK)
@@ -580,13 +586,37 @@ async fn run(ctx: SourceContext, watch: Watch) {
         }
         let now = tokio::time::Instant::now();
         // IMDS: is the instance leaving? Read every --asg-interval until it is.
-        if matches!(stage, Stage::Watching | Stage::Leaving) && now >= next_poll {
+        if matches!(stage, Stage::Watching | Stage::Leaving(_)) && now >= next_poll {
             next_poll = now + c.asg_interval;
             match watch.leaving().await {
                 Ok(true) => {
                     up(true);
-                    stage = match discover(&api, &c, Timestamp::now()).await {
-                        Ok(s) => s,
+                    let seen = *leaving_since.get_or_insert_with(Timestamp::now);
+                    let known = match &mut stage {
+                        Stage::Leaving(h) => h.take(),
+                        _ => None,
+                    };
+                    let was_known = known.is_some();
+                    stage = match discover(&api, &c, seen, known.clone()).await {
+                        Ok(Discovered::Stage(s)) => s,
+                        Ok(Discovered::Lagging(state, hold)) => {
+                            let since = *lagging_since.get_or_insert(now);
+                            let lag = now.saturating_duration_since(since);
+                            metrics
+                                .asg_state_lag
+                                .set(i64::try_from(lag.as_secs()).unwrap_or(i64::MAX));
+                            error("lagging");
+                            if lag >= LAG_LIMIT {
+                                warn!(message = "Auto Scaling lifecycle: the API never reported the termination wait; any wait has ended by now", state = %state, lagged_secs = lag.as_secs());
+                                Stage::Done(None)
+                            } else {
+                                if !was_known {
+                                    info!(message = "Auto Scaling lifecycle: instance metadata says the instance is leaving, but the API still reports an earlier state; heartbeating the wait and reading again", state = %state, group = %hold.group, hook = %hold.hook.name, deadline = %hold.deadline());
+                                    next_heartbeat = now;
+                                }
+                                Stage::Leaving(Some(hold))
+                            }
+                        }
                         Err(CallError::Lagging(state)) => {
                             let since = *lagging_since.get_or_insert(now);
                             let lag = now.saturating_duration_since(since);
@@ -599,16 +629,17 @@ async fn run(ctx: SourceContext, watch: Watch) {
                                 Stage::Done(None)
                             } else {
                                 info!(message = "Auto Scaling lifecycle: instance metadata says the instance is leaving, but the API still reports an earlier state; reading again", state = %state, lagged_secs = lag.as_secs());
-                                Stage::Leaving
+                                Stage::Leaving(None)
                             }
                         }
                         Err(e) => {
                             error(e.metric_label());
                             warn!(message = "Auto Scaling lifecycle: the instance is leaving, but its hook wait could not be read; retrying", error = %e);
-                            Stage::Leaving
+                            // A wait already known is still heartbeated meanwhile.
+                            Stage::Leaving(known)
                         }
                     };
-                    if !matches!(stage, Stage::Leaving) && lagging_since.take().is_some() {
+                    if !matches!(stage, Stage::Leaving(_)) && lagging_since.take().is_some() {
                         metrics.asg_state_lag.set(0);
                     }
                     if let Stage::Holding(h) = &stage {
@@ -626,6 +657,11 @@ async fn run(ctx: SourceContext, watch: Watch) {
             }
         }
         let node_empty = *empty.borrow();
+        if let Stage::Leaving(Some(hold)) = &mut stage {
+            // The wait the API does not show yet: kept with heartbeats, never completed
+            // before it shows (an answer of "no active action" says nothing yet).
+            lagging_heartbeat(&api, hold, &mut next_heartbeat, &error).await;
+        }
         if let Stage::Holding(hold) = &mut stage {
             let acting = ctx.acting.now();
             stage = hold_step(&api, hold, acting, node_empty, &mut next_heartbeat, &error).await;
@@ -635,11 +671,36 @@ async fn run(ctx: SourceContext, watch: Watch) {
         }
         let report = match &stage {
             Stage::Watching => Report::Known(vec![]),
-            Stage::Leaving => Report::Known(vec![leaving(None)]),
+            Stage::Leaving(None) => Report::Known(vec![leaving(None)]),
+            Stage::Leaving(Some(h)) => Report::Known(vec![h.notice()]),
             Stage::Holding(h) => Report::Known(vec![h.notice()]),
             Stage::Done(deadline) => Report::Known(vec![leaving(*deadline)]),
         };
         super::publish(&ctx.out, report);
+    }
+}
+
+/// Heartbeats a wait the API does not show yet, when due. A heartbeat only moves the
+/// wait's timeout, so a standby sends it too (as while holding). Refused for good
+/// (AccessDenied), or answered "no active action" (the API lags here too, or the wait is
+/// not there): tried again at the next heartbeat time, the wait read again meanwhile.
+async fn lagging_heartbeat(
+    api: &Api,
+    hold: &mut Hold,
+    next_heartbeat: &mut tokio::time::Instant,
+    error: &impl Fn(&'static str),
+) {
+    let now = tokio::time::Instant::now();
+    if now < *next_heartbeat || Timestamp::now() >= hold.cap {
+        return;
+    }
+    *next_heartbeat = now + hold.heartbeat_every();
+    match api.heartbeat(hold).await {
+        Ok(()) => hold.heartbeat_accepted(Timestamp::now()),
+        Err(e) => {
+            error(e.metric_label());
+            warn!(message = "Auto Scaling lifecycle: heartbeat of a wait the API does not show yet failed; trying again", error = %e);
+        }
     }
 }
 
@@ -755,28 +816,51 @@ fn leaving(deadline: Option<Timestamp>) -> Notice {
     )
 }
 
-/// Finds the wait to hold; `Done` when the instance is leaving without one.
+/// What reading the group found.
+enum Discovered {
+    Stage(Stage),
+    /// Instance metadata says the instance is leaving, the API still reports this earlier
+    /// state: the wait, as far as it can be known (group and hook), to heartbeat meanwhile.
+    Lagging(String, Hold),
+}
+
+/// Finds the wait to hold; `Done` when the instance is leaving without one. `seen` is when
+/// instance metadata first said the instance is leaving (the wait began by then); `known`,
+/// the wait as read while the API lagged (its hook is not read again).
 async fn discover(
     api: &Api,
     c: &crate::config::Config,
     seen: Timestamp,
-) -> Result<Stage, CallError> {
+    known: Option<Hold>,
+) -> Result<Discovered, CallError> {
     let Some((group, state)) = api.describe_instance().await? else {
-        return Ok(Stage::Done(None));
+        return Ok(Discovered::Stage(Stage::Done(None)));
     };
     let group = c.asg_group_name.clone().unwrap_or(group);
-    match lifecycle(&state) {
-        Lifecycle::Waiting => {}
+    let waiting = match lifecycle(&state) {
+        Lifecycle::Waiting => true,
         // Already proceeding (completed before a restart, or no hook): nothing to hold.
-        Lifecycle::Past => return Ok(Stage::Done(None)),
-        // IMDS is ahead of the API: the wait is coming; read again.
-        Lifecycle::Before => return Err(CallError::Lagging(state)),
-    }
-    let hooks = api.hooks(&group).await?;
-    match pick_hook(&hooks, c.asg_hook_name.as_deref()) {
-        Ok(hook) => Ok(Stage::Holding(Hold::new(group, hook, seen, c.asg_interval))),
-        Err(e) => Err(CallError::Other(e.to_string())),
-    }
+        Lifecycle::Past => return Ok(Discovered::Stage(Stage::Done(None))),
+        // IMDS is ahead of the API: the wait is there or coming; read again.
+        Lifecycle::Before => false,
+    };
+    let hold = match known.filter(|h| h.group == group) {
+        Some(h) => h,
+        None => {
+            let hooks = api.hooks(&group).await?;
+            match pick_hook(&hooks, c.asg_hook_name.as_deref()) {
+                Ok(hook) => Hold::new(group, hook, seen, c.asg_interval),
+                Err(e) if waiting => return Err(CallError::Other(e.to_string())),
+                // No hook to hold (yet): read again while the API lags.
+                Err(_) => return Err(CallError::Lagging(state)),
+            }
+        }
+    };
+    Ok(if waiting {
+        Discovered::Stage(Stage::Holding(hold))
+    } else {
+        Discovered::Lagging(state, hold)
+    })
 }
 
 /// Where a lifecycle state stands against the termination wait.

@@ -313,6 +313,7 @@ mod tests {
                 deadline: None,
                 cancellable: false,
                 first_seen: Timestamp::UNIX_EPOCH,
+                restated: false,
             }],
         };
         assert_eq!(

@@ -29,6 +29,8 @@ struct Inner {
     next_etag: u64,
     /// Answer the next N requests with 503.
     fail_next: usize,
+    /// Answer the next N requests for one key with 503 (the other keys answer).
+    fail_key: BTreeMap<String, usize>,
     /// Every request: (key, had the header, wait_for_change).
     journal: Vec<(String, bool, bool)>,
     /// Every answer with a value: (key, when it was read under the lock a change takes too,
@@ -118,6 +120,12 @@ impl GceMetadataEmulator {
         self.shared.lock().fail_next = n;
     }
 
+    /// The next `n` requests for `instance/<key>` alone get 503: one read failing while the
+    /// others answer.
+    pub fn fail_key_next(&self, key: &str, n: usize) {
+        self.shared.lock().fail_key.insert(key.to_string(), n);
+    }
+
     /// Requests so far: `(key, sent Metadata-Flavor, was a hanging GET)`.
     pub fn requests(&self) -> Vec<(String, bool, bool)> {
         self.shared.lock().journal.clone()
@@ -184,6 +192,10 @@ async fn get(
         }
         if g.fail_next > 0 {
             g.fail_next -= 1;
+            return (StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable").into_response();
+        }
+        if let Some(n) = g.fail_key.get_mut(&key).filter(|n| **n > 0) {
+            *n -= 1;
             return (StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable").into_response();
         }
     }
@@ -268,6 +280,13 @@ mod tests {
         emu.fail_next(1);
         assert_eq!(get(url.clone(), true).await.unwrap().status(), 503);
         assert_eq!(emu.reads("maintenance-event").len(), 1);
+        // One key failing: only its reads.
+        emu.fail_key_next("preempted", 1);
+        let preempted = url.replace("maintenance-event", "preempted");
+        assert_eq!(get(url.clone(), true).await.unwrap().status(), 200);
+        assert_eq!(get(preempted.clone(), true).await.unwrap().status(), 503);
+        assert_eq!(get(preempted, true).await.unwrap().status(), 200);
+        assert_eq!(emu.reads("maintenance-event").len(), 2);
         let waiting = get(
             format!("{url}?wait_for_change=true&last_etag={etag}&timeout_sec=30"),
             true,
@@ -281,13 +300,13 @@ mod tests {
         let (r, before) = tokio::join!(waiting, set);
         assert_eq!(r.unwrap().status(), 200);
         let reads = emu.reads("maintenance-event");
-        assert_eq!(reads.len(), 2);
-        assert!(reads[1] >= before, "woken by the change, read after it");
+        assert_eq!(reads.len(), 3);
+        assert!(reads[2] >= before, "woken by the change, read after it");
         // An empty body (a glitch) tells nothing.
         emu.set("maintenance-event", "");
         assert_eq!(get(url.clone(), true).await.unwrap().status(), 200);
-        assert_eq!(emu.reads("maintenance-event").len(), 2);
-        assert!(emu.reads("preempted").is_empty());
+        assert_eq!(emu.reads("maintenance-event").len(), 3);
+        assert_eq!(emu.reads("preempted").len(), 1);
     }
 
     #[tokio::test]
