@@ -53,13 +53,30 @@ async fn drained(s: &Scene, released: &[Server], protected: &[Server]) {
                 }
             }
             for srv in protected {
-                let gs = s.agones.get(&srv.name).await.ok()??;
+                let Some(gs) = s.agones.get(&srv.name).await.ok()? else {
+                    // A server in use is gone: say who deleted it, at once.
+                    let log = s.journal();
+                    let deletes: Vec<&Entry> = log
+                        .iter()
+                        .filter(|e| {
+                            e.resource == "gameservers" && e.verb == "delete" && e.name == srv.name
+                        })
+                        .collect();
+                    return Some(Err(format!(
+                        "{}, in use, was deleted:\n{}",
+                        srv.name,
+                        dump(&deletes)
+                    )));
+                };
                 gs.metadata.annotations.as_ref()?.get(DEADLINE)?;
             }
-            Some(())
+            Some(Ok(()))
         },
     )
     .await;
+    if let Ok(Err(lost)) = &done {
+        panic!("{lost}");
+    }
     if let Err(e) = done {
         // A request the chart's RBAC refused is the likeliest cause: name it.
         assert_nothing_forbidden(s);
