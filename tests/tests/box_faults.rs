@@ -689,8 +689,8 @@ async fn check_promises(
 
 /// kube-apiserver killed (SIGKILL) mid-drain and started again on the same port with the
 /// same flags; etcd keeps the state. The kill comes while a release is outstanding: the
-/// agent's DELETE of the last idle server is held by the proxy (never answered) and the
-/// others have landed. The agent's watches resume or re-list, the drain completes, and
+/// agent's DELETEs of the last idle server are held by the proxy (never answered, every try,
+/// until the server is back) and the others have landed. The agent's watches resume or re-list, the drain completes, and
 /// nothing is written twice: one fence in effect, each release and each eviction once, each
 /// match's deadline announced once, one deregistration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -711,7 +711,8 @@ async fn the_api_server_killed_and_restarted_mid_drain() {
             ),
         ),
         Fault::Hang,
-        1,
+        // Every try until the restart: the agent gives up on each at its request timeout.
+        usize::MAX,
     );
     let mut extra = fiq.agent_extra();
     extra
@@ -742,15 +743,12 @@ async fn the_api_server_killed_and_restarted_mid_drain() {
         .unwrap_or_else(|e| panic!("{e}"));
     eventually(
         "the other releases landed",
-        Duration::from_secs(2),
+        Duration::from_secs(30),
         Duration::from_millis(10),
         || async {
             for srv in landed {
-                s.agones
-                    .get(&srv.name)
-                    .await
-                    .ok()?
-                    .is_none()
+                let gs = s.agones.get(&srv.name).await.ok()?;
+                gs.is_none_or(|g| g.metadata.deletion_timestamp.is_some())
                     .then_some(())?;
             }
             Some(())
@@ -764,6 +762,8 @@ async fn the_api_server_killed_and_restarted_mid_drain() {
         .await
         .expect("restarting kube-apiserver");
     let ready_at = jiff::Timestamp::now();
+    // The held release goes through from now on: after the restart.
+    proxy.disarm("held release");
     eprintln!(
         "box restart: killed with the release of {} outstanding, ready {back_in:?} after the restart",
         held.name

@@ -370,6 +370,20 @@ impl FaultProxy {
             });
     }
 
+    /// Disarms rule `name`: the requests it would take from now on go through.
+    pub fn disarm(&self, name: &str) {
+        for r in self
+            .state
+            .rules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter_mut()
+            .filter(|r| r.name == name)
+        {
+            r.left = 0;
+        }
+    }
+
     /// Every injection so far, in order.
     pub fn injected(&self) -> Vec<Injection> {
         self.state
