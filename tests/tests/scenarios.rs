@@ -129,8 +129,15 @@ async fn drained(s: &Scene) {
 /// read while it was Ready: the server's last version before the DELETE took effect (by the
 /// scene's history: every version, in the API server's order), in state Ready. An empty or
 /// other version (a later read, a guess) fails.
-fn assert_read_while_ready(s: &Scene, d: &Write, srv: &lastcall_testkit::kube_box::agones::Server) {
+async fn assert_read_while_ready(
+    s: &Scene,
+    d: &Write,
+    srv: &lastcall_testkit::kube_box::agones::Server,
+) {
     let backend = s.backend;
+    // The DELETE's own version (its deletionTimestamp) is in the history: so is every one
+    // before it.
+    s.history().reached("gameservers", &srv.name, d.at).await;
     let sent = d
         .request
         .pointer("/preconditions/resourceVersion")
@@ -217,7 +224,7 @@ async fn a_manual_drain_end_to_end(backend: Backend) {
             srv.name,
             d.describe()
         );
-        assert_read_while_ready(&s, d, srv);
+        assert_read_while_ready(&s, d, srv).await;
     }
     let protect = writes
         .iter()
@@ -552,6 +559,7 @@ async fn lag_round(backend: Backend, round: usize, settle: u64) -> Result<(), Ea
     s.hold_agent_watches();
     let late = s.late_server("gs-late").await;
     let mark = s.mark();
+    s.history().reached("pods", &late.name, 0).await;
     let late_pod = s.history().of("pods", &late.name);
     let landed = late_pod
         .first()
@@ -624,23 +632,23 @@ async fn lag_round(backend: Backend, round: usize, settle: u64) -> Result<(), Ea
     .await;
     // After the late match ended, by the API server's order: its game said Shutdown() (or
     // its server is being deleted) and its pod stopped running (finished or gone).
-    let history = s.history();
-    let ended = history
-        .of("gameservers", &late.name)
-        .into_iter()
-        .find(|v| {
-            v.uid == late.uid
-                && (v.state() == Some("Shutdown") || v.terminating() || v.event == "DELETED")
-        })
-        .map(|v| v.rv);
-    let stopped = history
-        .of("pods", &late.name)
-        .into_iter()
-        .find(|v| {
+    // (Waited for: the scene's history may be a moment behind the API server.)
+    let (ended, stopped) = until(&s, "the late match's end in the history", 30, || async {
+        let history = s.history();
+        let ended = history
+            .of("gameservers", &late.name)
+            .into_iter()
+            .find(|v| {
+                v.uid == late.uid
+                    && (v.state() == Some("Shutdown") || v.terminating() || v.event == "DELETED")
+            })?;
+        let stopped = history.of("pods", &late.name).into_iter().find(|v| {
             v.uid == late_pod[0].uid
                 && (matches!(v.state(), Some("Succeeded" | "Failed")) || v.event == "DELETED")
-        })
-        .map(|v| v.rv);
+        })?;
+        Some((Some(ended.rv), Some(stopped.rv)))
+    })
+    .await;
     assert!(
         ended.is_some_and(|g| w.at > g) && stopped.is_some_and(|p| w.at > p),
         "{backend:?}: handed back at {} before the late match ended (server {ended:?}, pod {stopped:?})",

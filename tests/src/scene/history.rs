@@ -138,6 +138,22 @@ impl History {
             .map(|v| v.rv)
     }
 
+    /// Waits until the watch of `resource` has delivered a version of `name` at or after
+    /// resourceVersion `rv` (0: any version): every version of it up to there is then in the
+    /// history (one watch delivers its kind's events in order).
+    pub async fn reached(&self, resource: &str, name: &str, rv: u64) {
+        crate::eventually::wait_for(
+            &format!("the scene's history of {resource}/{name} at rv {rv}"),
+            || async {
+                self.of(resource, name)
+                    .iter()
+                    .any(|v| v.rv >= rv)
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+
     /// The version of `resource` `name` (uid `uid`) current at resourceVersion `rv`: the
     /// last one at or before it.
     pub fn at(&self, resource: &str, name: &str, uid: &str, rv: u64) -> Option<Version> {
