@@ -6,8 +6,10 @@
 //! [`crate::cluster::Cluster::game_exit`]) or its GameServer reached Shutdown (the game
 //! called SDK `Shutdown()` and is on its way out). The kubelet then removes the pod.
 //!
-//! It also reports a Ready condition for a node that has none yet (node registration),
-//! and, like the pod GC, force-deletes pods bound to a node that no longer exists.
+//! It also starts a pod created already bound to its node (the scheduler starts the pods it
+//! binds in the same step), reports a Ready condition for a node that has none yet (node
+//! registration), and, like the pod GC, force-deletes pods bound to a node that no longer
+//! exists.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
@@ -18,7 +20,7 @@ use tokio::time::Instant;
 use crate::kube::resources::{GAMESERVERS, NODES, PODS};
 use crate::kube::store::{DeleteOptions, Store, now_rfc3339};
 
-use super::objects::{GameServerState, GameServerView, PodInfo};
+use super::objects::{GameServerState, GameServerView, NodeInfo, PodInfo, PodPhase};
 use super::writes::{list_parsed, object_at, report, set_condition};
 
 /// The kubelets' memory: when each terminating pod was first seen terminating.
@@ -54,6 +56,9 @@ impl Kubelet {
                 continue;
             }
             if !pod.deleting {
+                if pod.phase == PodPhase::Pending {
+                    start(store, &pod, node);
+                }
                 continue;
             }
             let since = self.terminating_since.get(&pod.uid).copied().unwrap_or(now);
@@ -73,6 +78,25 @@ impl Kubelet {
         self.terminating_since = still;
         pending
     }
+}
+
+/// Starts a pod that was created bound to this node (past the scheduler, which starts the
+/// pods it binds itself): a kubelet runs every pod bound to its node.
+fn start(store: &Store, pod: &PodInfo, node: &str) {
+    let Some(info) = store
+        .get(&NODES, None, node)
+        .and_then(|n| NodeInfo::parse(&n).ok())
+    else {
+        return;
+    };
+    let uid = pod.uid.clone();
+    let res = store.modify_status(&PODS, Some(&pod.namespace), &pod.name, |obj| {
+        if obj.pointer("/metadata/uid").and_then(Value::as_str) == Some(uid.as_str()) {
+            super::scheduler::start_on(obj, &info);
+        }
+        Ok(())
+    });
+    report("start bound pod", &pod.namespace, &pod.name, res);
 }
 
 /// Removes a terminating pod whose containers are done.
@@ -139,9 +163,11 @@ pub(crate) fn set_ready(node: &mut Value, ready: bool) {
     set_condition(node, "Ready", status, reason, message);
 }
 
-/// Marks every container of a pod as exited (exit code 0); a running pod becomes
-/// `Succeeded`, a terminating one is then removed by its kubelet.
-pub(crate) fn mark_exited(pod: &mut Value) {
+/// Marks every container of a pod as exited (exit code 0) and the pod `Succeeded`, as a
+/// kubelet reports a game that exited under `restartPolicy: Never` (Agones' pods), a
+/// terminating pod too (the kubelet puts a pod in a terminal phase before it removes it);
+/// a terminating one is then removed by its kubelet. The box's tests write the same.
+pub fn mark_exited(pod: &mut Value) {
     let now = now_rfc3339();
     let names: Vec<String> = pod
         .pointer("/spec/containers")
@@ -171,12 +197,9 @@ pub(crate) fn mark_exited(pod: &mut Value) {
             })
         })
         .collect();
-    let deleting = pod.pointer("/metadata/deletionTimestamp").is_some();
     let status = object_at(pod, &["status"]);
     status.insert("containerStatuses".into(), json!(statuses));
-    if !deleting {
-        status.insert("phase".into(), json!("Succeeded"));
-    }
+    status.insert("phase".into(), json!("Succeeded"));
     set_condition(pod, "ContainersReady", "False", "PodCompleted", "");
     set_condition(pod, "Ready", "False", "PodCompleted", "");
 }
