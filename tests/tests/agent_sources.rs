@@ -690,10 +690,22 @@ async fn maintenance_that_can_start_early_is_handed_back_once_only_when_asked() 
     for hand_back in [true, false] {
         let w = World::start(WorldSpec::new(1, 1, 0)).await;
         let gce = GceMetadataEmulator::start().await.unwrap();
+        // A short settle: the gate opens soon after the node empties.
         let extra: &[&str] = if hand_back {
-            &["--gke-hand-back", "--gce-upcoming-interval", "200ms"]
+            &[
+                "--gke-hand-back",
+                "--gce-upcoming-interval",
+                "200ms",
+                "--deregister-settle",
+                "300ms",
+            ]
         } else {
-            &["--gce-upcoming-interval", "200ms"]
+            &[
+                "--gce-upcoming-interval",
+                "200ms",
+                "--deregister-settle",
+                "300ms",
+            ]
         };
         let agent = gce_agent(&w, &gce, extra).await;
         w.claimed_all().await;
@@ -731,6 +743,23 @@ async fn maintenance_that_can_start_early_is_handed_back_once_only_when_asked() 
             })
             .await;
         } else {
+            // The gate open (the settle past the drain start the agent recorded), then passes
+            // after it: its chance to hand back came and went.
+            let started: jiff::Timestamp = w
+                .node()
+                .await
+                .metadata
+                .annotations
+                .and_then(|a| a.get("lastcall.dev/drain-started").cloned())
+                .expect("the drain start recorded")
+                .parse()
+                .expect("a time");
+            let open =
+                std::time::SystemTime::from(started + jiff::SignedDuration::from_millis(300));
+            wait_for("the settle past", || async {
+                (std::time::SystemTime::now() >= open).then_some(())
+            })
+            .await;
             after_passes(&agent, 2).await;
             assert_eq!(label(&w.node().await), None, "off unless asked");
         }
