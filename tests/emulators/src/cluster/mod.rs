@@ -297,16 +297,7 @@ impl Cluster {
     /// Sets the node's `status.nodeInfo.bootID`, as its kubelet reports it after the machine
     /// (re)started: a new one is a machine that came back.
     pub fn set_boot_id(&self, name: &str, boot_id: &str) -> Result<(), ClusterError> {
-        self.store()
-            .modify_status(&NODES, None, name, |obj| {
-                let status = object_at(obj, &["status"]);
-                let info = status.entry("nodeInfo").or_insert_with(|| json!({}));
-                if let Some(info) = info.as_object_mut() {
-                    info.insert("bootID".into(), json!(boot_id));
-                }
-                Ok(())
-            })
-            .map(drop)
+        kubelet::post_boot_id(self.store(), name, boot_id)
             .map_err(api_err("set node boot id", name))
     }
 
