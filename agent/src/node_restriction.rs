@@ -22,6 +22,7 @@ use tracing::{info, warn};
 
 use crate::actuator::Actuator;
 use crate::metrics::Metrics;
+use crate::owner::Owner;
 
 /// The Warning Event's reason (docs/events.md).
 pub const REASON: &str = "NodeRestrictionUnenforceable";
@@ -147,6 +148,7 @@ pub async fn run(
     actuator: Actuator,
     metrics: Metrics,
     node: String,
+    owner: Owner,
     stop: CancellationToken,
 ) -> &'static str {
     let found = tokio::select! {
@@ -165,7 +167,11 @@ pub async fn run(
             why.join("; ")
         );
         warn!(message = "the node restriction cannot hold this agent", node = %node, why = %why.join("; "));
-        actuator.queue_event(&actuator.node_ref(), REASON, note, true);
+        // The Event is the acting agent's to post: a standby (a rollout runs two) writes
+        // nothing, and tells it once it takes the node over.
+        if owner.owned(&stop).await {
+            actuator.queue_event(&actuator.node_ref(), REASON, note, true);
+        }
     }
     stop.cancelled().await;
     "node restriction check"

@@ -175,18 +175,9 @@ impl Agent {
             config.dry_run,
             metrics.clone(),
         );
-        // In a pod: whether the node restriction can hold this agent, said once.
-        if identity.is_some() {
-            let (c, a, m, n) = (
-                client.clone(),
-                actuator.clone(),
-                metrics.clone(),
-                config.node_name.clone(),
-            );
-            tasks.spawn(|stop| crate::node_restriction::run(c, a, m, n, stop));
-        }
         // One agent acts on a node at a time (see `owner`); a dry run writes nothing, so
         // it needs no ownership. Before the sources: a standby's sources send nothing.
+        let in_pod = identity.is_some();
         let identity = identity.filter(|_| !config.dry_run);
         let owner = spawn_ownership(
             identity.as_ref(),
@@ -196,6 +187,18 @@ impl Agent {
             &metrics,
             &mut tasks,
         );
+        // In a pod: whether the node restriction can hold this agent, said once (on the
+        // Node by the acting agent only: a standby writes nothing).
+        if in_pod {
+            let (c, a, m, n, o) = (
+                client.clone(),
+                actuator.clone(),
+                metrics.clone(),
+                config.node_name.clone(),
+                owner.clone(),
+            );
+            tasks.spawn(|stop| crate::node_restriction::run(c, a, m, n, o, stop));
+        }
         let warn_on = actuator.clone();
         let warn_owner = owner.clone();
         let acting_owner = owner.clone();
