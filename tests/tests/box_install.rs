@@ -250,7 +250,14 @@ async fn run(shell: &Shell, client: &kube::Client, all: &[Block], b: &Block) {
                 .filter(|x| x.mark == Mark::Run)
                 .collect();
             assert!(!base.is_empty(), "{}: no section {n} to run on", b.place());
-            for x in base {
+            // A section may show alternative installs (each a fresh install of its own): the
+            // block runs on the first, with the steps that follow it up to the next.
+            let first_alone = base
+                .iter()
+                .skip(1)
+                .position(|x| x.fresh_install())
+                .map_or(base.len(), |i| i + 1);
+            for x in &base[..first_alone] {
                 eprintln!("run {} (the install {} runs on)", x.place(), b.place());
                 shell.run(x).await.unwrap_or_else(|e| panic!("{e:#}"));
             }
