@@ -127,8 +127,9 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_DRY_RUN")]
     pub dry_run: bool,
 
-    /// Deregister from FleetIQ on SIGTERM (the original adapter always did; off by default
-    /// because a rollout must not hand a busy node back).
+    /// Deregister from FleetIQ on SIGTERM, as the original adapter always did, but only a
+    /// node with no game-server pod on a fresh read of its pods (a rollout never hands a busy
+    /// node back; skipped ones count as deregistrations_total{result="exit_skipped"}).
     #[arg(long, env = "LASTCALL_DEREGISTER_ON_EXIT")]
     pub deregister_on_exit: bool,
 
@@ -150,6 +151,13 @@ pub struct Config {
     /// How often instance metadata is polled for notices (it never leaves the node).
     #[arg(long, env = "LASTCALL_AWS_IMDS_INTERVAL", default_value = "1s", value_parser = positive_duration)]
     pub aws_imds_interval: Duration,
+
+    /// Queue mode: read the AWS events pubsub relays from an EventBridge → SQS queue onto
+    /// this Node (`lastcall.dev/aws-events`): Spot and capacity-reservation warnings,
+    /// rebalance recommendations, state changes, Health scheduled changes, Auto Scaling
+    /// terminations. Needs no instance metadata and no host network.
+    #[arg(long, env = "LASTCALL_AWS_QUEUE")]
+    pub aws_queue: bool,
 
     /// How long a rebalance recommendation that never escalates keeps the node draining.
     #[arg(long, env = "LASTCALL_REBALANCE_TTL", default_value = "30m", value_parser = positive_duration)]

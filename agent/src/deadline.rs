@@ -12,6 +12,7 @@
 //! | live, a time the provider stated and may restate (cancellable, or restated like an Azure `Preempt`) | the live one: the source may move it later (a rescheduled event) | current |
 //! | live, not cancellable and never restated (EC2 Spot), or a deadline lastcall counted from first seen | the earlier of the live and the recorded one: a restart or a lagging replica re-anchors it later | current |
 //! | recorded, not cancellable, source silent or withdrawn | the recorded one | current |
+//! | recorded, not cancellable but restated (an Azure `Preempt`), its source unknown since a restart | the recorded one | unconfirmed: the platform may have moved it meanwhile |
 //! | recorded, cancellable, its source unknown since a restart | the recorded one | unconfirmed |
 //! | recorded, cancellable, its source known and no longer asking | – (withdrawn) | gone |
 //!
@@ -175,6 +176,7 @@ pub fn current(inp: &Inputs<'_>) -> Deadlines {
             let g = &mut groups[i];
             g.deadline = min_some(g.deadline, n.deadline);
             g.cancellable &= n.cancellable;
+            g.restated &= n.restated;
             authoritative[i] &= stated;
             continue;
         }
@@ -185,6 +187,7 @@ pub fn current(inp: &Inputs<'_>) -> Deadlines {
             deadline: n.deadline,
             cancellable: n.cancellable,
             first_seen: inp.now,
+            restated: n.restated,
         });
         authoritative.push(stated);
     }
@@ -218,13 +221,16 @@ pub fn current(inp: &Inputs<'_>) -> Deadlines {
         if claims.iter().any(|c| c.entry.key() == r.key()) {
             continue;
         }
-        let standing = if !r.cancellable {
-            Standing::Current
-        } else if inp.unknown.contains(&r.source) {
-            Standing::Unconfirmed
-        } else {
+        let unknown = inp.unknown.contains(&r.source);
+        // A claim that cannot be withdrawn stays current, unless its time may have moved
+        // while its source was unheard (a restated one, an Azure `Preempt` postponed before
+        // a restart could record it).
+        let standing = match (r.cancellable, unknown) {
+            (false, false) => Standing::Current,
+            (false, true) if !r.restated => Standing::Current,
+            (_, true) => Standing::Unconfirmed,
             // Its source is known and no longer asks: withdrawn.
-            continue;
+            (true, false) => continue,
         };
         claims.push(Claim {
             entry: r.clone(),

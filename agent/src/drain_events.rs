@@ -50,8 +50,11 @@ pub const REASONS: &[&str] = &[
     "CooperationLabelInvalid",
     "EvictionSafeUnknown",
     crate::policy::DEREGISTERED_WHILE_BUSY,
+    crate::policy::MACHINE_RETURNED_HELD,
     // Sources' warnings (`sources::NodeWarnings`).
     crate::sources::asg_lifecycle::HEARTBEAT_DENIED,
+    // Start-up's check of the node restriction.
+    crate::node_restriction::REASON,
 ];
 
 fn names(list: &[String]) -> String {

@@ -297,6 +297,7 @@ mod tests {
                 labels: Default::default(),
                 annotations: Default::default(),
                 boot_id: None,
+                ready_since: None,
             },
             game_servers: vec![
                 gs("a", "f", GsState::Ready, false),

@@ -58,6 +58,10 @@ pub const ANN_BOOT_ID: &str = "lastcall.dev/drain-boot-id";
 /// Drain progress kept on the Node, so a restarted agent resumes instead of repeating.
 pub const ANN_STARTED: &str = "lastcall.dev/drain-started";
 pub const ANN_CAUSE: &str = "lastcall.dev/drain-cause";
+/// When lastcall last put back a fence another writer had stripped (its taint, or the
+/// cordon it made): the fence has stood only since then, so the settle before any hand-off
+/// counts from it.
+pub const ANN_FENCE_RESTORED: &str = "lastcall.dev/fence-restored";
 pub const ANN_CORDONED: &str = "lastcall.dev/cordoned-by-lastcall";
 pub const ANN_DEREGISTERED: &str = "lastcall.dev/deregistered";
 pub const ANN_REGISTERED: &str = "lastcall.dev/registered";

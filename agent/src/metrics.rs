@@ -95,6 +95,9 @@ pub struct Metrics {
     pub notices: Family<NoticeLabels, Gauge>,
     pub matches_at_risk: Gauge,
     pub deregistered_while_busy: Gauge,
+    /// 1 while a machine that came back stays fenced, a while after it did, for a source
+    /// that asked for its last drain and has not reported since.
+    pub machine_returned_held: Gauge,
     pub cooperation_exposed: Gauge,
     pub writes_reverted: Family<ActionLabel, Counter>,
     pub drain_state: Family<ResultLabel, Counter>,
@@ -139,6 +142,9 @@ pub struct Metrics {
     pub metrics_auth: Family<ResultLabel, Counter>,
     /// TokenReviews and SubjectAccessReviews without a decision, by review and reason.
     pub metrics_auth_review_failures: Family<ReviewReason, Counter>,
+    /// 1 once start-up found the node restriction able to hold this agent (see
+    /// `node_restriction`), 0 when it found a gap.
+    pub node_restriction_enforceable: Gauge,
 }
 
 impl Metrics {
@@ -152,6 +158,7 @@ impl Metrics {
             notices: Family::default(),
             matches_at_risk: Gauge::default(),
             deregistered_while_busy: Gauge::default(),
+            machine_returned_held: Gauge::default(),
             cooperation_exposed: Gauge::default(),
             writes_reverted: Family::default(),
             drain_state: Family::default(),
@@ -188,6 +195,7 @@ impl Metrics {
             notifications: Family::default(),
             metrics_auth: Family::default(),
             metrics_auth_review_failures: Family::default(),
+            node_restriction_enforceable: Gauge::default(),
         };
         let mut r = Registry::with_prefix("lastcall");
         r.register(
@@ -204,6 +212,11 @@ impl Metrics {
             "kube_throttled",
             "Kubernetes API requests refused with 429 (API Priority and Fairness), by verb; the agent then waits Retry-After plus jitter",
             m.throttled.clone(),
+        );
+        r.register(
+            "node_restriction_enforceable",
+            "1 when the token carries this node and the API server serves ValidatingAdmissionPolicy v1, so the chart's node restriction holds this agent; 0 when not (checked once at start-up, in a pod)",
+            m.node_restriction_enforceable.clone(),
         );
         r.register(
             "node_owner",
@@ -319,6 +332,11 @@ impl Metrics {
             "fleetiq_deregistered_while_busy",
             "1 while GameLift no longer lists this node's game server although matches still run on it: the node stays fenced and is handed over only once empty",
             m.deregistered_while_busy.clone(),
+        );
+        r.register(
+            "machine_returned_held",
+            "1 while a machine that came back stays fenced, a minute after it did, for a source that asked for its last drain and has not reported since",
+            m.machine_returned_held.clone(),
         );
         r.register(
             "cooperation_exposed_matches",

@@ -20,6 +20,7 @@ pub const BUILT_IN: &[Source] = &[
     Source("fleetiq"),
     Source("gce_metadata"),
     Source("aws_imds"),
+    Source("aws_queue"),
     Source("azure_events"),
     Source("asg_lifecycle"),
     Source("karpenter_expiry"),

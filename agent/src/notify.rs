@@ -159,6 +159,13 @@ impl Notifier {
         self.tx.is_some()
     }
 
+    /// Whether it tells the moment a drained node may be taken (`empty`): only without
+    /// FleetIQ (`deregister`), whose deregistration is told instead. An operator may take the
+    /// node on it, so it is a hand-off like any other.
+    pub fn tells_empty(&self, deregister: bool) -> bool {
+        self.is_on() && !deregister
+    }
+
     /// Queues `n`; a full queue drops it (counted and logged).
     pub fn send(&self, n: Notification) {
         let Some(tx) = &self.tx else {

@@ -118,6 +118,10 @@ pub struct NodeView {
     pub annotations: BTreeMap<String, String>,
     /// `status.nodeInfo.bootID`, as the kubelet reports it (`None` before it has).
     pub boot_id: Option<String>,
+    /// Since when the kubelet has reported the node Ready (the `Ready` condition's
+    /// `lastTransitionTime` while it is `True`): after a reboot, about when the machine came
+    /// back. `None` when not Ready or not said.
+    pub ready_since: Option<jiff::Timestamp>,
 }
 
 impl NodeView {
@@ -139,6 +143,7 @@ impl NodeView {
             labels: meta.labels.clone().unwrap_or_default(),
             annotations: meta.annotations.clone().unwrap_or_default(),
             boot_id: boot_id(node),
+            ready_since: ready_since(node),
         })
     }
 
@@ -155,6 +160,19 @@ impl NodeView {
     pub fn has_taint(&self, key: &str) -> bool {
         self.taints.iter().any(|t| t.key == key)
     }
+}
+
+/// When the Node's `Ready` condition last turned `True`, while it is.
+fn ready_since(node: &Node) -> Option<jiff::Timestamp> {
+    let ready = node
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?;
+    let t = ready.last_transition_time.as_ref()?;
+    Some(t.0)
 }
 
 /// The Node's boot id, when its kubelet has reported one.

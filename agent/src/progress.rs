@@ -22,6 +22,11 @@ pub struct Entry {
     /// When lastcall first saw this source ask; a claim without a deadline gets the default
     /// deadline counted from here, so it never moves.
     pub first_seen: Timestamp,
+    /// The provider stated this deadline and restates it while the claim stands, so it may
+    /// move later (an Azure `Preempt` the platform postpones): while its source is unheard
+    /// since a restart, the recorded time is not known to be true, even for a claim that
+    /// cannot be withdrawn. Absent (false) in records older agents wrote.
+    pub restated: bool,
 }
 
 impl Entry {
@@ -30,6 +35,7 @@ impl Entry {
         Notice {
             id: format!("recorded:{}:{}", self.source.as_str(), self.cause.as_str()),
             detail: format!("recorded on the Node since {}", self.first_seen),
+            restated: self.restated,
             ..Notice::new(
                 self.source,
                 self.cause,
@@ -88,6 +94,9 @@ impl DrainRecord {
                 if let Some(d) = e.deadline {
                     v["deadline"] = serde_json::Value::String(format_precise(d));
                 }
+                if e.restated {
+                    v["restated"] = serde_json::Value::Bool(true);
+                }
                 v
             })
             .collect();
@@ -121,6 +130,10 @@ fn parse_entry(v: &serde_json::Value) -> Option<Entry> {
         deadline,
         cancellable: v.get("cancellable")?.as_bool()?,
         first_seen: text("firstSeen")?.parse().ok()?,
+        restated: match v.get("restated") {
+            None | Some(serde_json::Value::Null) => false,
+            Some(r) => r.as_bool()?,
+        },
     })
 }
 
@@ -129,6 +142,7 @@ pub struct Progress {
     pub started: Option<Timestamp>,
     /// The latest moment the fence can have been made: the start, or for a start stored to
     /// the whole second (older agents) the second after it. `None` when unreadable.
+    /// A fence put back later (`lastcall.dev/fence-restored`) counts from then.
     pub fenced_by: Option<Timestamp>,
     pub cause: Option<Cause>,
     /// lastcall cordoned the node (it was schedulable before), so a cancel may uncordon it.
@@ -161,6 +175,16 @@ impl Progress {
                 t.checked_add(jiff::SignedDuration::from_secs(1)).ok()
             }
         });
+        // A fence put back after another writer stripped it has stood only since then; an
+        // unreadable mark is written anew by the next fence, so it never shortens the settle.
+        let restored = ann
+            .get(keys::ANN_FENCE_RESTORED)
+            .map(|v| v.parse::<Timestamp>().ok());
+        let fenced_by = match restored {
+            None => fenced_by,
+            Some(None) => None,
+            Some(Some(r)) => fenced_by.map(|f| f.max(r)),
+        };
         Self {
             started,
             fenced_by,
@@ -260,6 +284,7 @@ mod tests {
             deadline: deadline.map(|d| d.parse().unwrap()),
             cancellable,
             first_seen: "2026-11-30T05:00:00.25Z".parse().unwrap(),
+            restated: false,
         }
     }
 
@@ -277,6 +302,13 @@ mod tests {
             "{text}"
         );
         assert_eq!(DrainRecord::parse(&text), Some(r.clone()));
+        assert!(!text.contains("restated"), "written only when true: {text}");
+        // A claim whose time the provider may restate says so.
+        let mut restated = r.clone();
+        restated.entries[1].restated = true;
+        let t = restated.to_annotation();
+        assert!(t.contains(r#""restated":true"#), "{t}");
+        assert_eq!(DrainRecord::parse(&t), Some(restated));
         // What older agents wrote: one object, times to the second.
         let old = r#"{"source":"fleetiq","cause":"preemption","severity":"terminate","deadline":"2026-11-30T05:02:00Z","cancellable":false,"firstSeen":"2026-11-30T05:00:00Z"}"#;
         let parsed = DrainRecord::parse(old).unwrap();
@@ -288,6 +320,7 @@ mod tests {
         );
         assert_eq!(e.deadline, Some("2026-11-30T05:02:00Z".parse().unwrap()));
         assert_eq!(e.first_seen, "2026-11-30T05:00:00Z".parse().unwrap());
+        assert!(!e.restated, "absent in older records");
         for bad in [
             "",
             "{}",
@@ -298,6 +331,7 @@ mod tests {
             // One unreadable entry spoils the list: never read as fewer sources.
             r#"[{"source":"fleetiq","cause":"viability","severity":"drain","cancellable":true,"firstSeen":"2026-11-30T05:00:00Z"},{"source":"fleetiq"}]"#,
             r#"{"source":"fleetiq","cause":"viability","severity":"drain","cancellable":true,"firstSeen":"2026-11-30T05:00:00Z","deadline":5}"#,
+            r#"{"source":"fleetiq","cause":"viability","severity":"drain","cancellable":true,"firstSeen":"2026-11-30T05:00:00Z","restated":"yes"}"#,
         ] {
             assert_eq!(DrainRecord::parse(bad), None, "{bad}");
         }

@@ -251,8 +251,10 @@ impl Reconciler {
         let mut again = 0u32;
         loop {
             if !self.owner.is_owner() {
-                // What this agent did as the owner is told before it stands by.
+                // What this agent did as the owner is told before it stands by; a hand-off
+                // it told is not this standby's to keep telling.
                 self.tell_untold();
+                self.retract_empty("this agent no longer owns the node");
                 // Another agent acts on this node: keep the caches warm, stay ready, write
                 // nothing until it hands over (or is gone).
                 if !self.owner.owned(&shutdown).await {
@@ -297,8 +299,12 @@ impl Reconciler {
                     });
                     until_wake.map_or(self.resync, |w| w.min(self.resync))
                 }
-                Ok(Pass::Conflicted) => CONFLICT_PAUSE,
+                Ok(Pass::Conflicted) => {
+                    self.retract_empty("a write conflicted");
+                    CONFLICT_PAUSE
+                }
                 Err(e) => {
+                    self.retract_empty("a pass failed");
                     let d = backoff.next_delay();
                     warn!(message = "reconcile failed; retrying", error = %e, retry_in_ms = d.as_millis() as u64);
                     d
@@ -322,6 +328,23 @@ impl Reconciler {
                 () = self.trigger.notified() => {}
                 () = tokio::time::sleep(wait) => {}
             }
+        }
+    }
+
+    /// The node is no longer told empty: only a pass that succeeds, on state read after
+    /// the failure, tells it again (confirmed on a fresh read first). A hand-off told before
+    /// may have gone stale: a pod that landed since, whose release keeps failing (429s),
+    /// makes every pass fail, and a platform that comes asking meanwhile (an Auto Scaling
+    /// hook, an Azure event) must not be handed a busy machine.
+    fn retract_empty(&self, why: &str) {
+        if self
+            .node_empty
+            .send_if_modified(|v| std::mem::replace(v, false))
+        {
+            info!(
+                message = "the node is no longer told empty until a pass succeeds again",
+                reason = why
+            );
         }
     }
 
@@ -629,6 +652,11 @@ impl Reconciler {
         self.metrics
             .deregistered_while_busy
             .set(i64::from(forgotten));
+        let held = plan
+            .warnings
+            .iter()
+            .any(|w| w.reason == policy::MACHINE_RETURNED_HELD);
+        self.metrics.machine_returned_held.set(i64::from(held));
         let mode =
             crate::cooperation::Mode::for_node(&observed.node.labels, self.config.cooperation)
                 .unwrap_or(self.config.cooperation);
@@ -755,11 +783,15 @@ impl Reconciler {
             });
         }
         // Every hand-off (deregistration, the hand-back to GKE, a platform told it may have
-        // the machine) is final, and the watch caches can lag behind a pod bound just before
-        // the fence: "empty" is confirmed on a fresh, consistent read first. A hand-off
-        // already told is not read again on every pass.
-        let already_told = plan.hand_off && *self.node_empty.borrow();
-        let nobody_waits = !self.hand_off_waiters && !plan.hands_over_by_writing();
+        // the machine, an operator notified that it may be taken) is final, and the watch
+        // caches can lag behind a pod bound just before the fence: "empty" is confirmed on a
+        // fresh, consistent read first. A hand-off already told is not read again on every
+        // pass, unless this pass also writes one (the hand-back to GKE, a deregistration).
+        let already_told =
+            plan.hand_off && *self.node_empty.borrow() && !plan.hands_over_by_writing();
+        let nobody_waits = !self.hand_off_waiters
+            && !self.notifier.tells_empty(self.config.deregister)
+            && !plan.hands_over_by_writing();
         let confirming = plan.hands_over() && !already_told && !nobody_waits;
         if confirming && !self.actuator.is_dry_run() {
             let fresh = self.confirm(&observed).await.map_err(|e| {
@@ -1023,7 +1055,7 @@ impl Reconciler {
     /// Without FleetIQ, the moment a drain's node is empty and may be taken. Sent only when
     /// this process saw the drain busy first, so a restart on an empty node sends none.
     fn notify_empty(&mut self, plan: &Plan, empty_now: bool, was_empty: bool) {
-        if !self.notifier.is_on() || self.config.deregister {
+        if !self.notifier.tells_empty(self.config.deregister) {
             return;
         }
         match plan.phase {
@@ -1187,6 +1219,11 @@ impl Reconciler {
                 if let Some(n) = a.patch_node(p, has_ann, has_labels).await? {
                     self.check_kept(action, reverted::node_kept(node_write(p), &n));
                     self.own.wrote_node(n);
+                    if p.events.contains(&policy::NodeEvent::MachineReturned) {
+                        // The last life's drain is settled on the Node: FleetIQ start-up is
+                        // decided again for this one.
+                        a.fleetiq().new_life();
+                    }
                 }
                 log.node.extend(p.events.iter().copied());
                 log.cordoned |= p.unschedulable == Some(true);
@@ -1471,17 +1508,7 @@ impl Reconciler {
     /// the watches have not shown yet keeps the node busy (and gets its GameServer claimed),
     /// and a GameServer without a pod on this node runs nothing here. One LIST, not two.
     async fn confirm(&mut self, watched: &Observed) -> Result<Observed, kube::Error> {
-        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
-            kube::Api::all(self.actuator.client());
-        let lp =
-            kube::api::ListParams::default().fields(&format!("spec.nodeName={}", self.node_name));
-        let pods = pods
-            .list(&lp)
-            .await?
-            .items
-            .iter()
-            .filter_map(|p| PodView::from_pod(p).ok())
-            .collect();
+        let pods = fresh_pods(&self.actuator, &self.node_name).await?;
         Ok(Observed {
             node: watched.node.clone(),
             game_servers: watched.game_servers.clone(),
@@ -1489,6 +1516,20 @@ impl Reconciler {
             fleets: watched.fleets.clone(),
         })
     }
+}
+
+/// This node's pods, straight from the API server (a consistent LIST): the fresh read of
+/// the hand-off gate (see `policy::handoff`).
+pub async fn fresh_pods(actuator: &Actuator, node: &str) -> Result<Vec<PodView>, kube::Error> {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(actuator.client());
+    let lp = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+    Ok(pods
+        .list(&lp)
+        .await?
+        .items
+        .iter()
+        .filter_map(|p| PodView::from_pod(p).ok())
+        .collect())
 }
 
 /// The object of a write whose effect is checked for reverts; `None` for deletes and the

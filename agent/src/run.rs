@@ -208,6 +208,16 @@ impl Agent {
             config.dry_run,
             metrics.clone(),
         );
+        // In a pod: whether the node restriction can hold this agent, said once.
+        if identity.is_some() {
+            let (c, a, m, n) = (
+                client.clone(),
+                actuator.clone(),
+                metrics.clone(),
+                config.node_name.clone(),
+            );
+            tasks.spawn(|stop| crate::node_restriction::run(c, a, m, n, stop));
+        }
         // One agent acts on a node at a time (see `owner`); a dry run writes nothing, so
         // it needs no ownership. Before the sources: a standby's sources send nothing.
         let identity = identity.filter(|_| !config.dry_run);
@@ -659,6 +669,41 @@ pub struct Running {
 }
 
 impl Running {
+    /// `--deregister-on-exit` passes the hand-off gate's fresh read: no game-server pod (a
+    /// terminating one included) on a consistent LIST of the node's pods. Deregistering a
+    /// node whose matches run (a rollout) would drop FleetIQ's hold on it under them; a node
+    /// that is going away has had its game servers stopped first. Unread is not empty.
+    async fn empty_on_exit(&self) -> bool {
+        let node = &self.config.node_name;
+        let skipped = |why: &str| {
+            self.actuator
+                .metrics()
+                .deregistrations
+                .get_or_create(&crate::metrics::ResultLabel {
+                    result: "exit_skipped",
+                })
+                .inc();
+            warn!(
+                message = "not deregistering on exit (--deregister-on-exit)",
+                reason = why
+            );
+            false
+        };
+        match tokio::time::timeout(
+            DEREGISTER_GRACE,
+            crate::reconciler::fresh_pods(&self.actuator, node),
+        )
+        .await
+        {
+            Ok(Ok(pods)) if crate::policy::hosts_games(&pods) => {
+                skipped("game-server pods are on the node: its matches keep FleetIQ's hold")
+            }
+            Ok(Ok(_)) => true,
+            Ok(Err(e)) => skipped(&format!("the node's pods could not be read: {e}")),
+            Err(_) => skipped("the node's pods could not be read in time"),
+        }
+    }
+
     /// Waits for `shutdown` or for a task to end early (a bug we must not hide), then shuts
     /// down: stops the tasks, deregisters on exit if asked and still the owner, and hands
     /// the node's ownership over.
@@ -709,7 +754,9 @@ impl Running {
         // is gone, never before a late Deregister.
         let mut hand_over = true;
         if self.config.deregister_on_exit && clean {
-            if owner {
+            if owner && !self.empty_on_exit().await {
+                // Nothing was sent: the next agent may take the node over at once.
+            } else if owner {
                 match tokio::time::timeout(
                     DEREGISTER_GRACE,
                     self.actuator.fleetiq().deregister_on_exit(),
@@ -770,7 +817,10 @@ async fn admin_task(
 /// Register and claim, then heartbeat, whenever this agent owns the node. Heartbeats start
 /// once start-up is done (registered, or found already draining and still registered), so
 /// the first one never reaches GameLift before the registration nor after a
-/// deregistration. They run on their own task, independent of Redis.
+/// deregistration. They run on their own task, independent of Redis. A new life of the
+/// machine (a new boot id, settled on the Node by the reconciler) decides start-up again:
+/// what one Node read decided, perhaps before the kubelet posted the new boot id, is never
+/// final.
 async fn lifecycle_task(
     actuator: Actuator,
     owner: Owner,
@@ -781,6 +831,7 @@ async fn lifecycle_task(
     stop: CancellationToken,
 ) {
     let fleetiq = actuator.fleetiq().clone();
+    let mut lives = fleetiq.lives();
     loop {
         if !owner.is_owner() {
             // A standby agent is ready: the rollout must be able to go on.
@@ -793,6 +844,7 @@ async fn lifecycle_task(
         if !owner.owned(&stop).await {
             return;
         }
+        lives.mark_unchanged();
         health.set(
             HEALTH_REGISTRATION,
             false,
@@ -811,8 +863,13 @@ async fn lifecycle_task(
                     true
                 }
                 lifecycle::StartUp::Resumed { heartbeat } => heartbeat,
+                lifecycle::StartUp::Returned => false,
             };
         health.set(HEALTH_REGISTRATION, true, "start-up done");
+        if lives.has_changed().unwrap_or(false) {
+            // A new life began while start-up read the last one: decide again.
+            continue;
+        }
         if heartbeat {
             lifecycle::heartbeat_loop(
                 fleetiq.clone(),
@@ -824,12 +881,20 @@ async fn lifecycle_task(
             )
             .await;
         }
-        if fleetiq.is_deregistered() || stop.is_cancelled() {
+        if stop.is_cancelled() {
             break;
         }
-        if owner.is_owner() {
-            // Start-up found nothing to heartbeat (a draining node): that stays so.
-            break;
+        if lives.has_changed().unwrap_or(false) {
+            continue;
+        }
+        if fleetiq.is_deregistered() || owner.is_owner() {
+            // Nothing to heartbeat in this life (deregistered, a draining node, a machine
+            // that came back): that stays so until a new life begins.
+            tokio::select! {
+                () = stop.cancelled() => break,
+                r = lives.changed() => if r.is_err() { break },
+            }
+            continue;
         }
         // Ownership was lost (another agent took the node): wait to get it back.
     }

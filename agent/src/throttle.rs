@@ -11,9 +11,11 @@
 //! running; the reconciler also sleeps it out ([`Throttle::remaining`]) instead of planning
 //! into a closed gate.
 //!
-//! A 429 from the eviction subresource is a PodDisruptionBudget's refusal, not throttling:
-//! it is neither counted nor waited for here (`actuator::end_gracefully` handles it). A 429
-//! without `Retry-After` is counted and left to the caller's own backoff.
+//! A 429 the eviction subresource answers itself (a JSON `Status`) is a PodDisruptionBudget's
+//! refusal, not throttling: it is neither counted nor waited for here
+//! (`actuator::end_gracefully` handles it). An eviction that APF turned away (its plain-text
+//! body) is throttling like any other request. A 429 without `Retry-After` is counted and
+//! left to the caller's own backoff.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -125,7 +127,16 @@ pub fn retry_after<B>(res: &Response<B>) -> Option<Duration> {
     v.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
-/// Whether a request is an eviction, whose 429 is a disruption budget's answer.
+/// Whether an answer is a Kubernetes `Status` (JSON), as a handler writes it; API Priority
+/// and Fairness and max-in-flight refuse with a plain-text body before any handler runs.
+fn is_status<B>(res: &Response<B>) -> bool {
+    res.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.trim_start().starts_with("application/json"))
+}
+
+/// Whether a request is an eviction, whose own 429 is a disruption budget's answer.
 fn is_eviction<B>(req: &Request<B>) -> bool {
     req.uri()
         .path()
@@ -185,7 +196,7 @@ where
         Box::pin(async move {
             let res = fut.await.map_err(Into::into)?;
             if res.status() == StatusCode::TOO_MANY_REQUESTS {
-                if !eviction {
+                if !(eviction && is_status(&res)) {
                     throttle.refused(verb, retry_after(&res));
                 }
             } else {
@@ -207,6 +218,8 @@ mod tests {
         refuse: usize,
         seen: Arc<AtomicUsize>,
         retry_after: Option<&'static str>,
+        /// Refuse with a JSON `Status`, as a handler does (else APF's plain text).
+        json: bool,
     }
 
     impl Service<Request<()>> for Server {
@@ -220,10 +233,18 @@ mod tests {
             let n = self.seen.fetch_add(1, Ordering::SeqCst);
             let refuse = n < self.refuse;
             let ra = self.retry_after;
+            let json = self.json;
             Box::pin(async move {
                 let mut r = Response::new(());
                 if refuse {
                     *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                    let t = if json {
+                        "application/json"
+                    } else {
+                        "text/plain; charset=utf-8"
+                    };
+                    r.headers_mut()
+                        .insert(header::CONTENT_TYPE, t.parse().expect("header"));
                     if let Some(v) = ra {
                         r.headers_mut()
                             .insert(header::RETRY_AFTER, v.parse().expect("header"));
@@ -264,6 +285,7 @@ mod tests {
             refuse: 1,
             seen: seen.clone(),
             retry_after: Some("1"),
+            json: false,
         });
         let start = Instant::now();
         assert_eq!(send(&mut svc, "/api/v1/nodes/n1").await, 429);
@@ -280,6 +302,28 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_eviction_throttled_by_apf_is_throttling_a_budgets_refusal_is_not() {
+        let (metrics, _r) = Metrics::new();
+        let throttle = Throttle::with_jitter(metrics.clone(), RetryAfter::seeded(3));
+        let mut svc = throttle.layer(Server {
+            refuse: 2,
+            seen: Arc::new(AtomicUsize::new(0)),
+            retry_after: Some("1"),
+            json: true,
+        });
+        // The eviction subresource's own answer (a Status): a disruption budget.
+        let evict = "/api/v1/namespaces/default/pods/p/eviction";
+        assert_eq!(send(&mut svc, evict).await, 429);
+        assert_eq!(throttled(&metrics), 0);
+        assert_eq!(throttle.remaining(), Duration::ZERO);
+        // APF's plain text, on an eviction: throttling, the gate closes.
+        svc.inner.json = false;
+        assert_eq!(send(&mut svc, evict).await, 429);
+        assert_eq!(throttled(&metrics), 1);
+        assert!(throttle.remaining() >= Duration::from_secs(1));
+    }
+
+    #[tokio::test]
     async fn evictions_and_429s_without_retry_after_do_not_close_the_gate() {
         let (metrics, _r) = Metrics::new();
         let throttle = Throttle::new(metrics.clone());
@@ -287,6 +331,7 @@ mod tests {
             refuse: 2,
             seen: Arc::new(AtomicUsize::new(0)),
             retry_after: None,
+            json: true,
         });
         // A disruption budget's refusal: not throttling.
         assert_eq!(

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod aws_events;
 pub mod backoff;
 pub mod cli;
 pub mod drain_state;

@@ -14,6 +14,7 @@ use lastcall_common::duration::parse_duration;
 use lastcall_common::redis_conn::CaFile;
 use lastcall_common::redis_url::RedisTarget;
 
+use crate::queue::QueueFlags;
 use crate::webhook::settings::{Settings, SettingsError, WebhookFlags};
 
 /// GameLift advises refreshing `DescribeGameServerInstances` no more than once every 10 s.
@@ -48,9 +49,10 @@ pub struct Config {
     /// Redis to publish to: `host[:port][/db]` (the original form), `redis://[user:pass@]host[:port][/db]`
     /// or `rediss://…` for TLS; a Redis Cluster (cluster-mode ElastiCache, Memorystore Cluster)
     /// as `redis+cluster://[user:pass@]host[:port]` or `rediss+cluster://…`, naming the
-    /// configuration endpoint or one or more nodes (comma-separated `host:port`).
-    #[arg(long, env = "REDIS_URL", value_parser = parse_redis)]
-    pub redis_url: RedisTarget,
+    /// configuration endpoint or one or more nodes (comma-separated `host:port`). Required
+    /// unless `--queue-url` is set (then, unset, pubsub reads only the queue).
+    #[arg(long, env = "REDIS_URL", value_parser = parse_redis, required_unless_present = "queue_url")]
+    pub redis_url: Option<RedisTarget>,
 
     /// PEM file with the CA certificate(s) that signed the Redis server's certificate, for
     /// `rediss://` URLs. Unset: the public web roots. Read at start; a missing or
@@ -172,6 +174,10 @@ pub struct Config {
     /// The webhook's flags (`--webhook-*`), owned by the webhook.
     #[command(flatten)]
     pub webhook: WebhookFlags,
+
+    /// Queue mode's flags (`--queue-*`), owned by the queue consumer.
+    #[command(flatten)]
+    pub queue: QueueFlags,
 }
 
 impl Config {
@@ -327,7 +333,7 @@ mod tests {
         assert!(c.publish_unchanged);
         assert_eq!(c.cache_ttl(), Duration::from_secs(180));
         assert_eq!(c.concurrency, 4);
-        assert_eq!(c.redis_url.url(), "redis://cache:6379");
+        assert_eq!(c.redis_url.unwrap().url(), "redis://cache:6379");
         assert_eq!(c.listen, "0.0.0.0:9090".parse().unwrap());
     }
 

@@ -10,6 +10,7 @@
 //!   what the publisher takes), and [`webhook`] (Agones' FleetAutoscaler webhook: the Buffer
 //!   policy plus what draining nodes are about to lose, read from the drain state agents
 //!   publish), which imports nothing of the poller or publisher;
+//! - [`queue`] (queue mode: SQS → the Node of each event's instance), beside the poller;
 //! - [`liveness`] (is the polling loop turning) beside [`run`];
 //! - [`run`] on top: the cycle, the loop and the process.
 #![forbid(unsafe_code)]
@@ -20,6 +21,7 @@ pub mod liveness;
 pub mod metrics;
 pub mod poller;
 pub mod publisher;
+pub mod queue;
 pub mod rate;
 pub mod run;
 pub mod webhook;

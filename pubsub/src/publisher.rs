@@ -251,12 +251,15 @@ impl Publisher {
     /// Creates the publisher without connecting (the first batch connects), so a Redis that
     /// is down at start delays nothing.
     pub fn new(config: &Config, metrics: Metrics, health: Health) -> redis::RedisResult<Self> {
-        let client = redis_conn::any_client(&config.redis_url, config.redis_ca_file.as_ref())?;
+        let target = config.redis_url.as_ref().ok_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no --redis-url"))
+        })?;
+        let client = redis_conn::any_client(target, config.redis_ca_file.as_ref())?;
         Ok(Self {
             client,
-            keys: config.redis_url.keys(),
-            cluster: config.redis_url.is_cluster(),
-            tls: config.redis_url.is_tls(),
+            keys: target.keys(),
+            cluster: target.is_cluster(),
+            tls: target.is_tls(),
             timeout: config.redis_timeout,
             ttl_secs: config.cache_ttl().as_secs().max(1),
             batch: config.publish_batch.max(1) as usize,

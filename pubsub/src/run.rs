@@ -62,6 +62,8 @@ pub enum Error {
     WebhookTls(#[source] crate::webhook::tls::TlsError),
     #[error("{0}")]
     Webhook(#[source] crate::webhook::ServeError),
+    #[error("{0}")]
+    Queue(#[source] crate::queue::ServeError),
 }
 
 /// What one cycle did. Counts are for this cycle only.
@@ -150,6 +152,8 @@ pub struct Pubsub {
     api_budget: u32,
     state: tokio::sync::Mutex<CycleState>,
     webhook: Option<Arc<Webhook>>,
+    /// Queue mode's metrics, in this service's registry, when `--queue-url` is set.
+    queue_metrics: Option<crate::queue::QueueMetrics>,
 }
 
 impl std::fmt::Debug for Pubsub {
@@ -168,11 +172,15 @@ impl Pubsub {
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
         let settings = config.webhook_settings().map_err(Error::Config)?;
-        let health = if settings.is_some() {
-            Health::new(&[READY_REDIS, READY_PUBLISHING, READY_WEBHOOK])
-        } else {
-            Health::new(&[READY_REDIS, READY_PUBLISHING])
-        };
+        let mut checks = vec![READY_REDIS, READY_PUBLISHING];
+        if settings.is_some() {
+            checks.push(READY_WEBHOOK);
+        }
+        let queue_metrics = config.queue.queue_url.as_ref().map(|_| {
+            checks.push(crate::queue::READY_QUEUE);
+            crate::queue::QueueMetrics::register(&mut registry)
+        });
+        let health = Health::new(&checks);
         let publisher =
             Publisher::new(config, metrics.clone(), health.clone()).map_err(Error::Redis)?;
         let webhook = match settings {
@@ -180,12 +188,17 @@ impl Pubsub {
             Some(settings) => {
                 let metrics = WebhookMetrics::register(&mut registry);
                 // Its own connection: a slow publish batch never delays an answer.
-                let client =
-                    redis_conn::any_client(&config.redis_url, config.redis_ca_file.as_ref())
-                        .map_err(Error::Redis)?;
+                let target = config.redis_url.as_ref().ok_or_else(|| {
+                    Error::Redis(redis::RedisError::from((
+                        redis::ErrorKind::InvalidClientConfig,
+                        "the webhook needs --redis-url",
+                    )))
+                })?;
+                let client = redis_conn::any_client(target, config.redis_ca_file.as_ref())
+                    .map_err(Error::Redis)?;
                 let reader = DrainReader::new(
                     client,
-                    config.redis_url.is_tls(),
+                    target.is_tls(),
                     settings.redis_timeout,
                     settings.drain_state_max_age,
                     settings.drain_state_hold_limit,
@@ -224,7 +237,13 @@ impl Pubsub {
                 last_any_publish: None,
             }),
             webhook,
+            queue_metrics,
         })
+    }
+
+    /// Queue mode's metrics, when `--queue-url` is set.
+    pub fn queue_metrics(&self) -> Option<&crate::queue::QueueMetrics> {
+        self.queue_metrics.as_ref()
     }
 
     /// The FleetAutoscaler webhook, when `--webhook-listen` is set; serve it with
@@ -651,6 +670,12 @@ struct GroupOutcome {
 
 /// Runs the whole process until SIGTERM/SIGINT: signals, admin server, cycles.
 pub async fn serve(config: Config) -> Result<(), Error> {
+    if config.redis_url.is_none() {
+        // Only `--queue-url` can leave it unset (clap checks): the queue alone.
+        return crate::queue::serve_alone(config)
+            .await
+            .map_err(Error::Queue);
+    }
     let shutdown = CancellationToken::new();
     // First, so a signal during start-up is not lost.
     let signals = lastcall_common::shutdown::install(shutdown.clone()).map_err(Error::Signals)?;
@@ -659,7 +684,7 @@ pub async fn serve(config: Config) -> Result<(), Error> {
         version = env!("CARGO_PKG_VERSION"),
         config_file = %config.config_file.display(),
         period_s = config.period.as_secs_f64(),
-        redis = %config.redis_url,
+        redis = ?config.redis_url.as_ref().map(ToString::to_string),
         region = ?config.aws_region,
         gamelift_endpoint = ?config.gamelift_endpoint,
         publish_unchanged = config.publish_unchanged,
@@ -703,6 +728,28 @@ pub async fn serve(config: Config) -> Result<(), Error> {
             ),
         }
     }
+    let queue = match (pubsub.queue_metrics(), config.queue.queue_url.is_some()) {
+        (Some(metrics), true) => {
+            let kube = kube::Client::try_default()
+                .await
+                .map_err(|e| Error::Queue(crate::queue::ServeError::Kube(e)))?;
+            let sqs = crate::queue::sqs_client(
+                config.aws_region.as_deref(),
+                config.queue.sqs_endpoint.as_deref(),
+                config.queue.queue_wait,
+                None,
+            )
+            .await;
+            crate::queue::Queue::new(
+                &config.queue,
+                sqs,
+                kube,
+                metrics.clone(),
+                pubsub.health().clone(),
+            )
+        }
+        _ => None,
+    };
     let mut admin = tokio::spawn(admin::serve(
         listener,
         pubsub.admin_router(),
@@ -736,7 +783,14 @@ pub async fn serve(config: Config) -> Result<(), Error> {
     };
 
     let admin_result = tokio::select! {
-        () = pubsub.run(shutdown.clone()) => None,
+        ((), ()) = async {
+            let queue = async {
+                if let Some(q) = &queue {
+                    q.run(shutdown.clone()).await;
+                }
+            };
+            tokio::join!(pubsub.run(shutdown.clone()), queue)
+        } => None,
         r = &mut admin => Some(r),
         r = webhook_ended => {
             shutdown.cancel();

@@ -139,6 +139,14 @@ impl InProcessAgent {
         self.handle.abort();
     }
 
+    /// Kills the task without a clean shutdown (a crash), and returns once it is gone: an
+    /// abort only asks, and a task busy on another worker may still send a request or two.
+    /// A test that changes the world "after the crash" waits for it here.
+    pub async fn crash(self) {
+        self.handle.abort();
+        let _ = self.handle.await;
+    }
+
     /// Aborts the agent from elsewhere (a machine going down under an agent that a rollout
     /// is stopping).
     pub fn abort_handle(&self) -> tokio::task::AbortHandle {

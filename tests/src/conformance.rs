@@ -280,6 +280,26 @@ where
     }
 }
 
+/// The next watch event about one of `names` (the case's own objects), within 10 s: on a
+/// real API server other writers share the namespace (the controller manager publishes
+/// `kube-root-ca.crt` into every one), and a case reads only its own objects' events.
+pub async fn next_event_of<K, S>(s: &mut S, names: &[&str]) -> WatchEvent<K>
+where
+    K: ResourceExt,
+    S: Stream<Item = Result<WatchEvent<K>, kube::Error>> + Unpin,
+{
+    loop {
+        let ev = next_event(s).await;
+        let name = match &ev {
+            WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => o.name_any(),
+            _ => return ev,
+        };
+        if names.contains(&name.as_str()) {
+            return ev;
+        }
+    }
+}
+
 pub fn describe<K: ResourceExt>(ev: &WatchEvent<K>) -> (String, String) {
     match ev {
         WatchEvent::Added(o) => ("ADDED".into(), o.name_any()),
@@ -487,7 +507,10 @@ pub async fn finalizers_keep_a_deleted_object_until_removed(b: &Backend) {
     c.metadata.finalizers = Some(vec!["example.com/hold".into()]);
     let created = cms.create(&PostParams::default(), &c).await.unwrap();
     let mut watch = cms
-        .watch(&WatchParams::default(), &rv_of(&created).to_string())
+        .watch(
+            &WatchParams::default().fields("metadata.name=c1"),
+            &rv_of(&created).to_string(),
+        )
         .await
         .unwrap()
         .boxed();
@@ -497,7 +520,7 @@ pub async fn finalizers_keep_a_deleted_object_until_removed(b: &Backend) {
     let got = cms.get("c1").await.unwrap();
     assert!(got.metadata.deletion_timestamp.is_some());
     assert_eq!(
-        describe(&next_event(&mut watch).await),
+        describe(&next_event_of(&mut watch, &["c1"]).await),
         ev("MODIFIED", "c1")
     );
     // No new finalizers on an object being deleted.
@@ -527,7 +550,7 @@ pub async fn finalizers_keep_a_deleted_object_until_removed(b: &Backend) {
             .is_some()
     );
     assert_eq!(
-        describe(&next_event(&mut watch).await),
+        describe(&next_event_of(&mut watch, &["c1"]).await),
         ev("MODIFIED", "c1")
     );
     cms.patch(
@@ -538,7 +561,10 @@ pub async fn finalizers_keep_a_deleted_object_until_removed(b: &Backend) {
     .await
     .unwrap();
     assert_eq!(api_err(cms.get("c1").await).code, 404);
-    assert_eq!(describe(&next_event(&mut watch).await), ev("DELETED", "c1"));
+    assert_eq!(
+        describe(&next_event_of(&mut watch, &["c1"]).await),
+        ev("DELETED", "c1")
+    );
 }
 
 pub async fn pod_grace_period_keeps_a_bound_pod_terminating(b: &Backend) {
@@ -774,6 +800,7 @@ pub async fn strategic_merge_of_conditions_not_of_custom_resources(b: &Backend) 
 }
 
 pub async fn watch_reports_added_modified_deleted(b: &Backend) {
+    const MINE: [&str; 2] = ["before", "c1"];
     let cms: Api<ConfigMap> = b.api();
     cms.create(&PostParams::default(), &cm("before"))
         .await
@@ -784,7 +811,10 @@ pub async fn watch_reports_added_modified_deleted(b: &Backend) {
         .unwrap()
         .boxed();
     // Resource version 0: synthetic ADDED for what exists.
-    assert_eq!(describe(&next_event(&mut w).await), ev("ADDED", "before"));
+    assert_eq!(
+        describe(&next_event_of(&mut w, &MINE).await),
+        ev("ADDED", "before")
+    );
     cms.create(&PostParams::default(), &cm("c1")).await.unwrap();
     cms.patch(
         "c1",
@@ -795,9 +825,9 @@ pub async fn watch_reports_added_modified_deleted(b: &Backend) {
     .unwrap();
     cms.delete("c1", &DeleteParams::default()).await.unwrap();
     let got = [
-        next_event(&mut w).await,
-        next_event(&mut w).await,
-        next_event(&mut w).await,
+        next_event_of(&mut w, &MINE).await,
+        next_event_of(&mut w, &MINE).await,
+        next_event_of(&mut w, &MINE).await,
     ];
     assert_eq!(
         got.iter().map(describe).collect::<Vec<_>>(),
@@ -811,6 +841,7 @@ pub async fn watch_reports_added_modified_deleted(b: &Backend) {
 }
 
 pub async fn watch_resumes_after_a_resource_version(b: &Backend) {
+    const MINE: [&str; 3] = ["a", "b", "c"];
     let cms: Api<ConfigMap> = b.api();
     let a = cms.create(&PostParams::default(), &cm("a")).await.unwrap();
     cms.create(&PostParams::default(), &cm("b")).await.unwrap();
@@ -826,10 +857,19 @@ pub async fn watch_resumes_after_a_resource_version(b: &Backend) {
         .await
         .unwrap()
         .boxed();
-    assert_eq!(describe(&next_event(&mut w).await), ev("ADDED", "b"));
-    assert_eq!(describe(&next_event(&mut w).await), ev("MODIFIED", "a"));
+    assert_eq!(
+        describe(&next_event_of(&mut w, &MINE).await),
+        ev("ADDED", "b")
+    );
+    assert_eq!(
+        describe(&next_event_of(&mut w, &MINE).await),
+        ev("MODIFIED", "a")
+    );
     cms.create(&PostParams::default(), &cm("c")).await.unwrap();
-    assert_eq!(describe(&next_event(&mut w).await), ev("ADDED", "c"));
+    assert_eq!(
+        describe(&next_event_of(&mut w, &MINE).await),
+        ev("ADDED", "c")
+    );
 }
 
 pub async fn watch_with_node_field_selector_sees_only_that_node(b: &Backend) {
@@ -925,9 +965,10 @@ pub async fn watch_with_node_field_selector_sees_only_that_node(b: &Backend) {
 pub async fn watch_with_label_selector_transitions(b: &Backend) {
     let pods: Api<Pod> = b.api();
     let mp = PatchParams::default();
+    // Bound (to a node of the case's own, which needs not exist), so no scheduler writes it.
     pods.create(
         &PostParams::default(),
-        &pod("p1", None, json!({"app": "x"})),
+        &pod("p1", Some(&b.node("n1")), json!({"app": "x"})),
     )
     .await
     .unwrap();

@@ -6,11 +6,12 @@
 #![forbid(unsafe_code)]
 
 pub use lastcall_emulators::{
-    autoscaling, bins, cluster, eventually, gamelift, gce, imds, kube, net, process, redis, tools,
-    webhook_receiver,
+    autoscaling, bins, cluster, eventually, gamelift, gce, imds, kube, moto, net, process, redis,
+    tools, webhook_receiver,
 };
 
 pub mod agent;
+pub mod agent_writes;
 pub mod asg;
 pub mod bench;
 pub mod conformance;
@@ -20,6 +21,7 @@ pub mod demo_box;
 pub mod kube_box;
 pub mod paths;
 pub mod promises;
+pub mod queue;
 pub mod scale;
 pub mod scale_agents;
 pub mod scale_redis;

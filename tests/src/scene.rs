@@ -14,10 +14,11 @@
 //!   agent in-process (built as the binary builds itself, from the same chart arguments);
 //!   writes ordered by the emulator journal's `seq`.
 //!
-//! Both play the allocator and the operator with the same API writes
-//! ([`crate::kube_box::agones::Agones`]); only a match's end differs (the model's SDK
-//! Shutdown, or the stand-in's), as each backend's Agones does it.
+//! Both run the test kit's one Agones model (`lastcall_emulators::cluster::agones`: on the
+//! emulator's store there, against the real API server on the box) and play the game, the
+//! allocator and the operator with the same API writes ([`crate::kube_box::agones::Agones`]).
 
+pub mod history;
 pub mod on_box;
 pub mod on_emulator;
 pub mod writes;
@@ -28,9 +29,13 @@ use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::agent::InProcessAgent;
+use crate::cluster::GameServerSpec;
+use crate::kube::WatchDelay;
 use crate::kube_box::agent::{AgentProcess, Extra};
-use crate::kube_box::agones::{Agones, Allocation, Crd, Server};
+use crate::kube_box::agones::{Agones, Allocation, Crd, Server, on_node};
 use crate::kube_box::audit::describe;
+use crate::kube_box::proxy::FaultProxy;
+use history::History;
 use on_box::{BoxScene, DRAIN_LABEL};
 use on_emulator::{AGENT_IDENTITY, EmulatorScene};
 
@@ -61,8 +66,14 @@ pub enum Backend {
 
 enum Side {
     Emulator(Box<EmulatorScene>),
-    Box(Box<BoxScene>),
+    /// The box, and the fault proxy the agent talks to the API server through (once started).
+    Box(Box<BoxScene>, Option<Box<FaultProxy>>),
 }
+
+/// A place in the backend's journal (the emulator's `seq`, the audit log's line), to ask
+/// what came after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Mark(u64);
 
 enum Agent {
     InProcess(InProcessAgent),
@@ -82,6 +93,7 @@ pub struct Scene {
     agones: Agones,
     side: Side,
     agent: Option<Agent>,
+    history: History,
 }
 
 impl Scene {
@@ -105,7 +117,7 @@ impl Scene {
             Backend::Box => {
                 let b = BoxScene::start(name, crd).await;
                 let (c, ns, node) = (b.client.clone(), b.ns.clone(), b.node.clone());
-                (Side::Box(Box::new(b)), c, ns, node)
+                (Side::Box(Box::new(b), None), c, ns, node)
             }
             Backend::Emulator => {
                 let e = EmulatorScene::start(name, crd == Crd::SelectableNodeName).await;
@@ -113,11 +125,26 @@ impl Scene {
                 (Side::Emulator(Box::new(e)), c, ns, node)
             }
         };
-        let mut servers = match &side {
-            Side::Box(b) => b.ready_servers(idle + matches).await,
-            Side::Emulator(e) => e.ready_servers(idle + matches).await,
+        let history = History::start(&client, &ns)
+            .await
+            .expect("the scene's watches");
+        let agones = match &side {
+            Side::Box(b, _) => b.agones.clone(),
+            Side::Emulator(e) => e.agones().await,
         };
-        let agones = Agones::new(&client, &ns);
+        let made = futures::future::join_all((0..idle + matches).map(|i| {
+            let (agones, node) = (agones.clone(), node.clone());
+            async move {
+                agones
+                    .ready(on_node(GameServerSpec::new(format!("gs-{i}")), &node))
+                    .await
+            }
+        }))
+        .await;
+        let mut servers: Vec<Server> = made
+            .into_iter()
+            .map(|r| r.expect("a Ready GameServer"))
+            .collect();
         let mut s = Scene {
             backend,
             ns,
@@ -128,6 +155,7 @@ impl Scene {
             agones,
             side,
             agent: None,
+            history,
         };
         s.idle = servers;
         for m in s.matches.clone() {
@@ -141,14 +169,24 @@ impl Scene {
     /// its node.
     pub async fn start_agent(&mut self, extra: &[&str]) {
         let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
-        let agent = match &self.side {
-            Side::Box(b) => Agent::Process(Box::new(
-                b.start_agent(Extra {
-                    args: extra,
-                    env: vec![],
-                })
-                .await,
-            )),
+        let agent = match &mut self.side {
+            Side::Box(b, proxy) => {
+                let p = b.kbox.fault_proxy().await.expect("the fault proxy");
+                let agent = AgentProcess::start_at(
+                    &b.kbox,
+                    &p.url(),
+                    &b.node,
+                    Extra {
+                        args: extra,
+                        env: vec![],
+                    },
+                )
+                .await
+                .expect("the agent process");
+                agent.ready().await.expect("the agent ready");
+                *proxy = Some(Box::new(p));
+                Agent::Process(Box::new(agent))
+            }
             Side::Emulator(e) => Agent::InProcess(e.start_agent(&extra).await),
         };
         self.agent = Some(agent);
@@ -159,6 +197,44 @@ impl Scene {
             (seen as usize == n).then_some(())
         })
         .await;
+    }
+
+    /// A server whose pod is created bound to the node (past the scheduler: as a scheduler
+    /// binds from a cache of a moment before the fence), Ready, then allocated: a match on
+    /// the node that the agent did not let in.
+    pub async fn late_server(&self, name: &str) -> Server {
+        let s = self
+            .agones
+            .ready(on_node(GameServerSpec::new(name), &self.node).bound_to(self.node.as_str()))
+            .await
+            .expect("the late server");
+        self.allocate(&s).await;
+        s
+    }
+
+    /// Waits until the agent has completed `n` reconcile passes that each began after this
+    /// call (its own count, `lastcall_reconciles_total`), each asked for by a foreign
+    /// annotation on the node (any Node change wakes the agent), not waited for by a clock.
+    pub async fn passes(&self, n: u64) {
+        let count = || async {
+            crate::agent::metric_sum(
+                &self.agent_metrics().await,
+                "lastcall_reconciles_total",
+                &[],
+            ) as u64
+        };
+        let from = count().await;
+        // A pass in flight now may have begun before the call: one more than asked.
+        for i in 1..=n + 1 {
+            self.patch_node(
+                json!({"metadata": {"annotations": {"example.com/nudge": format!("{from}-{i}")}}}),
+            )
+            .await;
+            crate::eventually::wait_for("the agent's next pass", || async {
+                (count().await >= from + i).then_some(())
+            })
+            .await;
+        }
     }
 
     /// The agent's metrics page.
@@ -234,34 +310,47 @@ impl Scene {
         );
     }
 
-    /// The match on `s` ends: the game's SDK Shutdown, then Agones deletes the server and
-    /// its pod goes.
+    /// The match on `s` ends: the game's SDK `Shutdown()` and its exit, then Agones deletes
+    /// the server and its pod goes (the same writes, and the same controller, on both).
     pub async fn end_match(&self, s: &Server) {
-        match &self.side {
-            Side::Box(b) => b.agones.shutdown(s).await.expect("shutdown"),
-            Side::Emulator(e) => e
-                .cluster
-                .sdk_shutdown(&s.namespace, &s.name)
-                .expect("shutdown"),
-        }
+        self.agones.shutdown(s).await.expect("shutdown");
     }
 
     /// The agent's accepted writes to the node and to the scene's pods and GameServers, in
-    /// the order the API server applied them ([`writes`]).
+    /// the order the API server applied them ([`writes`]): by the resourceVersion each one
+    /// produced, on both backends (a DELETE that removed its object at once, by the
+    /// history's DELETED event), so they order against [`Scene::history`] too.
     ///
     /// # Panics
-    /// On the box, for a write whose place the audit log cannot give (an Eviction's
-    /// `Status` answer carries no resourceVersion): a scenario that evicts must order those
+    /// For a write whose place neither answer nor history gives (an Eviction's `Status`
+    /// answer carries no resourceVersion): a scenario that evicts must order those
     /// otherwise.
     pub async fn agent_writes(&self) -> Vec<Write> {
         match &self.side {
-            Side::Emulator(e) => writes::from_emulator(
-                &e.cluster.emulator().journal().entries(),
-                AGENT_IDENTITY,
-                &self.node,
-                &self.ns,
-            ),
-            Side::Box(b) => {
+            Side::Emulator(e) => {
+                let mut out = writes::from_emulator(
+                    &e.cluster.emulator().journal().entries(),
+                    AGENT_IDENTITY,
+                    &self.node,
+                    &self.ns,
+                );
+                for w in &mut out {
+                    w.at = match writes::rv_of(&w.response) {
+                        Some(rv) => rv,
+                        None => {
+                            let uid = writes::uid_sent(&w.request).unwrap_or_default();
+                            crate::eventually::wait_for(
+                                &format!("the DELETED event of {}", w.describe()),
+                                || async { self.history.deleted(&w.resource, &w.name, &uid) },
+                            )
+                            .await
+                        }
+                    };
+                }
+                out.sort_by_key(|w| (w.at, w.seq));
+                out
+            }
+            Side::Box(b, _) => {
                 let mut out = vec![];
                 for e in b.journal().iter().filter(|e| {
                     e.by_agent()
@@ -277,6 +366,8 @@ impl Scene {
                         e.received,
                         Write {
                             at,
+                            seq: 0,
+                            when: e.received,
                             verb: e.verb.clone(),
                             resource: e.resource.clone(),
                             subresource: e.subresource.clone(),
@@ -310,12 +401,109 @@ impl Scene {
                 })
                 .map(|j| format!("#{} {} {} -> {}", j.seq, j.method, j.path, j.status))
                 .collect(),
-            Side::Box(b) => b
+            Side::Box(b, _) => b
                 .kbox
                 .audit()
                 .iter()
                 .filter(|e| e.by_agent() && (e.code == 401 || e.code == 403))
                 .map(describe)
+                .collect(),
+        }
+    }
+
+    /// Every version of the scene's pods and GameServers so far ([`history`]).
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// From now on the agent's watches of pods and GameServers deliver nothing (open ones
+    /// too) until [`Scene::release_agent_watches`]: its caches lag for as long as the test
+    /// says. On the emulator a hold of its watch fault rules; on the box the fault proxy
+    /// the agent talks through keeps the lines.
+    pub fn hold_agent_watches(&self) {
+        match &self.side {
+            Side::Emulator(e) => {
+                for resource in ["pods", "gameservers"] {
+                    e.cluster.emulator().faults().hold_watches(
+                        WatchDelay::resource(resource, std::time::Duration::ZERO)
+                            .identity(AGENT_IDENTITY),
+                    );
+                }
+            }
+            Side::Box(_, proxy) => proxy
+                .as_ref()
+                .expect("the agent talks through the proxy")
+                .hold_watches(
+                    "agent watches",
+                    &[
+                        "/api/v1/pods",
+                        "/api/v1/namespaces/*/pods",
+                        "/apis/agones.dev/v1/gameservers",
+                        "/apis/agones.dev/v1/namespaces/*/gameservers",
+                    ],
+                ),
+        }
+    }
+
+    /// Lets the held watch lines go, in order.
+    pub fn release_agent_watches(&self) {
+        match &self.side {
+            Side::Emulator(e) => e.cluster.emulator().faults().release_watch_holds(),
+            Side::Box(_, proxy) => proxy
+                .as_ref()
+                .expect("the agent talks through the proxy")
+                .release_watches(),
+        }
+    }
+
+    /// How many watch lines a hold has kept from the agent so far: the lag happened.
+    pub fn held_watch_lines(&self) -> usize {
+        match &self.side {
+            Side::Emulator(e) => e.cluster.emulator().faults().held_lines(),
+            Side::Box(_, proxy) => proxy.as_ref().map_or(0, |p| p.held_lines().len()),
+        }
+    }
+
+    /// The journal's end now: what the API server receives later comes after it.
+    pub fn mark(&self) -> Mark {
+        match &self.side {
+            Side::Emulator(e) => Mark(
+                e.cluster
+                    .emulator()
+                    .journal()
+                    .entries()
+                    .last()
+                    .map_or(0, |j| j.seq + 1),
+            ),
+            Side::Box(b, _) => Mark(b.kbox.audit().len() as u64),
+        }
+    }
+
+    /// The agent's reads (LIST, not watches) of `resource` the API server answered after
+    /// `mark`, described (with their query).
+    pub fn agent_lists_since(&self, mark: Mark, resource: &str) -> Vec<String> {
+        match &self.side {
+            Side::Emulator(e) => e
+                .cluster
+                .emulator()
+                .journal()
+                .entries()
+                .iter()
+                .filter(|j| {
+                    j.seq >= mark.0
+                        && j.identity.as_deref() == Some(AGENT_IDENTITY)
+                        && j.verb == crate::kube::journal::Verb::List
+                        && j.resource.as_deref() == Some(resource)
+                })
+                .map(|j| format!("#{} list {}?{} -> {}", j.seq, j.path, j.query, j.status))
+                .collect(),
+            Side::Box(b, _) => b
+                .kbox
+                .audit()
+                .iter()
+                .skip(mark.0 as usize)
+                .filter(|e| e.by_agent() && e.verb == "list" && e.resource == resource)
+                .map(|e| format!("{} {}", describe(e), e.uri))
                 .collect(),
         }
     }

@@ -137,7 +137,10 @@ impl WebhookServer {
         // As in a cluster whose Redis has been up a while: the drain state is dated an hour
         // back, so answers do not hold for a restart that did not happen. A test of a
         // restart restarts Redis (or deletes the hash) after this.
-        let redis = lastcall_common::redis_conn::any_client(&config.redis_url, None)?;
+        let redis = lastcall_common::redis_conn::any_client(
+            config.redis_url.as_ref().context("--redis-url")?,
+            None,
+        )?;
         let mut conn =
             lastcall_common::redis_conn::connect_any(&redis, std::time::Duration::from_secs(5))
                 .await?;

@@ -5,7 +5,6 @@
 //! cleanup removes what it wrote; a write an admission webhook reverts backs off.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
@@ -14,6 +13,10 @@ use lastcall_testkit::cluster::AllocationRequest;
 use lastcall_testkit::eventually::wait_for;
 use lastcall_testkit::kube::journal::Verb;
 use lastcall_testkit::world::{NS, World, WorldSpec};
+
+#[path = "support/passes.rs"]
+mod passes;
+use passes::after_passes;
 
 const DND: &str = "karpenter.sh/do-not-disrupt";
 const STE: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
@@ -53,12 +56,17 @@ fn pod_patches(w: &World) -> usize {
 async fn pods_of_matches_are_kept_from_autoscalers_and_idle_ones_keep_agones_values() {
     let w = World::start(WorldSpec::new(2, 0, 0)).await;
     let agent = w
-        .start_agent(&["--autoscaler-cooperation".into(), "in-use".into()])
+        .start_agent(&[
+            "--autoscaler-cooperation".into(),
+            "in-use".into(),
+            "--resync-interval".into(),
+            "1s".into(),
+        ])
         .await;
     w.claimed_all().await;
     let names: Vec<String> = w.on("n1").into_iter().map(|g| g.name).collect();
-    // Idle pods: nothing written (a resync or two has passed by the time claims settle).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Idle pods: nothing written over passes after the claims.
+    after_passes(&agent, 2).await;
     for n in &names {
         assert!(agones_never(&pod_annotations(&w, n).await), "{n}");
     }
@@ -91,8 +99,8 @@ async fn pods_of_matches_are_kept_from_autoscalers_and_idle_ones_keep_agones_val
     })
     .await;
     assert_eq!(pod_patches(&w), settled + 2, "one write per transition");
-    // Nothing more while nothing changes (resyncs re-plan the same state).
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Nothing more while nothing changes (passes re-plan the same state).
+    after_passes(&agent, 2).await;
     assert_eq!(pod_patches(&w), settled + 2, "no write without a change");
 
     // The node pool opts out by label: lastcall undoes exactly what it wrote, and Agones'
@@ -133,11 +141,16 @@ async fn pods_of_matches_are_kept_from_autoscalers_and_idle_ones_keep_agones_val
 async fn an_agent_that_is_gone_leaves_no_allocated_pod_evictable() {
     let w = World::start(WorldSpec::new(2, 0, 0)).await;
     let agent = w
-        .start_agent(&["--autoscaler-cooperation".into(), "in-use".into()])
+        .start_agent(&[
+            "--autoscaler-cooperation".into(),
+            "in-use".into(),
+            "--resync-interval".into(),
+            "1s".into(),
+        ])
         .await;
     w.claimed_all().await;
-    // Long enough for every pass the idle pods cause (on the old behaviour: "true" on both).
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Passes over the idle pods (on the old behaviour they wrote "true" on both).
+    after_passes(&agent, 3).await;
     agent.stop().await.expect("stop");
     let gs = w
         .cluster
@@ -218,10 +231,13 @@ async fn a_write_that_is_reverted_backs_off() {
         (pod_patches(&w) >= 1).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    // 1 s, 2 s, 4 s apart: at most 4 writes in about 4 s (a tight loop makes hundreds).
-    let writes = pod_patches(&w);
-    assert!(writes <= 4, "{writes} pod writes in 4 s");
+    // Twelve passes more (each reverted write wakes one, and the resync is 1 s): backing off
+    // 1 s, 2 s, 4 s, 8 s, a handful of writes over them however fast they come; a loop
+    // writing on every pass makes one each.
+    let before = pod_patches(&w);
+    after_passes(&agent, 12).await;
+    let writes = pod_patches(&w) - before;
+    assert!(writes <= 6, "{writes} pod writes over twelve passes");
     let m = agent.metrics().await;
     let reverted = lastcall_testkit::agent::metric(
         &m,

@@ -4,19 +4,23 @@
 //!
 //! One node, three Allocated servers of three Fleets (`Never`, `OnUpgrade`, `Always`), a
 //! 2 s termination grace period, and a test-only source (`support/scripted.rs`) that says
-//! "Terminate at now + 5 s" with the cause under test. Markers in the journal (requests made
-//! by the test as `clock`) at `deadline − grace − 100 ms` (the test's own wake-up may lag, so
-//! the marker goes a little early) and at `deadline − grace + SLACK` order the agent's
-//! requests against those moments without reading clocks across processes: a
-//! graceful termination starts at `deadline − grace`, not before and not much after.
+//! "Terminate at now + 5 s" with the cause under test. Each ending request is set against
+//! the deadline by the time the API server's journal gives it: a graceful termination
+//! starts at `deadline − grace`, not before, and before the machine goes (with a resync of
+//! 5 s, only the agent waking for that moment itself makes it in time); the matches the case
+//! keeps are still untouched after passes that followed.
 //!
 //! And a deadline that stops being true ends nothing: an AWS scheduled event (from the IMDS
 //! emulator) or an Azure Spot eviction (`Preempt`, from the Azure emulator: it cannot be
 //! withdrawn, but the platform may postpone it) moved later is not acted on at its old
-//! `deadline − grace`.
+//! `deadline − grace`, judged after passes the agent ran once that moment had come.
 
 #[path = "support/scripted.rs"]
 mod scripted;
+
+#[path = "support/passes.rs"]
+mod passes;
+use passes::after_passes;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -36,9 +40,9 @@ use lastcall_testkit::promises::graceful::{PodFacts, assert_graceful, ends_a_mat
 
 const GRACE: i64 = 2;
 const LEAD: i64 = 5;
-/// How late after `deadline − grace` a graceful termination may start: the agent wakes for
-/// that moment (it does not wait for its 1 s resync), so this is generous.
-const SLACK: Duration = Duration::from_millis(750);
+/// The agents' resync: longer than the grace period, so that only an agent that wakes for
+/// `deadline − grace` itself ends a match before the deadline.
+const RESYNC: &str = "5s";
 
 struct Case {
     cause: Cause,
@@ -81,11 +85,6 @@ async fn stored_pods(pods: &Api<Pod>) -> BTreeMap<String, serde_json::Value> {
         .collect()
 }
 
-/// A GET of a pod that does not exist: a request in the journal, and nothing else.
-async fn marker(clock: &Api<Pod>, name: &str) {
-    let _ = clock.get_opt(name).await;
-}
-
 async fn run(case: &Case) {
     let cluster = Cluster::start(ClusterConfig::default())
         .await
@@ -116,7 +115,7 @@ async fn run(case: &Case) {
         .into_iter()
         .filter_map(|g| Some((g.name.clone(), g.labels.get("agones.dev/fleet")?.clone())))
         .collect();
-    let mut flags = vec!["--resync-interval", "1s"];
+    let mut flags = vec!["--resync-interval", RESYNC];
     if case.graceful_termination {
         flags.push("--graceful-termination");
     }
@@ -137,10 +136,6 @@ async fn run(case: &Case) {
             .then_some(())
     })
     .await;
-    let clock: Api<Pod> = Api::namespaced(
-        cluster.emulator().client_as("clock").await.expect("clock"),
-        "default",
-    );
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let pods_before: BTreeMap<String, PodFacts> = stored_pods(&pods)
         .await
@@ -148,7 +143,6 @@ async fn run(case: &Case) {
         .filter_map(|(name, p)| Some((name.clone(), PodFacts::of(p)?)))
         .collect();
 
-    let start = tokio::time::Instant::now();
     let deadline = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(LEAD);
     scripted::say(vec![Notice::new(
         scripted::SOURCE,
@@ -158,16 +152,27 @@ async fn run(case: &Case) {
         false,
         "the test's hard deadline".into(),
     )]);
-    let at = start + Duration::from_secs((LEAD - GRACE) as u64);
-    tokio::time::sleep_until(at - Duration::from_millis(100)).await;
-    marker(&clock, "marker-grace").await;
-    tokio::time::sleep_until(at + SLACK).await;
-    marker(&clock, "marker-slack").await;
-    // Every ending request is made by now (checked below) and no grace period has run out:
-    // each pod ended gracefully is still terminating.
+    // Each match the case ends asked to end, by the journal; read at once, before any grace
+    // period has run out: each pod ended gracefully is still terminating.
+    let asked = |fleet: &str| {
+        let pod = fleet_of
+            .iter()
+            .find(|(_, f)| f.as_str() == fleet)
+            .map(|(p, _)| p);
+        cluster.emulator().journal().count(|e| {
+            e.identity.as_deref() == Some("agent-n1")
+                && ends_a_match(e)
+                && e.status < 300
+                && e.name.as_ref() == pod
+        }) > 0
+    };
+    wait_for("every match the case ends asked to end", || async {
+        case.ended.iter().all(|f| asked(f)).then_some(())
+    })
+    .await;
     let pods_after = stored_pods(&pods).await;
-    tokio::time::sleep_until(start + Duration::from_secs(LEAD as u64)).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Passes after those: the agent's chance to end a match the case keeps.
+    after_passes(&agent, 2).await;
     let m = agent.metrics().await;
     agent.stop().await.expect("clean stop");
     scripted::say(vec![]);
@@ -188,14 +193,6 @@ async fn run(case: &Case) {
         "{:?}: {node_writes} Node writes",
         case.cause
     );
-    let seq_of = |name: &str| {
-        entries
-            .iter()
-            .find(|e| e.identity.as_deref() == Some("clock") && e.name.as_deref() == Some(name))
-            .map(|e| e.seq)
-            .unwrap_or_else(|| panic!("no {name} in the journal"))
-    };
-    let (grace_mark, slack_mark) = (seq_of("marker-grace"), seq_of("marker-slack"));
     let terms = sigterms(&entries);
     let ended: BTreeSet<&str> = terms
         .iter()
@@ -208,16 +205,19 @@ async fn run(case: &Case) {
         "{:?}, --graceful-termination {}: {terms:#?}",
         case.cause, case.graceful_termination
     );
+    // When each took effect, by the API server's journal, against the deadline.
+    let due = std::time::SystemTime::from(deadline - jiff::SignedDuration::from_secs(GRACE));
+    let gone = std::time::SystemTime::from(deadline);
     for (pod, reqs) in &terms {
         for r in reqs {
             assert!(
-                r.seq > grace_mark,
+                r.at + ENDS_EARLY_BY >= due,
                 "{pod}: graceful termination started before deadline − grace ({:?})",
                 case.cause
             );
             assert!(
-                r.seq < slack_mark,
-                "{pod}: graceful termination started later than deadline − grace + {SLACK:?} ({:?})",
+                r.at < gone,
+                "{pod}: graceful termination started after the deadline ({:?}): the agent did not wake for deadline − grace",
                 case.cause
             );
         }
@@ -421,10 +421,6 @@ async fn moved_later(azure: bool) {
             .then_some(())
     })
     .await;
-    let clock: Api<Pod> = Api::namespaced(
-        cluster.emulator().client_as("clock").await.expect("clock"),
-        "default",
-    );
     let announced = || {
         cluster
             .game_servers()
@@ -435,9 +431,8 @@ async fn moved_later(azure: bool) {
     let rfc3339 = |t: jiff::Timestamp| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
 
     // Monday: the instance stops in OLD_LEAD seconds.
-    let (t0, start) = (jiff::Timestamp::now(), tokio::time::Instant::now());
+    let t0 = jiff::Timestamp::now();
     let monday = to_second(t0 + jiff::SignedDuration::from_secs(OLD_LEAD));
-    let monday_at = start + Duration::try_from(monday.duration_since(t0)).expect("ahead");
     provider.schedule(monday);
     wait_for("Monday announced to the game", || async {
         (announced() == Some(rfc3339(monday))).then_some(())
@@ -451,36 +446,46 @@ async fn moved_later(azure: bool) {
         (provider.reads() >= before + 2).then_some(())
     })
     .await;
-    let moved = tokio::time::Instant::now();
+    wait_for("Saturday announced to the game", || async {
+        (announced() == Some(rfc3339(saturday))).then_some(())
+    })
+    .await;
+    // The move told before Monday's deadline − grace, by the journal: else this run says
+    // nothing of the old deadline.
+    let old_due = std::time::SystemTime::from(monday - jiff::SignedDuration::from_secs(GRACE));
+    let told = cluster
+        .emulator()
+        .journal()
+        .filter(|e| {
+            e.identity.as_deref() == Some("agent-n1")
+                && e.resource.as_deref() == Some("gameservers")
+                && e.response.as_deref().is_some_and(|v| {
+                    v["metadata"]["annotations"]["lastcall.dev/drain-deadline"]
+                        == rfc3339(saturday).as_str()
+                })
+        })
+        .first()
+        .map(|e| e.at)
+        .expect("the move written");
     assert!(
-        moved + Duration::from_secs(1) < monday_at - Duration::from_secs(GRACE as u64),
-        "the move must land well before Monday's deadline − grace for this test to mean anything"
+        told < old_due,
+        "the move must land before Monday's deadline − grace for this test to mean anything"
     );
-    tokio::time::sleep_until(monday_at - Duration::from_secs(GRACE as u64)).await;
-    marker(&clock, "marker-old-grace").await;
-    tokio::time::sleep_until(monday_at + Duration::from_millis(500)).await;
-    marker(&clock, "marker-old-deadline").await;
+    // Monday's deadline − grace comes, then passes after it: the agent's chance to act on
+    // the old date.
+    wait_for("Monday's deadline − grace", || async {
+        (std::time::SystemTime::now() >= old_due).then_some(())
+    })
+    .await;
+    after_passes(&agent, 2).await;
     agent.stop().await.expect("clean stop");
 
     let entries = cluster.emulator().journal().entries();
-    let seq_of = |name: &str| {
-        entries
-            .iter()
-            .find(|e| e.identity.as_deref() == Some("clock") && e.name.as_deref() == Some(name))
-            .map(|e| e.seq)
-            .unwrap_or_else(|| panic!("no {name} in the journal"))
-    };
-    let (grace_mark, deadline_mark) = (seq_of("marker-old-grace"), seq_of("marker-old-deadline"));
-    assert!(grace_mark < deadline_mark);
     let terms = sigterms(&entries);
-    let before_old_deadline: Vec<_> = terms
-        .values()
-        .flatten()
-        .filter(|r| r.seq < deadline_mark)
-        .collect();
+    let ended: Vec<_> = terms.values().flatten().collect();
     assert!(
-        before_old_deadline.is_empty(),
-        "a match was ended on the old date: {before_old_deadline:#?}"
+        ended.is_empty(),
+        "a match was ended on the old date: {ended:#?}"
     );
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     for p in pods.list(&Default::default()).await.expect("pods").items {
@@ -495,5 +500,108 @@ async fn moved_later(azure: bool) {
         Some(rfc3339(saturday)),
         "the game is told the new date"
     );
+    cluster.shutdown().await;
+}
+
+/// A match due to end at `deadline − grace` whose Eviction the API server turns away with
+/// 429 for throttling (API Priority and Fairness: a plain-text body and `Retry-After`), not
+/// for a disruption budget: the agent waits out the `Retry-After` and evicts again. It does
+/// not take the refusal for a budget's and DELETE the pod around it. Ordered by the journal:
+/// the throttled Eviction, then an accepted one; no pod DELETE of the agent's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_throttled_by_the_api_server_is_retried_not_taken_for_a_budget() {
+    use lastcall_testkit::kube::faults::{FaultRule, Method};
+    let cluster = Cluster::start(ClusterConfig::default())
+        .await
+        .expect("cluster");
+    cluster.add_node(NodeSpec::new("n1")).expect("n1");
+    cluster
+        .create_fleet(
+            FleetSpec::new("always", 1)
+                .eviction_safe(EvictionSafe::Always)
+                .grace_seconds(GRACE),
+        )
+        .expect("fleet");
+    cluster
+        .wait_ready("default", "always", 1)
+        .await
+        .expect("ready");
+    cluster
+        .allocate(&AllocationRequest::fleet("default", "always"))
+        .await
+        .expect("allocate")
+        .expect("an allocated server");
+    let imds = ImdsEmulator::start("i-0123456789abcdef0", "n1")
+        .await
+        .expect("imds");
+    let url = imds.url();
+    let flags = [
+        "--resync-interval",
+        "1s",
+        "--aws-imds",
+        "--imds-endpoint",
+        &url,
+    ];
+    let kube = cluster
+        .emulator()
+        .config_for("agent-n1")
+        .await
+        .expect("client");
+    let agent = InProcessAgent::start(config("n1", &flags), kube, None)
+        .await
+        .expect("agent");
+    wait_for("claimed", || async {
+        cluster
+            .game_servers()
+            .iter()
+            .all(|g| g.labels.get("lastcall.dev/node").map(String::as_str) == Some("n1"))
+            .then_some(())
+    })
+    .await;
+    // The next Eviction is turned away by APF, with a Retry-After of 1 s.
+    cluster.emulator().faults().inject(FaultRule::throttle(
+        Some(Method::POST),
+        "/eviction",
+        1,
+        Duration::from_secs(1),
+    ));
+    // A Spot interruption LEAD s from now (to the second, as IMDS says it).
+    let deadline = (jiff::Timestamp::now() + jiff::SignedDuration::from_secs(LEAD))
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    imds.set_spot_action(Some(
+        serde_json::json!({"action": "terminate", "time": deadline}),
+    ));
+    let journal = cluster.emulator().journal();
+    let evictions = || {
+        journal.filter(|e| {
+            e.identity.as_deref() == Some("agent-n1")
+                && e.subresource.as_deref() == Some("eviction")
+        })
+    };
+    let deleted = || {
+        journal.filter(|e| {
+            e.identity.as_deref() == Some("agent-n1")
+                && e.resource.as_deref() == Some("pods")
+                && e.verb == lastcall_testkit::kube::journal::Verb::Delete
+        })
+    };
+    wait_for("an Eviction accepted, or the pod deleted", || async {
+        (evictions().iter().any(|e| e.status < 300) || !deleted().is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        deleted().is_empty(),
+        "a throttled Eviction was taken for a disruption budget's refusal and the pod deleted: {:#?}",
+        deleted()
+    );
+    let ev = evictions();
+    let throttled = ev
+        .iter()
+        .find(|e| e.status == 429)
+        .expect("the first Eviction was throttled");
+    let accepted = ev.iter().find(|e| e.status < 300).expect("accepted");
+    assert!(throttled.seq < accepted.seq, "{ev:#?}");
+    agent.stop().await.expect("clean stop");
     cluster.shutdown().await;
 }

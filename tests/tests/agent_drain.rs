@@ -13,6 +13,10 @@ use lastcall_testkit::cluster::{GameServerState as S, GameServerView};
 use lastcall_testkit::eventually::{eventually, wait_for};
 use lastcall_testkit::world::{NS, World, WorldSpec, cordoned, has_taint, subscribed};
 
+#[path = "support/passes.rs"]
+mod passes;
+use passes::after_passes;
+
 async fn world(ready: usize, allocated: usize, reserved: usize, extra_nodes: &[&str]) -> World {
     World::start(WorldSpec::new(ready, allocated, reserved).extra_nodes(extra_nodes)).await
 }
@@ -108,9 +112,21 @@ async fn draining_fences_releases_protects_and_deregisters_once() {
             .then_some(())
     })
     .await;
-    // Let several more passes run: still exactly one.
+    // The signal again, heard, and more passes after it: still exactly one.
+    let draining = |m: &str| {
+        metric_sum(
+            m,
+            "lastcall_signals_total",
+            &[("source", "fleetiq"), ("status", "DRAINING")],
+        )
+    };
+    let heard = draining(&agent.metrics().await);
     w.status(Status::Draining).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_for("the signal heard again", || async {
+        (draining(&agent.metrics().await) > heard).then_some(())
+    })
+    .await;
+    after_passes(&agent, 2).await;
     assert_eq!(w.gl.count("DeregisterGameServer"), 1);
     let m = agent.metrics().await;
     assert_eq!(
@@ -270,8 +286,13 @@ async fn bad_input_causes_no_action_and_is_counted() {
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let mutating_before = w.cluster.emulator().journal().mutating_count();
+    // Settled: a whole pass made no write.
+    let mutating_before = wait_for("start-up writes settle", || async {
+        let before = w.cluster.emulator().journal().mutating_count();
+        after_passes(&agent, 2).await;
+        (w.cluster.emulator().journal().mutating_count() == before).then_some(before)
+    })
+    .await;
 
     let big = format!(
         "{{\"InstanceId\":\"i-000000000000000n1\",\"InstanceStatus\":\"DRAINING\",\"pad\":\"{}\"}}",
@@ -319,7 +340,8 @@ async fn bad_input_causes_no_action_and_is_counted() {
             .then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await; // two resync periods
+    // Passes after every message was heard: none of them wrote.
+    after_passes(&agent, 2).await;
     let m = agent.metrics().await;
     for reason in [
         "other_instance",
@@ -417,8 +439,12 @@ async fn compat_mode_matches_the_original_on_the_wire() {
         tols.contains(&r#"{"effect":"NoExecute","key":"gamelift.status/draining","operator":"Equal","value":"true"}"#.to_string()),
         "{tols:?}"
     );
-    // The allocated server survived the NoExecute taint.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The allocated server survived the NoExecute taint: the model's taint manager has had
+    // its pass over the tainted node (the model went quiet) and left it.
+    w.cluster
+        .wait_stable(Duration::from_secs(10))
+        .await
+        .expect("the cluster model settles");
     assert!(
         w.on("n1")
             .iter()
@@ -466,7 +492,28 @@ async fn subscription_survives_keepalive_pings() {
     let w = world(1, 1, 0, &["n2"]).await;
     let agent = w.agent(&["--redis-ping-interval", "100ms"]).await;
     subscribed(&agent).await;
-    tokio::time::sleep(Duration::from_millis(1200)).await; // about 12 pings
+    // About a dozen pings answered (each counted by Redis as a command), not a sleep.
+    let pings = |info: String| {
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_ping:calls="))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let stats = || async {
+        let mut c = w.redis.client().await.unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        pings(info)
+    };
+    let before = stats().await;
+    wait_for("a dozen keep-alive pings", || async {
+        (stats().await >= before + 12).then_some(())
+    })
+    .await;
     let m = agent.metrics().await;
     assert_eq!(
         metric(&m, "lastcall_redis_reconnects_total", &[]),

@@ -21,6 +21,10 @@ use lastcall_testkit::kube::faults::{FaultRule, Method as HttpMethod};
 use lastcall_testkit::kube::journal::Verb;
 use lastcall_testkit::promises::fence::first_fence;
 
+#[path = "support/passes.rs"]
+mod passes;
+use passes::after_passes;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn karpenter_s_termination_timestamp_is_the_deadline_announced_to_the_match() {
     let c = Cluster::start(ClusterConfig::default()).await.unwrap();
@@ -317,8 +321,10 @@ async fn never_missing_or_forbidden_nodeclaims_never_drain() {
         fenced(&c, "n4").then_some(())
     })
     .await;
-    // Two more resyncs of every agent after the control fenced.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Two more passes of every agent after the control fenced.
+    for a in &agents {
+        after_passes(a, 2).await;
+    }
     for n in ["n1", "n2", "n3"] {
         let node = c.node(n).unwrap();
         assert!(

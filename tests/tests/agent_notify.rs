@@ -391,6 +391,111 @@ async fn without_fleetiq_the_drained_node_is_told_empty_once() {
     w.cluster.shutdown().await;
 }
 
+/// "Empty: the drained node may be taken" is a hand-off (an operator takes the node on it),
+/// so it passes the gate's fresh read. Here the match ends while the agent's watches lag,
+/// and a game server that tolerates everything binds to the node before the agent sees the
+/// match go: its caches say empty, a fresh LIST says otherwise. Nothing is told while the
+/// pod is on the node; once it is released, "empty" is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_is_told_only_on_a_fresh_read() {
+    use lastcall_testkit::cluster::GameServerSpec;
+    use lastcall_testkit::kube::faults::WatchDelay;
+    logs();
+    let r = WebhookReceiver::start().await.expect("receiver");
+    let file = url_file(&r.url());
+    // No other node: nothing but a pod that tolerates the fence can land anywhere.
+    let w = World::start(WorldSpec::new(0, 1, 0).extra_nodes(&[])).await;
+    let mut args: Vec<String> = ["--resync-interval", "1s", "--deregister-settle", "0s"]
+        .map(String::from)
+        .to_vec();
+    args.extend(notify_args(&file, &[]));
+    let agent = w.start_agent(&args).await;
+    w.claimed_all().await;
+    let keep = w.allocated();
+    Api::<Node>::all(w.cluster.client())
+        .patch(
+            NODE,
+            &PatchParams::default(),
+            &Patch::Merge(
+                &serde_json::json!({"metadata": {"labels": {"lastcall.dev/drain": "true"}}}),
+            ),
+        )
+        .await
+        .expect("label");
+    w.fenced_and_released(&keep).await;
+    wait_for("drain_started told", || async {
+        (events(&r.received()) == ["drain_started"]).then_some(())
+    })
+    .await;
+    // The agent's pod and GameServer watches now lag 8 s behind the API server.
+    let faults = w.cluster.emulator().faults();
+    for resource in ["pods", "gameservers"] {
+        faults.delay_watches(
+            WatchDelay::resource(resource, Duration::from_secs(8)).identity("agent-n1"),
+        );
+    }
+    let game_pods = || {
+        w.cluster
+            .pods_on(NODE)
+            .into_iter()
+            .filter(|p| p["metadata"]["labels"]["agones.dev/role"] == "gameserver")
+            .map(|p| {
+                p["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect::<Vec<_>>()
+    };
+    let journal = w.cluster.emulator().journal();
+    let ended = journal.entries().len();
+    w.cluster
+        .sdk_shutdown(NS, &keep.name)
+        .expect("the match ends");
+    wait_for("the match's pod gone", || async {
+        game_pods().is_empty().then_some(())
+    })
+    .await;
+    w.cluster
+        .create_game_server(GameServerSpec::new("late").grace_seconds(1).toleration(
+            k8s_openapi::api::core::v1::Toleration {
+                operator: Some("Exists".into()),
+                ..Default::default()
+            },
+        ))
+        .expect("game server");
+    wait_for("the late pod on the node", || async {
+        (!game_pods().is_empty()).then_some(())
+    })
+    .await;
+    // The agent sees the match go (8 s after it went): its caches are empty now, but the
+    // late pod is on the node. A fresh read finds it: its server is released first, and
+    // only then, with the node empty, is "empty" told.
+    wait_for("empty told", || async {
+        events(&r.received())
+            .iter()
+            .any(|e| e == "empty")
+            .then_some(())
+    })
+    .await;
+    let released = journal.entries().into_iter().skip(ended).any(|e| {
+        e.identity.as_deref() == Some("agent-n1")
+            && e.resource.as_deref() == Some("gameservers")
+            && e.verb == Verb::Delete
+            && e.name.as_deref() == Some("late")
+            && e.status < 300
+    });
+    assert!(
+        released,
+        "told empty while the late game-server pod was on the node (the agent had not released it)"
+    );
+    assert!(game_pods().is_empty(), "{:?}", game_pods());
+    assert_eq!(events(&r.received()), ["drain_started", "empty"]);
+    faults.clear_watch_delays();
+    agent.stop().await.expect("clean stop");
+    w.cluster.shutdown().await;
+}
+
 /// What a drain did, as the kube journal shows the agent's accepted writes (Events left
 /// out: they are queued and land whenever), each step once however often it was retried,
 /// and FleetIQ's lifecycle calls (heartbeats left out).

@@ -18,6 +18,7 @@ use lastcall_testkit::agent::{InProcessAgent, config, metric, metric_sum};
 use lastcall_testkit::eventually::{eventually, wait_for};
 use lastcall_testkit::gamelift::Call;
 use lastcall_testkit::kube::faults::{FaultRule, Method};
+use lastcall_testkit::kube::journal::Verb;
 use lastcall_testkit::world::{
     GROUP, IID, LIFECYCLE, NODE, NS, World, WorldSpec, annotation, cordoned, has_taint, subscribed,
 };
@@ -296,11 +297,12 @@ async fn two_agents_on_one_node_act_as_one_through_a_drain() {
     );
 }
 
-/// With --deregister-on-exit, the old agent's SIGTERM deregisters (it owns the node), and
-/// only then does the new agent register: the new registration stays.
+/// With --deregister-on-exit, the old agent's SIGTERM deregisters (it owns the node, and no
+/// game server runs on it), and only then does the new agent register: the new registration
+/// stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_old_agents_deregister_on_exit_never_removes_the_new_registration() {
-    let w = World::start(WorldSpec::new(1, 0, 0)).await;
+    let w = World::start(WorldSpec::new(0, 0, 0)).await;
     let old_uid = agent_pod(&w, "agent-old").await;
     let new_uid = agent_pod(&w, "agent-new").await;
     let old = pod_agent(&w, "agent-old", &old_uid, &["--deregister-on-exit"]).await;
@@ -342,12 +344,60 @@ async fn the_old_agents_deregister_on_exit_never_removes_the_new_registration() 
     new.stop().await.unwrap();
 }
 
+/// A rollout on a node whose match runs: the old agent's `--deregister-on-exit` passes the
+/// hand-off gate's fresh read, finds the game-server pod, and sends nothing, so FleetIQ's
+/// hold on the node (its claimed game server) stays under the match, and the new agent
+/// heartbeats the same registration. GameLift's journal: no Deregister at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_node_is_not_deregistered_on_exit_during_a_rollout() {
+    let w = World::start(WorldSpec::new(0, 1, 0)).await;
+    let old_uid = agent_pod(&w, "agent-old").await;
+    let new_uid = agent_pod(&w, "agent-new").await;
+    let old = pod_agent(&w, "agent-old", &old_uid, &["--deregister-on-exit"]).await;
+    owner_is(&w, "agent-old").await;
+    registered(&w).await;
+    let new = pod_agent(&w, "agent-new", &new_uid, &["--deregister-on-exit"]).await;
+    subscribed(&new).await;
+    let journal = w.cluster.emulator().journal();
+    let before = journal.entries().len();
+    old.stop().await.unwrap();
+    owner_is(&w, "agent-new").await;
+    let heartbeats = w.gl.count("UpdateGameServer");
+    wait_for("the new agent heartbeats", || async {
+        (w.gl.count("UpdateGameServer") > heartbeats + 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        w.gl.count("DeregisterGameServer"),
+        0,
+        "a node whose match runs was deregistered on exit: {:#?}",
+        w.gl.calls()
+    );
+    let gs = w.gl.game_server(GROUP, IID).expect("game server");
+    assert!(gs.registered, "the registration stays under the match");
+    // The old agent read the node's pods afresh on its way out.
+    let listed = journal.entries().into_iter().skip(before).any(|e| {
+        e.identity.as_deref() == Some("agent-old")
+            && e.resource.as_deref() == Some("pods")
+            && e.verb == Verb::List
+            && e.status < 300
+    });
+    assert!(listed, "the exit read the node's pods");
+    assert!(
+        w.on(NODE)
+            .iter()
+            .any(|g| g.state == Some(lastcall_testkit::cluster::GameServerState::Allocated)),
+        "the match runs on"
+    );
+    new.stop().await.unwrap();
+}
+
 /// A deregistration on exit that does not answer in time may still land. The old agent then
 /// does not hand the node over: the new one may register only once the old pod is gone, so
 /// a late Deregister can never follow (and remove) the new registration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deregistration_on_exit_that_times_out_does_not_hand_the_node_over() {
-    let w = World::start(WorldSpec::new(1, 0, 0)).await;
+    let w = World::start(WorldSpec::new(0, 0, 0)).await;
     let old_uid = agent_pod(&w, "agent-old").await;
     let new_uid = agent_pod(&w, "agent-new").await;
     let old = pod_agent(&w, "agent-old", &old_uid, &["--deregister-on-exit"]).await;

@@ -17,6 +17,10 @@ use lastcall_testkit::cluster::{
 use lastcall_testkit::eventually::eventually;
 use lastcall_testkit::kube::journal::Verb;
 
+#[path = "support/passes.rs"]
+mod passes;
+use passes::after_passes;
+
 const FLOOR: usize = 4;
 
 const DRAINING: &str = "lastcall.dev/node-draining";
@@ -118,31 +122,29 @@ async fn the_fleet_keeps_its_floor_of_ready_servers_while_the_node_drains() {
         )
         .await
         .expect("label");
-    let mut samples = 0;
-    let mut lowest = usize::MAX;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let r = ready(&cluster);
-        lowest = lowest.min(r);
-        samples += 1;
-        assert!(
-            r >= FLOOR,
-            "the Fleet fell to {r} Ready servers (floor {FLOOR})"
-        );
-        let left_on_n1 = cluster
-            .game_servers()
-            .iter()
-            .filter(|g| g.node.as_deref() == Some("n1") && !g.deleting)
-            .count();
-        if left_on_n1 == 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{left_on_n1} servers still on n1 after 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let samples = std::cell::Cell::new(0);
+    let lowest = std::cell::Cell::new(usize::MAX);
+    eventually(
+        "every server on n1 released, the floor kept at every sample",
+        Duration::from_secs(60),
+        Duration::from_millis(2),
+        || async {
+            let r = ready(&cluster);
+            lowest.set(lowest.get().min(r));
+            samples.set(samples.get() + 1);
+            assert!(
+                r >= FLOOR,
+                "the Fleet fell to {r} Ready servers (floor {FLOOR})"
+            );
+            (!cluster
+                .game_servers()
+                .iter()
+                .any(|g| g.node.as_deref() == Some("n1") && !g.deleting))
+            .then_some(())
+        },
+    )
+    .await;
+    let (samples, lowest) = (samples.get(), lowest.get());
     eprintln!("{samples} samples, lowest Ready count {lowest} (floor {FLOOR})");
     assert!(samples > 10, "the drain was sampled");
     agent.stop().await.expect("clean stop");
@@ -182,7 +184,7 @@ async fn held_servers_are_excluded_at_once_and_the_hold_is_bounded() {
     drain(&cluster, "n1").await;
     let held: Vec<String> = eventually(
         "two released, four held and labelled",
-        Duration::from_secs(3),
+        Duration::from_secs(20),
         Duration::from_millis(10),
         || async {
             let live: Vec<_> = cluster
@@ -291,7 +293,7 @@ async fn nodes_draining_together_do_not_count_each_other_as_capacity() {
     };
     eventually(
         "all nine held and labelled",
-        Duration::from_secs(3),
+        Duration::from_secs(20),
         Duration::from_millis(10),
         || async {
             let gs = cluster.game_servers();
@@ -303,14 +305,6 @@ async fn nodes_draining_together_do_not_count_each_other_as_capacity() {
         },
     )
     .await;
-    // Well past every agent's first decisions (the floor settles 2 s after a drain starts).
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(
-        deletes(&cluster),
-        0,
-        "a node counted another's servers as capacity"
-    );
-    assert_eq!(ready(&cluster), 9);
     eventually(
         "all released at --release-hold-max",
         Duration::from_secs(20),
@@ -324,6 +318,41 @@ async fn nodes_draining_together_do_not_count_each_other_as_capacity() {
         },
     )
     .await;
+    // Released only once each node's hold ran out (from its recorded drain start), by the
+    // journal: none counted another's held servers as capacity before.
+    let hold = jiff::SignedDuration::from_secs(6);
+    let journal = cluster.emulator().journal().entries();
+    for n in ["n1", "n2", "n3"] {
+        let started: jiff::Timestamp = cluster
+            .node(n)
+            .and_then(|v| {
+                v["metadata"]["annotations"]["lastcall.dev/drain-started"]
+                    .as_str()
+                    .map(String::from)
+            })
+            .expect("the drain start recorded")
+            .parse()
+            .expect("a time");
+        let held_until = std::time::SystemTime::from(started + hold);
+        let early: Vec<_> = journal
+            .iter()
+            .filter(|e| {
+                e.identity.as_deref() == Some(format!("agent-{n}").as_str())
+                    && e.verb == Verb::Delete
+                    && e.resource.as_deref() == Some("gameservers")
+                    && e.at < held_until
+            })
+            .map(|e| e.name.clone())
+            .collect();
+        assert!(
+            early.is_empty(),
+            "{n} released {early:?} before its hold ended: it counted another's servers as capacity"
+        );
+    }
+    assert!(
+        deletes(&cluster) >= 9,
+        "every server released once the holds ended"
+    );
     for a in agents {
         a.stop().await.expect("clean stop");
     }
@@ -357,8 +386,8 @@ async fn an_idle_node_reads_no_fleet_and_a_draining_one_does() {
             r.identity.as_deref() == Some("agent-n1") && r.resource.as_deref() == Some("fleets")
         })
     };
-    // Several resync passes on an idle node.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Several passes on an idle node.
+    after_passes(&agent, 4).await;
     assert_eq!(fleet_reads(), 0, "an idle node reads no Fleet");
     drain(&cluster, "n1").await;
     eventually(

@@ -643,10 +643,11 @@ async fn sigterm_exits_0_without_deregistering() {
     assert!(gs.registered, "still registered after SIGTERM");
 }
 
-/// With `--deregister-on-exit`, SIGTERM deregisters exactly once, then exits 0.
+/// With `--deregister-on-exit`, SIGTERM deregisters a node with no game server exactly once,
+/// then exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deregister_on_exit_deregisters_once_on_sigterm() {
-    let w = world(1, 0, &[]).await;
+    let w = world(0, 0, &[]).await;
     let mut agent = w.fleetiq_agent(&["--deregister-on-exit"]).await;
     wait_for("registered and claimed", || async {
         (w.gl.count("ClaimGameServer") == 1).then_some(())

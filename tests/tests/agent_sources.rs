@@ -17,6 +17,10 @@ use lastcall_testkit::kube::faults::{FaultRule, Method};
 use lastcall_testkit::kube::journal::Verb;
 use lastcall_testkit::world::{IID, NODE, World, WorldSpec, cordoned, has_taint, subscribed};
 
+#[path = "support/passes.rs"]
+mod passes;
+use passes::after_passes;
+
 async fn gce_agent(w: &World, gce: &GceMetadataEmulator, extra: &[&str]) -> InProcessAgent {
     let url = gce.url();
     let mut args: Vec<&str> = vec![
@@ -113,10 +117,22 @@ async fn gce_live_migration_with_503_blips_changes_nothing() {
         .then_some(())
     })
     .await;
+    // Blips answered while the migration is known, passes after them; then the migration
+    // over, read, and passes after that.
+    let asked = gce.requests().len();
     gce.fail_next(2);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_for("both blips answered", || async {
+        (gce.requests().len() >= asked + 2).then_some(())
+    })
+    .await;
+    after_passes(&agent, 2).await;
+    let reads = gce.reads("maintenance-event").len();
     gce.set("maintenance-event", "NONE");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_for("the migration's end read", || async {
+        (gce.reads("maintenance-event").len() > reads).then_some(())
+    })
+    .await;
+    after_passes(&agent, 2).await;
     assert_eq!(
         mutating(),
         before,
@@ -300,7 +316,12 @@ async fn gke_scheduled_maintenance_drains_from_the_lead_time() {
     };
     let now = jiff::Timestamp::now().as_second();
     set(now + 3 * 3600).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Seen (a pass planned with it, outside the lead), and passes after it.
+    wait_for("the maintenance time observed", || async {
+        (source_notices(&agent.metrics().await, "gke", "observe") == Some(1.0)).then_some(())
+    })
+    .await;
+    after_passes(&agent, 2).await;
     assert!(
         !has_taint(&w.node().await, "lastcall.dev/draining"),
         "3 h out: not yet"
@@ -484,7 +505,7 @@ async fn a_restart_holds_a_gce_maintenance_drain_while_upcoming_maintenance_says
         || async { (polls(&gce) >= before + 5).then_some(()) },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(1200)).await; // a resync pass after them
+    after_passes(&agent, 2).await;
     let n = w.node().await;
     assert!(
         cordoned(&n) && has_taint(&n, "lastcall.dev/draining"),
@@ -544,7 +565,7 @@ async fn an_aws_reboot_is_a_terminate_for_matches_and_system_maintenance_never_f
         (source_notices(&m, "aws_imds", "observe") == Some(1.0)).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    after_passes(&agent, 2).await;
     let n = w.node().await;
     assert!(
         !cordoned(&n) && !has_taint(&n, "lastcall.dev/draining"),
@@ -631,7 +652,14 @@ async fn an_azure_reboot_drains_and_is_approved_only_once_the_node_is_empty() {
         .then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Passes that knew the match, and reads of the document after them: its chance to
+    // approve came and went.
+    after_passes(&agent, 2).await;
+    let polls = azure.requests().len();
+    wait_for("two more reads of the events", || async {
+        (azure.requests().len() >= polls + 2).then_some(())
+    })
+    .await;
     assert!(azure.approvals().is_empty(), "approved while a match runs");
     let keep = w.allocated();
     w.cluster
@@ -645,7 +673,13 @@ async fn an_azure_reboot_drains_and_is_approved_only_once_the_node_is_empty() {
         (!azure.approvals().is_empty()).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // More reads of the still-listed event, and passes: no second approval.
+    let polls = azure.requests().len();
+    wait_for("five more reads of the events", || async {
+        (azure.requests().len() >= polls + 5).then_some(())
+    })
+    .await;
+    after_passes(&agent, 2).await;
     assert_eq!(azure.approvals(), ["reboot-1"], "once");
     assert!(azure.requests().iter().all(|r| r.metadata_header));
     agent.stop().await.unwrap();
@@ -656,10 +690,22 @@ async fn maintenance_that_can_start_early_is_handed_back_once_only_when_asked() 
     for hand_back in [true, false] {
         let w = World::start(WorldSpec::new(1, 1, 0)).await;
         let gce = GceMetadataEmulator::start().await.unwrap();
+        // A short settle: the gate opens soon after the node empties.
         let extra: &[&str] = if hand_back {
-            &["--gke-hand-back", "--gce-upcoming-interval", "200ms"]
+            &[
+                "--gke-hand-back",
+                "--gce-upcoming-interval",
+                "200ms",
+                "--deregister-settle",
+                "300ms",
+            ]
         } else {
-            &["--gce-upcoming-interval", "200ms"]
+            &[
+                "--gce-upcoming-interval",
+                "200ms",
+                "--deregister-settle",
+                "300ms",
+            ]
         };
         let agent = gce_agent(&w, &gce, extra).await;
         w.claimed_all().await;
@@ -697,7 +743,24 @@ async fn maintenance_that_can_start_early_is_handed_back_once_only_when_asked() 
             })
             .await;
         } else {
-            tokio::time::sleep(Duration::from_millis(1500)).await;
+            // The gate open (the settle past the drain start the agent recorded), then passes
+            // after it: its chance to hand back came and went.
+            let started: jiff::Timestamp = w
+                .node()
+                .await
+                .metadata
+                .annotations
+                .and_then(|a| a.get("lastcall.dev/drain-started").cloned())
+                .expect("the drain start recorded")
+                .parse()
+                .expect("a time");
+            let open =
+                std::time::SystemTime::from(started + jiff::SignedDuration::from_millis(300));
+            wait_for("the settle past", || async {
+                (std::time::SystemTime::now() >= open).then_some(())
+            })
+            .await;
+            after_passes(&agent, 2).await;
             assert_eq!(label(&w.node().await), None, "off unless asked");
         }
         if hand_back {
@@ -709,11 +772,77 @@ async fn maintenance_that_can_start_early_is_handed_back_once_only_when_asked() 
                     .and_then(|a| a.get("lastcall.dev/handed-back").cloned())
             };
             let first = handed(&w.node().await).expect("recorded");
-            tokio::time::sleep(Duration::from_millis(2200)).await;
+            after_passes(&agent, 3).await;
             assert_eq!(handed(&w.node().await), Some(first));
         }
         agent.stop().await.unwrap();
     }
+}
+
+/// A VM that live-migrates (`scheduling/on-host-maintenance=MIGRATE`, GCE's default for a
+/// standard VM) whose pending maintenance may start early is not handed back to GKE: a
+/// hand-back is final until the machine returns with a new boot id, and a live migration
+/// keeps the VM running (the same boot). Its drain ends with the window instead: once the
+/// maintenance is complete, the node takes game servers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_migrating_vm_is_not_handed_back_and_its_drain_ends_with_the_window() {
+    let w = World::start(WorldSpec::new(1, 0, 0)).await;
+    w.cluster.set_boot_id(NODE, "boot-1").expect("boot id");
+    let gce = GceMetadataEmulator::start().await.unwrap();
+    gce.set("scheduling/on-host-maintenance", "MIGRATE");
+    let agent = gce_agent(
+        &w,
+        &gce,
+        &[
+            "--gke-hand-back",
+            "--gce-upcoming-interval",
+            "200ms",
+            "--deregister-settle",
+            "0s",
+        ],
+    )
+    .await;
+    w.claimed_all().await;
+    let start = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_mins(30))
+        .unwrap()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let window = |status: &str| {
+        serde_json::json!({"can_reschedule": "true", "maintenance_status": status, "type": "SCHEDULED", "window_start_time": start}).to_string()
+    };
+    gce.set("upcoming-maintenance", &window("PENDING"));
+    wait_for("drained for the window, and empty", || async {
+        let m = agent.metrics().await;
+        (has_taint(&w.node().await, "lastcall.dev/draining")
+            && metric(&m, "lastcall_drain_phase", &[("phase", "empty")]) == Some(1.0))
+        .then_some(())
+    })
+    .await;
+    // Empty, settled, and the window may start early: two more passes of the agent.
+    let ok = |m: &str| metric(m, "lastcall_reconciles_total", &[("result", "ok")]).unwrap_or(0.0);
+    let passes = ok(&agent.metrics().await);
+    wait_for("two more passes", || async {
+        (ok(&agent.metrics().await) >= passes + 2.0).then_some(())
+    })
+    .await;
+    let node = w.node().await;
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let annotations = node.metadata.annotations.clone().unwrap_or_default();
+    assert!(
+        !labels.contains_key("cloud.google.com/perform-maintenance")
+            && !annotations.contains_key("lastcall.dev/handed-back"),
+        "a VM that live-migrates was handed back to GKE: {labels:?} {annotations:?}"
+    );
+    // The maintenance happens: a live migration (the same boot id), then it is complete.
+    gce.set("upcoming-maintenance", &window("ONGOING"));
+    gce.set("upcoming-maintenance", &window("COMPLETE"));
+    wait_for("the drain ended with the window", || async {
+        let n = w.node().await;
+        (!cordoned(&n) && !has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    agent.stop().await.unwrap();
 }
 
 async fn label_n1(w: &World, value: Option<&str>) {

@@ -1,10 +1,12 @@
 //! The chart's node restriction on a real API server: the chart is installed onto the box by
 //! the real `helm` (its `auto` switch reads the API server's discovery), and the agent's
 //! ServiceAccount, with a token bound to a pod on one node as the kubelet's projected token
-//! is, writes that node's Node, Pods and GameServers and evicts its pods, while the same
-//! writes against another node's objects are refused by the chart's ValidatingAdmissionPolicy
-//! (named in the refusal) and change nothing. A token bound to no pod writes nothing. The
-//! real agent's drain still completes under the policy.
+//! is, makes every write of the policies' table (`charts/lastcall/agent-writes.yaml`) on that
+//! node, while the same writes against another node's objects, and the writes just outside
+//! the table on its own node (an image rewrite, a relabel, a system pod's eviction, a
+//! kubelet-only label, a GameServer's spec, Events about other objects), are refused by the
+//! chart's ValidatingAdmissionPolicies (each named in its refusal) and change nothing. A
+//! token bound to no pod writes nothing. The real agent's drain still completes under them.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,15 +15,27 @@ use k8s_openapi::api::authentication::v1::{SelfSubjectReview, TokenRequest};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams, PostParams,
+    Preconditions,
 };
+use lastcall_testkit::agent_writes::{Options, Table};
 use lastcall_testkit::eventually::{try_eventually, wait_for};
 use lastcall_testkit::kube_box::agent::{AgentProcess, Extra, NAMESPACE, SERVICE_ACCOUNT};
-use lastcall_testkit::kube_box::agones::{self, Agones, Allocation, Crd};
+use lastcall_testkit::kube_box::agones::{self, Agones, Allocation, Crd, Server};
 use lastcall_testkit::kube_box::{self, KubeBox, create_node};
 use serde_json::{Value, json};
 
 const NODE_POLICY: &str = "lastcall-agent-node-scope";
+const POD_POLICY: &str = "lastcall-agent-pod-scope";
+const GS_POLICY: &str = "lastcall-agent-gameserver-scope";
+const EVENT_POLICY: &str = "lastcall-agent-event-scope";
 const EVICTION_POLICY: &str = "lastcall-agent-eviction-scope";
+const POLICIES: [&str; 5] = [
+    NODE_POLICY,
+    POD_POLICY,
+    GS_POLICY,
+    EVENT_POLICY,
+    EVICTION_POLICY,
+];
 const NODE_NAME_KEY: &str = "authentication.kubernetes.io/node-name";
 const PROBE: &str = "example.com/probe";
 
@@ -57,13 +71,19 @@ fn helm(args: &[&str]) -> anyhow::Result<String> {
 /// its DaemonSet (release label `box`) does not adopt the agent pod `kube_box::agent` creates
 /// with the labels of `manifests/lastcall.yaml` (release `lastcall`) and delete it.
 fn install_chart(kbox: &KubeBox) -> String {
+    install_chart_with(kbox, &[])
+}
+
+/// [`install_chart`] with `sets` (`key=value`) on top of the default values.
+fn install_chart_with(kbox: &KubeBox, sets: &[&str]) -> String {
     let chart = repo().join("charts/lastcall");
     let kubeconfig = kbox.dir().join("admin.kubeconfig");
-    helm(&[
+    let (chart, kubeconfig) = (chart.to_string_lossy(), kubeconfig.to_string_lossy());
+    let mut args = vec![
         "upgrade",
         "--install",
         "box",
-        &chart.to_string_lossy(),
+        &chart,
         "-n",
         NAMESPACE,
         "--create-namespace",
@@ -75,9 +95,12 @@ fn install_chart(kbox: &KubeBox) -> String {
         // on the server, where those writers own the fields).
         "--force-conflicts",
         "--kubeconfig",
-        &kubeconfig.to_string_lossy(),
-    ])
-    .expect("helm install onto the box")
+        &kubeconfig,
+    ];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    helm(&args).expect("helm install onto the box")
 }
 
 fn vap_resource(kind: &str, plural: &str) -> ApiResource {
@@ -87,6 +110,62 @@ fn vap_resource(kind: &str, plural: &str) -> ApiResource {
         api_version: "admissionregistration.k8s.io/v1".into(),
         kind: kind.into(),
         plural: plural.into(),
+    }
+}
+
+fn events_resource() -> ApiResource {
+    ApiResource {
+        group: "events.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "events.k8s.io/v1".into(),
+        kind: "Event".into(),
+        plural: "events".into(),
+    }
+}
+
+/// Waits until the API server has type-checked every policy at its current generation, and
+/// fails on any expression warning (a field the schema does not have, a type mismatch).
+async fn policies_checked(admin: &kube::Client) {
+    let policies: Api<DynamicObject> = Api::all_with(
+        admin.clone(),
+        &vap_resource("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+    );
+    let bindings: Api<DynamicObject> = Api::all_with(
+        admin.clone(),
+        &vap_resource(
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+        ),
+    );
+    for name in POLICIES {
+        policies
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("helm install made no policy {name}: {e}"));
+        let status = try_eventually(
+            &format!("{name} type-checked"),
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            || async {
+                let p = policies.get(name).await.ok()?;
+                let generation = p.metadata.generation?;
+                let status = p.data.get("status")?.clone();
+                (status["observedGeneration"] == json!(generation)).then_some(status)
+            },
+        )
+        .await
+        .expect("the policy's status");
+        assert!(
+            status
+                .pointer("/typeChecking/expressionWarnings")
+                .and_then(Value::as_array)
+                .is_none_or(|w| w.is_empty()),
+            "{name}: {status}"
+        );
+        bindings
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("helm install made no binding {name}: {e}"));
     }
 }
 
@@ -127,6 +206,22 @@ async fn pod_of(client: &kube::Client, sa: &str, name: &str, node: &str) -> Pod 
         .create(&PostParams::default(), &pod)
         .await
         .expect("the probe pod")
+}
+
+/// A plain pod (no game server: a CNI or kube-proxy stand-in) in `ns` on `node`.
+async fn system_pod(client: &kube::Client, ns: &str, name: &str, node: &str) -> Pod {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"k8s-app": name}},
+        "spec": {"nodeName": node, "tolerations": [{"operator": "Exists"}],
+                 "terminationGracePeriodSeconds": 1,
+                 "containers": [{"name": "cni", "image": "cni:1"}]},
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("the system pod")
 }
 
 /// A token of the agent's ServiceAccount from the TokenRequest API, bound to `pod` (as the
@@ -187,6 +282,11 @@ fn outcome<T>(r: Result<T, kube::Error>) -> Outcome {
 
 /// The refusal came from `policy`, for the reason the chart gives, naming `node`.
 fn assert_refused_by(what: &str, got: &Outcome, policy: &str, node: &str) {
+    assert_refused_saying(what, got, policy, &format!("\"{node}\""));
+}
+
+/// The refusal came from `policy`, for the reason the chart gives, its message saying `says`.
+fn assert_refused_saying(what: &str, got: &Outcome, policy: &str, says: &str) {
     let Err((code, message)) = got else {
         panic!("{what}: admitted, but the node restriction must refuse it");
     };
@@ -194,8 +294,8 @@ fn assert_refused_by(what: &str, got: &Outcome, policy: &str, node: &str) {
     assert!(
         message.contains(&format!("ValidatingAdmissionPolicy '{policy}'"))
             && message.contains("lastcall node restriction")
-            && message.contains(&format!("\"{node}\"")),
-        "{what}: refused, but not by {policy} for node {node}: {message}"
+            && message.contains(says),
+        "{what}: refused, but not by {policy} saying {says}: {message}"
     );
 }
 
@@ -209,20 +309,12 @@ fn merge_annotation() -> Patch<Value> {
     Patch::Merge(json!({"metadata": {"annotations": {PROBE: "x"}}}))
 }
 
-fn has_probe(v: &Value) -> bool {
-    v.pointer(&format!(
-        "/metadata/annotations/{}",
-        PROBE.replace('/', "~1")
-    ))
-    .is_some()
-}
-
-/// The writes the agent makes (its Node, a game-server pod and its GameServer, an
-/// eviction), against one node's objects.
+/// The APIs a token writes through, for the game servers' namespace `ns`.
 struct Writes {
     nodes: Api<Node>,
     pods: Api<Pod>,
     gs: Api<DynamicObject>,
+    events: kube::Client,
 }
 
 impl Writes {
@@ -231,12 +323,766 @@ impl Writes {
             nodes: Api::all(client.clone()),
             pods: Api::namespaced(client.clone(), ns),
             gs: Api::namespaced_with(client.clone(), ns, &agones::gameservers_resource()),
+            events: client.clone(),
+        }
+    }
+
+    fn events_in(&self, ns: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.events.clone(), ns, &events_resource())
+    }
+}
+
+/// One kind of write of the table, as a request to send against one node's objects.
+#[derive(Clone, Debug)]
+enum Write {
+    /// A merge patch of the Node, then its undo (both the agent's writes: a set and a
+    /// removal, a cordon and an uncordon).
+    Node(Value, Value),
+    /// The taint appended to the Node's taints, then removed (guarded JSON patches).
+    NodeTaint(Value),
+    /// A merge patch of the node's resident game-server pod.
+    Pod(Value),
+    /// The toleration appended to the resident pod's tolerations.
+    PodToleration(Value),
+    /// An Eviction / a uid-preconditioned DELETE of a game-server pod of its own.
+    Evict,
+    PodDelete,
+    /// A merge patch of the node's resident GameServer, then its undo.
+    Gs(Value, Value),
+    /// A uid- and resourceVersion-preconditioned DELETE of a GameServer in this state.
+    GsDelete(String),
+    /// An events.k8s.io Event about the Node, as the agent's recorder writes it; `patch`:
+    /// then folded into a series.
+    Event {
+        patch: bool,
+    },
+}
+
+/// Every write the table lists for `options`: (its name, the policy that judges it, the write).
+fn table_writes(t: &Table, options: Options) -> Vec<(String, &'static str, Write)> {
+    let mut out = Vec::new();
+    let meta = |what: &str, k: &str, v: Value| json!({"metadata": {what: {k: v}}});
+    for f in &t.node_spec {
+        assert_eq!(
+            f, "unschedulable",
+            "a new Node spec field in the table: write its probe"
+        );
+        out.push((
+            format!("Node spec.{f}"),
+            NODE_POLICY,
+            Write::Node(json!({"spec": {f: true}}), json!({"spec": {f: null}})),
+        ));
+    }
+    let on = |when: &Option<String>| match when.as_deref() {
+        None => true,
+        Some("compatTaints") => options.compat_taints,
+        Some("gkeHandBack") => options.gke_hand_back,
+        Some(other) => panic!("unknown option {other}"),
+    };
+    for tt in t.node_taints.iter().filter(|x| on(&x.when)) {
+        out.push((
+            format!("Node taint {}:{}", tt.key, tt.effect),
+            NODE_POLICY,
+            Write::NodeTaint(json!({"key": tt.key, "value": "probe", "effect": tt.effect})),
+        ));
+    }
+    for k in t.node_labels.iter().filter(|x| on(&x.when)) {
+        let v = k.value.clone().unwrap_or_else(|| "probe".into());
+        out.push((
+            format!("Node label {}", k.key),
+            NODE_POLICY,
+            Write::Node(
+                meta("labels", &k.key, json!(v)),
+                meta("labels", &k.key, Value::Null),
+            ),
+        ));
+    }
+    for k in t.node_annotations.iter().filter(|x| on(&x.when)) {
+        out.push((
+            format!("Node annotation {}", k.key),
+            NODE_POLICY,
+            Write::Node(
+                meta("annotations", &k.key, json!("probe")),
+                meta("annotations", &k.key, Value::Null),
+            ),
+        ));
+    }
+    for k in t.pod_annotations.iter().filter(|x| on(&x.when)) {
+        out.push((
+            format!("Pod annotation {}", k.key),
+            POD_POLICY,
+            Write::Pod(meta("annotations", &k.key, json!("true"))),
+        ));
+    }
+    for tt in t.pod_tolerations.iter().filter(|x| on(&x.when)) {
+        let mut tol = json!({"key": tt.key, "effect": tt.effect});
+        if let Some(o) = &tt.operator {
+            tol["operator"] = json!(o);
+        }
+        if let Some(v) = &tt.value {
+            tol["value"] = json!(v);
+        }
+        out.push((
+            format!("Pod toleration {}", tt.key),
+            POD_POLICY,
+            Write::PodToleration(tol),
+        ));
+    }
+    if t.pod_evict {
+        out.push(("Pod eviction".into(), EVICTION_POLICY, Write::Evict));
+    }
+    if t.pod_delete {
+        out.push(("Pod delete".into(), POD_POLICY, Write::PodDelete));
+    }
+    for k in t.gs_labels.iter().filter(|x| on(&x.when)) {
+        // `nodeName`: the writer's node, filled in when sent.
+        let v = k.value.clone().unwrap_or_else(|| "probe".into());
+        out.push((
+            format!("GameServer label {}", k.key),
+            GS_POLICY,
+            Write::Gs(
+                meta("labels", &k.key, json!(v)),
+                meta("labels", &k.key, Value::Null),
+            ),
+        ));
+    }
+    for k in t.gs_annotations.iter().filter(|x| on(&x.when)) {
+        out.push((
+            format!("GameServer annotation {}", k.key),
+            GS_POLICY,
+            Write::Gs(
+                meta("annotations", &k.key, json!("probe")),
+                meta("annotations", &k.key, Value::Null),
+            ),
+        ));
+    }
+    for s in &t.gs_delete_states {
+        out.push((
+            format!("GameServer delete in state {s:?}"),
+            GS_POLICY,
+            Write::GsDelete(s.clone()),
+        ));
+    }
+    for v in &t.event_verbs {
+        out.push((
+            format!("Event {v}"),
+            EVENT_POLICY,
+            Write::Event {
+                patch: v == "patch",
+            },
+        ));
+    }
+    out
+}
+
+/// One node's objects the writes go to, and how to make fresh ones.
+struct Target<'a> {
+    node: &'a str,
+    /// The agent's own node (where an Event's reporter is).
+    agent_node: &'a str,
+    /// A Ready server with its pod that the patches go to.
+    resident: &'a Server,
+    agones: &'a Agones,
+    admin: &'a kube::Client,
+}
+
+impl Target<'_> {
+    /// A fresh game server on this node in `state` (`""`: no state yet), with its pod.
+    async fn fresh(&self, name: &str, state: &str, safe: &str) -> Server {
+        let s = self
+            .agones
+            .ready_server_evictable(name, self.node, safe)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        if state != "Ready" {
+            let st = if state.is_empty() {
+                Value::Null
+            } else {
+                json!(state)
+            };
+            self.agones.state(name, json!({"state": st})).await.unwrap();
+        }
+        s
+    }
+
+    fn fill(&self, v: &Value) -> Value {
+        serde_json::from_str(
+            &v.to_string()
+                .replace("\"nodeName\"", &format!("\"{}\"", self.node)),
+        )
+        .unwrap()
+    }
+
+    /// Sends `w` through `to`; fresh objects are named after `tag`.
+    async fn send(&self, to: &Writes, w: &Write, tag: &str) -> Outcome {
+        let pp = PatchParams::default();
+        match w {
+            Write::Node(set, undo) => {
+                outcome(to.nodes.patch(self.node, &pp, &Patch::Merge(set)).await)?;
+                outcome(to.nodes.patch(self.node, &pp, &Patch::Merge(undo)).await)
+            }
+            Write::NodeTaint(taint) => {
+                let nodes: Api<Node> = Api::all(self.admin.clone());
+                // A NoExecute taint would have the taint manager evict the node's pods, the
+                // resident ones too: a server-side dry run goes through admission alike.
+                let pp = if taint["effect"] == "NoExecute" {
+                    PatchParams::default().dry_run()
+                } else {
+                    PatchParams::default()
+                };
+                for add in [true, false] {
+                    let n = serde_json::to_value(nodes.get(self.node).await.unwrap()).unwrap();
+                    let mut taints = n["spec"]["taints"].as_array().cloned().unwrap_or_default();
+                    if add {
+                        taints.push(taint.clone());
+                    } else {
+                        taints.retain(|t| t["key"] != taint["key"]);
+                    }
+                    let ops = json!([
+                        {"op": "test", "path": "/metadata/resourceVersion", "value": n["metadata"]["resourceVersion"]},
+                        {"op": "add", "path": "/spec/taints", "value": taints},
+                    ]);
+                    let patch: json_patch::Patch = serde_json::from_value(ops).unwrap();
+                    outcome(
+                        to.nodes
+                            .patch(self.node, &pp, &Patch::Json::<()>(patch))
+                            .await,
+                    )?;
+                }
+                Ok(())
+            }
+            Write::Pod(body) => outcome(
+                to.pods
+                    .patch(&self.resident.name, &pp, &Patch::Merge(body))
+                    .await,
+            ),
+            Write::PodToleration(tol) => {
+                let pods: Api<Pod> = Api::namespaced(self.admin.clone(), &self.agones.ns);
+                let p = serde_json::to_value(pods.get(&self.resident.name).await.unwrap()).unwrap();
+                let ops = json!([
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": p["metadata"]["resourceVersion"]},
+                    {"op": "add", "path": "/spec/tolerations/-", "value": tol},
+                ]);
+                let patch: json_patch::Patch = serde_json::from_value(ops).unwrap();
+                outcome(
+                    to.pods
+                        .patch(&self.resident.name, &pp, &Patch::Json::<()>(patch))
+                        .await,
+                )
+            }
+            Write::Evict => {
+                let s = self
+                    .fresh(&format!("{tag}-{}", self.node), "Ready", "Always")
+                    .await;
+                let eviction = json!({"apiVersion": "policy/v1", "kind": "Eviction",
+                    "metadata": {"name": s.name, "namespace": self.agones.ns},
+                    "deleteOptions": {"preconditions": {"uid": pod_uid(self, &s.name).await}}});
+                outcome(
+                    to.pods
+                        .create_subresource::<Value, Value>(
+                            "eviction",
+                            &s.name,
+                            &PostParams::default(),
+                            &eviction,
+                        )
+                        .await,
+                )
+            }
+            Write::PodDelete => {
+                let s = self
+                    .fresh(&format!("{tag}-{}", self.node), "Ready", "Never")
+                    .await;
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: Some(pod_uid(self, &s.name).await),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                outcome(to.pods.delete(&s.name, &dp).await)
+            }
+            Write::Gs(set, undo) => {
+                let (set, undo) = (self.fill(set), self.fill(undo));
+                outcome(
+                    to.gs
+                        .patch(&self.resident.name, &pp, &Patch::Merge(&set))
+                        .await,
+                )?;
+                outcome(
+                    to.gs
+                        .patch(&self.resident.name, &pp, &Patch::Merge(&undo))
+                        .await,
+                )
+            }
+            Write::GsDelete(state) => {
+                let s = self
+                    .fresh(&format!("{tag}-{}", self.node), state, "Never")
+                    .await;
+                let gs = self.agones.get(&s.name).await.unwrap().unwrap();
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: Some(s.uid.clone()),
+                        resource_version: gs.metadata.resource_version.clone(),
+                    }),
+                    ..DeleteParams::default()
+                };
+                outcome(to.gs.delete(&s.name, &dp).await)
+            }
+            Write::Event { patch } => {
+                let name = format!("{}.{tag}", self.node);
+                let ev = agent_event(&name, self.node, self.agent_node);
+                let events = to.events_in("default");
+                if *patch {
+                    // The first occurrence, then the repeat as a series (kube's recorder).
+                    Api::<DynamicObject>::namespaced_with(
+                        self.admin.clone(),
+                        "default",
+                        &events_resource(),
+                    )
+                    .create(&PostParams::default(), &serde_json::from_value(ev).unwrap())
+                    .await
+                    .unwrap();
+                    let series = json!({"series": {"count": 2, "lastObservedTime": now_micro()}});
+                    outcome(events.patch(&name, &pp, &Patch::Merge(&series)).await)
+                } else {
+                    outcome(
+                        events
+                            .create(&PostParams::default(), &serde_json::from_value(ev).unwrap())
+                            .await,
+                    )
+                }
+            }
+        }
+    }
+}
+
+async fn pod_uid(t: &Target<'_>, name: &str) -> String {
+    Api::<Pod>::namespaced(t.admin.clone(), &t.agones.ns)
+        .get(name)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap()
+}
+
+fn now_micro() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%S.%6fZ")
+        .to_string()
+}
+
+/// An Event as the agent of `reporter` writes one about Node `about` (kube-runtime's recorder).
+fn agent_event(name: &str, about: &str, reporter: &str) -> Value {
+    json!({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": name, "namespace": "default"},
+        "eventTime": now_micro(),
+        "action": "DrainStarted", "reason": "DrainStarted", "type": "Normal",
+        "note": "probe",
+        "regarding": {"apiVersion": "v1", "kind": "Node", "name": about},
+        "reportingController": "lastcall-agent", "reportingInstance": reporter,
+    })
+}
+
+/// The writes just outside the table, each on the agent's own node (or node B where so
+/// named): (what, the policy that must refuse it, what its message says).
+struct Hostile<'a> {
+    agent: &'a Writes,
+    admin: &'a kube::Client,
+    a: &'a str,
+    b: &'a str,
+    ns: &'a str,
+    game_a: &'a Server,
+    game_b: &'a Server,
+    allocated_a: &'a Server,
+}
+
+impl Hostile<'_> {
+    async fn run(&self, options: Options) {
+        let pp = &PatchParams::default();
+        let (a, b) = (self.a, self.b);
+        let w = self.agent;
+        let image = |c: &str| json!({"spec": {"containers": [{"name": c, "image": "attacker.example/root:1"}]}});
+        // An image rewrite is root on the node: a system pod's, and a game pod's.
+        let sys = Api::<Pod>::namespaced(self.agent.events.clone(), "kube-system");
+        assert_refused_by(
+            "rewrite the image of a system pod on A",
+            &outcome(
+                sys.patch(&format!("cni-{a}"), pp, &Patch::Strategic(image("cni")))
+                    .await,
+            ),
+            POD_POLICY,
+            a,
+        );
+        assert_refused_by(
+            "rewrite the image of a game pod on A",
+            &outcome(
+                w.pods
+                    .patch(
+                        &self.game_a.name,
+                        pp,
+                        &Patch::Strategic(image("gameserver")),
+                    )
+                    .await,
+            ),
+            POD_POLICY,
+            a,
+        );
+        assert_refused_by(
+            "relabel a game pod on A",
+            &outcome(
+                w.pods
+                    .patch(
+                        &self.game_a.name,
+                        pp,
+                        &Patch::Merge(
+                            json!({"metadata": {"labels": {"agones.dev/safe-to-evict": "true"}}}),
+                        ),
+                    )
+                    .await,
+            ),
+            POD_POLICY,
+            a,
+        );
+        assert_refused_by(
+            "annotate a game pod on A with a key lastcall never writes",
+            &outcome(
+                w.pods
+                    .patch(&self.game_a.name, pp, &merge_annotation())
+                    .await,
+            ),
+            POD_POLICY,
+            a,
+        );
+        assert_refused_by(
+            "delete a system pod on A",
+            &outcome(
+                sys.delete(&format!("cni-{a}"), &DeleteParams::default())
+                    .await,
+            ),
+            POD_POLICY,
+            a,
+        );
+        assert_refused_by(
+            "evict a system pod on A",
+            &outcome(
+                sys.evict(&format!("cni-{a}"), &EvictParams::default())
+                    .await,
+            ),
+            EVICTION_POLICY,
+            a,
+        );
+        assert_refused_by(
+            "evict a pod on B",
+            &outcome(
+                w.pods
+                    .evict(&self.game_b.name, &EvictParams::default())
+                    .await,
+            ),
+            EVICTION_POLICY,
+            b,
+        );
+        if !options.compat_taints {
+            let tol = json!([{"op": "add", "path": "/spec/tolerations/-",
+                "value": {"key": "gamelift.status/draining", "operator": "Equal", "value": "true", "effect": "NoExecute"}}]);
+            let patch: json_patch::Patch = serde_json::from_value(tol).unwrap();
+            assert_refused_by(
+                "the compat toleration without compat mode",
+                &outcome(
+                    w.pods
+                        .patch(&self.game_a.name, pp, &Patch::Json::<()>(patch))
+                        .await,
+                ),
+                POD_POLICY,
+                a,
+            );
+        }
+        // The Node: a kubelet-only label, a key lastcall never writes, a finalizer, the
+        // spec, another writer's taint, lastcall's taint with another effect; node B.
+        let node =
+            |body: Value| async move { outcome(w.nodes.patch(a, pp, &Patch::Merge(body)).await) };
+        assert_refused_saying(
+            "label A node-restriction.kubernetes.io/x",
+            &node(json!({"metadata": {"labels": {"node-restriction.kubernetes.io/x": "y"}}})).await,
+            NODE_POLICY,
+            "node-restriction.kubernetes.io/x",
+        );
+        assert_refused_saying(
+            "label A lastcall.dev/drain (the operator's label)",
+            &node(json!({"metadata": {"labels": {"lastcall.dev/drain": "true"}}})).await,
+            NODE_POLICY,
+            "lastcall.dev/drain",
+        );
+        assert_refused_saying(
+            "annotate A with a key lastcall never writes",
+            &node(json!({"metadata": {"annotations": {PROBE: "x"}}})).await,
+            NODE_POLICY,
+            PROBE,
+        );
+        assert_refused_by(
+            "add a finalizer to A",
+            &node(json!({"metadata": {"finalizers": ["example.com/hold"]}})).await,
+            NODE_POLICY,
+            a,
+        );
+        assert_refused_by(
+            "set A's providerID",
+            &node(json!({"spec": {"providerID": "aws:///us-west-2a/i-0attacker"}})).await,
+            NODE_POLICY,
+            a,
+        );
+        if !options.gke_hand_back {
+            assert_refused_saying(
+                "GKE's hand-back label without agent.gkeHandBack",
+                &node(json!({"metadata": {"labels": {"cloud.google.com/perform-maintenance": "true"}}})).await,
+                NODE_POLICY,
+                "cloud.google.com/perform-maintenance",
+            );
+        }
+        let nodes_admin: Api<Node> = Api::all(self.admin.clone());
+        let taints_with = |extra: Value, drop_foreign: bool| {
+            let nodes_admin = nodes_admin.clone();
+            async move {
+                let n = serde_json::to_value(nodes_admin.get(a).await.unwrap()).unwrap();
+                let mut t: Vec<Value> = n["spec"]["taints"].as_array().cloned().unwrap_or_default();
+                if drop_foreign {
+                    t.retain(|x| x["key"] != "example.com/foreign");
+                }
+                if !extra.is_null() {
+                    t.push(extra);
+                }
+                let ops = json!([
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": n["metadata"]["resourceVersion"]},
+                    {"op": "add", "path": "/spec/taints", "value": t}]);
+                serde_json::from_value::<json_patch::Patch>(ops).unwrap()
+            }
+        };
+        for (what, patch) in [
+            (
+                "add another writer's taint to A",
+                taints_with(
+                    json!({"key": "example.com/x", "effect": "NoSchedule"}),
+                    false,
+                )
+                .await,
+            ),
+            (
+                "remove another writer's taint from A",
+                taints_with(Value::Null, true).await,
+            ),
+            (
+                "lastcall's taint as NoExecute on A",
+                taints_with(
+                    json!({"key": "lastcall.dev/draining", "value": "x", "effect": "NoExecute"}),
+                    false,
+                )
+                .await,
+            ),
+        ] {
+            assert_refused_by(
+                what,
+                &outcome(w.nodes.patch(a, pp, &Patch::Json::<()>(patch)).await),
+                NODE_POLICY,
+                a,
+            );
+        }
+        if !options.compat_taints {
+            let patch = taints_with(
+                json!({"key": "gamelift.status/draining", "value": "true", "effect": "NoExecute"}),
+                false,
+            )
+            .await;
+            assert_refused_by(
+                "the compat taint without compat mode",
+                &outcome(w.nodes.patch(a, pp, &Patch::Json::<()>(patch)).await),
+                NODE_POLICY,
+                a,
+            );
+        }
+        assert_refused_by(
+            "patch node B",
+            &outcome(
+                w.nodes
+                    .patch(
+                        b,
+                        pp,
+                        &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+                    )
+                    .await,
+            ),
+            NODE_POLICY,
+            b,
+        );
+        // GameServers: the spec (a pod template image), the state, a claim for another
+        // node, a delete of a match, one on node B.
+        let gs = |body: Value| async move {
+            outcome(w.gs.patch(&self.game_a.name, pp, &Patch::Merge(body)).await)
+        };
+        assert_refused_by(
+            "patch a GameServer's spec on A",
+            &gs(json!({"spec": {"template": {"spec": {"containers": [{"name": "gameserver", "image": "attacker.example/root:1"}]}}}})).await,
+            GS_POLICY,
+            a,
+        );
+        assert_refused_by(
+            "allocate a GameServer on A",
+            &gs(json!({"status": {"state": "Allocated"}})).await,
+            GS_POLICY,
+            a,
+        );
+        assert_refused_by(
+            "claim a GameServer on A for node B",
+            &gs(json!({"metadata": {"labels": {"lastcall.dev/node": b}}})).await,
+            GS_POLICY,
+            a,
+        );
+        let alloc = self.allocated_a;
+        let rv = Api::<DynamicObject>::namespaced_with(
+            self.admin.clone(),
+            self.ns,
+            &agones::gameservers_resource(),
+        )
+        .get(&alloc.name)
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(alloc.uid.clone()),
+                resource_version: rv,
+            }),
+            ..DeleteParams::default()
+        };
+        assert_refused_saying(
+            "delete an Allocated GameServer on A",
+            &outcome(w.gs.delete(&alloc.name, &dp).await),
+            GS_POLICY,
+            "in state Allocated",
+        );
+        assert_refused_by(
+            "patch a GameServer on B",
+            &outcome(
+                w.gs.patch(
+                    &self.game_b.name,
+                    pp,
+                    &Patch::Merge(
+                        json!({"metadata": {"annotations": {"lastcall.dev/drain-reason": "x"}}}),
+                    ),
+                )
+                .await,
+            ),
+            GS_POLICY,
+            b,
+        );
+        // Events: about another node, about another object, in another namespace, with
+        // another reporter, through the core API.
+        let create = |ns: &str, ev: Value| {
+            let api = w.events_in(ns);
+            async move {
+                outcome(
+                    api.create(&PostParams::default(), &serde_json::from_value(ev).unwrap())
+                        .await,
+                )
+            }
+        };
+        assert_refused_saying(
+            "an Event about node B",
+            &create("default", agent_event(&format!("{b}.hostile"), b, a)).await,
+            EVENT_POLICY,
+            &format!("about Node {b}"),
+        );
+        let mut about_pod = agent_event(&format!("{a}.hostile-pod"), a, a);
+        about_pod["regarding"] =
+            json!({"apiVersion": "v1", "kind": "Pod", "namespace": "default", "name": "victim"});
+        assert_refused_saying(
+            "an Event about a pod",
+            &create("default", about_pod).await,
+            EVENT_POLICY,
+            "about Pod victim",
+        );
+        // A namespaced object's Event lives in its namespace: a GameServer's, on another node.
+        let mut elsewhere = agent_event(&format!("{a}.hostile-ns"), a, a);
+        elsewhere["metadata"]["namespace"] = json!(self.ns);
+        elsewhere["regarding"] = json!({"apiVersion": "agones.dev/v1", "kind": "GameServer",
+                                        "namespace": self.ns, "name": self.game_b.name});
+        assert_refused_saying(
+            "an Event in an unrelated namespace",
+            &create(self.ns, elsewhere).await,
+            EVENT_POLICY,
+            &format!("in namespace \"{}\"", self.ns),
+        );
+        assert_refused_saying(
+            "an Event about A reported as B's agent",
+            &create("default", agent_event(&format!("{a}.hostile-rep"), a, b)).await,
+            EVENT_POLICY,
+            &format!("about Node {a}"),
+        );
+        // The chart grants no core Events; another binding that does is still held.
+        grant_core_events(self.admin).await;
+        let core: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(w.events.clone(), "default");
+        let core_ev: k8s_openapi::api::core::v1::Event = serde_json::from_value(json!({
+            "metadata": {"name": format!("{a}.hostile-core"), "namespace": "default"},
+            "involvedObject": {"kind": "Node", "name": a}, "reason": "DrainStarted", "message": "probe"}))
+        .unwrap();
+        // RBAC's cache takes the new binding in a moment: until then RBAC refuses first.
+        let got = try_eventually(
+            "the agent's core Event judged by the policy, not RBAC",
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            || async {
+                let got = outcome(core.create(&PostParams::default(), &core_ev).await);
+                (!matches!(&got, Err((403, m)) if m.contains("cannot create resource")))
+                    .then_some(got)
+            },
+        )
+        .await
+        .expect("the extra binding in effect");
+        assert_refused_saying("a core Event about A", &got, EVENT_POLICY, "core Event");
+    }
+}
+
+/// Another ClusterRole bound to the agent's ServiceAccount that lets it create core Events
+/// (as a cluster's own RBAC might), so the policy, not RBAC, is what refuses them.
+async fn grant_core_events(admin: &kube::Client) {
+    let rbac = |kind: &str, plural: &str| ApiResource {
+        group: "rbac.authorization.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "rbac.authorization.k8s.io/v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    let name = "box-extra-core-events";
+    let role: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]}))
+    .unwrap();
+    let binding: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]}))
+    .unwrap();
+    for (obj, ar) in [
+        (role, rbac("ClusterRole", "clusterroles")),
+        (binding, rbac("ClusterRoleBinding", "clusterrolebindings")),
+    ] {
+        match Api::<DynamicObject>::all_with(admin.clone(), &ar)
+            .create(&PostParams::default(), &obj)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("{name}: {e}"),
         }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_token_writes_only_its_own_nodes_objects() {
+async fn an_agent_token_makes_only_the_tables_writes_on_its_own_node() {
     let kbox = kube_box::lease().await;
     eprintln!("box started in {:?}", kbox.started_in());
     let admin = kbox.client().await.expect("admin client");
@@ -251,62 +1097,29 @@ async fn an_agent_token_writes_only_its_own_nodes_objects() {
     }
     let notes = install_chart(&kbox);
     assert!(
-        notes.contains("Each agent may write only its own node's"),
+        notes.contains("Each agent may make only lastcall's writes"),
         "the install's notes do not say the node restriction is on:\n{notes}"
     );
-    // The `auto` switch found ValidatingAdmissionPolicy v1 in the API server's discovery.
-    let policies: Api<DynamicObject> = Api::all_with(
-        admin.clone(),
-        &vap_resource("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
-    );
-    for name in [NODE_POLICY, EVICTION_POLICY] {
-        policies
-            .get(name)
-            .await
-            .unwrap_or_else(|e| panic!("helm install made no policy {name}: {e}"));
-        // The API server type-checked every expression against the kinds it matches.
-        let status = try_eventually(
-            &format!("{name} type-checked"),
-            Duration::from_secs(30),
-            Duration::from_millis(200),
-            || async {
-                let p = policies.get(name).await.ok()?;
-                let generation = p.metadata.generation?;
-                let status = p.data.get("status")?.clone();
-                (status["observedGeneration"] == json!(generation)).then_some(status)
-            },
-        )
-        .await
-        .expect("the policy's status");
-        assert!(
-            status
-                .pointer("/typeChecking/expressionWarnings")
-                .and_then(Value::as_array)
-                .is_none_or(|w| w.is_empty()),
-            "{name}: {status}"
-        );
-        Api::<DynamicObject>::all_with(
-            admin.clone(),
-            &vap_resource(
-                "ValidatingAdmissionPolicyBinding",
-                "validatingadmissionpolicybindings",
-            ),
-        )
-        .get(name)
-        .await
-        .unwrap_or_else(|e| panic!("helm install made no binding {name}: {e}"));
-    }
+    // The `auto` switch found ValidatingAdmissionPolicy v1 in the API server's discovery, and
+    // the API server type-checked every expression against the kinds it matches.
+    policies_checked(&admin).await;
 
-    // Game servers on both nodes; none selected by a PDB, so only the policy can refuse an
-    // eviction.
+    // Resident servers on both nodes (none selected by a PDB, so only the policy can refuse
+    // an eviction), a match on A, and a system pod on each node.
     let agones = Agones::new(&admin, ns);
-    let on_a = agones.ready_server("gs-a", a).await.expect("gs-a");
-    let evictable_a = agones
-        .ready_server_evictable("gs-a-evict", a, "Always")
+    let game_a = agones.ready_server("gs-a", a).await.expect("gs-a");
+    let game_b = agones.ready_server("gs-b", b).await.expect("gs-b");
+    let allocated_a = agones
+        .ready_server("gs-a-match", a)
         .await
-        .expect("gs-a-evict");
-    let deletable_a = agones.ready_server("gs-a-del", a).await.expect("gs-a-del");
-    let on_b = agones.ready_server("gs-b", b).await.expect("gs-b");
+        .expect("gs-a-match");
+    assert!(matches!(
+        agones.allocate(&allocated_a.name).await.unwrap(),
+        Allocation::Allocated(_)
+    ));
+    for n in [a, b] {
+        system_pod(&admin, "kube-system", &format!("cni-{n}"), n).await;
+    }
 
     let probe = agent_pod(&admin, "probe-adm-a", a).await;
     let agent = client_for(&kbox, &token(&admin, Some(&probe)).await).await;
@@ -348,104 +1161,130 @@ async fn an_agent_token_writes_only_its_own_nodes_objects() {
         );
     }
 
-    // Node B's objects: every write refused by the policy, naming node B.
-    let pp = PatchParams::default();
-    assert_refused_by(
-        "patch Node B",
-        &outcome(w.nodes.patch(b, &pp, &merge_annotation()).await),
-        NODE_POLICY,
+    let table = Table::load(&repo()).expect("charts/lastcall/agent-writes.yaml");
+    let at = |node: &'static str, resident| Target {
+        node,
+        agent_node: a,
+        resident,
+        agones: &agones,
+        admin: &admin,
+    };
+    // Another writer's taint on A, which every write of the agent must keep.
+    Api::<Node>::all(admin.clone())
+        .patch(
+            a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": [
+                {"key": "example.com/foreign", "value": "x", "effect": "PreferNoSchedule"}]}})),
+        )
+        .await
+        .expect("a foreign taint");
+    let hostile = Hostile {
+        agent: &w,
+        admin: &admin,
+        a,
         b,
-    );
-    assert_refused_by(
-        "patch pod gs-b",
-        &outcome(w.pods.patch("gs-b", &pp, &merge_annotation()).await),
-        NODE_POLICY,
-        b,
-    );
-    assert_refused_by(
-        "patch GameServer gs-b",
-        &outcome(w.gs.patch("gs-b", &pp, &merge_annotation()).await),
-        NODE_POLICY,
-        b,
-    );
-    assert_refused_by(
-        "evict pod gs-b",
-        &outcome(w.pods.evict("gs-b", &EvictParams::default()).await),
-        EVICTION_POLICY,
-        b,
-    );
-    assert_refused_by(
-        "delete pod gs-b",
-        &outcome(w.pods.delete("gs-b", &DeleteParams::default()).await),
-        NODE_POLICY,
-        b,
-    );
-    assert_refused_by(
-        "delete GameServer gs-b",
-        &outcome(w.gs.delete("gs-b", &DeleteParams::default()).await),
-        NODE_POLICY,
-        b,
-    );
-    // ...and nothing of node B changed.
+        ns,
+        game_a: &game_a,
+        game_b: &game_b,
+        allocated_a: &allocated_a,
+    };
+    for (round, options) in [Options::default(), Options::ALL].into_iter().enumerate() {
+        if options != Options::default() {
+            install_chart_with(
+                &kbox,
+                &["agent.compatTaints=true", "agent.gkeHandBack=true"],
+            );
+            policies_checked(&admin).await;
+            // The widened policies reach the admission plugin: a compat taint's dry run.
+            let nodes_admin: Api<Node> = Api::all(admin.clone());
+            try_eventually(
+                "the widened policies admit the compat taint",
+                Duration::from_secs(30),
+                Duration::from_millis(200),
+                || async {
+                    let n = serde_json::to_value(nodes_admin.get(a).await.ok()?).ok()?;
+                    let mut t = n["spec"]["taints"].as_array().cloned().unwrap_or_default();
+                    t.push(json!({"key": "gamelift.status/active", "value": "true", "effect": "NoExecute"}));
+                    let ops = json!([{"op": "add", "path": "/spec/taints", "value": t}]);
+                    let p: json_patch::Patch = serde_json::from_value(ops).ok()?;
+                    w.nodes
+                        .patch(a, &PatchParams::default().dry_run(), &Patch::Json::<()>(p))
+                        .await
+                        .ok()
+                        .map(|_| ())
+                },
+            )
+            .await
+            .expect("the policies of agent.compatTaints");
+        }
+        let writes = table_writes(&table, options);
+        // Every write of the table: admitted on the agent's own node, refused on B.
+        for (i, (name, policy, write)) in writes.iter().enumerate() {
+            let tag = format!("w{round}{i}");
+            assert_admitted(
+                &format!("{name} on A ({options:?})"),
+                &at(a, &game_a).send(&w, write, &format!("{tag}a")).await,
+            );
+            let on_b = at(b, &game_b).send(&w, write, &format!("{tag}b")).await;
+            match write {
+                // An Event about node B is judged on what it is about.
+                Write::Event { .. } => assert_refused_saying(
+                    &format!("{name} about B"),
+                    &on_b,
+                    policy,
+                    &format!("about Node {b}"),
+                ),
+                _ => assert_refused_by(&format!("{name} on B"), &on_b, policy, b),
+            }
+        }
+        // The option-only writes of the table are refused without the option.
+        if options == Options::default() {
+            let all = table_writes(&table, Options::ALL);
+            let plain: Vec<String> = writes.iter().map(|(n, _, _)| n.clone()).collect();
+            let optional: Vec<_> = all.iter().filter(|(n, _, _)| !plain.contains(n)).collect();
+            assert!(
+                optional.len() >= 3,
+                "compat taints and toleration, the hand-back label: {optional:?}"
+            );
+            for (i, (name, policy, write)) in optional.into_iter().enumerate() {
+                let got = at(a, &game_a).send(&w, write, &format!("opt{i}")).await;
+                let Err((403, m)) = &got else {
+                    panic!("{name} on A without its option: {got:?}");
+                };
+                assert!(
+                    m.contains(&format!("ValidatingAdmissionPolicy '{policy}'")),
+                    "{name}: {m}"
+                );
+            }
+        }
+        hostile.run(options).await;
+    }
+
+    // Node B, its pod and its server were never written.
     let admin_w = Writes::new(&admin, ns);
     let node_b = serde_json::to_value(admin_w.nodes.get(b).await.unwrap()).unwrap();
-    assert!(!has_probe(&node_b), "Node B was written");
+    assert!(
+        node_b.pointer("/spec/unschedulable").is_none()
+            && node_b
+                .pointer("/spec/taints")
+                .is_none_or(|t| t.as_array().is_some_and(Vec::is_empty)),
+        "Node B was written: {node_b}"
+    );
     let pod_b = admin_w.pods.get("gs-b").await.expect("pod gs-b survives");
     assert!(
-        pod_b.metadata.deletion_timestamp.is_none()
-            && !has_probe(&serde_json::to_value(&pod_b).unwrap()),
-        "pod gs-b was written: {:?}",
-        pod_b.metadata
+        pod_b.metadata.deletion_timestamp.is_none(),
+        "pod gs-b was ended"
     );
     let gs_b = admin_w.gs.get("gs-b").await.expect("gs-b survives");
-    assert_eq!(gs_b.metadata.uid.as_deref(), Some(on_b.uid.as_str()));
+    assert_eq!(gs_b.metadata.uid.as_deref(), Some(game_b.uid.as_str()));
     assert!(
-        !has_probe(&serde_json::to_value(&gs_b).unwrap()),
+        !gs_b
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("lastcall.dev/drain-reason"),
         "gs-b was written"
-    );
-
-    // Node A's objects: the same writes admitted.
-    assert_admitted(
-        "patch Node A",
-        &outcome(w.nodes.patch(a, &pp, &merge_annotation()).await),
-    );
-    assert_admitted(
-        "patch pod gs-a",
-        &outcome(w.pods.patch(&on_a.name, &pp, &merge_annotation()).await),
-    );
-    assert_admitted(
-        "patch GameServer gs-a",
-        &outcome(w.gs.patch(&on_a.name, &pp, &merge_annotation()).await),
-    );
-    assert_admitted(
-        "evict pod gs-a-evict",
-        &outcome(
-            w.pods
-                .evict(&evictable_a.name, &EvictParams::default())
-                .await,
-        ),
-    );
-    assert_admitted(
-        "delete pod gs-a",
-        &outcome(w.pods.delete(&on_a.name, &DeleteParams::default()).await),
-    );
-    assert_admitted(
-        "delete GameServer gs-a-del",
-        &outcome(
-            w.gs.delete(&deletable_a.name, &DeleteParams::default())
-                .await,
-        ),
-    );
-    let node_a = serde_json::to_value(admin_w.nodes.get(a).await.unwrap()).unwrap();
-    assert!(has_probe(&node_a), "the write to Node A did not land");
-    assert!(
-        admin_w
-            .gs
-            .get_opt(&deletable_a.name)
-            .await
-            .unwrap()
-            .is_none(),
-        "gs-a-del not deleted"
     );
 
     // A GameServer on node A cannot be moved to node B by the agent either.
@@ -453,13 +1292,13 @@ async fn an_agent_token_writes_only_its_own_nodes_objects() {
         "move GameServer gs-a to node B",
         &outcome(
             w.gs.patch(
-                &on_a.name,
-                &pp,
+                &game_a.name,
+                &PatchParams::default(),
                 &Patch::Merge(json!({"status": {"nodeName": b}})),
             )
             .await,
         ),
-        NODE_POLICY,
+        GS_POLICY,
         a,
     );
 
@@ -472,7 +1311,11 @@ async fn an_agent_token_writes_only_its_own_nodes_objects() {
     );
     let got = outcome(
         Api::<Node>::all(unbound)
-            .patch(a, &pp, &merge_annotation())
+            .patch(
+                a,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+            )
             .await,
     );
     match &got {
@@ -569,13 +1412,132 @@ async fn the_agents_drain_completes_under_the_node_restriction() {
     agent.stop().await.expect("agent stops");
 }
 
-/// `auto` follows what helm knows of the API server: a live discovery with the kind (or
-/// without it), or offline the target Kubernetes version.
+/// The agent's own metric `name`, once it has a value.
+async fn gauge(agent: &AgentProcess, name: &str) -> f64 {
+    try_eventually(
+        &format!("the agent's {name}"),
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { lastcall_testkit::agent::metric(&agent.metrics().await, name, &[]) },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.output()))
+}
+
+/// The events.k8s.io Events about Node `node` with `reason`.
+async fn node_events(admin: &kube::Client, node: &str, reason: &str) -> Vec<DynamicObject> {
+    Api::<DynamicObject>::namespaced_with(admin.clone(), "default", &events_resource())
+        .list(&kube::api::ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.data["regarding"]["name"] == node && e.data["reason"] == reason)
+        .collect()
+}
+
+/// Where the restriction cannot hold an agent, the agent says so at start-up instead of
+/// running with every node's objects in reach: with the policies left out by the operator's
+/// explicit `agent.nodeRestriction.enabled=false` (the install's notes warn) and a token bound
+/// to no pod, the real agent logs why, sets `lastcall_node_restriction_enforceable` to 0 and
+/// posts a `NodeRestrictionUnenforceable` Warning Event on its Node. The same agent with its
+/// pod's own token under the chart's policies sets 1 and posts none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_the_restriction_cannot_hold_says_so() {
+    let kbox = kube_box::lease().await;
+    let admin = kbox.client().await.expect("admin client");
+    agones::install_crd(&admin, Crd::SelectableNodeName)
+        .await
+        .expect("GameServer CRD");
+    let notes = install_chart_with(&kbox, &["agent.nodeRestriction.enabled=false"]);
+    assert!(
+        notes.contains("WARNING: the node restriction is off"),
+        "{notes}"
+    );
+    let policies: Api<DynamicObject> = Api::all_with(
+        admin.clone(),
+        &vap_resource("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+    );
+    wait_for("the opted-out release's policies removed", || async {
+        policies
+            .get_opt(NODE_POLICY)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let (unheld, held) = ("adm-unheld", "adm-held");
+    for n in [unheld, held] {
+        create_node(&admin, n).await.expect("kwok node");
+    }
+    let agent = AgentProcess::start_unbound(&kbox, unheld, Extra::default())
+        .await
+        .expect("the agent");
+    agent
+        .ready()
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", agent.output()));
+    assert_eq!(
+        gauge(&agent, "lastcall_node_restriction_enforceable").await,
+        0.0
+    );
+    let said = try_eventually(
+        "the Warning Event on the agent's Node",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let evs = node_events(&admin, unheld, "NodeRestrictionUnenforceable").await;
+            evs.into_iter().next()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.output()));
+    assert_eq!(said.data["type"], "Warning");
+    let note = said.data["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("may write every node's") && note.contains(NODE_NAME_KEY),
+        "{note}"
+    );
+    let out = agent.output();
+    assert!(
+        out.contains("the node restriction cannot hold this agent") && out.contains(NODE_NAME_KEY),
+        "no log line:\n{out}"
+    );
+    agent.stop().await.expect("agent stops");
+
+    install_chart(&kbox);
+    policies_checked(&admin).await;
+    let agent = AgentProcess::start(&kbox, held, Extra::default())
+        .await
+        .expect("the agent");
+    agent
+        .ready()
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", agent.output()));
+    // The gauge is set before the Event would be queued, in the same step.
+    assert_eq!(
+        gauge(&agent, "lastcall_node_restriction_enforceable").await,
+        1.0
+    );
+    assert!(
+        node_events(&admin, held, "NodeRestrictionUnenforceable")
+            .await
+            .is_empty(),
+        "a held agent said it is not held"
+    );
+    agent.stop().await.expect("agent stops");
+}
+
+/// `auto` follows what helm knows of the API server: a live discovery with the kind, or
+/// offline a target Kubernetes version of 1.30 or later, renders the policies; where the API
+/// server cannot run them the chart refuses to install, naming the value that opts out, and
+/// only that explicit `false` installs without them (its notes say what that leaves open).
 #[test]
 fn auto_renders_the_policies_only_where_the_api_server_serves_them() {
     let chart = repo().join("charts/lastcall");
     let chart = chart.to_string_lossy();
-    let render = |extra: &[&str]| -> String {
+    let render = |extra: &[&str]| -> anyhow::Result<String> {
         let mut args = vec![
             "template",
             "lastcall",
@@ -584,13 +1546,25 @@ fn auto_renders_the_policies_only_where_the_api_server_serves_them() {
             "image.registry=registry.invalid/lastcall",
         ];
         args.extend_from_slice(extra);
-        helm(&args).expect("helm template")
+        helm(&args)
     };
     let has = |t: &str| t.contains("kind: ValidatingAdmissionPolicy\n");
-    assert!(has(&render(&["--kube-version", "1.30.0"])), "offline 1.30");
-    assert!(!has(&render(&["--kube-version", "1.29.9"])), "offline 1.29");
+    assert!(
+        has(&render(&["--kube-version", "1.30.0"]).unwrap()),
+        "offline 1.30"
+    );
+    // No policy API: refused, unless opted out.
+    let refused = |got: anyhow::Result<String>, what: &str| {
+        let err = got.expect_err(what).to_string();
+        assert!(
+            err.contains("does not serve ValidatingAdmissionPolicy v1")
+                && err.contains("agent.nodeRestriction.enabled=false"),
+            "{what}: {err}"
+        );
+    };
+    refused(render(&["--kube-version", "1.29.9"]), "offline 1.29");
     // A live discovery lists kinds: without the policy kind (a 1.29 API server), none.
-    assert!(!has(&render(&["--api-versions", "v1/Pod"])), "live, no VAP");
+    refused(render(&["--api-versions", "v1/Pod"]), "live, no VAP");
     assert!(has(&render(&[
         "--kube-version",
         "1.29.9",
@@ -598,17 +1572,47 @@ fn auto_renders_the_policies_only_where_the_api_server_serves_them() {
         "v1/Pod",
         "--api-versions",
         "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
-    ])));
-    assert!(!has(&render(&[
+    ])
+    .unwrap()));
+    let off = render(&[
+        "--kube-version",
+        "1.29.9",
         "--set",
-        "agent.nodeRestriction.enabled=false"
-    ])));
+        "agent.nodeRestriction.enabled=false",
+    ])
+    .unwrap();
+    assert!(!has(&off), "opted out");
     assert!(has(&render(&[
         "--kube-version",
         "1.29.9",
         "--set",
         "agent.nodeRestriction.enabled=true"
-    ])));
+    ])
+    .unwrap()));
+    // Without the agents there is nothing to restrict: no refusal.
+    assert!(!has(&render(&[
+        "--kube-version",
+        "1.29.9",
+        "--set",
+        "agent.enabled=false"
+    ])
+    .unwrap()));
+    // The opted-out install's notes say what it leaves open.
+    let out = helm(&[
+        "install",
+        "lastcall",
+        &chart,
+        "--dry-run=client",
+        "--set",
+        "image.registry=registry.invalid/lastcall",
+        "--set",
+        "agent.nodeRestriction.enabled=false",
+    ])
+    .unwrap();
+    assert!(
+        out.contains("WARNING: the node restriction is off") && out.contains("every agent may"),
+        "{out}"
+    );
     // Without a registry the chart refuses to render, naming the value and the docs.
     let err = helm(&["template", "lastcall", &chart]).expect_err("no registry");
     let err = err.to_string();

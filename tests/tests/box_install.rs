@@ -41,6 +41,7 @@ const VARS: &[(&str, &str)] = &[
     ("CLUSTER", "games"),
     ("NODE", GAME_NODE),
     ("PASSWORD", "box-password"),
+    ("AGENT_PASSWORD", "box-agent-password"),
     ("NODE_RESOURCE_GROUP", "MC_games_games_westeurope"),
     ("SCALE_SET", "aks-gameservers-12345678-vmss"),
     ("NODE_ROLE_ARN", "arn:aws:iam::123456789012:role/games-node"),
@@ -63,7 +64,7 @@ async fn reset(shell: &Shell) {
         .sh(&format!(
             "for r in $(helm -n {NS} list -aq); do helm -n {NS} uninstall \"$r\" --wait; done\n\
              kubectl delete namespace {NS} --ignore-not-found --wait=true --timeout=120s\n\
-             kubectl delete clusterrole,clusterrolebinding,priorityclass -l app.kubernetes.io/part-of=lastcall --ignore-not-found\n"
+             kubectl delete clusterrole,clusterrolebinding,priorityclass,validatingadmissionpolicy,validatingadmissionpolicybinding -l app.kubernetes.io/part-of=lastcall --ignore-not-found\n"
         ))
         .await
         .unwrap_or_else(|e| panic!("removing the previous install: {e:#}"));
@@ -291,6 +292,54 @@ async fn prepare(kbox: &KubeBox) -> (kube::Client, Shell) {
     (client, shell)
 }
 
+/// After §5 (two pubsub replicas, the chart's one PodDisruptionBudget over them), a node
+/// drain can evict a pubsub pod: the Eviction API admits it (two budgets over one pod answer
+/// 500 and stall every drain of that node).
+async fn pubsub_evicts(client: &kube::Client) {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let budgets = Api::<PodDisruptionBudget>::namespaced(client.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .expect("the namespace's PodDisruptionBudgets");
+    assert_eq!(
+        budgets.items.len(),
+        1,
+        "one PodDisruptionBudget over pubsub after §5: {:?}",
+        budgets
+            .items
+            .iter()
+            .map(|b| b.metadata.name.clone())
+            .collect::<Vec<_>>()
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let lp = ListParams::default().labels("app.kubernetes.io/component=pubsub");
+    // The disruption controller counts both pods healthy first.
+    try_eventually(
+        "the PodDisruptionBudget allows one disruption",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        || async {
+            let b = Api::<PodDisruptionBudget>::namespaced(client.clone(), NS)
+                .list(&ListParams::default())
+                .await
+                .ok()?;
+            (b.items.first()?.status.as_ref()?.disruptions_allowed >= 1).then_some(())
+        },
+    )
+    .await
+    .expect("a disruption allowed");
+    let victim = pods.list(&lp).await.expect("pubsub pods").items[0]
+        .metadata
+        .name
+        .clone()
+        .expect("a name");
+    pods.evict(&victim, &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("evicting pubsub pod {victim} after §5: {e}"));
+    eprintln!("  evicted pubsub pod {victim} under the chart's PodDisruptionBudget");
+}
+
 /// What the runbook runs against: the agent started from the installed DaemonSet, the Redis
 /// playing the bundled one, and Agones' part.
 struct Runbook {
@@ -327,30 +376,79 @@ async fn runbook(kbox: &KubeBox, shell: &Shell, client: &kube::Client, all: &[Bl
         }
     }
     shell
-        .sh(&format!("helm upgrade lastcall charts/lastcall -n {NS} --reuse-values --set pubsub.cycleJitter=6s"))
+        .sh(&format!("helm upgrade lastcall charts/lastcall -n {NS} --reuse-values --set pubsub.replicas=2 --set pubsub.cycleJitter=6s"))
         .await
         .expect("a second revision");
     workloads_ready(client, base[base.len() - 1]).await;
+    pubsub_evicts(client).await;
 
-    // The bundled Redis's backend: a real redis-server with the Secret's password (and the
-    // box's exec password, for `kubectl exec` into the Redis pod).
+    // The bundled Redis's backend: a real redis-server with the users the installed Redis
+    // Deployment's command writes (read back from the API server), each with its password
+    // from the Secret, and pubsub's also with the box's exec password (for `kubectl exec`
+    // into the Redis pod, which runs `redis-cli --user lastcall-pubsub`).
     let secret: k8s_openapi::api::core::v1::Secret = Api::namespaced(client.clone(), NS)
         .get("lastcall-redis-auth")
         .await
         .expect("the Redis password Secret the page created");
-    let password =
-        String::from_utf8(secret.data.unwrap_or_default()["password"].0.clone()).unwrap();
+    let data = secret.data.unwrap_or_default();
+    let key = |k: &str| {
+        String::from_utf8(
+            data.get(k)
+                .unwrap_or_else(|| panic!("the Secret has no {k}"))
+                .0
+                .clone(),
+        )
+        .unwrap()
+    };
+    let (password, agent_password) = (key("password"), key("agent-password"));
+    let deployment: Deployment = Api::namespaced(client.clone(), NS)
+        .get("lastcall-redis")
+        .await
+        .expect("the bundled Redis' Deployment");
+    let script = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|s| s.containers[0].args.clone().unwrap_or_default().join(" "))
+        .unwrap_or_default();
+    let format = script
+        .split_once("printf '")
+        .and_then(|(_, rest)| rest.split_once('\''))
+        .map(|(f, _)| f.replace("%%", "\u{0}").replace("\\n", "\n"))
+        .expect("the Redis command writes its users with printf");
     let redis = RedisServer::start().await.expect("redis-server");
     let mut conn = redis.client().await.expect("redis client");
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("default")
-        .arg("on")
-        .arg(format!(">{password}"))
-        .arg(format!(">{EXEC_REDIS_PASSWORD}"))
-        .query_async(&mut conn)
-        .await
-        .expect("Redis passwords");
+    let mut secrets = vec![
+        vec![password.clone(), EXEC_REDIS_PASSWORD.to_string()],
+        vec![agent_password],
+    ]
+    .into_iter();
+    // The default user's `off` last: this connection is the default user's.
+    let mut lines: Vec<&str> = format.lines().filter(|l| l.starts_with("user ")).collect();
+    lines.sort_by_key(|l| l.starts_with("user default "));
+    for line in lines {
+        let mut words = line.split_whitespace().skip(1);
+        let user = words.next().unwrap().to_string();
+        let mut setuser = redis::cmd("ACL");
+        setuser.arg("SETUSER").arg(&user);
+        for w in words {
+            if w == ">%s" {
+                for pw in secrets.next().expect("a password for each %s") {
+                    setuser.arg(format!(">{pw}"));
+                }
+            } else {
+                setuser.arg(w.replace('\u{0}', "%"));
+            }
+        }
+        let _: () = setuser
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("the chart's Redis user {user}: {e}"));
+    }
+    assert_eq!(
+        secrets.next(),
+        None,
+        "the chart's Redis command sets both passwords"
+    );
     let cli = kbox.redis_exec_dir().join("bin/redis-cli");
     std::fs::write(
         &cli,

@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use lastcall_testkit::agent::InProcessAgent;
-use lastcall_testkit::eventually::wait_for;
+use lastcall_testkit::eventually::{try_eventually, wait_for};
 use lastcall_testkit::imds::ImdsEmulator;
 use lastcall_testkit::kube_box;
 use lastcall_testkit::world::{World, WorldSpec, cordoned, has_taint};
@@ -52,16 +52,19 @@ impl Mock {
     }
 
     async fn ready(&self) -> bool {
-        for _ in 0..100 {
-            if reqwest::get(format!("{}/latest/meta-data/instance-id", self.url()))
-                .await
-                .is_ok_and(|r| r.status().is_success())
-            {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        false
+        try_eventually(
+            "ec2-metadata-mock answers",
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+            || async {
+                reqwest::get(format!("{}/latest/meta-data/instance-id", self.url()))
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+                    .then_some(())
+            },
+        )
+        .await
+        .is_ok()
     }
 
     fn url(&self) -> String {

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use lastcall_testkit::agent::metric;
 use lastcall_testkit::eventually::try_eventually;
+use lastcall_testkit::gce::GceMetadataEmulator;
 use lastcall_testkit::kube_box::agones::Crd;
 use lastcall_testkit::scene::writes::dump;
 use lastcall_testkit::scene::{Backend, Scene, Write};
@@ -124,6 +125,57 @@ async fn drained(s: &Scene) {
     .await;
 }
 
+/// A release's resourceVersion precondition is exactly the version of the server the agent
+/// read while it was Ready: the server's last version before the DELETE took effect (by the
+/// scene's history: every version, in the API server's order), in state Ready. An empty or
+/// other version (a later read, a guess) fails.
+async fn assert_read_while_ready(
+    s: &Scene,
+    d: &Write,
+    srv: &lastcall_testkit::kube_box::agones::Server,
+) {
+    let backend = s.backend;
+    // The DELETE's own version (its deletionTimestamp) is in the history: so is every one
+    // before it.
+    s.history().reached("gameservers", &srv.name, d.at).await;
+    let sent = d
+        .request
+        .pointer("/preconditions/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| {
+            panic!(
+                "{backend:?}: the release of {} without a resourceVersion precondition: {}",
+                srv.name,
+                d.describe()
+            )
+        });
+    let read = s
+        .history()
+        .at("gameservers", &srv.name, &srv.uid, d.at - 1)
+        .unwrap_or_else(|| panic!("{backend:?}: no version of {} before its release", srv.name));
+    assert_eq!(
+        sent,
+        read.rv.to_string(),
+        "{backend:?}: the release of {} must name the version it read ({}): {}\n{}",
+        srv.name,
+        read.describe(),
+        d.describe(),
+        s.history()
+            .of("gameservers", &srv.name)
+            .iter()
+            .map(|v| v.describe())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_eq!(
+        read.state(),
+        Some("Ready"),
+        "{backend:?}: {} was released from a version that was not Ready: {}",
+        srv.name,
+        read.describe()
+    );
+}
+
 fn annotated(w: &Write, key: &str) -> bool {
     w.response
         .pointer(&format!("/metadata/annotations/{}", key.replace('/', "~1")))
@@ -172,6 +224,7 @@ async fn a_manual_drain_end_to_end(backend: Backend) {
             srv.name,
             d.describe()
         );
+        assert_read_while_ready(&s, d, srv).await;
     }
     let protect = writes
         .iter()
@@ -412,6 +465,295 @@ async fn under_an_older_agones_each_server_is_claimed_once(backend: Backend) {
     s.stop().await;
 }
 
+/// GKE's maintenance label the agent writes to hand a node back early.
+const HAND_BACK_LABEL: &str = "cloud.google.com/perform-maintenance";
+
+/// GCE's `upcoming-maintenance`: a window half an hour out that may start early
+/// (`can_reschedule`), which is what lets lastcall hand an empty node back.
+fn maintenance_that_may_start_early() -> String {
+    let start = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_mins(30))
+        .unwrap_or(jiff::Timestamp::MAX)
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    json!({"can_reschedule": "true", "maintenance_status": "PENDING", "type": "SCHEDULED",
+           "window_start_time": start})
+    .to_string()
+}
+
+/// The agent's arguments for GCE's metadata server at `url` with the hand-back to GKE on.
+fn hand_back_args(url: &str, settle_s: u64) -> Vec<String> {
+    vec![
+        "--gce-metadata".into(),
+        format!("--gce-metadata-endpoint={url}"),
+        "--gce-wait-timeout=2s".into(),
+        "--gce-upcoming-interval=200ms".into(),
+        "--gke-hand-back".into(),
+        format!("--deregister-settle={settle_s}s"),
+    ]
+}
+
+/// The agent's write that hands the node back to GKE, if any.
+fn hand_back(writes: &[Write]) -> Option<&Write> {
+    writes.iter().find(|w| {
+        w.resource == "nodes"
+            && w.response
+                .pointer(&format!(
+                    "/metadata/labels/{}",
+                    HAND_BACK_LABEL.replace('/', "~1")
+                ))
+                .is_some()
+    })
+}
+
+/// The settle passed before the late pod landed (a machine too slow for the round).
+struct Early;
+
+/// Row 7's fresh read: the agent's watches of pods and GameServers lag past the settle, while
+/// a pod a scheduler bound from its cache of a moment before the fence has landed on the node
+/// and holds a match; the hand-back to GKE falls due then, and only the gate's fresh read of
+/// the node's pods can see the match. Up to three rounds, each with a settle twice as long,
+/// when a machine too slow lets the settle pass before the late pod lands (the round then
+/// proves nothing and says so).
+async fn a_lagging_watch_never_hands_over_a_busy_node(backend: Backend) {
+    let mut settle = 10;
+    for round in 0..3 {
+        match lag_round(backend, round, settle).await {
+            Ok(()) => return,
+            Err(Early) => {
+                eprintln!(
+                    "{backend:?}: round {round}: the settle ({settle} s) passed before the late pod landed"
+                );
+                settle *= 2;
+            }
+        }
+    }
+    panic!("{backend:?}: the settle passed before the late pod landed in every round");
+}
+
+async fn lag_round(backend: Backend, round: usize, settle: u64) -> Result<(), Early> {
+    let mut s = Scene::start(backend, &format!("sc-lag{round}"), 1, 0).await;
+    let gce = GceMetadataEmulator::start().await.expect("GCE metadata");
+    let args = hand_back_args(&gce.url(), settle);
+    s.start_agent(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    // The maintenance drains the node, and the hand-back is due once it is empty and the
+    // fence has stood its settle.
+    gce.set("upcoming-maintenance", &maintenance_that_may_start_early());
+    let idle = s.idle[0].clone();
+    until(
+        &s,
+        "fenced, the idle server gone, the agent saying empty",
+        40,
+        || async {
+            let m = s.agent_metrics().await;
+            (fenced(&node_json(&s).await)
+                && s.game_server(&idle.name).await.is_none()
+                && s.pods_on_node().await.is_empty()
+                && metric(&m, "lastcall_drain_phase", &[("phase", "empty")]) == Some(1.0))
+            .then_some(())
+        },
+    )
+    .await;
+    // From now on the agent's pod and GameServer watches deliver nothing.
+    s.hold_agent_watches();
+    let late = s.late_server("gs-late").await;
+    let mark = s.mark();
+    s.history().reached("pods", &late.name, 0).await;
+    let late_pod = s.history().of("pods", &late.name);
+    let landed = late_pod
+        .first()
+        .unwrap_or_else(|| panic!("{backend:?}: no version of the late pod"))
+        .rv;
+    if let Some(w) = hand_back(&s.agent_writes().await)
+        && w.at < landed
+    {
+        s.stop().await;
+        return Err(Early);
+    }
+    // The agent's own view lacks the late match: its watches lag.
+    let seen =
+        lastcall_testkit::agent::metric_sum(&s.agent_metrics().await, "lastcall_game_servers", &[]);
+    assert_eq!(
+        seen, 0.0,
+        "{backend:?}: the agent saw the late server: the hold did not hold"
+    );
+    // The agent's decision: its fresh read of the node's pods (or a hand-back), then two
+    // passes more.
+    until(
+        &s,
+        "the agent's fresh read of the node's pods, or a hand-back",
+        settle + 40,
+        || async {
+            let read = !s.agent_lists_since(mark, "pods").is_empty();
+            (read || hand_back(&s.agent_writes().await).is_some()).then_some(())
+        },
+    )
+    .await;
+    s.passes(2).await;
+    let writes = s.agent_writes().await;
+    if let Some(w) = hand_back(&writes) {
+        let history: Vec<String> = s
+            .history()
+            .of("pods", &late.name)
+            .iter()
+            .map(|v| v.describe())
+            .collect();
+        panic!(
+            "{backend:?}: the node was handed back while the late match ran: {}\nthe late pod: {}",
+            w.describe(),
+            history.join("; ")
+        );
+    }
+    assert!(
+        s.held_watch_lines() > 0,
+        "{backend:?}: no watch line was held: the agent's caches did not lag"
+    );
+    eprintln!(
+        "{backend:?}: the agent's fresh reads while its watches lagged: {:?}",
+        s.agent_lists_since(mark, "pods")
+    );
+    assert!(
+        s.pods_on_node().await.contains(&late.name),
+        "{backend:?}: the late match's pod must still run"
+    );
+    // The watches catch up, the match ends, and the node is handed back after its pod and
+    // server are gone.
+    s.release_agent_watches();
+    until(&s, "the agent sees the late server", 30, || async {
+        let m = s.agent_metrics().await;
+        (lastcall_testkit::agent::metric_sum(&m, "lastcall_game_servers", &[]) == 1.0).then_some(())
+    })
+    .await;
+    s.end_match(&late).await;
+    let w = until(&s, "the hand-back after the late match", 60, || async {
+        hand_back(&s.agent_writes().await).cloned()
+    })
+    .await;
+    // After the late match ended, by the API server's order: its game said Shutdown() (or
+    // its server is being deleted) and its pod stopped running (finished or gone).
+    // (Waited for: the scene's history may be a moment behind the API server.)
+    let (ended, stopped) = until(&s, "the late match's end in the history", 30, || async {
+        let history = s.history();
+        let ended = history
+            .of("gameservers", &late.name)
+            .into_iter()
+            .find(|v| {
+                v.uid == late.uid
+                    && (v.state() == Some("Shutdown") || v.terminating() || v.event == "DELETED")
+            })?;
+        let stopped = history.of("pods", &late.name).into_iter().find(|v| {
+            v.uid == late_pod[0].uid
+                && (matches!(v.state(), Some("Succeeded" | "Failed")) || v.event == "DELETED")
+        })?;
+        Some((Some(ended.rv), Some(stopped.rv)))
+    })
+    .await;
+    assert!(
+        ended.is_some_and(|g| w.at > g) && stopped.is_some_and(|p| w.at > p),
+        "{backend:?}: handed back at {} before the late match ended (server {ended:?}, pod {stopped:?})",
+        w.at
+    );
+    never_refused(&s, backend);
+    s.stop().await;
+    Ok(())
+}
+
+/// Row 7's settle: an empty node whose maintenance may start early is handed back only once
+/// the fence has stood `--deregister-settle`, by the API server's own clock (a scheduler
+/// deciding on a cache from before the cordon may still bind a pod until then).
+async fn the_hand_back_waits_for_the_settle(backend: Backend) {
+    const SETTLE_S: u64 = 3;
+    let mut s = Scene::start(backend, "sc-settle", 0, 0).await;
+    let gce = GceMetadataEmulator::start().await.expect("GCE metadata");
+    let args = hand_back_args(&gce.url(), SETTLE_S);
+    s.start_agent(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    gce.set("upcoming-maintenance", &maintenance_that_may_start_early());
+    let handed = until(&s, "the hand-back", 40, || async {
+        hand_back(&s.agent_writes().await).cloned()
+    })
+    .await;
+    let writes = s.agent_writes().await;
+    let fence = the_fence(&s, &writes);
+    let (Some(fenced_at), Some(handed_at)) = (fence.when, handed.when) else {
+        panic!("{backend:?}: a write without its time");
+    };
+    let stood = handed_at.duration_since(fenced_at);
+    assert!(
+        stood >= jiff::SignedDuration::from_secs(SETTLE_S as i64),
+        "{backend:?}: handed back {stood:?} after the fence, before the {SETTLE_S} s settle:\n{}\n{}",
+        fence.describe(),
+        handed.describe()
+    );
+    assert!(
+        fenced(&node_json(&s).await),
+        "{backend:?}: a node handed back stays fenced"
+    );
+    never_refused(&s, backend);
+    s.stop().await;
+}
+
+/// The gate's fresh read after the node was reported empty: a drain by the operator's label
+/// empties the node (the agent reports it empty: nobody waits for it), its watches then lag
+/// while a late pod lands with a match, and only then does a maintenance that may start
+/// early make the hand-back to GKE due. The hand-back must wait for the match like any other.
+async fn a_hand_back_after_the_node_was_reported_empty_reads_afresh(backend: Backend) {
+    let mut s = Scene::start(backend, "sc-told", 1, 0).await;
+    let gce = GceMetadataEmulator::start().await.expect("GCE metadata");
+    let args = hand_back_args(&gce.url(), 1);
+    s.start_agent(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    s.drain_label(true).await;
+    until(&s, "the agent reports the node empty", 40, || async {
+        let m = s.agent_metrics().await;
+        (s.pods_on_node().await.is_empty()
+            && metric(&m, "lastcall_drain_phase", &[("phase", "empty")]) == Some(1.0))
+        .then_some(())
+    })
+    .await;
+    s.passes(1).await;
+    s.hold_agent_watches();
+    let late = s.late_server("gs-late").await;
+    let mark = s.mark();
+    gce.set("upcoming-maintenance", &maintenance_that_may_start_early());
+    until(&s, "the agent hears the maintenance", 30, || async {
+        let m = s.agent_metrics().await;
+        (lastcall_testkit::agent::metric_sum(
+            &m,
+            "lastcall_source_notices",
+            &[("source", "gce_metadata")],
+        ) > 0.0)
+            .then_some(())
+    })
+    .await;
+    s.passes(2).await;
+    let writes = s.agent_writes().await;
+    eprintln!(
+        "{backend:?}: the agent's fresh reads after the maintenance: {:?}\nits writes:\n{}",
+        s.agent_lists_since(mark, "pods"),
+        dump(&writes.iter().collect::<Vec<_>>())
+    );
+    if let Some(w) = hand_back(&writes) {
+        panic!(
+            "{backend:?}: handed back to GKE while the late match on {} runs, without a fresh read: {}",
+            late.name,
+            w.describe()
+        );
+    }
+    assert!(
+        !s.agent_lists_since(mark, "pods").is_empty(),
+        "{backend:?}: no fresh read of the node's pods after the maintenance"
+    );
+    assert!(
+        s.held_watch_lines() > 0,
+        "{backend:?}: no watch line was held: the agent's caches did not lag"
+    );
+    s.release_agent_watches();
+    never_refused(&s, backend);
+    s.stop().await;
+}
+
 macro_rules! on_both {
     ($($body:ident => $emulator:ident, $on_box:ident;)*) => {
         $(
@@ -429,6 +771,9 @@ macro_rules! on_both {
 }
 
 on_both! {
+    a_lagging_watch_never_hands_over_a_busy_node => lagging_watch_on_the_emulator, lagging_watch_on_the_box;
+    the_hand_back_waits_for_the_settle => settle_on_the_emulator, settle_on_the_box;
+    a_hand_back_after_the_node_was_reported_empty_reads_afresh => told_empty_on_the_emulator, told_empty_on_the_box;
     a_manual_drain_end_to_end => manual_drain_on_the_emulator, manual_drain_on_the_box;
     a_cancel_restores_exactly_what_was_there => cancel_on_the_emulator, cancel_on_the_box;
     under_an_older_agones_each_server_is_claimed_once => label_claims_on_the_emulator, label_claims_on_the_box;

@@ -95,6 +95,7 @@ fn rec(n: &Notice, first_seen: i64) -> Entry {
         deadline: n.deadline,
         cancellable: n.cancellable,
         first_seen: t(first_seen),
+        restated: n.restated,
     }
 }
 
@@ -254,6 +255,28 @@ fn the_current_deadline() {
             pressure: Some((Severity::Terminate, Some(2))),
             may_end: true,
             kept: vec![(AZURE, Some(2), 0)],
+        },
+        Row {
+            name: "an Azure Preempt recorded, Azure unheard since a restart: the platform may have postponed it meanwhile, so its old time ends no match until Azure answers",
+            live: vec![],
+            record: vec![rec(&azure_preempt(2), 0)],
+            unknown: vec![AZURE],
+            now: 0,
+            announced: Some((2, Record(AZURE))),
+            pressure: Some((Severity::Terminate, None)),
+            may_end: false,
+            kept: vec![(AZURE, Some(2), 0)],
+        },
+        Row {
+            name: "an EC2 Spot time recorded, IMDS unheard since a restart: its time never moves, still binding",
+            live: vec![],
+            record: vec![rec(&ec2_spot(2), 0)],
+            unknown: vec![IMDS],
+            now: 0,
+            announced: Some((2, Record(IMDS))),
+            pressure: Some((Severity::Terminate, Some(2))),
+            may_end: true,
+            kept: vec![(IMDS, Some(2), 0)],
         },
         Row {
             name: "Spot, then a lagging replica says ACTIVE: still binding",

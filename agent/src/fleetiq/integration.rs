@@ -37,7 +37,12 @@ pub struct FleetIq {
 struct Inner {
     /// Set once the instance id is known (IMDS may be slow); until then every call waits.
     client: OnceLock<GameLift>,
+    /// Deregistered in this life of the machine (by this agent, or before it, as the Node or
+    /// GameLift said at start-up).
     deregistered: AtomicBool,
+    /// Which life of the machine this is: a new boot id starts a new one (see
+    /// [`FleetIq::new_life`]), and start-up is decided again for it.
+    life: tokio::sync::watch::Sender<u64>,
     /// Serialises every lifecycle call, so none can follow (or overtake) the deregistration.
     lock: tokio::sync::Mutex<()>,
     /// Set once at start when ownership is on; unset, this agent is the node's only one.
@@ -52,6 +57,7 @@ impl FleetIq {
             inner: Arc::new(Inner {
                 client: OnceLock::new(),
                 deregistered: AtomicBool::new(false),
+                life: tokio::sync::watch::channel(0).0,
                 lock: tokio::sync::Mutex::new(()),
                 owner: OnceLock::new(),
                 dry_run,
@@ -90,6 +96,27 @@ impl FleetIq {
     /// deregistered this server: nothing may follow, and policy treats the node as deregistered.
     pub fn deregistered_earlier(&self) {
         self.inner.deregistered.store(true, Ordering::SeqCst);
+    }
+
+    /// The machine came back (a new boot id) and the reconciler has settled the new life on
+    /// the Node (lifted the old drain, or started it again): what start-up decided from the
+    /// last life, a deregistration above all, is not this one's. Start-up runs again
+    /// ([`Self::lives`]). Called once the Node write that ends the old life has landed, so
+    /// a registration never precedes it. (The only call that sets "deregistered" is the
+    /// reconciler's own, so none is in flight meanwhile.)
+    pub fn new_life(&self) {
+        if self.inner.deregistered.swap(false, Ordering::SeqCst) {
+            info!(
+                message =
+                    "a new life of the machine: the last life's deregistration no longer holds"
+            );
+        }
+        self.inner.life.send_modify(|l| *l += 1);
+    }
+
+    /// Which life of the machine start-up last decided for; changes with [`Self::new_life`].
+    pub fn lives(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.life.subscribe()
     }
 
     async fn call<F, Fut>(&self, kind: &'static str, what: &str, f: F) -> Result<(), GameLiftError>

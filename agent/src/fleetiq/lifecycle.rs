@@ -78,12 +78,19 @@ where
     }
 }
 
+/// What start-up reads from the Node.
+enum Read {
+    Progress(Progress),
+    /// The machine came back (a new boot id) and the Node still holds the last life's drain.
+    Returned,
+}
+
 /// Reads the Node until it answers; `None` on shutdown.
 async fn read_progress(
     nodes: &Api<Node>,
     name: &str,
     shutdown: &CancellationToken,
-) -> Option<Progress> {
+) -> Option<Read> {
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
     loop {
         match nodes.get(name).await {
@@ -95,17 +102,15 @@ async fn read_progress(
                         .unwrap_or(&Default::default()),
                 );
                 // A machine that came back starts a new life: the last one's drain and
-                // deregistration are not this one's (policy lifts or restarts the drain).
+                // deregistration are not this one's, but whether this life drains too is
+                // the reconciler's to settle (a drain signal may still be live).
                 let returned = crate::observed::NodeView::from_node(&n)
                     .is_ok_and(|v| v.machine_returned(&progress));
-                if returned {
-                    info!(
-                        message =
-                            "the machine came back (a new boot id): registering with FleetIQ again"
-                    );
-                    return Some(Progress::default());
-                }
-                return Some(progress);
+                return Some(if returned {
+                    Read::Returned
+                } else {
+                    Read::Progress(progress)
+                });
             }
             Err(e) => {
                 let delay = backoff.next_delay();
@@ -127,6 +132,9 @@ pub enum StartUp {
     Claimed,
     /// Nothing new to record; whether heartbeats may run.
     Resumed { heartbeat: bool },
+    /// The machine came back: nothing is sent until the reconciler has settled its new
+    /// life on the Node (the old drain lifted, or started again), then start-up runs again.
+    Returned,
 }
 
 impl StartUp {
@@ -138,14 +146,25 @@ impl StartUp {
 /// Register → HEALTHY → claim → UTILIZED, as the original did, unless the Node says a drain
 /// is under way or the server was already deregistered. Heartbeats may run unless the server
 /// is deregistered (or, on a draining node, was never registered at all).
+///
+/// Decided from one Node read, which may come before the kubelet has posted a new boot id:
+/// the decision holds for this life only, and is taken again when the reconciler starts a
+/// new one ([`FleetIq::new_life`]).
 pub async fn start_up(
     fleetiq: &FleetIq,
     nodes: Api<Node>,
     node_name: &str,
     shutdown: &CancellationToken,
 ) -> StartUp {
-    let Some(progress) = read_progress(&nodes, node_name, shutdown).await else {
-        return StartUp::heartbeat(false);
+    let progress = match read_progress(&nodes, node_name, shutdown).await {
+        None => return StartUp::heartbeat(false),
+        Some(Read::Returned) => {
+            info!(
+                message = "the machine came back (a new boot id): FleetIQ start-up waits until the drain of its last life is settled on the Node"
+            );
+            return StartUp::Returned;
+        }
+        Some(Read::Progress(p)) => p,
     };
     if progress.deregistered.is_some() {
         fleetiq.deregistered_earlier();
@@ -248,7 +267,8 @@ async fn ask_registered(fleetiq: &FleetIq, shutdown: &CancellationToken) -> Opti
     }
 }
 
-/// HEALTHY every `interval` until shutdown or deregistration.
+/// HEALTHY every `interval` until shutdown, deregistration, or a new life of the machine
+/// (start-up is decided again then).
 pub async fn heartbeat_loop(
     fleetiq: FleetIq,
     interval: Duration,
@@ -260,10 +280,16 @@ pub async fn heartbeat_loop(
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failures = 0u32;
+    let mut lives = fleetiq.lives();
+    lives.mark_unchanged();
     health.set(HEALTH_HEARTBEAT, true, "starting");
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
+            _ = lives.changed() => {
+                info!(message = "a new life of the machine; heartbeats wait for start-up");
+                return;
+            }
             _ = tick.tick() => {}
         }
         if fleetiq.is_deregistered() {

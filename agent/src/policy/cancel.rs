@@ -43,6 +43,7 @@ pub(super) fn cancel(inp: &Inputs<'_>, progress: &Progress, actions: &mut Vec<Ac
     }
     for k in [
         keys::ANN_STARTED,
+        keys::ANN_FENCE_RESTORED,
         keys::ANN_CAUSE,
         keys::ANN_CORDONED,
         keys::ANN_NOTICE,

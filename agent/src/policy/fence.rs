@@ -39,8 +39,8 @@ pub(super) fn unseen_servers(obs: &Observed) -> Vec<Action> {
 }
 
 /// A held drain's fence, put back where another writer stripped it: our taint, and the
-/// cordon if lastcall made it. Nothing else changes while the drain is held (the record
-/// stays as it was). `None` when the fence stands.
+/// cordon if lastcall made it, with the moment it stands again (the settle counts from
+/// it). The drain's record stays as it was while it is held. `None` when the fence stands.
 pub(super) fn refence(inp: &Inputs<'_>, progress: &Progress) -> Option<NodePatch> {
     let node = &inp.observed.node;
     let mut patch = NodePatch {
@@ -55,7 +55,20 @@ pub(super) fn refence(inp: &Inputs<'_>, progress: &Progress) -> Option<NodePatch
     if progress.cordoned_by_us && !node.unschedulable {
         patch.unschedulable = Some(true);
     }
-    (patch.taints.is_some() || patch.unschedulable.is_some()).then_some(patch)
+    if patch.taints.is_none() && patch.unschedulable.is_none() {
+        return None;
+    }
+    restored(inp, &mut patch);
+    Some(patch)
+}
+
+/// A fence put back after another writer stripped it: the settle before any hand-off
+/// counts again from now (a scheduler may have chosen this node while the fence was gone,
+/// and bind its pod after the next fresh read). Also written when the mark is unreadable.
+fn restored(inp: &Inputs<'_>, patch: &mut NodePatch) {
+    patch
+        .set_annotations
+        .insert(keys::ANN_FENCE_RESTORED.into(), format_precise(inp.now));
 }
 
 /// The node-level fence: cordon, our taint, progress annotations and the drain record.
@@ -87,11 +100,23 @@ pub(super) fn fence_patch(
         patch.taints = Some(taints);
     }
     // To the sub-second (the settle counts from it); a garbled start is written anew, so
-    // the settle is never shortened by it.
-    if progress.start().is_none() && progress.deregistered.is_none() {
+    // the settle is never shortened by it. Also once deregistered: the hand-off that may
+    // still wait (an Auto Scaling hook) counts its settle from it, and an unreadable start
+    // would push it later on every pass, for ever.
+    if progress.start().is_none() {
         patch
             .set_annotations
             .insert(keys::ANN_STARTED.into(), format_precise(inp.now));
+    }
+    // A drain already under way whose fence another writer stripped (or whose restoration
+    // mark is unreadable): the fence stands again only from now.
+    let putting_back = patch.unschedulable == Some(true) || patch.taints.is_some();
+    let unreadable_mark = node
+        .annotations
+        .get(keys::ANN_FENCE_RESTORED)
+        .is_some_and(|v| v.parse::<jiff::Timestamp>().is_err());
+    if progress.started.is_some() && (putting_back || unreadable_mark) {
+        restored(inp, &mut patch);
     }
     // The life this drain belongs to: a machine that comes back starts a new one.
     if let Some(boot) = &node.boot_id
@@ -120,7 +145,10 @@ pub(super) fn fence_patch(
                 .insert(keys::ANN_NOTICE.into(), record.to_annotation());
         }
     }
-    if progress.started.is_none() && patch.set_annotations.contains_key(keys::ANN_STARTED) {
+    if progress.started.is_none()
+        && progress.deregistered.is_none()
+        && patch.set_annotations.contains_key(keys::ANN_STARTED)
+    {
         patch.events.push(NodeEvent::DrainStarted);
     }
     if patch.unschedulable == Some(true) || patch.taints.is_some() {

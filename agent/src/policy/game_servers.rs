@@ -171,11 +171,7 @@ fn game_server_work(
     // A game-server pod that is still there, even one terminating, may be a game flushing
     // its results during its grace period: the instance must not be handed back under it.
     // A Failed or Succeeded pod runs nothing, and may never be deleted.
-    if obs
-        .pods
-        .iter()
-        .any(|p| p.gameserver.is_some() && !p.finished)
-    {
+    if super::handoff::hosts_games(&obs.pods) {
         busy = true;
     }
     let (releases, held) = pace(inp, pressure, releases, &mut wake_at);

@@ -12,9 +12,18 @@
 
 use jiff::Timestamp;
 
+use crate::observed::PodView;
 use crate::progress::Progress;
 
 use super::{Inputs, Warning};
+
+/// Whether the node's pods may host a match: a game-server pod that has not finished, one
+/// terminating included (the game may be flushing its results in its grace period). A
+/// Failed or Succeeded pod runs nothing. Every match has a pod, so a fresh pod LIST decides
+/// this alone; it is the whole gate where nothing else is read (`--deregister-on-exit`).
+pub fn hosts_games(pods: &[PodView]) -> bool {
+    pods.iter().any(|p| p.gameserver.is_some() && !p.finished)
+}
 
 /// The Warning Event (and `lastcall_fleetiq_deregistered_while_busy`) for a node GameLift
 /// no longer lists while matches still run on it.

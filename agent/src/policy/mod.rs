@@ -43,8 +43,9 @@ pub use deadlines::{DeadlineView, deadline_view};
 use drain::drain;
 use fence::{fence_patch, unseen_servers};
 use game_servers::{fenced_work, remove_terminating_from_allocation, warn_unknown_eviction_safe};
-pub use handoff::DEREGISTERED_WHILE_BUSY;
+pub use handoff::{DEREGISTERED_WHILE_BUSY, hosts_games};
 use idle::idle;
+pub use returned::MACHINE_RETURNED_HELD;
 pub use taints::compat_toleration;
 #[cfg(test)]
 use taints::{taint, tolerates};
@@ -408,6 +409,7 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         if let Some(p) = fence::refence(inp, &progress) {
             out.actions.push(Action::PatchNode(p));
         }
+        returned::held(inp, &progress, &mut out);
         Phase::Draining
     } else if returned {
         returned::returned(inp, &progress, driver.as_ref(), &mut out.actions)

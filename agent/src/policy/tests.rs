@@ -47,6 +47,7 @@ fn node() -> NodeView {
         labels: BTreeMap::new(),
         annotations: BTreeMap::new(),
         boot_id: None,
+        ready_since: None,
     }
 }
 
@@ -1809,6 +1810,43 @@ fn a_garbled_start_never_shortens_the_settle() {
     assert_eq!(count(&p.actions, "deregister"), 1, "{:?}", p.actions);
 }
 
+/// Once deregistered, an unreadable `drain-started` is written anew as before it: the
+/// settle before the hand-off that may still wait (an Auto Scaling hook, after FleetIQ's
+/// deregistration) counts from then. Left unreadable, it would count from every pass's
+/// `now`, and the hook would be heartbeated to its cap on an empty node.
+#[test]
+fn a_garbled_start_after_deregistration_is_written_anew_and_the_hand_off_follows() {
+    let c = PolicyConfig {
+        deregister_settle: Duration::from_secs(5),
+        ..cfg()
+    };
+    let (mut o, _, _) = converge(&observed(vec![]), &[draining()], &cfg());
+    assert!(o.node.annotations.contains_key(keys::ANN_DEREGISTERED));
+    let later = now() + secs(3600);
+    assert!(
+        plan_at(&o, &[draining()], &[], &c, later).hand_off,
+        "empty, deregistered, settled"
+    );
+    o.node
+        .annotations
+        .insert(keys::ANN_STARTED.into(), "yesterday-ish".into());
+    let p = plan_at(&o, &[draining()], &[], &c, later);
+    assert!(!p.hand_off, "{:?}", p.actions);
+    let written = simulate(&o, &p.actions);
+    assert!(!plan_at(&written, &[draining()], &[], &c, later + secs(4)).hand_off);
+    let due = plan_at(&written, &[draining()], &[], &c, later + secs(5));
+    assert!(
+        due.hand_off && due.actions.is_empty(),
+        "the settle after an unreadable start never ends: {due:?}"
+    );
+    let rewritten = p.actions.iter().any(|a| {
+        matches!(a, Action::PatchNode(n)
+            if n.set_annotations.get(keys::ANN_STARTED) == Some(&format_precise(later))
+                && n.events.is_empty())
+    });
+    assert!(rewritten, "written anew, with no Event: {:?}", p.actions);
+}
+
 /// An empty node whose pending GCE maintenance may start early, handed back to GKE.
 fn handed_back() -> (Observed, Notice, PolicyConfig) {
     let mut m = draining();
@@ -1958,6 +1996,99 @@ fn the_node_is_handed_off_once_empty_settled_and_deregistered_where_fleetiq_is_o
             let after = plan_at(&gone, &[draining()], &[], &c, now() + secs(6));
             assert!(after.hand_off && after.actions.is_empty(), "{after:?}");
         }
+    }
+}
+
+/// The fence has stood only since it was last put back: a taint or cordon another writer
+/// strips from an empty, long-fenced node is put back, and the settle before any hand-off
+/// (FleetIQ's deregistration, or a waiting platform's) counts again from then. The scheduler
+/// may have chosen the node while the fence was gone and bind its pod after the next fresh
+/// read, exactly as just after the first fence.
+#[test]
+fn a_fence_put_back_restarts_the_settle() {
+    type Strip = fn(&mut Observed);
+    let strips: [(&str, Strip); 3] = [
+        ("taint", |o| {
+            o.node.taints.retain(|t| t.key != keys::TAINT_DRAINING)
+        }),
+        ("cordon", |o| o.node.unschedulable = false),
+        ("both", |o| {
+            o.node.taints.retain(|t| t.key != keys::TAINT_DRAINING);
+            o.node.unschedulable = false;
+        }),
+    ];
+    for fleetiq in [true, false] {
+        let c = PolicyConfig {
+            deregister: fleetiq,
+            deregister_settle: Duration::from_secs(5),
+            ..cfg()
+        };
+        let fence = plan_at(&observed(vec![]), &[draining()], &[], &c, now());
+        let fenced = simulate(&observed(vec![]), &fence.actions);
+        let later = now() + secs(3600);
+        for (what, strip) in strips {
+            let mut stripped = fenced.clone();
+            strip(&mut stripped);
+            let p = plan_at(&stripped, &[draining()], &[], &c, later);
+            assert!(
+                !p.hands_over(),
+                "{what}, FleetIQ {fleetiq}: {:?}",
+                p.actions
+            );
+            let marked = p.actions.iter().any(|a| {
+                matches!(a, Action::PatchNode(n)
+                    if n.set_annotations.get(keys::ANN_FENCE_RESTORED) == Some(&format_precise(later)))
+            });
+            assert!(marked, "{what}, FleetIQ {fleetiq}: {:?}", p.actions);
+            let back = simulate(&stripped, &p.actions);
+            assert!(back.node.unschedulable && back.node.has_taint(keys::TAINT_DRAINING));
+            let early = plan_at(&back, &[draining()], &[], &c, later + secs(4));
+            assert!(
+                !early.hands_over() && early.actions.is_empty(),
+                "{what}, FleetIQ {fleetiq}: handed over 4 s after the fence was put back: {:?}",
+                early.actions
+            );
+            assert_eq!(early.wake_at, Some(later + secs(5)), "{what}");
+            let due = plan_at(&back, &[draining()], &[], &c, later + secs(5));
+            assert!(
+                due.hands_over(),
+                "{what}, FleetIQ {fleetiq}: {:?}",
+                due.actions
+            );
+        }
+        // A held drain (its source not heard since a restart) puts the fence back the same way.
+        let mut stripped = fenced.clone();
+        stripped
+            .node
+            .taints
+            .retain(|t| t.key != keys::TAINT_DRAINING);
+        let held = plan_at(&stripped, &[], &[fleetiq::SOURCE], &c, later);
+        let marked = held.actions.iter().any(|a| {
+            matches!(a, Action::PatchNode(n)
+                if n.set_annotations.get(keys::ANN_FENCE_RESTORED) == Some(&format_precise(later)))
+        });
+        assert!(marked, "held, FleetIQ {fleetiq}: {:?}", held.actions);
+        // An unreadable mark never shortens the settle: it is written anew.
+        let mut garbled = fenced.clone();
+        garbled
+            .node
+            .annotations
+            .insert(keys::ANN_FENCE_RESTORED.into(), "soon".into());
+        let p = plan_at(&garbled, &[draining()], &[], &c, later);
+        assert!(!p.hands_over(), "{:?}", p.actions);
+        let back = simulate(&garbled, &p.actions);
+        assert!(!plan_at(&back, &[draining()], &[], &c, later + secs(4)).hands_over());
+        assert!(plan_at(&back, &[draining()], &[], &c, later + secs(5)).hands_over());
+        // A cancel takes the mark away with the rest of the drain's record.
+        let cancelled = converge(&back, &[], &c).0;
+        assert!(
+            !cancelled
+                .node
+                .annotations
+                .contains_key(keys::ANN_FENCE_RESTORED),
+            "{:?}",
+            cancelled.node.annotations
+        );
     }
 }
 
@@ -2263,6 +2394,7 @@ fn a_joining_source_is_first_seen_now_until_deregistration_then_at_the_start() {
                 deadline: None,
                 cancellable: true,
                 first_seen: start,
+                restated: false,
             }],
         }),
         ..Progress::default()
@@ -2676,6 +2808,49 @@ fn a_machine_that_came_back_holds_the_fence_until_the_sources_that_asked_report(
     assert_eq!(with(&[], &[draining()]).phase, Phase::Fencing);
 }
 
+/// A machine that came back stays fenced while a source that asked for its last drain has
+/// not reported; one that never does (down, or gone from the configuration) would keep it
+/// fenced for good without a word. A minute after the machine is back (its Node Ready
+/// again), the operator is told which source holds it, once; before that, the plan wakes
+/// for that moment. Unsaid when it came back: told at once.
+#[test]
+fn a_machine_held_for_a_source_that_never_reports_is_told() {
+    let done = handed_over_on("boot-a", &[draining()]);
+    let mut back = done.clone();
+    back.node.boot_id = Some("boot-b".into());
+    back.node.ready_since = Some(now());
+    let at = |o: &Observed, unknown: &[crate::notice::Source], t: Timestamp| {
+        plan(&Inputs {
+            notices: &[],
+            observed: o,
+            config: &cfg(),
+            unknown_sources: unknown,
+            fleetiq_deregistered: false,
+            now: t,
+        })
+    };
+    let told = |p: &Plan| {
+        p.warnings
+            .iter()
+            .filter(|w| w.reason == MACHINE_RETURNED_HELD)
+            .map(|w| w.note.clone())
+            .collect::<Vec<_>>()
+    };
+    let early = at(&back, &[fleetiq::SOURCE], now() + secs(30));
+    assert!(told(&early).is_empty(), "{:?}", early.warnings);
+    assert_eq!(early.wake_at, Some(now() + secs(60)));
+    let late = at(&back, &[fleetiq::SOURCE], now() + secs(60));
+    let notes = told(&late);
+    assert_eq!(notes.len(), 1, "{:?}", late.warnings);
+    assert!(notes[0].contains("fleetiq"), "{notes:?}");
+    assert_eq!(late.phase, Phase::Draining, "still held");
+    // Heard from: nothing to tell.
+    assert!(told(&at(&back, &[], now() + secs(600))).is_empty());
+    // When the machine came back is not said: told at once.
+    back.node.ready_since = None;
+    assert_eq!(told(&at(&back, &[fleetiq::SOURCE], now())).len(), 1);
+}
+
 /// A drain held after a restart (its source not heard from yet) keeps the node fenced: a
 /// taint or cordon another writer stripped meanwhile is put back, and nothing else moves.
 #[test]
@@ -2714,7 +2889,14 @@ fn a_held_drain_puts_back_a_stripped_fence() {
         "{:?}",
         patches[0]
     );
-    assert!(patches[0].set_annotations.is_empty() && patches[0].remove_annotations.is_empty());
+    // The drain's record stays as it was; only the moment the fence stands again is kept.
+    assert_eq!(
+        patches[0].set_annotations.keys().collect::<Vec<_>>(),
+        [keys::ANN_FENCE_RESTORED],
+        "{:?}",
+        patches[0]
+    );
+    assert!(patches[0].remove_annotations.is_empty());
     let again = simulate(&stripped, &held.actions);
     let p = plan(&Inputs {
         notices: &[],

@@ -9,7 +9,10 @@
 //! action with `CONTINUE` once the node is empty (and deregistered where FleetIQ is on).
 //!
 //! Off by default (`--asg-lifecycle`). The only steady-state cost is one local IMDS read per
-//! `--asg-interval`; the Auto Scaling API is called only once the instance is leaving.
+//! `--asg-interval`; the Auto Scaling API is called only once the instance is leaving. In
+//! queue mode (`--aws-queue`) the termination comes from the `EC2 Instance-terminate
+//! Lifecycle Action` pubsub relayed onto the agent's Node, and the instance id from the
+//! Node's `spec.providerID`: no IMDS, so no host network; the hold is the same.
 
 use std::time::Duration;
 
@@ -364,8 +367,10 @@ impl Api {
 enum Stage {
     /// The instance is in service (or IMDS has not said otherwise yet).
     Watching,
-    /// It is leaving; the wait could not be read yet (retried every poll).
-    Leaving,
+    /// It is leaving; the wait could not be read yet (retried every poll). With the group
+    /// and hook known (the API lags behind instance metadata), the wait is heartbeated and
+    /// its end announced all the same: it began when instance metadata said so.
+    Leaving(Option<Hold>),
     /// Holding the wait.
     Holding(Hold),
     /// Nothing left to do: completed, or there was no wait to hold. The notice stays.
@@ -401,9 +406,91 @@ pub async fn sdk_client(
     aws_sdk_autoscaling::Client::from_conf(b.build())
 }
 
+/// Where the source learns that the instance is leaving, and which instance it is.
+enum Watch {
+    /// Instance metadata: `autoscaling/target-lifecycle-state` and `instance-id`.
+    Imds(aws_config::imds::client::Client),
+    /// Queue mode (`--aws-queue`): the termination lifecycle action pubsub relayed onto the
+    /// agent's own Node, and the instance its `spec.providerID` names. No IMDS at all.
+    Node(super::KubeAccess, String),
+}
+
+impl Watch {
+    fn node_instance(kube: &super::KubeAccess, node: &str) -> Option<String> {
+        let n = kube
+            .node
+            .get(&kube::runtime::reflector::ObjectRef::new(node))?;
+        let pid = n.spec.as_ref()?.provider_id.as_deref()?;
+        lastcall_common::aws_events::instance_of_provider_id(pid).map(str::to_string)
+    }
+
+    async fn instance_id(&self) -> Option<String> {
+        match self {
+            Self::Imds(imds) => match imds.get(INSTANCE_ID_PATH).await {
+                Ok(v) if !v.as_ref().trim().is_empty() => Some(v.as_ref().trim().to_string()),
+                _ => None,
+            },
+            Self::Node(kube, node) => Self::node_instance(kube, node),
+        }
+    }
+
+    /// `Ok(true)`: the group is terminating the instance; `Err`: unknown (not "in service"),
+    /// with a bounded reason.
+    async fn leaving(&self) -> Result<bool, &'static str> {
+        match self {
+            Self::Imds(imds) => match imds.get(LIFECYCLE_PATH).await {
+                Ok(v) => Ok(v.as_ref().trim() == "Terminated"),
+                // Not in an Auto Scaling group (or nothing said yet): not leaving.
+                Err(aws_config::imds::client::error::ImdsError::ErrorResponse(r))
+                    if r.response().status().as_u16() == 404 =>
+                {
+                    Ok(false)
+                }
+                Err(_) => Err("imds"),
+            },
+            Self::Node(kube, node) => {
+                use lastcall_common::aws_events::{ANNOTATION, Event, Record};
+                let n = kube
+                    .node
+                    .get(&kube::runtime::reflector::ObjectRef::new(node))
+                    .ok_or("node")?;
+                let instance = Self::node_instance(kube, node).ok_or("node")?;
+                let Some(raw) = n
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ANNOTATION))
+                else {
+                    return Ok(false);
+                };
+                // An unreadable record is the queue source's to report; here it says nothing.
+                let record = Record::parse(raw).map_err(|_| "node")?;
+                let now = Timestamp::now();
+                Ok(record.for_instance(&instance).any(|e| {
+                    matches!(e.event, Event::TerminateLifecycleAction { .. })
+                        && e.time
+                            .checked_add(SignedDuration::try_from(MAX_WAIT).unwrap_or_default())
+                            .is_ok_and(|end| now < end)
+                }))
+            }
+        }
+    }
+}
+
 pub fn start(ctx: SourceContext) -> Option<BoxFuture<'static, ()>> {
     if !ctx.config.asg_lifecycle {
         return None;
+    }
+    if ctx.config.aws_queue {
+        let Some(kube) = ctx.kube.clone() else {
+            warn!(
+                message =
+                    "queue mode needs the API server's Node; Auto Scaling lifecycle source off"
+            );
+            return None;
+        };
+        let node = ctx.config.node_name.clone();
+        return Some(run(ctx, Watch::Node(kube, node)).boxed());
     }
     let imds = match aws_config::imds::client::Client::builder()
         .endpoint(&ctx.config.imds_endpoint)
@@ -419,10 +506,10 @@ pub fn start(ctx: SourceContext) -> Option<BoxFuture<'static, ()>> {
             return None;
         }
     };
-    Some(run(ctx, imds).boxed())
+    Some(run(ctx, Watch::Imds(imds)).boxed())
 }
 
-async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
+async fn run(ctx: SourceContext, watch: Watch) {
     let c = ctx.config.clone();
     let metrics = ctx.metrics.clone();
     let up = |ok: bool| {
@@ -442,14 +529,14 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
             })
             .inc();
     };
-    // The instance id: from the flag, else IMDS (retried until it answers).
+    // The instance id: from the flag, else IMDS or the Node (retried until it answers).
     let instance = loop {
         if let Some(id) = &c.instance_id {
             break id.clone();
         }
-        match imds.get(INSTANCE_ID_PATH).await {
-            Ok(v) if !v.as_ref().trim().is_empty() => break v.as_ref().trim().to_string(),
-            _ => {
+        match watch.instance_id().await {
+            Some(id) => break id,
+            None => {
                 up(false);
                 error("instance_id");
                 tokio::select! {
@@ -474,13 +561,17 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
     let mut empty = ctx.node_empty.clone();
     let mut empty_open = true;
     let mut stage = Stage::Watching;
+    // When instance metadata first said the instance is leaving: the wait began then at the
+    // latest, however long the Auto Scaling API lags behind.
+    let mut leaving_since: Option<Timestamp> = None;
     // Since when the API has lagged behind instance metadata.
     let mut lagging_since: Option<tokio::time::Instant> = None;
     let mut next_poll = tokio::time::Instant::now();
     let mut next_heartbeat = next_poll;
     loop {
         let wake = match &stage {
-            Stage::Watching | Stage::Leaving => next_poll,
+            Stage::Watching | Stage::Leaving(None) => next_poll,
+            Stage::Leaving(Some(_)) => next_poll.min(next_heartbeat),
             // A standby also looks again each second: it completes nothing until it acts.
             Stage::Holding(_) if !ctx.acting.now() => {
                 next_heartbeat.min(tokio::time::Instant::now() + STANDBY_RECHECK)
@@ -495,13 +586,37 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
         }
         let now = tokio::time::Instant::now();
         // IMDS: is the instance leaving? Read every --asg-interval until it is.
-        if matches!(stage, Stage::Watching | Stage::Leaving) && now >= next_poll {
+        if matches!(stage, Stage::Watching | Stage::Leaving(_)) && now >= next_poll {
             next_poll = now + c.asg_interval;
-            match imds.get(LIFECYCLE_PATH).await {
-                Ok(v) if v.as_ref().trim() == "Terminated" => {
+            match watch.leaving().await {
+                Ok(true) => {
                     up(true);
-                    stage = match discover(&api, &c, Timestamp::now()).await {
-                        Ok(s) => s,
+                    let seen = *leaving_since.get_or_insert_with(Timestamp::now);
+                    let known = match &mut stage {
+                        Stage::Leaving(h) => h.take(),
+                        _ => None,
+                    };
+                    let was_known = known.is_some();
+                    stage = match discover(&api, &c, seen, known.clone()).await {
+                        Ok(Discovered::Stage(s)) => s,
+                        Ok(Discovered::Lagging(state, hold)) => {
+                            let since = *lagging_since.get_or_insert(now);
+                            let lag = now.saturating_duration_since(since);
+                            metrics
+                                .asg_state_lag
+                                .set(i64::try_from(lag.as_secs()).unwrap_or(i64::MAX));
+                            error("lagging");
+                            if lag >= LAG_LIMIT {
+                                warn!(message = "Auto Scaling lifecycle: the API never reported the termination wait; any wait has ended by now", state = %state, lagged_secs = lag.as_secs());
+                                Stage::Done(None)
+                            } else {
+                                if !was_known {
+                                    info!(message = "Auto Scaling lifecycle: instance metadata says the instance is leaving, but the API still reports an earlier state; heartbeating the wait and reading again", state = %state, group = %hold.group, hook = %hold.hook.name, deadline = %hold.deadline());
+                                    next_heartbeat = now;
+                                }
+                                Stage::Leaving(Some(hold))
+                            }
+                        }
                         Err(CallError::Lagging(state)) => {
                             let since = *lagging_since.get_or_insert(now);
                             let lag = now.saturating_duration_since(since);
@@ -514,16 +629,17 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
                                 Stage::Done(None)
                             } else {
                                 info!(message = "Auto Scaling lifecycle: instance metadata says the instance is leaving, but the API still reports an earlier state; reading again", state = %state, lagged_secs = lag.as_secs());
-                                Stage::Leaving
+                                Stage::Leaving(None)
                             }
                         }
                         Err(e) => {
                             error(e.metric_label());
                             warn!(message = "Auto Scaling lifecycle: the instance is leaving, but its hook wait could not be read; retrying", error = %e);
-                            Stage::Leaving
+                            // A wait already known is still heartbeated meanwhile.
+                            Stage::Leaving(known)
                         }
                     };
-                    if !matches!(stage, Stage::Leaving) && lagging_since.take().is_some() {
+                    if !matches!(stage, Stage::Leaving(_)) && lagging_since.take().is_some() {
                         metrics.asg_state_lag.set(0);
                     }
                     if let Stage::Holding(h) = &stage {
@@ -531,22 +647,21 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
                         next_heartbeat = now;
                     }
                 }
-                Ok(_) => up(true),
-                Err(aws_config::imds::client::error::ImdsError::ErrorResponse(r))
-                    if r.response().status().as_u16() == 404 =>
-                {
-                    // Not in an Auto Scaling group (or nothing said yet): not leaving.
-                    up(true);
-                }
-                Err(_) => {
+                Ok(false) => up(true),
+                Err(reason) => {
                     // Unknown is not "in service": keep the last report.
                     up(false);
-                    error("imds");
+                    error(reason);
                     continue;
                 }
             }
         }
         let node_empty = *empty.borrow();
+        if let Stage::Leaving(Some(hold)) = &mut stage {
+            // The wait the API does not show yet: kept with heartbeats, never completed
+            // before it shows (an answer of "no active action" says nothing yet).
+            lagging_heartbeat(&api, hold, &mut next_heartbeat, &error).await;
+        }
         if let Stage::Holding(hold) = &mut stage {
             let acting = ctx.acting.now();
             stage = hold_step(&api, hold, acting, node_empty, &mut next_heartbeat, &error).await;
@@ -556,11 +671,36 @@ async fn run(ctx: SourceContext, imds: aws_config::imds::client::Client) {
         }
         let report = match &stage {
             Stage::Watching => Report::Known(vec![]),
-            Stage::Leaving => Report::Known(vec![leaving(None)]),
+            Stage::Leaving(None) => Report::Known(vec![leaving(None)]),
+            Stage::Leaving(Some(h)) => Report::Known(vec![h.notice()]),
             Stage::Holding(h) => Report::Known(vec![h.notice()]),
             Stage::Done(deadline) => Report::Known(vec![leaving(*deadline)]),
         };
         super::publish(&ctx.out, report);
+    }
+}
+
+/// Heartbeats a wait the API does not show yet, when due. A heartbeat only moves the
+/// wait's timeout, so a standby sends it too (as while holding). Refused for good
+/// (AccessDenied), or answered "no active action" (the API lags here too, or the wait is
+/// not there): tried again at the next heartbeat time, the wait read again meanwhile.
+async fn lagging_heartbeat(
+    api: &Api,
+    hold: &mut Hold,
+    next_heartbeat: &mut tokio::time::Instant,
+    error: &impl Fn(&'static str),
+) {
+    let now = tokio::time::Instant::now();
+    if now < *next_heartbeat || Timestamp::now() >= hold.cap {
+        return;
+    }
+    *next_heartbeat = now + hold.heartbeat_every();
+    match api.heartbeat(hold).await {
+        Ok(()) => hold.heartbeat_accepted(Timestamp::now()),
+        Err(e) => {
+            error(e.metric_label());
+            warn!(message = "Auto Scaling lifecycle: heartbeat of a wait the API does not show yet failed; trying again", error = %e);
+        }
     }
 }
 
@@ -676,28 +816,51 @@ fn leaving(deadline: Option<Timestamp>) -> Notice {
     )
 }
 
-/// Finds the wait to hold; `Done` when the instance is leaving without one.
+/// What reading the group found.
+enum Discovered {
+    Stage(Stage),
+    /// Instance metadata says the instance is leaving, the API still reports this earlier
+    /// state: the wait, as far as it can be known (group and hook), to heartbeat meanwhile.
+    Lagging(String, Hold),
+}
+
+/// Finds the wait to hold; `Done` when the instance is leaving without one. `seen` is when
+/// instance metadata first said the instance is leaving (the wait began by then); `known`,
+/// the wait as read while the API lagged (its hook is not read again).
 async fn discover(
     api: &Api,
     c: &crate::config::Config,
     seen: Timestamp,
-) -> Result<Stage, CallError> {
+    known: Option<Hold>,
+) -> Result<Discovered, CallError> {
     let Some((group, state)) = api.describe_instance().await? else {
-        return Ok(Stage::Done(None));
+        return Ok(Discovered::Stage(Stage::Done(None)));
     };
     let group = c.asg_group_name.clone().unwrap_or(group);
-    match lifecycle(&state) {
-        Lifecycle::Waiting => {}
+    let waiting = match lifecycle(&state) {
+        Lifecycle::Waiting => true,
         // Already proceeding (completed before a restart, or no hook): nothing to hold.
-        Lifecycle::Past => return Ok(Stage::Done(None)),
-        // IMDS is ahead of the API: the wait is coming; read again.
-        Lifecycle::Before => return Err(CallError::Lagging(state)),
-    }
-    let hooks = api.hooks(&group).await?;
-    match pick_hook(&hooks, c.asg_hook_name.as_deref()) {
-        Ok(hook) => Ok(Stage::Holding(Hold::new(group, hook, seen, c.asg_interval))),
-        Err(e) => Err(CallError::Other(e.to_string())),
-    }
+        Lifecycle::Past => return Ok(Discovered::Stage(Stage::Done(None))),
+        // IMDS is ahead of the API: the wait is there or coming; read again.
+        Lifecycle::Before => false,
+    };
+    let hold = match known.filter(|h| h.group == group) {
+        Some(h) => h,
+        None => {
+            let hooks = api.hooks(&group).await?;
+            match pick_hook(&hooks, c.asg_hook_name.as_deref()) {
+                Ok(hook) => Hold::new(group, hook, seen, c.asg_interval),
+                Err(e) if waiting => return Err(CallError::Other(e.to_string())),
+                // No hook to hold (yet): read again while the API lags.
+                Err(_) => return Err(CallError::Lagging(state)),
+            }
+        }
+    };
+    Ok(if waiting {
+        Discovered::Stage(Stage::Holding(hold))
+    } else {
+        Discovered::Lagging(state, hold)
+    })
 }
 
 /// Where a lifecycle state stands against the termination wait.

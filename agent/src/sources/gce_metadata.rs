@@ -59,6 +59,11 @@ pub fn parse_on_host_maintenance(body: &str) -> Result<OnHostMaintenance, ParseE
 }
 /// Failed first reads after which the metadata server counts as unreachable.
 const UNREACHABLE_AFTER: u32 = 3;
+/// A read that got no answer is tried again after this, doubling up to [`RETRY_MAX`]: the
+/// metadata server is on the VM's own host, and while a key is unread the source is unknown
+/// (a drain it asked for is held, a machine that came back stays fenced).
+const RETRY_FIRST: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// What `instance/maintenance-event` says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -311,10 +316,13 @@ pub fn report(view: &View, s: &Settings, now: Timestamp) -> Report {
         let lead = SignedDuration::try_from(s.maintenance_lead).unwrap_or_default();
         let from = u.window_start.checked_sub(lead).unwrap_or(u.window_start);
         // ONGOING ends every process only on a VM that host maintenance stops; one that
-        // live-migrates loses nothing (an unread policy counts as stopped: the safe side for
-        // a match is to be told it will end).
-        let migrates = view.on_host_maintenance == Some(OnHostMaintenance::Migrate);
-        let severity = if u.status == UpcomingStatus::Ongoing && !migrates {
+        // live-migrates loses nothing. Unread, the policy is not guessed: a Terminate at an
+        // ongoing window's start would end every match at once on a VM that may well
+        // migrate (GCE's default), and a match ended cannot be given back. The window drains
+        // meanwhile (no new match) and the policy is read again within seconds.
+        let policy = view.on_host_maintenance;
+        let stopped = policy == Some(OnHostMaintenance::Terminate);
+        let severity = if u.status == UpcomingStatus::Ongoing && stopped {
             Severity::Terminate
         } else if u.status == UpcomingStatus::Ongoing || now >= from {
             Severity::Drain
@@ -330,14 +338,17 @@ pub fn report(view: &View, s: &Settings, now: Timestamp) -> Report {
                 "upcoming maintenance {} at {}{}",
                 u.status.as_str(),
                 u.window_start,
-                if migrates {
-                    " (the VM live-migrates)"
-                } else {
-                    ""
+                match policy {
+                    Some(OnHostMaintenance::Migrate) => " (the VM live-migrates)",
+                    Some(OnHostMaintenance::Terminate) => " (the VM is stopped)",
+                    None => " (the VM's host-maintenance policy is not read yet)",
                 }
             ),
         );
-        notice.can_start_early = u.can_reschedule && u.status == UpcomingStatus::Pending;
+        // Handing the node back is final until the machine returns with a new boot id,
+        // which a live migration never brings: only a VM that maintenance stops is handed
+        // back early. One that migrates keeps its node, and its drain ends with the window.
+        notice.can_start_early = u.can_reschedule && u.status == UpcomingStatus::Pending && stopped;
         out.push(notice);
     }
     Report::Known(out)
@@ -537,7 +548,7 @@ impl Gce {
     /// One key: a plain read, then hanging GETs that always pass the last ETag.
     async fn watch(self, key: &'static str, shutdown: CancellationToken) {
         let mut etag: Option<String> = None;
-        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
+        let mut backoff = Backoff::new(RETRY_FIRST, RETRY_MAX);
         loop {
             let url = match &etag {
                 None => self.url(key),
@@ -603,59 +614,74 @@ impl Gce {
         // An unchanged answer is not read again: a steady `{}` is counted once, not per poll.
         let mut last: Option<(u16, String)> = None;
         let mut last_policy: Option<String> = None;
+        // A read that got no answer is tried again soon, not a whole interval later: until
+        // both are read the source is unknown (a drain it asked for is held, a machine that
+        // came back stays fenced) or an ongoing window waits for the VM's policy.
+        let mut retry = Backoff::new(RETRY_FIRST, RETRY_MAX.min(self.settings.upcoming_interval));
         loop {
             let answer = match self.fetch(&url).await {
                 Ok(Fetched::Value { body, .. }) => Some((200, body)),
                 Ok(Fetched::Status(404, body)) => Some((404, body)),
                 // Any other answer is unknown, never "cleared": keep the last view.
-                Ok(Fetched::Status(code, _)) => {
+                Ok(Fetched::Status(code, body)) => {
                     self.error(if code >= 500 {
                         "server_error"
                     } else {
                         "client_error"
                     });
+                    warn!(message = "GCE upcoming-maintenance read failed; the last reading stands", status = code, body = %trimmed(&body));
                     None
                 }
-                Err(_) => {
+                Err(e) => {
                     self.error("unreachable");
+                    warn!(message = "GCE upcoming-maintenance read failed; the last reading stands", error = %e);
                     None
                 }
             };
             // The VM's policy first, so an ONGOING answer is read with it.
-            self.read_policy(&mut last_policy).await;
+            let policy_read = self.read_policy(&mut last_policy).await;
+            let answered = answer.is_some();
             if let Some(a) = answer
                 && last.as_ref() != Some(&a)
             {
                 self.upcoming(a.0, &a.1);
                 last = Some(a);
             }
+            let wait = if answered && policy_read {
+                retry.reset();
+                self.settings.upcoming_interval
+            } else {
+                retry.next_delay()
+            };
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(self.settings.upcoming_interval) => {}
+                () = tokio::time::sleep(wait) => {}
             }
         }
     }
 
     /// Reads `scheduling/on-host-maintenance`; an error or an unknown value keeps what was
-    /// known (counted), and a change is published.
-    async fn read_policy(&self, last: &mut Option<String>) {
+    /// known (counted, logged), and a change is published. `false` when it got no answer.
+    async fn read_policy(&self, last: &mut Option<String>) -> bool {
         let body = match self.fetch(&self.url(KEY_ON_HOST_MAINTENANCE)).await {
             Ok(Fetched::Value { body, .. }) => body,
-            Ok(Fetched::Status(code, _)) => {
+            Ok(Fetched::Status(code, body)) => {
                 self.error(if code >= 500 {
                     "server_error"
                 } else {
                     "client_error"
                 });
-                return;
+                warn!(message = "reading the VM's host-maintenance policy failed; an ongoing window drains without ending a match until it is read", status = code, body = %trimmed(&body));
+                return false;
             }
-            Err(_) => {
+            Err(e) => {
                 self.error("unreachable");
-                return;
+                warn!(message = "reading the VM's host-maintenance policy failed; an ongoing window drains without ending a match until it is read", error = %e);
+                return false;
             }
         };
         if last.as_deref() == Some(body.as_str()) {
-            return;
+            return true;
         }
         match parse_on_host_maintenance(&body) {
             Ok(p) => {
@@ -667,6 +693,7 @@ impl Gce {
             Err(e) => self.reject(&e),
         }
         *last = Some(body);
+        true
     }
 
     fn upcoming(&self, status: u16, body: &str) {

@@ -8,6 +8,7 @@
 
 pub mod asg_lifecycle;
 pub mod aws_imds;
+pub mod aws_queue;
 pub mod azure_events;
 pub mod fleetiq;
 pub mod gce_metadata;
@@ -141,6 +142,7 @@ pub const REGISTRY: &[Registered] = &[
     Registered { source: fleetiq::SOURCE, kind: Kind::Task(fleetiq::start) },
     Registered { source: gce_metadata::SOURCE, kind: Kind::Task(gce_metadata::start) },
     Registered { source: aws_imds::SOURCE, kind: Kind::Task(aws_imds::start) },
+    Registered { source: aws_queue::SOURCE, kind: Kind::Task(aws_queue::start) },
     Registered { source: azure_events::SOURCE, kind: Kind::Task(azure_events::start) },
     Registered { source: asg_lifecycle::SOURCE, kind: Kind::Task(asg_lifecycle::start) },
     Registered { source: karpenter_expiry::SOURCE, kind: Kind::Task(karpenter_expiry::start) },
@@ -311,6 +313,7 @@ mod tests {
                 deadline: None,
                 cancellable: false,
                 first_seen: Timestamp::UNIX_EPOCH,
+                restated: false,
             }],
         };
         assert_eq!(

@@ -182,6 +182,7 @@ mod tests {
             labels: BTreeMap::new(),
             annotations: BTreeMap::new(),
             boot_id: None,
+            ready_since: None,
         }
     }
 

@@ -51,6 +51,32 @@ groups:
         annotations:
           summary: "Auto Scaling refuses lifecycle heartbeats for node {{`{{ $labels.node }}`}}: it goes at the hook's timeout."
           description: "The agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} cannot keep its instance in Terminating:Wait: the node's IAM role lacks autoscaling:RecordLifecycleActionHeartbeat, so matches still running at the heartbeat timeout are cut off (see the LifecycleHeartbeatDenied Event on the Node). See docs/operations.md, \"Auto Scaling refuses lifecycle heartbeats\"."
+      - alert: LastcallAgentMissing
+        # A node the agent DaemonSet selects has no available agent (kube-state-metrics'
+        # DaemonSet figures): an agent that stays Pending on a packed node (the chart's
+        # PriorityClass never preempts a pod, which there could be a match), crash-loops or
+        # cannot pull its image. That node's drains go unheard.
+        expr: |-
+          max by (namespace, daemonset) (
+            kube_daemonset_status_desired_number_scheduled{daemonset="{{ include "lastcall.fullname" . }}-agent"}
+            - kube_daemonset_status_number_available{daemonset="{{ include "lastcall.fullname" . }}-agent"}
+          ) > 0
+        for: {{ $r.agentMissingMinutes }}m
+        labels:
+          severity: critical
+        annotations:
+          summary: "{{`{{ $value }}`}} game node(s) have no running lastcall agent."
+          description: "DaemonSet {{`{{ $labels.namespace }}/{{ $labels.daemonset }}`}} has had nodes without an available agent for {{ $r.agentMissingMinutes }} minutes: a doomed node among them drains without lastcall, its matches unprotected. See docs/operations.md, \"A game node has no agent\"."
+      - alert: LastcallNodeRestrictionUnenforceable
+        # Start-up found that the chart's node restriction cannot hold the agent: its token
+        # carries no node (not bound to a pod, Kubernetes before 1.30) or the API server serves
+        # no ValidatingAdmissionPolicy v1. Such an agent can write every node's objects.
+        expr: max by (namespace, pod, node) (lastcall_node_restriction_enforceable) == 0
+        labels:
+          severity: warning
+        annotations:
+          summary: "The agent on node {{`{{ $labels.node }}`}} is not held to its own node's objects."
+          description: "The agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} may write every node's Nodes, Pods and GameServers: see the NodeRestrictionUnenforceable Event on its Node for why. See docs/operations.md, \"An agent is not held to its node\"."
       - alert: LastcallDeregisteredWhileBusy
         # GameLift no longer lists the node's game server while matches run on it (it drops
         # a server whose heartbeats stopped, or an old agent deregistered on exit). lastcall
@@ -159,4 +185,12 @@ groups:
         annotations:
           summary: "A Fleet's lastcall.dev/autoscaler-* settings are invalid ({{`{{ $labels.source }}`}}) and ignored."
           description: "The webhook answers that Fleet with the flags' buffer, min and max; the warning log names the Fleet and the setting."
+      - alert: LastcallQueueBackingUp
+        expr: max by (namespace, pod) (lastcall_pubsub_queue_oldest_message_age_seconds) > 60
+        for: 5m
+        labels:
+          severity: warning
+        annotations:
+          summary: "pubsub {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} reads interruption events that waited over a minute in the queue."
+          description: "A Spot warning relayed two minutes late is no warning. pubsub is too slow or its calls fail: see lastcall_pubsub_queue_errors_total (ReceiveMessage, DeleteMessage, PatchNode), more receivers (queue.receivers), and docs/queue.md."
 {{- end -}}

@@ -93,7 +93,7 @@ prometheus.io/path: /metrics
 
 {{/* Whether pubsub is deployed: something needs it (FleetIQ statuses, the webhook). */}}
 {{- define "lastcall.pubsubEnabled" -}}
-{{- if and .Values.pubsub.enabled (or .Values.fleetiq.enabled .Values.pubsub.webhook.enabled) -}}true{{- end -}}
+{{- if and .Values.pubsub.enabled (or .Values.fleetiq.enabled .Values.pubsub.webhook.enabled .Values.queue.enabled) -}}true{{- end -}}
 {{- end -}}
 
 {{/* Whether the agents publish their drain state (the webhook reads it). */}}
@@ -103,7 +103,8 @@ prometheus.io/path: /metrics
 
 {{/* Whether anything deployed uses Redis. */}}
 {{- define "lastcall.redisNeeded" -}}
-{{- if or .Values.fleetiq.enabled (include "lastcall.pubsubEnabled" .) (and .Values.agent.enabled (include "lastcall.publishDrainState" .)) -}}true{{- end -}}
+{{- /* Queue mode alone needs none: pubsub then runs without --redis-url. */ -}}
+{{- if or .Values.fleetiq.enabled (and .Values.pubsub.enabled .Values.pubsub.webhook.enabled) (and .Values.agent.enabled (include "lastcall.publishDrainState" .)) -}}true{{- end -}}
 {{- end -}}
 
 {{/* Whether the bundled Redis is deployed. */}}
@@ -120,7 +121,9 @@ Identity; AKS clusters that block pods from IMDS).
 {{- define "lastcall.hostNetwork" -}}
 {{- $v := .Values.agent.hostNetwork -}}
 {{- if eq (toString $v) "auto" -}}
-{{- if or .Values.fleetiq.enabled .Values.agent.awsImds .Values.agent.asgLifecycle .Values.agent.gceMetadata .Values.agent.azureEvents -}}true{{- end -}}
+{{- /* Queue mode reads nothing on the node: with it, an Auto Scaling hold learns of the
+termination from the relayed event and the instance id from the Node, not from IMDS. */ -}}
+{{- if or .Values.fleetiq.enabled .Values.agent.awsImds (and .Values.agent.asgLifecycle (not .Values.queue.enabled)) .Values.agent.gceMetadata .Values.agent.azureEvents -}}true{{- end -}}
 {{- else if $v -}}true{{- end -}}
 {{- end -}}
 
@@ -139,6 +142,30 @@ discovery lists kinds, e.g. `v1/Pod`), when it serves ValidatingAdmissionPolicy 
 {{- else if eq $v "true" -}}true{{- end -}}
 {{- end -}}
 
+{{/*
+Entries of agent-writes.yaml that apply to this release, as a JSON list: pass (list $ entries).
+An entry with `when: <value>` applies only where `agent.<value>` is set.
+*/}}
+{{- define "lastcall.agentWrites" -}}
+{{- $root := index . 0 -}}
+{{- $out := list -}}
+{{- range (index . 1) -}}
+{{- if or (not .when) (index $root.Values.agent .when) -}}
+{{- $out = append $out . -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* The keys of those entries, as a JSON list (a CEL list literal): pass (list $ entries). */}}
+{{- define "lastcall.agentWriteKeys" -}}
+{{- $out := list -}}
+{{- range (include "lastcall.agentWrites" . | fromJsonArray) -}}
+{{- $out = append $out .key -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
 {{/* The agent's priority class: the value, else the chart's own, else none. */}}
 {{- define "lastcall.agentPriorityClass" -}}
 {{- if .Values.agent.priorityClassName -}}
@@ -149,38 +176,61 @@ discovery lists kinds, e.g. `v1/Pod`), when it serves ValidatingAdmissionPolicy 
 {{- end -}}
 
 {{- define "lastcall.redisAuthSecret" -}}
-{{- required "redis.bundled.auth.existingSecret is required with the bundled Redis: create it with `kubectl -n <namespace> create secret generic lastcall-redis-auth --from-literal=password=\"$(openssl rand -hex 24)\"` (or set redis.url / redis.existingSecret for your own Redis)" .Values.redis.bundled.auth.existingSecret -}}
+{{- required "redis.bundled.auth.existingSecret is required with the bundled Redis: create it with `kubectl -n <namespace> create secret generic lastcall-redis-auth --from-literal=password=\"$(openssl rand -hex 24)\" --from-literal=agent-password=\"$(openssl rand -hex 24)\"` (or set redis.url / redis.existingSecret for your own Redis)" .Values.redis.bundled.auth.existingSecret -}}
 {{- end -}}
 
 {{/*
-REDIS_URL (and the password it refers to) as container env entries. The bundled Redis' URL
-names the password through $(REDIS_PASSWORD), which the kubelet expands, so the password
-only ever lives in the Secret. With redis.tls.caSecret, REDIS_CA_FILE names the mounted CA.
+The bundled Redis' two users (docs/install.md, "Redis users"). pubsub's publishes the statuses
+and sets their cached keys (its scripts: GET, SET, PUBLISH, TIME), and the webhook reads and
+prunes the drain state. The agents' subscribes to any instance's channel and reads the cached
+keys (%R~: read only), and with the drain state published writes that hash; it can run no
+PUBLISH, SET, EVAL or other write. The default user is off. Pass (list $ "pubsub"|"agent").
+*/}}
+{{- define "lastcall.redisAcl" -}}
+{{- $root := index . 0 -}}
+{{- $connection := "-@all +@connection -@admin -@dangerous +cluster|slots" -}}
+{{- if eq (index . 1) "pubsub" -}}
+resetkeys resetchannels ~lastcall:* &* {{ $connection }} +get +mget +set +publish +time +eval +evalsha +script|load +hget +hset +hdel +hgetall
+{{- else -}}
+resetkeys resetchannels %R~lastcall:status:* %R~lastcall:polled_at:* &* {{ $connection }} +subscribe +unsubscribe +get +mget
+{{- if include "lastcall.publishDrainState" $root }} ~lastcall:drain-state* +hset +hdel{{ end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+REDIS_URL (and the password it refers to) of one component as container env entries: pass
+(list $ "agent"|"pubsub"). The bundled Redis' URL names the component's own Redis user and
+its password through $(REDIS_PASSWORD), which the kubelet expands, so the password only ever
+lives in the Secret. With redis.tls.caSecret, REDIS_CA_FILE names the mounted CA.
 */}}
 {{- define "lastcall.redisEnv" -}}
-{{- if .Values.redis.existingSecret }}
+{{- $root := index . 0 -}}
+{{- $component := index . 1 -}}
+{{- with $root.Values.redis }}
+{{- if .existingSecret }}
 - name: REDIS_URL
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.redis.existingSecret }}
-      key: {{ .Values.redis.existingSecretKey }}
-{{- else if .Values.redis.url }}
+      name: {{ .existingSecret }}
+      key: {{ if eq $component "agent" }}{{ default .existingSecretKey .agentExistingSecretKey }}{{ else }}{{ .existingSecretKey }}{{ end }}
+{{- else if .url }}
 - name: REDIS_URL
-  value: {{ .Values.redis.url | quote }}
-{{- else if include "lastcall.bundledRedis" . }}
+  value: {{ .url | quote }}
+{{- else if include "lastcall.bundledRedis" $root }}
 - name: REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ include "lastcall.redisAuthSecret" . }}
-      key: {{ .Values.redis.bundled.auth.existingSecretKey }}
+      name: {{ include "lastcall.redisAuthSecret" $root }}
+      key: {{ if eq $component "agent" }}{{ .bundled.auth.agentPasswordKey }}{{ else }}{{ .bundled.auth.existingSecretKey }}{{ end }}
 - name: REDIS_URL
-  value: {{ printf "redis://:$(REDIS_PASSWORD)@%s-redis.%s.svc:6379" (include "lastcall.fullname" .) (include "lastcall.namespace" .) | quote }}
+  value: {{ printf "redis://lastcall-%s:$(REDIS_PASSWORD)@%s-redis.%s.svc:6379" $component (include "lastcall.fullname" $root) (include "lastcall.namespace" $root) | quote }}
 {{- else }}
 {{- fail "Redis is needed (fleetiq.enabled, pubsub.webhook.enabled or agent.publishDrainState): keep redis.bundled.enabled, or set redis.url or redis.existingSecret" }}
 {{- end }}
-{{- if .Values.redis.tls.caSecret }}
+{{- if .tls.caSecret }}
 - name: REDIS_CA_FILE
-  value: /etc/lastcall/redis-ca/{{ .Values.redis.tls.caSecretKey }}
+  value: /etc/lastcall/redis-ca/{{ .tls.caSecretKey }}
+{{- end }}
 {{- end }}
 {{- end -}}
 

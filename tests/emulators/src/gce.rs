@@ -3,6 +3,10 @@
 //! `Metadata-Flavor: Google` header rule (403 without it), 503 blips, 404 for keys that are
 //! not defined, and a switch that makes it unreachable (connection refused), as behind GKE
 //! Workload Identity without `hostNetwork` or on Autopilot.
+//!
+//! The same keys are served under `/<reader>/computeMetadata/…`
+//! ([`GceMetadataEmulator::url_for`]), so that a test giving each client its own endpoint
+//! can tell their reads apart.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -29,11 +33,13 @@ struct Inner {
     next_etag: u64,
     /// Answer the next N requests with 503.
     fail_next: usize,
+    /// Answer the next N requests for one key with 503 (the other keys answer).
+    fail_key: BTreeMap<String, usize>,
     /// Every request: (key, had the header, wait_for_change).
     journal: Vec<(String, bool, bool)>,
     /// Every answer with a value: (key, when it was read under the lock a change takes too,
-    /// whether the value was not empty).
-    answered: Vec<(String, std::time::SystemTime, bool)>,
+    /// whether the value was not empty, the reader its URL named).
+    answered: Vec<(String, std::time::SystemTime, bool, Option<String>)>,
 }
 
 #[derive(Clone)]
@@ -84,6 +90,10 @@ impl GceMetadataEmulator {
                 "/computeMetadata/v1/instance/{*key}",
                 axum::routing::get(get),
             )
+            .route(
+                "/{reader}/computeMetadata/v1/instance/{*key}",
+                axum::routing::get(get),
+            )
             .with_state(self.shared.clone());
         let (stop, _) = crate::net::serve(listener, app, "the GCE metadata emulator");
         *self.serving.lock().unwrap_or_else(|e| e.into_inner()) = Some(stop);
@@ -92,6 +102,12 @@ impl GceMetadataEmulator {
     /// `http://127.0.0.1:PORT`: what `--gce-metadata-endpoint` takes.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The same server for one named reader (`http://127.0.0.1:PORT/<reader>`): its reads are
+    /// recorded under its name ([`GceMetadataEmulator::reads_by`]).
+    pub fn url_for(&self, reader: &str) -> String {
+        format!("http://{}/{reader}", self.addr)
     }
 
     /// Sets `instance/<key>` to `value` with a new ETag, waking hanging GETs on it.
@@ -118,6 +134,12 @@ impl GceMetadataEmulator {
         self.shared.lock().fail_next = n;
     }
 
+    /// The next `n` requests for `instance/<key>` alone get 503: one read failing while the
+    /// others answer.
+    pub fn fail_key_next(&self, key: &str, n: usize) {
+        self.shared.lock().fail_key.insert(key.to_string(), n);
+    }
+
     /// Requests so far: `(key, sent Metadata-Flavor, was a hanging GET)`.
     pub fn requests(&self) -> Vec<(String, bool, bool)> {
         self.shared.lock().journal.clone()
@@ -131,8 +153,20 @@ impl GceMetadataEmulator {
             .lock()
             .answered
             .iter()
-            .filter(|(k, _, told)| k == key && *told)
-            .map(|(_, at, _)| *at)
+            .filter(|(k, _, told, _)| k == key && *told)
+            .map(|(_, at, _, _)| *at)
+            .collect()
+    }
+
+    /// As [`GceMetadataEmulator::reads`], each with the reader its URL named (`None`: the
+    /// plain URL).
+    pub fn reads_by(&self, key: &str) -> Vec<(std::time::SystemTime, Option<String>)> {
+        self.shared
+            .lock()
+            .answered
+            .iter()
+            .filter(|(k, _, told, _)| k == key && *told)
+            .map(|(_, at, _, reader)| (*at, reader.clone()))
             .collect()
     }
 
@@ -166,10 +200,13 @@ fn etag_text(n: u64) -> String {
 
 async fn get(
     State(shared): State<Shared>,
-    Path(key): Path<String>,
+    Path(path): Path<BTreeMap<String, String>>,
     Query(q): Query<BTreeMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
+    let key = path.get("key").cloned().unwrap_or_default();
+    // Named in the URL by a client given its own endpoint (`url_for`).
+    let reader = path.get("reader").cloned();
     let flavor = headers.get("metadata-flavor").and_then(|v| v.to_str().ok()) == Some("Google");
     let wait = q.get("wait_for_change").map(String::as_str) == Some("true");
     {
@@ -184,6 +221,10 @@ async fn get(
         }
         if g.fail_next > 0 {
             g.fail_next -= 1;
+            return (StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable").into_response();
+        }
+        if let Some(n) = g.fail_key.get_mut(&key).filter(|n| **n > 0) {
+            *n -= 1;
             return (StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable").into_response();
         }
     }
@@ -207,8 +248,12 @@ async fn get(
             if ready || tokio::time::Instant::now() >= deadline {
                 if let Some((Answer::Value(v), _)) = &current {
                     let told = !v.is_empty();
-                    g.answered
-                        .push((key.clone(), std::time::SystemTime::now(), told));
+                    g.answered.push((
+                        key.clone(),
+                        std::time::SystemTime::now(),
+                        told,
+                        reader.clone(),
+                    ));
                 }
                 Some(current)
             } else {
@@ -268,6 +313,13 @@ mod tests {
         emu.fail_next(1);
         assert_eq!(get(url.clone(), true).await.unwrap().status(), 503);
         assert_eq!(emu.reads("maintenance-event").len(), 1);
+        // One key failing: only its reads.
+        emu.fail_key_next("preempted", 1);
+        let preempted = url.replace("maintenance-event", "preempted");
+        assert_eq!(get(url.clone(), true).await.unwrap().status(), 200);
+        assert_eq!(get(preempted.clone(), true).await.unwrap().status(), 503);
+        assert_eq!(get(preempted, true).await.unwrap().status(), 200);
+        assert_eq!(emu.reads("maintenance-event").len(), 2);
         let waiting = get(
             format!("{url}?wait_for_change=true&last_etag={etag}&timeout_sec=30"),
             true,
@@ -281,13 +333,36 @@ mod tests {
         let (r, before) = tokio::join!(waiting, set);
         assert_eq!(r.unwrap().status(), 200);
         let reads = emu.reads("maintenance-event");
-        assert_eq!(reads.len(), 2);
-        assert!(reads[1] >= before, "woken by the change, read after it");
+        assert_eq!(reads.len(), 3);
+        assert!(reads[2] >= before, "woken by the change, read after it");
         // An empty body (a glitch) tells nothing.
         emu.set("maintenance-event", "");
         assert_eq!(get(url.clone(), true).await.unwrap().status(), 200);
-        assert_eq!(emu.reads("maintenance-event").len(), 2);
-        assert!(emu.reads("preempted").is_empty());
+        assert_eq!(emu.reads("maintenance-event").len(), 3);
+        assert_eq!(emu.reads("preempted").len(), 1);
+    }
+
+    /// A reader's own URL serves the same keys and names it in the reads.
+    #[tokio::test]
+    async fn readers_are_told_apart() {
+        let emu = GceMetadataEmulator::start().await.unwrap();
+        let c = reqwest::Client::new();
+        let get = |base: String| {
+            c.get(format!(
+                "{base}/computeMetadata/v1/instance/maintenance-event"
+            ))
+            .header("Metadata-Flavor", "Google")
+            .send()
+        };
+        let r = get(emu.url_for("agent-2")).await.unwrap();
+        assert_eq!(r.text().await.unwrap(), "NONE");
+        get(emu.url()).await.unwrap();
+        let readers: Vec<Option<String>> = emu
+            .reads_by("maintenance-event")
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect();
+        assert_eq!(readers, vec![Some("agent-2".to_string()), None]);
     }
 
     #[tokio::test]

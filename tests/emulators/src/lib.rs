@@ -18,6 +18,7 @@ pub mod gamelift;
 pub mod gce;
 pub mod imds;
 pub mod kube;
+pub mod moto;
 pub mod net;
 pub mod process;
 pub mod redis;

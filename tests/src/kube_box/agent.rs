@@ -168,6 +168,21 @@ pub async fn token(client: &kube::Client, pod: &Pod) -> anyhow::Result<String> {
     Ok(got.status.context("TokenRequest without status")?.token)
 }
 
+/// A token for the agent's ServiceAccount bound to no object: the API server gives it no
+/// node (`authentication.kubernetes.io/node-name`).
+pub async fn unbound_token(client: &kube::Client) -> anyhow::Result<String> {
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), NAMESPACE);
+    let req: TokenRequest = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"audiences": [], "expirationSeconds": 3600},
+    }))?;
+    let got: TokenRequest = api
+        .create_subresource("token", SERVICE_ACCOUNT, &PostParams::default(), &req)
+        .await?;
+    Ok(got.status.context("TokenRequest without status")?.token)
+}
+
 /// Creates the agent's pod on `node`, bound by name as the DaemonSet controller does, and
 /// waits until kwok runs it (it then has an IP).
 pub async fn create_pod(client: &kube::Client, node: &str) -> anyhow::Result<Pod> {
@@ -277,10 +292,34 @@ impl AgentProcess {
         node: &str,
         extra: Extra,
     ) -> anyhow::Result<AgentProcess> {
+        Self::start_with(kbox, server, node, extra, true).await
+    }
+
+    /// [`Self::start`] with a token of the agent's ServiceAccount bound to no pod (so it
+    /// carries no node): a credential that is not the DaemonSet's own.
+    pub async fn start_unbound(
+        kbox: &KubeBox,
+        node: &str,
+        extra: Extra,
+    ) -> anyhow::Result<AgentProcess> {
+        Self::start_with(kbox, &kbox.server(), node, extra, false).await
+    }
+
+    async fn start_with(
+        kbox: &KubeBox,
+        server: &str,
+        node: &str,
+        extra: Extra,
+        bound: bool,
+    ) -> anyhow::Result<AgentProcess> {
         let client = kbox.client().await?;
         install_rbac(&client).await?;
         let pod = create_pod(&client, node).await?;
-        let token = token(&client, &pod).await?;
+        let token = if bound {
+            token(&client, &pod).await?
+        } else {
+            unbound_token(&client).await?
+        };
         let args = args_with(&extra.args)?;
         let pod_json = serde_json::to_value(&pod)?;
         let mut env = Vec::new();

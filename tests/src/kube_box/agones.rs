@@ -1,32 +1,37 @@
-//! The Agones stand-in: the box has no Agones, so the tests play its part against the real
-//! API server, and only the parts lastcall touches.
+//! Agones on an API server with no Agones: the CRD, the chart's PDB, and the one Agones
+//! model of the test kit (`lastcall_emulators::cluster::agones`: its GameServer controller,
+//! its SDK rules, its allocator) driven over HTTP. On the box the controller runs here
+//! ([`Agones::on_box`], [`Agones::new`]), as its own user; on the emulator the cluster model
+//! runs the same controller on its store, and [`Agones::without_controller`] only plays the
+//! game and the allocator there.
 //!
 //! Ours, not Agones': the `gameservers.agones.dev` CRD (a structural schema that keeps
-//! unknown fields, no status subresource as in Agones, with or without the `selectableFields`
-//! `.status.state` and `.status.nodeName` as Agones 1.58 and later declare them), the
-//! `agones-gameserver-safe-to-evict-false` PDB of the Agones chart, a GameServer's pod (named
-//! as the server, a controller ownerReference to it, Agones' labels), the state changes the
-//! controller and SDK make (Scheduled with `status.nodeName`, Ready, Shutdown then a
-//! uid-preconditioned DELETE), and the allocator's resourceVersion-preconditioned
-//! Ready → Allocated update. Not modelled: Fleets, GameServerSets (no replacements), health
-//! checks, ports, the `agones.dev/controller` finalizer (a deleted server goes at once and
-//! the garbage collector deletes its pod), Reserved, and any Agones webhook.
+//! unknown fields, no status subresource as in Agones, with or without the
+//! `selectableFields` `.status.state` and `.status.nodeName` as Agones 1.58 and later
+//! declare them). The Agones module cannot be fetched here (the Go module proxy refuses it),
+//! so no Agones binary runs anywhere in the tests.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-    Preconditions,
-};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
+use crate::cluster::agones::over_http::Controller;
+use crate::cluster::agones::sdk::{self, Call, Outcome};
+use crate::cluster::allocator::{self, AllocationRequest};
+use crate::cluster::{EvictionSafe, GameServerSpec};
 use crate::eventually::try_eventually;
+
+pub use crate::cluster::allocator::Allocation;
 
 pub const CRD_NAME: &str = "gameservers.agones.dev";
 /// The label lastcall puts on servers of a draining node; an allocator excludes it.
 pub const DRAINING_LABEL: &str = "lastcall.dev/node-draining";
+/// The grace period of the servers' pods ([`Agones::ready_server`]): a match ends within it.
+pub const GRACE_SECONDS: i64 = 1;
 
 /// Which Agones the CRD plays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,13 +43,7 @@ pub enum Crd {
 }
 
 pub fn gameservers_resource() -> ApiResource {
-    ApiResource {
-        group: "agones.dev".into(),
-        version: "v1".into(),
-        api_version: "agones.dev/v1".into(),
-        kind: "GameServer".into(),
-        plural: "gameservers".into(),
-    }
+    allocator::gameserver_resource()
 }
 
 fn crds_resource() -> ApiResource {
@@ -130,18 +129,12 @@ pub async fn install_crd(client: &kube::Client, variant: Crd) -> anyhow::Result<
     Ok(())
 }
 
-/// The Agones chart's PDB for `agones.dev/safe-to-evict=false` pods, in `ns`.
+/// The Agones chart's PDB for `agones.dev/safe-to-evict=false` pods, in `ns` (the model's,
+/// `lastcall_emulators::cluster::agones::agones_pdb`).
 pub async fn ensure_pdb(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
     let api: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
         Api::namespaced(client.clone(), ns);
-    let pdb = serde_json::from_value(json!({
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": {"name": "agones-gameserver-safe-to-evict-false", "namespace": ns,
-                     "labels": {"app": "agones"}},
-        "spec": {"maxUnavailable": "0%",
-                 "selector": {"matchLabels": {"agones.dev/safe-to-evict": "false"}}},
-    }))?;
+    let pdb = serde_json::from_value(crate::cluster::agones::agones_pdb(ns))?;
     match api.create(&PostParams::default(), &pdb).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
@@ -157,20 +150,74 @@ pub struct Server {
     pub uid: String,
 }
 
+/// Who plays which part of Agones on the API server: the game's SDK (and the test's own
+/// reads and writes), the allocator, and the controller (`None`: another one runs, the
+/// emulator's cluster model).
+#[derive(Clone)]
+pub struct Users {
+    pub sdk: kube::Client,
+    pub allocator: kube::Client,
+    pub controller: Option<kube::Client>,
+}
+
 /// Agones' part for one namespace.
 #[derive(Clone)]
 pub struct Agones {
     pub ns: String,
     gs: Api<DynamicObject>,
     pods: Api<Pod>,
+    allocator: Api<DynamicObject>,
+    controller: Option<Arc<Controller>>,
 }
 
 impl Agones {
+    /// Every part played by `client`, the controller running in `ns` while a clone lives.
     pub fn new(client: &kube::Client, ns: &str) -> Agones {
+        Agones::with(
+            Users {
+                sdk: client.clone(),
+                allocator: client.clone(),
+                controller: Some(client.clone()),
+            },
+            ns,
+        )
+    }
+
+    /// On the box: each part as its own user ([`super::SDK_USER`], [`super::ALLOCATOR_USER`],
+    /// [`super::AGONES_USER`]), so the audit log tells them apart.
+    pub async fn on_box(kbox: &super::KubeBox, ns: &str) -> anyhow::Result<Agones> {
+        Ok(Agones::with(
+            Users {
+                sdk: kbox.client_as(super::SDK_USER).await?,
+                allocator: kbox.client_as(super::ALLOCATOR_USER).await?,
+                controller: Some(kbox.client_as(super::AGONES_USER).await?),
+            },
+            ns,
+        ))
+    }
+
+    /// The game and the allocator only: the controller is someone else's (the emulator's
+    /// cluster model runs the same one on its store).
+    pub fn without_controller(sdk: &kube::Client, allocator: &kube::Client, ns: &str) -> Agones {
+        Agones::with(
+            Users {
+                sdk: sdk.clone(),
+                allocator: allocator.clone(),
+                controller: None,
+            },
+            ns,
+        )
+    }
+
+    pub fn with(users: Users, ns: &str) -> Agones {
         Agones {
             ns: ns.to_string(),
-            gs: Api::namespaced_with(client.clone(), ns, &gameservers_resource()),
-            pods: Api::namespaced(client.clone(), ns),
+            gs: Api::namespaced_with(users.sdk.clone(), ns, &gameservers_resource()),
+            pods: Api::namespaced(users.sdk.clone(), ns),
+            allocator: Api::namespaced_with(users.allocator, ns, &gameservers_resource()),
+            controller: users
+                .controller
+                .map(|c| Arc::new(Controller::spawn(&c, ns))),
         }
     }
 
@@ -178,107 +225,73 @@ impl Agones {
         &self.gs
     }
 
-    /// Creates a GameServer and its pod (pinned to `node` by its hostname label: the test's
-    /// isolation, where Agones would leave placement to the scheduler), waits until the real
-    /// scheduler bound it and kwok runs it, and marks it Scheduled then Ready.
+    /// Creates the GameServer `spec` describes (in this namespace) and waits until the
+    /// controller made it Ready.
+    pub async fn ready(&self, spec: GameServerSpec) -> anyhow::Result<Server> {
+        let s = self.create(spec).await?;
+        self.wait_state(&s, "Ready").await?;
+        Ok(s)
+    }
+
+    /// Creates the GameServer `spec` describes, in this namespace.
+    pub async fn create(&self, spec: GameServerSpec) -> anyhow::Result<Server> {
+        let obj: DynamicObject =
+            serde_json::from_value(spec.namespace(self.ns.as_str()).to_object())?;
+        let made = self.gs.create(&PostParams::default(), &obj).await?;
+        Ok(Server {
+            namespace: self.ns.clone(),
+            name: made
+                .metadata
+                .name
+                .clone()
+                .context("a GameServer without a name")?,
+            uid: made
+                .metadata
+                .uid
+                .clone()
+                .context("a GameServer without a uid")?,
+        })
+    }
+
+    /// Waits until `s` (this uid) is in `state`.
+    pub async fn wait_state(&self, s: &Server, state: &str) -> anyhow::Result<()> {
+        try_eventually(
+            &format!("GameServer {} {state}", s.name),
+            Duration::from_secs(60),
+            Duration::from_millis(50),
+            || async {
+                let gs = self.gs.get_opt(&s.name).await.ok()??;
+                (gs.metadata.uid.as_deref() == Some(s.uid.as_str())
+                    && gs.data.pointer("/status/state").and_then(Value::as_str) == Some(state))
+                .then_some(())
+            },
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// A Ready server on `node` whose pod has [`GRACE_SECONDS`] of grace, `eviction.safe:
+    /// Never` (Agones' default).
     pub async fn ready_server(&self, name: &str, node: &str) -> anyhow::Result<Server> {
         self.ready_server_evictable(name, node, "Never").await
     }
 
     /// [`Self::ready_server`] with `spec.eviction.safe` = `safe` (`Never`, `OnUpgrade`,
-    /// `Always`): the pod's `agones.dev/safe-to-evict` label and autoscaler annotation say
-    /// `"true"` only for `Always`, as Agones sets them, and the controller copies the value to
-    /// `status.eviction.safe`.
+    /// `Always`); the pod's eviction label and annotation are the model's.
     pub async fn ready_server_evictable(
         &self,
         name: &str,
         node: &str,
         safe: &str,
     ) -> anyhow::Result<Server> {
-        let evictable = if safe == "Always" { "true" } else { "false" };
-        let gs: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "agones.dev/v1",
-            "kind": "GameServer",
-            "metadata": {"name": name, "namespace": self.ns},
-            "spec": {
-                "container": "gameserver",
-                "ports": [{"name": "default", "portPolicy": "Dynamic", "containerPort": 7654,
-                           "protocol": "UDP"}],
-                "eviction": {"safe": safe},
-                "template": {"spec": {"containers": [{"name": "gameserver", "image": "gameserver"}]}},
-            },
-            "status": {"state": "Creating"},
-        }))?;
-        let gs = self.gs.create(&PostParams::default(), &gs).await?;
-        let uid = gs
-            .metadata
-            .uid
-            .clone()
-            .context("created GameServer without a uid")?;
-        let pod: Pod = serde_json::from_value(json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": self.ns,
-                "labels": {"agones.dev/role": "gameserver", "agones.dev/gameserver": name,
-                           "agones.dev/safe-to-evict": evictable},
-                "annotations": {"agones.dev/container": "gameserver",
-                                "cluster-autoscaler.kubernetes.io/safe-to-evict": evictable},
-                "ownerReferences": [{"apiVersion": "agones.dev/v1", "kind": "GameServer",
-                                     "name": name, "uid": uid, "controller": true,
-                                     "blockOwnerDeletion": true}],
-            },
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "terminationGracePeriodSeconds": 1,
-                "containers": [{"name": "gameserver", "image": "gameserver"}],
-            },
-        }))?;
-        self.pods.create(&PostParams::default(), &pod).await?;
-        let pods = self.pods.clone();
-        let ip = try_eventually(
-            &format!("pod {name} scheduled onto {node} and running"),
-            Duration::from_secs(60),
-            Duration::from_millis(100),
-            || async {
-                let p = pods.get(name).await.ok()?;
-                let bound = p.spec.as_ref()?.node_name.as_deref() == Some(node);
-                let st = p.status?;
-                (bound && st.phase.as_deref() == Some("Running")).then_some(st.pod_ip)?
-            },
-        )
-        .await?;
-        self.state(
-            name,
-            json!({"state": "Scheduled", "nodeName": node, "address": ip,
-                   "eviction": {"safe": safe}}),
-        )
-        .await?;
-        self.state(name, json!({"state": "Ready"})).await?;
-        Ok(Server {
-            namespace: self.ns.clone(),
-            name: name.to_string(),
-            uid,
-        })
+        let safe: EvictionSafe = safe.parse()?;
+        self.ready(on_node(GameServerSpec::new(name), node).eviction_safe(safe))
+            .await
     }
 
-    /// A merge patch of `status`, as the controller or the SDK sidecar writes it.
-    pub async fn state(&self, name: &str, status: Value) -> anyhow::Result<()> {
-        self.gs
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "status": status })),
-            )
-            .await?;
-        Ok(())
-    }
-
-    /// The allocator's step for one server: read it and, if Ready and not being deleted,
-    /// write Allocated with the resourceVersion it read (a changed server answers 409).
+    /// The allocator's step for one server: read it and write it Allocated from that read.
     pub async fn allocate(&self, name: &str) -> anyhow::Result<Allocation> {
-        match self.gs.get_opt(name).await? {
+        match self.allocator.get_opt(name).await? {
             None => Ok(Allocation::Gone),
             Some(gs) => self.allocate_read(gs).await,
         }
@@ -286,39 +299,18 @@ impl Agones {
 
     /// The allocator's write for a server it read earlier (from its cache): Allocated, with
     /// the resourceVersion it read, so any write since makes it fail.
-    pub async fn allocate_read(&self, mut gs: DynamicObject) -> anyhow::Result<Allocation> {
-        let state = gs.data.pointer("/status/state").and_then(Value::as_str);
-        if state != Some("Ready") || gs.metadata.deletion_timestamp.is_some() {
-            return Ok(Allocation::NotReady);
-        }
-        let name = gs
-            .metadata
-            .name
-            .clone()
-            .context("a GameServer without a name")?;
-        gs.data["status"]["state"] = json!("Allocated");
-        match self.gs.replace(&name, &PostParams::default(), &gs).await {
-            Ok(done) => Ok(Allocation::Allocated(
-                done.metadata
-                    .resource_version
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0),
-            )),
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Allocation::Conflict),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Allocation::Gone),
-            Err(e) => Err(e.into()),
-        }
+    pub async fn allocate_read(&self, gs: DynamicObject) -> anyhow::Result<Allocation> {
+        let req = AllocationRequest::new(self.ns.as_str());
+        Ok(allocator::attempt(&self.allocator, gs, &req).await?)
     }
 
-    /// Servers an allocator with lastcall's exclusion selector may pick: Ready, not being
-    /// deleted, not labelled draining.
+    /// Servers an allocator with lastcall's exclusion selector may pick: its read by the
+    /// selector `lastcall.dev/node-draining!=true`, Ready and not being deleted.
     pub async fn candidates(&self) -> anyhow::Result<Vec<DynamicObject>> {
-        let lp = ListParams::default().labels(&format!("{DRAINING_LABEL}!=true"));
-        Ok(self
-            .gs
-            .list(&lp)
+        let req =
+            AllocationRequest::new(self.ns.as_str()).selector(format!("{DRAINING_LABEL}!=true"));
+        Ok(allocator::read(&self.allocator, &req)
             .await?
-            .items
             .into_iter()
             .filter(|g| {
                 g.metadata.deletion_timestamp.is_none()
@@ -327,17 +319,78 @@ impl Agones {
             .collect())
     }
 
-    /// The match ends: the SDK's Shutdown, then the controller's uid-preconditioned DELETE.
+    /// The game's SDK `call` on server `name`, as the SDK server writes it (a read, then an
+    /// update with the resourceVersion read, again on a conflict).
+    pub async fn sdk(&self, name: &str, call: Call) -> anyhow::Result<Outcome> {
+        for _ in 0..10 {
+            let gs = self.gs.get(name).await?;
+            let mut obj = serde_json::to_value(&gs)?;
+            let outcome = sdk::apply(call, &mut obj)?;
+            if outcome == Outcome::Skipped {
+                return Ok(outcome);
+            }
+            let next: DynamicObject = serde_json::from_value(obj)?;
+            match self.gs.replace(name, &PostParams::default(), &next).await {
+                Ok(_) => return Ok(outcome),
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        bail!("SDK {}() on {name}: conflicts on every try", call.name())
+    }
+
+    /// The match ends: the game calls SDK `Shutdown()` and exits (its pod's containers end,
+    /// as the kubelet reports it); the controller then deletes the server and its pod.
     pub async fn shutdown(&self, s: &Server) -> anyhow::Result<()> {
-        self.state(&s.name, json!({"state": "Shutdown"})).await?;
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(s.uid.clone()),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        self.gs.delete(&s.name, &dp).await?;
+        self.sdk(&s.name, Call::Shutdown).await?;
+        self.game_exit(&s.name).await
+    }
+
+    /// SDK `Reserve(0)`: held until allocated or shut down.
+    pub async fn reserve(&self, s: &Server) -> anyhow::Result<()> {
+        self.sdk(&s.name, Call::Reserve { seconds: 0 }).await?;
+        Ok(())
+    }
+
+    /// The game in pod `name` exits: every container terminated, the pod `Succeeded`, as a
+    /// kubelet reports it (`lastcall_emulators::cluster::kubelet::mark_exited`). A pod
+    /// already gone is left so.
+    pub async fn game_exit(&self, name: &str) -> anyhow::Result<()> {
+        for _ in 0..10 {
+            let Some(pod) = self.pods.get_opt(name).await? else {
+                return Ok(());
+            };
+            let mut obj = serde_json::to_value(&pod)?;
+            crate::cluster::kubelet::mark_exited(&mut obj);
+            let next: Pod = serde_json::from_value(obj)?;
+            match self
+                .pods
+                .replace_status(name, &PostParams::default(), &next)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        bail!("the exit of {name}: conflicts on every try")
+    }
+
+    /// The operator (or a Fleet scaling down) deletes the GameServer: the controller then
+    /// deletes its pod, which ends within its grace period, and lets the server go.
+    pub async fn delete(&self, name: &str) -> anyhow::Result<()> {
+        self.gs
+            .delete(name, &kube::api::DeleteParams::default())
+            .await?;
+        Ok(())
+    }
+
+    /// A merge patch of the GameServer `name` (someone else's labels or annotations).
+    pub async fn patch(&self, name: &str, patch: Value) -> anyhow::Result<()> {
+        self.gs
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
         Ok(())
     }
 
@@ -345,22 +398,22 @@ impl Agones {
         Ok(self.gs.get_opt(name).await?)
     }
 
-    /// Whether the pod of `name` is gone (deleted by the garbage collector, removed by kwok).
+    /// Whether the pod of `name` is gone.
     pub async fn pod_gone(&self, name: &str) -> anyhow::Result<bool> {
         Ok(self.pods.get_opt(name).await?.is_none())
     }
+
+    /// Passes the controller this client runs has made (0 without one).
+    pub fn controller_passes(&self) -> u64 {
+        self.controller.as_ref().map_or(0, |c| c.passes())
+    }
 }
 
-/// What one allocation attempt got.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Allocation {
-    /// Written; the resourceVersion it produced.
-    Allocated(u64),
-    /// 409: the server changed since it was read.
-    Conflict,
-    /// Not Ready, or being deleted.
-    NotReady,
-    Gone,
+/// `spec` with its pod pinned to `node` by the node's hostname label (the test's isolation,
+/// where Agones would leave placement to the scheduler) and [`GRACE_SECONDS`] of grace.
+pub fn on_node(spec: GameServerSpec, node: &str) -> GameServerSpec {
+    spec.node_selector("kubernetes.io/hostname", node)
+        .grace_seconds(GRACE_SECONDS)
 }
 
 /// Fails unless `s` still exists with `state`.
@@ -380,9 +433,30 @@ pub async fn expect_state(a: &Agones, s: &Server, state: &str) -> anyhow::Result
     Ok(())
 }
 
+/// Fails unless `s` (this uid) still exists and nobody began deleting it: a match ended by
+/// its pod's eviction leaves its server Unhealthy (Agones' answer to a pod gone under a
+/// live server), never deleted.
+pub async fn expect_kept(a: &Agones, s: &Server) -> anyhow::Result<()> {
+    let Some(gs) = a.get(&s.name).await? else {
+        bail!("{} is gone", s.name);
+    };
+    if gs.metadata.uid.as_deref() != Some(s.uid.as_str())
+        || gs.metadata.deletion_timestamp.is_some()
+    {
+        bail!(
+            "{} was replaced or is being deleted: uid {:?}, deletionTimestamp {:?}",
+            s.name,
+            gs.metadata.uid,
+            gs.metadata.deletion_timestamp
+        );
+    }
+    Ok(())
+}
+
 /// The resourceVersion of each GameServer deletion in a namespace, from a watch the test
-/// runs: a DELETE's answer is a bare `Status`, so the audit log cannot place it, but the
-/// watch's DELETED event carries the object at the deletion's revision.
+/// runs: a DELETE that removes a server at once answers with a bare `Status`, so the audit
+/// log cannot place it, but the watch's DELETED event carries the object at the deletion's
+/// revision.
 pub struct Deletions {
     seen: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>,
     task: tokio::task::JoinHandle<()>,

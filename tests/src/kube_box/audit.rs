@@ -48,6 +48,8 @@ pub struct Entry {
     pub response: Value,
     /// When the API server received the request.
     pub received: Option<jiff::Timestamp>,
+    /// When it answered (the event's stage time).
+    pub completed: Option<jiff::Timestamp>,
 }
 
 impl Entry {
@@ -78,6 +80,10 @@ impl Entry {
             response: v.get("responseObject").cloned().unwrap_or(Value::Null),
             received: v
                 .get("requestReceivedTimestamp")
+                .and_then(Value::as_str)
+                .and_then(|t| t.parse().ok()),
+            completed: v
+                .get("stageTimestamp")
                 .and_then(Value::as_str)
                 .and_then(|t| t.parse().ok()),
         })
@@ -134,6 +140,53 @@ pub fn read(path: &Path) -> Vec<Entry> {
             e.stage == "ResponseComplete" || (e.stage == "ResponseStarted" && e.verb == "watch")
         })
         .filter(|e| seen.insert(e.audit_id.clone()))
+        .collect()
+}
+
+/// The entries as the emulator's journal would hold them, so the promises written once on
+/// that journal (`lastcall_testkit::promises`) judge the box too. They are put in the order
+/// the promises read "before" and "after" in: a Node write at the moment the API server
+/// answered it (a fence stands from then), every other request at the moment it was
+/// received (a release is sent then); `seq` numbers them in that order, `identity` is the
+/// audit user.
+pub fn as_journal(entries: &[Entry]) -> Vec<crate::kube::journal::JournalEntry> {
+    use crate::kube::journal::{JournalEntry, Verb};
+    let mut keyed: Vec<(jiff::Timestamp, &Entry)> = entries
+        .iter()
+        .filter_map(|e| {
+            let at = if e.resource == "nodes" && e.is_write() {
+                e.completed.or(e.received)
+            } else {
+                e.received
+            };
+            Some((at?, e))
+        })
+        .collect();
+    keyed.sort_by_key(|(at, _)| *at);
+    keyed
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, (at, e))| {
+            let (path, query) = e.uri.split_once('?').unwrap_or((&e.uri, ""));
+            let some = |s: &str| (!s.is_empty()).then(|| s.to_string());
+            let body = |v: &Value| (!v.is_null()).then(|| std::sync::Arc::new(v.clone()));
+            Some(JournalEntry {
+                seq: i as u64,
+                identity: Some(e.user.clone()),
+                verb: Verb::parse(&e.verb)?,
+                method: String::new(),
+                path: path.to_string(),
+                query: query.to_string(),
+                status: e.code,
+                resource: some(&e.resource),
+                namespace: some(&e.namespace),
+                name: some(&e.name),
+                subresource: some(&e.subresource),
+                at: std::time::SystemTime::from(at),
+                response: if e.ok() { body(&e.response) } else { None },
+                request: body(&e.request),
+            })
+        })
         .collect()
 }
 

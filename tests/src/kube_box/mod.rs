@@ -44,8 +44,21 @@ const ADMIN_TOKEN: &str = "lastcall-box-admin-token";
 const KWOK_TOKEN: &str = "lastcall-box-kwok-token";
 /// kwok's user name.
 pub const KWOK_USER: &str = "kwok";
-/// The user of the tests' own writes (the Agones stand-in and the operator).
+/// The user of the tests' own writes (the operator, the tests' set-up).
 pub const ADMIN_USER: &str = "box-admin";
+/// The Agones GameServer controller's user ([`agones::Agones::on_box`]).
+pub const AGONES_USER: &str = "agones-controller";
+/// The Agones allocator's user.
+pub const ALLOCATOR_USER: &str = "agones-allocator";
+/// The user of the games' SDK calls (Agones' SDK sidecar).
+pub const SDK_USER: &str = "agones-sdk";
+/// Users of the box with a static token each (group `system:masters`): the token is
+/// `lastcall-box-<user>-token`.
+const STATIC_USERS: [&str; 3] = [AGONES_USER, ALLOCATOR_USER, SDK_USER];
+
+fn static_token(user: &str) -> String {
+    format!("lastcall-box-{user}-token")
+}
 /// The garbage collector's user (`--use-service-account-credentials`).
 pub const GC_USER: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
 
@@ -150,13 +163,18 @@ impl KubeBox {
         let pki = Pki::generate(dir.path())?;
         let root = dir.path().to_path_buf();
         let d = |f: &str| root.join(f).to_string_lossy().into_owned();
-        std::fs::write(
-            dir.path().join("tokens.csv"),
-            format!(
-                "{ADMIN_TOKEN},box-admin,box-admin,\"system:masters\"\n\
-                 {KWOK_TOKEN},{KWOK_USER},{KWOK_USER},\"system:masters\"\n"
-            ),
-        )?;
+        let mut tokens = format!(
+            "{ADMIN_TOKEN},box-admin,box-admin,\"system:masters\"\n\
+             {KWOK_TOKEN},{KWOK_USER},{KWOK_USER},\"system:masters\"\n"
+        );
+        for user in STATIC_USERS {
+            tokens.push_str(&format!(
+                "{},{user},{user},\"system:masters\"\n",
+                static_token(user)
+            ));
+        }
+        std::fs::write(dir.path().join("tokens.csv"), tokens)?;
+        std::fs::write(dir.path().join("kwok-stages.yaml"), kwok_stages(&stages)?)?;
         std::fs::write(dir.path().join("audit-policy.yaml"), audit::POLICY)?;
         let [etcd, peer, api, kcm, sched, kwok] = [(); 6].map(|()| try_free_port());
         let (etcd, peer, api, kcm, sched, kwok) = (etcd?, peer?, api?, kcm?, sched?, kwok?);
@@ -288,8 +306,9 @@ impl KubeBox {
             vec![
                 format!("--kubeconfig={}", d("kwok.kubeconfig")),
                 // kwok does nothing without stages: the release's "fast" ones, which
-                // build.sh puts beside the binaries.
-                format!("--config={}", stages.display()),
+                // build.sh puts beside the binaries, with a kubelet's pod deletion
+                // ([`kwok_stages`]).
+                format!("--config={}", d("kwok-stages.yaml")),
                 // `kubectl logs` / `exec` in the lastcall namespace ([`kwok_debug`]): the
                 // API server reaches kwok as the nodes' kubelet on its own port.
                 format!("--config={}", d("kwok-debug.yaml")),
@@ -455,6 +474,13 @@ impl KubeBox {
         Ok(kube::Client::try_from(self.admin_config().await?)?)
     }
 
+    /// A client as `user`, one of [`AGONES_USER`], [`ALLOCATOR_USER`], [`SDK_USER`].
+    pub async fn client_as(&self, user: &str) -> anyhow::Result<kube::Client> {
+        anyhow::ensure!(STATIC_USERS.contains(&user), "no token for {user}");
+        let config = config_from(&self.kubeconfig(&static_token(user), user)).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
     /// The last `lines` of every process's log.
     pub fn tails(&self, lines: usize) -> String {
         self.lock().tails(lines)
@@ -496,6 +522,71 @@ fn kwok_debug(dir: &Path) -> anyhow::Result<String> {
         exec = exec.display()
     ))
 }
+
+/// kwok's stages for the box: the release's "fast" ones (`stages`, from `hack/box/build.sh`)
+/// but their pod deletion, which removes a deleted pod at once, whatever its grace period.
+/// In its place, a kubelet's: a pod whose containers have all ended (phase `Succeeded` or
+/// `Failed`) goes at once; any other stays terminating until its `deletionTimestamp` (the
+/// request's time plus its grace period: the game was sent `TERM` and uses all of it), as
+/// kwok's own "general" pod-delete stage delays by that timestamp.
+fn kwok_stages(stages: &Path) -> anyhow::Result<String> {
+    let text =
+        std::fs::read_to_string(stages).with_context(|| format!("reading {}", stages.display()))?;
+    let mut kept: Vec<&str> = text
+        .split("\n---")
+        .filter(|doc| !doc.trim().is_empty() && !doc.contains("name: pod-delete\n"))
+        .collect();
+    anyhow::ensure!(
+        kept.len() + 1 == text.split("\n---").filter(|d| !d.trim().is_empty()).count(),
+        "no pod-delete stage to replace in {}",
+        stages.display()
+    );
+    kept.push(KUBELET_POD_DELETE);
+    Ok(kept
+        .iter()
+        .map(|d| format!("---\n{}\n", d.trim_start_matches('-').trim()))
+        .collect())
+}
+
+const KUBELET_POD_DELETE: &str = r#"apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-delete-exited
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'Exists'
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Succeeded', 'Failed']
+  next:
+    delete: true
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-delete-after-grace
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'Exists'
+    - key: '.status.phase'
+      operator: 'NotIn'
+      values: ['Succeeded', 'Failed']
+  delay:
+    durationMilliseconds: 0
+    durationFrom:
+      expressionFrom: '.metadata.deletionTimestamp'
+  next:
+    delete: true"#;
 
 /// kwok manages only the nodes carrying this annotation (value `fake`).
 pub const KWOK_ANNOTATION: &str = "kwok.x-k8s.io/node";

@@ -16,6 +16,13 @@
 //!
 //! Each injection is recorded with what the server really answered (for a lost answer), so
 //! a test proves the fault happened; the audit log shows what the server applied.
+//!
+//! Watches can be held ([`FaultProxy::hold_watches`]): the lines of a matching watch (open
+//! ones too) are kept, in order, until the test releases them, and recorded, so a test shows
+//! which events a client did not get while its watch lagged. The proxy also records, for
+//! every request it forwards, which slow requests (hung, held) were still outstanding then
+//! and which had ended ([`FaultProxy::forwarded_requests`]): an order of the client's
+//! requests, not a time.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -52,10 +59,14 @@ pub enum Fault {
     ApplyThenDrop { hold: Duration },
     /// Forwarded and applied; after `hold`, `status` (a 5xx) instead of the real answer.
     ApplyThenStatus { status: u16, hold: Duration },
+    /// Held, not forwarded, until the test releases it ([`FaultProxy::release`]); then
+    /// forwarded, and the client gets the real answer: a request that lost a race the test
+    /// arranged.
+    HoldUntilReleased,
 }
 
 impl Fault {
-    /// Whether the request reaches the API server.
+    /// Whether the request reaches the API server and its answer is lost.
     pub fn applies(&self) -> bool {
         matches!(
             self,
@@ -146,6 +157,35 @@ struct Rule {
     left: usize,
 }
 
+/// A request the proxy forwarded, and where the slow requests stood then: the rules whose
+/// request was held unanswered (a hang, a held answer, a hold) and the ones whose held
+/// request had already ended (answered, or given up by the client).
+#[derive(Clone, Debug)]
+pub struct Forwarded {
+    pub method: String,
+    /// Path and query.
+    pub uri: String,
+    pub while_outstanding: Vec<String>,
+    pub after_ended: Vec<String>,
+}
+
+/// A watch line kept by a hold.
+#[derive(Clone, Debug)]
+pub struct HeldLine {
+    /// The hold's name.
+    pub hold: String,
+    /// The watch's path and query.
+    pub uri: String,
+    /// The line (a watch event's JSON).
+    pub line: String,
+}
+
+struct Hold {
+    name: String,
+    /// Watch paths it takes (`*` is one segment), GET with `watch=true`.
+    paths: Vec<String>,
+}
+
 struct State {
     upstream: SocketAddr,
     connector: TlsConnector,
@@ -153,6 +193,68 @@ struct State {
     injected: Mutex<Vec<Injection>>,
     changed: tokio::sync::Notify,
     forwarded: std::sync::atomic::AtomicUsize,
+    log: Mutex<Vec<Forwarded>>,
+    /// Slow requests outstanding, by rule name.
+    outstanding: Mutex<Vec<String>>,
+    /// Slow requests that have ended, by rule name.
+    ended: Mutex<Vec<String>>,
+    /// Rules whose held requests the test released.
+    released: tokio::sync::watch::Sender<Vec<String>>,
+    holds: Mutex<Vec<Hold>>,
+    /// Bumped whenever holds change.
+    holds_changed: tokio::sync::watch::Sender<u64>,
+    held: Mutex<Vec<HeldLine>>,
+}
+
+impl State {
+    /// The hold taking a watch of `path`, if any.
+    fn hold_for(&self, path: &str) -> Option<String> {
+        self.holds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|h| h.paths.iter().any(|p| path_matches(p, path)))
+            .map(|h| h.name.clone())
+    }
+}
+
+/// A slow request, outstanding while this lives, ended once dropped (however its hold ends:
+/// answered, or the client gone).
+struct Slow<'a> {
+    state: &'a State,
+    rule: String,
+}
+
+impl<'a> Slow<'a> {
+    fn start(state: &'a State, rule: &str) -> Slow<'a> {
+        state
+            .outstanding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(rule.to_string());
+        Slow {
+            state,
+            rule: rule.to_string(),
+        }
+    }
+}
+
+impl Drop for Slow<'_> {
+    fn drop(&mut self) {
+        let mut o = self
+            .state
+            .outstanding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = o.iter().position(|r| *r == self.rule) {
+            o.remove(i);
+        }
+        self.state
+            .ended
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self.rule.clone());
+    }
 }
 
 impl State {
@@ -234,6 +336,13 @@ impl FaultProxy {
             injected: Mutex::new(Vec::new()),
             changed: tokio::sync::Notify::new(),
             forwarded: std::sync::atomic::AtomicUsize::new(0),
+            log: Mutex::new(Vec::new()),
+            outstanding: Mutex::new(Vec::new()),
+            ended: Mutex::new(Vec::new()),
+            released: tokio::sync::watch::channel(Vec::new()).0,
+            holds: Mutex::new(Vec::new()),
+            holds_changed: tokio::sync::watch::channel(0).0,
+            held: Mutex::new(Vec::new()),
         });
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -259,6 +368,20 @@ impl FaultProxy {
                 fault,
                 left: times,
             });
+    }
+
+    /// Disarms rule `name`: the requests it would take from now on go through.
+    pub fn disarm(&self, name: &str) {
+        for r in self
+            .state
+            .rules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter_mut()
+            .filter(|r| r.name == name)
+        {
+            r.left = 0;
+        }
     }
 
     /// Every injection so far, in order.
@@ -287,6 +410,56 @@ impl FaultProxy {
         self.state
             .forwarded
             .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Lets the requests rule `name` holds ([`Fault::HoldUntilReleased`]) go on to the API
+    /// server.
+    pub fn release(&self, name: &str) {
+        self.state
+            .released
+            .send_modify(|r| r.push(name.to_string()));
+    }
+
+    /// Every request forwarded so far, in order, with where the slow requests stood then.
+    pub fn forwarded_requests(&self) -> Vec<Forwarded> {
+        self.state
+            .log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Holds every watch (`GET …?watch=true`) of one of `paths` (`*` is one segment), open
+    /// or opened later: its lines are kept, in order, until [`FaultProxy::release_watches`].
+    pub fn hold_watches(&self, name: &str, paths: &[&str]) {
+        self.state
+            .holds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Hold {
+                name: name.to_string(),
+                paths: paths.iter().map(|p| p.to_string()).collect(),
+            });
+        self.state.holds_changed.send_modify(|n| *n += 1);
+    }
+
+    /// Lets every held watch line go, in order; later lines are not held.
+    pub fn release_watches(&self) {
+        self.state
+            .holds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.state.holds_changed.send_modify(|n| *n += 1);
+    }
+
+    /// Every watch line a hold kept so far.
+    pub fn held_lines(&self) -> Vec<HeldLine> {
+        self.state
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Waits until rule `name` has injected its fault (at most `within`).
@@ -358,11 +531,15 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
         at: jiff::Timestamp::now(),
     };
     let Some((rule, fault)) = fault else {
+        let is_watch = parts.method == Method::GET
+            && url::form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes())
+                .any(|(k, v)| k == "watch" && (v == "true" || v == "1"));
         let up = Request::from_parts(parts.clone(), Body::from(bytes));
-        return Ok(forward(&state, up)
-            .await
-            .map(|r| r.map(Body::new))
-            .unwrap_or_else(|e| status(502, &format!("{e:#}"))));
+        return Ok(match forward(&state, up).await {
+            Ok(r) if is_watch => held_watch(state.clone(), path.clone(), uri.clone(), r),
+            Ok(r) => r.map(Body::new),
+            Err(e) => status(502, &format!("{e:#}")),
+        });
     };
     match fault.clone() {
         Fault::Status(code) => {
@@ -377,11 +554,25 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             Ok(r)
         }
         Fault::Hang => {
+            let _slow = Slow::start(&state, &rule);
             state.record(injection(rule, fault, None, Value::Null));
             tokio::time::sleep(HANG_FOR).await;
             Err(Lost)
         }
+        Fault::HoldUntilReleased => {
+            let _slow = Slow::start(&state, &rule);
+            state.record(injection(rule.clone(), fault, None, Value::Null));
+            let mut released = state.released.subscribe();
+            // An error: the proxy is going away; forward what is left.
+            let _ = released.wait_for(|r| r.contains(&rule)).await;
+            let up = Request::from_parts(parts.clone(), Body::from(bytes));
+            Ok(forward(&state, up)
+                .await
+                .map(|r| r.map(Body::new))
+                .unwrap_or_else(|e| status(502, &format!("{e:#}"))))
+        }
         Fault::ApplyThenDrop { hold } | Fault::ApplyThenStatus { hold, .. } => {
+            let _slow = Slow::start(&state, &rule);
             let up = Request::from_parts(parts.clone(), Body::from(bytes));
             let (code, answer) = match forward(&state, up).await {
                 Ok(r) => {
@@ -424,7 +615,102 @@ async fn forward(state: &State, mut req: Request<Body>) -> anyhow::Result<Respon
     state
         .forwarded
         .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let while_outstanding = state
+        .outstanding
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let after_ended = state
+        .ended
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    state
+        .log
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Forwarded {
+            method: req.method().to_string(),
+            uri: req
+                .uri()
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_default(),
+            while_outstanding,
+            after_ended,
+        });
     Ok(sender.send_request(req).await?)
+}
+
+/// A watch's answer, streamed through: while a hold takes its path, its lines are kept (and
+/// recorded), then sent in order once released.
+fn held_watch(
+    state: Arc<State>,
+    path: String,
+    uri: String,
+    r: Response<Incoming>,
+) -> Response<Body> {
+    use futures::StreamExt;
+    let (parts, body) = r.into_parts();
+    let mut body = Body::new(body).into_data_stream();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<axum::body::Bytes, axum::Error>>(64);
+    tokio::spawn(async move {
+        let mut changed = state.holds_changed.subscribe();
+        let mut kept: Vec<axum::body::Bytes> = Vec::new();
+        let mut partial = Vec::new();
+        loop {
+            tokio::select! {
+                data = body.next() => {
+                    let Some(Ok(data)) = data else { break };
+                    match state.hold_for(&path) {
+                        Some(hold) => {
+                            partial.extend_from_slice(&data);
+                            while let Some(i) = partial.iter().position(|b| *b == b'\n') {
+                                let line: Vec<u8> = partial.drain(..=i).collect();
+                                state.held.lock().unwrap_or_else(|e| e.into_inner()).push(HeldLine {
+                                    hold: hold.clone(),
+                                    uri: uri.clone(),
+                                    line: String::from_utf8_lossy(&line).trim().to_string(),
+                                });
+                            }
+                            kept.push(data);
+                        }
+                        None => {
+                            partial.clear();
+                            for k in kept.drain(..) {
+                                if tx.send(Ok(k)).await.is_err() {
+                                    return;
+                                }
+                            }
+                            if tx.send(Ok(data)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+                _ = changed.changed() => {
+                    if state.hold_for(&path).is_none() {
+                        partial.clear();
+                        for k in kept.drain(..) {
+                            if tx.send(Ok(k)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+                _ = tx.closed() => return,
+            }
+        }
+        for k in kept.drain(..) {
+            if tx.send(Ok(k)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    Response::from_parts(parts, Body::from_stream(stream))
 }
 
 /// A Kubernetes `Status` answer.

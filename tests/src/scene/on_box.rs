@@ -1,5 +1,6 @@
-//! One test's part of the box: its namespace (with Agones' PDB), its kwok node, the Agones
-//! stand-in there, a watch placing GameServer deletions, and the real agent process.
+//! One test's part of the box: its namespace (with Agones' PDB), its kwok node, Agones
+//! there (the test kit's one model, its controller running as its own user), a watch
+//! placing GameServer deletions, and the real agent process.
 //!
 //! The box tests (`box_drain.rs`, `box_faults.rs`) and the two-backend scenarios
 //! ([`super::Scene`]) all set their scene up here, so a box scene means one thing.
@@ -57,7 +58,7 @@ impl BoxScene {
         agones::ensure_pdb(&client, name).await.expect("Agones PDB");
         let node = format!("{name}-n1");
         create_node(&client, &node).await.expect("kwok node");
-        let agones = Agones::new(&client, name);
+        let agones = Agones::on_box(&kbox, name).await.expect("Agones' clients");
         let deletions = Deletions::watch(&client, name)
             .await
             .expect("a GameServer watch");
@@ -129,6 +130,33 @@ impl BoxScene {
         .await;
     }
 
+    /// Waits until the agent has completed `n` reconcile passes that each began after this
+    /// call (its own count, `lastcall_reconciles_total`): the agent had its chance to act on
+    /// everything that happened before. Each pass is asked for by a foreign annotation on the
+    /// node (any Node change wakes the agent), not waited for by a clock.
+    pub async fn passes(&self, agent: &AgentProcess, n: u64) {
+        let count = || async {
+            metric_sum(&agent.metrics().await, "lastcall_reconciles_total", &[]) as u64
+        };
+        let from = count().await;
+        // A pass in flight now may have begun before the call: one more than asked.
+        for i in 1..=n + 1 {
+            self.nodes()
+                .patch(
+                    &self.node,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"annotations": {
+                        "example.com/nudge": format!("{from}-{i}")}}})),
+                )
+                .await
+                .expect("nudge the agent");
+            wait_for("the agent's next pass", || async {
+                (count().await >= from + i).then_some(())
+            })
+            .await;
+        }
+    }
+
     /// The operator's drain label, set (`true`) or removed.
     pub async fn drain_label(&self, on: bool) {
         let v = if on { json!("true") } else { Value::Null };
@@ -154,14 +182,18 @@ impl BoxScene {
         got.unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Where a write stands in etcd's order: the revision it produced (for a GameServer
-    /// DELETE, whose answer is a bare Status, its deletion's). `None` for a write whose
-    /// answer carries no revision (an Eviction's Status, a refused write).
+    /// Where a write stands in etcd's order: the revision it produced (a GameServer DELETE
+    /// answers with the server it left terminating, under Agones' finalizer; one that
+    /// removed it at once answers a bare Status, and is placed by its DELETED event).
+    /// `None` for a write whose answer carries no revision (an Eviction's Status, a refused
+    /// write).
     pub async fn place(&self, e: &Entry) -> Option<u64> {
-        if e.verb == "delete" && e.resource == "gameservers" && e.ok() {
-            Some(self.deleted(&e.name).await)
-        } else {
-            e.rv()
+        match e.rv() {
+            Some(rv) => Some(rv),
+            None if e.verb == "delete" && e.resource == "gameservers" && e.ok() => {
+                Some(self.deleted(&e.name).await)
+            }
+            None => None,
         }
     }
 

@@ -3,8 +3,6 @@
 //! as on the box), and the agent in-process, built as the binary builds itself from the
 //! chart's arguments, with the Downward API values of a pod the test creates on the node.
 
-use std::time::Duration;
-
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -12,16 +10,16 @@ use kube::api::PostParams;
 use lastcall_agent::config::Config;
 
 use crate::agent::InProcessAgent;
-use crate::cluster::{
-    Cluster, ClusterConfig, GameServerSpec, GameServerState, GameServerView, NodeSpec,
-};
+use crate::cluster::{ALLOCATOR_IDENTITY, Cluster, ClusterConfig, NodeSpec};
 use crate::kube_box::agent::{NAMESPACE, args_with, pod_for};
-use crate::kube_box::agones::Server;
+use crate::kube_box::agones::Agones;
 
 /// The namespace of the game servers (the one the model gives Agones' PDB).
 pub const NS: &str = "default";
 /// The agent's identity in the emulator's journal (its bearer token).
 pub const AGENT_IDENTITY: &str = "lastcall-agent";
+/// The games' SDK calls' identity in the journal.
+pub const SDK_IDENTITY: &str = "agones-sdk";
 
 pub struct EmulatorScene {
     pub cluster: Cluster,
@@ -50,50 +48,24 @@ impl EmulatorScene {
         }
     }
 
-    /// `n` Ready servers (`gs-0`, `gs-1`, …) on the node; their pods have 1 s of grace, as
-    /// the box's stand-in gives them.
-    pub async fn ready_servers(&self, n: usize) -> Vec<Server> {
-        let names: Vec<String> = (0..n).map(|i| format!("gs-{i}")).collect();
-        for name in &names {
-            self.cluster
-                .create_game_server(
-                    GameServerSpec::new(name.as_str())
-                        .namespace(self.ns.as_str())
-                        .grace_seconds(1),
-                )
-                .expect("a GameServer");
-        }
-        let node = self.node.clone();
-        let views: Vec<GameServerView> = self
-            .cluster
-            .wait_until(
-                &format!("{n} Ready servers on {node}"),
-                Duration::from_secs(30),
-                |c| {
-                    let ready: Vec<GameServerView> = c
-                        .game_servers()
-                        .into_iter()
-                        .filter(|g| {
-                            names.contains(&g.name)
-                                && g.state == Some(GameServerState::Ready)
-                                && g.node.as_deref() == Some(node.as_str())
-                        })
-                        .collect();
-                    (ready.len() == n).then_some(ready)
-                },
-            )
-            .await
-            .expect("Ready servers");
-        let mut servers: Vec<Server> = views
-            .into_iter()
-            .map(|g| Server {
-                namespace: g.namespace,
-                name: g.name,
-                uid: g.uid,
-            })
-            .collect();
-        servers.sort_by(|a, b| a.name.cmp(&b.name));
-        servers
+    /// The game's and the allocator's part of Agones here: the cluster model runs the
+    /// controller on its store; the SDK calls and allocations go over HTTP, as on the box,
+    /// each as its own identity in the journal.
+    pub async fn agones(&self) -> Agones {
+        let client = |identity: &'static str| async move {
+            let config = self
+                .cluster
+                .emulator()
+                .config_for(identity)
+                .await
+                .expect("a kube config");
+            kube::Client::try_from(config).expect("a client")
+        };
+        Agones::without_controller(
+            &client(SDK_IDENTITY).await,
+            &client(ALLOCATOR_IDENTITY).await,
+            &self.ns,
+        )
     }
 
     /// The agent for the node, in-process: the chart's arguments (`--listen` on 127.0.0.1)

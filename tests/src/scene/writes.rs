@@ -1,6 +1,6 @@
 //! The agent's accepted writes in the order the API server applied them, read from either
-//! backend's journal: the emulator's (its `seq`, the order it served them) or the box's
-//! audit log (the resourceVersion each write produced: one etcd, one revision counter).
+//! backend's journal (the emulator's, or the box's audit log) and placed by the
+//! resourceVersion each write produced (one store, one etcd: one revision counter each).
 //!
 //! Only Nodes, Pods and GameServers: the kinds the box's audit policy records with bodies.
 
@@ -14,8 +14,13 @@ pub const KINDS: [&str; 3] = ["nodes", "pods", "gameservers"];
 /// One accepted write of the agent.
 #[derive(Clone, Debug)]
 pub struct Write {
-    /// Its place in the backend's order (emulator: `seq`; box: resourceVersion).
+    /// Its place in the API server's order: the resourceVersion it produced.
     pub at: u64,
+    /// Its arrival in the emulator's journal (`seq`; 0 on the box), for writes that changed
+    /// nothing and so share a resourceVersion.
+    pub seq: u64,
+    /// When the API server took it, by its own clock.
+    pub when: Option<jiff::Timestamp>,
     pub verb: String,
     pub resource: String,
     pub subresource: String,
@@ -69,6 +74,8 @@ pub fn from_emulator(entries: &[JournalEntry], identity: &str, node: &str, ns: &
             };
             mine.then(|| Write {
                 at: e.seq,
+                seq: e.seq,
+                when: jiff::Timestamp::try_from(e.at).ok(),
                 verb: e.verb.as_str().to_string(),
                 resource,
                 subresource: e.subresource.clone().unwrap_or_default(),
@@ -80,6 +87,23 @@ pub fn from_emulator(entries: &[JournalEntry], identity: &str, node: &str, ns: &
         .collect();
     out.sort_by_key(|w| w.at);
     out
+}
+
+/// The resourceVersion in a write's answer (an object; `None` for a `Status`).
+pub fn rv_of(response: &Value) -> Option<u64> {
+    response
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)?
+        .parse()
+        .ok()
+}
+
+/// The uid a DELETE's options name (`preconditions.uid`).
+pub fn uid_sent(request: &Value) -> Option<String> {
+    request
+        .pointer("/preconditions/uid")
+        .and_then(Value::as_str)
+        .map(str::to_string)
 }
 
 /// Lists `writes` one per line.

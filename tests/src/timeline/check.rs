@@ -8,12 +8,13 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
+use super::providers::Consent;
 use super::runner::{
     AZURE_POLL, COMPAT_ACTIVE, COMPAT_DRAINING, DRAIN_NODE_ANNOTATIONS, IMDS_POLL, NODE, PodSeen,
     REQUEST_TIMEOUT, Run, agent_pod,
 };
 use super::script::{Action, KubeFault, Safe};
-use super::truth::{Change, Live, Signal, SignalId, Truth, earliest, permits};
+use super::truth::{Change, Live, Signal, SignalId, Truth, asks_drain, consent, earliest};
 use crate::autoscaling::Happening;
 use crate::gamelift;
 use crate::kube::journal::{JournalEntry, Verb};
@@ -39,8 +40,6 @@ fn lag() -> Duration {
 /// the requests before the one judged): the part of the reaction time a read does not
 /// shorten.
 pub const READ_TO_ACT: Duration = Duration::from_millis(700);
-/// The GCE source's first retry after a failed read (its backoff's first step).
-const GCE_RETRY: Duration = Duration::from_millis(200);
 
 /// The event documents the agents poll, whose reads bound what an agent could still believe
 /// after a change ([`Ctx::still_believable`]).
@@ -74,18 +73,19 @@ impl Polled {
     }
 
     /// How long after a read another agent's could still come: the agents' poll interval
-    /// of the document; for GCE, whose hanging GET is answered at the change, the agent's
-    /// first retry after a failed read.
+    /// of the document, as the runner sets it (IMDS' and Azure's reads are not told apart
+    /// by agent). GCE's reads are each agent's own ([`Ctx::first_read_after`]): none.
     fn poll(self) -> Duration {
         match self {
             Polled::Imds => IMDS_POLL,
             Polled::Azure => AZURE_POLL,
-            Polled::Gce => GCE_RETRY,
+            Polled::Gce => Duration::ZERO,
         }
     }
 }
 
-/// Extra allowed on deadlines the agent counts from its first sight of a signal (GCE).
+/// Extra allowed on deadlines the agent counts from its first sight of a signal (GCE), plus
+/// whatever the process stalled meanwhile ([`Ctx::relative_slack`]).
 pub const RELATIVE_SLACK: Duration = Duration::from_millis(1500);
 
 /// The invariants, by name.
@@ -154,6 +154,9 @@ pub enum Invariant {
     /// puts one on the node, in compat mode) it did not tolerate. The world ended the match,
     /// so no request of the agent's shows it.
     MatchKilledByTaint,
+    /// A FleetIQ machine that came back with nothing asking for a drain was not registered
+    /// with FleetIQ again: an old life's deregistration taken as current.
+    NotRegisteredAgain,
 }
 
 impl Invariant {
@@ -185,6 +188,7 @@ impl Invariant {
             Self::HandedOverUnasked => "handed-over-unasked",
             Self::DrainNotStarted => "drain-not-started",
             Self::MatchKilledByTaint => "match-killed-by-taint",
+            Self::NotRegisteredAgain => "not-registered-again",
         }
     }
 }
@@ -294,40 +298,33 @@ struct Ctx<'a> {
     paused: Vec<(String, SystemTime, SystemTime)>,
 }
 
-/// When each agent's client was closed by the API server's 429s (`Retry-After`), as the
-/// agent's throttle must honour them: no request of that agent leaves before the wait asked
-/// plus its jitter (`lastcall_common::backoff::after_retry_after`: one second more the first
-/// time, doubling with each refusal in a row up to eight). Each pause runs from the refusal
-/// to that bound (requests already on their way may still land inside it, so the journal
-/// cannot say when the gate opened): an agent idle past it is not covered. A 429 to an
+/// When each agent's client was held closed by the API server's 429s with `Retry-After`
+/// (which the agent must honour by sending nothing): from the refusal to that agent's first
+/// request the API server journaled once the wait it asked for was over. How much longer than
+/// the wait the agent held back (its jitter) is read from the journal's order, never copied
+/// from the agent; an agent that sent nothing after it is held for the wait asked only (one
+/// that never comes back is caught by the liveness checks and the settle). A 429 to an
 /// eviction is a PodDisruptionBudget's refusal, not a throttle.
 fn throttle_pauses(
     journal: &[JournalEntry],
     retry_after: Duration,
 ) -> Vec<(String, SystemTime, SystemTime)> {
     let mut out = vec![];
-    for (i, e) in journal.iter().enumerate() {
+    for e in journal {
         let Some(pod) = e.identity.as_deref().and_then(agent_pod) else {
             continue;
         };
         if e.status != 429 || e.subresource.as_deref() == Some("eviction") {
             continue;
         }
-        let in_a_row = journal[..i]
+        let open = e.at + retry_after;
+        let next = journal
             .iter()
-            .filter(|p| {
-                p.identity == e.identity
-                    && p.status == 429
-                    && p.subresource.as_deref() != Some("eviction")
-                    && e.at.duration_since(p.at).unwrap_or_default() < Duration::from_secs(10)
-            })
-            .count() as u32;
-        let window = Duration::from_secs(1 << in_a_row.min(3));
-        out.push((
-            pod.to_string(),
-            e.at,
-            e.at + retry_after.max(Duration::from_secs(1)) + window,
-        ));
+            .filter(|n| n.identity == e.identity && n.at >= open)
+            .map(|n| n.at)
+            .min()
+            .unwrap_or(open);
+        out.push((pod.to_string(), e.at, next));
     }
     out
 }
@@ -340,6 +337,23 @@ impl Ctx<'_> {
     /// Which life of the machine `t` is in (0 before any return).
     fn life_of(&self, t: SystemTime) -> usize {
         self.returns.iter().filter(|r| **r <= t).count()
+    }
+
+    /// When `life` began: the run's start, or the machine's return.
+    fn life_start(&self, life: usize) -> SystemTime {
+        life.checked_sub(1)
+            .and_then(|i| self.returns.get(i).copied())
+            .unwrap_or(self.run.t0)
+    }
+
+    /// Whether a drain was asked for as `life` began (within the reaction time of its start):
+    /// an agent starting then rightly registers nothing with FleetIQ.
+    fn drain_asked_at_start(&self, life: usize) -> bool {
+        let start = self.life_start(life);
+        self.truth
+            .during(start, start + lag() * 2)
+            .into_iter()
+            .any(asks_drain)
     }
 
     /// The first successful `DeregisterGameServer` of `life`.
@@ -410,7 +424,8 @@ impl Ctx<'_> {
         if self.started_around(c, e.at) {
             return true;
         }
-        let Some(read) = self.first_read_after(source, c) else {
+        let writer = e.identity.as_deref().and_then(agent_pod);
+        let Some(read) = self.first_read_after(source, c, writer) else {
             return true;
         };
         e.at.duration_since(read)
@@ -424,12 +439,25 @@ impl Ctx<'_> {
         self.run.starts.iter().any(|(s, _)| *s >= from && *s <= to)
     }
 
-    /// The first read of `source`'s document answered after `c`.
-    fn first_read_after(&self, source: Polled, c: SystemTime) -> Option<SystemTime> {
+    /// The first read of `source`'s document answered after `c`: any agent's for IMDS and
+    /// Azure (not told apart), agent pod `reader`'s own for GCE (any agent's for `None`).
+    fn first_read_after(
+        &self,
+        source: Polled,
+        c: SystemTime,
+        reader: Option<&str>,
+    ) -> Option<SystemTime> {
         let reads = match source {
             Polled::Imds => &self.run.imds_scheduled_reads,
             Polled::Azure => &self.run.azure_event_reads,
-            Polled::Gce => &self.run.gce_maintenance_reads,
+            Polled::Gce => {
+                return self
+                    .run
+                    .gce_maintenance_reads
+                    .iter()
+                    .find(|(r, pod)| *r > c && reader.is_none_or(|w| w == pod))
+                    .map(|(r, _)| *r);
+            }
         };
         reads.iter().find(|r| **r > c).copied()
     }
@@ -476,28 +504,31 @@ impl Ctx<'_> {
             for (s, _) in self.run.starts.iter().filter(|(s, _)| within(*s)) {
                 next = next.max(since(*s) + lag * 2 + self.stalled(*s, *s + lag * 2));
             }
-            // A Node write the API server refused (5xx): the agent tries again after its
-            // error backoff (at most 100 ms doubling with each refusal in a row), then needs
-            // the reaction time (seed 1182: five in a row).
-            let mut in_a_row = 0u32;
-            for e in self.run.journal.iter().filter(|e| {
+            // A Node write the API server refused (5xx): the window starts over where that
+            // agent tried again, by the journal's order (seed 1182: five in a row); how long it
+            // backed off is its own. One that never tried again gets no more.
+            let node_write = |e: &&JournalEntry| {
                 by_agent(e)
                     && e.resource.as_deref() == Some("nodes")
                     && e.name.as_deref() == Some(NODE)
                     && e.subresource.is_none()
                     && e.verb.is_mutating()
-            }) {
-                if e.status < 500 {
-                    in_a_row = 0;
-                    continue;
-                }
-                in_a_row += 1;
-                if within(e.at) {
-                    let backoff =
-                        Duration::from_millis(100).saturating_mul(1 << (in_a_row - 1).min(8));
-                    next = next.max(
-                        since(e.at) + backoff + lag + self.stalled(e.at, e.at + backoff + lag),
-                    );
+            };
+            for e in self
+                .run
+                .journal
+                .iter()
+                .filter(node_write)
+                .filter(|e| e.status >= 500 && within(e.at))
+            {
+                let retry = self
+                    .run
+                    .journal
+                    .iter()
+                    .filter(node_write)
+                    .find(|n| n.seq > e.seq && n.identity == e.identity);
+                if let Some(r) = retry {
+                    next = next.max(since(r.at) + lag + self.stalled(r.at, r.at + lag));
                 }
             }
             for a in self.run.applied.iter().filter(|a| within(a.at)) {
@@ -557,6 +588,13 @@ impl Ctx<'_> {
 
     fn stalled(&self, from: SystemTime, to: SystemTime) -> Duration {
         stalled_within(&self.run.stalls, from, to)
+    }
+
+    /// How much later than the truth's a deadline counted from the agent's first sight may
+    /// be, for a judgement of `[from, to]`: [`RELATIVE_SLACK`], and the stalls within (the
+    /// agent's first sight is as late as the process could run).
+    fn relative_slack(&self, from: SystemTime, to: SystemTime) -> Duration {
+        RELATIVE_SLACK + self.stalled(from.checked_sub(RELATIVE_SLACK).unwrap_or(from), to)
     }
 
     /// The reaction time allowed at `t` on a machine that runs the process: doubled shortly
@@ -704,7 +742,7 @@ fn cancels_read_early(cx: &Ctx<'_>) {
         };
         if !cx.started_around(a.at, due)
             && cx
-                .first_read_after(source, a.at)
+                .first_read_after(source, a.at, None)
                 .is_some_and(|r| r + READ_TO_ACT + source.poll() < due)
         {
             cx.judged(source.read_early_count());
@@ -812,6 +850,7 @@ pub fn check_counted(run: &Run) -> (Vec<Hit>, BTreeMap<&'static str, usize>) {
     handed_over_busy(&cx, &mut hits);
     handed_over_unasked(&cx, &mut hits);
     drain_started_in_time(&cx, &mut hits);
+    registered_again(&cx, &mut hits);
     matches_ended_in_time(&cx, &mut hits);
     asg_completed_once_empty(&cx, &mut hits);
     azure_approved_once_empty(&cx, &mut hits);
@@ -950,7 +989,7 @@ fn matches_ended(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                 (s.relative || !relative_only)
                     && s.hard
                         .is_some_and(|d| d <= e.at + grace + Duration::from_millis(50))
-                    && permits(safe, s, tl.graceful_termination)
+                    && consent(safe, s, tl.graceful_termination).allows()
             })
         };
         let justifies = |live: &Live| justifies_by(live, false);
@@ -1080,8 +1119,9 @@ fn announced(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     let bound = |from: SystemTime, to: SystemTime| -> Option<SystemTime> {
         // The latest earliest-deadline over the window; None when some moment had none.
         let mut worst = Some(SystemTime::UNIX_EPOCH);
+        let slack = cx.relative_slack(from, to);
         for live in cx.truth.during(from, to) {
-            match (earliest(live, to, RELATIVE_SLACK), worst) {
+            match (earliest(live, to, slack), worst) {
                 (None, _) => worst = None,
                 (Some(d), Some(w)) => worst = Some(w.max(d)),
                 (Some(_), None) => {}
@@ -1253,8 +1293,8 @@ fn drain_started_in_time(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     let mut starts = vec![];
     for c in std::iter::once(SystemTime::UNIX_EPOCH).chain(cx.truth.changes()) {
         let live = cx.truth.at(c);
-        let was = before.is_some_and(|b| !b.is_empty());
-        if !live.is_empty() && !was {
+        let was = before.is_some_and(asks_drain);
+        if asks_drain(live) && !was {
             starts.push(c);
         }
         before = Some(live);
@@ -1271,15 +1311,16 @@ fn drain_started_in_time(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             continue;
         }
         // Asked for all along: some signal live at every moment until the due time.
-        if cx.truth.during(a, due).iter().any(|l| l.is_empty()) {
+        if cx.truth.during(a, due).iter().any(|l| !asks_drain(l)) {
             continue;
         }
         // Where GCE alone asks, at the start or at the due time (another signal that asked
         // first may have cleared meanwhile), a metadata glitch may have kept the agent from
         // reading it: an unreadable source starts nothing.
         let gce_only = |l: &Live| {
-            l.keys()
-                .all(|id| matches!(id, SignalId::GceMaintenance | SignalId::GcePreempted))
+            l.iter()
+                .filter(|(_, s)| s.asks())
+                .all(|(id, _)| matches!(id, SignalId::GceMaintenance | SignalId::GcePreempted))
         };
         if (gce_only(live) || gce_only(cx.truth.at(due))) && gce_unread(cx, a, due) {
             continue;
@@ -1301,6 +1342,34 @@ fn drain_started_in_time(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                     due.duration_since(a).unwrap_or_default().as_millis(),
                     live.keys().collect::<Vec<_>>(),
                     cx.truth.at(due).keys().collect::<Vec<_>>()
+                ),
+                seqs: vec![],
+            });
+        }
+    }
+}
+
+/// A FleetIQ machine that came back registers with FleetIQ again, unless a drain was asked
+/// for as its new life began: an old life's deregistration is not this one's (judged where
+/// the run ended by the settle, so the agent had its chance).
+fn registered_again(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
+    if !cx.run.timeline.fleetiq || cx.run.settled.is_err() {
+        return;
+    }
+    for life in 1..=cx.returns.len() {
+        if cx.drain_asked_at_start(life) {
+            continue;
+        }
+        let registered =
+            cx.run.calls.iter().any(|c| {
+                c.op == "RegisterGameServer" && c.outcome == "ok" && cx.life_of(c.at) == life
+            });
+        if !registered {
+            hits.push(Hit {
+                invariant: Invariant::NotRegisteredAgain,
+                at: cx.life_start(life),
+                detail: format!(
+                    "the machine came back (life {life}) with nothing asking for a drain and never registered with FleetIQ again"
                 ),
                 seqs: vec![],
             });
@@ -1598,13 +1667,14 @@ fn node_writes(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     // agent knows it): judged in the last life only.
     let last_life = cx.returns.len();
     // A record GameLift agrees with counts too: the server dropped on its own, or never
-    // registered in this life (an agent started on a node already draining registers
-    // nothing, and its deregistration finds nothing to remove).
+    // registered in this life because it began draining (an agent started on a node already
+    // draining registers nothing, and its deregistration finds nothing to remove).
     let registered_in_life = cx.run.calls.iter().any(|c| {
         c.op == "RegisterGameServer" && c.outcome == "ok" && cx.life_of(c.at) == last_life
     });
     let deregistered = cx.deregistered_in(last_life).is_some()
-        || ((cx.forgotten_in(last_life).is_some() || !registered_in_life)
+        || ((cx.forgotten_in(last_life).is_some()
+            || (!registered_in_life && cx.drain_asked_at_start(last_life)))
             && cx
                 .run
                 .journal
@@ -1856,13 +1926,15 @@ fn matches_ended_in_time(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
     for (id, s, since) in held_signals(&cx.truth) {
         let Some(deadline) = s.hard else { continue };
         for safe in Safe::ALL {
-            if !permits(safe, &s, tl.graceful_termination) {
+            // Judged only where the game consents for sure; where the signal leaves it open,
+            // ending the match and keeping it are both the agent's to choose.
+            if consent(safe, &s, tl.graceful_termination) != Consent::Yes {
                 continue;
             }
             let grace = Duration::from_secs(tl.grace_of(safe) as u64);
             let mut expected = deadline.checked_sub(grace).unwrap_or(deadline);
             if s.relative {
-                expected += RELATIVE_SLACK;
+                expected += cx.relative_slack(since, expected);
             }
             let from = expected.max(since);
             let due = from + cx.reaction_after(from);
@@ -1884,7 +1956,8 @@ fn matches_ended_in_time(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
                     *oid == id
                         || o.hard.is_none_or(|h| {
                             h > deadline
-                                || (h == deadline && permits(safe, o, tl.graceful_termination))
+                                || (h == deadline
+                                    && consent(safe, o, tl.graceful_termination) == Consent::Yes)
                         })
                 })
             });
@@ -1950,7 +2023,7 @@ fn gce_unread(cx: &Ctx<'_>, from: SystemTime, to: SystemTime) -> bool {
             Action::GceEmpty => {
                 glitch_since.get_or_insert(a.at);
             }
-            Action::GceTerminate | Action::GceNone => {
+            Action::GceTerminate | Action::GceNone | Action::GceMigrating => {
                 if let Some(g) = glitch_since.take() {
                     spells.push((g, a.at));
                 }
@@ -2071,7 +2144,8 @@ fn azure_approved_once_empty(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
             std::iter::once(from).chain(cx.truth.changes().filter(|c| *c > from && *c < to));
         let mut judged = BTreeSet::new();
         for st in starts {
-            for id in cx.truth.at(st).keys() {
+            // An event that asks for no drain (a freeze) is the agent's to approve or not.
+            for (id, _) in cx.truth.at(st).iter().filter(|(_, s)| s.asks()) {
                 let SignalId::Azure(episode) = id else {
                     continue;
                 };

@@ -10,6 +10,7 @@
 //! so a timeline takes a few seconds; [`run_many`] runs several at once.
 
 pub mod check;
+pub mod providers;
 pub mod runner;
 pub mod script;
 pub mod truth;
@@ -85,10 +86,22 @@ pub const ANSWER_LOST: &str = "an answer lost after the write";
 pub const SIGNAL_TIMED: &str = "a rebalance's TTL or a NodeClaim's lead passing";
 /// In compat mode, the agent put the original adapter's draining taint (NoExecute) on.
 pub const COMPAT_TAINTED: &str = "a compat-mode NoExecute draining taint";
+/// A machine came back and its kubelet posted the new boot id only after the restarted
+/// agents' first reads of the Node (they saw the old boot).
+pub const BOOT_ID_LATE: &str = "a new boot id posted after the agent read the Node";
+/// On a VM that migrates live with `--gke-hand-back`, the node emptied under reschedulable
+/// maintenance: a hand-back was due.
+pub const HAND_BACK_DUE: &str = "a hand-back due on a VM that migrates live";
+/// An upcoming maintenance window went `ONGOING` on a VM that migrates live while a match
+/// lastcall could end ran (no deadline: nothing may end).
+pub const MIGRATE_ONGOING: &str = "an ONGOING window on a VM that migrates live";
+/// A pod landed on an empty node, its release refused, and an Auto Scaling termination or an
+/// Azure event appeared while it was there.
+pub const STALE_EMPTY: &str = "a hand-off asked for while a stray pod was refused release";
 
 impl Met {
     /// Every count, the floors' names first.
-    const NAMES: [&str; 28] = [
+    const NAMES: [&str; 32] = [
         FORGOTTEN,
         RETURNED,
         LATE_POD,
@@ -108,6 +121,10 @@ impl Met {
         ANSWER_LOST,
         SIGNAL_TIMED,
         COMPAT_TAINTED,
+        BOOT_ID_LATE,
+        HAND_BACK_DUE,
+        MIGRATE_ONGOING,
+        STALE_EMPTY,
         check::JUDGED_DEADLINE,
         check::JUDGED_AZURE,
         check::JUDGED_STARTED,
@@ -120,7 +137,7 @@ impl Met {
     ];
     /// The counts a default run must meet (the rest are reported): a hook timing out after
     /// the node emptied happens only when the agent fails, so it has no floor.
-    const FLOORED: usize = 25;
+    const FLOORED: usize = 29;
 
     fn of(run: &runner::Run, judged: &BTreeMap<&'static str, usize>) -> Met {
         let count = |f: &dyn Fn(&script::Action) -> bool| {
@@ -318,6 +335,52 @@ impl Met {
                     })
             })),
         );
+        m.insert(BOOT_ID_LATE, run.boot_reads.len());
+        m.insert(
+            HAND_BACK_DUE,
+            usize::from(
+                run.timeline.gke_hand_back
+                    && check::fence_before_in(run, run.settled_from).is_some()
+                    && run.pods.iter().all(|p| p.last < run.settled_from),
+            ),
+        );
+        let migrates = run.timeline.host_maintenance == providers::HostMaintenance::Migrate;
+        m.insert(
+            MIGRATE_ONGOING,
+            run.applied
+                .iter()
+                .filter(|a| {
+                    migrates
+                        && matches!(
+                            a.action,
+                            script::Action::GceUpcoming {
+                                status: script::Upcoming::Ongoing,
+                                ..
+                            }
+                        )
+                        && run.allocated_at_start.iter().any(|n| {
+                            script::Safe::of_server(n) == Some(script::Safe::Always)
+                                && run.pods.iter().any(|p| p.name == *n && p.last > a.at)
+                        })
+                })
+                .count(),
+        );
+        let hand_off_asked = |from: std::time::SystemTime, to: std::time::SystemTime| {
+            run.applied.iter().any(|a| {
+                matches!(
+                    a.action,
+                    script::Action::AsgTerminate | script::Action::AzureEvent { .. }
+                ) && a.at >= from
+                    && a.at <= to
+            })
+        };
+        m.insert(
+            STALE_EMPTY,
+            run.pods
+                .iter()
+                .filter(|p| p.name == runner::STRAY && hand_off_asked(p.first, p.last))
+                .count(),
+        );
         for name in [
             check::JUDGED_DEADLINE,
             check::JUDGED_AZURE,
@@ -476,6 +539,7 @@ mod tests {
         met.0.insert(FORGOTTEN, 0);
         met.0.insert(ASG_LAGGED, 4);
         met.0.insert(check::JUDGED_ASG, 0);
+        met.0.insert(check::WINDOW_USED, 0);
         assert_eq!(met.below(5), vec![FORGOTTEN, ASG_LAGGED]);
         assert_eq!(Met::total(&[]).below(1).len(), Met::FLOORED);
     }

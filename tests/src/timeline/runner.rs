@@ -20,7 +20,7 @@ use crate::autoscaling::{AutoScalingEmulator, Happening, Hook};
 use crate::cluster::autoscaler::karpenter::{self, NodeClaimSpec};
 use crate::cluster::{
     AllocationRequest, Cluster, ClusterConfig, EvictionSafe, FleetSpec, GameServerSpec,
-    GameServerState, NodeSpec, allocator, toleration_equal,
+    GameServerState, NodeSpec, allocator, kubelet, toleration_equal,
 };
 use crate::eventually::try_eventually;
 use crate::gamelift::{self, GameLiftEmulator, InstanceStatus};
@@ -132,8 +132,9 @@ pub struct Run {
     /// document (any agent's).
     pub azure_event_reads: Vec<SystemTime>,
     /// When GCE's metadata server answered a read of `maintenance-event` with a value (a
-    /// hanging GET: at the change, for an agent waiting on it).
-    pub gce_maintenance_reads: Vec<SystemTime>,
+    /// hanging GET: at the change, for an agent waiting on it), and the agent pod that read it
+    /// (each reads through its own path).
+    pub gce_maintenance_reads: Vec<(SystemTime, String)>,
     pub t0: SystemTime,
     pub applied: Vec<Applied>,
     /// Servers allocated before the timeline started.
@@ -169,6 +170,9 @@ pub struct Run {
     pub asg_answers_lost: usize,
     /// When each agent instance started, and its pod's name (its identity).
     pub starts: Vec<(SystemTime, String)>,
+    /// The journal `seq` of each agent read of the Node that a machine's new boot id was
+    /// posted after (`Timeline::boot_id_lag`): the agent saw the old boot.
+    pub boot_reads: Vec<u64>,
 }
 
 /// A game server a scheduler working from a cache of a moment ago places on the node as
@@ -225,6 +229,86 @@ impl LateServer {
         self.made.lock().ok().and_then(|m| m.clone())
     }
 }
+
+/// GKE's answer to a hand-back (`cloud.google.com/perform-maintenance=true` on the Node,
+/// written by the agent) on a VM that migrates live: the maintenance starts at once,
+/// `maintenance-event` says `MIGRATE_ON_HOST_MAINTENANCE` while the VM moves, then `NONE`,
+/// and the upcoming maintenance is gone (done). No new boot: the VM kept running.
+/// (Compressed: GCE warns 60 s before a live migration.) Records each change as applied.
+struct HandBack {
+    applied: std::sync::Arc<std::sync::Mutex<Vec<Applied>>>,
+    task: JoinHandle<()>,
+}
+
+impl HandBack {
+    /// How long the migration takes here.
+    const MIGRATION: Duration = Duration::from_millis(500);
+
+    fn arm(
+        tl: &Timeline,
+        t0: SystemTime,
+        store: crate::kube::store::Store,
+        gce: std::sync::Arc<GceMetadataEmulator>,
+    ) -> HandBack {
+        let applied = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Applied>::new()));
+        let out = applied.clone();
+        let tl = tl.clone();
+        let record = move |action: Action| {
+            let at = SystemTime::now();
+            if let Ok(mut v) = out.lock() {
+                v.push(Applied {
+                    at,
+                    effect: effect_of(&tl, t0, at, &action),
+                    action,
+                    note: String::new(),
+                });
+            }
+        };
+        let task = tokio::spawn(async move {
+            loop {
+                let asked = store
+                    .get(&crate::kube::resources::NODES, None, NODE)
+                    .is_some_and(|n| {
+                        n["metadata"]["labels"][HAND_BACK_LABEL].as_str() == Some("true")
+                    });
+                if asked {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            gce.set("maintenance-event", "MIGRATE_ON_HOST_MAINTENANCE");
+            record(Action::GceMigrating);
+            tokio::time::sleep(Self::MIGRATION).await;
+            gce.remove("upcoming-maintenance");
+            gce.set("maintenance-event", "NONE");
+            record(Action::GceNone);
+            record(Action::GceUpcoming {
+                status: Upcoming::Complete,
+                window_ms: 0,
+            });
+        });
+        HandBack { applied, task }
+    }
+
+    /// What GKE did so far.
+    fn so_far(&self) -> Vec<Applied> {
+        self.applied.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    fn stop(self) -> Vec<Applied> {
+        self.task.abort();
+        self.so_far()
+    }
+}
+
+/// The label the agent's hand-back writes, which asks GKE to start the maintenance now.
+const HAND_BACK_LABEL: &str = "cloud.google.com/perform-maintenance";
+
+/// The game server that lands on an empty node ([`Action::StrayServer`]).
+pub const STRAY: &str = "stray-1";
+
+/// How late the pod watch delivers from the stray server's landing on.
+const STRAY_POD_LAG: Duration = Duration::from_millis(400);
 
 /// A game-server pod on the node, as sampled.
 #[derive(Clone, Debug)]
@@ -298,8 +382,10 @@ impl PodSampler {
 
 /// How often the stall probe wakes.
 const PROBE_EVERY: Duration = Duration::from_millis(20);
-/// Timer lateness below this is ordinary scheduling jitter, not a stall.
-const PROBE_JITTER: Duration = Duration::from_millis(20);
+/// Timer lateness below this is ordinary scheduling jitter, not a stall (a quiet machine's
+/// timers fire within a millisecond or two; a starved one's are late by some milliseconds on
+/// every tick, time the agents lose as well).
+const PROBE_JITTER: Duration = Duration::from_millis(5);
 
 /// Measures when this process could not run: a task on the agents' runtime that sleeps
 /// `PROBE_EVERY` and records how late it woke. A shared machine can leave the whole process
@@ -336,6 +422,13 @@ impl StallProbe {
     fn stop(self) -> Vec<(SystemTime, Duration)> {
         self.task.abort();
         self.stalls.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+}
+
+/// A run that fails midway leaves no probe behind.
+impl Drop for StallProbe {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -425,6 +518,9 @@ fn rfc3339(t: SystemTime) -> String {
 struct Agents {
     /// The API server's URL: each agent's kube configuration is made for its own user.
     kube_url: String,
+    /// The GCE metadata server's URL: each agent reads it through its own path
+    /// ([`GceMetadataEmulator::url_for`]), so its reads are told apart.
+    gce_url: String,
     /// Creates and deletes the agents' own Pod objects (their identities).
     pods: Api<k8s_openapi::api::core::v1::Pod>,
     gl: aws_sdk_gamelift::Client,
@@ -490,8 +586,11 @@ impl Agents {
             Some(p) => p,
             None => self.new_pod().await?,
         };
+        let gce = format!("{}/{}", self.gce_url, pod.0);
         let mut args: Vec<&str> = self.flags.iter().map(String::as_str).collect();
         args.extend([
+            "--gce-metadata-endpoint",
+            gce.as_str(),
             "--pod-name",
             pod.0.as_str(),
             "--pod-namespace",
@@ -580,7 +679,13 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let imds = ImdsEmulator::start(&iid, "ip-10-0-0-1.ec2.internal")
         .await
         .context("IMDS emulator")?;
-    let gce = GceMetadataEmulator::start().await.context("GCE emulator")?;
+    let gce = std::sync::Arc::new(GceMetadataEmulator::start().await.context("GCE emulator")?);
+    gce.set(
+        "scheduling/on-host-maintenance",
+        tl.host_maintenance.as_str(),
+    );
+    // The policy's first reads failing: unread, it is neither MIGRATE nor TERMINATE.
+    gce.fail_key_next("scheduling/on-host-maintenance", tl.policy_read_faults);
     let asg = AutoScalingEmulator::start()
         .await
         .context("Auto Scaling emulator")?;
@@ -615,14 +720,12 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             "--aws-imds-interval",
             &format!("{}ms", IMDS_POLL.as_millis()),
             "--gce-metadata",
-            "--gce-metadata-endpoint",
-            &gce.url(),
             "--gce-wait-timeout",
             "5s",
             "--gce-preemption-notice",
-            &format!("{}s", tl.gce_preemption_notice_s),
+            &format!("{}ms", tl.gce_preemption_notice().as_millis()),
             "--gce-terminate-notice",
-            &format!("{}s", tl.gce_terminate_notice_s),
+            &format!("{}ms", tl.gce_terminate_notice().as_millis()),
             "--gce-upcoming-interval",
             "200ms",
         ]
@@ -639,6 +742,9 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     }
     if tl.drain_on_foreign_cordon {
         flags.push("--drain-on-foreign-cordon".into());
+    }
+    if tl.gke_hand_back {
+        flags.push("--gke-hand-back".into());
     }
     if tl.nodeclaim.is_some() {
         flags.extend([
@@ -715,6 +821,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     }
     let mut agents = Agents {
         kube_url: cluster.emulator().url(),
+        gce_url: gce.url(),
         pods: Api::namespaced(cluster.client(), AGENT_NAMESPACE),
         gl: gl.sdk_client().await,
         flags,
@@ -723,6 +830,9 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         next_pod: 0,
         starts: vec![],
     };
+    // From before the first agent starts: a signal that came before it (a NodeClaim) is
+    // judged from its start, stalls included.
+    let probe = StallProbe::start();
     let nodeclaim_launched = match tl.nodeclaim {
         Some(claim) => Some(
             launch_nodeclaim(&cluster, claim)
@@ -773,9 +883,11 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let alloc_client = cluster.client_without_retry("agones-allocator").await?;
     let setup = setup_started.elapsed();
     let mut allocations: Vec<JoinHandle<()>> = vec![];
-    let probe = StallProbe::start();
     let sampler = PodSampler::start(cluster.store().clone());
     let mut boots = 0u32;
+    // The kubelet's late boot-id posts (`Timeline::boot_id_lag`), each answering the journal
+    // `seq` of the agent's read that came first.
+    let mut boot_reports: Vec<JoinHandle<Option<u64>>> = vec![];
     let mut late: Option<LateServer> = None;
     if tl.slow_starter {
         // Placed on the node before any signal; the game calls `Ready()` late.
@@ -798,6 +910,9 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     }
     let start = tokio::time::Instant::now();
     let t0 = SystemTime::now();
+    let hand_back = tl
+        .gke_hand_back
+        .then(|| HandBack::arm(&tl, t0, cluster.store().clone(), gce.clone()));
     let mut applied = vec![];
     // Truth changes no step makes: a rebalance recommendation's TTL running out, a
     // NodeClaim's expiry coming within the lead.
@@ -1253,7 +1368,32 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                         .context(what.clone())?;
                 }
                 boots += 1;
-                cluster.set_boot_id(NODE, &format!("boot-{boots}"))?;
+                let boot = format!("boot-{boots}");
+                if tl.boot_id_lag {
+                    // The kubelet posts the new boot id with its next node status, after the
+                    // restarted agents' first reads of the Node (a start reads it twice: its
+                    // watch's list and a look at the record).
+                    let after = cluster
+                        .emulator()
+                        .journal()
+                        .entries()
+                        .last()
+                        .map_or(0, |e| e.seq);
+                    boot_reports.push(kubelet::report_boot_after_reads(
+                        cluster.emulator().journal().clone(),
+                        cluster.store().clone(),
+                        kubelet::LateBoot {
+                            node: NODE.to_string(),
+                            boot_id: boot,
+                            after_seq: after,
+                            reads: 2,
+                            within: Duration::from_secs(5),
+                        },
+                        |identity| agent_pod(identity).is_some(),
+                    ));
+                } else {
+                    cluster.set_boot_id(NODE, &boot)?;
+                }
                 at = SystemTime::now();
                 // The kubelet starts each agent container again in its pod.
                 for pod in pods {
@@ -1328,7 +1468,63 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                     note: String::new(),
                 });
             }
-            Action::RebalanceExpires | Action::NodeClaimFence { .. } => {}
+            Action::RebalanceExpires | Action::NodeClaimFence { .. } | Action::GceMigrating => {}
+            Action::StrayServer { refusals } => {
+                // On the node the agent says is empty (its own phase gauge): ordered, not timed.
+                let agent = agents.live.first().map(|(a, _)| a);
+                let _ = try_eventually(
+                    "the agent says the node is empty",
+                    Duration::from_secs(5),
+                    Duration::from_millis(10),
+                    || async {
+                        let m = agent?.metrics().await;
+                        (crate::agent::metric(&m, "lastcall_drain_phase", &[("phase", "empty")])
+                            == Some(1.0))
+                        .then_some(())
+                    },
+                )
+                .await;
+                at = SystemTime::now();
+                // Its pod seen late (a lagging pod watch): the first pass that knows of it
+                // has its GameServer only, and releases it.
+                cluster.emulator().faults().delay_watches(
+                    crate::kube::faults::WatchDelay::resource("pods", STRAY_POD_LAG),
+                );
+                // Its releases refused (429, `Retry-After`) as long as drawn: the agent's
+                // passes fail meanwhile.
+                cluster.emulator().faults().inject(FaultRule::throttle(
+                    Some(Method::DELETE),
+                    "/gameservers/",
+                    *refusals,
+                    RELEASE_RETRY_AFTER,
+                ));
+                cluster.create_game_server(
+                    GameServerSpec::new(STRAY)
+                        .namespace(NS)
+                        .node_selector("example.com/team", "blue")
+                        .grace_seconds(1)
+                        .toleration(k8s_openapi::api::core::v1::Toleration {
+                            operator: Some("Exists".into()),
+                            ..Default::default()
+                        }),
+                )?;
+                // The next step (the hand-off's source) comes after its first refusal.
+                let _ = try_eventually(
+                    "the stray server's release refused",
+                    Duration::from_secs(5),
+                    Duration::from_millis(5),
+                    || async {
+                        (cluster.emulator().journal().count(|e| {
+                            e.identity.as_deref().and_then(agent_pod).is_some()
+                                && e.name.as_deref() == Some(STRAY)
+                                && e.status == 429
+                        }) > 0)
+                            .then_some(())
+                    },
+                )
+                .await;
+                note = STRAY.to_string();
+            }
             Action::GceUpcoming { status, window_ms } => {
                 let start = ceil_secs(t0 + Duration::from_millis(*window_ms));
                 let state = match status {
@@ -1340,7 +1536,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                     Some(state) => gce.set(
                         "upcoming-maintenance",
                         &json!({
-                            "can_reschedule": "false",
+                            "can_reschedule": if tl.gke_hand_back { "true" } else { "false" },
                             "latest_window_start_time": rfc3339(start),
                             "maintenance_status": state,
                             "type": "SCHEDULED",
@@ -1453,7 +1649,28 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let settled_from = SystemTime::now();
     applied.append(&mut expiries);
     applied.sort_by_key(|a| a.at);
-    let live_at_end = super::truth::Truth::build(&applied).last().clone();
+    // What is live now: the steps, and GKE's answers to a hand-back so far.
+    let live_now = || {
+        let mut all = applied.clone();
+        all.extend(hand_back.iter().flat_map(HandBack::so_far));
+        all.sort_by_key(|a| a.at);
+        super::truth::Truth::build(&all).last().clone()
+    };
+    // Where the machine's last life began: a deregistration only ends this life's drain.
+    let life_start = applied
+        .iter()
+        .filter(|a| matches!(a.action, Action::MachineReturns))
+        .map(|a| a.at)
+        .max()
+        .unwrap_or(t0);
+    // A FleetIQ machine that came back with nothing asking registers again (the checker's
+    // `not-registered-again`): the settle waits for that too.
+    let must_register = tl.fleetiq
+        && life_start > t0
+        && !super::truth::Truth::build(&applied)
+            .during(life_start, life_start + Duration::from_secs(3))
+            .into_iter()
+            .any(super::truth::asks_drain);
     let asg_began = applied
         .iter()
         .any(|a| matches!(a.action, Action::AsgTerminate));
@@ -1495,9 +1712,12 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             // approves it once the node is empty (the checker judges when).
             // Only an event still listed can be approved (a Spot eviction gone from the
             // document stays a signal, but there is nothing left to approve).
+            let live_at_end = live_now();
             let approvals = az.approvals();
             let azure_done = !tl.azure_approve
-                || live_at_end.keys().all(|id| match id {
+                || live_at_end.iter().all(|(id, s)| match id {
+                    // An event that asks for no drain is the agent's to approve or not.
+                    super::truth::SignalId::Azure(_) if !s.asks() => true,
                     super::truth::SignalId::Azure(ep) => {
                         !super::truth::azure_listed(&applied, *ep, SystemTime::now())
                             || approvals.contains(&azure_event_id(tl.seed, *ep))
@@ -1512,25 +1732,55 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
                 .as_str()
                 .is_none_or(|b| Some(b) == node["status"]["nodeInfo"]["bootID"].as_str());
             // Deregistered in this life (GameLift may have dropped the server on its own:
-            // the agent then records it once the node is empty).
+            // the agent then records it once the node is empty), by a drain asked for now
+            // or a deregistration this life made: a record from an earlier life ends nothing.
+            let handed_over_this_life = super::truth::asks_drain(&live_at_end)
+                || gl
+                    .calls()
+                    .iter()
+                    .any(|c| c.op == "DeregisterGameServer" && c.at >= life_start)
+                || applied
+                    .iter()
+                    .any(|a| matches!(a.action, Action::GameLiftForgets) && a.at >= life_start);
             if completed
                 && tl.fleetiq
                 && this_life
+                && handed_over_this_life
                 && annotation_of(&node, "lastcall.dev/deregistered")
             {
                 return Some(Ok(SystemTime::now()));
             }
+            // A hand-back GKE is still answering (the VM migrating): not over yet.
+            let handing_back = node["metadata"]["labels"][HAND_BACK_LABEL].as_str() == Some("true")
+                && hand_back.as_ref().is_some_and(|h| {
+                    !h.so_far().iter().any(|a| {
+                        matches!(
+                            a.action,
+                            Action::GceUpcoming {
+                                status: Upcoming::Complete,
+                                ..
+                            }
+                        )
+                    })
+                });
             // Without FleetIQ a drain that stays asked for ends with the node empty.
             if completed
                 && !tl.fleetiq
                 && this_life
+                && !handing_back
                 && !live_at_end.is_empty()
                 && annotation_of(&node, "lastcall.dev/drain-started")
                 && !cluster.pods_on(NODE).iter().any(is_game_pod)
             {
                 return Some(Ok(SystemTime::now()));
             }
-            if live_at_end.is_empty() {
+            // Nothing asks for a drain (a signal the agent may take or leave may be live): back
+            // to how lastcall found it, or never drained.
+            let registered = !must_register
+                || gl.calls().iter().any(|c| {
+                    c.op == "RegisterGameServer" && c.outcome == "ok" && c.at >= life_start
+                });
+            if !super::truth::asks_drain(&live_at_end) && registered {
                 let ours = has_own_marks(&node)
                     || cluster.game_servers().iter().any(|g| {
                         g.labels.contains_key("lastcall.dev/node-draining")
@@ -1550,7 +1800,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         let node = cluster.node(NODE).unwrap_or(Value::Null);
         format!(
             "{e}; live signals {:?}; requests held by a hang fault: {}; Node {}",
-            live_at_end.keys().collect::<Vec<_>>(),
+            live_now().keys().collect::<Vec<_>>(),
             cluster.emulator().faults().hung_now(),
             node_summary(&node)
         )
@@ -1561,6 +1811,14 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     let stalls = probe.stop();
     let pods = sampler.stop();
     let late_servers = late.map(LateServer::stop).into_iter().flatten().collect();
+    // GKE's answers to a hand-back are part of the truth.
+    applied.extend(hand_back.map(HandBack::stop).into_iter().flatten());
+    let mut boot_reads = vec![];
+    for r in boot_reports {
+        if let Ok(Ok(Some(seq))) = tokio::time::timeout(Duration::from_secs(6), r).await {
+            boot_reads.push(seq);
+        }
+    }
     let mut agent_errors = vec![];
     for (a, _) in agents.live.drain(..) {
         a.abort();
@@ -1619,7 +1877,11 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
     Ok(Run {
         imds_scheduled_reads: imds.reads(IMDS_SCHEDULED),
         azure_event_reads: az.event_reads(),
-        gce_maintenance_reads: gce.reads("maintenance-event"),
+        gce_maintenance_reads: gce
+            .reads_by("maintenance-event")
+            .into_iter()
+            .filter_map(|(at, pod)| Some((at, pod?)))
+            .collect(),
         timeline: tl,
         t0,
         applied,
@@ -1639,6 +1901,7 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
         kube_answers_lost,
         asg_answers_lost: asg.answers_lost(),
         starts: agents_starts,
+        boot_reads,
     })
 }
 

@@ -7,8 +7,15 @@ use std::fmt;
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
+use super::providers::{self, GceVm, HostMaintenance};
+
 /// The latest moment (ms after `t0`) a timeline waits for a hard deadline.
 pub const MAX_RUN_MS: u64 = 6000;
+
+/// `d` in whole milliseconds.
+pub fn ms_of(d: std::time::Duration) -> u64 {
+    d.as_millis() as u64
+}
 
 /// Generator dimensions that need agent behaviour not every build has. All on by default;
 /// `TIMELINE_DISABLE=two_agents,hangs` switches some off (see `docs/testing.md`).
@@ -69,6 +76,16 @@ pub struct Dimensions {
     /// The API server restarting: every watch ends, requests answered 503 for a moment, the
     /// watch history gone (a resumed watch is answered 410 and its client lists again).
     pub api_restarts: bool,
+    /// A machine that comes back whose kubelet posts the new boot id only after the restarted
+    /// agent has read the Node (needs "a new boot is read, not taken from one read").
+    pub boot_id_lag: bool,
+    /// A GKE hand-back on a VM that migrates live: maintenance done, no new boot (needs "a
+    /// hand-back ends with the maintenance, not only with a new boot"); the VM's
+    /// host-maintenance policy unreadable at first (needs "unread is not TERMINATE").
+    pub live_migration: bool,
+    /// A pod landing on an empty node whose release keeps being refused (429) while an Auto
+    /// Scaling hook or an Azure event appears (needs "empty only from a pass that succeeded").
+    pub stale_empty: bool,
 }
 
 impl Dimensions {
@@ -93,6 +110,9 @@ impl Dimensions {
         more_signals: true,
         modes: true,
         api_restarts: true,
+        boot_id_lag: true,
+        live_migration: true,
+        stale_empty: true,
     };
 
     /// `ALL` minus the comma-separated names in `disabled`; an unknown name is an error.
@@ -120,6 +140,9 @@ impl Dimensions {
                 "more_signals" => &mut d.more_signals,
                 "modes" => &mut d.modes,
                 "api_restarts" => &mut d.api_restarts,
+                "boot_id_lag" => &mut d.boot_id_lag,
+                "live_migration" => &mut d.live_migration,
+                "stale_empty" => &mut d.stale_empty,
                 other => return Err(format!("unknown timeline dimension {other:?}")),
             };
             *flag = false;
@@ -175,7 +198,11 @@ impl EventCode {
         }
     }
 
-    /// Whether the VM stops or reboots at `NotBefore`: then that time is a hard deadline.
+    /// Whether the instance stops or reboots at `NotBefore`: then that time is a hard
+    /// deadline. EC2's scheduled events: `instance-stop`, `instance-retirement` and
+    /// `system-reboot` stop or reboot it; during `system-maintenance` (network or power
+    /// maintenance) it keeps running.
+    /// <https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/monitoring-instances-status-check_sched.html>
     pub fn ends_the_vm(self) -> bool {
         !matches!(self, EventCode::SystemMaintenance)
     }
@@ -207,9 +234,10 @@ impl AzureKind {
         }
     }
 
-    /// Whether the VM ends at `NotBefore`: then that time is a hard deadline.
+    /// Whether the VM ends at `NotBefore`: then that time is a hard deadline
+    /// ([`providers::azure_ends_the_vm`]).
     pub fn ends_the_vm(self) -> bool {
-        !matches!(self, AzureKind::FreezeShort | AzureKind::FreezeLong)
+        providers::azure_ends_the_vm(self)
     }
 }
 
@@ -268,18 +296,20 @@ pub enum Action {
     },
     /// The scheduled event is canceled.
     ImdsScheduledCancel,
-    /// IMDS `spot/instance-action` (never withdrawn).
+    /// IMDS `spot/instance-action` (never withdrawn), its `time` EC2's two minutes after
+    /// the notice ([`providers::EC2_SPOT_NOTICE`]).
     ImdsSpot {
         at_ms: u64,
     },
-    /// GCE `maintenance-event` = `TERMINATE_ON_HOST_MAINTENANCE` (deadline: now + the
-    /// agent's `--gce-terminate-notice`).
+    /// GCE `maintenance-event` = `TERMINATE_ON_HOST_MAINTENANCE` (deadline: now + the VM
+    /// class's notice, [`GceVm::terminate_notice`]).
     GceTerminate,
     /// GCE `maintenance-event` = `NONE`.
     GceNone,
     /// GCE `maintenance-event` answers an empty body (a glitch: changes nothing).
     GceEmpty,
-    /// GCE `preempted` = `TRUE` (deadline: now + `--gce-preemption-notice`; never withdrawn).
+    /// GCE `preempted` = `TRUE` (deadline: now + ACPI G2 to G3,
+    /// [`providers::GCE_PREEMPTION_NOTICE`]; never withdrawn).
     GcePreempted,
     /// The Auto Scaling group terminates the instance: it waits on the termination hook and
     /// IMDS `autoscaling/target-lifecycle-state` reads `Terminated` (never withdrawn).
@@ -400,6 +430,15 @@ pub enum Action {
     Unreserve,
     /// The game server that started slowly on the node calls `Ready()`.
     TurnsReady,
+    /// A game server that tolerates everything (blanket tolerations) is placed on the node,
+    /// the pod watch delivers 400 ms late from then on, and the next `refusals` release
+    /// DELETEs are answered 429 with `Retry-After`.
+    StrayServer {
+        refusals: usize,
+    },
+    /// Not drawn: GKE migrates the VM live, started by the agent's hand-back
+    /// (`maintenance-event` is `MIGRATE_ON_HOST_MAINTENANCE` meanwhile).
+    GceMigrating,
 }
 
 impl Action {
@@ -458,8 +497,10 @@ pub struct Timeline {
     pub graceful_termination: bool,
     /// The operator had cordoned the node before any signal.
     pub foreign_cordon: bool,
-    pub gce_preemption_notice_s: u64,
-    pub gce_terminate_notice_s: u64,
+    /// The GCE VM's class: how long before host maintenance stops it GCE says so.
+    pub gce_vm: GceVm,
+    /// The GCE VM's `scheduling/on-host-maintenance`.
+    pub host_maintenance: HostMaintenance,
     /// The termination hook's heartbeat timeout (its cap is 100 times this).
     pub asg_heartbeat_s: u64,
     /// `--azure-approve-when-empty`.
@@ -489,6 +530,138 @@ pub struct Timeline {
     pub late_cancel: bool,
     /// The agent's modes.
     pub mode: Modes,
+    /// A staged race replacing the drawn steps ([`Staged`]).
+    pub staged: Option<Staged>,
+    /// A machine that comes back gets its new boot id from the kubelet only after the
+    /// restarted agent's first read of the Node.
+    pub boot_id_lag: bool,
+    /// `--gke-hand-back`, with GCE's upcoming maintenance reschedulable (`can_reschedule`).
+    pub gke_hand_back: bool,
+    /// The first reads of GCE's `scheduling/on-host-maintenance` that answer 503.
+    pub policy_read_faults: usize,
+}
+
+/// A race the timelines stage whole, each from a stream of its own, in place of the drawn
+/// signals (other draws of the seed kept where they cannot spoil it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Staged {
+    /// FleetIQ asks for a drain on an empty node, which is deregistered; the machine comes
+    /// back with nothing live, and the kubelet posts its new boot id only after the restarted
+    /// agent read the Node: the agent must register again and lift the fence.
+    BootIdLag,
+    /// GCE's upcoming maintenance, reschedulable, on a GKE node with `--gke-hand-back` and a
+    /// VM that migrates live: once the node is empty the agent hands it back, GKE migrates
+    /// the VM (no new boot) and the maintenance is done: the node must be lifted again. Half
+    /// the time the window goes `ONGOING` instead, with no hand-back: on a VM that migrates,
+    /// no deadline, so no match may end, and mostly the policy's reads fail until after it
+    /// (unread, the policy is not `TERMINATE`). Otherwise its first reads may fail.
+    LiveMigration { hand_back: bool },
+    /// The operator's drain on a node without FleetIQ (an Agones that selects by field); once
+    /// it is empty a game server that tolerates everything lands there, its releases refused
+    /// with 429s, while an Auto Scaling termination (or an Azure event, approvals on)
+    /// appears: nothing may be handed over while the pod is there.
+    StaleEmpty { asg: bool },
+}
+
+impl Staged {
+    /// At most one per timeline, none with a late cancel (its own stage).
+    fn draw(seed: u64, dims: Dimensions) -> Option<Staged> {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x7374_6167_6564);
+        let pick = rng.random_range(0..100);
+        let asg = dims.asg_lifecycle && (!dims.azure_events || rng.random_bool(0.5));
+        match pick {
+            0..10 if dims.boot_id_lag && dims.returns => Some(Staged::BootIdLag),
+            10..24 if dims.live_migration => Some(Staged::LiveMigration {
+                hand_back: rng.random_bool(0.5),
+            }),
+            24..34 if dims.stale_empty && (dims.asg_lifecycle || dims.azure_events) => {
+                Some(Staged::StaleEmpty { asg })
+            }
+            _ => None,
+        }
+    }
+
+    /// The staged steps, from `t` (ms), and the Fleets' matches: `(steps, an Always match
+    /// that ends only at the end)`.
+    fn steps(self, seed: u64) -> (Vec<Step>, bool) {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x7374_6570_7321);
+        let t = rng.random_range(0..300);
+        let step = |at_ms, action| Step { at_ms, action };
+        match self {
+            Staged::BootIdLag => (
+                vec![
+                    step(t, Action::FleetIq { draining: true }),
+                    step(t + rng.random_range(1800..=2500), Action::MachineReturns),
+                ],
+                false,
+            ),
+            Staged::LiveMigration { hand_back: true } => (
+                vec![step(
+                    t,
+                    Action::GceUpcoming {
+                        status: Upcoming::Pending,
+                        window_ms: t + 4500,
+                    },
+                )],
+                false,
+            ),
+            Staged::LiveMigration { hand_back: false } => {
+                let window_ms = t + rng.random_range(1200..=1800);
+                (
+                    vec![
+                        step(
+                            t,
+                            Action::GceUpcoming {
+                                status: Upcoming::Pending,
+                                window_ms,
+                            },
+                        ),
+                        step(
+                            window_ms,
+                            Action::GceUpcoming {
+                                status: Upcoming::Ongoing,
+                                window_ms,
+                            },
+                        ),
+                        step(
+                            window_ms + rng.random_range(1500..=2500),
+                            Action::GceUpcoming {
+                                status: Upcoming::Complete,
+                                window_ms,
+                            },
+                        ),
+                    ],
+                    true,
+                )
+            }
+            Staged::StaleEmpty { asg } => {
+                // Once the released servers' grace periods are over and the node is empty
+                // (the runner also waits for the agent to say so).
+                let stray = t + rng.random_range(3000..=3500);
+                let then = stray + rng.random_range(500..=900);
+                let hand_off = if asg {
+                    Action::AsgTerminate
+                } else {
+                    Action::AzureEvent {
+                        episode: 1,
+                        kind: [AzureKind::Reboot, AzureKind::Terminate][rng.random_range(0..2)],
+                        not_before_ms: then
+                            + ms_of(providers::run_time(providers::azure_min_notice(
+                                AzureKind::Reboot,
+                            ))),
+                    }
+                };
+                (
+                    vec![
+                        step(t, Action::Manual(true)),
+                        step(stray, Action::StrayServer { refusals: 2 }),
+                        step(then, hand_off),
+                    ],
+                    false,
+                )
+            }
+        }
+    }
 }
 
 /// `--maintenance-lead` where a NodeClaim expires: longer than any other drawn signal's
@@ -678,7 +851,9 @@ impl Timeline {
                 }
                 2 => {
                     if rng.random_bool(0.5) {
-                        let d = deadline(&mut rng, t);
+                        // EC2's two minutes (the draw kept, so the stream stays as it was).
+                        let _ = deadline(&mut rng, t);
+                        let d = t + ms_of(providers::run_time(providers::EC2_SPOT_NOTICE));
                         steps.push(Step {
                             at_ms: t,
                             action: Action::ImdsSpot { at_ms: d },
@@ -747,7 +922,10 @@ impl Timeline {
                         4 => AzureKind::Preempt,
                         _ => AzureKind::Terminate,
                     };
-                    let mut nb = deadline(&mut rng, t);
+                    // Never sooner than Azure's least notice for the type, whenever it is
+                    // listed or moved.
+                    let least = ms_of(providers::run_time(providers::azure_min_notice(kind)));
+                    let mut nb = deadline(&mut rng, t).max(t + least);
                     steps.push(Step {
                         at_ms: t,
                         action: Action::AzureEvent {
@@ -768,7 +946,8 @@ impl Timeline {
                         } else {
                             nb.saturating_sub(rng.random_range(500..=1500))
                                 .max(t2 + 1000)
-                        };
+                        }
+                        .max(t2 + least);
                         steps.push(Step {
                             at_ms: t2,
                             action: Action::AzureEvent {
@@ -903,15 +1082,20 @@ impl Timeline {
                 }
             }
         }
-        let gce_preemption_notice_s = rng.random_range(2..=3);
-        let mut gce_terminate_notice_s = rng.random_range(2..=3);
+        // GCE's notices are the VM class's (the two draws kept, so the stream stays as it was).
+        let _ = rng.random_range(2..=3);
+        let mut gce_vm = if rng.random_range(2..=3) == 3 {
+            GceVm::Gpu
+        } else {
+            GceVm::Normal
+        };
         let asg_heartbeat_s = rng.random_range(2..=3);
         let azure_approve = rng.random_bool(0.5);
         let exclusion_selector = rng.random_bool(0.5);
         let graceful_termination = rng.random_bool(0.3);
         let foreign_cordon = rng.random_bool(0.15);
         // Its own stream: every seed's script stays what it was before this was drawn.
-        let agones_selectable_fields =
+        let mut agones_selectable_fields =
             StdRng::seed_from_u64(seed ^ 0x6167_6f6e_6573).random_bool(0.5);
         let mode = Modes::draw(seed, dims, edges.fleetiq, agones_selectable_fields);
         let later = Later::draw(
@@ -927,9 +1111,69 @@ impl Timeline {
             dims,
             &grace_s,
             &mut allocated,
-            &mut gce_terminate_notice_s,
+            &mut gce_vm,
             &mut steps,
         );
+        // A staged race replaces the drawn signals and whatever could spoil it.
+        let staged = Staged::draw(seed, dims).filter(|_| !late_cancel);
+        let mut fleetiq = edges.fleetiq;
+        let mut mode = mode;
+        let (mut later, mut bind_lag_ms, mut asg_lag) = (later, edges.bind_lag_ms, edges.asg_lag);
+        let mut host_maintenance = HostMaintenance::Terminate;
+        let (mut gke_hand_back, mut policy_read_faults, mut azure_approve) =
+            (false, 0, azure_approve);
+        if let Some(st) = staged {
+            let (staged_steps, always_match) = st.steps(seed);
+            steps = staged_steps;
+            allocated = [0; 3];
+            if always_match {
+                allocated[Safe::Always as usize] = 1;
+            }
+            if ready.iter().sum::<usize>() == 0 {
+                ready[Safe::Never as usize] = 1;
+            }
+            later = Later {
+                slow_starter: false,
+                rebalance_ttl_ms: 0,
+                drain_on_foreign_cordon: false,
+            };
+            (bind_lag_ms, asg_lag) = (0, 0);
+            mode.dry_run = false;
+            let mut rng = StdRng::seed_from_u64(seed ^ 0x706f_6c69_6379);
+            match st {
+                Staged::BootIdLag => fleetiq = true,
+                Staged::LiveMigration { hand_back } => {
+                    fleetiq = false;
+                    host_maintenance = HostMaintenance::Migrate;
+                    gke_hand_back = hand_back;
+                    // A blip or two; where the window goes ONGOING, mostly every read until
+                    // well after it (the policy stays unknown).
+                    policy_read_faults = if hand_back || rng.random_bool(0.3) {
+                        rng.random_range(0..=2)
+                    } else {
+                        40
+                    };
+                }
+                Staged::StaleEmpty { asg } => {
+                    fleetiq = false;
+                    azure_approve = azure_approve || !asg;
+                    // Selected by field: no claim write of its own for the stray server, so
+                    // the first pass that sees it releases it (and is refused).
+                    agones_selectable_fields = true;
+                }
+            }
+        }
+        if !fleetiq {
+            mode.publish_drain_state = false;
+        }
+        // A machine that comes back gets its new boot id late in the staged race, and in half
+        // the others that draw a return (a stream of its own).
+        let boot_id_lag = staged == Some(Staged::BootIdLag)
+            || (dims.boot_id_lag
+                && steps
+                    .iter()
+                    .any(|s| matches!(s.action, Action::MachineReturns))
+                && StdRng::seed_from_u64(seed ^ 0x626f_6f74_6c61_6721).random_bool(0.5));
         steps.sort_by_key(|s| s.at_ms);
         // Run until the last hard deadline has passed (capped), so the agent's verdicts at
         // `deadline − grace` happen inside the timeline.
@@ -943,8 +1187,12 @@ impl Timeline {
                     status: Upcoming::Ongoing,
                     window_ms,
                 } => window_ms,
-                Action::GcePreempted => s.at_ms + 1000 * gce_preemption_notice_s,
-                Action::GceTerminate => s.at_ms + 1000 * gce_terminate_notice_s,
+                Action::GcePreempted => {
+                    s.at_ms + ms_of(providers::run_time(providers::GCE_PREEMPTION_NOTICE))
+                }
+                Action::GceTerminate => {
+                    s.at_ms + ms_of(providers::run_time(gce_vm.terminate_notice()))
+                }
                 Action::AzureEvent {
                     kind,
                     not_before_ms,
@@ -967,15 +1215,18 @@ impl Timeline {
             .find(|s| matches!(s.action, Action::ImdsRebalance))
             .map_or(0, |s| s.at_ms + later.rebalance_ttl_ms + 1000);
         // A NodeClaim's fence (created before `t0`, so no later than this) well inside.
-        let nodeclaim = NodeClaim::draw(seed, dims).filter(|_| !late_cancel);
+        let nodeclaim = NodeClaim::draw(seed, dims).filter(|_| !late_cancel && staged.is_none());
         let nodeclaim_end = nodeclaim.map_or(0, |c| {
             (c.fence_after_ms() + 2000).max(c.end_after_ms().unwrap_or(0).min(MAX_RUN_MS))
         });
+        // A staged race plays on for the world's answers (a hand-back, a refused release).
+        let staged_end = if staged.is_some() { 4000 } else { 0 };
         let end_all_at_ms = last_step
             .max(last_hard.min(MAX_RUN_MS))
             .max(asg_hold)
             .max(rebalance_end)
             .max(nodeclaim_end)
+            .max(staged_end)
             + 200;
         Timeline {
             seed,
@@ -986,14 +1237,14 @@ impl Timeline {
             exclusion_selector,
             graceful_termination,
             foreign_cordon,
-            gce_preemption_notice_s,
-            gce_terminate_notice_s,
+            gce_vm,
+            host_maintenance,
             asg_heartbeat_s,
             azure_approve,
             agones_selectable_fields,
-            fleetiq: edges.fleetiq,
-            asg_lag: edges.asg_lag,
-            bind_lag_ms: edges.bind_lag_ms,
+            fleetiq,
+            asg_lag,
+            bind_lag_ms,
             steps,
             end_all_at_ms,
             slow_starter: later.slow_starter,
@@ -1002,6 +1253,10 @@ impl Timeline {
             nodeclaim,
             late_cancel,
             mode,
+            staged,
+            boot_id_lag,
+            gke_hand_back,
+            policy_read_faults,
         }
     }
 
@@ -1014,11 +1269,22 @@ impl Timeline {
     pub fn grace_of(&self, safe: Safe) -> i64 {
         self.grace_s[safe as usize]
     }
+
+    /// GCE's notice before host maintenance stops the VM, as the timeline plays it: what the
+    /// operator sets `--gce-terminate-notice` to for this class of VM.
+    pub fn gce_terminate_notice(&self) -> std::time::Duration {
+        providers::run_time(self.gce_vm.terminate_notice())
+    }
+
+    /// ACPI G2 to G3 on a preempted VM, as the timeline plays it (`--gce-preemption-notice`).
+    pub fn gce_preemption_notice(&self) -> std::time::Duration {
+        providers::run_time(providers::GCE_PREEMPTION_NOTICE)
+    }
 }
 
 /// Sometimes (under `more_signals`, from a stream of its own) the only signal is an IMDS
 /// scheduled stop, an Azure reboot (IMDS' where Azure is not drawn) or a GCE
-/// `TERMINATE_ON_HOST_MAINTENANCE` (then `--gce-terminate-notice` is stretched to match),
+/// `TERMINATE_ON_HOST_MAINTENANCE` on a GPU VM (an hour's notice, the longest GCE gives),
 /// cancelled 1.0–1.3 s before a match lastcall may end is due. An agent that acts on
 /// the cancel a second late ends that match, and a reaction window of 1.5 s would excuse it:
 /// only the bound by the reads that saw the cancel catches it. Returns whether it drew one.
@@ -1027,19 +1293,40 @@ fn late_cancel(
     dims: Dimensions,
     grace_s: &[i64; 3],
     allocated: &mut [usize; 3],
-    gce_terminate_notice_s: &mut u64,
+    gce_vm: &mut GceVm,
     steps: &mut Vec<Step>,
 ) -> bool {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x6c61_7465_6321);
-    if !dims.more_signals || !rng.random_bool(0.16) {
+    if !dims.more_signals || !rng.random_bool(0.24) {
         return false;
     }
     let always = Safe::Always as usize;
     allocated[always] = allocated[always].max(1);
     let t: u64 = rng.random_range(0..900);
-    // Just short of a whole second: the run starts on one, so IMDS (whole seconds, rounded
-    // up) states it 50 ms later, whatever the few ms the start took.
-    let not_before_ms = (t + rng.random_range(3500..=4500)).div_ceil(1000) * 1000 - 50;
+    // One source in three each (IMDS where Azure is not drawn).
+    let kind = rng.random_range(0..3);
+    let azure = kind == 1 && dims.azure_events;
+    let gce = kind == 2;
+    // Azure's no sooner than its least notice for a reboot.
+    let least = if azure {
+        ms_of(providers::run_time(providers::azure_min_notice(
+            AzureKind::Reboot,
+        )))
+    } else {
+        3500
+    };
+    // Just short of a whole second: the run starts on one, so IMDS and Azure (whole
+    // seconds, rounded up) state it 50 ms later, whatever the few ms the start took.
+    let mut not_before_ms = (t + rng.random_range(least..=4500)).div_ceil(1000) * 1000 - 50;
+    // GCE counts the notice from the step, and the truth's end is that to the second below:
+    // the step 100 ms into the run puts it on the whole second after the notice, within a
+    // few hundred ms of where the agent (counting from its first sight) puts it.
+    let gce_at = 100;
+    if gce {
+        *gce_vm = GceVm::Gpu;
+        let end = gce_at + ms_of(providers::run_time(gce_vm.terminate_notice()));
+        not_before_ms = end / 1000 * 1000;
+    }
     let due = not_before_ms - 1000 * grace_s[always] as u64;
     // No agent stopped near the cancel (a start is a moment the bound cannot judge), and the
     // matches still running when they are due.
@@ -1052,9 +1339,7 @@ fn late_cancel(
         !dropped
     });
     let cancel_at = due - rng.random_range(1000..=1300);
-    // One source in three each (IMDS where Azure is not drawn).
-    let kind = rng.random_range(0..3);
-    let (event, cancel) = if kind == 1 && dims.azure_events {
+    let (event, cancel) = if azure {
         (
             Action::AzureEvent {
                 episode: 1,
@@ -1063,11 +1348,7 @@ fn late_cancel(
             },
             Action::AzureGone { episode: 1 },
         )
-    } else if kind == 2 {
-        // GCE counts the notice from the agent's first sight, and the truth from the step's
-        // whole second: the step comes just after one (below), so the two ends agree to
-        // within 100 ms, on the whole second 50 ms after IMDS' would be.
-        *gce_terminate_notice_s = (not_before_ms + 50) / 1000;
+    } else if gce {
         (Action::GceTerminate, Action::GceNone)
     } else {
         (
@@ -1079,11 +1360,7 @@ fn late_cancel(
         )
     };
     steps.push(Step {
-        at_ms: if event == Action::GceTerminate {
-            t / 10
-        } else {
-            t
-        },
+        at_ms: if gce { gce_at } else { t },
         action: event,
     });
     steps.push(Step {
@@ -1389,7 +1666,7 @@ impl fmt::Display for Timeline {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce notices preempt {}s terminate {}s, asg heartbeat {}s (describes lag {}), --azure-approve-when-empty {}, agones selectable fields {}, fleetiq {}, bind lag {} ms, slow starter {}, --rebalance-ttl {} ms, --drain-on-foreign-cordon {}, NodeClaim {:?}, late cancel {}, {:?}, {:?}",
+            "timeline seed {}: ready {:?} allocated {:?} grace_s {:?} (never/onupgrade/always), exclusion selector {}, --graceful-termination {}, foreign cordon {}, gce VM {:?} ({} at host maintenance), asg heartbeat {}s (describes lag {}), --azure-approve-when-empty {}, agones selectable fields {}, fleetiq {}, bind lag {} ms, slow starter {}, --rebalance-ttl {} ms, --drain-on-foreign-cordon {}, NodeClaim {:?}, late cancel {}, staged {:?}, boot id lag {}, --gke-hand-back {} (policy reads failing {}), {:?}, {:?}",
             self.seed,
             self.ready,
             self.allocated,
@@ -1397,8 +1674,8 @@ impl fmt::Display for Timeline {
             self.exclusion_selector,
             self.graceful_termination,
             self.foreign_cordon,
-            self.gce_preemption_notice_s,
-            self.gce_terminate_notice_s,
+            self.gce_vm,
+            self.host_maintenance.as_str(),
             self.asg_heartbeat_s,
             self.asg_lag,
             self.azure_approve,
@@ -1410,6 +1687,10 @@ impl fmt::Display for Timeline {
             self.drain_on_foreign_cordon,
             self.nodeclaim,
             self.late_cancel,
+            self.staged,
+            self.boot_id_lag,
+            self.gke_hand_back,
+            self.policy_read_faults,
             self.mode,
             self.dims,
         )?;
@@ -1450,12 +1731,14 @@ mod tests {
         assert_eq!(a.steps, b.steps);
         assert_eq!(a.to_string(), b.to_string());
         let none = Dimensions::without(
-            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events,returns,gamelift_forgets,asg_lag,without_fleetiq,fence_races,more_faults,node_signals,server_states,lost_answers,more_signals,modes,api_restarts",
+            "two_agents, hangs,aborts,gce_empty_body,system_maintenance,later_reschedules,asg_lifecycle,azure_events,returns,gamelift_forgets,asg_lag,without_fleetiq,fence_races,more_faults,node_signals,server_states,lost_answers,more_signals,modes,api_restarts,boot_id_lag,live_migration,stale_empty",
         )
         .expect("known names");
         for seed in 0..300 {
             assert_eq!(Timeline::draw(seed, none).mode, Modes::default());
             assert_eq!(Timeline::draw(seed, none).nodeclaim, None);
+            assert_eq!(Timeline::draw(seed, none).staged, None);
+            assert!(!Timeline::draw(seed, none).boot_id_lag);
             for s in Timeline::draw(seed, none).steps {
                 assert!(
                     !refused(&s.action)
@@ -1487,6 +1770,7 @@ mod tests {
                                 | Action::GceUpcoming { .. }
                                 | Action::OperatorCordon(_)
                                 | Action::ApiRestart { .. }
+                                | Action::StrayServer { .. }
                                 | Action::Fault(
                                     KubeFault::FailReleases { .. } | KubeFault::LagWatches { .. }
                                 )
@@ -1584,11 +1868,98 @@ mod tests {
         }
         for (what, count) in n {
             // A dry run is drawn rarely: it judges one thing.
-            let floor = if what == "a dry run" { 5 } else { 10 };
+            let floor = if what == "a dry run" { 5 } else { 8 };
             assert!(
                 count >= floor,
                 "{what}: drawn in only {count} of 400 timelines"
             );
+        }
+    }
+
+    #[test]
+    fn the_staged_races_are_drawn_alone() {
+        let (mut boot, mut migrate, mut ongoing, mut stale) = (0, 0, 0, 0);
+        let mut in_ci = [0; 4];
+        for seed in 0..400 {
+            let tl = Timeline::draw(seed, Dimensions::ALL);
+            let signals: Vec<&Action> = tl
+                .steps
+                .iter()
+                .map(|s| &s.action)
+                .filter(|a| a.is_signal())
+                .collect();
+            match tl.staged {
+                Some(Staged::BootIdLag) => {
+                    boot += 1;
+                    assert!(tl.fleetiq && tl.boot_id_lag, "seed {seed}");
+                    assert_eq!(
+                        signals,
+                        [&Action::FleetIq { draining: true }, &Action::MachineReturns],
+                        "seed {seed}"
+                    );
+                }
+                Some(Staged::LiveMigration { hand_back }) => {
+                    assert!(!tl.fleetiq, "seed {seed}");
+                    assert_eq!(tl.host_maintenance, HostMaintenance::Migrate);
+                    assert_eq!(tl.gke_hand_back, hand_back);
+                    assert!(
+                        signals
+                            .iter()
+                            .all(|a| matches!(a, Action::GceUpcoming { .. }))
+                    );
+                    if hand_back {
+                        migrate += 1;
+                    } else {
+                        ongoing += 1;
+                        assert_eq!(tl.allocated, [0, 0, 1], "seed {seed}");
+                    }
+                }
+                Some(Staged::StaleEmpty { asg }) => {
+                    stale += 1;
+                    assert!(!tl.fleetiq && (asg || tl.azure_approve), "seed {seed}");
+                    assert_eq!(tl.allocated, [0; 3]);
+                    assert!(
+                        tl.steps
+                            .iter()
+                            .any(|s| matches!(s.action, Action::StrayServer { .. })),
+                        "seed {seed}"
+                    );
+                }
+                None => {
+                    assert_eq!(tl.host_maintenance, HostMaintenance::Terminate);
+                    assert!(!tl.gke_hand_back && tl.policy_read_faults == 0);
+                }
+            }
+            assert!(!(tl.staged.is_some() && tl.late_cancel), "seed {seed}");
+            // The CI run's seeds, 1–200.
+            if (1..=200).contains(&seed) {
+                let i = match tl.staged {
+                    Some(Staged::BootIdLag) => 0,
+                    Some(Staged::LiveMigration { hand_back: true }) => 1,
+                    Some(Staged::LiveMigration { hand_back: false }) => 2,
+                    Some(Staged::StaleEmpty { .. }) => 3,
+                    None => continue,
+                };
+                in_ci[i] += 1;
+            }
+        }
+        assert!(
+            in_ci.iter().all(|n| *n >= 7),
+            "staged in seeds 1–200: {in_ci:?}"
+        );
+        if std::env::var_os("STAGED_SEEDS").is_some() {
+            let staged: Vec<(u64, Staged)> = (1..=400)
+                .filter_map(|seed| Some((seed, Timeline::draw(seed, Dimensions::ALL).staged?)))
+                .collect();
+            eprintln!("{staged:?}");
+        }
+        for (what, n) in [
+            ("a late boot id", boot),
+            ("a hand-back on a VM that migrates", migrate),
+            ("an ONGOING window on a VM that migrates", ongoing),
+            ("a stale empty", stale),
+        ] {
+            assert!(n >= 10, "{what}: staged in only {n} of 400 timelines");
         }
     }
 
@@ -1650,7 +2021,7 @@ mod tests {
                 .collect();
             eprintln!("{seeds:?}");
         }
-        assert!((100..=220).contains(&drawn.len()), "{} drawn", drawn.len());
+        assert!((170..=310).contains(&drawn.len()), "{} drawn", drawn.len());
         let (mut imds, mut azure, mut gce) = (0, 0, 0);
         for t in &drawn {
             let signals: Vec<&Step> = t.steps.iter().filter(|s| s.action.is_signal()).collect();
@@ -1673,8 +2044,12 @@ mod tests {
             let not_before_ms = match event.action {
                 Action::ImdsScheduled { not_before_ms, .. }
                 | Action::AzureEvent { not_before_ms, .. } => not_before_ms,
-                // GCE's end: the notice from the step, on a whole second.
-                _ => t.gce_terminate_notice_s * 1000 - 50,
+                // GCE's end: the GPU VM's notice from the step, to the second below.
+                _ => {
+                    assert_eq!(t.gce_vm, GceVm::Gpu, "seed {}", t.seed);
+                    (event.at_ms + ms_of(providers::run_time(t.gce_vm.terminate_notice()))) / 1000
+                        * 1000
+                }
             };
             let due = not_before_ms - 1000 * t.grace_of(Safe::Always) as u64;
             assert!(

@@ -1,9 +1,12 @@
 //! What the script says is true at each moment: which signals are live and their hard
 //! deadlines, rebuilt from the steps as they were really applied (their wall-clock times).
+//! Every deadline and every game's consent is the providers' ([`super::providers`]), never
+//! lastcall's rule.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
+use super::providers::{self, Consent, Decided};
 use super::script::{Action, AzureKind, Safe, Timeline, Upcoming};
 
 /// One signal of one source; a source holds at most one at a time.
@@ -62,14 +65,32 @@ impl SignalId {
 pub struct Signal {
     /// When the machine goes whatever anyone does (stop, reboot, preemption).
     pub hard: Option<SystemTime>,
-    /// Whether the hard deadline's cause is upgrade-like (maintenance, preemption), which
-    /// `OnUpgrade` lets lastcall end matches for.
-    pub upgrade_like: bool,
+    /// Who decided the machine goes, which a game's `eviction.safe` consents to or not
+    /// ([`providers::consent`]).
+    pub decided: Decided,
     /// Whether lastcall fences the node for it (not for an autoscaler's own taint).
     pub fences: bool,
-    /// The deadline is counted from when the agent first sees the signal (GCE), so the
-    /// agent's value may be later than the script's by its reaction time.
+    /// The provider counts the deadline from a notice the agent only hears later (GCE's, a
+    /// Spot notice through FleetIQ), so the agent's value may be later than the truth's by
+    /// its reaction time.
     pub relative: bool,
+    /// The provider leaves the drain to the agent: nothing ends (an Azure freeze, which every
+    /// process survives), so keeping new matches off is a policy of the agent's. It asks for
+    /// no drain and forbids none; only outcomes are judged (no match ended, no busy machine
+    /// handed over).
+    pub optional: bool,
+}
+
+impl Signal {
+    /// Whether it asks for a drain (a signal the agent may take or leave does not).
+    pub fn asks(&self) -> bool {
+        !self.optional
+    }
+}
+
+/// Whether some signal of `live` asks for a drain.
+pub fn asks_drain(live: &Live) -> bool {
+    live.values().any(Signal::asks)
 }
 
 /// A step as it was applied.
@@ -112,15 +133,17 @@ pub fn effect_of(
     let ms = |m: u64| ceil_secs(t0 + Duration::from_millis(m));
     let hard = |t| Signal {
         hard: Some(t),
-        upgrade_like: true,
+        decided: Decided::Platform,
         fences: true,
         relative: false,
+        optional: false,
     };
     let drain = Signal {
         hard: None,
-        upgrade_like: false,
+        decided: Decided::Platform,
         fences: true,
         relative: false,
+        optional: false,
     };
     Some(match a {
         Action::ImdsScheduled {
@@ -136,36 +159,44 @@ pub fn effect_of(
         ),
         Action::ImdsScheduledCancel => (SignalId::ImdsScheduled, None),
         Action::ImdsSpot { at_ms } => (SignalId::ImdsSpot, Some(hard(ms(*at_ms)))),
+        // GCE's notice for the VM's class, from the change of `maintenance-event`.
         Action::GceTerminate => (
             SignalId::GceMaintenance,
             Some(Signal {
                 relative: true,
-                ..hard(floor_secs(
-                    at + Duration::from_secs(tl.gce_terminate_notice_s),
-                ))
+                ..hard(floor_secs(at + tl.gce_terminate_notice()))
             }),
         ),
         Action::GceNone => (SignalId::GceMaintenance, None),
+        // A live migration: the VM survives, nothing ends; keeping matches off meanwhile is
+        // the agent's choice.
+        Action::GceMigrating => (
+            SignalId::GceMaintenance,
+            Some(Signal {
+                fences: false,
+                optional: true,
+                ..drain
+            }),
+        ),
+        // ACPI G2 with `preempted`, G3 the notice later.
         Action::GcePreempted => (
             SignalId::GcePreempted,
             Some(Signal {
                 relative: true,
-                ..hard(floor_secs(
-                    at + Duration::from_secs(tl.gce_preemption_notice_s),
-                ))
+                ..hard(floor_secs(at + tl.gce_preemption_notice()))
             }),
         ),
-        // Announced as the hook's cap from the agent's first sight, far beyond the run;
-        // a scale-in, so not upgrade-like.
+        // The hook's global timeout from the wait's start, far beyond the run; a scale-in or
+        // a replacement alike.
         Action::AsgTerminate => (
             SignalId::AsgLifecycle,
             Some(Signal {
                 hard: Some(floor_secs(
-                    at + Duration::from_secs(100 * tl.asg_heartbeat_s),
+                    at + providers::asg_global_timeout(Duration::from_secs(tl.asg_heartbeat_s)),
                 )),
-                upgrade_like: false,
-                fences: true,
+                decided: Decided::Either,
                 relative: true,
+                ..drain
             }),
         ),
         Action::AzureEvent {
@@ -175,10 +206,16 @@ pub fn effect_of(
         } => (
             SignalId::Azure(*episode),
             match kind {
-                AzureKind::FreezeShort => None,
-                AzureKind::FreezeLong => Some(drain),
+                // Every process survives a freeze, short or long: nothing to end, and
+                // keeping new matches off for it is the agent's choice.
+                AzureKind::FreezeShort | AzureKind::FreezeLong => Some(Signal {
+                    fences: false,
+                    optional: true,
+                    ..drain
+                }),
+                // A scale set's scale-in or a user deleting the VM.
                 AzureKind::Terminate => Some(Signal {
-                    upgrade_like: false,
+                    decided: Decided::Either,
                     ..hard(ms(*not_before_ms))
                 }),
                 _ => Some(hard(ms(*not_before_ms))),
@@ -195,12 +232,13 @@ pub fn effect_of(
             }),
         ),
         Action::FleetIq { draining } => (SignalId::FleetIq, draining.then_some(drain)),
-        // Two minutes from pubsub's first poll, far beyond the run; counted by lastcall.
+        // EC2's two minutes from its Spot notice, which FleetIQ's status reports (not
+        // compressed: the agent takes no setting for it), far beyond the run.
         Action::FleetIqSpot => (
             SignalId::FleetIqSpot,
             Some(Signal {
                 relative: true,
-                ..hard(floor_secs(at + Duration::from_secs(120)))
+                ..hard(floor_secs(at + providers::EC2_SPOT_NOTICE))
             }),
         ),
         Action::Manual(on) => (SignalId::Manual, on.then_some(drain)),
@@ -211,12 +249,12 @@ pub fn effect_of(
                 ..drain
             }),
         ),
-        // Karpenter deletes every pod left at its termination time: a scale-down, and it
-        // keeps new pods off itself.
+        // Karpenter deletes every pod left at its termination time (for a consolidation, a
+        // drift or an expiry alike), and keeps new pods off itself.
         Action::KarpenterAt { at_ms } => (
             SignalId::Karpenter,
             Some(Signal {
-                upgrade_like: false,
+                decided: Decided::Either,
                 fences: false,
                 ..hard(ms(*at_ms))
             }),
@@ -235,8 +273,9 @@ pub fn effect_of(
         // the VM goes then (it may migrate live); if it does, GCE's metadata says so first.
         Action::GkeMaintenance { epoch_ms } => (SignalId::GkeMaintenance, epoch_ms.map(|_| drain)),
         Action::ImdsRebalance => (SignalId::ImdsRebalance, Some(drain)),
-        // Karpenter's expiry replaces the node (upgrade-like); with a grace period every pod
-        // left is deleted at its end, without one nothing is killed.
+        // Karpenter's expiry replaces the node whatever the demand (a forceful disruption);
+        // with a grace period every pod left is deleted at its end, without one nothing is
+        // killed. The drain before it is the operator's `--maintenance-lead`.
         Action::NodeClaimFence { end_ms } => (
             SignalId::NodeClaimExpiry,
             Some(Signal {
@@ -245,19 +284,21 @@ pub fn effect_of(
                     let d = Duration::from_millis(m.unsigned_abs());
                     ceil_secs(if m < 0 { t0 - d } else { t0 + d })
                 }),
-                upgrade_like: true,
                 ..drain
             }),
         ),
         Action::RebalanceExpires => (SignalId::ImdsRebalance, None),
         // Pending: a drain (the window is when maintenance starts, well within the lead).
-        // Ongoing on a VM that host maintenance stops (the emulator's policy is TERMINATE):
-        // the VM goes from the window's start.
+        // Ongoing: on a VM that host maintenance stops (`TERMINATE`) the VM goes from the
+        // window's start; one that migrates live keeps running.
         Action::GceUpcoming { status, window_ms } => (
             SignalId::GceUpcoming,
             match status {
                 Upcoming::Pending => Some(drain),
-                Upcoming::Ongoing => Some(hard(ms(*window_ms))),
+                Upcoming::Ongoing if tl.host_maintenance.stops_the_vm() => {
+                    Some(hard(ms(*window_ms)))
+                }
+                Upcoming::Ongoing => Some(drain),
                 Upcoming::Complete => None,
             },
         ),
@@ -342,7 +383,10 @@ impl Truth {
                 }
             }
             // A repeated GCE TERMINATE is the same event: its deadline stays anchored.
-            if id == SignalId::GceMaintenance && s.is_some() && live.contains_key(&id) {
+            if id == SignalId::GceMaintenance
+                && s.is_some_and(|s| s.hard.is_some())
+                && live.get(&id).is_some_and(|old| old.hard.is_some())
+            {
                 continue;
             }
             // The Auto Scaling wait ends only with the instance.
@@ -498,14 +542,10 @@ pub fn azure_listed(applied: &[Applied], episode: u8, t: SystemTime) -> bool {
         .unwrap_or(false)
 }
 
-/// Whether `eviction.safe` (and `--graceful-termination`) let lastcall end a match for `s`.
-pub fn permits(safe: Safe, s: &Signal, graceful: bool) -> bool {
-    graceful
-        || match safe {
-            Safe::Always => true,
-            Safe::OnUpgrade => s.upgrade_like,
-            Safe::Never => false,
-        }
+/// Whether the game of a server with `safe` (and the operator's `--graceful-termination`)
+/// lets its match end early for `s` ([`providers::consent`]).
+pub fn consent(safe: Safe, s: &Signal, graceful: bool) -> Consent {
+    providers::consent(safe, s.decided, graceful)
 }
 
 #[cfg(test)]
@@ -528,9 +568,10 @@ mod tests {
     fn hard(ms: u64) -> Signal {
         Signal {
             hard: Some(at(ms)),
-            upgrade_like: true,
+            decided: Decided::Platform,
             fences: true,
             relative: false,
+            optional: false,
         }
     }
 
@@ -600,7 +641,7 @@ mod tests {
     }
 
     #[test]
-    fn a_nodeclaim_s_end_counts_from_t0_either_side_and_is_upgrade_like() {
+    fn a_nodeclaim_s_end_counts_from_t0_either_side_and_is_the_platform_s() {
         let tl = Timeline::draw(1, super::super::script::Dimensions::ALL);
         let t0 = at(5000);
         let effect = |end_ms| {
@@ -616,22 +657,44 @@ mod tests {
             no_grace.hard, None,
             "without a grace period nothing is killed"
         );
-        assert!(no_grace.fences && no_grace.upgrade_like && !no_grace.relative);
+        assert!(no_grace.fences && no_grace.decided == Decided::Platform && !no_grace.relative);
         assert!(SignalId::NodeClaimExpiry.on_the_node());
     }
 
     #[test]
-    fn eviction_safe_decides_which_deadlines_may_end_a_match() {
-        let upgrade = hard(1000);
-        let autoscaler = Signal {
-            upgrade_like: false,
-            ..upgrade
+    fn a_freeze_asks_nothing_and_a_scale_in_is_either() {
+        let tl = Timeline::draw(1, super::super::script::Dimensions::ALL);
+        let t0 = at(0);
+        let azure = |kind| {
+            let a = Action::AzureEvent {
+                episode: 1,
+                kind,
+                not_before_ms: 4000,
+            };
+            effect_of(&tl, t0, t0, &a)
+                .and_then(|(_, s)| s)
+                .expect("a signal")
         };
-        assert!(permits(Safe::Always, &autoscaler, false));
-        assert!(permits(Safe::OnUpgrade, &upgrade, false));
-        assert!(!permits(Safe::OnUpgrade, &autoscaler, false));
-        assert!(!permits(Safe::Never, &upgrade, false));
-        assert!(permits(Safe::Never, &upgrade, true));
+        for freeze in [AzureKind::FreezeShort, AzureKind::FreezeLong] {
+            let s = azure(freeze);
+            assert!(!s.asks() && s.hard.is_none() && !s.fences, "{freeze:?}");
+        }
+        let scale_in = azure(AzureKind::Terminate);
+        assert_eq!(scale_in.decided, Decided::Either);
+        assert_eq!(consent(Safe::OnUpgrade, &scale_in, false), Consent::Either);
+        assert_eq!(
+            consent(Safe::OnUpgrade, &azure(AzureKind::Reboot), false),
+            Consent::Yes
+        );
+        assert_eq!(consent(Safe::Never, &scale_in, true), Consent::Yes);
+        assert!(asks_drain(&Live::from([(
+            SignalId::Azure(1),
+            azure(AzureKind::Reboot)
+        )])));
+        assert!(!asks_drain(&Live::from([(
+            SignalId::Azure(1),
+            azure(AzureKind::FreezeLong)
+        )])));
         assert_eq!(ceil_secs(at(1)), floor_secs(at(1)) + Duration::from_secs(1));
         assert_eq!(ceil_secs(at(0)), at(0));
     }

@@ -72,6 +72,7 @@ fn world(gss: Vec<GameServerView>) -> Observed {
             labels: BTreeMap::new(),
             annotations: BTreeMap::new(),
             boot_id: None,
+            ready_since: None,
         },
         pods: gss.iter().map(pod_for).collect(),
         game_servers: gss,

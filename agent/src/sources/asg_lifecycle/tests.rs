@@ -426,3 +426,74 @@ async fn a_standby_tells_no_heartbeat_denial_until_it_acts() {
     assert_eq!(warned.len(), 1, "{warned:?}");
     assert_eq!(warned[0].0, HEARTBEAT_DENIED);
 }
+
+/// The Auto Scaling API is eventually consistent: it may report the instance `InService`
+/// for a while after instance metadata says `Terminated`, though the wait has begun. Here it
+/// lags for 3 s (30 reads at 100 ms), longer than the hook's 2 s heartbeat timeout. The wait
+/// is heartbeated through the lag (a heartbeat reaches the wait whatever the describe says),
+/// so it never times out, and the end announced to games counts from when metadata first
+/// said so, never later than the wait's real end (it began at the termination).
+#[tokio::test]
+async fn a_lagging_api_never_lets_the_wait_time_out_and_the_deadline_counts_from_metadata() {
+    const LAGGED: usize = 30;
+    let w = world(2).await;
+    let s = start(&w);
+    s.wait_for_notices("in service", <[Notice]>::is_empty).await;
+    w.asg.lag_describes(LAGGED);
+    w.asg.begin_termination(I).unwrap();
+    // The wait's real end: the cap, 100 × 2 s, from the termination's start.
+    let real_end = Timestamp::now() + SignedDuration::from_secs(200);
+    w.imds.set_target_lifecycle_state(Some("Terminated"));
+    wait_for("the lag read past (the API shows the wait), or the wait ended", || async {
+        let j = w.asg.journal();
+        let describes = j
+            .iter()
+            .filter(|e| matches!(&e.happening, Happening::Call { action, .. } if action == "DescribeAutoScalingInstances"))
+            .count();
+        let ended = j
+            .iter()
+            .any(|e| matches!(e.happening, Happening::TimedOut { .. }));
+        (describes > LAGGED || ended).then_some(())
+    })
+    .await;
+    let j = w.asg.journal();
+    assert!(
+        !j.iter()
+            .any(|e| matches!(e.happening, Happening::TimedOut { .. })),
+        "the wait timed out while the API lagged: {j:#?}"
+    );
+    assert_eq!(
+        w.asg.lifecycle_state(I),
+        Some(LifecycleState::TerminatingWait)
+    );
+    // A heartbeat reached the wait before the API first showed it.
+    let mut describes = 0;
+    let mut beat_in_lag = false;
+    for e in &j {
+        match &e.happening {
+            Happening::Call { action, .. } if action == "DescribeAutoScalingInstances" => {
+                describes += 1
+            }
+            Happening::HeartbeatRecorded if describes <= LAGGED => beat_in_lag = true,
+            _ => {}
+        }
+    }
+    assert!(beat_in_lag, "no heartbeat while the API lagged: {j:#?}");
+    // Announced: never later than the real end (the agent saw the wait within a read of
+    // its start; here the lag alone would make it 3 s late).
+    let told: Vec<Timestamp> = s
+        .reports()
+        .iter()
+        .filter_map(|r| match r {
+            Report::Known(n) => n.iter().find_map(|n| n.deadline),
+            Report::Unknown => None,
+        })
+        .collect();
+    assert!(!told.is_empty());
+    for d in told {
+        assert!(
+            d <= real_end + SignedDuration::from_millis(500),
+            "announced {d}, the wait ends at {real_end}"
+        );
+    }
+}

@@ -143,12 +143,44 @@ fn ongoing_maintenance_is_a_terminate_only_where_the_vm_is_stopped() {
     for (policy, want) in [
         (Some(OnHostMaintenance::Migrate), Severity::Drain),
         (Some(OnHostMaintenance::Terminate), Severity::Terminate),
-        (None, Severity::Terminate),
+        // Unread: not guessed. It drains (no new match) and ends none.
+        (None, Severity::Drain),
     ] {
         let Report::Known(n) = report(&ongoing(policy), &s, now) else {
             panic!("{policy:?}")
         };
         assert_eq!(n[0].severity, want, "{policy:?}");
+    }
+}
+
+/// GKE's hand-back (`cloud.google.com/perform-maintenance`) starts the maintenance now, and
+/// a node handed back stays fenced until the machine returns with a new boot id. A VM that
+/// live-migrates never does (the migration keeps it running: same boot), so only a VM that
+/// maintenance stops may be handed back early.
+#[test]
+fn only_a_vm_that_maintenance_stops_may_be_handed_back_early() {
+    let s = settings();
+    let now = t("2026-12-01T00:00:00Z");
+    let pending = |policy| View {
+        event: Some((MaintenanceEvent::None, now)),
+        preempted: Some((false, now)),
+        upcoming: Some(Some(Upcoming {
+            window_start: t("2026-12-01T00:30:00Z"),
+            status: UpcomingStatus::Pending,
+            can_reschedule: true,
+        })),
+        on_host_maintenance: policy,
+    };
+    for (policy, early) in [
+        (Some(OnHostMaintenance::Terminate), true),
+        (Some(OnHostMaintenance::Migrate), false),
+        (None, false),
+    ] {
+        let Report::Known(n) = report(&pending(policy), &s, now) else {
+            panic!("{policy:?}")
+        };
+        assert_eq!(n[0].can_start_early, early, "{policy:?}");
+        assert_eq!(n[0].severity, Severity::Drain, "within the lead");
     }
 }
 
@@ -522,4 +554,86 @@ async fn an_unknown_answer_at_start_leaves_the_source_unknown_never_clear() {
     emu.remove(UPCOMING);
     src.wait_for_notices("nothing pending, said positively", |n| n.is_empty())
         .await;
+}
+
+/// The source on `emu` with an upcoming-maintenance interval of an hour: whatever it learns
+/// within a test, it learns from a retry, never from the next interval.
+fn start_slow(emu: &GceMetadataEmulator) -> Started {
+    let url = emu.url();
+    start_source(
+        SOURCE,
+        start,
+        &[
+            "--gce-metadata",
+            "--gce-metadata-endpoint",
+            &url,
+            "--gce-wait-timeout",
+            "2s",
+            "--gce-upcoming-interval",
+            "1h",
+        ],
+    )
+}
+
+const POLICY: &str = "scheduling/on-host-maintenance";
+const ONGOING: &str = r#"{"maintenance_status":"ONGOING","type":"SCHEDULED","can_reschedule":"false","window_start_time":"2026-01-01T00:00:00Z"}"#;
+
+/// One failed read of the VM's host-maintenance policy with a window already ONGOING (its
+/// start past): what the window does to the VM is not known, so no notice may end a match
+/// (a Terminate whose deadline is past would end them all at once, on a VM that may well
+/// live-migrate). The window drains, and the policy is read again at once, not an
+/// interval (here an hour) later; read as `TERMINATE`, the window is a Terminate.
+#[tokio::test]
+async fn one_failed_read_of_the_policy_ends_no_match_and_is_read_again_at_once() {
+    let emu = GceMetadataEmulator::start().await.unwrap();
+    emu.set(UPCOMING, ONGOING);
+    emu.set(POLICY, "TERMINATE");
+    emu.fail_key_next(POLICY, 1);
+    let src = start_slow(&emu);
+    src.wait_for_notices("the policy read again: a Terminate", |n| {
+        n.iter().any(|n| n.severity == Severity::Terminate)
+    })
+    .await;
+    assert_eq!(src.errors("server_error"), 1, "the policy read failed once");
+    // The window as first reported, with the policy unread: drained, ending no match.
+    let reports = src.reports();
+    let window = |r: &Report| match r {
+        Report::Known(n) if !n.is_empty() => Some(n.clone()),
+        _ => None,
+    };
+    let first = reports.iter().find_map(window).unwrap();
+    assert_eq!(
+        (first[0].severity, first[0].deadline),
+        (Severity::Drain, Some(t("2026-01-01T00:00:00Z"))),
+        "with the policy unread the ongoing window must end no match: {reports:?}"
+    );
+    let policy_reads = emu
+        .requests()
+        .iter()
+        .filter(|(k, _, _)| k == POLICY)
+        .count();
+    assert_eq!(policy_reads, 2, "read again once, after the failure");
+}
+
+/// A machine that comes back while the metadata server is down: until it answers, the source
+/// is unknown (a drain it asked for is held, the node stays fenced). Once it answers again,
+/// every key is read within seconds, not an upcoming-maintenance interval (here an hour)
+/// later.
+#[tokio::test]
+async fn a_server_that_answers_again_is_read_again_within_seconds() {
+    let emu = GceMetadataEmulator::start().await.unwrap();
+    emu.set_unreachable(true).await.unwrap();
+    let src = start_slow(&emu);
+    wait_for("every key tried and refused", || async {
+        (src.errors("unreachable") >= 4).then_some(())
+    })
+    .await;
+    assert_eq!(src.current(), Report::Unknown);
+    emu.set_unreachable(false).await.unwrap();
+    src.wait_for_notices("every key read: nothing scheduled", |n| n.is_empty())
+        .await;
+    assert!(
+        emu.requests().iter().any(|(k, _, _)| k == UPCOMING),
+        "upcoming-maintenance read again"
+    );
 }

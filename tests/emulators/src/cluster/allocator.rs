@@ -1,12 +1,16 @@
-//! The Agones allocator, over HTTP like the real one (`pkg/gameserverallocations`).
+//! The Agones allocator, over HTTP like the real one, on either backend
+//! (`pkg/gameserverallocations/allocator.go`).
 //!
-//! It lists the matching GameServers, keeps the Ready ones without a deletionTimestamp,
-//! picks one in Packed order, and writes it back with a full update (PUT) that carries the
-//! resourceVersion it read: state `Allocated`, annotation `agones.dev/last-allocated`, and
-//! the request's labels and annotations. A 409 means someone else changed that server (an
-//! allocation, a delete, a label): read again and retry, a bounded number of times, then
-//! report the allocation as `UnAllocated` (`Ok(None)`). Like the real allocator it never
-//! looks at nodes: taints, cordon and maintenance labels do not stop an allocation.
+//! It lists the GameServers the request's selectors match, keeps the Ready ones without a
+//! deletionTimestamp, picks one in Packed order, and writes it back with a full update
+//! (PUT) that carries the resourceVersion it read (`applyAllocationToGameServer`): state
+//! `Allocated`, annotation `agones.dev/last-allocated`, and the request's labels and
+//! annotations. A 409 means someone else changed that server (an allocation, a delete, a
+//! label) since the read: Agones drops it from its cache and tries again
+//! (`allocationUpdateWorkers`, `Retry`), a bounded number of times, then reports the
+//! allocation `UnAllocated` (`Ok(None)`). Like the real allocator it never looks at nodes:
+//! taints, cordon and maintenance labels do not stop an allocation. [`attempt`] is one such
+//! write from a read the caller made earlier (the allocator's cache, a moment behind).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -114,46 +118,97 @@ pub async fn allocate(
 ) -> Result<Option<GameServerView>, kube::Error> {
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &req.namespace, &gameserver_resource());
-    let mut lp = ListParams::default();
-    if let Some(sel) = req.list_selector() {
-        lp = lp.labels(&sel);
-    }
-    for attempt in 1..=req.max_tries.max(1) {
-        let list = api.list(&lp).await?;
-        let candidates: Vec<(GameServerView, DynamicObject)> = list
-            .items
-            .into_iter()
-            .filter_map(|obj| {
-                let raw = serde_json::to_value(&obj).ok()?;
-                GameServerView::parse(&raw).ok().map(|v| (v, obj))
-            })
-            .collect();
-        let Some(mut chosen) = pick(candidates, req.node.as_deref()) else {
+    for n in 1..=req.max_tries.max(1) {
+        let Some(chosen) = choose(read(&api, req).await?, req.node.as_deref()) else {
             return Ok(None);
         };
         let name = chosen.metadata.name.clone().unwrap_or_default();
-        mark_allocated(&mut chosen, req);
-        match api.replace(&name, &PostParams::default(), &chosen).await {
-            Ok(obj) => {
-                let raw = serde_json::to_value(&obj).map_err(kube::Error::SerdeError)?;
+        match attempt(&api, chosen, req).await? {
+            Allocation::Allocated(obj) => {
+                let raw = serde_json::to_value(&*obj).map_err(kube::Error::SerdeError)?;
                 return Ok(GameServerView::parse(&raw).ok());
             }
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
-                tracing::debug!(
-                    name,
-                    attempt,
-                    code = s.code,
-                    "allocation lost a race; retrying"
-                );
+            lost => {
+                tracing::debug!(name, attempt = n, ?lost, "allocation lost a race; retrying");
             }
-            Err(e) => return Err(e),
         }
     }
     Ok(None)
 }
 
-/// The server to allocate: Ready, not being deleted, on the requested node; in Packed
-/// order (nodes with the most Allocated first, then the most Ready, then by name).
+/// What one allocation attempt got.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Allocation {
+    /// Written: the server as the update left it.
+    Allocated(Box<DynamicObject>),
+    /// 409: the server changed since it was read.
+    Conflict,
+    /// Not Ready, or being deleted, in the read: nothing sent.
+    NotReady,
+    /// 404: the server is gone.
+    Gone,
+}
+
+impl Allocation {
+    /// The resourceVersion an accepted allocation produced.
+    pub fn resource_version(&self) -> Option<u64> {
+        match self {
+            Allocation::Allocated(obj) => obj.metadata.resource_version.as_deref()?.parse().ok(),
+            _ => None,
+        }
+    }
+}
+
+/// One allocation write for `read`, a server the allocator read earlier (from its cache):
+/// if it was Ready and not being deleted then, a PUT of it Allocated (with the request's
+/// labels and annotations) carrying the resourceVersion read, so any write since makes it
+/// fail with 409.
+pub async fn attempt(
+    api: &Api<DynamicObject>,
+    mut read: DynamicObject,
+    req: &AllocationRequest,
+) -> Result<Allocation, kube::Error> {
+    let state = read.data.pointer("/status/state").and_then(Value::as_str);
+    if state != Some(GameServerState::Ready.as_str()) || read.metadata.deletion_timestamp.is_some()
+    {
+        return Ok(Allocation::NotReady);
+    }
+    let name = read.metadata.name.clone().unwrap_or_default();
+    mark_allocated(&mut read, req);
+    match api.replace(&name, &PostParams::default(), &read).await {
+        Ok(obj) => Ok(Allocation::Allocated(Box::new(obj))),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Allocation::Conflict),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Allocation::Gone),
+        Err(e) => Err(e),
+    }
+}
+
+/// The allocator's read: the GameServers the request's selectors match (what its cache
+/// holds, when a caller keeps it a while).
+pub async fn read(
+    api: &Api<DynamicObject>,
+    req: &AllocationRequest,
+) -> Result<Vec<DynamicObject>, kube::Error> {
+    let mut lp = ListParams::default();
+    if let Some(sel) = req.list_selector() {
+        lp = lp.labels(&sel);
+    }
+    Ok(api.list(&lp).await?.items)
+}
+
+/// The server to allocate from a read: Ready, not being deleted, on the requested node; in
+/// Packed order (nodes with the most Allocated first, then the most Ready, then by name).
+pub fn choose(read: Vec<DynamicObject>, node: Option<&str>) -> Option<DynamicObject> {
+    let candidates: Vec<(GameServerView, DynamicObject)> = read
+        .into_iter()
+        .filter_map(|obj| {
+            let raw = serde_json::to_value(&obj).ok()?;
+            GameServerView::parse(&raw).ok().map(|v| (v, obj))
+        })
+        .collect();
+    pick(candidates, node)
+}
+
 fn pick(
     candidates: Vec<(GameServerView, DynamicObject)>,
     node: Option<&str>,

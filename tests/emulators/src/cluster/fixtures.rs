@@ -163,6 +163,9 @@ pub struct GameServerTemplate {
     pub grace_seconds: Option<i64>,
     /// The game calls SDK `Ready()` only when the test says so ([`crate::cluster::Cluster::sdk_ready`]).
     pub manual_ready: bool,
+    /// The pod template's `spec.nodeName`: the pod is created bound to that node, past the
+    /// scheduler (as a pod a scheduler bound from a cache from before the node's cordon).
+    pub node_name: Option<String>,
 }
 
 impl GameServerTemplate {
@@ -195,6 +198,9 @@ impl GameServerTemplate {
         }
         if let Some(g) = self.grace_seconds {
             pod_spec["terminationGracePeriodSeconds"] = json!(g);
+        }
+        if let Some(n) = &self.node_name {
+            pod_spec["nodeName"] = json!(n);
         }
         let mut spec = json!({
             "container": "game",
@@ -272,6 +278,12 @@ macro_rules! template_builders {
 
             pub fn manual_ready(mut self) -> Self {
                 self.template.manual_ready = true;
+                self
+            }
+
+            /// The pod created bound to `node`, past the scheduler.
+            pub fn bound_to(mut self, node: impl Into<String>) -> Self {
+                self.template.node_name = Some(node.into());
                 self
             }
         }

@@ -39,7 +39,7 @@ use tokio_util::sync::DropGuard;
 
 use crate::kube::resources::{FLEETS, GAMESERVERS, NODES, PODS};
 use crate::kube::status::ApiError;
-use crate::kube::store::{Store, now_rfc3339};
+use crate::kube::store::Store;
 use crate::kube::{DEFAULT_HISTORY, Emulator};
 
 pub use allocator::AllocationRequest;
@@ -153,10 +153,12 @@ impl Cluster {
     /// Starts the API on `cfg.addr`, installs the Agones PDBs and starts the model.
     pub async fn start(cfg: ClusterConfig) -> Result<Cluster, ClusterError> {
         let store = Store::new(cfg.history_limit);
-        agones::ensure_pdbs(&store, &cfg.namespaces).map_err(|source| ClusterError::Api {
-            action: "create PodDisruptionBudget",
-            name: objects::keys::AGONES_PDB.to_string(),
-            source: Box::new(source),
+        agones::on_store::ensure_pdbs(&store, &cfg.namespaces).map_err(|source| {
+            ClusterError::Api {
+                action: "create PodDisruptionBudget",
+                name: objects::keys::AGONES_PDB.to_string(),
+                source: Box::new(source),
+            }
         })?;
         let emulator = Emulator::start_with_options(
             store.clone(),
@@ -295,16 +297,7 @@ impl Cluster {
     /// Sets the node's `status.nodeInfo.bootID`, as its kubelet reports it after the machine
     /// (re)started: a new one is a machine that came back.
     pub fn set_boot_id(&self, name: &str, boot_id: &str) -> Result<(), ClusterError> {
-        self.store()
-            .modify_status(&NODES, None, name, |obj| {
-                let status = object_at(obj, &["status"]);
-                let info = status.entry("nodeInfo").or_insert_with(|| json!({}));
-                if let Some(info) = info.as_object_mut() {
-                    info.insert("bootID".into(), json!(boot_id));
-                }
-                Ok(())
-            })
-            .map(drop)
+        kubelet::post_boot_id(self.store(), name, boot_id)
             .map_err(api_err("set node boot id", name))
     }
 
@@ -376,55 +369,26 @@ impl Cluster {
 
     // ---- the game (SDK calls and process exit) ---------------------------------------
 
-    /// SDK `Ready()`: Scheduled (or Allocated/Reserved, to return to the pool) → RequestReady;
-    /// the controller then moves it to Ready. Needed only for `manual_ready` servers.
+    /// SDK `Ready()`: RequestReady; the controller then moves it to Ready. Needed only for
+    /// `manual_ready` servers. The rules of every SDK call are [`agones::sdk`]'s.
     pub fn sdk_ready(&self, ns: &str, name: &str) -> Result<(), ClusterError> {
-        use GameServerState as S;
-        self.sdk_call(
-            "Ready",
-            ns,
-            name,
-            &[S::Scheduled, S::RequestReady, S::Allocated, S::Reserved],
-            S::RequestReady,
-            |_| {},
-        )
+        self.sdk_call(agones::sdk::Call::Ready, ns, name)
     }
 
     /// SDK `Allocate()`: the game marks itself Allocated.
     pub fn sdk_allocate(&self, ns: &str, name: &str) -> Result<(), ClusterError> {
-        use GameServerState as S;
-        self.sdk_call(
-            "Allocate",
-            ns,
-            name,
-            &[S::Ready, S::Reserved, S::Allocated],
-            S::Allocated,
-            |obj| {
-                object_at(obj, &["metadata", "annotations"])
-                    .insert(keys::LAST_ALLOCATED.into(), json!(now_rfc3339()));
-            },
-        )
+        self.sdk_call(agones::sdk::Call::Allocate, ns, name)
     }
 
     /// SDK `Reserve(0)`: held (not allocatable, not scaled down) until allocated or shut down.
     pub fn reserve(&self, ns: &str, name: &str) -> Result<(), ClusterError> {
-        use GameServerState as S;
-        self.sdk_call(
-            "Reserve",
-            ns,
-            name,
-            &[S::Scheduled, S::RequestReady, S::Ready, S::Reserved],
-            S::Reserved,
-            |_| {},
-        )
+        self.sdk_call(agones::sdk::Call::Reserve { seconds: 0 }, ns, name)
     }
 
     /// SDK `Shutdown()`: state Shutdown; the controller deletes the GameServer and its pod
     /// (which ends at once: the game is exiting).
     pub fn sdk_shutdown(&self, ns: &str, name: &str) -> Result<(), ClusterError> {
-        use GameServerState as S;
-        let from: Vec<S> = S::ALL.into_iter().filter(|s| *s != S::Shutdown).collect();
-        self.sdk_call("Shutdown", ns, name, &from, S::Shutdown, |_| {})
+        self.sdk_call(agones::sdk::Call::Shutdown, ns, name)
     }
 
     /// The game process in pod `ns/pod` exits: a terminating pod is removed at once; a
@@ -439,33 +403,21 @@ impl Cluster {
             .map_err(api_err("game exit", pod))
     }
 
-    fn sdk_call(
-        &self,
-        call: &'static str,
-        ns: &str,
-        name: &str,
-        from: &[GameServerState],
-        to: GameServerState,
-        extra: impl FnOnce(&mut Value),
-    ) -> Result<(), ClusterError> {
-        let mut refused: Option<Option<GameServerState>> = None;
+    fn sdk_call(&self, call: agones::sdk::Call, ns: &str, name: &str) -> Result<(), ClusterError> {
+        let mut refused = None;
         let res = self.store().modify(&GAMESERVERS, Some(ns), name, |obj| {
-            let state = GameServerView::parse(obj).ok().and_then(|v| v.state);
-            if !state.is_some_and(|s| from.contains(&s)) {
-                refused = Some(state);
-                return Ok(());
+            if let Err(e) = agones::sdk::apply(call, obj) {
+                refused = Some(e);
             }
-            object_at(obj, &["status"]).insert("state".into(), json!(to.as_str()));
-            extra(obj);
             Ok(())
         });
         res.map_err(api_err("SDK call", name))?;
         match refused {
             None => Ok(()),
-            Some(state) => Err(ClusterError::InvalidState {
-                call,
+            Some(e) => Err(ClusterError::InvalidState {
+                call: e.call,
                 name: name.to_string(),
-                state,
+                state: e.state,
             }),
         }
     }

@@ -56,7 +56,7 @@ impl Controllers {
         let terminating = self.kubelet.run(store, now);
         let tolerating = self.taint_manager.run(store, now);
         let binding = self.scheduler.run(store, now);
-        agones::run(store);
+        agones::on_store::run(store);
         fleet::run(store);
         terminating || tolerating || binding
     }

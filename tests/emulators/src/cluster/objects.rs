@@ -174,7 +174,9 @@ impl FromStr for GameServerState {
     }
 }
 
-/// Agones `spec.eviction.safe`.
+/// Agones `spec.eviction.safe`, and what Agones puts on a server's pod for it
+/// (`pkg/cloudproduct/eviction/eviction.go`, `SetEviction`; docs
+/// `Advanced/controlling-disruption`, "Implementation / Under the hood").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum EvictionSafe {
     Always,
@@ -193,7 +195,8 @@ impl EvictionSafe {
         }
     }
 
-    /// Pod annotation `cluster-autoscaler.kubernetes.io/safe-to-evict` (gce-gke-agones.md §4.2).
+    /// Pod annotation `cluster-autoscaler.kubernetes.io/safe-to-evict`: `"true"` for Always
+    /// only; OnUpgrade and Never block the cluster autoscaler.
     pub fn ca_annotation(self) -> &'static str {
         match self {
             EvictionSafe::Always => "true",
@@ -201,7 +204,8 @@ impl EvictionSafe {
         }
     }
 
-    /// Pod label `agones.dev/safe-to-evict`; `"false"` is what the Agones PDB selects.
+    /// Pod label `agones.dev/safe-to-evict`: `"false"` (what the Agones PDB selects) for Never
+    /// only; OnUpgrade pods are labelled `"true"`, outside the PDB, so upgrades may evict them.
     pub fn safe_to_evict_label(self) -> &'static str {
         match self {
             EvictionSafe::Always | EvictionSafe::OnUpgrade => "true",

@@ -234,7 +234,7 @@ fn bind(store: &Store, pod: &PodInfo, node: &NodeInfo) -> bool {
 }
 
 /// Sets the status an instant container start leaves on a bound pod.
-fn start_on(obj: &mut Value, node: &NodeInfo) {
+pub(crate) fn start_on(obj: &mut Value, node: &NodeInfo) {
     let now = now_rfc3339();
     let containers: Vec<String> = obj
         .pointer("/spec/containers")

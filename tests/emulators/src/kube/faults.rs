@@ -230,6 +230,8 @@ impl Revert {
 struct Rules {
     requests: Vec<FaultRule>,
     watch_delays: Vec<WatchDelay>,
+    /// Watches held until released (the rules' `delay` is not used).
+    watch_holds: Vec<WatchDelay>,
     reverts: Vec<Revert>,
 }
 
@@ -244,6 +246,10 @@ pub struct Faults {
     watch_delays: Arc<AtomicUsize>,
     /// The journal `seq` of every write applied whose answer [`FaultAction::LoseAnswer`] lost.
     lost: Arc<Mutex<Vec<u64>>>,
+    /// Bumped whenever watch holds change, to wake the lines waiting on one.
+    holds_changed: Arc<watch::Sender<u64>>,
+    /// Watch lines that have waited on a hold so far.
+    held_lines: Arc<AtomicUsize>,
 }
 
 impl Default for Faults {
@@ -254,6 +260,8 @@ impl Default for Faults {
             hung: Arc::default(),
             watch_delays: Arc::default(),
             lost: Arc::default(),
+            holds_changed: Arc::new(watch::channel(0).0),
+            held_lines: Arc::default(),
         }
     }
 }
@@ -291,6 +299,43 @@ impl Faults {
     pub fn clear_watch_delays(&self) {
         self.lock().watch_delays.clear();
         self.watch_delays.store(0, Ordering::SeqCst);
+    }
+
+    /// Holds the watches `rule` matches (open ones too; its `delay` is not used): none of
+    /// their lines reaches the client until [`Faults::release_watch_holds`], then all of
+    /// them do, in order. A watch that lags for as long as a test says, not for a time.
+    pub fn hold_watches(&self, rule: WatchDelay) {
+        self.lock().watch_holds.push(rule);
+        self.holds_changed.send_modify(|n| *n += 1);
+    }
+
+    /// Lets every held watch line go, in order; later lines are not held.
+    pub fn release_watch_holds(&self) {
+        self.lock().watch_holds.clear();
+        self.holds_changed.send_modify(|n| *n += 1);
+    }
+
+    /// Watch lines that waited on a hold so far: a test's proof that a watch lagged.
+    pub fn held_lines(&self) -> usize {
+        self.held_lines.load(Ordering::SeqCst)
+    }
+
+    /// Waits while a hold matches the watch `w`; returns whether the line waited.
+    pub async fn wait_while_held(&self, w: &WatchKey) -> bool {
+        let mut changed = self.holds_changed.subscribe();
+        let mut waited = false;
+        loop {
+            if !self.lock().watch_holds.iter().any(|r| r.matches(w)) {
+                return waited;
+            }
+            if !waited {
+                self.held_lines.fetch_add(1, Ordering::SeqCst);
+                waited = true;
+            }
+            if changed.changed().await.is_err() {
+                return waited;
+            }
+        }
     }
 
     /// Adds a reverting admission webhook (see [`Revert`]).

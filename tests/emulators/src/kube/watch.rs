@@ -182,6 +182,11 @@ async fn forward(
             next = held.recv() => next,
         };
         let Some((at, line)) = next else { return };
+        tokio::select! {
+            _ = ctx.cancel.cancelled() => return,
+            _ = tx.closed() => return,
+            _ = ctx.faults.wait_while_held(&ctx.key) => {}
+        }
         let delay = ctx.faults.watch_delay(&ctx.key);
         if !delay.is_zero() {
             tokio::select! {
