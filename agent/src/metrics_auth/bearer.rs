@@ -124,7 +124,13 @@ mod tests {
             (with(&[b"Bearer a,b"]), Missing::Malformed),
         ];
         for (headers, want) in cases {
-            assert_eq!(token(&headers), Err(want), "{headers:?}");
+            // (the header itself may be 60 KiB: only its start is shown)
+            let shown: Vec<String> = headers
+                .get_all(header::AUTHORIZATION)
+                .iter()
+                .map(|v| String::from_utf8_lossy(&v.as_bytes()[..v.len().min(24)]).into())
+                .collect();
+            assert_eq!(token(&headers), Err(want), "{shown:?}");
         }
     }
 }

@@ -52,10 +52,14 @@ pub struct Gate {
 
 impl Gate {
     pub fn new(now: Instant) -> Self {
+        Self::with_budget(Budget::new(REVIEW_BURST, REVIEW_EVERY, now))
+    }
+
+    fn with_budget(budget: Budget) -> Self {
         Self {
             known: TtlCache::new(KNOWN_CAPACITY),
             rejected: TtlCache::new(REJECTED_CAPACITY),
-            budget: Budget::new(REVIEW_BURST, REVIEW_EVERY, now),
+            budget,
         }
     }
 
@@ -177,5 +181,24 @@ mod tests {
             g.lookup(&scraper, t0 + 50 * S),
             Lookup::Known(Decision::Allowed)
         );
+    }
+
+    #[test]
+    fn rejected_tokens_never_push_a_scraper_out_whatever_the_budget() {
+        // A budget that lets every token through: the caches alone must hold.
+        let t0 = Instant::now();
+        let mut g = Gate::with_budget(Budget::new(u32::MAX, Duration::from_nanos(1), t0));
+        let scraper = key(u32::MAX);
+        assert_eq!(g.lookup(&scraper, t0), Lookup::Review);
+        g.record(scraper, &Decision::Allowed, t0);
+        // 100,000 rejected tokens late in the scraper's TTL, when its entry is the one
+        // closest to expiry.
+        let late = t0 + ALLOWED_TTL - S;
+        for i in 0..100_000u32 {
+            assert_eq!(g.lookup(&key(i), late), Lookup::Review);
+            g.record(key(i), &Decision::Unauthenticated, late);
+        }
+        assert_eq!(g.held(), (1, REJECTED_CAPACITY));
+        assert_eq!(g.lookup(&scraper, late), Lookup::Known(Decision::Allowed));
     }
 }
