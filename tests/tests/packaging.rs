@@ -174,6 +174,29 @@ fn show(set: &BTreeSet<Permission>) -> String {
         .join("\n")
 }
 
+/// The agent container's arguments.
+fn agent_args(objs: &[Value]) -> Vec<String> {
+    agent_daemonset(objs)["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("the agent container has args")
+        .iter()
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect()
+}
+
+/// The calls `--metrics-auth=kubernetes` makes for each scraper's token. The emulator serves
+/// no TokenReview, so the flows here never make them: `box_metrics_auth.rs` proves on the
+/// real API server (its audit log) that the agent makes both, and needs both.
+fn metrics_auth_calls() -> BTreeSet<Permission> {
+    [
+        ("authentication.k8s.io", "tokenreviews"),
+        ("authorization.k8s.io", "subjectaccessreviews"),
+    ]
+    .into_iter()
+    .map(|(g, r)| ("create".into(), g.into(), r.into(), String::new()))
+    .collect()
+}
+
 /// Both directions: nothing used is missing, nothing granted is unused.
 fn assert_rbac_matches(file: &str, calls: &BTreeSet<Permission>) {
     let objs = manifest(file);
@@ -181,6 +204,14 @@ fn assert_rbac_matches(file: &str, calls: &BTreeSet<Permission>) {
         .as_str()
         .expect("the agent DaemonSet names its ServiceAccount")
         .to_string();
+    let mut calls = calls.clone();
+    if agent_args(&objs)
+        .iter()
+        .any(|a| a == "--metrics-auth=kubernetes")
+    {
+        calls.extend(metrics_auth_calls());
+    }
+    let calls = &calls;
     let rules = granted(&objs, &sa);
     let missing: BTreeSet<_> = calls.difference(&rules).cloned().collect();
     let unused: BTreeSet<_> = rules.difference(calls).cloned().collect();
@@ -1274,8 +1305,9 @@ fn the_agent_daemonset_keeps_its_promises() {
             "{file}"
         );
         assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{file}");
-        assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz", "{file}");
-        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz", "{file}");
+        for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+            assert_eq!(c[probe]["httpGet"]["path"], path, "{file}");
+        }
         assert!(c["resources"]["requests"].is_object(), "{file}");
         let ru = &ds["spec"]["updateStrategy"]["rollingUpdate"];
         if pod["hostNetwork"] == true {
@@ -1291,21 +1323,46 @@ fn the_agent_daemonset_keeps_its_promises() {
             "{file}: {} replaces {at_once} of 2,000 agents at a time",
             ru["maxUnavailable"]
         );
-        // The listener binds the pod's own IP (the node's with hostNetwork), not 0.0.0.0,
-        // and the agent takes it for either family.
-        let listen = c["args"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(Value::as_str)
-            .find_map(|a| a.strip_prefix("--listen="))
-            .expect("--listen");
+        // /metrics binds the pod's own IP (the node's with hostNetwork), not 0.0.0.0, and the
+        // agent takes it for either family. With hostNetwork the probes are on the node's
+        // loopback, where the kubelet (on the node) reaches them and nothing else does, and
+        // /metrics asks for a token.
+        let args = agent_args(&objs);
+        let arg = |flag: &str| {
+            args.iter()
+                .find_map(|a| a.strip_prefix(&format!("{flag}=")))
+                .map(str::to_string)
+        };
+        let host_network = pod["hostNetwork"] == true;
+        let (metrics_flag, auth) = if host_network {
+            ("--metrics-listen", "kubernetes")
+        } else {
+            ("--listen", "none")
+        };
+        assert_eq!(arg("--metrics-auth").as_deref(), Some(auth), "{file}");
+        if host_network {
+            let probes = arg("--listen").expect("--listen");
+            let (ip, probe_port) = probes.rsplit_once(':').expect("ip:port");
+            assert_eq!(ip, "127.0.0.1", "{file}: the probes' listener");
+            for probe in ["livenessProbe", "readinessProbe"] {
+                let get = &c[probe]["httpGet"];
+                assert_eq!(get["host"], "127.0.0.1", "{file}: {probe}");
+                assert_eq!(get["port"].to_string(), probe_port, "{file}: {probe}");
+            }
+        } else {
+            assert_eq!(arg("--metrics-listen"), None, "{file}");
+            for probe in ["livenessProbe", "readinessProbe"] {
+                assert_eq!(c[probe]["httpGet"]["port"], "metrics", "{file}: {probe}");
+                assert!(c[probe]["httpGet"].get("host").is_none(), "{file}: {probe}");
+            }
+        }
+        let listen = arg(metrics_flag).unwrap_or_else(|| panic!("{file}: {metrics_flag}"));
         let pod_ip = env.iter().find(|e| e["name"] == "POD_IP").expect("POD_IP");
         assert_eq!(pod_ip["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
         assert!(listen.contains("$(POD_IP)"), "{file}: --listen={listen}");
         let port = c["ports"][0]["containerPort"].as_u64().unwrap();
         for ip in ["10.0.0.5", "fd00::5"] {
-            let arg = format!("--listen={}", listen.replace("$(POD_IP)", ip));
+            let arg = format!("{metrics_flag}={}", listen.replace("$(POD_IP)", ip));
             let cfg = <lastcall_agent::config::Config as clap::Parser>::try_parse_from([
                 "lastcall-agent",
                 "--node-name",
@@ -1313,8 +1370,9 @@ fn the_agent_daemonset_keeps_its_promises() {
                 &arg,
             ])
             .unwrap_or_else(|e| panic!("{file}: {arg}: {e}"));
-            assert_eq!(cfg.listen.ip().to_string(), ip, "{file}");
-            assert_eq!(u64::from(cfg.listen.port()), port, "{file}");
+            let bound = cfg.metrics_listen.unwrap_or(cfg.listen);
+            assert_eq!(bound.ip().to_string(), ip, "{file}");
+            assert_eq!(u64::from(bound.port()), port, "{file}");
         }
         // Annotation-based Prometheus discovery finds the metrics port.
         let ann = &ds["spec"]["template"]["metadata"]["annotations"];
@@ -1641,6 +1699,86 @@ fn the_chart_refuses_what_would_fail_later_and_renders_each_option() {
         err.contains("agent.maxSurge must be 0 with hostNetwork"),
         "{err}"
     );
+    // Who may read /metrics: a token on the host network (the scraper's token sent by the
+    // agents' own monitor, pubsub's sends none); `none` leaves the agent without the review
+    // role and the reader role out; `kubernetes` works in the pod network too.
+    let objs = helm_template(&[
+        REG,
+        "agent.hostNetwork=true",
+        "metrics.podMonitor.enabled=true",
+        "metrics.serviceMonitor.enabled=true",
+        "pubsub.webhook.enabled=true",
+        "pubsub.webhook.maxReplicas=9",
+        "redis.url=redis:6379",
+    ])
+    .unwrap();
+    assert_eq!(
+        granted(&objs, "lastcall-agent")
+            .intersection(&metrics_auth_calls())
+            .count(),
+        2
+    );
+    let reader = find(&objs, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == "lastcall-metrics-reader")
+        .expect("the metrics-reader ClusterRole");
+    assert_eq!(
+        reader["rules"],
+        serde_json::json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+    );
+    let secret = find(&objs, "Secret")
+        .into_iter()
+        .find(|s| s["metadata"]["name"] == "lastcall-metrics-scraper-token")
+        .expect("the scraper's token Secret");
+    assert_eq!(secret["type"], "kubernetes.io/service-account-token");
+    for kind in ["PodMonitor", "ServiceMonitor"] {
+        let monitors = find(&objs, kind);
+        assert_eq!(monitors.len(), 2, "{kind}: the agents' and pubsub's");
+        for m in monitors {
+            let components = m["spec"]["selector"]["matchExpressions"][0]["values"].to_string();
+            let endpoints = m["spec"]
+                .get("podMetricsEndpoints")
+                .unwrap_or(&m["spec"]["endpoints"]);
+            let auth = &endpoints[0]["authorization"];
+            if components == r#"["agent"]"# {
+                assert_eq!(
+                    auth["credentials"]["name"],
+                    "lastcall-metrics-scraper-token"
+                );
+                assert_eq!(auth["credentials"]["key"], "token");
+            } else {
+                assert_eq!(components, r#"["pubsub"]"#, "{kind}");
+                assert!(
+                    auth.is_null(),
+                    "{kind}: pubsub's scrape carries a token: {auth}"
+                );
+            }
+        }
+    }
+    let objs = helm_template(&[REG, "agent.hostNetwork=true", "agent.metricsAuth=none"]).unwrap();
+    assert!(agent_args(&objs).contains(&"--metrics-auth=none".to_string()));
+    assert!(agent_args(&objs).contains(&"--listen=127.0.0.1:9091".to_string()));
+    assert!(granted(&objs, "lastcall-agent").is_disjoint(&metrics_auth_calls()));
+    assert!(
+        find(&objs, "ClusterRole")
+            .iter()
+            .all(|r| r["metadata"]["name"] != "lastcall-metrics-reader")
+    );
+    let objs = helm_template(&[REG, "agent.metricsAuth=kubernetes"]).unwrap();
+    assert!(agent_args(&objs).contains(&"--metrics-auth=kubernetes".to_string()));
+    assert!(agent_args(&objs).contains(&"--listen=[$(POD_IP)]:9090".to_string()));
+    assert_eq!(
+        granted(&objs, "lastcall-agent")
+            .intersection(&metrics_auth_calls())
+            .count(),
+        2
+    );
+    let err = helm_template(&[REG, "agent.hostNetwork=true", "agent.probePort=9090"])
+        .expect_err("the probes on /metrics' port");
+    assert!(
+        err.contains("agent.probePort must differ from agent.port"),
+        "{err}"
+    );
     let objs = helm_template(&[REG, "agent.maxSurge=10%"]).unwrap();
     let ru = &agent_daemonset(&objs)["spec"]["updateStrategy"]["rollingUpdate"];
     assert_eq!(
@@ -1659,8 +1797,12 @@ fn the_chart_refuses_what_would_fail_later_and_renders_each_option() {
         "pubsub.serviceAccount.name=theirs",
     ])
     .unwrap();
+    // (FleetIQ puts the agent on the host network, where /metrics asks for a token: the
+    // chart's scraper ServiceAccount is the only one rendered.)
     assert!(
-        find(&objs, "ServiceAccount").is_empty(),
+        find(&objs, "ServiceAccount")
+            .iter()
+            .all(|s| s["metadata"]["name"] == "lastcall-metrics-scraper"),
         "a ServiceAccount was rendered"
     );
     assert_eq!(
@@ -1742,7 +1884,18 @@ const FLAG_PATHS: &[(&str, &str, &[&str])] = &[
         "--gamelift-endpoint",
         &["fleetiq.gameliftEndpoint"],
     ),
-    ("agent", "--listen", &["agent.listenHost", "agent.port"]),
+    (
+        "agent",
+        "--listen",
+        &["agent.listenHost", "agent.port", "agent.probePort"],
+    ),
+    (
+        "agent",
+        "--metrics-listen",
+        &["agent.listenHost", "agent.port"],
+    ),
+    // `auto` (by hostNetwork) in the chart; the binary cannot know it is on the host network.
+    ("agent", "--metrics-auth", &["agent.metricsAuth"]),
     ("agent", "--publish-period", &["pubsub.period"]),
     ("agent", "--aws-queue", &["queue.enabled"]), // queue mode: pubsub and the agents together
     ("pubsub", "--sqs-endpoint", &["queue.endpoint"]),

@@ -128,6 +128,28 @@ termination from the relayed event and the instance id from the Node, not from I
 {{- end -}}
 
 {{/*
+Who may read the agent's /metrics (`--metrics-auth`): `auto` is `kubernetes` (a bearer token
+the API server authenticates and authorizes) with hostNetwork, where the listener is on the
+node's own address, and `none` in the pod network.
+*/}}
+{{- define "lastcall.metricsAuth" -}}
+{{- $v := toString .Values.agent.metricsAuth -}}
+{{- if eq $v "auto" -}}
+{{- if include "lastcall.hostNetwork" . -}}kubernetes{{- else -}}none{{- end -}}
+{{- else -}}{{ $v }}{{- end -}}
+{{- end -}}
+
+{{/* A monitor endpoint's credentials for the agents' /metrics: the chart's scraper token. */}}
+{{- define "lastcall.scraperAuthorization" -}}
+# The agents ask for a token (agent.metricsAuth): the scraper's, from the chart's Secret.
+authorization:
+  type: Bearer
+  credentials:
+    name: {{ include "lastcall.fullname" . }}-metrics-scraper-token
+    key: token
+{{- end -}}
+
+{{/*
 Whether the node-restriction policies are rendered. `auto`: against a live API server (its
 discovery lists kinds, e.g. `v1/Pod`), when it serves ValidatingAdmissionPolicy v1; offline
 (`helm template`), when the target Kubernetes version (--kube-version, default helm's own) is
