@@ -500,7 +500,11 @@ impl Target<'_> {
             } else {
                 json!(state)
             };
-            self.agones.state(name, json!({"state": st})).await.unwrap();
+            // The state as the controller or the SDK sidecar writes it.
+            self.agones
+                .patch(name, json!({"status": {"state": st}}))
+                .await
+                .unwrap();
         }
         s
     }
