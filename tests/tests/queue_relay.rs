@@ -331,6 +331,11 @@ async fn a_restart_mid_message_and_a_duplicate_delivery_change_nothing() {
 /// Every event kind the queue carries drives a real agent: one node per kind, each with its
 /// own instance and agent. The Health event's node holds a match, whose deadline is the
 /// window's start, and it drains ahead of the window (now).
+const HEALTH_ARN: &str = "arn:aws:health:us-east-1::event/EC2/AWS_EC2_INSTANCE_STOP_SCHEDULED/1";
+
+/// Every event kind fences its node; then AWS Health closes its event (its `statusCode`
+/// `closed`: the scheduled change is over or cancelled, AWS Health API's `EventStatusCode`),
+/// and the node it fenced is released, after pubsub relayed the update (by the journal).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_kind_drives_a_real_agent() {
     let kinds: &[(&str, &str, &str)] = &[
@@ -379,7 +384,8 @@ async fn every_event_kind_drives_a_real_agent() {
         "aws.health",
         "AWS Health Event",
         json!({
-            "eventArn": "arn:aws:health:us-east-1::event/EC2/AWS_EC2_INSTANCE_STOP_SCHEDULED/1",
+            "eventArn": HEALTH_ARN,
+            "statusCode": "upcoming",
             "service": "EC2",
             "eventTypeCode": "AWS_EC2_INSTANCE_STOP_SCHEDULED",
             "eventTypeCategory": "scheduledChange",
@@ -455,6 +461,66 @@ async fn every_event_kind_drives_a_real_agent() {
             .then_some(())
     })
     .await;
+
+    // The Health event closes: the same eventArn, a new EventBridge id.
+    rig.put(
+        "aws.health",
+        "AWS Health Event",
+        json!({
+            "eventArn": HEALTH_ARN,
+            "statusCode": "closed",
+            "service": "EC2",
+            "eventTypeCode": "AWS_EC2_INSTANCE_STOP_SCHEDULED",
+            "eventTypeCategory": "scheduledChange",
+            "startTime": health_start,
+            "eventDescription": [{"language": "en_US", "latestDescription": "cancelled"}],
+            "affectedEntities": [{"entityValue": kinds[0].1}],
+        }),
+        kinds[0].1,
+    )
+    .await;
+    wait_for("n1 released once its Health event closed", || async {
+        let n = nodes.get("n1").await.ok()?;
+        (!cordoned(&n) && !has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    let journal = w.cluster.emulator().journal().entries();
+    let closed_relayed = journal
+        .iter()
+        .find(|r| {
+            is_pubsub_node_write(r, "n1")
+                && accepted(r)
+                && r.request
+                    .as_ref()
+                    .is_some_and(|b| b.to_string().contains(r#"\"status\":\"closed\""#))
+        })
+        .expect("pubsub relayed the closed update")
+        .seq;
+    let unfenced = journal
+        .iter()
+        .filter(|r| {
+            r.identity.as_deref() == Some("agent-n1")
+                && r.resource.as_deref() == Some("nodes")
+                && accepted(r)
+        })
+        .rfind(|r| {
+            r.response
+                .as_ref()
+                .is_some_and(|b| b.pointer("/spec/unschedulable") != Some(&json!(true)))
+        })
+        .expect("the agent released n1")
+        .seq;
+    assert!(
+        closed_relayed < unfenced,
+        "closed relayed {closed_relayed} before the release {unfenced}"
+    );
+    for (node, _, cause) in &kinds[1..] {
+        let n = nodes.get(node).await.expect("node");
+        assert!(
+            cordoned(&n),
+            "{node} still fenced for {cause}: a closed Health event touches no other"
+        );
+    }
     for a in agents {
         a.stop().await.expect("clean stop");
     }
