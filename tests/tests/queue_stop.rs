@@ -4,11 +4,11 @@
 //! instance under a node that holds two matches, one of a Fleet with `eviction.safe: Always`
 //! and one with `Never`.
 //!
-//! Truths from AWS's documentation ("Stop and start Amazon EC2 instances", Amazon EC2 User
-//! Guide; "EC2 instance state change events" for the event): a stop is not announced ahead,
-//! the instance shuts its operating system down as soon as it enters `stopping` (processes
-//! are signalled to end now, then the instance is forced off if they have not), and
-//! `stopped` follows once it is off. So the machine's end is the `stopping` event's time:
+//! Truths from AWS's documentation ("StopInstances", Amazon EC2 API Reference; "Stop and
+//! start Amazon EC2 instances", Amazon EC2 User Guide): a stop is not announced ahead; EC2
+//! shuts the instance down, by default with a graceful operating-system shutdown (which a
+//! caller may skip, `skipOsShutdown`, or cut short by forcing the stop), so its processes
+//! are ended from `stopping` on, and `stopped` follows once it is off. So the machine's end is the `stopping` event's time:
 //! not later, not moved later by `stopped`, and nothing is owed a longer notice. What
 //! lastcall may end gracefully at that moment it ends then (the `Always` match); what it may
 //! not (`Never`) it leaves to the shutdown, told the stop's time.
