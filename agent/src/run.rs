@@ -240,6 +240,7 @@ impl Agent {
             sources::KubeAccess {
                 client: client.clone(),
                 node: stores.node.clone(),
+                node_changes: stores.node_changes.clone(),
             },
             sources::NodeWarnings::new(move |reason, note| {
                 // A standby agent posts nothing; the acting one says the same.
