@@ -1504,17 +1504,12 @@ async fn the_bundled_redis_requires_the_passwords_it_never_shows_on_a_command_li
         .find(|d| d["metadata"]["name"] == "lastcall-redis")
         .expect("the bundled Redis");
     let c = &redis["spec"]["template"]["spec"]["containers"][0];
-    let agent_image = agent_daemonset(&objs)["spec"]["template"]["spec"]["containers"][0]["image"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let registry = agent_image.rsplit_once('/').unwrap().0;
+    // Not a lastcall image: the pinned public one docs/release.md lists, which a release
+    // does not push (the_release_chart_names_only_images_the_release_pushes_or_documents_as_public).
+    let public = first_cells(&read("docs/release.md"), "Images a release does not push");
     assert!(
-        c["image"]
-            .as_str()
-            .unwrap()
-            .starts_with(&format!("{registry}/")),
-        "the Redis image {} is not under image.registry {registry}",
+        public.iter().any(|p| c["image"] == p.as_str()),
+        "the Redis image {} is not a public image of docs/release.md: {public:?}",
         c["image"]
     );
     let (pubsub_pw, agent_pw) = ("Zq7lastcallBundledPw", "Zq7lastcallAgentPw2");
@@ -1565,6 +1560,11 @@ async fn the_bundled_redis_requires_the_passwords_it_never_shows_on_a_command_li
 
 /// `helm template` of the chart with the box's helm, default values plus `sets`.
 fn helm_template(sets: &[&str]) -> Result<Vec<Value>, String> {
+    helm_template_with(&[], sets)
+}
+
+/// `helm template` of the chart with values files (in order) and then `--set`s.
+fn helm_template_with(files: &[&Path], sets: &[&str]) -> Result<Vec<Value>, String> {
     let bin = lastcall_testkit::kube_box::bin_dir()
         .map_err(|e| e.to_string())?
         .join("helm");
@@ -1582,6 +1582,9 @@ fn helm_template(sets: &[&str]) -> Result<Vec<Value>, String> {
     .env("HELM_CACHE_HOME", home.path().join("c"))
     .env("HELM_CONFIG_HOME", home.path().join("g"))
     .env("HELM_DATA_HOME", home.path().join("d"));
+    for f in files {
+        cmd.arg("-f").arg(f);
+    }
     for s in sets {
         cmd.args(["--set", s]);
     }
@@ -1980,6 +1983,138 @@ fn dockerfiles_build_static_non_root_images_from_scratch() {
             text.contains("ca-certificates.crt"),
             "Dockerfile.{c}: CA bundle"
         );
+    }
+}
+
+/// Every `image` of every container (init and ephemeral ones too) in rendered objects.
+fn images(objs: &[Value]) -> BTreeSet<String> {
+    fn walk(v: &Value, out: &mut BTreeSet<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    if matches!(
+                        k.as_str(),
+                        "containers" | "initContainers" | "ephemeralContainers"
+                    ) {
+                        for c in x.as_array().into_iter().flatten() {
+                            if let Some(i) = c["image"].as_str() {
+                                out.insert(i.to_string());
+                            }
+                        }
+                    }
+                    walk(x, out);
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+            _ => {}
+        }
+    }
+    let mut out = BTreeSet::new();
+    objs.iter().for_each(|o| walk(o, &mut out));
+    out
+}
+
+/// The backticked first cells of the table rows of `section` (a `## ` heading) of `doc`.
+fn first_cells(doc: &str, section: &str) -> Vec<String> {
+    let body = doc
+        .split_once(&format!("\n## {section}\n"))
+        .map(|(_, rest)| rest.split("\n## ").next().unwrap_or(""))
+        .unwrap_or_else(|| panic!("no section {section:?}"));
+    body.lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once('`').map(|(cell, _)| cell.to_string()))
+        .collect()
+}
+
+/// A user who installs a release must be able to pull every image its chart names: each one
+/// is pushed by the release (`docs/release.md`'s artifact table, as `hack/release.sh`
+/// pushes them) or is one of the public images that page lists. Rendered as the release
+/// renders its package: every component on, `image.registry` the release registry, the
+/// chart's own version.
+#[test]
+fn the_release_chart_names_only_images_the_release_pushes_or_documents_as_public() {
+    let doc = read("docs/release.md");
+    let registry = "registry.invalid/lastcall";
+    let version = read("charts/lastcall/Chart.yaml")
+        .lines()
+        .find_map(|l| l.strip_prefix("appVersion:"))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .expect("Chart.yaml's appVersion");
+    // The artifact table: `<registry>/lastcall-agent:<version>`, … (the chart row is oci://).
+    let pushed: BTreeSet<String> = doc
+        .lines()
+        .take_while(|l| !l.starts_with("## "))
+        .filter(|l| l.starts_with('|') && l.contains(" image |"))
+        .filter_map(|l| l.split('`').nth(1))
+        .map(|r| {
+            r.replace("<registry>", registry)
+                .replace("<version>", &version)
+        })
+        .collect();
+    assert_eq!(
+        pushed.len(),
+        2,
+        "docs/release.md's artifact table: {pushed:?}"
+    );
+    let script = read("hack/release.sh");
+    let components = script
+        .lines()
+        .find_map(|l| l.strip_prefix("COMPONENTS=("))
+        .and_then(|l| l.strip_suffix(')'))
+        .expect("hack/release.sh's COMPONENTS");
+    let script_pushes: BTreeSet<String> = components
+        .split_whitespace()
+        .map(|c| format!("{registry}/lastcall-{c}:{version}"))
+        .collect();
+    assert_eq!(
+        script_pushes, pushed,
+        "hack/release.sh pushes other images than docs/release.md says"
+    );
+    let public: BTreeSet<String> = first_cells(&doc, "Images a release does not push")
+        .into_iter()
+        .collect();
+    for p in &public {
+        let (name, tag) = p.rsplit_once(':').expect("a tag");
+        assert!(
+            name.split('/').next().is_some_and(|h| h.contains('.'))
+                && tag.chars().next().is_some_and(|c| c.is_ascii_digit()),
+            "docs/release.md's public image {p} must name its registry and a release tag"
+        );
+    }
+
+    let all_on = repo().join("charts/lastcall/ci/all-on-values.yaml");
+    let set = format!("image.registry={registry}");
+    let objs = helm_template_with(&[&all_on], &[&set]).expect("the release's render");
+    let named = images(&objs);
+    let stray: Vec<&String> = named
+        .iter()
+        .filter(|i| !pushed.contains(*i) && !public.contains(*i))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "the release's chart names {stray:?}: not pushed by the release ({pushed:?}), not a \
+         public image of docs/release.md ({public:?}); a release install would not pull it"
+    );
+    for p in &pushed {
+        assert!(named.contains(p), "the release's chart never names {p}");
+    }
+    // The bundled Redis is the documented public one, in a default render too.
+    let redis = helm_template(&[
+        REG,
+        "fleetiq.enabled=true",
+        "fleetiq.gameServerGroup=g",
+        "redis.bundled.auth.existingSecret=s",
+    ])
+    .expect("FleetIQ with the bundled Redis");
+    let named = images(&redis);
+    assert!(
+        named.iter().any(|i| public.contains(i)),
+        "the bundled Redis is not docs/release.md's public image: {named:?}"
+    );
+    // The keys that put it under image.registry are refused, not ignored.
+    for old in ["redis.bundled.repository=redis", "redis.bundled.tag=7.2"] {
+        let err = helm_template(&[REG, old]).expect_err(old);
+        assert!(err.contains("additional properties"), "{old}: {err}");
     }
 }
 
