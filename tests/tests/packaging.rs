@@ -2814,12 +2814,12 @@ async fn dashboard_and_alerts_use_only_metrics_the_binaries_export() {
     }
     let rules = alert_rules();
     for (name, expr) in &rules {
-        // An alert on kube-state-metrics' figures (a node with no agent has no agent to
-        // export anything) names those instead.
+        // An alert on kube-state-metrics' figures (a node with no agent, or a Pending agent,
+        // has no agent to export anything) names those instead.
         if KUBE_STATE_ALERTS.contains(&name.as_str()) {
             assert!(
-                expr.contains("kube_daemonset_status_"),
-                "alert {name} is listed as kube-state-metrics' but does not use its DaemonSet figures: {expr}"
+                expr.contains("kube_daemonset_status_") || expr.contains("kube_pod_"),
+                "alert {name} is listed as kube-state-metrics' but does not use its DaemonSet or pod figures: {expr}"
             );
             continue;
         }
@@ -3022,7 +3022,7 @@ fn metric_references_are_found_in_promql() {
 // ---------------------------------------------------------------------------------------
 
 /// Alerts built on kube-state-metrics' figures, not on a lastcall binary's.
-const KUBE_STATE_ALERTS: &[&str] = &["LastcallAgentMissing"];
+const KUBE_STATE_ALERTS: &[&str] = &["LastcallAgentMissing", "LastcallAgentPending"];
 
 /// `kubectl` commands in docs/operations.md that are not run here, and why.
 const NOT_RUN: &[(&str, &str)] = &[
