@@ -67,6 +67,22 @@ groups:
         annotations:
           summary: "{{`{{ $value }}`}} game node(s) have no running lastcall agent."
           description: "DaemonSet {{`{{ $labels.namespace }}/{{ $labels.daemonset }}`}} has had nodes without an available agent for {{ $r.agentMissingMinutes }} minutes: a doomed node among them drains without lastcall, its matches unprotected. See docs/operations.md, \"A game node has no agent\"."
+      - alert: LastcallAgentPending
+        # An agent pod the scheduler has not placed, or whose image does not come
+        # (kube-state-metrics' pod figures; phase Pending covers both). The DaemonSet
+        # controller counts it against the rollout's maxSurge (its node keeps the old agent)
+        # or maxUnavailable (its node has none), so enough of them stop the rollout. The
+        # chart's PriorityClass never preempts: on a packed node the agent waits for room.
+        expr: |-
+          max by (namespace, pod) (kube_pod_status_phase{phase="Pending"} == 1)
+          and on (namespace, pod)
+          kube_pod_owner{owner_kind="DaemonSet", owner_name="{{ include "lastcall.fullname" . }}-agent"}
+        for: {{ $r.agentPendingMinutes }}m
+        labels:
+          severity: warning
+        annotations:
+          summary: "Agent pod {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} has been Pending for {{ $r.agentPendingMinutes }} minutes."
+          description: "The agent has no room on its node (the chart's PriorityClass never preempts a pod, which there could be a match) or cannot pull its image; a rollout counts it until it runs. See docs/operations.md, \"A game node has no agent\"."
       - alert: LastcallNodeRestrictionUnenforceable
         # Start-up found that the chart's node restriction cannot hold the agent: its token
         # carries no node (not bound to a pod, Kubernetes before 1.30) or the API server serves

@@ -54,7 +54,7 @@ bare name would only show up as an ImagePullBackOff on every node.
 */}}
 {{- define "lastcall.registry" -}}
 {{- $r := trimSuffix "/" .Values.image.registry -}}
-{{- required "image.registry is required: the registry and path prefix you pushed lastcall's images (and the bundled Redis image) to, e.g. --set image.registry=123456789012.dkr.ecr.us-west-2.amazonaws.com/lastcall. How to build and push them: docs/install.md, section \"1. Images\"" $r -}}
+{{- required "image.registry is required: the registry and path prefix you pushed lastcall's two images to (or a release's registry), e.g. --set image.registry=123456789012.dkr.ecr.us-west-2.amazonaws.com/lastcall. How to build and push them: docs/install.md, section \"1. Images\"" $r -}}
 {{- end -}}
 
 {{/* Image of one component: pass (list $ .Values.agent.repository). */}}
@@ -64,13 +64,13 @@ bare name would only show up as an ImagePullBackOff on every node.
 {{- printf "%s/%s:%s" (include "lastcall.registry" $root) (index . 1) $tag -}}
 {{- end -}}
 
-{{/* The bundled Redis image: redis.bundled.image, else under image.registry. */}}
+{{/*
+The bundled Redis image: redis.bundled.image, a full reference (a release publishes no Redis
+image; the default is the official one). The schema refuses the repository and tag keys of
+earlier charts, which put it under image.registry.
+*/}}
 {{- define "lastcall.redisImage" -}}
-{{- with .Values.redis.bundled.image -}}
-{{- . -}}
-{{- else -}}
-{{- printf "%s/%s:%s" (include "lastcall.registry" .) .Values.redis.bundled.repository (toString .Values.redis.bundled.tag) -}}
-{{- end -}}
+{{- required "redis.bundled.image is required with the bundled Redis: the full reference of a Redis 7 image, e.g. docker.io/library/redis:7.2.10" .Values.redis.bundled.image -}}
 {{- end -}}
 
 {{/* prometheus.io scrape annotations for one pod: pass (list $ port). */}}
