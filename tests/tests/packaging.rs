@@ -452,7 +452,7 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
 
     // World 3: a Spot interruption (deadline 2 min) on a node whose match needs a 200 s
     // grace period, with --graceful-termination: the match's graceful termination starts
-    // at once; Agones' PDB refuses the eviction of a `Never` pod, so the pod is deleted.
+    // at once: a DELETE preconditioned on its uid (Agones' PDB over a `Never` pod is not asked).
     // Its node is a Karpenter node (a NodeClaim that never expires): the agent reads it.
     let w3 = World::start(WorldSpec::new(0, 1, 0).grace_seconds(200)).await;
     w3.cluster
