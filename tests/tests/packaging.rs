@@ -391,6 +391,26 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
     })
     .await;
     seen_taints.extend(taints(&node(&w, other).await));
+    // Another writer uncordons the draining node: the agent puts its fence back, and marks
+    // when (`lastcall.dev/fence-restored`, the settle counts from it).
+    Api::<Node>::all(w.cluster.client())
+        .patch(
+            other,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"unschedulable": false}})),
+        )
+        .await
+        .unwrap();
+    wait_for("the stripped fence put back", || async {
+        let n = node(&w, other).await;
+        (cordoned(&n)
+            && n.metadata
+                .annotations
+                .as_ref()?
+                .contains_key("lastcall.dev/fence-restored"))
+        .then_some(())
+    })
+    .await;
     label_node(&w, other, "lastcall.dev/drain", None).await;
     wait_for("manual drain cancelled", || async {
         (!cordoned(&node(&w, other).await)).then_some(())
