@@ -422,6 +422,26 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
     })
     .await;
     seen_taints.extend(taints(&node(&w, other).await));
+    // Another writer uncordons the draining node: the agent puts its fence back, and marks
+    // when (`lastcall.dev/fence-restored`, the settle counts from it).
+    Api::<Node>::all(w.cluster.client())
+        .patch(
+            other,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"unschedulable": false}})),
+        )
+        .await
+        .unwrap();
+    wait_for("the stripped fence put back", || async {
+        let n = node(&w, other).await;
+        (cordoned(&n)
+            && n.metadata
+                .annotations
+                .as_ref()?
+                .contains_key("lastcall.dev/fence-restored"))
+        .then_some(())
+    })
+    .await;
     label_node(&w, other, "lastcall.dev/drain", None).await;
     wait_for("manual drain cancelled", || async {
         (!cordoned(&node(&w, other).await)).then_some(())
@@ -483,7 +503,7 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
 
     // World 3: a Spot interruption (deadline 2 min) on a node whose match needs a 200 s
     // grace period, with --graceful-termination: the match's graceful termination starts
-    // at once; Agones' PDB refuses the eviction of a `Never` pod, so the pod is deleted.
+    // at once: a DELETE preconditioned on its uid (Agones' PDB over a `Never` pod is not asked).
     // Its node is a Karpenter node (a NodeClaim that never expires): the agent reads it.
     let w3 = World::start(WorldSpec::new(0, 1, 0).grace_seconds(200)).await;
     w3.cluster

@@ -105,6 +105,17 @@ groups:
         annotations:
           summary: "GameLift dropped the game server of busy node {{`{{ $labels.node }}`}}."
           description: "The agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} finds its node's game server no longer registered while matches still run there (Warning Event DeregisteredWhileBusy). The node stays fenced and is handed over only when empty. See docs/operations.md, \"GameLift dropped a busy node\"."
+      - alert: LastcallMachineReturnedHeld
+        # A machine that came back (a new boot id) stays fenced because a source that asked
+        # for its last life's drain has not reported since (down, unreachable, or removed
+        # from the agent's flags): it would hold the node for good.
+        expr: max by (namespace, pod, node) (lastcall_machine_returned_held) == 1
+        for: 5m
+        labels:
+          severity: warning
+        annotations:
+          summary: "Node {{`{{ $labels.node }}`}} came back but stays fenced: a source of its last drain has not reported."
+          description: "The agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} holds the fence of a machine that came back until every source that asked for its last drain reports again (Warning Event MachineReturnedHeld names it). Bring the source back, or end the drain by hand. See docs/operations.md, \"A machine came back\"."
       - alert: LastcallGameLiftErrors
         # `error` is every GameLift failure that is not a conflict, NotFound, throttling or a
         # network failure: AccessDenied above all.
