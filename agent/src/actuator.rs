@@ -460,55 +460,34 @@ impl Actuator {
         }
     }
 
-    /// Starts a game-server pod's own graceful termination: a `policy/v1` Eviction posted by
-    /// hand (kube 5's `evict` drops delete options), preconditioned on the pod's uid, with no
-    /// grace override, so the game gets SIGTERM and its whole grace period. A PDB refusal
-    /// (429: Agones' 0% budget for `Never`) falls back to a preconditioned DELETE, which
-    /// starts the same graceful termination: the node dies at the deadline whatever the
-    /// budget says, and policy only asks when ending is permitted. `Ok(false)`: gone already.
+    /// Starts a game-server pod's own graceful termination: a DELETE preconditioned on the
+    /// pod's uid, with no grace override, so the game gets SIGTERM and its whole
+    /// `terminationGracePeriodSeconds`. Not the Eviction API: at a Terminate deadline the
+    /// node goes whatever a disruption budget says, and the planner asks only where
+    /// `eviction.safe` or the operator permits ending the match (docs/eviction.md). A DELETE
+    /// is also judged by the chart's admission policy on the stored pod alone, where an
+    /// Eviction names only its pod and was judged against every pod of its namespace
+    /// (docs/scale.md). A 429 is API Priority and Fairness: the throttle holds every request
+    /// for its `Retry-After` and the next pass sends the DELETE again. `Ok(false)`: the pod
+    /// is gone, or another pod now has its name.
     pub async fn end_gracefully(&self, ns: &str, pod: &str, uid: &str) -> Result<bool, ActError> {
         if self.skip(
             "end_gracefully",
-            format!("POST pods/{ns}/{pod}/eviction preconditions uid={uid}"),
+            format!("DELETE pods/{ns}/{pod} preconditions uid={uid}"),
         ) {
             return Ok(true);
         }
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        let eviction = json!({
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": pod, "namespace": ns},
-            "deleteOptions": {"preconditions": {"uid": uid}}
-        });
-        let pp = kube::api::PostParams::default();
-        match pods
-            .create_subresource::<Value, Value>("eviction", pod, &pp, &eviction)
-            .await
-        {
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_string()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match pods.delete(pod, &dp).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
-            Err(kube::Error::Api(s)) if s.code == 429 && !is_budget_refusal(&s) => {
-                // API Priority and Fairness (or max-in-flight) turned the request away before
-                // the eviction was even tried: not a budget's answer. The throttle holds every
-                // request for its Retry-After; the eviction is sent again then.
-                warn!(message = "eviction refused by the API server's throttling (429, not a disruption budget); retrying after its Retry-After", namespace = %ns, pod = %pod, detail = %s.message);
-                Err(kube::Error::Api(s).into())
-            }
-            Err(kube::Error::Api(s)) if s.code == 429 => {
-                warn!(message = "eviction refused by a PodDisruptionBudget; deleting the pod gracefully, as the node dies at the deadline anyway", namespace = %ns, pod = %pod);
-                let dp = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        uid: Some(uid.to_string()),
-                        resource_version: None,
-                    }),
-                    ..DeleteParams::default()
-                };
-                match pods.delete(pod, &dp).await {
-                    Ok(_) => Ok(true),
-                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
-                    Err(e) => Err(e.into()),
-                }
-            }
             Err(e) => Err(e.into()),
         }
     }
@@ -640,44 +619,10 @@ impl Actuator {
     }
 }
 
-/// Whether an eviction's 429 is a PodDisruptionBudget's refusal: the eviction subresource
-/// answers with a `Status` whose causes include `DisruptionBudget` (every version this
-/// supports; the message names the budget too). API Priority and Fairness answers 429 with a
-/// plain-text body and `Retry-After` before any handler runs: that is throttling, and the
-/// eviction is tried again after it, never worked around with a DELETE.
-pub fn is_budget_refusal(s: &kube::core::Status) -> bool {
-    s.details
-        .as_ref()
-        .is_some_and(|d| d.causes.iter().any(|c| c.reason == "DisruptionBudget"))
-        || s.message.contains("disruption budget")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::Taint;
-
-    /// The eviction subresource refuses for a budget with a `Status` naming it (as the
-    /// Kubernetes docs show the 429); APF's 429 is plain text, which kube keeps as the message
-    /// of a `Status` it makes up.
-    #[test]
-    fn only_a_status_naming_a_disruption_budget_is_a_budgets_refusal() {
-        let budget: kube::core::Status = serde_json::from_value(json!({
-            "kind": "Status", "apiVersion": "v1", "status": "Failure",
-            "message": "Cannot evict pod as it would violate the pod's disruption budget.",
-            "reason": "TooManyRequests",
-            "details": {"causes": [{"reason": "DisruptionBudget", "message": "The disruption budget gs needs 1 healthy pods and has 1 currently"}]},
-            "code": 429
-        }))
-        .expect("status");
-        assert!(is_budget_refusal(&budget));
-        let apf = kube::core::Status::failure(
-            "Too many requests, please try again later.",
-            "Failed to parse error data",
-        )
-        .with_code(429);
-        assert!(!is_budget_refusal(&apf));
-    }
 
     #[test]
     fn node_patch_is_guarded_and_escapes_keys() {

@@ -66,11 +66,33 @@ pub struct Config {
     #[arg(long, env = "LASTCALL_IMDS_ENDPOINT", default_value = "http://169.254.169.254", value_parser = http_url)]
     pub imds_endpoint: String,
 
-    /// Address of the HTTP listener for /metrics, /healthz and /readyz. The IP may be in
-    /// brackets whatever its family (`[10.0.0.5]:9090`, `[fd00::5]:9090`), so one
-    /// `[$(POD_IP)]:9090` serves IPv4 and IPv6 pods alike.
+    /// Address of the HTTP listener for /healthz and /readyz, and for /metrics unless
+    /// `--metrics-listen` is set. The IP may be in brackets whatever its family
+    /// (`[10.0.0.5]:9090`, `[fd00::5]:9090`), so one `[$(POD_IP)]:9090` serves IPv4 and IPv6
+    /// pods alike.
     #[arg(long, env = "LASTCALL_LISTEN", default_value = "0.0.0.0:9090", value_parser = listen_addr)]
     pub listen: SocketAddr,
+
+    /// A listener of its own for /metrics (same forms as `--listen`), which then serves only
+    /// the probes: on the host network the chart puts the probes on 127.0.0.1 (the kubelet
+    /// reaches the node's loopback) and /metrics on the node's address. Unset: /metrics is on
+    /// `--listen`.
+    #[arg(long, env = "LASTCALL_METRICS_LISTEN", value_parser = listen_addr)]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// Who may read /metrics: `none`, anyone who reaches it; `kubernetes`, a caller whose
+    /// bearer token the API server authenticates (TokenReview) and authorizes for `get` on
+    /// the non-resource URL /metrics (SubjectAccessReview), as Kubernetes' own components
+    /// do: 401 without a valid token, 403 without the permission, 503 while a review cannot
+    /// be made. Needs `create` on tokenreviews and subjectaccessreviews. The probes never
+    /// ask for a token.
+    #[arg(
+        long,
+        env = "LASTCALL_METRICS_AUTH",
+        value_enum,
+        default_value = "none"
+    )]
+    pub metrics_auth: crate::metrics_auth::Mode,
 
     /// Interval between FleetIQ HEALTHY heartbeats (GameLift advises at most 60 s).
     #[arg(long, env = "LASTCALL_HEARTBEAT_INTERVAL", default_value = "30s", value_parser = heartbeat)]
@@ -474,6 +496,21 @@ mod tests {
         assert_eq!(c.failure_threshold, 1);
         assert_eq!(c.heartbeat_interval, Duration::from_secs(30));
         assert!(!c.fleetiq_enabled() && !c.dry_run && !c.deregister_on_exit);
+        // One listener for everything, open to whoever reaches it: as before these flags.
+        assert_eq!(c.metrics_listen, None);
+        assert_eq!(c.metrics_auth, crate::metrics_auth::Mode::None);
+        let c = parse(&[
+            "--listen=127.0.0.1:9091",
+            "--metrics-listen=[fd00::5]:9090",
+            "--metrics-auth=kubernetes",
+        ])
+        .unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:9091");
+        assert_eq!(
+            c.metrics_listen.map(|a| a.to_string()).as_deref(),
+            Some("[fd00::5]:9090")
+        );
+        assert_eq!(c.metrics_auth, crate::metrics_auth::Mode::Kubernetes);
     }
 
     #[test]
@@ -512,6 +549,11 @@ mod tests {
             (vec!["--imds-endpoint", "ftp://x"], "--imds-endpoint"),
             (vec!["--release-concurrency", "0"], "--release-concurrency"),
             (vec!["--listen", "nowhere"], "--listen"),
+            (
+                vec!["--metrics-listen", "[$(POD_IP)]:9090"],
+                "--metrics-listen",
+            ),
+            (vec!["--metrics-auth", "token"], "--metrics-auth"),
             (
                 vec!["--notify-template", r#"{"text":"{nodename}"}"#],
                 "--notify-template",

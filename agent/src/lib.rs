@@ -18,6 +18,7 @@ pub mod gameserver_selector;
 pub mod keys;
 pub mod kube_client;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod node_restriction;
 pub mod notice;
 pub mod notify;

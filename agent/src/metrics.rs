@@ -83,6 +83,12 @@ pub struct ByLabel {
     pub by: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReviewReason {
+    pub review: &'static str,
+    pub reason: &'static str,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     pub signals: Family<SourceStatus, Counter>,
@@ -132,6 +138,10 @@ pub struct Metrics {
     pub gameserver_selection: Family<ByLabel, Gauge>,
     /// Webhook notifications, by drain event and outcome (see `notify`).
     pub notifications: Family<EventOutcome, Counter>,
+    /// Requests to `/metrics` under `--metrics-auth=kubernetes`, by result.
+    pub metrics_auth: Family<ResultLabel, Counter>,
+    /// TokenReviews and SubjectAccessReviews without a decision, by review and reason.
+    pub metrics_auth_review_failures: Family<ReviewReason, Counter>,
     /// 1 once start-up found the node restriction able to hold this agent (see
     /// `node_restriction`), 0 when it found a gap.
     pub node_restriction_enforceable: Gauge,
@@ -183,6 +193,8 @@ impl Metrics {
             node_owner: Gauge::default(),
             gameserver_selection: Family::default(),
             notifications: Family::default(),
+            metrics_auth: Family::default(),
+            metrics_auth_review_failures: Family::default(),
             node_restriction_enforceable: Gauge::default(),
         };
         let mut r = Registry::with_prefix("lastcall");
@@ -375,6 +387,16 @@ impl Metrics {
             "events",
             "Kubernetes Events published, by result",
             m.events.clone(),
+        );
+        r.register(
+            "metrics_auth_requests",
+            "Requests to /metrics under --metrics-auth=kubernetes, by result (allowed, unauthenticated, forbidden, unavailable, throttled)",
+            m.metrics_auth.clone(),
+        );
+        r.register(
+            "metrics_auth_review_failures",
+            "TokenReviews (review=token) and SubjectAccessReviews (review=access) that gave no decision, by reason (timeout, refused, error, invalid); each request answered 503",
+            m.metrics_auth_review_failures.clone(),
         );
         (m, Arc::new(r))
     }

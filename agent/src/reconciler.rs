@@ -1363,7 +1363,7 @@ impl Reconciler {
     /// Releases concurrently. Returns how many changed something, and the first failure.
     /// Starts the graceful termination of every match in `batch` at once: each is due now,
     /// and a slow or unanswered request for one must not hold the others past their own
-    /// `deadline − grace` (one at a time, a hung eviction made the next match a request
+    /// `deadline − grace` (one at a time, a hung request made the next match a request
     /// timeout late).
     async fn end_batch(
         &mut self,

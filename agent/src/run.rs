@@ -72,7 +72,10 @@ pub struct Agent {
     metrics: Metrics,
     registry: Arc<prometheus_client::registry::Registry>,
     health: Health,
+    /// The probes, and `/metrics` unless it has a listener of its own.
     listener: tokio::net::TcpListener,
+    /// `/metrics` alone (`--metrics-listen`).
+    metrics_listener: Option<tokio::net::TcpListener>,
     /// Requests (deadline `--request-timeout`).
     client: kube::Client,
     /// Watches (their own long-poll timeout).
@@ -99,10 +102,23 @@ impl Agent {
             .await
             .with_context(|| format!("binding --listen {}", config.listen))?;
         let bound = listener.local_addr()?;
+        let metrics_listener = match config.metrics_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding --metrics-listen {addr}"))?,
+            ),
+            None => None,
+        };
+        let metrics_bound = match &metrics_listener {
+            Some(l) => l.local_addr()?,
+            None => bound,
+        };
         if let Some(tx) = overrides.bound {
             let _ = tx.send(bound);
         }
         info!(message = "lastcall-agent starting", node = %config.node_name, listen = %bound,
+              metrics_listen = %metrics_bound, metrics_auth = ?config.metrics_auth,
               dry_run = config.dry_run, fleetiq = config.fleetiq_enabled(), compat_taints = config.compat_taints);
         let cfg = match overrides.kube {
             Some(c) => c,
@@ -127,6 +143,7 @@ impl Agent {
             registry,
             health,
             listener,
+            metrics_listener,
             client,
             watch_client,
             throttle,
@@ -148,6 +165,7 @@ impl Agent {
             registry,
             health,
             listener,
+            metrics_listener,
             client,
             watch_client,
             throttle,
@@ -159,8 +177,23 @@ impl Agent {
             notify,
         } = self;
         let mut tasks = Tasks::new(shutdown.child_token());
-        let router = admin::router(registry, health.clone());
-        tasks.spawn(|stop| admin_task(listener, router, stop));
+        let metrics_routes = crate::metrics_auth::metrics_routes(
+            config.metrics_auth,
+            admin::metrics_router(registry),
+            &client,
+            &metrics,
+        );
+        let probes = admin::probe_router(health.clone());
+        match metrics_listener {
+            Some(own) => {
+                tasks.spawn(|stop| admin_task("admin", listener, probes, stop));
+                tasks.spawn(|stop| admin_task("metrics", own, metrics_routes, stop));
+            }
+            None => {
+                let router = probes.merge(metrics_routes);
+                tasks.spawn(|stop| admin_task("admin", listener, router, stop));
+            }
+        }
         let trigger = Arc::new(Notify::new());
         let clients = watches::Clients {
             watch: watch_client,
@@ -207,6 +240,7 @@ impl Agent {
             sources::KubeAccess {
                 client: client.clone(),
                 node: stores.node.clone(),
+                node_changes: stores.node_changes.clone(),
             },
             sources::NodeWarnings::new(move |reason, note| {
                 // A standby agent posts nothing; the acting one says the same.
@@ -770,16 +804,18 @@ impl Running {
     }
 }
 
+/// One HTTP listener (`name`: `admin` for the probes, `metrics` for `--metrics-listen`).
 async fn admin_task(
+    name: &'static str,
     listener: tokio::net::TcpListener,
     router: axum::Router,
     stop: CancellationToken,
 ) -> &'static str {
     if let Err(e) = admin::serve(listener, router, stop.clone()).await {
-        error!(message = "admin listener failed", error = %e);
+        error!(message = "HTTP listener failed", listener = name, error = %e);
     }
     stop.cancelled().await;
-    "admin"
+    name
 }
 
 /// Register and claim, then heartbeat, whenever this agent owns the node. Heartbeats start

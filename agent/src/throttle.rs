@@ -11,11 +11,9 @@
 //! running; the reconciler also sleeps it out ([`Throttle::remaining`]) instead of planning
 //! into a closed gate.
 //!
-//! A 429 the eviction subresource answers itself (a JSON `Status`) is a PodDisruptionBudget's
-//! refusal, not throttling: it is neither counted nor waited for here
-//! (`actuator::end_gracefully` handles it). An eviction that APF turned away (its plain-text
-//! body) is throttling like any other request. A 429 without `Retry-After` is counted and
-//! left to the caller's own backoff.
+//! Every 429 is throttling: the agent sends no request whose own handler answers 429 (it
+//! ends matches with a pod DELETE, not the Eviction API, whose disruption budgets do). A
+//! 429 without `Retry-After` is counted and left to the caller's own backoff.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -127,23 +125,6 @@ pub fn retry_after<B>(res: &Response<B>) -> Option<Duration> {
     v.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
-/// Whether an answer is a Kubernetes `Status` (JSON), as a handler writes it; API Priority
-/// and Fairness and max-in-flight refuse with a plain-text body before any handler runs.
-fn is_status<B>(res: &Response<B>) -> bool {
-    res.headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| t.trim_start().starts_with("application/json"))
-}
-
-/// Whether a request is an eviction, whose own 429 is a disruption budget's answer.
-fn is_eviction<B>(req: &Request<B>) -> bool {
-    req.uri()
-        .path()
-        .trim_end_matches('/')
-        .ends_with("/eviction")
-}
-
 impl<S> Layer<S> for Throttle {
     type Service = Throttled<S>;
 
@@ -190,15 +171,12 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let verb = verb(req.method());
-        let eviction = is_eviction(&req);
         let throttle = self.throttle.clone();
         let fut = self.inner.call(req);
         Box::pin(async move {
             let res = fut.await.map_err(Into::into)?;
             if res.status() == StatusCode::TOO_MANY_REQUESTS {
-                if !(eviction && is_status(&res)) {
-                    throttle.refused(verb, retry_after(&res));
-                }
+                throttle.refused(verb, retry_after(&res));
             } else {
                 throttle.served();
             }
@@ -301,44 +279,37 @@ mod tests {
         assert_eq!(throttle.remaining(), Duration::ZERO);
     }
 
+    /// A 429 is throttling whatever its body: APF's plain text, or a JSON `Status` (a
+    /// server, a proxy or a webhook in front of it that answers in JSON). A pod DELETE, how
+    /// lastcall ends a match, refused so is held like any other request.
     #[tokio::test]
-    async fn an_eviction_throttled_by_apf_is_throttling_a_budgets_refusal_is_not() {
+    async fn every_429_with_retry_after_closes_the_gate_whatever_its_body() {
         let (metrics, _r) = Metrics::new();
         let throttle = Throttle::with_jitter(metrics.clone(), RetryAfter::seeded(3));
         let mut svc = throttle.layer(Server {
-            refuse: 2,
+            refuse: 1,
             seen: Arc::new(AtomicUsize::new(0)),
             retry_after: Some("1"),
             json: true,
         });
-        // The eviction subresource's own answer (a Status): a disruption budget.
-        let evict = "/api/v1/namespaces/default/pods/p/eviction";
-        assert_eq!(send(&mut svc, evict).await, 429);
-        assert_eq!(throttled(&metrics), 0);
-        assert_eq!(throttle.remaining(), Duration::ZERO);
-        // APF's plain text, on an eviction: throttling, the gate closes.
-        svc.inner.json = false;
-        assert_eq!(send(&mut svc, evict).await, 429);
+        assert_eq!(
+            send(&mut svc, "/api/v1/namespaces/default/pods/p").await,
+            429
+        );
         assert_eq!(throttled(&metrics), 1);
         assert!(throttle.remaining() >= Duration::from_secs(1));
     }
 
     #[tokio::test]
-    async fn evictions_and_429s_without_retry_after_do_not_close_the_gate() {
+    async fn a_429_without_retry_after_is_counted_and_does_not_close_the_gate() {
         let (metrics, _r) = Metrics::new();
         let throttle = Throttle::new(metrics.clone());
         let mut svc = throttle.layer(Server {
-            refuse: 2,
+            refuse: 1,
             seen: Arc::new(AtomicUsize::new(0)),
             retry_after: None,
-            json: true,
+            json: false,
         });
-        // A disruption budget's refusal: not throttling.
-        assert_eq!(
-            send(&mut svc, "/api/v1/namespaces/default/pods/p/eviction").await,
-            429
-        );
-        assert_eq!(throttled(&metrics), 0);
         // No Retry-After: counted, the caller's backoff decides.
         assert_eq!(send(&mut svc, "/api/v1/nodes/n1").await, 429);
         assert_eq!(throttled(&metrics), 1);

@@ -26,6 +26,9 @@ pub struct Stores {
     pub node: Store<Node>,
     pub pods: Store<Pod>,
     pub gameservers: Store<DynamicObject>,
+    /// Changes each time the Node watch delivers an event, after the store has it: what a
+    /// source reading the cached Node waits on instead of looking again and again.
+    pub node_changes: tokio::sync::watch::Receiver<()>,
     /// How GameServers are selected, once decided (before their store is ready).
     pub selection: Arc<OnceLock<Selection>>,
 }
@@ -161,6 +164,10 @@ pub fn spawn(
     ))
     .modify(slim_node)
     .reflect(w);
+    let (node_changed, node_changes) = tokio::sync::watch::channel(());
+    let s = futures::TryStreamExt::inspect_ok(s, move |_| {
+        node_changed.send_replace(());
+    });
     handles.push(tokio::spawn(async move {
         drive(s, "node", None, trigger_node, metrics_node, shutdown_node).await;
         "node watch"
@@ -224,6 +231,7 @@ pub fn spawn(
             node,
             pods,
             gameservers,
+            node_changes,
             selection,
         },
         handles,

@@ -95,19 +95,27 @@ impl Health {
     }
 }
 
-#[derive(Clone)]
-struct AdminState {
-    registry: Arc<Registry>,
-    health: Health,
+/// The admin router, exposed separately so processes can add routes (the pubsub webhook):
+/// [`probe_router`] and [`metrics_router`] together.
+pub fn router(registry: Arc<Registry>, health: Health) -> Router {
+    probe_router(health).merge(metrics_router(registry))
 }
 
-/// The admin router, exposed separately so processes can add routes (the pubsub webhook).
-pub fn router(registry: Arc<Registry>, health: Health) -> Router {
+/// `/healthz` and `/readyz` alone: the kubelet's probes, for a listener of their own (the
+/// agent on the host network serves them on the node's loopback only).
+pub fn probe_router(health: Health) -> Router {
     Router::new()
-        .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .with_state(AdminState { registry, health })
+        .with_state(health)
+}
+
+/// `/metrics` alone, so a process can put it on its own listener or behind a layer
+/// (`Router::route_layer`) that decides who may read it.
+pub fn metrics_router(registry: Arc<Registry>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(registry)
 }
 
 /// Serves `router` over plain HTTP/1.1 on `listener` until `shutdown` is cancelled, with
@@ -200,9 +208,9 @@ where
     Ok(())
 }
 
-async fn metrics(State(state): State<AdminState>) -> Response {
+async fn metrics(State(registry): State<Arc<Registry>>) -> Response {
     let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
+    match prometheus_client::encoding::text::encode(&mut body, &registry) {
         Ok(()) => (
             [(
                 header::CONTENT_TYPE,
@@ -219,13 +227,13 @@ async fn metrics(State(state): State<AdminState>) -> Response {
     }
 }
 
-async fn readyz(State(state): State<AdminState>) -> Response {
-    let code = if state.health.is_ready() {
+async fn readyz(State(health): State<Health>) -> Response {
+    let code = if health.is_ready() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (code, axum::Json(state.health.report())).into_response()
+    (code, axum::Json(health.report())).into_response()
 }
 
 #[cfg(test)]

@@ -69,11 +69,46 @@ pub enum Event {
         start: Timestamp,
         /// The Health event's own `eventTypeCode`, for logs.
         aws_code: String,
+        /// The Health event's `eventArn`: every update of one event (`upcoming`, `open`,
+        /// `closed`) carries the same one, under a new EventBridge id. Empty in records
+        /// written before it was kept.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        arn: String,
+        /// The Health event's `statusCode` when it was sent.
+        #[serde(default)]
+        status: HealthStatus,
     },
     /// EC2 Capacity Reservation Instance Interruption Warning.
-    CapacityReservationInterruption,
+    CapacityReservationInterruption {
+        /// The event's `instance-termination-time`, when it states one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        terminates: Option<Timestamp>,
+    },
     /// EC2 Instance-terminate Lifecycle Action: the instance waits on `hook` of `group`.
     TerminateLifecycleAction { group: String, hook: String },
+}
+
+/// An AWS Health event's `statusCode`. Its updates only move forward: `upcoming` (before the
+/// window), `open` (in it), `closed` (over: done, or cancelled).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HealthStatus {
+    Upcoming,
+    /// Also what an event that states no status counts as: still to be acted on.
+    #[default]
+    Open,
+    Closed,
+}
+
+impl HealthStatus {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "upcoming" => Some(Self::Upcoming),
+            "open" => Some(Self::Open),
+            "closed" => Some(Self::Closed),
+            _ => None,
+        }
+    }
 }
 
 /// A Spot interruption's `instance-action`.
@@ -135,7 +170,7 @@ impl Event {
             Self::RebalanceRecommendation => "rebalance_recommendation",
             Self::StateChange { .. } => "state_change",
             Self::ScheduledChange { .. } => "scheduled_change",
-            Self::CapacityReservationInterruption => "capacity_reservation_interruption",
+            Self::CapacityReservationInterruption { .. } => "capacity_reservation_interruption",
             Self::TerminateLifecycleAction { .. } => "terminate_lifecycle_action",
         }
     }
@@ -173,8 +208,13 @@ impl Relayed {
     fn fields_fit(&self) -> bool {
         let mut fields = vec![self.instance.as_str(), self.id.as_str()];
         match &self.event {
-            Event::ScheduledChange { code, aws_code, .. } => {
-                fields.extend([code.as_str(), aws_code.as_str()]);
+            Event::ScheduledChange {
+                code,
+                aws_code,
+                arn,
+                ..
+            } => {
+                fields.extend([code.as_str(), aws_code.as_str(), arn.as_str()]);
             }
             Event::TerminateLifecycleAction { group, hook } => {
                 fields.extend([group.as_str(), hook.as_str()]);
@@ -389,6 +429,63 @@ mod tests {
         })
         .unwrap();
         assert_eq!(Record::parse(&raw).unwrap_err().metric_label(), "too_many");
+    }
+
+    /// A record written before a Health event's ARN and status were kept, or without a
+    /// capacity reservation's stated termination time, still reads: no ARN, status open.
+    #[test]
+    fn optional_fields_read_when_absent_and_are_written_when_present() {
+        let raw = r#"{"version":1,"events":[{"instance":"i-00000001","id":"h","time":"2026-12-01T00:00:00Z","event":{"kind":"scheduled-change","code":"instance-stop","start":"2026-12-05T00:00:00Z","aws_code":"AWS_EC2_INSTANCE_STOP_SCHEDULED"}},{"instance":"i-00000001","id":"c","time":"2026-12-01T00:00:00Z","event":{"kind":"capacity-reservation-interruption"}}]}"#;
+        let r = Record::parse(raw).expect("readable");
+        assert_eq!(
+            r.events[0].event,
+            Event::ScheduledChange {
+                code: "instance-stop".into(),
+                start: t("2026-12-05T00:00:00Z"),
+                aws_code: "AWS_EC2_INSTANCE_STOP_SCHEDULED".into(),
+                arn: String::new(),
+                status: HealthStatus::Open,
+            }
+        );
+        assert_eq!(
+            r.events[1].event,
+            Event::CapacityReservationInterruption { terminates: None }
+        );
+        let written = r.to_annotation();
+        assert!(
+            !written.contains("arn") && !written.contains("terminates"),
+            "absent fields are not written: {written}"
+        );
+        assert_eq!(Record::parse(&written), Ok(r));
+        let closed = Event::ScheduledChange {
+            code: "instance-stop".into(),
+            start: t("2026-12-05T00:00:00Z"),
+            aws_code: "AWS_EC2_INSTANCE_STOP_SCHEDULED".into(),
+            arn: "arn:aws:health:us-east-1::event/EC2/AWS_EC2_INSTANCE_STOP_SCHEDULED/x".into(),
+            status: HealthStatus::Closed,
+        };
+        let written = serde_json::to_string(&closed).unwrap();
+        assert!(written.contains(r#""status":"closed""#), "{written}");
+        assert_eq!(serde_json::from_str::<Event>(&written).unwrap(), closed);
+        let long_arn = Record {
+            version: VERSION,
+            events: vec![Relayed {
+                instance: "i-00000001".into(),
+                id: "h".into(),
+                time: t("2026-12-01T00:00:00Z"),
+                event: Event::ScheduledChange {
+                    code: "instance-stop".into(),
+                    start: t("2026-12-05T00:00:00Z"),
+                    aws_code: "x".into(),
+                    arn: "a".repeat(MAX_FIELD + 1),
+                    status: HealthStatus::Open,
+                },
+            }],
+        };
+        assert_eq!(
+            Record::parse(&long_arn.to_annotation()).unwrap_err(),
+            RecordError::FieldTooLong
+        );
     }
 
     /// A Node name reused by a new instance keeps the old instance's entries until they age

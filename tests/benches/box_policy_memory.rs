@@ -1,28 +1,32 @@
-//! What the eviction policy's pod params cost the API server: its memory (resident set and Go
-//! heap in use) with many kwok pods, without the chart's `-agent-eviction-scope` policy and
-//! then with it, in one run on one box, and an eviction's latency without and with it.
+//! What the node restriction's pod policy costs a match's end on the API server: the chart's
+//! `-agent-pod-scope` policy judges the agent's pod DELETE (preconditioned on the pod's uid)
+//! on the stored pod alone, with no params, so its cost should not grow with the pods of the
+//! namespace. Its memory (resident set and Go heap in use) with many kwok pods, without the
+//! policy and then with it, in one run on one box, and a DELETE's latency without and with it.
+//! (lastcall used to end matches with Evictions, judged by an `-agent-eviction-scope` policy
+//! that took every pod of the namespace as its params: `docs/scale.md` has what that cost.)
 //!
 //! Run: `cargo bench -p lastcall-testkit --bench box_policy_memory --profile dev`.
-//! `LASTCALL_POLICY_BENCH_PODS` (default 60000) pods in one namespace (the worst case for an
-//! eviction: each is a param of it), spread over `LASTCALL_POLICY_BENCH_NODES` (default 100)
-//! kwok nodes that run them; `LASTCALL_POLICY_BENCH_EVICTIONS` (default 5) evictions timed
-//! each way.
+//! `LASTCALL_POLICY_BENCH_PODS` (default 60000) pods in one namespace, spread over
+//! `LASTCALL_POLICY_BENCH_NODES` (default 100) kwok nodes that run them;
+//! `LASTCALL_POLICY_BENCH_DELETES` (default 5) DELETEs timed each way.
 //!
 //! 1. The box (real kube-apiserver v1.35, etcd, controller-manager, scheduler, kwok), the
 //!    chart's agent RBAC and nothing of its policies; the pods created with the shape of an
-//!    Agones game-server pod (its labels and annotations, a game container and the SDK
-//!    sidecar), bound to the kwok nodes, and run by kwok.
+//!    Agones game-server pod (its labels and annotations, a controller reference, a game
+//!    container and the SDK sidecar), bound to the kwok nodes, and run by kwok.
 //! 2. Settled (every pod Running, then 30 s), the API server's resident set (`VmRSS` of its
 //!    process) and Go heap in use (`go_memstats_heap_inuse_bytes` of its `/metrics`), five
 //!    samples 5 s apart; then the same again after another 30 s, to show the drift without
-//!    any change. Server-side dry-run evictions by the agent's pod-bound token, timed.
-//! 3. The chart's eviction policy and binding as `manifests/lastcall.yaml` renders them; the
-//!    policy is in force once an eviction of a pod on another node is refused. Settled again,
-//!    the same samples and evictions.
+//!    any change. Server-side dry-run DELETEs (uid-preconditioned, as the agent sends them) by
+//!    the agent's pod-bound token of game-server pods on its node, timed.
+//! 3. The chart's pod policy and binding as `manifests/lastcall.yaml` renders them; the
+//!    policy is in force once a DELETE of a pod on another node is refused. Settled again,
+//!    the same samples and DELETEs.
 //!
 //! The bench fails (non-zero exit) if the pods do not all run, the policy never refuses, or
-//! a dry-run eviction on the agent's own node fails without the policy; one that fails under
-//! it (the API server's 60 s request timeout) is reported with its error.
+//! a dry-run DELETE on the agent's own node fails without the policy; one that fails under
+//! it is reported with its error.
 
 #![forbid(unsafe_code)]
 
@@ -32,18 +36,18 @@ use anyhow::{Context, bail};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::Api;
-use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, Preconditions};
 use lastcall_testkit::eventually::try_eventually;
 use lastcall_testkit::kube_box::agent::{self as box_agent};
 use lastcall_testkit::kube_box::agones::{self, Agones, Crd};
 use lastcall_testkit::kube_box::{KubeBox, create_node};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const NS: &str = "games";
 const PODS_ENV: &str = "LASTCALL_POLICY_BENCH_PODS";
 const NODES_ENV: &str = "LASTCALL_POLICY_BENCH_NODES";
-const POLICY: &str = "lastcall-agent-eviction-scope";
-const EVICTIONS_ENV: &str = "LASTCALL_POLICY_BENCH_EVICTIONS";
+const POLICY: &str = "lastcall-agent-pod-scope";
+const DELETES_ENV: &str = "LASTCALL_POLICY_BENCH_DELETES";
 const SAMPLES: usize = 5;
 
 fn env_count(name: &str, default: usize) -> anyhow::Result<usize> {
@@ -59,12 +63,12 @@ fn env_count(name: &str, default: usize) -> anyhow::Result<usize> {
 fn main() -> anyhow::Result<()> {
     let pods = env_count(PODS_ENV, 60_000)?;
     let nodes = env_count(NODES_ENV, 100)?;
-    let evictions = env_count(EVICTIONS_ENV, 5)?;
+    let deletes = env_count(DELETES_ENV, 5)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(bench(pods, nodes, evictions))
+    runtime.block_on(bench(pods, nodes, deletes))
 }
 
 /// The pid of the box's kube-apiserver: the process whose command line names the box's own
@@ -203,10 +207,24 @@ async fn not_running(pods: &Api<Pod>) -> anyhow::Result<usize> {
     }
 }
 
-/// `n` server-side dry-run evictions of pods on the agent's node, timed: (p50, max, how many
-/// were refused or failed, the first failure). A failure is measured, not fatal: with many
-/// pods an eviction under the policy can outlast the API server's request timeout.
-async fn evictions(
+/// A server-side dry-run DELETE of pod `name` as the agent ends a match: preconditioned on
+/// its uid, no grace override.
+async fn dry_run_delete(agent: &Api<Pod>, name: &str) -> Result<(), kube::Error> {
+    let uid = agent.get(name).await?.metadata.uid;
+    let dp = DeleteParams {
+        dry_run: true,
+        preconditions: Some(Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    agent.delete(name, &dp).await.map(|_| ())
+}
+
+/// `n` server-side dry-run DELETEs of pods on the agent's node, timed (the DELETE alone, not
+/// the read of its uid): (p50, max, how many were refused or failed, the first failure).
+async fn deletes(
     agent: &Api<Pod>,
     names: &[String],
     n: usize,
@@ -214,26 +232,32 @@ async fn evictions(
     let mut took = Vec::new();
     let (mut failed, mut first) = (0, None);
     for name in names.iter().cycle().take(n) {
-        let eviction = json!({"apiVersion": "policy/v1", "kind": "Eviction",
-            "metadata": {"name": name, "namespace": NS},
-            "deleteOptions": {"dryRun": ["All"]}});
+        let uid = match agent.get(name).await {
+            Ok(p) => p.metadata.uid,
+            Err(e) => {
+                failed += 1;
+                first.get_or_insert_with(|| format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let dp = DeleteParams {
+            dry_run: true,
+            preconditions: Some(Preconditions {
+                uid,
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
         let t = Instant::now();
-        let r = agent
-            .create_subresource::<Value, Value>(
-                "eviction",
-                name,
-                &PostParams {
-                    dry_run: true,
-                    ..PostParams::default()
-                },
-                &eviction,
-            )
-            .await;
+        let r = agent.delete(name, &dp).await;
         took.push(t.elapsed());
         if let Err(e) = r {
             failed += 1;
             first.get_or_insert_with(|| format!("{name}: {e}"));
         }
+    }
+    if took.is_empty() {
+        return (Duration::ZERO, Duration::ZERO, failed, first);
     }
     took.sort_unstable();
     (took[took.len() / 2], took[took.len() - 1], failed, first)
@@ -243,7 +267,7 @@ fn mib(b: u64) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
 
-async fn bench(pod_count: usize, node_count: usize, eviction_count: usize) -> anyhow::Result<()> {
+async fn bench(pod_count: usize, node_count: usize, delete_count: usize) -> anyhow::Result<()> {
     let began = Instant::now();
     let kbox = KubeBox::start().await?;
     let client = kbox.client().await?;
@@ -320,19 +344,19 @@ async fn bench(pod_count: usize, node_count: usize, eviction_count: usize) -> an
     let agent: Api<Pod> = Api::namespaced(kube::Client::try_from(agent_cfg)?, NS);
     let own: Vec<String> = (0..pod_count)
         .step_by(node_count)
-        .take(eviction_count)
+        .take(delete_count)
         .map(|i| format!("fleet-a-{i:06}"))
         .collect();
 
     let settle = Duration::from_secs(30);
     let before = memory(&client, pid, settle).await?;
     let again = memory(&client, pid, settle).await?;
-    let evict_before = evictions(&agent, &own, eviction_count).await;
-    if let Some(e) = &evict_before.3 {
-        bail!("a dry-run eviction on the agent's node without the policy failed: {e}");
+    let before_policy = deletes(&agent, &own, delete_count).await;
+    if let Some(e) = &before_policy.3 {
+        bail!("a dry-run DELETE on the agent's node without the policy failed: {e}");
     }
 
-    // The chart's eviction policy, as rendered.
+    // The chart's pod policy, as rendered.
     let docs = box_agent::manifest()?;
     for (kind, plural) in [
         ("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
@@ -362,23 +386,11 @@ async fn bench(pod_count: usize, node_count: usize, eviction_count: usize) -> an
     let t = Instant::now();
     let other = format!("fleet-a-{:06}", 1);
     try_eventually(
-        "the policy refuses an eviction on another node",
+        "the policy refuses a DELETE on another node",
         Duration::from_secs(120),
         Duration::from_millis(500),
         || async {
-            let eviction = json!({"apiVersion": "policy/v1", "kind": "Eviction",
-                "metadata": {"name": other, "namespace": NS}});
-            let r = agent
-                .create_subresource::<Value, Value>(
-                    "eviction",
-                    &other,
-                    &PostParams {
-                        dry_run: true,
-                        ..PostParams::default()
-                    },
-                    &eviction,
-                )
-                .await;
+            let r = dry_run_delete(&agent, &other).await;
             matches!(r, Err(kube::Error::Api(ref s)) if s.code == 403 && s.message.contains(POLICY))
                 .then_some(())
         },
@@ -389,10 +401,10 @@ async fn bench(pod_count: usize, node_count: usize, eviction_count: usize) -> an
         t.elapsed().as_secs_f64()
     );
     let after = memory(&client, pid, settle).await?;
-    let evict_after = evictions(&agent, &own, eviction_count).await;
+    let under_policy = deletes(&agent, &own, delete_count).await;
 
     println!(
-        "\n| kube-apiserver, {pod_count} pods | without the policy | again, 30 s later | with the eviction policy | with / without |"
+        "\n| kube-apiserver, {pod_count} pods | without the policy | again, 30 s later | with the pod policy | with / without |"
     );
     println!("|---|---|---|---|---|");
     println!(
@@ -418,16 +430,16 @@ async fn bench(pod_count: usize, node_count: usize, eviction_count: usize) -> an
         mib(after.2.saturating_sub(again.2))
     );
     println!(
-        "| dry-run eviction of a game-server pod on the agent's node, p50 / max of {eviction_count} | {:.1} / {:.1} ms | – | {:.1} / {:.1} ms ({} of {eviction_count} failed) | **{:.1}×** p50 |",
-        evict_before.0.as_secs_f64() * 1e3,
-        evict_before.1.as_secs_f64() * 1e3,
-        evict_after.0.as_secs_f64() * 1e3,
-        evict_after.1.as_secs_f64() * 1e3,
-        evict_after.2,
-        evict_after.0.as_secs_f64() / evict_before.0.as_secs_f64()
+        "| dry-run uid-preconditioned DELETE of a game-server pod on the agent's node, p50 / max of {delete_count} | {:.1} / {:.1} ms | – | {:.1} / {:.1} ms ({} of {delete_count} failed) | **{:.1}×** p50 |",
+        before_policy.0.as_secs_f64() * 1e3,
+        before_policy.1.as_secs_f64() * 1e3,
+        under_policy.0.as_secs_f64() * 1e3,
+        under_policy.1.as_secs_f64() * 1e3,
+        under_policy.2,
+        under_policy.0.as_secs_f64() / before_policy.0.as_secs_f64()
     );
-    if let Some(e) = &evict_after.3 {
-        println!("\nthe first eviction under the policy that failed: {e}");
+    if let Some(e) = &under_policy.3 {
+        println!("\nthe first DELETE under the policy that failed: {e}");
     }
     println!(
         "\n(box_policy_memory: {:.0} s wall time)",

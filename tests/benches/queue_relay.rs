@@ -7,29 +7,32 @@
 //!    in-process. Baseline: the same warnings put through the same rule, read and deleted by
 //!    a bare loop (one receiver, the same long poll).
 //! 2. **A burst of Spot warnings** (`LASTCALL_QUEUE_BURST`, default 5,000: an Availability
-//!    Zone reclaimed) for as many Nodes:
-//!    put through EventBridge, then the real `lastcall-pubsub` binary (queue mode alone, no
-//!    Redis) relays every one onto its Node; the clock stops when it has deleted the last
-//!    message. 5,000 agents cannot run on this machine: what is measured is every event
-//!    relayed (on its Node, where each agent reads it from its own watch), not every node
-//!    fenced. pubsub's resident memory (`/proc/<pid>/status` `VmRSS`) is sampled every 50 ms
-//!    through it. Baseline: the same burst read and deleted by a bare loop with the same
-//!    number of receivers.
+//!    Zone reclaimed) for as many Nodes, sent straight into the queue in the envelope an
+//!    EventBridge rule delivers (`SendMessageBatch`, 10 a call: moto's `PutEvents` takes
+//!    seconds a call once thousands are queued, and would measure moto). The real
+//!    `lastcall-pubsub` binary (queue mode alone, no Redis) relays each onto its Node; real
+//!    agents (`LASTCALL_QUEUE_BURST_AGENTS`, default 100, in this process) run on the first
+//!    Nodes. From the first send, by the kube emulator's journal: when each Node carried
+//!    its event (all of them), and when each Node with an agent was fenced by it. pubsub's
+//!    resident memory (`/proc/<pid>/status` `VmRSS`) is sampled every 50 ms through it.
+//!    Baseline, same run: as many warnings sent the same way, received and deleted by bare
+//!    loops with the same number of receivers, each deletion timed from the first send.
 //!
 //! `cargo bench -p lastcall-testkit --bench queue_relay` (add `--profile dev` to reuse a
 //! debug build: the figures in docs/benchmarks.md say which).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
+use lastcall_common::aws_events::ANNOTATION;
 use lastcall_testkit::agent::{InProcessAgent, config, test_credentials};
 use lastcall_testkit::bench::{ms, percentile};
 use lastcall_testkit::bins::workspace_binary;
 use lastcall_testkit::cluster::{Cluster, ClusterConfig, NodeSpec};
 use lastcall_testkit::eventually::eventually;
 use lastcall_testkit::queue::{
-    PUBSUB, QueueRig, REGION, RunningRelay, relay_args, set_provider_id,
+    PUBSUB, QueueRig, REGION, RunningRelay, provider_id, relay_args, set_provider_id, spot_envelope,
 };
 use serde_json::json;
 
@@ -42,13 +45,29 @@ fn burst_size() -> usize {
         .unwrap_or(5_000)
 }
 const RECEIVERS: usize = 4;
+/// `SendMessageBatch` calls in flight at once while the burst is sent.
+const PUTTERS: usize = 4;
+/// Real agents in the burst (`LASTCALL_QUEUE_BURST_AGENTS`, default 100): on the first
+/// Nodes, in this process, as many as the machine runs beside the rest.
+fn burst_agents() -> usize {
+    std::env::var("LASTCALL_QUEUE_BURST_AGENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100)
+}
 
 fn iid(i: usize) -> String {
     format!("i-{i:017x}")
 }
 
 /// Receives and deletes until `n` messages are gone; the instant each was deleted.
-async fn bare_loop(sqs: aws_sdk_sqs::Client, url: String, n: u64, done: Arc<AtomicU64>) {
+async fn bare_loop(
+    sqs: aws_sdk_sqs::Client,
+    url: String,
+    n: u64,
+    done: Arc<AtomicU64>,
+    deleted: Arc<Mutex<Vec<Instant>>>,
+) {
     while done.load(Ordering::SeqCst) < n {
         let Ok(out) = sqs
             .receive_message()
@@ -72,6 +91,9 @@ async fn bare_loop(sqs: aws_sdk_sqs::Client, url: String, n: u64, done: Arc<Atom
                     .is_ok()
             {
                 done.fetch_add(1, Ordering::SeqCst);
+                if let Ok(mut d) = deleted.lock() {
+                    d.push(Instant::now());
+                }
             }
         }
     }
@@ -85,30 +107,6 @@ async fn sqs(rig: &QueueRig) -> aws_sdk_sqs::Client {
         Some(test_credentials()),
     )
     .await
-}
-
-async fn put_burst(rig: &QueueRig, from: usize, n: usize) {
-    let entries: Vec<serde_json::Value> = (from..from + n)
-        .map(|i| {
-            json!({
-                "Source": "aws.ec2",
-                "DetailType": "EC2 Spot Instance Interruption Warning",
-                "Detail": json!({"instance-id": iid(i), "instance-action": "terminate"}).to_string(),
-                "Resources": [format!("arn:aws:ec2:{REGION}:123456789012:instance/{}", iid(i))],
-            })
-        })
-        .collect();
-    let calls = entries
-        .chunks(10)
-        .map(|c| rig.moto.call("AWSEvents.PutEvents", json!({"Entries": c})));
-    // One at a time: moto is one Python process, and slows as its queue fills.
-    let results: Vec<anyhow::Result<serde_json::Value>> = futures::stream::iter(calls)
-        .buffer_unordered(4)
-        .collect()
-        .await;
-    for r in results {
-        r.expect("PutEvents");
-    }
 }
 
 async fn latency() -> anyhow::Result<()> {
@@ -127,7 +125,14 @@ async fn latency() -> anyhow::Result<()> {
         let done = Arc::new(AtomicU64::new(0));
         let t0 = Instant::now();
         rig.spot(&iid(1000 + i), "terminate").await;
-        bare_loop(client.clone(), rig.queue_url.clone(), 1, done).await;
+        bare_loop(
+            client.clone(),
+            rig.queue_url.clone(),
+            1,
+            done,
+            Arc::default(),
+        )
+        .await;
         base.push(t0.elapsed());
     }
 
@@ -220,8 +225,66 @@ fn value(text: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The first write of `identity` to Node `node` the API server accepted whose answer
+/// satisfies `done`: when it took effect, by the emulator's journal.
+fn first_write(
+    journal: &[lastcall_emulators::kube::journal::JournalEntry],
+    identity: &str,
+    node: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> Option<SystemTime> {
+    journal
+        .iter()
+        .filter(|r| {
+            r.identity.as_deref() == Some(identity)
+                && r.verb.is_mutating()
+                && (200..300).contains(&r.status)
+                && r.resource.as_deref() == Some("nodes")
+                && r.name.as_deref() == Some(node)
+        })
+        .find(|r| r.response.as_deref().is_some_and(&done))
+        .map(|r| r.at)
+}
+
+fn since(t0: SystemTime, at: SystemTime) -> Duration {
+    at.duration_since(t0).unwrap_or_default()
+}
+
+fn carries(node: &serde_json::Value, instance: &str) -> bool {
+    node["metadata"]["annotations"][ANNOTATION]
+        .as_str()
+        .is_some_and(|s| s.contains(instance))
+}
+
+/// p50, p99 and the last of `d`, in that order.
+fn spread(d: &mut [Duration]) -> (Duration, Duration, Duration) {
+    let last = d.iter().copied().max().unwrap_or_default();
+    (percentile(d, 0.5), percentile(d, 0.99), last)
+}
+
+fn row(what: &str, d: (Duration, Duration, Duration), base: (Duration, Duration, Duration)) {
+    let r = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
+    println!(
+        "  {what}: p50 {} ({:.2}×), p99 {} ({:.2}×), last {} ({:.2}×)",
+        ms(d.0, 0),
+        r(d.0, base.0),
+        ms(d.1, 0),
+        r(d.1, base.1),
+        ms(d.2, 0),
+        r(d.2, base.2)
+    );
+}
+
 async fn burst() -> anyhow::Result<()> {
     let burst = burst_size();
+    let with_agents = burst_agents().min(burst);
+    println!(
+        "a burst of {burst} Spot warnings for {burst} Nodes ({RECEIVERS} receivers), {with_agents} of them (every {}th) with an agent; load {}",
+        burst / with_agents.max(1),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
     let cluster = Cluster::start(ClusterConfig::default()).await?;
     let admin = kube::Client::try_from(cluster.emulator().config_for("admin").await?)?;
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(admin);
@@ -235,33 +298,83 @@ async fn burst() -> anyhow::Result<()> {
                 .patch(
                     &format!("z{i}"),
                     &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(json!({"spec": {"providerID": lastcall_testkit::queue::provider_id(&iid(i))}})),
+                    &kube::api::Patch::Merge(json!({"spec": {"providerID": provider_id(&iid(i))}})),
                 )
                 .await
-                .expect("providerID");
+                .map(|_| ())
         }
     });
-    futures::stream::iter(sets)
+    let set: Vec<Result<(), kube::Error>> = futures::stream::iter(sets)
         .buffer_unordered(16)
-        .collect::<Vec<()>>()
+        .collect()
         .await;
+    set.into_iter().collect::<Result<Vec<()>, _>>()?;
     let rig = QueueRig::start().await?;
 
-    // Baseline: the burst read and deleted by RECEIVERS bare loops.
+    // Real agents (built as the binary, in this process) on every `stride`-th Node, so their
+    // warnings are spread through the burst, each with its Node cached before the clock
+    // starts.
+    let stride = burst / with_agents.max(1);
+    let agent_nodes: Vec<usize> = (0..with_agents).map(|k| k * stride).collect();
+    let started = Instant::now();
+    let mut agents = Vec::with_capacity(with_agents);
+    for &i in &agent_nodes {
+        let node = format!("z{i}");
+        let kube = cluster
+            .emulator()
+            .config_for(&format!("agent-{node}"))
+            .await?;
+        agents.push(InProcessAgent::start(config(&node, &["--aws-queue"]), kube, None).await?);
+    }
+    for a in &agents {
+        eventually(
+            "the agent's queue source is up",
+            Duration::from_secs(300),
+            Duration::from_millis(50),
+            || async {
+                a.metrics()
+                    .await
+                    .contains("lastcall_source_up{source=\"aws_queue\"} 1")
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    println!("  {with_agents} agents up in {}", ms(started.elapsed(), 0));
+
+    // Baseline: the same number of warnings (for instances no Node runs) sent the same way,
+    // received and deleted by RECEIVERS bare loops.
     let client = sqs(&rig).await;
-    put_burst(&rig, 100_000, burst).await;
+    let envelopes: Vec<_> = (0..burst)
+        .map(|i| spot_envelope(&iid(100_000 + i)))
+        .collect();
     let done = Arc::new(AtomicU64::new(0));
-    let t0 = Instant::now();
-    futures::future::join_all((0..RECEIVERS).map(|_| {
+    let deleted = Arc::new(Mutex::new(Vec::with_capacity(burst)));
+    let loops = futures::future::join_all((0..RECEIVERS).map(|_| {
         bare_loop(
             client.clone(),
             rig.queue_url.clone(),
             burst as u64,
             done.clone(),
+            deleted.clone(),
         )
-    }))
-    .await;
-    let base = t0.elapsed();
+    }));
+    let t0 = Instant::now();
+    let (sent, _) = tokio::join!(
+        async {
+            rig.send_envelopes(&envelopes, PUTTERS).await?;
+            anyhow::Ok(t0.elapsed())
+        },
+        loops
+    );
+    let base_sent = sent?;
+    let mut base: Vec<Duration> = deleted
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .iter()
+        .map(|at| at.duration_since(t0))
+        .collect();
+    let base = spread(&mut base);
 
     // The real binary, queue mode alone.
     let dir = tempfile::tempdir()?;
@@ -322,11 +435,14 @@ async fn burst() -> anyhow::Result<()> {
             }
         })
     };
-    put_burst(&rig, 0, burst).await;
-    let t0 = Instant::now();
+    let envelopes: Vec<_> = (0..burst).map(|i| spot_envelope(&iid(i))).collect();
+    let t0 = SystemTime::now();
+    let started = Instant::now();
+    rig.send_envelopes(&envelopes, PUTTERS).await?;
+    let relay_sent = started.elapsed();
     eventually(
         "every event relayed and deleted",
-        Duration::from_secs(900),
+        Duration::from_secs(1800),
         Duration::from_millis(200),
         || async {
             let text = scrape(port).await;
@@ -339,30 +455,76 @@ async fn burst() -> anyhow::Result<()> {
         },
     )
     .await;
-    let relayed = t0.elapsed();
     sampling.store(false, Ordering::SeqCst);
     let _ = sampler.await;
     let after = rss_kib(pid).unwrap_or_default();
+    let journal = cluster.emulator().journal();
+    eventually(
+        "every agent fenced its node",
+        Duration::from_secs(600),
+        Duration::from_millis(200),
+        || async {
+            let entries = journal.entries();
+            agent_nodes
+                .iter()
+                .all(|i| {
+                    let node = format!("z{i}");
+                    first_write(&entries, &format!("agent-{node}"), &node, |n| {
+                        n["spec"]["unschedulable"] == true
+                    })
+                    .is_some()
+                })
+                .then_some(())
+        },
+    )
+    .await;
     let _ = child.start_kill();
-    // Every Node holds its own event.
-    let missing = (0..burst)
-        .filter(|i| {
-            cluster.node(&format!("z{i}")).and_then(|n| {
-                n["metadata"]["annotations"]["lastcall.dev/aws-events"]
-                    .as_str()
-                    .map(|s| s.contains(&iid(*i)))
-            }) != Some(true)
+    let entries = journal.entries();
+    let mut relayed = vec![];
+    let mut missing = 0;
+    for i in 0..burst {
+        let node = format!("z{i}");
+        match first_write(&entries, PUBSUB, &node, |n| carries(n, &iid(i))) {
+            Some(at) => relayed.push(since(t0, at)),
+            None => missing += 1,
+        }
+    }
+    let mut fenced: Vec<Duration> = agent_nodes
+        .iter()
+        .filter_map(|i| {
+            let node = format!("z{i}");
+            first_write(&entries, &format!("agent-{node}"), &node, |n| {
+                n["spec"]["unschedulable"] == true
+            })
+            .map(|at| since(t0, at))
         })
-        .count();
-    println!("a burst of {burst} Spot warnings for {burst} Nodes ({RECEIVERS} receivers)");
+        .collect();
     println!(
-        "  baseline (a bare loop receives and deletes them): {}",
-        ms(base, 0)
+        "  clock from the first SendMessageBatch (10 per call, {PUTTERS} calls at a time); times per message / per Node"
     );
     println!(
-        "  queue mode (the real lastcall-pubsub relays each onto its Node, then deletes it): {} ({:.2}×); Nodes without their event: {missing}",
-        ms(relayed, 0),
-        relayed.as_secs_f64() / base.as_secs_f64()
+        "  baseline, a bare loop receives and deletes each: p50 {}, p99 {}, last {} (all sent after {})",
+        ms(base.0, 0),
+        ms(base.1, 0),
+        ms(base.2, 0),
+        ms(base_sent, 0)
+    );
+    row(
+        &format!(
+            "the real lastcall-pubsub relayed each onto its Node ({} Nodes, all sent after {}; Nodes without their event: {missing})",
+            relayed.len(),
+            ms(relay_sent, 0)
+        ),
+        spread(&mut relayed),
+        base,
+    );
+    row(
+        &format!(
+            "its agent fenced the Node ({} of the {with_agents} Nodes with an agent)",
+            fenced.len()
+        ),
+        spread(&mut fenced),
+        base,
     );
     println!(
         "  pubsub RSS: {:.1} MiB with {burst} Nodes listed, peak {:.1} MiB through the burst ({:.2}×), {:.1} MiB after",
@@ -371,6 +533,9 @@ async fn burst() -> anyhow::Result<()> {
         peak.load(Ordering::SeqCst) as f64 / idle.max(1) as f64,
         after as f64 / 1024.0
     );
+    for a in agents {
+        a.stop().await?;
+    }
     Ok(())
 }
 

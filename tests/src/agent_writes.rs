@@ -66,7 +66,6 @@ pub struct Table {
     pub node_annotations: Vec<Key>,
     pub pod_annotations: Vec<Key>,
     pub pod_tolerations: Vec<Taint>,
-    pub pod_evict: bool,
     pub pod_delete: bool,
     pub gs_labels: Vec<Key>,
     pub gs_annotations: Vec<Key>,
@@ -138,7 +137,6 @@ impl Table {
             node_annotations: keys(&v["node"]["annotations"]),
             pod_annotations: keys(&v["pod"]["annotations"]),
             pod_tolerations: taints(&v["pod"]["tolerations"]),
-            pod_evict: v["pod"]["evict"] == Value::Bool(true),
             pod_delete: v["pod"]["delete"] == Value::Bool(true),
             gs_labels: keys(&v["gameServer"]["labels"]),
             gs_annotations: keys(&v["gameServer"]["annotations"]),
@@ -192,9 +190,6 @@ impl Table {
                 t.value.as_deref(),
                 &t.effect,
             )));
-        }
-        if self.pod_evict {
-            out.push(one("Pod eviction".into()));
         }
         if self.pod_delete {
             out.push(one("Pod delete".into()));
@@ -468,7 +463,8 @@ impl Named<'_> {
         out
     }
 
-    /// A DELETE (`evict`: an Eviction) of `pod`, `uid_precondition` as sent.
+    /// A DELETE (`evict`: an Eviction, which the table never lists: RBAC grants the agent
+    /// none) of `pod`, `uid_precondition` as sent.
     pub fn pod_end(&self, pod: &Value, evict: bool, uid_precondition: bool) -> BTreeSet<String> {
         let mut out = self.pod_where(pod);
         out.insert(if evict { "Pod eviction" } else { "Pod delete" }.into());
@@ -632,8 +628,8 @@ impl<'a> Versions<'a> {
 
 /// Every write the agents of the emulator's `journal` sent (identities `agent-<node>`),
 /// named by [`Named`] against the store's `history`: an update by the change its answer's
-/// resourceVersion made; a DELETE or an Eviction (answered or refused: admission judges it
-/// before a disruption budget does) by the object its preconditions name. Updates the server
+/// resourceVersion made; a DELETE (or an Eviction, which the agent must not send: it is
+/// named so the table check reports it) by the object its preconditions name. Updates the server
 /// refused changed nothing and are left out. Fails when the history no longer holds a version
 /// a write needs.
 pub fn journal_writes(

@@ -1,6 +1,7 @@
 //! Hard deadlines end to end: `eviction.safe` × cause on an emulated node with a Terminate
 //! deadline, checked against the emulator's journal: which game-server pods got their
-//! graceful termination (SIGTERM), and when, relative to `deadline − grace` and the deadline.
+//! graceful termination (SIGTERM: a pod DELETE preconditioned on its uid, never an
+//! Eviction), and when, relative to `deadline − grace` and the deadline.
 //!
 //! One node, three Allocated servers of three Fleets (`Never`, `OnUpgrade`, `Always`), a
 //! 2 s termination grace period, and a test-only source (`support/scripted.rs`) that says
@@ -36,7 +37,7 @@ use lastcall_testkit::cluster::{
 use lastcall_testkit::eventually::wait_for;
 use lastcall_testkit::imds::ImdsEmulator;
 use lastcall_testkit::kube::journal::JournalEntry;
-use lastcall_testkit::promises::graceful::{PodFacts, assert_graceful, ends_a_match};
+use lastcall_testkit::promises::graceful::{PodFacts, assert_graceful, ends_a_match, evictions};
 
 const GRACE: i64 = 2;
 const LEAD: i64 = 5;
@@ -222,9 +223,18 @@ async fn run(case: &Case) {
             );
         }
     }
+    // No Eviction at all: a budget is not asked at a hard deadline (`Never` pods are under
+    // Agones' 0% PodDisruptionBudget here, and still end under --graceful-termination).
+    let evicted = evictions(&entries, "agent-n1");
+    assert!(
+        evicted.is_empty(),
+        "{:?}, --graceful-termination {}: the agent sent Evictions: {evicted:#?}",
+        case.cause,
+        case.graceful_termination
+    );
     // The pods lastcall ended really are terminating, with their own grace period (every
-    // Eviction and pod DELETE preconditioned on the pod's uid, no grace override, no pod
-    // ending before the deadline); the others are untouched.
+    // pod DELETE preconditioned on the pod's uid, no grace override, no pod ending before
+    // the deadline); the others are untouched.
     assert_graceful(
         &entries,
         "agent-n1",
@@ -503,14 +513,15 @@ async fn moved_later(azure: bool) {
     cluster.shutdown().await;
 }
 
-/// A match due to end at `deadline − grace` whose Eviction the API server turns away with
-/// 429 for throttling (API Priority and Fairness: a plain-text body and `Retry-After`), not
-/// for a disruption budget: the agent waits out the `Retry-After` and evicts again. It does
-/// not take the refusal for a budget's and DELETE the pod around it. Ordered by the journal:
-/// the throttled Eviction, then an accepted one; no pod DELETE of the agent's.
+/// A match due to end at `deadline − grace` whose pod DELETE the API server turns away with
+/// 429 (API Priority and Fairness: a plain-text body and `Retry-After`): the agent waits out
+/// the `Retry-After` and sends the same preconditioned DELETE again. Ordered by the journal:
+/// the throttled DELETE, then an accepted one no earlier than `Retry-After` after it (the
+/// server's own times); no Eviction of the agent's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_eviction_throttled_by_the_api_server_is_retried_not_taken_for_a_budget() {
+async fn a_delete_throttled_by_the_api_server_is_sent_again_after_retry_after() {
     use lastcall_testkit::kube::faults::{FaultRule, Method};
+    const RETRY_AFTER: Duration = Duration::from_secs(1);
     let cluster = Cluster::start(ClusterConfig::default())
         .await
         .expect("cluster");
@@ -558,12 +569,18 @@ async fn an_eviction_throttled_by_the_api_server_is_retried_not_taken_for_a_budg
             .then_some(())
     })
     .await;
-    // The next Eviction is turned away by APF, with a Retry-After of 1 s.
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let before: BTreeMap<String, PodFacts> = stored_pods(&pods)
+        .await
+        .iter()
+        .filter_map(|(name, p)| Some((name.clone(), PodFacts::of(p)?)))
+        .collect();
+    // The next pod DELETE is turned away by APF.
     cluster.emulator().faults().inject(FaultRule::throttle(
-        Some(Method::POST),
-        "/eviction",
+        Some(Method::DELETE),
+        "/pods/",
         1,
-        Duration::from_secs(1),
+        RETRY_AFTER,
     ));
     // A Spot interruption LEAD s from now (to the second, as IMDS says it).
     let deadline = (jiff::Timestamp::now() + jiff::SignedDuration::from_secs(LEAD))
@@ -572,36 +589,39 @@ async fn an_eviction_throttled_by_the_api_server_is_retried_not_taken_for_a_budg
     imds.set_spot_action(Some(
         serde_json::json!({"action": "terminate", "time": deadline}),
     ));
+    let deadline: jiff::Timestamp = deadline.parse().expect("a timestamp");
     let journal = cluster.emulator().journal();
-    let evictions = || {
-        journal.filter(|e| {
-            e.identity.as_deref() == Some("agent-n1")
-                && e.subresource.as_deref() == Some("eviction")
-        })
-    };
-    let deleted = || {
-        journal.filter(|e| {
-            e.identity.as_deref() == Some("agent-n1")
-                && e.resource.as_deref() == Some("pods")
-                && e.verb == lastcall_testkit::kube::journal::Verb::Delete
-        })
-    };
-    wait_for("an Eviction accepted, or the pod deleted", || async {
-        (evictions().iter().any(|e| e.status < 300) || !deleted().is_empty()).then_some(())
+    let by_agent =
+        || journal.filter(|e| e.identity.as_deref() == Some("agent-n1") && ends_a_match(e));
+    wait_for("a pod DELETE accepted", || async {
+        by_agent().iter().any(|e| e.status < 300).then_some(())
     })
     .await;
-    assert!(
-        deleted().is_empty(),
-        "a throttled Eviction was taken for a disruption budget's refusal and the pod deleted: {:#?}",
-        deleted()
-    );
-    let ev = evictions();
-    let throttled = ev
+    let pods_after = stored_pods(&pods).await;
+    agent.stop().await.expect("clean stop");
+    let entries = journal.entries();
+    let evicted = evictions(&entries, "agent-n1");
+    assert!(evicted.is_empty(), "the agent sent Evictions: {evicted:#?}");
+    let ends = by_agent();
+    let throttled = ends
         .iter()
         .find(|e| e.status == 429)
-        .expect("the first Eviction was throttled");
-    let accepted = ev.iter().find(|e| e.status < 300).expect("accepted");
-    assert!(throttled.seq < accepted.seq, "{ev:#?}");
-    agent.stop().await.expect("clean stop");
+        .expect("the first DELETE was throttled");
+    let accepted = ends.iter().find(|e| e.status < 300).expect("accepted");
+    assert!(throttled.seq < accepted.seq, "{ends:#?}");
+    assert!(
+        accepted.at.duration_since(throttled.at).unwrap_or_default() >= RETRY_AFTER,
+        "sent again before its Retry-After: {ends:#?}"
+    );
+    // The accepted DELETE names the pod's uid and overrides no grace (the throttled one was
+    // turned away before its body was read), and the pod ends gracefully.
+    assert_graceful(
+        &entries,
+        "agent-n1",
+        &before,
+        &pods_after,
+        deadline.into(),
+        ENDS_EARLY_BY,
+    );
     cluster.shutdown().await;
 }

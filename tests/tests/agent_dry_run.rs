@@ -218,3 +218,110 @@ async fn dry_run_narrates_the_whole_drain_and_sends_nothing() {
     }
     agent.stop().await.unwrap();
 }
+
+/// At `deadline − grace` a dry run tells the match's end as the real agent sends it, a pod
+/// DELETE preconditioned on the pod's uid with no grace override, and sends nothing: no
+/// DELETE and no Eviction in the journal, the pod not terminating.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_narrates_a_matchs_end_as_a_preconditioned_delete_and_sends_none() {
+    use lastcall_testkit::agent::config;
+    use lastcall_testkit::cluster::{
+        AllocationRequest, Cluster, ClusterConfig, FleetSpec, NodeSpec,
+    };
+    use lastcall_testkit::imds::ImdsEmulator;
+
+    let cluster = Cluster::start(ClusterConfig::default())
+        .await
+        .expect("cluster");
+    cluster.add_node(NodeSpec::new("n1")).expect("n1");
+    cluster
+        .create_fleet(
+            FleetSpec::new("always", 1)
+                .eviction_safe(EvictionSafe::Always)
+                .grace_seconds(1),
+        )
+        .expect("fleet");
+    cluster
+        .wait_ready("default", "always", 1)
+        .await
+        .expect("ready");
+    let matched = cluster
+        .allocate(&AllocationRequest::fleet("default", "always"))
+        .await
+        .expect("allocate")
+        .expect("an allocated server");
+    let imds = ImdsEmulator::start("i-0123456789abcdef0", "n1")
+        .await
+        .expect("imds");
+    let url = imds.url();
+    let flags = [
+        "--dry-run",
+        "--resync-interval",
+        "1s",
+        "--aws-imds",
+        "--imds-endpoint",
+        &url,
+    ];
+    let kube = cluster
+        .emulator()
+        .config_for("agent-n1")
+        .await
+        .expect("client");
+    let agent = InProcessAgent::start(config("n1", &flags), kube, None)
+        .await
+        .expect("agent");
+    wait_for("the agent reads the Spot notice", || async {
+        imds.requests()
+            .iter()
+            .any(|(m, path, status)| {
+                m == "GET" && path.ends_with("/spot/instance-action") && *status == 404
+            })
+            .then_some(())
+    })
+    .await;
+    // A Spot interruption 3 s from now (to the second, as IMDS says it).
+    let deadline = (jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3))
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    imds.set_spot_action(Some(
+        serde_json::json!({"action": "terminate", "time": deadline}),
+    ));
+    wait_for_step(&agent, "end_match").await;
+    let steps = agent.narration.steps();
+    let end = steps
+        .iter()
+        .find(|s| s.kind == "end_match")
+        .expect("end_match");
+    assert!(
+        end.text.contains(&matched.name)
+            && end
+                .text
+                .contains("a DELETE preconditioned on its uid, no grace override")
+            && !end.text.contains("Eviction"),
+        "{}",
+        end.text
+    );
+    agent.stop().await.unwrap();
+    let writes = cluster
+        .emulator()
+        .journal()
+        .filter(|r| r.identity.as_deref() == Some("agent-n1") && r.verb.is_mutating());
+    assert!(
+        writes.is_empty(),
+        "dry run wrote: {:?}",
+        writes
+            .iter()
+            .map(|r| format!("{} {} {}", r.method, r.path, r.status))
+            .collect::<Vec<_>>()
+    );
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(cluster.client(), "default");
+    for p in pods.list(&Default::default()).await.expect("pods").items {
+        assert!(
+            p.metadata.deletion_timestamp.is_none(),
+            "{:?} is terminating",
+            p.metadata.name
+        );
+    }
+    cluster.shutdown().await;
+}

@@ -3,10 +3,13 @@
 //! ServiceAccount, with a token bound to a pod on one node as the kubelet's projected token
 //! is, makes every write of the policies' table (`charts/lastcall/agent-writes.yaml`) on that
 //! node, while the same writes against another node's objects, and the writes just outside
-//! the table on its own node (an image rewrite, a relabel, a system pod's eviction, a
+//! the table on its own node (an image rewrite, a relabel, a system pod's delete, a
 //! kubelet-only label, a GameServer's spec, Events about other objects), are refused by the
-//! chart's ValidatingAdmissionPolicies (each named in its refusal) and change nothing. A
-//! token bound to no pod writes nothing. The real agent's drain still completes under them.
+//! chart's ValidatingAdmissionPolicies (each named in its refusal) and change nothing. An
+//! Eviction, on its own node or another, is refused by RBAC (the agent ends a match with a
+//! preconditioned DELETE, never the Eviction API), and by the pod policy too where another
+//! binding grants it. A token bound to no pod writes nothing. The real agent's drain still
+//! completes under them.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -28,14 +31,10 @@ const NODE_POLICY: &str = "lastcall-agent-node-scope";
 const POD_POLICY: &str = "lastcall-agent-pod-scope";
 const GS_POLICY: &str = "lastcall-agent-gameserver-scope";
 const EVENT_POLICY: &str = "lastcall-agent-event-scope";
-const EVICTION_POLICY: &str = "lastcall-agent-eviction-scope";
-const POLICIES: [&str; 5] = [
-    NODE_POLICY,
-    POD_POLICY,
-    GS_POLICY,
-    EVENT_POLICY,
-    EVICTION_POLICY,
-];
+const POLICIES: [&str; 4] = [NODE_POLICY, POD_POLICY, GS_POLICY, EVENT_POLICY];
+/// The policy the chart no longer ships: an Eviction names only its pod, so it took every pod
+/// of the namespace as its params (docs/scale.md).
+const GONE_EVICTION_POLICY: &str = "lastcall-agent-eviction-scope";
 const NODE_NAME_KEY: &str = "authentication.kubernetes.io/node-name";
 const PROBE: &str = "example.com/probe";
 
@@ -166,6 +165,13 @@ async fn policies_checked(admin: &kube::Client) {
             .get(name)
             .await
             .unwrap_or_else(|e| panic!("helm install made no binding {name}: {e}"));
+    }
+    // No eviction policy: nothing of the namespace's pods in a param cache.
+    for (what, api) in [("policy", &policies), ("binding", &bindings)] {
+        match api.get(GONE_EVICTION_POLICY).await {
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            other => panic!("helm install made a {what} {GONE_EVICTION_POLICY}: {other:?}"),
+        }
     }
 }
 
@@ -344,8 +350,7 @@ enum Write {
     Pod(Value),
     /// The toleration appended to the resident pod's tolerations.
     PodToleration(Value),
-    /// An Eviction / a uid-preconditioned DELETE of a game-server pod of its own.
-    Evict,
+    /// A uid-preconditioned DELETE of a game-server pod of its own.
     PodDelete,
     /// A merge patch of the node's resident GameServer, then its undo.
     Gs(Value, Value),
@@ -353,9 +358,7 @@ enum Write {
     GsDelete(String),
     /// An events.k8s.io Event about the Node, as the agent's recorder writes it; `patch`:
     /// then folded into a series.
-    Event {
-        patch: bool,
-    },
+    Event { patch: bool },
 }
 
 /// Every write the table lists for `options`: (its name, the policy that judges it, the write).
@@ -427,9 +430,6 @@ fn table_writes(t: &Table, options: Options) -> Vec<(String, &'static str, Write
             POD_POLICY,
             Write::PodToleration(tol),
         ));
-    }
-    if t.pod_evict {
-        out.push(("Pod eviction".into(), EVICTION_POLICY, Write::Evict));
     }
     if t.pod_delete {
         out.push(("Pod delete".into(), POD_POLICY, Write::PodDelete));
@@ -535,23 +535,34 @@ impl Target<'_> {
                     PatchParams::default()
                 };
                 for add in [true, false] {
-                    let n = serde_json::to_value(nodes.get(self.node).await.unwrap()).unwrap();
-                    let mut taints = n["spec"]["taints"].as_array().cloned().unwrap_or_default();
-                    if add {
-                        taints.push(taint.clone());
-                    } else {
-                        taints.retain(|t| t["key"] != taint["key"]);
+                    // As the agent's guarded patch: a write between the read and the patch
+                    // (kwok's node status) fails the `test` op with 422 before admission;
+                    // read again. Admission's refusal is a 403 and ends the write.
+                    let mut tries = 0;
+                    loop {
+                        let n = serde_json::to_value(nodes.get(self.node).await.unwrap()).unwrap();
+                        let mut taints =
+                            n["spec"]["taints"].as_array().cloned().unwrap_or_default();
+                        if add {
+                            taints.push(taint.clone());
+                        } else {
+                            taints.retain(|t| t["key"] != taint["key"]);
+                        }
+                        let ops = json!([
+                            {"op": "test", "path": "/metadata/resourceVersion", "value": n["metadata"]["resourceVersion"]},
+                            {"op": "add", "path": "/spec/taints", "value": taints},
+                        ]);
+                        let patch: json_patch::Patch = serde_json::from_value(ops).unwrap();
+                        tries += 1;
+                        match outcome(
+                            to.nodes
+                                .patch(self.node, &pp, &Patch::Json::<()>(patch))
+                                .await,
+                        ) {
+                            Err((422, _)) if tries < 5 => continue,
+                            got => break got?,
+                        }
                     }
-                    let ops = json!([
-                        {"op": "test", "path": "/metadata/resourceVersion", "value": n["metadata"]["resourceVersion"]},
-                        {"op": "add", "path": "/spec/taints", "value": taints},
-                    ]);
-                    let patch: json_patch::Patch = serde_json::from_value(ops).unwrap();
-                    outcome(
-                        to.nodes
-                            .patch(self.node, &pp, &Patch::Json::<()>(patch))
-                            .await,
-                    )?;
                 }
                 Ok(())
             }
@@ -571,24 +582,6 @@ impl Target<'_> {
                 outcome(
                     to.pods
                         .patch(&self.resident.name, &pp, &Patch::Json::<()>(patch))
-                        .await,
-                )
-            }
-            Write::Evict => {
-                let s = self
-                    .fresh(&format!("{tag}-{}", self.node), "Ready", "Always")
-                    .await;
-                let eviction = json!({"apiVersion": "policy/v1", "kind": "Eviction",
-                    "metadata": {"name": s.name, "namespace": self.agones.ns},
-                    "deleteOptions": {"preconditions": {"uid": pod_uid(self, &s.name).await}}});
-                outcome(
-                    to.pods
-                        .create_subresource::<Value, Value>(
-                            "eviction",
-                            &s.name,
-                            &PostParams::default(),
-                            &eviction,
-                        )
                         .await,
                 )
             }
@@ -708,6 +701,15 @@ impl Hostile<'_> {
         let (a, b) = (self.a, self.b);
         let w = self.agent;
         let image = |c: &str| json!({"spec": {"containers": [{"name": c, "image": "attacker.example/root:1"}]}});
+        // The game pod's own container (the Agones model's template names it).
+        let game_container = Api::<Pod>::namespaced(self.admin.clone(), self.ns)
+            .get(&self.game_a.name)
+            .await
+            .expect("game pod on A")
+            .spec
+            .and_then(|s| s.containers.into_iter().next())
+            .map(|c| c.name)
+            .expect("a container");
         // An image rewrite is root on the node: a system pod's, and a game pod's.
         let sys = Api::<Pod>::namespaced(self.agent.events.clone(), "kube-system");
         assert_refused_by(
@@ -726,7 +728,7 @@ impl Hostile<'_> {
                     .patch(
                         &self.game_a.name,
                         pp,
-                        &Patch::Strategic(image("gameserver")),
+                        &Patch::Strategic(image(&game_container)),
                     )
                     .await,
             ),
@@ -767,25 +769,6 @@ impl Hostile<'_> {
             ),
             POD_POLICY,
             a,
-        );
-        assert_refused_by(
-            "evict a system pod on A",
-            &outcome(
-                sys.evict(&format!("cni-{a}"), &EvictParams::default())
-                    .await,
-            ),
-            EVICTION_POLICY,
-            a,
-        );
-        assert_refused_by(
-            "evict a pod on B",
-            &outcome(
-                w.pods
-                    .evict(&self.game_b.name, &EvictParams::default())
-                    .await,
-            ),
-            EVICTION_POLICY,
-            b,
         );
         if !options.compat_taints {
             let tol = json!([{"op": "add", "path": "/spec/tolerations/-",
@@ -1024,7 +1007,12 @@ impl Hostile<'_> {
             &format!("about Node {a}"),
         );
         // The chart grants no core Events; another binding that does is still held.
-        grant_core_events(self.admin).await;
+        grant(
+            self.admin,
+            "box-extra-core-events",
+            json!({"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}),
+        )
+        .await;
         let core: Api<k8s_openapi::api::core::v1::Event> =
             Api::namespaced(w.events.clone(), "default");
         let core_ev: k8s_openapi::api::core::v1::Event = serde_json::from_value(json!({
@@ -1046,11 +1034,85 @@ impl Hostile<'_> {
         .expect("the extra binding in effect");
         assert_refused_saying("a core Event about A", &got, EVENT_POLICY, "core Event");
     }
+
+    /// Evictions by the agent's token, once (the extra binding stays): refused by RBAC on
+    /// its own node and another, then, with another binding granting them, by the pod
+    /// policy; no pod ends.
+    async fn evictions(&self) {
+        let a = self.a;
+        let sys = Api::<Pod>::namespaced(self.agent.events.clone(), "kube-system");
+        // Evictions: RBAC grants none, on the agent's own node or another.
+        let game = Api::<Pod>::namespaced(self.agent.events.clone(), self.ns);
+        for (what, pods, pod) in [
+            ("evict a game pod on A", &game, self.game_a.name.clone()),
+            ("evict a system pod on A", &sys, format!("cni-{a}")),
+            ("evict a game pod on B", &game, self.game_b.name.clone()),
+        ] {
+            assert_refused_by_rbac(
+                what,
+                &outcome(pods.evict(&pod, &EvictParams::default()).await),
+            );
+        }
+        // The chart grants no Eviction; another binding that does is still held, by the pod
+        // policy, on the agent's own node too.
+        grant(
+            self.admin,
+            "box-extra-evictions",
+            json!({"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}),
+        )
+        .await;
+        let got = try_eventually(
+            "the agent's Eviction judged by the policy, not RBAC",
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            || async {
+                let got = outcome(game.evict(&self.game_a.name, &EvictParams::default()).await);
+                (!matches!(&got, Err((403, m)) if m.contains("cannot create resource")))
+                    .then_some(got)
+            },
+        )
+        .await
+        .expect("the extra binding in effect");
+        assert_refused_saying(
+            "evict a game pod on A with an extra binding",
+            &got,
+            POD_POLICY,
+            "CREATE pods/eviction",
+        );
+        for (ns, pod) in [
+            (self.ns, &self.game_a.name),
+            (self.ns, &self.game_b.name),
+            ("kube-system", &format!("cni-{a}")),
+        ] {
+            let p = Api::<Pod>::namespaced(self.admin.clone(), ns)
+                .get(pod)
+                .await
+                .unwrap_or_else(|e| panic!("{pod} is gone after refused evictions: {e}"));
+            assert!(
+                p.metadata.deletion_timestamp.is_none(),
+                "{pod} is terminating after refused evictions"
+            );
+        }
+    }
 }
 
-/// Another ClusterRole bound to the agent's ServiceAccount that lets it create core Events
-/// (as a cluster's own RBAC might), so the policy, not RBAC, is what refuses them.
-async fn grant_core_events(admin: &kube::Client) {
+/// RBAC refused it: the agent's ClusterRole grants no such verb.
+fn assert_refused_by_rbac(what: &str, got: &Outcome) {
+    let Err((code, message)) = got else {
+        panic!("{what}: admitted, but RBAC must refuse it");
+    };
+    assert_eq!(*code, 403, "{what}: {message}");
+    assert!(
+        message.contains("cannot create resource \"pods/eviction\"")
+            && !message.contains("ValidatingAdmissionPolicy"),
+        "{what}: refused, but not by RBAC: {message}"
+    );
+}
+
+/// Another ClusterRole `name` bound to the agent's ServiceAccount that grants it `rule` (as a
+/// cluster's own RBAC might: core Events, Evictions), so the policy, not RBAC, is what
+/// refuses them.
+async fn grant(admin: &kube::Client, name: &str, rule: Value) {
     let rbac = |kind: &str, plural: &str| ApiResource {
         group: "rbac.authorization.k8s.io".into(),
         version: "v1".into(),
@@ -1058,11 +1120,10 @@ async fn grant_core_events(admin: &kube::Client) {
         kind: kind.into(),
         plural: plural.into(),
     };
-    let name = "box-extra-core-events";
     let role: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": name},
-        "rules": [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]}))
+        "rules": [rule]}))
     .unwrap();
     let binding: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
@@ -1108,8 +1169,8 @@ async fn an_agent_token_makes_only_the_tables_writes_on_its_own_node() {
     // the API server type-checked every expression against the kinds it matches.
     policies_checked(&admin).await;
 
-    // Resident servers on both nodes (none selected by a PDB, so only the policy can refuse
-    // an eviction), a match on A, and a system pod on each node.
+    // Resident servers on both nodes (none selected by a PDB, so only RBAC or a policy can
+    // refuse an eviction), a match on A, and a system pod on each node.
     let agones = Agones::new(&admin, ns);
     let game_a = agones.ready_server("gs-a", a).await.expect("gs-a");
     let game_b = agones.ready_server("gs-b", b).await.expect("gs-b");
@@ -1264,6 +1325,7 @@ async fn an_agent_token_makes_only_the_tables_writes_on_its_own_node() {
         }
         hostile.run(options).await;
     }
+    hostile.evictions().await;
 
     // Node B, its pod and its server were never written.
     let admin_w = Writes::new(&admin, ns);

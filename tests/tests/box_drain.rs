@@ -911,14 +911,13 @@ async fn allocation_racing_the_drain_never_loses_a_match() {
     agent.stop().await.expect("agent stops");
 }
 
-/// A Spot notice's deadline reaches the games through the real eviction path: at
-/// `deadline − grace` the agent posts an Eviction for each match's pod; a server whose
-/// `eviction.safe` is `Always` is evicted (no PDB selects its pod), one that is `Never` is
-/// refused by Agones' PDB (429) and, under `--graceful-termination`, its pod gets a
-/// uid-preconditioned DELETE instead. No GameServer is deleted by the agent.
+/// A Spot notice's deadline reaches the games on a real API server: at `deadline − grace`
+/// the agent sends each match's pod one DELETE preconditioned on its uid, with no grace
+/// override, under `--graceful-termination` both the `Always` server's and the `Never` one's
+/// (Agones' PDB selects that pod; a hard deadline does not ask it: the machine goes anyway).
+/// No Eviction, and no GameServer deleted by the agent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_spot_notice_ends_matches_by_eviction_or_a_preconditioned_delete_at_deadline_minus_grace()
-{
+async fn a_spot_notice_ends_matches_by_a_preconditioned_delete_at_deadline_minus_grace() {
     const LEAD: i64 = 8;
     let s = scene("box-spot", Crd::SelectableNodeName).await;
     let always = s
@@ -1014,32 +1013,29 @@ async fn a_spot_notice_ends_matches_by_eviction_or_a_preconditioned_delete_at_de
             .copied()
             .collect()
     };
-    let evicted = acted("gs-always");
     assert!(
-        evicted.len() == 1 && evicted[0].subresource == "eviction" && evicted[0].code == 201,
-        "gs-always must be evicted once:\n{}",
+        ends.iter().all(|e| e.subresource != "eviction"),
+        "the agent sent an Eviction:\n{}",
         dump(&ends)
     );
-    assert_eq!(
-        evicted[0].sent("/deleteOptions/preconditions/uid"),
-        Some(&json!(always_pod)),
-        "the eviction names the pod's uid"
-    );
-    let refused = acted("gs-never");
-    assert!(
-        refused.len() == 2
-            && refused[0].subresource == "eviction"
-            && refused[0].code == 429
-            && refused[1].verb == "delete"
-            && refused[1].ok(),
-        "gs-never: an Eviction refused by Agones' PDB, then a DELETE:\n{}",
-        dump(&ends)
-    );
-    assert_eq!(
-        refused[1].sent("/preconditions/uid"),
-        Some(&json!(never_pod)),
-        "the DELETE names the pod's uid"
-    );
+    for (pod, uid) in [("gs-always", &always_pod), ("gs-never", &never_pod)] {
+        let ended = acted(pod);
+        assert!(
+            ended.len() == 1 && ended[0].verb == "delete" && ended[0].ok(),
+            "{pod} must be ended by one DELETE:\n{}",
+            dump(&ends)
+        );
+        assert_eq!(
+            ended[0].sent("/preconditions/uid"),
+            Some(&json!(uid)),
+            "the DELETE names {pod}'s uid"
+        );
+        assert_eq!(
+            ended[0].sent("/gracePeriodSeconds"),
+            None,
+            "the DELETE of {pod} overrides no grace period"
+        );
+    }
     assert!(
         !log.iter()
             .any(|e| e.by_agent() && e.resource == "gameservers" && e.verb == "delete"),
@@ -1056,9 +1052,9 @@ async fn a_spot_notice_ends_matches_by_eviction_or_a_preconditioned_delete_at_de
 /// that does not; its pod alone carries `agones.dev/safe-to-evict: "false"`, which the
 /// chart's PDB covers (`pkg/cloudproduct/eviction/eviction.go`). A Spot interruption takes
 /// the machine whatever anyone decides, so at `deadline − grace` the `Always` and `OnUpgrade`
-/// games are sent `TERM` through the Eviction API (their pods are outside Agones' PDB: the
-/// real API server admits them) and the `Never` game is left to run: no Eviction, no DELETE
-/// of its pod, checked after the agent's passes that ended the others and two more.
+/// games are sent `TERM` by a DELETE of their pods preconditioned on the uid (never an
+/// Eviction) and the `Never` game is left to run: no Eviction, no DELETE of its pod,
+/// checked after the agent's passes that ended the others and two more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_graceful_termination_a_spot_notice_ends_only_the_games_that_take_term() {
     const LEAD: i64 = 8;
@@ -1133,6 +1129,11 @@ async fn without_graceful_termination_a_spot_notice_ends_only_the_games_that_tak
                 && (e.subresource == "eviction" || e.verb == "delete")
         })
         .collect();
+    assert!(
+        ends.iter().all(|e| e.subresource != "eviction"),
+        "the agent sent an Eviction:\n{}",
+        dump(&ends)
+    );
     let untouched: Vec<&&Entry> = ends.iter().filter(|e| e.name == never.name).collect();
     assert!(
         untouched.is_empty(),
@@ -1146,16 +1147,22 @@ async fn without_graceful_termination_a_spot_notice_ends_only_the_games_that_tak
             .filter(|e| e.name == srv.name && e.ok())
             .collect();
         assert!(
-            !mine.is_empty() && mine.iter().all(|e| e.subresource == "eviction"),
-            "{} must be ended by the Eviction API:\n{}",
+            !mine.is_empty() && mine.iter().all(|e| e.verb == "delete"),
+            "{} must be ended by a pod DELETE:\n{}",
             srv.name,
             dump(&ends)
         );
         for e in &mine {
             assert_eq!(
-                e.sent("/deleteOptions/preconditions/uid"),
+                e.sent("/preconditions/uid"),
                 Some(&json!(pod_uid[&srv.name])),
-                "the eviction names the pod's uid: {}",
+                "the DELETE names the pod's uid: {}",
+                describe(e)
+            );
+            assert_eq!(
+                e.sent("/gracePeriodSeconds"),
+                None,
+                "the DELETE overrides no grace period: {}",
                 describe(e)
             );
             assert!(

@@ -1,11 +1,12 @@
 //! Faults on the real API server: the real `lastcall-agent` process talks to the box's
 //! kube-apiserver through `kube_box::proxy`, which injects one fault kind per test on each
-//! of the drain's writes (the fence, a release, a protect write and an eviction): a 5xx, a
+//! of the drain's writes (the fence, a release, a protect write and a match's end): a 5xx, a
 //! 429 with `Retry-After`, a request that never answers, and a write that is applied but
 //! whose answer is lost. And the API server itself killed (SIGKILL) and restarted mid-drain.
 //!
 //! The drain is a Spot notice (IMDS) on a FleetIQ node: fence, release the idle servers,
-//! protect the matches, evict them at `deadline − grace`, deregister once the node is empty.
+//! protect the matches, end them at `deadline − grace` (a pod DELETE preconditioned on its
+//! uid), deregister once the node is empty.
 //! The promises are judged from the API server's audit log, by resourceVersion.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,7 +32,7 @@ const TAINT: &str = "lastcall.dev/draining";
 const DEADLINE: &str = "lastcall.dev/drain-deadline";
 const DEREGISTERED: &str = "lastcall.dev/deregistered";
 /// The Spot notice's lead: room for a fence retried after a hung first try (2 s) before
-/// the evictions at `deadline − grace`.
+/// the matches' ends at `deadline − grace`.
 const LEAD: i64 = 10;
 /// The game pods' grace (the stand-in's `terminationGracePeriodSeconds`).
 const GRACE_MS: i64 = 1000;
@@ -43,7 +44,7 @@ const REQUEST_TIMEOUT: &str = "--request-timeout=2s";
 const HOLD: Duration = Duration::from_millis(1500);
 
 /// The four writes a fault is armed on.
-const TARGETS: [&str; 4] = ["fence", "release", "protect", "eviction"];
+const TARGETS: [&str; 4] = ["fence", "release", "protect", "end"];
 
 /// One test's part of the box (`lastcall_testkit::scene::on_box`).
 async fn scene(name: &str) -> Scene {
@@ -51,7 +52,7 @@ async fn scene(name: &str) -> Scene {
 }
 
 /// Three idle servers (`gs-0`..`gs-2`, `eviction.safe: Never`) and two matches (`gs-3`,
-/// `gs-4`, `Always`: the Spot deadline evicts them).
+/// `gs-4`, `Always`: the Spot deadline ends them).
 async fn servers(s: &Scene) -> (Vec<Server>, Vec<Server>) {
     let mut all = s
         .servers(&["Never", "Never", "Never", "Always", "Always"])
@@ -120,7 +121,8 @@ fn is_fence(body: &Value) -> bool {
     })
 }
 
-/// Arms `fault` on the first fence, release, protect write and eviction of the agent.
+/// Arms `fault` on the first fence, release, protect write and match's end (a pod DELETE) of
+/// the agent.
 fn arm_all(p: &FaultProxy, s: &Scene, fault: &Fault) {
     let gs = format!("/apis/agones.dev/v1/namespaces/{}/gameservers/*", s.ns);
     let matchers = [
@@ -128,8 +130,8 @@ fn arm_all(p: &FaultProxy, s: &Scene, fault: &Fault) {
         Matcher::new(Method::DELETE, &gs),
         Matcher::new(Method::PATCH, &gs).body(|b| b.pointer(&deadline_pointer()).is_some()),
         Matcher::new(
-            Method::POST,
-            &format!("/api/v1/namespaces/{}/pods/*/eviction", s.ns),
+            Method::DELETE,
+            &format!("/api/v1/namespaces/{}/pods/*", s.ns),
         ),
     ];
     for (name, m) in TARGETS.into_iter().zip(matchers) {
@@ -140,11 +142,7 @@ fn arm_all(p: &FaultProxy, s: &Scene, fault: &Fault) {
 /// The last path segment an injection was aimed at (a node, server or pod name).
 fn target_name(i: &Injection) -> String {
     let path = i.uri.split('?').next().unwrap_or_default();
-    let mut segs: Vec<&str> = path.split('/').collect();
-    if segs.last() == Some(&"eviction") {
-        segs.pop();
-    }
-    segs.last().copied().unwrap_or_default().to_string()
+    path.rsplit('/').next().unwrap_or_default().to_string()
 }
 
 /// Allocations the allocator won (its Ready → Allocated updates): name, uid, rv.
@@ -293,9 +291,9 @@ async fn drain_under(name: &str, fault: Fault) {
         replacement = Some(made);
     }
 
-    // The drain: fenced, the idle servers gone, the matches' pods evicted.
+    // The drain: fenced, the idle servers gone, the matches' pods ended.
     let done = try_eventually(
-        "fenced, idle servers released, the matches' pods evicted",
+        "fenced, idle servers released, the matches' pods ended",
         Duration::from_secs(LEAD as u64 + 40),
         Duration::from_millis(100),
         || async {
@@ -394,10 +392,7 @@ async fn drain_under(name: &str, fault: Fault) {
         &["\"action\":\"patch_node\""][..],
         &["release failed"],
         &["\"action\":\"protect\""],
-        &[
-            "\"action\":\"end_gracefully\"",
-            "eviction refused by a PodDisruptionBudget",
-        ],
+        &["\"action\":\"end_gracefully\""],
     ]) {
         assert!(
             output
@@ -572,8 +567,9 @@ async fn check_promises(
         );
     }
 
-    // Evictions: each match ended by its own pod's graceful termination, uid-preconditioned,
-    // no grace override, not before deadline − grace; no Eviction or DELETE of another pod.
+    // Ends: each match ended by its own pod's graceful termination, a DELETE preconditioned
+    // on its uid, no grace override, not before deadline − grace; no Eviction at all, and no
+    // DELETE of another pod.
     let earliest = d.deadline - jiff::SignedDuration::from_millis(GRACE_MS);
     let ends: Vec<&Entry> = log
         .iter()
@@ -584,9 +580,13 @@ async fn check_promises(
         })
         .collect();
     for e in &ends {
-        let uid = e
-            .sent("/deleteOptions/preconditions/uid")
-            .or_else(|| e.sent("/preconditions/uid"));
+        assert_ne!(
+            e.subresource,
+            "eviction",
+            "the agent sent an Eviction: {}",
+            describe(e)
+        );
+        let uid = e.sent("/preconditions/uid");
         assert_eq!(
             uid.and_then(Value::as_str),
             d.pods.get(&e.name).map(String::as_str),
@@ -609,12 +609,9 @@ async fn check_promises(
     }
     // The agent ends the matches due together: a slow request for one (unanswered, or
     // answered late) never holds another back. By the proxy's order of the agent's requests:
-    // the other match's eviction went through before the faulted one's request had ended
+    // the other match's DELETE went through before the faulted one's request had ended
     // (one match at a time, the agent would have waited it out first).
-    let faulted = injected
-        .iter()
-        .find(|i| i.rule == "eviction")
-        .map(target_name);
+    let faulted = injected.iter().find(|i| i.rule == "end").map(target_name);
     let slow = matches!(
         fault,
         Fault::Hang | Fault::ApplyThenDrop { .. } | Fault::ApplyThenStatus { .. }
@@ -624,14 +621,14 @@ async fn check_promises(
         .iter()
         .filter(|b| slow && Some(&b.name) != faulted.as_ref())
     {
-        let path = format!("/api/v1/namespaces/{}/pods/{}/eviction", s.ns, b.name);
+        let path = format!("/api/v1/namespaces/{}/pods/{}", s.ns, b.name);
         let first = forwarded
             .iter()
-            .find(|f| f.method == "POST" && f.uri.split('?').next() == Some(path.as_str()))
-            .unwrap_or_else(|| panic!("{} never evicted through the proxy", b.name));
+            .find(|f| f.method == "DELETE" && f.uri.split('?').next() == Some(path.as_str()))
+            .unwrap_or_else(|| panic!("{} never ended through the proxy", b.name));
         assert!(
-            !first.after_ended.iter().any(|r| r == "eviction"),
-            "{} was evicted only after the faulted eviction of {faulted:?} ended: held up by it ({first:?})",
+            !first.after_ended.iter().any(|r| r == "end"),
+            "{} was ended only after the faulted end of {faulted:?} ended: held up by it ({first:?})",
             b.name
         );
     }
@@ -691,7 +688,7 @@ async fn check_promises(
 /// same flags; etcd keeps the state. The kill comes while a release is outstanding: the
 /// agent's DELETEs of the last idle server are held by the proxy (never answered, every try,
 /// until the server is back) and the others have landed. The agent's watches resume or re-list, the drain completes, and
-/// nothing is written twice: one fence in effect, each release and each eviction once, each
+/// nothing is written twice: one fence in effect, each release and each match's end once, each
 /// match's deadline announced once, one deregistration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_server_killed_and_restarted_mid_drain() {
@@ -770,7 +767,7 @@ async fn the_api_server_killed_and_restarted_mid_drain() {
     );
     let released = idle.len();
     let done = try_eventually(
-        "the idle servers released and the matches' pods evicted after the restart",
+        "the idle servers released and the matches' pods ended after the restart",
         Duration::from_secs(LEAD as u64 + 40),
         Duration::from_millis(100),
         || async {

@@ -174,6 +174,29 @@ fn show(set: &BTreeSet<Permission>) -> String {
         .join("\n")
 }
 
+/// The agent container's arguments.
+fn agent_args(objs: &[Value]) -> Vec<String> {
+    agent_daemonset(objs)["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("the agent container has args")
+        .iter()
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect()
+}
+
+/// The calls `--metrics-auth=kubernetes` makes for each scraper's token. The emulator serves
+/// no TokenReview, so the flows here never make them: `box_metrics_auth.rs` proves on the
+/// real API server (its audit log) that the agent makes both, and needs both.
+fn metrics_auth_calls() -> BTreeSet<Permission> {
+    [
+        ("authentication.k8s.io", "tokenreviews"),
+        ("authorization.k8s.io", "subjectaccessreviews"),
+    ]
+    .into_iter()
+    .map(|(g, r)| ("create".into(), g.into(), r.into(), String::new()))
+    .collect()
+}
+
 /// Both directions: nothing used is missing, nothing granted is unused.
 fn assert_rbac_matches(file: &str, calls: &BTreeSet<Permission>) {
     let objs = manifest(file);
@@ -181,6 +204,14 @@ fn assert_rbac_matches(file: &str, calls: &BTreeSet<Permission>) {
         .as_str()
         .expect("the agent DaemonSet names its ServiceAccount")
         .to_string();
+    let mut calls = calls.clone();
+    if agent_args(&objs)
+        .iter()
+        .any(|a| a == "--metrics-auth=kubernetes")
+    {
+        calls.extend(metrics_auth_calls());
+    }
+    let calls = &calls;
     let rules = granted(&objs, &sa);
     let missing: BTreeSet<_> = calls.difference(&rules).cloned().collect();
     let unused: BTreeSet<_> = rules.difference(calls).cloned().collect();
@@ -391,6 +422,26 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
     })
     .await;
     seen_taints.extend(taints(&node(&w, other).await));
+    // Another writer uncordons the draining node: the agent puts its fence back, and marks
+    // when (`lastcall.dev/fence-restored`, the settle counts from it).
+    Api::<Node>::all(w.cluster.client())
+        .patch(
+            other,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"unschedulable": false}})),
+        )
+        .await
+        .unwrap();
+    wait_for("the stripped fence put back", || async {
+        let n = node(&w, other).await;
+        (cordoned(&n)
+            && n.metadata
+                .annotations
+                .as_ref()?
+                .contains_key("lastcall.dev/fence-restored"))
+        .then_some(())
+    })
+    .await;
     label_node(&w, other, "lastcall.dev/drain", None).await;
     wait_for("manual drain cancelled", || async {
         (!cordoned(&node(&w, other).await)).then_some(())
@@ -452,7 +503,7 @@ async fn the_chart_grants_the_agent_exactly_what_it_calls() {
 
     // World 3: a Spot interruption (deadline 2 min) on a node whose match needs a 200 s
     // grace period, with --graceful-termination: the match's graceful termination starts
-    // at once; Agones' PDB refuses the eviction of a `Never` pod, so the pod is deleted.
+    // at once: a DELETE preconditioned on its uid (Agones' PDB over a `Never` pod is not asked).
     // Its node is a Karpenter node (a NodeClaim that never expires): the agent reads it.
     let w3 = World::start(WorldSpec::new(0, 1, 0).grace_seconds(200)).await;
     w3.cluster
@@ -1274,38 +1325,76 @@ fn the_agent_daemonset_keeps_its_promises() {
             "{file}"
         );
         assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{file}");
-        assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz", "{file}");
-        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz", "{file}");
+        for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+            assert_eq!(c[probe]["httpGet"]["path"], path, "{file}");
+        }
         assert!(c["resources"]["requests"].is_object(), "{file}");
         let ru = &ds["spec"]["updateStrategy"]["rollingUpdate"];
         if pod["hostNetwork"] == true {
             // Instance metadata needs the node's network; two agents cannot share its port.
             assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet", "{file}");
         }
-        // The old agent stops first (its room is the new one's: no preemption needed, no
-        // stall on a packed node), and a large cluster rolls many nodes at once.
-        assert_eq!(ru["maxSurge"], 0, "{file}");
-        let at_once = replaced_at_once(&ru["maxUnavailable"], 2000);
+        // A large cluster rolls many nodes at once. Off the host network the new agent
+        // surges beside the old one, nothing unavailable: a new agent Pending on a packed node
+        // holds one surge slot while the old one keeps the node, so one such node of eight
+        // cannot hold the rest. On it (one port per node) the old agent stops first.
+        let budget = if pod["hostNetwork"] == true {
+            assert_eq!(ru["maxSurge"], 0, "{file}");
+            &ru["maxUnavailable"]
+        } else {
+            assert_eq!(ru["maxUnavailable"], 0, "{file}");
+            assert!(
+                replaced_at_once(&ru["maxSurge"], 8) >= 2,
+                "{file}: a surge of {} on 8 nodes: one packed node holds the rollout",
+                ru["maxSurge"]
+            );
+            &ru["maxSurge"]
+        };
+        let at_once = replaced_at_once(budget, 2000);
         assert!(
             at_once >= 100,
-            "{file}: {} replaces {at_once} of 2,000 agents at a time",
-            ru["maxUnavailable"]
+            "{file}: {budget} replaces {at_once} of 2,000 agents at a time"
         );
-        // The listener binds the pod's own IP (the node's with hostNetwork), not 0.0.0.0,
-        // and the agent takes it for either family.
-        let listen = c["args"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(Value::as_str)
-            .find_map(|a| a.strip_prefix("--listen="))
-            .expect("--listen");
+        // /metrics binds the pod's own IP (the node's with hostNetwork), not 0.0.0.0, and the
+        // agent takes it for either family. With hostNetwork the probes are on the node's
+        // loopback, where the kubelet (on the node) reaches them and nothing else does, and
+        // /metrics asks for a token.
+        let args = agent_args(&objs);
+        let arg = |flag: &str| {
+            args.iter()
+                .find_map(|a| a.strip_prefix(&format!("{flag}=")))
+                .map(str::to_string)
+        };
+        let host_network = pod["hostNetwork"] == true;
+        let (metrics_flag, auth) = if host_network {
+            ("--metrics-listen", "kubernetes")
+        } else {
+            ("--listen", "none")
+        };
+        assert_eq!(arg("--metrics-auth").as_deref(), Some(auth), "{file}");
+        if host_network {
+            let probes = arg("--listen").expect("--listen");
+            let (ip, probe_port) = probes.rsplit_once(':').expect("ip:port");
+            assert_eq!(ip, "127.0.0.1", "{file}: the probes' listener");
+            for probe in ["livenessProbe", "readinessProbe"] {
+                let get = &c[probe]["httpGet"];
+                assert_eq!(get["host"], "127.0.0.1", "{file}: {probe}");
+                assert_eq!(get["port"].to_string(), probe_port, "{file}: {probe}");
+            }
+        } else {
+            assert_eq!(arg("--metrics-listen"), None, "{file}");
+            for probe in ["livenessProbe", "readinessProbe"] {
+                assert_eq!(c[probe]["httpGet"]["port"], "metrics", "{file}: {probe}");
+                assert!(c[probe]["httpGet"].get("host").is_none(), "{file}: {probe}");
+            }
+        }
+        let listen = arg(metrics_flag).unwrap_or_else(|| panic!("{file}: {metrics_flag}"));
         let pod_ip = env.iter().find(|e| e["name"] == "POD_IP").expect("POD_IP");
         assert_eq!(pod_ip["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
         assert!(listen.contains("$(POD_IP)"), "{file}: --listen={listen}");
         let port = c["ports"][0]["containerPort"].as_u64().unwrap();
         for ip in ["10.0.0.5", "fd00::5"] {
-            let arg = format!("--listen={}", listen.replace("$(POD_IP)", ip));
+            let arg = format!("{metrics_flag}={}", listen.replace("$(POD_IP)", ip));
             let cfg = <lastcall_agent::config::Config as clap::Parser>::try_parse_from([
                 "lastcall-agent",
                 "--node-name",
@@ -1313,8 +1402,9 @@ fn the_agent_daemonset_keeps_its_promises() {
                 &arg,
             ])
             .unwrap_or_else(|e| panic!("{file}: {arg}: {e}"));
-            assert_eq!(cfg.listen.ip().to_string(), ip, "{file}");
-            assert_eq!(u64::from(cfg.listen.port()), port, "{file}");
+            let bound = cfg.metrics_listen.unwrap_or(cfg.listen);
+            assert_eq!(bound.ip().to_string(), ip, "{file}");
+            assert_eq!(u64::from(bound.port()), port, "{file}");
         }
         // Annotation-based Prometheus discovery finds the metrics port.
         let ann = &ds["spec"]["template"]["metadata"]["annotations"];
@@ -1504,17 +1594,12 @@ async fn the_bundled_redis_requires_the_passwords_it_never_shows_on_a_command_li
         .find(|d| d["metadata"]["name"] == "lastcall-redis")
         .expect("the bundled Redis");
     let c = &redis["spec"]["template"]["spec"]["containers"][0];
-    let agent_image = agent_daemonset(&objs)["spec"]["template"]["spec"]["containers"][0]["image"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let registry = agent_image.rsplit_once('/').unwrap().0;
+    // Not a lastcall image: the pinned public one docs/release.md lists, which a release
+    // does not push (the_release_chart_names_only_images_the_release_pushes_or_documents_as_public).
+    let public = first_cells(&read("docs/release.md"), "Images a release does not push");
     assert!(
-        c["image"]
-            .as_str()
-            .unwrap()
-            .starts_with(&format!("{registry}/")),
-        "the Redis image {} is not under image.registry {registry}",
+        public.iter().any(|p| c["image"] == p.as_str()),
+        "the Redis image {} is not a public image of docs/release.md: {public:?}",
         c["image"]
     );
     let (pubsub_pw, agent_pw) = ("Zq7lastcallBundledPw", "Zq7lastcallAgentPw2");
@@ -1565,6 +1650,11 @@ async fn the_bundled_redis_requires_the_passwords_it_never_shows_on_a_command_li
 
 /// `helm template` of the chart with the box's helm, default values plus `sets`.
 fn helm_template(sets: &[&str]) -> Result<Vec<Value>, String> {
+    helm_template_with(&[], sets)
+}
+
+/// `helm template` of the chart with values files (in order) and then `--set`s.
+fn helm_template_with(files: &[&Path], sets: &[&str]) -> Result<Vec<Value>, String> {
     let bin = lastcall_testkit::kube_box::bin_dir()
         .map_err(|e| e.to_string())?
         .join("helm");
@@ -1582,6 +1672,9 @@ fn helm_template(sets: &[&str]) -> Result<Vec<Value>, String> {
     .env("HELM_CACHE_HOME", home.path().join("c"))
     .env("HELM_CONFIG_HOME", home.path().join("g"))
     .env("HELM_DATA_HOME", home.path().join("d"));
+    for f in files {
+        cmd.arg("-f").arg(f);
+    }
     for s in sets {
         cmd.args(["--set", s]);
     }
@@ -1638,7 +1731,87 @@ fn the_chart_refuses_what_would_fail_later_and_renders_each_option() {
     let err = helm_template(&[REG, "agent.hostNetwork=true", "agent.maxSurge=10%"])
         .expect_err("a surge in the host network");
     assert!(
-        err.contains("agent.maxSurge must be 0 with hostNetwork"),
+        err.contains("agent.maxSurge must be 0 or auto with hostNetwork"),
+        "{err}"
+    );
+    // Who may read /metrics: a token on the host network (the scraper's token sent by the
+    // agents' own monitor, pubsub's sends none); `none` leaves the agent without the review
+    // role and the reader role out; `kubernetes` works in the pod network too.
+    let objs = helm_template(&[
+        REG,
+        "agent.hostNetwork=true",
+        "metrics.podMonitor.enabled=true",
+        "metrics.serviceMonitor.enabled=true",
+        "pubsub.webhook.enabled=true",
+        "pubsub.webhook.maxReplicas=9",
+        "redis.url=redis:6379",
+    ])
+    .unwrap();
+    assert_eq!(
+        granted(&objs, "lastcall-agent")
+            .intersection(&metrics_auth_calls())
+            .count(),
+        2
+    );
+    let reader = find(&objs, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == "lastcall-metrics-reader")
+        .expect("the metrics-reader ClusterRole");
+    assert_eq!(
+        reader["rules"],
+        serde_json::json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+    );
+    let secret = find(&objs, "Secret")
+        .into_iter()
+        .find(|s| s["metadata"]["name"] == "lastcall-metrics-scraper-token")
+        .expect("the scraper's token Secret");
+    assert_eq!(secret["type"], "kubernetes.io/service-account-token");
+    for kind in ["PodMonitor", "ServiceMonitor"] {
+        let monitors = find(&objs, kind);
+        assert_eq!(monitors.len(), 2, "{kind}: the agents' and pubsub's");
+        for m in monitors {
+            let components = m["spec"]["selector"]["matchExpressions"][0]["values"].to_string();
+            let endpoints = m["spec"]
+                .get("podMetricsEndpoints")
+                .unwrap_or(&m["spec"]["endpoints"]);
+            let auth = &endpoints[0]["authorization"];
+            if components == r#"["agent"]"# {
+                assert_eq!(
+                    auth["credentials"]["name"],
+                    "lastcall-metrics-scraper-token"
+                );
+                assert_eq!(auth["credentials"]["key"], "token");
+            } else {
+                assert_eq!(components, r#"["pubsub"]"#, "{kind}");
+                assert!(
+                    auth.is_null(),
+                    "{kind}: pubsub's scrape carries a token: {auth}"
+                );
+            }
+        }
+    }
+    let objs = helm_template(&[REG, "agent.hostNetwork=true", "agent.metricsAuth=none"]).unwrap();
+    assert!(agent_args(&objs).contains(&"--metrics-auth=none".to_string()));
+    assert!(agent_args(&objs).contains(&"--listen=127.0.0.1:9091".to_string()));
+    assert!(granted(&objs, "lastcall-agent").is_disjoint(&metrics_auth_calls()));
+    assert!(
+        find(&objs, "ClusterRole")
+            .iter()
+            .all(|r| r["metadata"]["name"] != "lastcall-metrics-reader")
+    );
+    let objs = helm_template(&[REG, "agent.metricsAuth=kubernetes"]).unwrap();
+    assert!(agent_args(&objs).contains(&"--metrics-auth=kubernetes".to_string()));
+    assert!(agent_args(&objs).contains(&"--listen=[$(POD_IP)]:9090".to_string()));
+    assert_eq!(
+        granted(&objs, "lastcall-agent")
+            .intersection(&metrics_auth_calls())
+            .count(),
+        2
+    );
+    let err = helm_template(&[REG, "agent.hostNetwork=true", "agent.probePort=9090"])
+        .expect_err("the probes on /metrics' port");
+    assert!(
+        err.contains("agent.probePort must differ from agent.port"),
         "{err}"
     );
     let objs = helm_template(&[REG, "agent.maxSurge=10%"]).unwrap();
@@ -1647,6 +1820,34 @@ fn the_chart_refuses_what_would_fail_later_and_renders_each_option() {
         (&ru["maxSurge"], &ru["maxUnavailable"]),
         (&Value::from("10%"), &Value::from(0))
     );
+    // `auto` is a surge off the host network and none on it; a count is an integer (the API
+    // server refuses a string that is not a percentage).
+    for (sets, surge, unavailable) in [
+        (&[REG][..], Value::from("25%"), Value::from(0)),
+        (
+            &[REG, "agent.hostNetwork=true"][..],
+            Value::from(0),
+            Value::from("10%"),
+        ),
+        (
+            &[REG, "agent.maxSurge=3"][..],
+            Value::from(3),
+            Value::from(0),
+        ),
+        (
+            &[REG, "agent.hostNetwork=true", "agent.maxUnavailable=2"][..],
+            Value::from(0),
+            Value::from(2),
+        ),
+    ] {
+        let objs = helm_template(sets).unwrap();
+        let ru = &agent_daemonset(&objs)["spec"]["updateStrategy"]["rollingUpdate"];
+        assert_eq!(
+            (&ru["maxSurge"], &ru["maxUnavailable"]),
+            (&surge, &unavailable),
+            "{sets:?}"
+        );
+    }
     // serviceAccount.create=false: no ServiceAccount rendered, the named one used and bound.
     let objs = helm_template(&[
         REG,
@@ -1659,8 +1860,12 @@ fn the_chart_refuses_what_would_fail_later_and_renders_each_option() {
         "pubsub.serviceAccount.name=theirs",
     ])
     .unwrap();
+    // (FleetIQ puts the agent on the host network, where /metrics asks for a token: the
+    // chart's scraper ServiceAccount is the only one rendered.)
     assert!(
-        find(&objs, "ServiceAccount").is_empty(),
+        find(&objs, "ServiceAccount")
+            .iter()
+            .all(|s| s["metadata"]["name"] == "lastcall-metrics-scraper"),
         "a ServiceAccount was rendered"
     );
     assert_eq!(
@@ -1742,7 +1947,18 @@ const FLAG_PATHS: &[(&str, &str, &[&str])] = &[
         "--gamelift-endpoint",
         &["fleetiq.gameliftEndpoint"],
     ),
-    ("agent", "--listen", &["agent.listenHost", "agent.port"]),
+    (
+        "agent",
+        "--listen",
+        &["agent.listenHost", "agent.port", "agent.probePort"],
+    ),
+    (
+        "agent",
+        "--metrics-listen",
+        &["agent.listenHost", "agent.port"],
+    ),
+    // `auto` (by hostNetwork) in the chart; the binary cannot know it is on the host network.
+    ("agent", "--metrics-auth", &["agent.metricsAuth"]),
     ("agent", "--publish-period", &["pubsub.period"]),
     ("agent", "--aws-queue", &["queue.enabled"]), // queue mode: pubsub and the agents together
     ("pubsub", "--sqs-endpoint", &["queue.endpoint"]),
@@ -1980,6 +2196,138 @@ fn dockerfiles_build_static_non_root_images_from_scratch() {
             text.contains("ca-certificates.crt"),
             "Dockerfile.{c}: CA bundle"
         );
+    }
+}
+
+/// Every `image` of every container (init and ephemeral ones too) in rendered objects.
+fn images(objs: &[Value]) -> BTreeSet<String> {
+    fn walk(v: &Value, out: &mut BTreeSet<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    if matches!(
+                        k.as_str(),
+                        "containers" | "initContainers" | "ephemeralContainers"
+                    ) {
+                        for c in x.as_array().into_iter().flatten() {
+                            if let Some(i) = c["image"].as_str() {
+                                out.insert(i.to_string());
+                            }
+                        }
+                    }
+                    walk(x, out);
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+            _ => {}
+        }
+    }
+    let mut out = BTreeSet::new();
+    objs.iter().for_each(|o| walk(o, &mut out));
+    out
+}
+
+/// The backticked first cells of the table rows of `section` (a `## ` heading) of `doc`.
+fn first_cells(doc: &str, section: &str) -> Vec<String> {
+    let body = doc
+        .split_once(&format!("\n## {section}\n"))
+        .map(|(_, rest)| rest.split("\n## ").next().unwrap_or(""))
+        .unwrap_or_else(|| panic!("no section {section:?}"));
+    body.lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once('`').map(|(cell, _)| cell.to_string()))
+        .collect()
+}
+
+/// A user who installs a release must be able to pull every image its chart names: each one
+/// is pushed by the release (`docs/release.md`'s artifact table, as `hack/release.sh`
+/// pushes them) or is one of the public images that page lists. Rendered as the release
+/// renders its package: every component on, `image.registry` the release registry, the
+/// chart's own version.
+#[test]
+fn the_release_chart_names_only_images_the_release_pushes_or_documents_as_public() {
+    let doc = read("docs/release.md");
+    let registry = "registry.invalid/lastcall";
+    let version = read("charts/lastcall/Chart.yaml")
+        .lines()
+        .find_map(|l| l.strip_prefix("appVersion:"))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .expect("Chart.yaml's appVersion");
+    // The artifact table: `<registry>/lastcall-agent:<version>`, … (the chart row is oci://).
+    let pushed: BTreeSet<String> = doc
+        .lines()
+        .take_while(|l| !l.starts_with("## "))
+        .filter(|l| l.starts_with('|') && l.contains(" image |"))
+        .filter_map(|l| l.split('`').nth(1))
+        .map(|r| {
+            r.replace("<registry>", registry)
+                .replace("<version>", &version)
+        })
+        .collect();
+    assert_eq!(
+        pushed.len(),
+        2,
+        "docs/release.md's artifact table: {pushed:?}"
+    );
+    let script = read("hack/release.sh");
+    let components = script
+        .lines()
+        .find_map(|l| l.strip_prefix("COMPONENTS=("))
+        .and_then(|l| l.strip_suffix(')'))
+        .expect("hack/release.sh's COMPONENTS");
+    let script_pushes: BTreeSet<String> = components
+        .split_whitespace()
+        .map(|c| format!("{registry}/lastcall-{c}:{version}"))
+        .collect();
+    assert_eq!(
+        script_pushes, pushed,
+        "hack/release.sh pushes other images than docs/release.md says"
+    );
+    let public: BTreeSet<String> = first_cells(&doc, "Images a release does not push")
+        .into_iter()
+        .collect();
+    for p in &public {
+        let (name, tag) = p.rsplit_once(':').expect("a tag");
+        assert!(
+            name.split('/').next().is_some_and(|h| h.contains('.'))
+                && tag.chars().next().is_some_and(|c| c.is_ascii_digit()),
+            "docs/release.md's public image {p} must name its registry and a release tag"
+        );
+    }
+
+    let all_on = repo().join("charts/lastcall/ci/all-on-values.yaml");
+    let set = format!("image.registry={registry}");
+    let objs = helm_template_with(&[&all_on], &[&set]).expect("the release's render");
+    let named = images(&objs);
+    let stray: Vec<&String> = named
+        .iter()
+        .filter(|i| !pushed.contains(*i) && !public.contains(*i))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "the release's chart names {stray:?}: not pushed by the release ({pushed:?}), not a \
+         public image of docs/release.md ({public:?}); a release install would not pull it"
+    );
+    for p in &pushed {
+        assert!(named.contains(p), "the release's chart never names {p}");
+    }
+    // The bundled Redis is the documented public one, in a default render too.
+    let redis = helm_template(&[
+        REG,
+        "fleetiq.enabled=true",
+        "fleetiq.gameServerGroup=g",
+        "redis.bundled.auth.existingSecret=s",
+    ])
+    .expect("FleetIQ with the bundled Redis");
+    let named = images(&redis);
+    assert!(
+        named.iter().any(|i| public.contains(i)),
+        "the bundled Redis is not docs/release.md's public image: {named:?}"
+    );
+    // The keys that put it under image.registry are refused, not ignored.
+    for old in ["redis.bundled.repository=redis", "redis.bundled.tag=7.2"] {
+        let err = helm_template(&[REG, old]).expect_err(old);
+        assert!(err.contains("additional properties"), "{old}: {err}");
     }
 }
 
@@ -2639,12 +2987,12 @@ async fn dashboard_and_alerts_use_only_metrics_the_binaries_export() {
     }
     let rules = alert_rules();
     for (name, expr) in &rules {
-        // An alert on kube-state-metrics' figures (a node with no agent has no agent to
-        // export anything) names those instead.
+        // An alert on kube-state-metrics' figures (a node with no agent, or a Pending agent,
+        // has no agent to export anything) names those instead.
         if KUBE_STATE_ALERTS.contains(&name.as_str()) {
             assert!(
-                expr.contains("kube_daemonset_status_"),
-                "alert {name} is listed as kube-state-metrics' but does not use its DaemonSet figures: {expr}"
+                expr.contains("kube_daemonset_status_") || expr.contains("kube_pod_"),
+                "alert {name} is listed as kube-state-metrics' but does not use its DaemonSet or pod figures: {expr}"
             );
             continue;
         }
@@ -2847,7 +3195,7 @@ fn metric_references_are_found_in_promql() {
 // ---------------------------------------------------------------------------------------
 
 /// Alerts built on kube-state-metrics' figures, not on a lastcall binary's.
-const KUBE_STATE_ALERTS: &[&str] = &["LastcallAgentMissing"];
+const KUBE_STATE_ALERTS: &[&str] = &["LastcallAgentMissing", "LastcallAgentPending"];
 
 /// `kubectl` commands in docs/operations.md that are not run here, and why.
 const NOT_RUN: &[(&str, &str)] = &[
@@ -2890,6 +3238,10 @@ const NOT_RUN: &[(&str, &str)] = &[
     (
         "kubectl get validatingadmissionpolicies",
         "admission policies (admissionregistration.k8s.io) are not served by the emulator",
+    ),
+    (
+        "kubectl get gameservers -A --field-selector status.nodeName=\"$NODE\" -o jsonpath='{range .items[?(@.status.state==\"Ready\")]}",
+        "deletes an idle game server so that a Pending agent takes its room: the scheduler's queue and the DaemonSet's rollout are the box's (the emulator runs neither)",
     ),
     (
         "kubectl delete gameserver",

@@ -11,7 +11,9 @@ use lastcall_emulators::kube::faults::FaultRule;
 use lastcall_pubsub::queue::metrics::{KindLabels, OperationLabels, ReasonLabels};
 use lastcall_testkit::eventually::wait_for;
 use lastcall_testkit::kube::journal::JournalEntry;
-use lastcall_testkit::queue::{PUBSUB, QueueRig, RunningRelay, count, relay_args, set_provider_id};
+use lastcall_testkit::queue::{
+    PUBSUB, QueueRig, RunningRelay, count, relay_args, set_provider_id, spot_envelope,
+};
 use lastcall_testkit::world::{World, WorldSpec, annotation, cordoned, has_taint};
 use serde_json::json;
 
@@ -331,6 +333,11 @@ async fn a_restart_mid_message_and_a_duplicate_delivery_change_nothing() {
 /// Every event kind the queue carries drives a real agent: one node per kind, each with its
 /// own instance and agent. The Health event's node holds a match, whose deadline is the
 /// window's start, and it drains ahead of the window (now).
+const HEALTH_ARN: &str = "arn:aws:health:us-east-1::event/EC2/AWS_EC2_INSTANCE_STOP_SCHEDULED/1";
+
+/// Every event kind fences its node; then AWS Health closes its event (its `statusCode`
+/// `closed`: the scheduled change is over or cancelled, AWS Health API's `EventStatusCode`),
+/// and the node it fenced is released, after pubsub relayed the update (by the journal).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_kind_drives_a_real_agent() {
     let kinds: &[(&str, &str, &str)] = &[
@@ -379,7 +386,8 @@ async fn every_event_kind_drives_a_real_agent() {
         "aws.health",
         "AWS Health Event",
         json!({
-            "eventArn": "arn:aws:health:us-east-1::event/EC2/AWS_EC2_INSTANCE_STOP_SCHEDULED/1",
+            "eventArn": HEALTH_ARN,
+            "statusCode": "upcoming",
             "service": "EC2",
             "eventTypeCode": "AWS_EC2_INSTANCE_STOP_SCHEDULED",
             "eventTypeCategory": "scheduledChange",
@@ -455,6 +463,66 @@ async fn every_event_kind_drives_a_real_agent() {
             .then_some(())
     })
     .await;
+
+    // The Health event closes: the same eventArn, a new EventBridge id.
+    rig.put(
+        "aws.health",
+        "AWS Health Event",
+        json!({
+            "eventArn": HEALTH_ARN,
+            "statusCode": "closed",
+            "service": "EC2",
+            "eventTypeCode": "AWS_EC2_INSTANCE_STOP_SCHEDULED",
+            "eventTypeCategory": "scheduledChange",
+            "startTime": health_start,
+            "eventDescription": [{"language": "en_US", "latestDescription": "cancelled"}],
+            "affectedEntities": [{"entityValue": kinds[0].1}],
+        }),
+        kinds[0].1,
+    )
+    .await;
+    wait_for("n1 released once its Health event closed", || async {
+        let n = nodes.get("n1").await.ok()?;
+        (!cordoned(&n) && !has_taint(&n, "lastcall.dev/draining")).then_some(())
+    })
+    .await;
+    let journal = w.cluster.emulator().journal().entries();
+    let closed_relayed = journal
+        .iter()
+        .find(|r| {
+            is_pubsub_node_write(r, "n1")
+                && accepted(r)
+                && r.request
+                    .as_ref()
+                    .is_some_and(|b| b.to_string().contains(r#"\"status\":\"closed\""#))
+        })
+        .expect("pubsub relayed the closed update")
+        .seq;
+    let unfenced = journal
+        .iter()
+        .filter(|r| {
+            r.identity.as_deref() == Some("agent-n1")
+                && r.resource.as_deref() == Some("nodes")
+                && accepted(r)
+        })
+        .rfind(|r| {
+            r.response
+                .as_ref()
+                .is_some_and(|b| b.pointer("/spec/unschedulable") != Some(&json!(true)))
+        })
+        .expect("the agent released n1")
+        .seq;
+    assert!(
+        closed_relayed < unfenced,
+        "closed relayed {closed_relayed} before the release {unfenced}"
+    );
+    for (node, _, cause) in &kinds[1..] {
+        let n = nodes.get(node).await.expect("node");
+        assert!(
+            cordoned(&n),
+            "{node} still fenced for {cause}: a closed Health event touches no other"
+        );
+    }
     for a in agents {
         a.stop().await.expect("clean stop");
     }
@@ -543,5 +611,93 @@ async fn hostile_messages_are_deleted_and_never_reach_a_node() {
         (count(&relay.metrics.deleted, ReasonLabels { reason: "relayed" }) == 1).then_some(())
     })
     .await;
+    relay.stop().await;
+}
+
+/// The burst bench sends its Spot warnings straight into the queue (moto's `PutEvents` is too
+/// slow for thousands): what it sends must be what an EventBridge rule delivers for the same
+/// event, and a batch of them must be relayed, each onto its own Node, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envelopes_sent_straight_to_the_queue_are_eventbridges_and_each_is_relayed_once() {
+    const BATCH: usize = 20;
+    let rig = QueueRig::start().await.expect("moto");
+    rig.spot(I1, "terminate").await;
+    let got = rig
+        .moto
+        .call(
+            "AmazonSQS.ReceiveMessage",
+            json!({"QueueUrl": rig.queue_url, "MaxNumberOfMessages": 1, "WaitTimeSeconds": 5}),
+        )
+        .await
+        .expect("ReceiveMessage");
+    let message = &got["Messages"][0];
+    let mut delivered: serde_json::Value = serde_json::from_str(
+        message["Body"]
+            .as_str()
+            .expect("the rule delivered the event"),
+    )
+    .expect("a JSON body");
+    let mut sent = spot_envelope(I1);
+    for v in [&mut delivered, &mut sent] {
+        let o = v.as_object_mut().expect("an object");
+        // Each event's own: a UUID and a time to the second.
+        let id = o.remove("id").expect("id");
+        assert_eq!(id.as_str().map(str::len), Some(36), "{id}");
+        let time = o.remove("time").expect("time");
+        assert!(
+            time.as_str()
+                .is_some_and(|t| t.len() == 20 && t.parse::<jiff::Timestamp>().is_ok()),
+            "{time}"
+        );
+    }
+    // AWS's event structure reference (EventBridge User Guide, "Event structure reference")
+    // lists `account` in every event delivered; moto's default target input leaves it out.
+    assert_eq!(
+        sent.as_object_mut().expect("an object").remove("account"),
+        Some(json!(lastcall_testkit::queue::ACCOUNT)),
+        "the envelope carries the account, as AWS's does"
+    );
+    assert_eq!(sent, delivered, "the envelope EventBridge delivers");
+    rig.moto
+        .call(
+            "AmazonSQS.DeleteMessage",
+            json!({"QueueUrl": rig.queue_url, "ReceiptHandle": message["ReceiptHandle"]}),
+        )
+        .await
+        .expect("DeleteMessage");
+
+    let w = World::start(WorldSpec::new(0, 0, 0)).await;
+    let admin = admin(&w).await;
+    let iid = |i: usize| format!("i-{:017x}", 0xb0 + i);
+    for i in 0..BATCH {
+        w.cluster
+            .add_node(lastcall_testkit::cluster::NodeSpec::new(format!("b{i}")))
+            .expect("node");
+        set_provider_id(&admin, &format!("b{i}"), &iid(i)).await;
+    }
+    let relay = relay_for(&w, &rig).await;
+    let envelopes: Vec<_> = (0..BATCH).map(|i| spot_envelope(&iid(i))).collect();
+    rig.send_envelopes(&envelopes, 2)
+        .await
+        .expect("SendMessageBatch");
+    wait_for("every message relayed and the queue empty", || async {
+        (count(&relay.metrics.deleted, ReasonLabels { reason: "relayed" }) == BATCH as u64
+            && rig.depth().await == 0)
+            .then_some(())
+    })
+    .await;
+    let nodes = kube::Api::<k8s_openapi::api::core::v1::Node>::all(w.cluster.client());
+    let journal = w.cluster.emulator().journal();
+    for i in 0..BATCH {
+        let node = format!("b{i}");
+        let record = record_on(&nodes.get(&node).await.expect("node")).expect("relayed");
+        assert_eq!(record.events.len(), 1, "{node}");
+        assert_eq!(record.events[0].instance, iid(i), "{node}");
+        assert_eq!(
+            journal.count(|r| is_pubsub_node_write(r, &node) && accepted(r)),
+            1,
+            "{node} written once"
+        );
+    }
     relay.stop().await;
 }

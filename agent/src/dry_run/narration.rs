@@ -266,7 +266,7 @@ impl Narrator {
                 (
                     "end_match",
                     format!(
-                        "would start pod {namespace}/{pod}'s graceful termination now (Eviction API): SIGTERM, then its {} s grace before the node's deadline",
+                        "would start pod {namespace}/{pod}'s graceful termination now (a DELETE preconditioned on its uid, no grace override): SIGTERM, then its {} s grace before the node's deadline",
                         grace.as_secs()
                     ),
                 )

@@ -255,9 +255,9 @@ pub enum Action {
     Unprotect { gs: GsRef },
     /// Start a game-server pod's own graceful termination (SIGTERM, then its full grace
     /// period) because the node dies at a Terminate deadline and `eviction.safe` (or the
-    /// operator) permits ending the match: the Eviction API, preconditioned on the pod's
-    /// uid. A PDB refusal (Agones' 0% budget for `Never`) falls back to a preconditioned
-    /// pod DELETE: the VM takes the pod at the deadline whatever the budget says.
+    /// operator) permits ending the match: a pod DELETE preconditioned on the pod's uid,
+    /// with no grace override. Not an Eviction: the VM takes the pod at the deadline
+    /// whatever a disruption budget says.
     EndGracefully {
         namespace: String,
         pod: String,

@@ -102,6 +102,8 @@ impl Acting {
 pub struct KubeAccess {
     pub client: kube::Client,
     pub node: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Node>,
+    /// Changes each time the Node watch delivers an event (the store already has it).
+    pub node_changes: watch::Receiver<()>,
 }
 
 /// Queues a Warning Event on the agent's own Node: never blocks, never fails (the actuator

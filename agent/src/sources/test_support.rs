@@ -26,6 +26,8 @@ pub struct Started {
     pub node_empty: watch::Sender<bool>,
     /// Whether the source's agent acts on the node (`false`: a standby). Starts `true`.
     pub acting: Arc<std::sync::atomic::AtomicBool>,
+    /// The source's reports as published, to wait on each in order (no timer).
+    pub updates: watch::Receiver<Report>,
 }
 
 impl Drop for Started {
@@ -40,6 +42,16 @@ impl Drop for Started {
 /// # Panics
 /// If the flags do not parse or the source does not start for them.
 pub fn start_source(source: Source, start: StartTask, args: &[&str]) -> Started {
+    start_source_with(source, start, args, None)
+}
+
+/// [`start_source`], with the agent's cached Node (`kube`) where the source reads one.
+pub fn start_source_with(
+    source: Source,
+    start: StartTask,
+    args: &[&str],
+    kube: Option<super::KubeAccess>,
+) -> Started {
     let argv = ["lastcall-agent", "--node-name", "n1"]
         .iter()
         .chain(args)
@@ -67,7 +79,7 @@ pub fn start_source(source: Source, start: StartTask, args: &[&str]) -> Started 
             None,
             "lastcall-tests",
         )),
-        kube: None,
+        kube,
         node_warnings: super::NodeWarnings::new(move |reason, note| {
             warned
                 .lock()
@@ -79,6 +91,7 @@ pub fn start_source(source: Source, start: StartTask, args: &[&str]) -> Started 
     })
     .unwrap_or_else(|| panic!("{} did not start for {args:?}", source.as_str()));
     tokio::spawn(task);
+    let updates = rx.clone();
     // The source publishes only on change and the recorder is woken by each one, so a
     // report that stood between two others is recorded too.
     let reports = Arc::new(Mutex::new(vec![rx.borrow_and_update().clone()]));
@@ -97,6 +110,7 @@ pub fn start_source(source: Source, start: StartTask, args: &[&str]) -> Started 
         shutdown,
         node_empty,
         acting,
+        updates,
     }
 }
 

@@ -67,6 +67,22 @@ groups:
         annotations:
           summary: "{{`{{ $value }}`}} game node(s) have no running lastcall agent."
           description: "DaemonSet {{`{{ $labels.namespace }}/{{ $labels.daemonset }}`}} has had nodes without an available agent for {{ $r.agentMissingMinutes }} minutes: a doomed node among them drains without lastcall, its matches unprotected. See docs/operations.md, \"A game node has no agent\"."
+      - alert: LastcallAgentPending
+        # An agent pod the scheduler has not placed, or whose image does not come
+        # (kube-state-metrics' pod figures; phase Pending covers both). The DaemonSet
+        # controller counts it against the rollout's maxSurge (its node keeps the old agent)
+        # or maxUnavailable (its node has none), so enough of them stop the rollout. The
+        # chart's PriorityClass never preempts: on a packed node the agent waits for room.
+        expr: |-
+          max by (namespace, pod) (kube_pod_status_phase{phase="Pending"} == 1)
+          and on (namespace, pod)
+          kube_pod_owner{owner_kind="DaemonSet", owner_name="{{ include "lastcall.fullname" . }}-agent"}
+        for: {{ $r.agentPendingMinutes }}m
+        labels:
+          severity: warning
+        annotations:
+          summary: "Agent pod {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} has been Pending for {{ $r.agentPendingMinutes }} minutes."
+          description: "The agent has no room on its node (the chart's PriorityClass never preempts a pod, which there could be a match) or cannot pull its image; a rollout counts it until it runs. See docs/operations.md, \"A game node has no agent\"."
       - alert: LastcallNodeRestrictionUnenforceable
         # Start-up found that the chart's node restriction cannot hold the agent: its token
         # carries no node (not bound to a pod, Kubernetes before 1.30) or the API server serves
@@ -89,6 +105,17 @@ groups:
         annotations:
           summary: "GameLift dropped the game server of busy node {{`{{ $labels.node }}`}}."
           description: "The agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} finds its node's game server no longer registered while matches still run there (Warning Event DeregisteredWhileBusy). The node stays fenced and is handed over only when empty. See docs/operations.md, \"GameLift dropped a busy node\"."
+      - alert: LastcallMachineReturnedHeld
+        # A machine that came back (a new boot id) stays fenced because a source that asked
+        # for its last life's drain has not reported since (down, unreachable, or removed
+        # from the agent's flags): it would hold the node for good.
+        expr: max by (namespace, pod, node) (lastcall_machine_returned_held) == 1
+        for: 5m
+        labels:
+          severity: warning
+        annotations:
+          summary: "Node {{`{{ $labels.node }}`}} came back but stays fenced: a source of its last drain has not reported."
+          description: "The agent {{`{{ $labels.namespace }}/{{ $labels.pod }}`}} holds the fence of a machine that came back until every source that asked for its last drain reports again (Warning Event MachineReturnedHeld names it). Bring the source back, or end the drain by hand. See docs/operations.md, \"A machine came back\"."
       - alert: LastcallGameLiftErrors
         # `error` is every GameLift failure that is not a conflict, NotFound, throttling or a
         # network failure: AccessDenied above all.

@@ -54,7 +54,7 @@ bare name would only show up as an ImagePullBackOff on every node.
 */}}
 {{- define "lastcall.registry" -}}
 {{- $r := trimSuffix "/" .Values.image.registry -}}
-{{- required "image.registry is required: the registry and path prefix you pushed lastcall's images (and the bundled Redis image) to, e.g. --set image.registry=123456789012.dkr.ecr.us-west-2.amazonaws.com/lastcall. How to build and push them: docs/install.md, section \"1. Images\"" $r -}}
+{{- required "image.registry is required: the registry and path prefix you pushed lastcall's two images to (or a release's registry), e.g. --set image.registry=123456789012.dkr.ecr.us-west-2.amazonaws.com/lastcall. How to build and push them: docs/install.md, section \"1. Images\"" $r -}}
 {{- end -}}
 
 {{/* Image of one component: pass (list $ .Values.agent.repository). */}}
@@ -64,13 +64,13 @@ bare name would only show up as an ImagePullBackOff on every node.
 {{- printf "%s/%s:%s" (include "lastcall.registry" $root) (index . 1) $tag -}}
 {{- end -}}
 
-{{/* The bundled Redis image: redis.bundled.image, else under image.registry. */}}
+{{/*
+The bundled Redis image: redis.bundled.image, a full reference (a release publishes no Redis
+image; the default is the official one). The schema refuses the repository and tag keys of
+earlier charts, which put it under image.registry.
+*/}}
 {{- define "lastcall.redisImage" -}}
-{{- with .Values.redis.bundled.image -}}
-{{- . -}}
-{{- else -}}
-{{- printf "%s/%s:%s" (include "lastcall.registry" .) .Values.redis.bundled.repository (toString .Values.redis.bundled.tag) -}}
-{{- end -}}
+{{- required "redis.bundled.image is required with the bundled Redis: the full reference of a Redis 7 image, e.g. docker.io/library/redis:7.2.10" .Values.redis.bundled.image -}}
 {{- end -}}
 
 {{/* prometheus.io scrape annotations for one pod: pass (list $ port). */}}
@@ -125,6 +125,28 @@ Identity; AKS clusters that block pods from IMDS).
 termination from the relayed event and the instance id from the Node, not from IMDS. */ -}}
 {{- if or .Values.fleetiq.enabled .Values.agent.awsImds (and .Values.agent.asgLifecycle (not .Values.queue.enabled)) .Values.agent.gceMetadata .Values.agent.azureEvents -}}true{{- end -}}
 {{- else if $v -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+Who may read the agent's /metrics (`--metrics-auth`): `auto` is `kubernetes` (a bearer token
+the API server authenticates and authorizes) with hostNetwork, where the listener is on the
+node's own address, and `none` in the pod network.
+*/}}
+{{- define "lastcall.metricsAuth" -}}
+{{- $v := toString .Values.agent.metricsAuth -}}
+{{- if eq $v "auto" -}}
+{{- if include "lastcall.hostNetwork" . -}}kubernetes{{- else -}}none{{- end -}}
+{{- else -}}{{ $v }}{{- end -}}
+{{- end -}}
+
+{{/* A monitor endpoint's credentials for the agents' /metrics: the chart's scraper token. */}}
+{{- define "lastcall.scraperAuthorization" -}}
+# The agents ask for a token (agent.metricsAuth): the scraper's, from the chart's Secret.
+authorization:
+  type: Bearer
+  credentials:
+    name: {{ include "lastcall.fullname" . }}-metrics-scraper-token
+    key: token
 {{- end -}}
 
 {{/*

@@ -9,7 +9,7 @@
 //! | `aws.ec2` | `EC2 Spot Instance Interruption Warning` | a Spot interruption (`instance-action`) |
 //! | `aws.ec2` | `EC2 Instance Rebalance Recommendation` | a rebalance recommendation |
 //! | `aws.ec2` | `EC2 Instance State-change Notification` | `stopping`, `stopped`, `shutting-down`, `terminated`; `pending` and `running` are ignored |
-//! | `aws.health` | `AWS Health Event` | service `EC2`, category `scheduledChange`: one event per affected instance; other services and categories are ignored |
+//! | `aws.health` | `AWS Health Event` | service `EC2`, category `scheduledChange`: one event per affected instance, with its `eventArn` and `statusCode` (a `closed` update is relayed too: it withdraws the event); other services and categories are ignored |
 //! | `aws.autoscaling` | `EC2 Instance-terminate Lifecycle Action` | a termination lifecycle wait |
 //! | `aws.autoscaling` | `EC2 Instance-launch Lifecycle Action` | ignored: a launch is not a disruption |
 //! | `aws.ec2` | `EC2 Capacity Reservation Instance Interruption Warning` | a capacity reservation interruption |
@@ -20,7 +20,7 @@
 
 use jiff::Timestamp;
 use lastcall_common::aws_events::{
-    Event, InstanceState, MAX_FIELD, Relayed, SpotAction, is_instance_id,
+    Event, HealthStatus, InstanceState, MAX_FIELD, Relayed, SpotAction, is_instance_id,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -164,6 +164,17 @@ struct SpotDetail {
     instance_action: String,
 }
 
+/// EC2 Capacity Reservation Instance Interruption Warning: AWS documents
+/// `instance-termination-time` in it ("Monitor interruptible Capacity Reservations with
+/// EventBridge and CloudTrail", Amazon EC2 User Guide); read when there.
+#[derive(Deserialize)]
+struct CapacityDetail {
+    #[serde(rename = "instance-id")]
+    instance_id: String,
+    #[serde(default, rename = "instance-termination-time")]
+    termination_time: Option<String>,
+}
+
 #[derive(Deserialize)]
 struct StateDetail {
     #[serde(rename = "instance-id")]
@@ -176,6 +187,11 @@ struct StateDetail {
 struct HealthDetail {
     service: String,
     event_type_category: String,
+    #[serde(default)]
+    event_arn: Option<String>,
+    /// `upcoming`, `open` or `closed` (the Health API's `EventStatusCode`).
+    #[serde(default)]
+    status_code: Option<String>,
     #[serde(default)]
     event_type_code: Option<String>,
     #[serde(default)]
@@ -292,8 +308,22 @@ fn event_bridge(env: Envelope) -> Result<Parsed, ParseError> {
             one(d.instance_id, Event::RebalanceRecommendation)
         }
         CAPACITY_RESERVATION => {
-            let d: InstanceDetail = from(dt, env.detail.clone())?;
-            one(d.instance_id, Event::CapacityReservationInterruption)
+            let d: CapacityDetail = from(dt, env.detail.clone())?;
+            let terminates = d
+                .termination_time
+                .map(|raw| {
+                    raw.parse::<Timestamp>().map_err(|e| {
+                        invalid(
+                            dt,
+                            format!("instance-termination-time {:?}: {e}", bounded(&raw)),
+                        )
+                    })
+                })
+                .transpose()?;
+            one(
+                d.instance_id,
+                Event::CapacityReservationInterruption { terminates },
+            )
         }
         STATE_CHANGE => {
             let d: StateDetail = from(dt, env.detail.clone())?;
@@ -368,6 +398,18 @@ fn health(env: &Envelope) -> Result<Parsed, ParseError> {
         detail_type: dt.into(),
         code: bounded(&aws_code),
     })?;
+    let status = match d.status_code.as_deref() {
+        None => HealthStatus::default(),
+        Some(raw) => HealthStatus::parse(raw)
+            .ok_or_else(|| invalid(dt, format!("statusCode {:?}", bounded(raw))))?,
+    };
+    // The Health API allows an ARN of up to 1,600 bytes, more than a relayed field holds: such
+    // an event is still relayed, without its ARN, so each of its updates stands alone (a
+    // `closed` one then withdraws nothing: a drain too many, never a maintenance missed).
+    let arn = d
+        .event_arn
+        .filter(|a| a.len() <= MAX_FIELD)
+        .unwrap_or_default();
     let raw_start = d.start_time.ok_or_else(|| invalid(dt, "no startTime"))?;
     let start = health_time(&raw_start)
         .ok_or_else(|| invalid(dt, format!("startTime {:?}", bounded(&raw_start))))?;
@@ -381,6 +423,8 @@ fn health(env: &Envelope) -> Result<Parsed, ParseError> {
             code: code.into(),
             start,
             aws_code: bounded(&aws_code),
+            arn: arn.clone(),
+            status,
         };
         let r = relayed(dt, value, &env.id, &env.time, event)?;
         if !out.iter().any(|o: &Relayed| o.same_as(&r)) {

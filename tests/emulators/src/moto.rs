@@ -169,6 +169,28 @@ impl Moto {
         .map(|_| ())
     }
 
+    /// Sends up to 10 raw bodies in one `SendMessageBatch` (SQS's limit per call); fails if
+    /// any entry failed.
+    pub async fn send_batch(&self, queue_url: &str, bodies: &[String]) -> anyhow::Result<()> {
+        let entries: Vec<Value> = bodies
+            .iter()
+            .enumerate()
+            .map(|(i, b)| json!({"Id": i.to_string(), "MessageBody": b}))
+            .collect();
+        let r = self
+            .call(
+                "AmazonSQS.SendMessageBatch",
+                json!({"QueueUrl": queue_url, "Entries": entries}),
+            )
+            .await?;
+        let failed = r["Failed"].as_array().map_or(0, Vec::len);
+        let sent = r["Successful"].as_array().map_or(0, Vec::len);
+        if failed != 0 || sent != bodies.len() {
+            bail!("SendMessageBatch: {r}");
+        }
+        Ok(())
+    }
+
     /// The queue's `ApproximateNumberOfMessages` and `…NotVisible`.
     pub async fn depth(&self, queue_url: &str) -> anyhow::Result<(u64, u64)> {
         let r = self

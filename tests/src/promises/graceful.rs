@@ -1,7 +1,9 @@
 //! A match ended by lastcall gets its pod's own graceful termination (`docs/eviction.md`):
-//! an Eviction, or a pod DELETE when a PodDisruptionBudget refuses it, preconditioned on the
-//! uid of the pod it means, with no grace override, so the game gets SIGTERM and its whole
-//! `terminationGracePeriodSeconds`, ending no earlier than the deadline.
+//! a pod DELETE preconditioned on the uid of the pod it means, with no grace override, so the
+//! game gets SIGTERM and its whole `terminationGracePeriodSeconds`, ending no earlier than the
+//! deadline. Never an Eviction: at a hard deadline the machine goes whatever a disruption
+//! budget says, and the Kubernetes docs' Eviction API is the voluntary-disruption path, one
+//! that waits on budgets.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
@@ -32,18 +34,43 @@ impl PodFacts {
     }
 }
 
-/// Whether `e` is a request that ends a pod's match: an Eviction, or a pod DELETE.
+/// Whether `e` is a request that ends a pod's match: a pod DELETE, or an Eviction (which
+/// lastcall must never send, but which would end the match all the same).
 pub fn ends_a_match(e: &JournalEntry) -> bool {
     e.resource.as_deref() == Some("pods")
-        && ((e.verb == Verb::Create && e.subresource.as_deref() == Some("eviction"))
-            || (e.verb == Verb::Delete && e.subresource.is_none()))
+        && (is_eviction(e) || (e.verb == Verb::Delete && e.subresource.is_none()))
 }
 
-/// What is wrong with one ending request by its body and query alone: no uid precondition,
-/// or not `uid` when known; a grace period other than the pod's own `grace`.
+/// Whether `e` is a `policy/v1` Eviction (a POST to a pod's `eviction` subresource).
+pub fn is_eviction(e: &JournalEntry) -> bool {
+    e.resource.as_deref() == Some("pods")
+        && e.verb == Verb::Create
+        && e.subresource.as_deref() == Some("eviction")
+}
+
+/// Whether the API server refused `e` before reading its body (API Priority and Fairness'
+/// 429, or a restarting server's 503): the journal keeps nothing of what it asked.
+pub fn refused_unread(e: &JournalEntry) -> bool {
+    e.request.is_none() && matches!(e.status, 429 | 503)
+}
+
+/// Every Eviction `agent` sent, answered or refused.
+pub fn evictions<'a>(entries: &'a [JournalEntry], agent: &str) -> Vec<&'a JournalEntry> {
+    entries
+        .iter()
+        .filter(|e| by(e, agent) && is_eviction(e))
+        .collect()
+}
+
+/// What is wrong with one ending request by its body and query alone: an Eviction instead of
+/// a pod DELETE; no uid precondition, or not `uid` when known; a grace period other than the
+/// pod's own `grace`.
 pub fn request_faults(e: &JournalEntry, uid: Option<&str>, grace: Option<i64>) -> Vec<String> {
     let body = e.request.as_deref();
     let mut out = vec![];
+    if is_eviction(e) {
+        out.push("an Eviction, not a pod DELETE".to_string());
+    }
     match (uid_precondition(body), uid) {
         (None, _) => out.push("no uid precondition".to_string()),
         (Some(sent), Some(want)) if sent != want => {
@@ -64,8 +91,11 @@ pub fn request_faults(e: &JournalEntry, uid: Option<&str>, grace: Option<i64>) -
 /// Every fault of the ending requests `agent` made, one line each (empty: every match it
 /// ended got its graceful termination):
 ///
-/// - each request (accepted or refused) names the pod's uid in its preconditions and
-///   overrides no grace period (`before`: the pods as they were, by name);
+/// - each request (accepted or refused) is a pod DELETE (no Eviction), names the pod's uid in
+///   its preconditions and overrides no grace period (`before`: the pods as they were, by
+///   name); one the API server turned away before reading its body (throttled or
+///   restarting, [`refused_unread`]) is judged by its path alone, as nothing else of it is
+///   known;
 /// - each accepted one left the pod terminating with `deletionGracePeriodSeconds` equal to
 ///   its own grace (by a DELETE's answer, else the pod as stored afterwards, `after`; a pod
 ///   already gone was killed, not ended);
@@ -90,6 +120,12 @@ pub fn graceful_faults(
         );
         if facts.is_none() {
             out.push(format!("{what}: a pod the test did not know"));
+        }
+        if refused_unread(e) {
+            if is_eviction(e) {
+                out.push(format!("{what}: an Eviction, not a pod DELETE"));
+            }
+            continue;
         }
         for f in request_faults(e, facts.map(|f| f.uid.as_str()), facts.map(|f| f.grace)) {
             out.push(format!("{what}: {f}"));

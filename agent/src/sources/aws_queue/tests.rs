@@ -6,7 +6,7 @@
 
 use super::*;
 use crate::sources::aws_imds::{self, View};
-use lastcall_common::aws_events::InstanceState;
+use lastcall_common::aws_events::{HealthStatus, InstanceState};
 
 const ME: &str = "i-0123456789abcdef0";
 
@@ -169,6 +169,8 @@ fn a_health_event_is_the_same_scheduled_event_as_imds_shows() {
                 code: code.into(),
                 start,
                 aws_code: aws_code.into(),
+                arn: format!("arn:aws:health:us-east-1::event/EC2/{aws_code}/1"),
+                status: HealthStatus::Upcoming,
             },
         )];
         for now in ["2026-12-01T10:00:01Z", "2026-12-05T14:55:00Z"] {
@@ -259,5 +261,233 @@ fn an_old_event_stops_counting() {
     assert!(
         queue(&relayed, t("2026-12-01T11:02:00Z")).is_empty(),
         "stopped and started again an hour later: the old events do not drain it"
+    );
+}
+
+fn health(id: &str, time: &str, arn: &str, status: HealthStatus, start: &str) -> Relayed {
+    ev(
+        id,
+        time,
+        Event::ScheduledChange {
+            code: "instance-retirement".into(),
+            start: t(start),
+            aws_code: "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED".into(),
+            arn: arn.into(),
+            status,
+        },
+    )
+}
+
+/// AWS Health's statuses (the Health API's `EventStatusCode`: `upcoming`, `open`, `closed`)
+/// arrive as updates of one event, each under a new EventBridge id and the same `eventArn`.
+/// `closed` means the change is over (done, or cancelled): instance metadata then lists the
+/// scheduled event as completed or canceled, which is no signal (`aws_imds`), so the
+/// relayed one clears too. A redelivered earlier update never brings it back.
+#[test]
+fn a_closed_health_event_withdraws_it_and_an_older_update_does_not_bring_it_back() {
+    const A: &str = "arn:aws:health:us-east-1::event/EC2/AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED/a";
+    const B: &str = "arn:aws:health:us-east-1::event/EC2/AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED/b";
+    let now = t("2026-12-02T10:00:00Z");
+    let start = "2026-12-05T15:00:00Z";
+    let upcoming = health(
+        "u",
+        "2026-12-01T10:00:00Z",
+        A,
+        HealthStatus::Upcoming,
+        start,
+    );
+    let open = health("o", "2026-12-02T09:00:00Z", A, HealthStatus::Open, start);
+    let closed = health("c", "2026-12-02T09:30:00Z", A, HealthStatus::Closed, start);
+    let other = health(
+        "x",
+        "2026-12-01T11:00:00Z",
+        B,
+        HealthStatus::Upcoming,
+        start,
+    );
+    let told = |events: &[&Relayed]| {
+        notices(events, &settings(), now)
+            .into_iter()
+            .map(|n| (n.id, n.deadline))
+            .collect::<Vec<_>>()
+    };
+    let a = (format!("aws_queue:{A}"), Some(t(start)));
+    let b = (format!("aws_queue:{B}"), Some(t(start)));
+    assert_eq!(told(&[&upcoming]), std::slice::from_ref(&a));
+    assert_eq!(
+        told(&[&upcoming, &open]),
+        [a],
+        "two updates of one event are one notice"
+    );
+    assert!(told(&[&upcoming, &open, &closed]).is_empty());
+    assert!(
+        told(&[&closed, &upcoming]).is_empty(),
+        "the earlier update redelivered after the closed one"
+    );
+    assert_eq!(
+        told(&[&upcoming, &closed, &other]),
+        [b],
+        "another event stands"
+    );
+    // Records written before the ARN was kept: each entry is its own event.
+    let legacy = |id: &str| health(id, "2026-12-01T10:00:00Z", "", HealthStatus::Open, start);
+    let (l1, l2) = (legacy("l1"), legacy("l2"));
+    assert_eq!(told(&[&l1, &l2]).len(), 2);
+}
+
+/// AWS's documented warning states `instance-termination-time`: an earlier time than two
+/// minutes after the warning is the deadline; a later one never moves it past two minutes.
+#[test]
+fn a_capacity_reservation_warning_ends_at_its_stated_time_or_two_minutes() {
+    let now = t("2026-12-01T10:00:05Z");
+    for (stated, deadline) in [
+        (None, "2026-12-01T10:02:00Z"),
+        (Some("2026-12-01T10:01:30Z"), "2026-12-01T10:01:30Z"),
+        (Some("2026-12-01T10:05:00Z"), "2026-12-01T10:02:00Z"),
+    ] {
+        let relayed = [ev(
+            "c",
+            "2026-12-01T10:00:00Z",
+            Event::CapacityReservationInterruption {
+                terminates: stated.map(t),
+            },
+        )];
+        assert_eq!(
+            queue(&relayed, now),
+            [(
+                Cause::Preemption,
+                Severity::Terminate,
+                Some(t(deadline)),
+                false
+            )],
+            "{stated:?}"
+        );
+    }
+}
+
+/// The source looks again exactly when its notices change by the clock alone.
+#[test]
+fn the_next_change_is_the_next_lapse_or_lead() {
+    let s = settings();
+    let next = |events: &[&Relayed], now: &str| read(events, &s, t(now)).next_change;
+    let rebalance = ev("r", "2026-12-01T10:00:00Z", Event::RebalanceRecommendation);
+    assert_eq!(
+        next(&[&rebalance], "2026-12-01T10:00:01Z"),
+        Some(t("2026-12-01T10:30:00Z")),
+        "--rebalance-ttl"
+    );
+    assert_eq!(next(&[&rebalance], "2026-12-01T10:30:00Z"), None, "lapsed");
+    let maintenance = ev(
+        "m",
+        "2026-12-01T10:00:00Z",
+        Event::ScheduledChange {
+            code: "system-maintenance".into(),
+            start: t("2026-12-05T15:00:00Z"),
+            aws_code: "AWS_EC2_SYSTEM_MAINTENANCE_SCHEDULED".into(),
+            arn: "arn".into(),
+            status: HealthStatus::Upcoming,
+        },
+    );
+    assert_eq!(
+        next(&[&maintenance], "2026-12-01T10:00:01Z"),
+        Some(t("2026-12-05T14:50:00Z")),
+        "--maintenance-lead before the window: Observe becomes Drain"
+    );
+    assert_eq!(
+        next(&[&maintenance], "2026-12-05T14:50:00Z"),
+        Some(t("2026-12-05T16:00:00Z")),
+        "then its lapse"
+    );
+    let spot = ev(
+        "s",
+        "2026-12-01T10:00:00Z",
+        Event::SpotInterruption {
+            action: SpotAction::Terminate,
+        },
+    );
+    assert_eq!(
+        next(&[&spot], "2026-12-01T10:00:01Z"),
+        Some(t("2026-12-01T11:02:00Z"))
+    );
+    assert_eq!(next(&[], "2026-12-01T10:00:01Z"), None);
+}
+
+fn node(record: Option<&Record>) -> k8s_openapi::api::core::v1::Node {
+    let mut n = k8s_openapi::api::core::v1::Node::default();
+    n.metadata.name = Some("n1".into());
+    n.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+        provider_id: Some(format!("aws:///us-east-1a/{ME}")),
+        ..Default::default()
+    });
+    if let Some(r) = record {
+        n.metadata.annotations = Some([(ANNOTATION.to_string(), r.to_annotation())].into());
+    }
+    n
+}
+
+/// The source wakes on the Node watch, not on a timer: on a clock that moves only when every
+/// task waits on a timer (tokio's paused clock), the relayed warning reaches the notice with
+/// the clock where it was. A source that looked at its cached Node every so often would
+/// need the clock to move first.
+#[tokio::test(start_paused = true)]
+async fn a_relayed_event_reaches_the_notice_on_the_node_watch_not_on_a_timer() {
+    use kube::runtime::{reflector, watcher};
+    let (cache, mut writer) = reflector::store();
+    let (node_changed, node_changes) = tokio::sync::watch::channel(());
+    let kube = super::super::KubeAccess {
+        client: kube::Client::try_from(kube::Config::new(
+            "http://127.0.0.1:9".parse().expect("a URL"),
+        ))
+        .expect("a client"),
+        node: cache,
+        node_changes,
+    };
+    let s = super::super::test_support::start_source_with(
+        SOURCE,
+        super::start,
+        &["--aws-queue"],
+        Some(kube),
+    );
+    let mut reports = s.updates.clone();
+    let t0 = tokio::time::Instant::now();
+
+    // The watch's first list: the Node, nothing relayed yet.
+    for e in [
+        watcher::Event::Init,
+        watcher::Event::InitApply(node(None)),
+        watcher::Event::InitDone,
+    ] {
+        writer.apply_watcher_event(&e);
+    }
+    node_changed.send_replace(());
+    reports.changed().await.expect("a report");
+    assert_eq!(*reports.borrow_and_update(), Report::Known(vec![]));
+
+    // pubsub relays a Spot warning: the watch delivers the Node with it.
+    let warning = Relayed {
+        instance: ME.into(),
+        id: "e1".into(),
+        time: Timestamp::now(),
+        event: Event::SpotInterruption {
+            action: SpotAction::Terminate,
+        },
+    };
+    let record = Record::empty()
+        .with(warning.clone(), Timestamp::now())
+        .expect("new");
+    writer.apply_watcher_event(&watcher::Event::Apply(node(Some(&record))));
+    node_changed.send_replace(());
+    reports.changed().await.expect("a report");
+    let notices = match &*reports.borrow_and_update() {
+        Report::Known(n) => n.clone(),
+        Report::Unknown => panic!("unknown"),
+    };
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert_eq!(notices[0].cause, Cause::Preemption);
+    assert_eq!(notices[0].deadline, Some(warning.time + SPOT_NOTICE));
+    assert_eq!(
+        tokio::time::Instant::now() - t0,
+        Duration::ZERO,
+        "the notice came without the clock moving: no timer fired"
     );
 }

@@ -61,7 +61,30 @@ fn rebalance_and_capacity_reservation() {
         "aws.ec2",
         json!({"instance-id": I, "instance-action": "terminate"}),
     ));
-    assert_eq!(r.event, Event::CapacityReservationInterruption);
+    assert_eq!(
+        r.event,
+        Event::CapacityReservationInterruption { terminates: None }
+    );
+    // The documented shape states when the instance is terminated.
+    let r = relayed_one(&eb(
+        CAPACITY_RESERVATION,
+        "aws.ec2",
+        json!({"instance-id": I, "instance-action": "terminate",
+               "instance-termination-time": "2026-12-01T10:02:00Z", "azId": "use2-az1"}),
+    ));
+    assert_eq!(
+        r.event,
+        Event::CapacityReservationInterruption {
+            terminates: Some(t("2026-12-01T10:02:00Z"))
+        }
+    );
+    let e = parse(&eb(
+        CAPACITY_RESERVATION,
+        "aws.ec2",
+        json!({"instance-id": I, "instance-termination-time": "soon"}),
+    ))
+    .unwrap_err();
+    assert_eq!(e.metric_label(), "invalid");
 }
 
 #[test]
@@ -145,7 +168,56 @@ fn a_health_event_is_one_event_per_affected_instance() {
             code: "instance-stop".into(),
             start: t("2026-12-05T15:10:09Z"),
             aws_code: "AWS_EC2_INSTANCE_STOP_SCHEDULED".into(),
+            arn: "arn:aws:health:us-east-2::event/EC2/AWS_EC2_INSTANCE_STOP_SCHEDULED/x".into(),
+            status: HealthStatus::Open,
         }
+    );
+}
+
+/// The Health API's `EventStatusCode`: `upcoming`, `open`, `closed`. Each is relayed with
+/// the event's ARN (a `closed` update withdraws the event on the node); anything else is
+/// an error.
+#[test]
+fn a_health_events_status_and_arn_are_kept() {
+    let with_status = |status: Value| {
+        let mut v: Value = serde_json::from_str(&health(
+            "EC2",
+            "scheduledChange",
+            "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+            json!([{"entityValue": I}]),
+        ))
+        .unwrap();
+        v["detail"]["statusCode"] = status;
+        v.to_string()
+    };
+    for (raw, status) in [
+        ("upcoming", HealthStatus::Upcoming),
+        ("open", HealthStatus::Open),
+        ("closed", HealthStatus::Closed),
+    ] {
+        let r = relayed_one(&with_status(json!(raw)));
+        assert!(
+            matches!(&r.event, Event::ScheduledChange { status: s, arn, .. }
+                if *s == status && arn.ends_with("AWS_EC2_INSTANCE_STOP_SCHEDULED/x")),
+            "{raw}: {:?}",
+            r.event
+        );
+    }
+    for bad in [json!("resolved"), json!("CLOSED"), json!(1)] {
+        assert_eq!(
+            parse(&with_status(bad.clone())).unwrap_err().metric_label(),
+            "invalid",
+            "{bad}"
+        );
+    }
+    let mut v: Value = serde_json::from_str(&with_status(json!("open"))).unwrap();
+    // Longer than a relayed field (the Health API allows 1,600 bytes): relayed without it.
+    v["detail"]["eventArn"] = json!("a".repeat(MAX_FIELD + 1));
+    let r = relayed_one(&v.to_string());
+    assert!(
+        matches!(&r.event, Event::ScheduledChange { arn, .. } if arn.is_empty()),
+        "{:?}",
+        r.event
     );
 }
 
