@@ -15,7 +15,8 @@
 //!    Nodes. From the first send, by the kube emulator's journal: when each Node carried
 //!    its event (all of them), and when each Node with an agent was fenced by it. pubsub's
 //!    resident memory (`/proc/<pid>/status` `VmRSS`) is sampled every 50 ms through it.
-//!    Baseline, same run: as many warnings sent the same way, received and deleted by bare
+//!    The queue is ElasticMQ's (`LASTCALL_QUEUE_SERVER=moto` for moto's, whose receives take
+//!    seconds once thousands of messages wait). Baseline, same run: as many warnings sent the same way, received and deleted by bare
 //!    loops with the same number of receivers, each deletion timed from the first send.
 //!
 //! `cargo bench -p lastcall-testkit --bench queue_relay` (add `--profile dev` to reuse a
@@ -26,13 +27,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use lastcall_common::aws_events::ANNOTATION;
+use lastcall_emulators::elasticmq::ElasticMq;
 use lastcall_testkit::agent::{InProcessAgent, config, test_credentials};
 use lastcall_testkit::bench::{ms, percentile};
 use lastcall_testkit::bins::workspace_binary;
 use lastcall_testkit::cluster::{Cluster, ClusterConfig, NodeSpec};
 use lastcall_testkit::eventually::eventually;
 use lastcall_testkit::queue::{
-    PUBSUB, QueueRig, REGION, RunningRelay, provider_id, relay_args, set_provider_id, spot_envelope,
+    PUBSUB, QueueRig, REGION, RunningRelay, provider_id, relay_args, send_envelopes,
+    set_provider_id, spot_envelope,
 };
 use serde_json::json;
 
@@ -99,10 +102,10 @@ async fn bare_loop(
     }
 }
 
-async fn sqs(rig: &QueueRig) -> aws_sdk_sqs::Client {
+async fn sqs(endpoint: &str) -> aws_sdk_sqs::Client {
     lastcall_pubsub::queue::sqs_client(
         Some(REGION),
-        Some(&rig.moto.url()),
+        Some(endpoint),
         Duration::from_secs(1),
         Some(test_credentials()),
     )
@@ -119,7 +122,7 @@ async fn latency() -> anyhow::Result<()> {
     let rig = QueueRig::start().await?;
 
     // Baseline: put → received and deleted by a bare loop.
-    let client = sqs(&rig).await;
+    let client = sqs(&rig.moto.url()).await;
     let mut base = vec![];
     for i in 0..ROUNDS {
         let done = Arc::new(AtomicU64::new(0));
@@ -225,6 +228,60 @@ fn value(text: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The SQS server of the burst: ElasticMQ (`LASTCALL_QUEUE_SERVER=elasticmq`, the default),
+/// or moto's (`moto`, whose receives take seconds once thousands of messages wait).
+enum BurstServer {
+    ElasticMq(ElasticMq, String),
+    Moto(QueueRig),
+}
+
+impl BurstServer {
+    async fn start() -> anyhow::Result<Self> {
+        Ok(
+            if std::env::var("LASTCALL_QUEUE_SERVER").as_deref() == Ok("moto") {
+                Self::Moto(QueueRig::start().await?)
+            } else {
+                let server = ElasticMq::start().await?;
+                let url = server.create_queue("lastcall-interruptions").await?;
+                Self::ElasticMq(server, url)
+            },
+        )
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Self::ElasticMq(..) => "ElasticMQ",
+            Self::Moto(_) => "moto",
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        match self {
+            Self::ElasticMq(s, _) => s.url(),
+            Self::Moto(rig) => rig.moto.url(),
+        }
+    }
+
+    fn queue_url(&self) -> &str {
+        match self {
+            Self::ElasticMq(_, url) => url,
+            Self::Moto(rig) => &rig.queue_url,
+        }
+    }
+
+    async fn send(&self, envelopes: &[serde_json::Value]) -> anyhow::Result<()> {
+        match self {
+            Self::ElasticMq(s, url) => {
+                send_envelopes(envelopes, PUTTERS, |bodies: Vec<String>| async move {
+                    s.send_batch(url, &bodies).await
+                })
+                .await
+            }
+            Self::Moto(rig) => rig.send_envelopes(envelopes, PUTTERS).await,
+        }
+    }
+}
+
 /// The first write of `identity` to Node `node` the API server accepted whose answer
 /// satisfies `done`: when it took effect, by the emulator's journal.
 fn first_write(
@@ -309,7 +366,7 @@ async fn burst() -> anyhow::Result<()> {
         .collect()
         .await;
     set.into_iter().collect::<Result<Vec<()>, _>>()?;
-    let rig = QueueRig::start().await?;
+    let server = BurstServer::start().await?;
 
     // Real agents (built as the binary, in this process) on every `stride`-th Node, so their
     // warnings are spread through the burst, each with its Node cached before the clock
@@ -344,7 +401,7 @@ async fn burst() -> anyhow::Result<()> {
 
     // Baseline: the same number of warnings (for instances no Node runs) sent the same way,
     // received and deleted by RECEIVERS bare loops.
-    let client = sqs(&rig).await;
+    let client = sqs(&server.endpoint()).await;
     let envelopes: Vec<_> = (0..burst)
         .map(|i| spot_envelope(&iid(100_000 + i)))
         .collect();
@@ -353,7 +410,7 @@ async fn burst() -> anyhow::Result<()> {
     let loops = futures::future::join_all((0..RECEIVERS).map(|_| {
         bare_loop(
             client.clone(),
-            rig.queue_url.clone(),
+            server.queue_url().to_string(),
             burst as u64,
             done.clone(),
             deleted.clone(),
@@ -362,7 +419,7 @@ async fn burst() -> anyhow::Result<()> {
     let t0 = Instant::now();
     let (sent, _) = tokio::join!(
         async {
-            rig.send_envelopes(&envelopes, PUTTERS).await?;
+            server.send(&envelopes).await?;
             anyhow::Ok(t0.elapsed())
         },
         loops
@@ -393,9 +450,9 @@ async fn burst() -> anyhow::Result<()> {
         .env("KUBECONFIG", &kubeconfig)
         .args([
             "--queue-url",
-            &rig.queue_url,
+            server.queue_url(),
             "--sqs-endpoint",
-            &rig.moto.url(),
+            &server.endpoint(),
         ])
         .args(["--aws-region", REGION, "--queue-wait", "1s"])
         .args(["--queue-receivers", &RECEIVERS.to_string()])
@@ -438,7 +495,7 @@ async fn burst() -> anyhow::Result<()> {
     let envelopes: Vec<_> = (0..burst).map(|i| spot_envelope(&iid(i))).collect();
     let t0 = SystemTime::now();
     let started = Instant::now();
-    rig.send_envelopes(&envelopes, PUTTERS).await?;
+    server.send(&envelopes).await?;
     let relay_sent = started.elapsed();
     eventually(
         "every event relayed and deleted",
@@ -489,18 +546,21 @@ async fn burst() -> anyhow::Result<()> {
             None => missing += 1,
         }
     }
-    let mut fenced: Vec<Duration> = agent_nodes
+    // Each agent's fence, from the first send and from its own Node's relay.
+    let (mut fenced, mut after_relay): (Vec<Duration>, Vec<Duration>) = agent_nodes
         .iter()
-        .filter_map(|i| {
+        .filter_map(|&i| {
             let node = format!("z{i}");
-            first_write(&entries, &format!("agent-{node}"), &node, |n| {
+            let fence = first_write(&entries, &format!("agent-{node}"), &node, |n| {
                 n["spec"]["unschedulable"] == true
-            })
-            .map(|at| since(t0, at))
+            })?;
+            let relay = first_write(&entries, PUBSUB, &node, |n| carries(n, &iid(i)))?;
+            Some((since(t0, fence), since(relay, fence)))
         })
-        .collect();
+        .unzip();
     println!(
-        "  clock from the first SendMessageBatch (10 per call, {PUTTERS} calls at a time); times per message / per Node"
+        "  {}; clock from the first SendMessageBatch (10 per call, {PUTTERS} calls at a time); times per message / per Node",
+        server.name()
     );
     println!(
         "  baseline, a bare loop receives and deletes each: p50 {}, p99 {}, last {} (all sent after {})",
@@ -525,6 +585,13 @@ async fn burst() -> anyhow::Result<()> {
         ),
         spread(&mut fenced),
         base,
+    );
+    let gap = spread(&mut after_relay);
+    println!(
+        "  its Node's relay → its agent's fence: p50 {}, p99 {}, longest {}",
+        ms(gap.0, 0),
+        ms(gap.1, 0),
+        ms(gap.2, 0)
     );
     println!(
         "  pubsub RSS: {:.1} MiB with {burst} Nodes listed, peak {:.1} MiB through the burst ({:.2}×), {:.1} MiB after",
