@@ -587,6 +587,31 @@ async fn burst() -> anyhow::Result<()> {
         base,
     );
     let gap = spread(&mut after_relay);
+    let agent_requests: Vec<_> = entries
+        .iter()
+        .filter(|r| {
+            r.identity
+                .as_deref()
+                .is_some_and(|i| i.starts_with("agent-"))
+                && r.at >= t0
+        })
+        .collect();
+    let mut statuses: std::collections::BTreeMap<(String, u16), usize> = Default::default();
+    for r in &agent_requests {
+        *statuses
+            .entry((
+                format!(
+                    "{} {}",
+                    r.verb.as_str(),
+                    r.resource.as_deref().unwrap_or("-")
+                ),
+                r.status,
+            ))
+            .or_default() += 1;
+    }
+    println!(
+        "  the agents' requests from the first send (verb resource, status: count): {statuses:?}"
+    );
     println!(
         "  its Node's relay → its agent's fence: p50 {}, p99 {}, longest {}",
         ms(gap.0, 0),
