@@ -31,12 +31,14 @@ use lastcall_emulators::elasticmq::ElasticMq;
 use lastcall_testkit::agent::{InProcessAgent, config, test_credentials};
 use lastcall_testkit::bench::{ms, percentile};
 use lastcall_testkit::bins::workspace_binary;
+use lastcall_testkit::cluster::preload::node_name;
 use lastcall_testkit::cluster::{Cluster, ClusterConfig, NodeSpec};
 use lastcall_testkit::eventually::eventually;
 use lastcall_testkit::queue::{
     PUBSUB, QueueRig, REGION, RunningRelay, provider_id, relay_args, send_envelopes,
     set_provider_id, spot_envelope,
 };
+use lastcall_testkit::scale_agents::{SHARD_AGENTS, Shard, ShardSpec, shard_ranges};
 use serde_json::json;
 
 const ROUNDS: usize = 10;
@@ -336,7 +338,7 @@ async fn burst() -> anyhow::Result<()> {
     let burst = burst_size();
     let with_agents = burst_agents().min(burst);
     println!(
-        "a burst of {burst} Spot warnings for {burst} Nodes ({RECEIVERS} receivers), {with_agents} of them (every {}th) with an agent; load {}",
+        "a burst of {burst} Spot warnings for {burst} Nodes ({RECEIVERS} receivers), {with_agents} of them (every {}th sent) with an agent; load {}",
         burst / with_agents.max(1),
         std::fs::read_to_string("/proc/loadavg")
             .unwrap_or_default()
@@ -346,14 +348,14 @@ async fn burst() -> anyhow::Result<()> {
     let admin = kube::Client::try_from(cluster.emulator().config_for("admin").await?)?;
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(admin);
     for i in 0..burst {
-        cluster.add_node(NodeSpec::new(format!("z{i}")))?;
+        cluster.add_node(NodeSpec::new(node_name(i)))?;
     }
     let sets = (0..burst).map(|i| {
         let nodes = nodes.clone();
         async move {
             nodes
                 .patch(
-                    &format!("z{i}"),
+                    &node_name(i),
                     &kube::api::PatchParams::default(),
                     &kube::api::Patch::Merge(json!({"spec": {"providerID": provider_id(&iid(i))}})),
                 )
@@ -371,25 +373,50 @@ async fn burst() -> anyhow::Result<()> {
     // Real agents (built as the binary, in this process) on every `stride`-th Node, so their
     // warnings are spread through the burst, each with its Node cached before the clock
     // starts.
+    // Real agents (built as the binary) on the first `with_agents` Nodes, each with its Node
+    // cached before the clock starts: in `lastcall-scale-agents` shard processes of their
+    // own (`LASTCALL_QUEUE_BURST_SHARDS`, the default), or in this process beside the
+    // emulator (`LASTCALL_QUEUE_BURST_SHARDS=0`).
     let stride = burst / with_agents.max(1);
-    let agent_nodes: Vec<usize> = (0..with_agents).map(|k| k * stride).collect();
+    let agent_nodes: Vec<usize> = (0..with_agents).collect();
+    let sharded = std::env::var("LASTCALL_QUEUE_BURST_SHARDS").as_deref() != Ok("0");
     let started = Instant::now();
-    let mut agents = Vec::with_capacity(with_agents);
-    for &i in &agent_nodes {
-        let node = format!("z{i}");
-        let kube = cluster
-            .emulator()
-            .config_for(&format!("agent-{node}"))
+    let mut agents = Vec::new();
+    let mut shards = Vec::new();
+    let mut admins = Vec::new();
+    if sharded {
+        for (from, to) in shard_ranges(with_agents, SHARD_AGENTS) {
+            let shard = Shard::spawn(&ShardSpec {
+                kube_url: cluster.emulator().url(),
+                gamelift_url: String::new(),
+                redis_url: String::new(),
+                from,
+                to,
+                aws_queue: true,
+            })
             .await?;
-        agents.push(InProcessAgent::start(config(&node, &["--aws-queue"]), kube, None).await?);
+            admins.extend(shard.admins.iter().map(|(_, a)| *a));
+            shards.push(shard);
+        }
+    } else {
+        for &i in &agent_nodes {
+            let node = node_name(i);
+            let kube = cluster
+                .emulator()
+                .config_for(&format!("agent-{node}"))
+                .await?;
+            let agent = InProcessAgent::start(config(&node, &["--aws-queue"]), kube, None).await?;
+            admins.push(agent.admin);
+            agents.push(agent);
+        }
     }
-    for a in &agents {
+    for a in &admins {
         eventually(
             "the agent's queue source is up",
             Duration::from_secs(300),
             Duration::from_millis(50),
             || async {
-                a.metrics()
+                lastcall_testkit::agent::scrape(*a)
                     .await
                     .contains("lastcall_source_up{source=\"aws_queue\"} 1")
                     .then_some(())
@@ -397,7 +424,29 @@ async fn burst() -> anyhow::Result<()> {
         )
         .await;
     }
-    println!("  {with_agents} agents up in {}", ms(started.elapsed(), 0));
+    println!(
+        "  {with_agents} agents up in {} ({})",
+        ms(started.elapsed(), 0),
+        if sharded {
+            format!("{} shard processes", shards.len())
+        } else {
+            "in this process".into()
+        }
+    );
+    // The send order puts the Nodes with an agent every `stride`-th, spread through the
+    // burst.
+    let order: Vec<usize> = {
+        let mut others = with_agents..burst;
+        (0..burst)
+            .filter_map(|p| {
+                if p % stride.max(1) == 0 && p / stride.max(1) < with_agents {
+                    Some(p / stride.max(1))
+                } else {
+                    others.next()
+                }
+            })
+            .collect()
+    };
 
     // Baseline: the same number of warnings (for instances no Node runs) sent the same way,
     // received and deleted by RECEIVERS bare loops.
@@ -492,7 +541,7 @@ async fn burst() -> anyhow::Result<()> {
             }
         })
     };
-    let envelopes: Vec<_> = (0..burst).map(|i| spot_envelope(&iid(i))).collect();
+    let envelopes: Vec<_> = order.iter().map(|&i| spot_envelope(&iid(i))).collect();
     let t0 = SystemTime::now();
     let started = Instant::now();
     server.send(&envelopes).await?;
@@ -525,7 +574,7 @@ async fn burst() -> anyhow::Result<()> {
             agent_nodes
                 .iter()
                 .all(|i| {
-                    let node = format!("z{i}");
+                    let node = node_name(*i);
                     first_write(&entries, &format!("agent-{node}"), &node, |n| {
                         n["spec"]["unschedulable"] == true
                     })
@@ -540,7 +589,7 @@ async fn burst() -> anyhow::Result<()> {
     let mut relayed = vec![];
     let mut missing = 0;
     for i in 0..burst {
-        let node = format!("z{i}");
+        let node = node_name(i);
         match first_write(&entries, PUBSUB, &node, |n| carries(n, &iid(i))) {
             Some(at) => relayed.push(since(t0, at)),
             None => missing += 1,
@@ -550,7 +599,7 @@ async fn burst() -> anyhow::Result<()> {
     let (mut fenced, mut after_relay): (Vec<Duration>, Vec<Duration>) = agent_nodes
         .iter()
         .filter_map(|&i| {
-            let node = format!("z{i}");
+            let node = node_name(i);
             let fence = first_write(&entries, &format!("agent-{node}"), &node, |n| {
                 n["spec"]["unschedulable"] == true
             })?;
@@ -627,6 +676,9 @@ async fn burst() -> anyhow::Result<()> {
     );
     for a in agents {
         a.stop().await?;
+    }
+    for shard in shards {
+        shard.stop(Duration::from_secs(30)).await;
     }
     Ok(())
 }
