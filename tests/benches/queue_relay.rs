@@ -636,6 +636,13 @@ async fn burst() -> anyhow::Result<()> {
         base,
     );
     let gap = spread(&mut after_relay);
+    // The agents' own share: their signal → fence histogram.
+    let (mut fence_sum, mut fence_count) = (0.0, 0.0);
+    for a in &admins {
+        let text = lastcall_testkit::agent::scrape(*a).await;
+        fence_sum += value(&text, "lastcall_signal_to_fence_seconds_sum ");
+        fence_count += value(&text, "lastcall_signal_to_fence_seconds_count ");
+    }
     let agent_requests: Vec<_> = entries
         .iter()
         .filter(|r| {
@@ -662,10 +669,11 @@ async fn burst() -> anyhow::Result<()> {
         "  the agents' requests from the first send (verb resource, status: count): {statuses:?}"
     );
     println!(
-        "  its Node's relay → its agent's fence: p50 {}, p99 {}, longest {}",
+        "  its Node's relay → its agent's fence: p50 {}, p99 {}, longest {}; of which the agent's own signal → fence (its histogram): mean {:.1} ms over {fence_count} fences",
         ms(gap.0, 0),
         ms(gap.1, 0),
-        ms(gap.2, 0)
+        ms(gap.2, 0),
+        1000.0 * fence_sum / fence_count.max(1.0)
     );
     println!(
         "  pubsub RSS: {:.1} MiB with {burst} Nodes listed, peak {:.1} MiB through the burst ({:.2}×), {:.1} MiB after",
