@@ -15,7 +15,8 @@
 //!    Nodes. From the first send, by the kube emulator's journal: when each Node carried
 //!    its event (all of them), and when each Node with an agent was fenced by it. pubsub's
 //!    resident memory (`/proc/<pid>/status` `VmRSS`) is sampled every 50 ms through it.
-//!    Baseline, same run: as many warnings sent the same way, received and deleted by bare
+//!    The queue is ElasticMQ's (`LASTCALL_QUEUE_SERVER=moto` for moto's, whose receives take
+//!    seconds once thousands of messages wait). Baseline, same run: as many warnings sent the same way, received and deleted by bare
 //!    loops with the same number of receivers, each deletion timed from the first send.
 //!
 //! `cargo bench -p lastcall-testkit --bench queue_relay` (add `--profile dev` to reuse a
@@ -26,14 +27,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use lastcall_common::aws_events::ANNOTATION;
+use lastcall_emulators::elasticmq::ElasticMq;
 use lastcall_testkit::agent::{InProcessAgent, config, test_credentials};
 use lastcall_testkit::bench::{ms, percentile};
 use lastcall_testkit::bins::workspace_binary;
+use lastcall_testkit::cluster::preload::node_name;
 use lastcall_testkit::cluster::{Cluster, ClusterConfig, NodeSpec};
 use lastcall_testkit::eventually::eventually;
 use lastcall_testkit::queue::{
-    PUBSUB, QueueRig, REGION, RunningRelay, provider_id, relay_args, set_provider_id, spot_envelope,
+    PUBSUB, QueueRig, REGION, RunningRelay, provider_id, relay_args, send_envelopes,
+    set_provider_id, spot_envelope,
 };
+use lastcall_testkit::scale_agents::{SHARD_AGENTS, Shard, ShardSpec, shard_ranges};
 use serde_json::json;
 
 const ROUNDS: usize = 10;
@@ -99,10 +104,10 @@ async fn bare_loop(
     }
 }
 
-async fn sqs(rig: &QueueRig) -> aws_sdk_sqs::Client {
+async fn sqs(endpoint: &str) -> aws_sdk_sqs::Client {
     lastcall_pubsub::queue::sqs_client(
         Some(REGION),
-        Some(&rig.moto.url()),
+        Some(endpoint),
         Duration::from_secs(1),
         Some(test_credentials()),
     )
@@ -119,7 +124,7 @@ async fn latency() -> anyhow::Result<()> {
     let rig = QueueRig::start().await?;
 
     // Baseline: put → received and deleted by a bare loop.
-    let client = sqs(&rig).await;
+    let client = sqs(&rig.moto.url()).await;
     let mut base = vec![];
     for i in 0..ROUNDS {
         let done = Arc::new(AtomicU64::new(0));
@@ -225,6 +230,60 @@ fn value(text: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The SQS server of the burst: ElasticMQ (`LASTCALL_QUEUE_SERVER=elasticmq`, the default),
+/// or moto's (`moto`, whose receives take seconds once thousands of messages wait).
+enum BurstServer {
+    ElasticMq(ElasticMq, String),
+    Moto(QueueRig),
+}
+
+impl BurstServer {
+    async fn start() -> anyhow::Result<Self> {
+        Ok(
+            if std::env::var("LASTCALL_QUEUE_SERVER").as_deref() == Ok("moto") {
+                Self::Moto(QueueRig::start().await?)
+            } else {
+                let server = ElasticMq::start().await?;
+                let url = server.create_queue("lastcall-interruptions").await?;
+                Self::ElasticMq(server, url)
+            },
+        )
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Self::ElasticMq(..) => "ElasticMQ",
+            Self::Moto(_) => "moto",
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        match self {
+            Self::ElasticMq(s, _) => s.url(),
+            Self::Moto(rig) => rig.moto.url(),
+        }
+    }
+
+    fn queue_url(&self) -> &str {
+        match self {
+            Self::ElasticMq(_, url) => url,
+            Self::Moto(rig) => &rig.queue_url,
+        }
+    }
+
+    async fn send(&self, envelopes: &[serde_json::Value]) -> anyhow::Result<()> {
+        match self {
+            Self::ElasticMq(s, url) => {
+                send_envelopes(envelopes, PUTTERS, |bodies: Vec<String>| async move {
+                    s.send_batch(url, &bodies).await
+                })
+                .await
+            }
+            Self::Moto(rig) => rig.send_envelopes(envelopes, PUTTERS).await,
+        }
+    }
+}
+
 /// The first write of `identity` to Node `node` the API server accepted whose answer
 /// satisfies `done`: when it took effect, by the emulator's journal.
 fn first_write(
@@ -279,7 +338,7 @@ async fn burst() -> anyhow::Result<()> {
     let burst = burst_size();
     let with_agents = burst_agents().min(burst);
     println!(
-        "a burst of {burst} Spot warnings for {burst} Nodes ({RECEIVERS} receivers), {with_agents} of them (every {}th) with an agent; load {}",
+        "a burst of {burst} Spot warnings for {burst} Nodes ({RECEIVERS} receivers), {with_agents} of them (every {}th sent) with an agent; load {}",
         burst / with_agents.max(1),
         std::fs::read_to_string("/proc/loadavg")
             .unwrap_or_default()
@@ -289,14 +348,14 @@ async fn burst() -> anyhow::Result<()> {
     let admin = kube::Client::try_from(cluster.emulator().config_for("admin").await?)?;
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(admin);
     for i in 0..burst {
-        cluster.add_node(NodeSpec::new(format!("z{i}")))?;
+        cluster.add_node(NodeSpec::new(node_name(i)))?;
     }
     let sets = (0..burst).map(|i| {
         let nodes = nodes.clone();
         async move {
             nodes
                 .patch(
-                    &format!("z{i}"),
+                    &node_name(i),
                     &kube::api::PatchParams::default(),
                     &kube::api::Patch::Merge(json!({"spec": {"providerID": provider_id(&iid(i))}})),
                 )
@@ -309,30 +368,55 @@ async fn burst() -> anyhow::Result<()> {
         .collect()
         .await;
     set.into_iter().collect::<Result<Vec<()>, _>>()?;
-    let rig = QueueRig::start().await?;
+    let server = BurstServer::start().await?;
 
     // Real agents (built as the binary, in this process) on every `stride`-th Node, so their
     // warnings are spread through the burst, each with its Node cached before the clock
     // starts.
+    // Real agents (built as the binary) on the first `with_agents` Nodes, each with its Node
+    // cached before the clock starts: in `lastcall-scale-agents` shard processes of their
+    // own (`LASTCALL_QUEUE_BURST_SHARDS`, the default), or in this process beside the
+    // emulator (`LASTCALL_QUEUE_BURST_SHARDS=0`).
     let stride = burst / with_agents.max(1);
-    let agent_nodes: Vec<usize> = (0..with_agents).map(|k| k * stride).collect();
+    let agent_nodes: Vec<usize> = (0..with_agents).collect();
+    let sharded = std::env::var("LASTCALL_QUEUE_BURST_SHARDS").as_deref() != Ok("0");
     let started = Instant::now();
-    let mut agents = Vec::with_capacity(with_agents);
-    for &i in &agent_nodes {
-        let node = format!("z{i}");
-        let kube = cluster
-            .emulator()
-            .config_for(&format!("agent-{node}"))
+    let mut agents = Vec::new();
+    let mut shards = Vec::new();
+    let mut admins = Vec::new();
+    if sharded {
+        for (from, to) in shard_ranges(with_agents, SHARD_AGENTS) {
+            let shard = Shard::spawn(&ShardSpec {
+                kube_url: cluster.emulator().url(),
+                gamelift_url: String::new(),
+                redis_url: String::new(),
+                from,
+                to,
+                aws_queue: true,
+            })
             .await?;
-        agents.push(InProcessAgent::start(config(&node, &["--aws-queue"]), kube, None).await?);
+            admins.extend(shard.admins.iter().map(|(_, a)| *a));
+            shards.push(shard);
+        }
+    } else {
+        for &i in &agent_nodes {
+            let node = node_name(i);
+            let kube = cluster
+                .emulator()
+                .config_for(&format!("agent-{node}"))
+                .await?;
+            let agent = InProcessAgent::start(config(&node, &["--aws-queue"]), kube, None).await?;
+            admins.push(agent.admin);
+            agents.push(agent);
+        }
     }
-    for a in &agents {
+    for a in &admins {
         eventually(
             "the agent's queue source is up",
             Duration::from_secs(300),
             Duration::from_millis(50),
             || async {
-                a.metrics()
+                lastcall_testkit::agent::scrape(*a)
                     .await
                     .contains("lastcall_source_up{source=\"aws_queue\"} 1")
                     .then_some(())
@@ -340,11 +424,33 @@ async fn burst() -> anyhow::Result<()> {
         )
         .await;
     }
-    println!("  {with_agents} agents up in {}", ms(started.elapsed(), 0));
+    println!(
+        "  {with_agents} agents up in {} ({})",
+        ms(started.elapsed(), 0),
+        if sharded {
+            format!("{} shard processes", shards.len())
+        } else {
+            "in this process".into()
+        }
+    );
+    // The send order puts the Nodes with an agent every `stride`-th, spread through the
+    // burst.
+    let order: Vec<usize> = {
+        let mut others = with_agents..burst;
+        (0..burst)
+            .filter_map(|p| {
+                if p % stride.max(1) == 0 && p / stride.max(1) < with_agents {
+                    Some(p / stride.max(1))
+                } else {
+                    others.next()
+                }
+            })
+            .collect()
+    };
 
     // Baseline: the same number of warnings (for instances no Node runs) sent the same way,
     // received and deleted by RECEIVERS bare loops.
-    let client = sqs(&rig).await;
+    let client = sqs(&server.endpoint()).await;
     let envelopes: Vec<_> = (0..burst)
         .map(|i| spot_envelope(&iid(100_000 + i)))
         .collect();
@@ -353,7 +459,7 @@ async fn burst() -> anyhow::Result<()> {
     let loops = futures::future::join_all((0..RECEIVERS).map(|_| {
         bare_loop(
             client.clone(),
-            rig.queue_url.clone(),
+            server.queue_url().to_string(),
             burst as u64,
             done.clone(),
             deleted.clone(),
@@ -362,7 +468,7 @@ async fn burst() -> anyhow::Result<()> {
     let t0 = Instant::now();
     let (sent, _) = tokio::join!(
         async {
-            rig.send_envelopes(&envelopes, PUTTERS).await?;
+            server.send(&envelopes).await?;
             anyhow::Ok(t0.elapsed())
         },
         loops
@@ -393,9 +499,9 @@ async fn burst() -> anyhow::Result<()> {
         .env("KUBECONFIG", &kubeconfig)
         .args([
             "--queue-url",
-            &rig.queue_url,
+            server.queue_url(),
             "--sqs-endpoint",
-            &rig.moto.url(),
+            &server.endpoint(),
         ])
         .args(["--aws-region", REGION, "--queue-wait", "1s"])
         .args(["--queue-receivers", &RECEIVERS.to_string()])
@@ -435,10 +541,10 @@ async fn burst() -> anyhow::Result<()> {
             }
         })
     };
-    let envelopes: Vec<_> = (0..burst).map(|i| spot_envelope(&iid(i))).collect();
+    let envelopes: Vec<_> = order.iter().map(|&i| spot_envelope(&iid(i))).collect();
     let t0 = SystemTime::now();
     let started = Instant::now();
-    rig.send_envelopes(&envelopes, PUTTERS).await?;
+    server.send(&envelopes).await?;
     let relay_sent = started.elapsed();
     eventually(
         "every event relayed and deleted",
@@ -468,7 +574,7 @@ async fn burst() -> anyhow::Result<()> {
             agent_nodes
                 .iter()
                 .all(|i| {
-                    let node = format!("z{i}");
+                    let node = node_name(*i);
                     first_write(&entries, &format!("agent-{node}"), &node, |n| {
                         n["spec"]["unschedulable"] == true
                     })
@@ -483,24 +589,27 @@ async fn burst() -> anyhow::Result<()> {
     let mut relayed = vec![];
     let mut missing = 0;
     for i in 0..burst {
-        let node = format!("z{i}");
+        let node = node_name(i);
         match first_write(&entries, PUBSUB, &node, |n| carries(n, &iid(i))) {
             Some(at) => relayed.push(since(t0, at)),
             None => missing += 1,
         }
     }
-    let mut fenced: Vec<Duration> = agent_nodes
+    // Each agent's fence, from the first send and from its own Node's relay.
+    let (mut fenced, mut after_relay): (Vec<Duration>, Vec<Duration>) = agent_nodes
         .iter()
-        .filter_map(|i| {
-            let node = format!("z{i}");
-            first_write(&entries, &format!("agent-{node}"), &node, |n| {
+        .filter_map(|&i| {
+            let node = node_name(i);
+            let fence = first_write(&entries, &format!("agent-{node}"), &node, |n| {
                 n["spec"]["unschedulable"] == true
-            })
-            .map(|at| since(t0, at))
+            })?;
+            let relay = first_write(&entries, PUBSUB, &node, |n| carries(n, &iid(i)))?;
+            Some((since(t0, fence), since(relay, fence)))
         })
-        .collect();
+        .unzip();
     println!(
-        "  clock from the first SendMessageBatch (10 per call, {PUTTERS} calls at a time); times per message / per Node"
+        "  {}; clock from the first SendMessageBatch (10 per call, {PUTTERS} calls at a time); times per message / per Node",
+        server.name()
     );
     println!(
         "  baseline, a bare loop receives and deletes each: p50 {}, p99 {}, last {} (all sent after {})",
@@ -526,6 +635,46 @@ async fn burst() -> anyhow::Result<()> {
         spread(&mut fenced),
         base,
     );
+    let gap = spread(&mut after_relay);
+    // The agents' own share: their signal → fence histogram.
+    let (mut fence_sum, mut fence_count) = (0.0, 0.0);
+    for a in &admins {
+        let text = lastcall_testkit::agent::scrape(*a).await;
+        fence_sum += value(&text, "lastcall_signal_to_fence_seconds_sum ");
+        fence_count += value(&text, "lastcall_signal_to_fence_seconds_count ");
+    }
+    let agent_requests: Vec<_> = entries
+        .iter()
+        .filter(|r| {
+            r.identity
+                .as_deref()
+                .is_some_and(|i| i.starts_with("agent-"))
+                && r.at >= t0
+        })
+        .collect();
+    let mut statuses: std::collections::BTreeMap<(String, u16), usize> = Default::default();
+    for r in &agent_requests {
+        *statuses
+            .entry((
+                format!(
+                    "{} {}",
+                    r.verb.as_str(),
+                    r.resource.as_deref().unwrap_or("-")
+                ),
+                r.status,
+            ))
+            .or_default() += 1;
+    }
+    println!(
+        "  the agents' requests from the first send (verb resource, status: count): {statuses:?}"
+    );
+    println!(
+        "  its Node's relay → its agent's fence: p50 {}, p99 {}, longest {}; of which the agent's own signal → fence (its histogram): mean {:.1} ms over {fence_count} fences",
+        ms(gap.0, 0),
+        ms(gap.1, 0),
+        ms(gap.2, 0),
+        1000.0 * fence_sum / fence_count.max(1.0)
+    );
     println!(
         "  pubsub RSS: {:.1} MiB with {burst} Nodes listed, peak {:.1} MiB through the burst ({:.2}×), {:.1} MiB after",
         idle as f64 / 1024.0,
@@ -535,6 +684,9 @@ async fn burst() -> anyhow::Result<()> {
     );
     for a in agents {
         a.stop().await?;
+    }
+    for shard in shards {
+        shard.stop(Duration::from_secs(30)).await;
     }
     Ok(())
 }

@@ -78,20 +78,12 @@ impl QueueRig {
     }
 
     /// Sends `envelopes` (see [`envelope`]) straight into the queue, 10 per
-    /// `SendMessageBatch`, `parallel` calls at a time: what EventBridge's rule target would
-    /// deliver, without moto's `PutEvents`, which takes seconds per call once thousands of
-    /// events are queued (the burst bench measures lastcall, not moto's EventBridge).
+    /// `SendMessageBatch`, `parallel` calls at a time (see [`send_envelopes`]).
     pub async fn send_envelopes(&self, envelopes: &[Value], parallel: usize) -> anyhow::Result<()> {
-        use futures::StreamExt as _;
-        let bodies: Vec<String> = envelopes.iter().map(Value::to_string).collect();
-        let calls = bodies
-            .chunks(10)
-            .map(|c| self.moto.send_batch(&self.queue_url, c));
-        let results: Vec<anyhow::Result<()>> = futures::stream::iter(calls)
-            .buffer_unordered(parallel.max(1))
-            .collect()
-            .await;
-        results.into_iter().collect()
+        send_envelopes(envelopes, parallel, |bodies| async move {
+            self.moto.send_batch(&self.queue_url, &bodies).await
+        })
+        .await
     }
 
     pub async fn spot(&self, instance: &str, action: &str) {
@@ -145,6 +137,29 @@ pub fn spot_envelope(instance: &str) -> Value {
         json!({"instance-id": instance, "instance-action": "terminate"}),
         instance,
     )
+}
+
+/// Sends `envelopes` straight into a queue through `send` (one `SendMessageBatch` of up to
+/// 10 bodies), `parallel` calls at a time: what an EventBridge rule's SQS target would
+/// deliver, without an EventBridge (moto's `PutEvents` takes seconds a call once thousands
+/// of events are queued; a burst measures lastcall, not moto's EventBridge).
+pub async fn send_envelopes<F, Fut>(
+    envelopes: &[Value],
+    parallel: usize,
+    send: F,
+) -> anyhow::Result<()>
+where
+    F: Fn(Vec<String>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    use futures::StreamExt as _;
+    let bodies: Vec<String> = envelopes.iter().map(Value::to_string).collect();
+    let calls = bodies.chunks(10).map(|c| send(c.to_vec()));
+    let results: Vec<anyhow::Result<()>> = futures::stream::iter(calls)
+        .buffer_unordered(parallel.max(1))
+        .collect()
+        .await;
+    results.into_iter().collect()
 }
 
 /// pubsub's queue mode running in this process.

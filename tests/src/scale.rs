@@ -490,6 +490,7 @@ impl ScaleWorld {
                 redis_url: redis_url.clone(),
                 from,
                 to,
+                aws_queue: false,
             })
             .await
             .with_context(|| format!("agents {from}..{to}"))?;

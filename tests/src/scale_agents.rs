@@ -62,32 +62,41 @@ pub struct ShardSpec {
     /// Agent indexes `from..to` (node `node_name(i)`, instance `iid(i)`).
     pub from: usize,
     pub to: usize,
+    /// Queue mode (`--aws-queue`): the agents read EC2 events relayed onto their Node and
+    /// use neither GameLift nor Redis (`gamelift_url` and `redis_url` are not used).
+    pub aws_queue: bool,
 }
 
 /// The shard process's body: starts the agents, reports them, runs until stdin closes.
 pub async fn run(spec: ShardSpec) -> anyhow::Result<()> {
     let rss_before = status_kb("self", "VmRSS");
-    let gamelift = aws_sdk_gamelift::Client::from_conf(
-        crate::gamelift::sdk_config_for(
-            &spec.gamelift_url,
-            &format!("lastcall-scale-shard-{}", spec.from),
+    let gamelift = (!spec.aws_queue).then(|| {
+        aws_sdk_gamelift::Client::from_conf(
+            crate::gamelift::sdk_config_for(
+                &spec.gamelift_url,
+                &format!("lastcall-scale-shard-{}", spec.from),
+            )
+            .build(),
         )
-        .build(),
-    );
+    });
     let mut agents = Vec::with_capacity(spec.to.saturating_sub(spec.from));
     for i in spec.from..spec.to {
         let node = node_name(i);
         let id = iid(i);
-        let args = [
-            "--game-server-group",
-            GROUP,
-            "--instance-id",
-            &id,
-            "--redis-url",
-            &spec.redis_url,
-        ];
+        let args: &[&str] = if spec.aws_queue {
+            &["--aws-queue"]
+        } else {
+            &[
+                "--game-server-group",
+                GROUP,
+                "--instance-id",
+                &id,
+                "--redis-url",
+                &spec.redis_url,
+            ]
+        };
         let kube = config_for_url(&spec.kube_url, &format!("agent-{node}")).await?;
-        let agent = InProcessAgent::start(config(&node, &args), kube, Some(gamelift.clone()))
+        let agent = InProcessAgent::start(config(&node, args), kube, gamelift.clone())
             .await
             .with_context(|| format!("agent {i}"))?;
         println!("agent {i} {}", agent.admin);
@@ -137,6 +146,7 @@ impl Shard {
                 "--to",
                 &spec.to.to_string(),
             ])
+            .args(spec.aws_queue.then_some("--aws-queue"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -13,6 +13,7 @@ pub mod autoscaling;
 pub mod azure;
 pub mod bins;
 pub mod cluster;
+pub mod elasticmq;
 pub mod eventually;
 pub mod gamelift;
 pub mod gce;

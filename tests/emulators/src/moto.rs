@@ -57,6 +57,71 @@ fn install() -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
+/// One call of an AWS JSON-protocol operation (`AmazonSQS.CreateQueue`, `AWSEvents.PutRule`,
+/// …) against a local stand-in at `url`, unsigned (the stand-ins check no signatures).
+pub(crate) async fn aws_json_call(
+    http: &reqwest::Client,
+    url: &str,
+    target: &str,
+    body: Value,
+) -> anyhow::Result<Value> {
+    let (service, version) = match target.split_once('.') {
+        Some(("AmazonSQS", _)) => ("sqs", "1.0"),
+        Some(("AWSEvents", _)) => ("events", "1.1"),
+        _ => bail!("unknown target {target}"),
+    };
+    let r = http
+        .post(url)
+        .header("X-Amz-Target", target)
+        .header("Content-Type", format!("application/x-amz-json-{version}"))
+        .header(
+            "Authorization",
+            format!("AWS4-HMAC-SHA256 Credential=test/20260101/{REGION}/{service}/aws4_request, SignedHeaders=host, Signature=0"),
+        )
+        .body(body.to_string())
+        .send()
+        .await
+        .with_context(|| target.to_string())?;
+    let status = r.status();
+    let text = r.text().await?;
+    if !status.is_success() {
+        bail!("{target}: {status}: {text}");
+    }
+    Ok(if text.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).with_context(|| format!("{target}: {text}"))?
+    })
+}
+
+/// Sends up to 10 raw bodies to `queue_url` in one `SendMessageBatch` (SQS's limit per
+/// call); fails if any entry failed.
+pub(crate) async fn send_message_batch(
+    http: &reqwest::Client,
+    url: &str,
+    queue_url: &str,
+    bodies: &[String],
+) -> anyhow::Result<()> {
+    let entries: Vec<Value> = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, b)| json!({"Id": i.to_string(), "MessageBody": b}))
+        .collect();
+    let r = aws_json_call(
+        http,
+        url,
+        "AmazonSQS.SendMessageBatch",
+        json!({"QueueUrl": queue_url, "Entries": entries}),
+    )
+    .await?;
+    let failed = r["Failed"].as_array().map_or(0, Vec::len);
+    let sent = r["Successful"].as_array().map_or(0, Vec::len);
+    if failed != 0 || sent != bodies.len() {
+        bail!("SendMessageBatch: {r}");
+    }
+    Ok(())
+}
+
 /// One moto server; killed when dropped.
 pub struct Moto {
     child: tokio::process::Child,
@@ -114,34 +179,7 @@ impl Moto {
     /// One call of an AWS JSON-protocol operation (`AmazonSQS.CreateQueue`,
     /// `AWSEvents.PutRule`, …).
     pub async fn call(&self, target: &str, body: Value) -> anyhow::Result<Value> {
-        let (service, version) = match target.split_once('.') {
-            Some(("AmazonSQS", _)) => ("sqs", "1.0"),
-            Some(("AWSEvents", _)) => ("events", "1.1"),
-            _ => bail!("unknown target {target}"),
-        };
-        let r = self
-            .http
-            .post(self.url())
-            .header("X-Amz-Target", target)
-            .header("Content-Type", format!("application/x-amz-json-{version}"))
-            .header(
-                "Authorization",
-                format!("AWS4-HMAC-SHA256 Credential=test/20260101/{REGION}/{service}/aws4_request, SignedHeaders=host, Signature=0"),
-            )
-            .body(body.to_string())
-            .send()
-            .await
-            .with_context(|| target.to_string())?;
-        let status = r.status();
-        let text = r.text().await?;
-        if !status.is_success() {
-            bail!("{target}: {status}: {text}");
-        }
-        Ok(if text.trim().is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).with_context(|| format!("{target}: {text}"))?
-        })
+        aws_json_call(&self.http, &self.url(), target, body).await
     }
 
     /// Creates a queue and returns its URL.
@@ -172,23 +210,7 @@ impl Moto {
     /// Sends up to 10 raw bodies in one `SendMessageBatch` (SQS's limit per call); fails if
     /// any entry failed.
     pub async fn send_batch(&self, queue_url: &str, bodies: &[String]) -> anyhow::Result<()> {
-        let entries: Vec<Value> = bodies
-            .iter()
-            .enumerate()
-            .map(|(i, b)| json!({"Id": i.to_string(), "MessageBody": b}))
-            .collect();
-        let r = self
-            .call(
-                "AmazonSQS.SendMessageBatch",
-                json!({"QueueUrl": queue_url, "Entries": entries}),
-            )
-            .await?;
-        let failed = r["Failed"].as_array().map_or(0, Vec::len);
-        let sent = r["Successful"].as_array().map_or(0, Vec::len);
-        if failed != 0 || sent != bodies.len() {
-            bail!("SendMessageBatch: {r}");
-        }
-        Ok(())
+        send_message_batch(&self.http, &self.url(), queue_url, bodies).await
     }
 
     /// The queue's `ApproximateNumberOfMessages` and `…NotVisible`.

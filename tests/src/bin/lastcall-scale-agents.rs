@@ -14,11 +14,11 @@ struct Args {
     /// The Kubernetes API emulator.
     #[arg(long)]
     kube_url: String,
-    /// The GameLift emulator.
-    #[arg(long)]
+    /// The GameLift emulator (not used with `--aws-queue`).
+    #[arg(long, default_value = "")]
     gamelift_url: String,
-    /// The world's redis-server.
-    #[arg(long)]
+    /// The world's redis-server (not used with `--aws-queue`).
+    #[arg(long, default_value = "")]
     redis_url: String,
     /// First agent index.
     #[arg(long)]
@@ -26,6 +26,9 @@ struct Args {
     /// One past the last agent index.
     #[arg(long)]
     to: usize,
+    /// Queue mode: the agents read EC2 events relayed onto their Node.
+    #[arg(long)]
+    aws_queue: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,6 +43,7 @@ fn main() -> anyhow::Result<()> {
             redis_url: args.redis_url,
             from: args.from,
             to: args.to,
+            aws_queue: args.aws_queue,
         }),
     )?
 }
