@@ -363,6 +363,46 @@ impl Ctx<'_> {
         })
     }
 
+    /// Whether GameLift held the game server registered in `life`: a successful
+    /// `RegisterGameServer` then, or a registration that stood from before the life began
+    /// and was not ended in it (GameLift answers a second registration of a registered game
+    /// server with a conflict: one that never left need not, and cannot, register again).
+    fn registered_in(&self, life: usize) -> bool {
+        let start = self.life_start(life);
+        let ok = |c: &&gamelift::Call, op: &str| c.op == op && c.outcome == "ok";
+        let registered_then = self
+            .run
+            .calls
+            .iter()
+            .any(|c| ok(&c, "RegisterGameServer") && self.life_of(c.at) == life);
+        // The registration as the life began: the last successful Register or Deregister
+        // before it, or GameLift dropping the server on its own.
+        let mut events: Vec<(SystemTime, bool)> = self
+            .run
+            .calls
+            .iter()
+            .filter(|c| c.at < start)
+            .filter_map(|c| match c.op.as_str() {
+                "RegisterGameServer" if c.outcome == "ok" => Some((c.at, true)),
+                "DeregisterGameServer" if c.outcome == "ok" => Some((c.at, false)),
+                _ => None,
+            })
+            .collect();
+        events.extend(
+            self.run
+                .applied
+                .iter()
+                .filter(|a| {
+                    matches!(a.action, Action::GameLiftForgets) && a.note == "true" && a.at < start
+                })
+                .map(|a| (a.at, false)),
+        );
+        let stood = events.iter().max_by_key(|(at, _)| *at).is_some_and(|e| e.1)
+            && self.deregistered_in(life).is_none()
+            && self.forgotten_in(life).is_none();
+        registered_then || stood
+    }
+
     /// When GameLift dropped the server on its own during `life`.
     fn forgotten_in(&self, life: usize) -> Option<SystemTime> {
         self.run
@@ -1360,11 +1400,7 @@ fn registered_again(cx: &Ctx<'_>, hits: &mut Vec<Hit>) {
         if cx.drain_asked_at_start(life) {
             continue;
         }
-        let registered =
-            cx.run.calls.iter().any(|c| {
-                c.op == "RegisterGameServer" && c.outcome == "ok" && cx.life_of(c.at) == life
-            });
-        if !registered {
+        if !cx.registered_in(life) {
             hits.push(Hit {
                 invariant: Invariant::NotRegisteredAgain,
                 at: cx.life_start(life),

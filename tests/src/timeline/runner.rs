@@ -1776,10 +1776,10 @@ pub async fn run(tl: Timeline, redis: &RedisServer) -> anyhow::Result<Run> {
             }
             // Nothing asks for a drain (a signal the agent may take or leave may be live): back
             // to how lastcall found it, or never drained.
-            let registered = !must_register
-                || gl.calls().iter().any(|c| {
-                    c.op == "RegisterGameServer" && c.outcome == "ok" && c.at >= life_start
-                });
+            // GameLift's own record: registered again, or never deregistered (a second
+            // registration of a registered game server is refused as a conflict).
+            let registered =
+                !must_register || gl.game_server(GROUP, &iid).is_some_and(|g| g.registered);
             if !super::truth::asks_drain(&live_at_end) && registered {
                 let ours = has_own_marks(&node)
                     || cluster.game_servers().iter().any(|g| {
