@@ -1282,6 +1282,29 @@ async fn an_agent_token_makes_only_the_tables_writes_on_its_own_node() {
             )
             .await
             .expect("the policies of agent.compatTaints");
+            // Each policy reaches the admission plugin on its own: the pod policy's widening
+            // too (a dry run of the compat toleration on the game pod of A).
+            let pods_admin: Api<Pod> = Api::namespaced(admin.clone(), &agones.ns);
+            try_eventually(
+                "the widened pod policy admits the compat toleration",
+                Duration::from_secs(30),
+                Duration::from_millis(200),
+                || async {
+                    let p = serde_json::to_value(pods_admin.get(&game_a.name).await.ok()?).ok()?;
+                    let ops = json!([
+                        {"op": "test", "path": "/metadata/resourceVersion", "value": p["metadata"]["resourceVersion"]},
+                        {"op": "add", "path": "/spec/tolerations/-", "value": {"key": "gamelift.status/draining", "operator": "Equal", "value": "true", "effect": "NoExecute"}},
+                    ]);
+                    let patch: json_patch::Patch = serde_json::from_value(ops).ok()?;
+                    w.pods
+                        .patch(&game_a.name, &PatchParams::default().dry_run(), &Patch::Json::<()>(patch))
+                        .await
+                        .ok()
+                        .map(|_| ())
+                },
+            )
+            .await
+            .expect("the pod policy of agent.compatTaints");
         }
         let writes = table_writes(&table, options);
         // Every write of the table: admitted on the agent's own node, refused on B.

@@ -480,6 +480,11 @@ async fn runbook(kbox: &KubeBox, shell: &Shell, client: &kube::Client, all: &[Bl
             *a = "--listen=127.0.0.1:0".into();
         }
     }
+    // On the host network the chart serves /metrics on a listener of its own, answered only
+    // to a token the API server authorizes (proven by `box_metrics_auth.rs`); here the test
+    // reads the drain's phase from /metrics beside the probes on loopback.
+    got.args
+        .retain(|a| !a.starts_with("--metrics-listen=") && !a.starts_with("--metrics-auth="));
     let mut rewired = false;
     for (k, v) in &mut got.env {
         if k == "REDIS_URL" && v.contains(REDIS_SERVICE) {
