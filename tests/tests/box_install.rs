@@ -677,7 +677,9 @@ async fn every_documented_command_runs_as_written_and_a_drain_completes() {
                 r.drain_started(&kbox, &client).await;
                 started = true;
             }
-            if b.body.contains("kubectl delete gameserver") {
+            // The runbook's step that ends the match (a later page's deletion of an idle
+            // server, to make room for an agent, ends no drain).
+            if !done && b.body.contains("kubectl delete gameserver") {
                 assert!(
                     started,
                     "{}: the match is deleted before any drain",
