@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use crate::moto::{aws_json_call, send_message_batch};
+use crate::moto::{aws_json_call, create_queue, send_message_batch};
 
 /// The pinned ElasticMQ release.
 pub const VERSION: &str = "1.6.11";
@@ -152,13 +152,7 @@ rest-stats {{ enabled = false }}
 
     /// Creates a queue and returns its URL.
     pub async fn create_queue(&self, name: &str) -> anyhow::Result<String> {
-        let r = self
-            .call("AmazonSQS.CreateQueue", json!({"QueueName": name}))
-            .await?;
-        r["QueueUrl"]
-            .as_str()
-            .map(String::from)
-            .context("CreateQueue gave no QueueUrl")
+        create_queue(&self.http, &self.url(), name).await
     }
 
     /// Sends up to 10 raw bodies in one `SendMessageBatch`.

@@ -94,6 +94,25 @@ pub(crate) async fn aws_json_call(
     })
 }
 
+/// `CreateQueue` on an SQS JSON-protocol endpoint: the new queue's URL.
+pub(crate) async fn create_queue(
+    http: &reqwest::Client,
+    url: &str,
+    name: &str,
+) -> anyhow::Result<String> {
+    let r = aws_json_call(
+        http,
+        url,
+        "AmazonSQS.CreateQueue",
+        json!({"QueueName": name}),
+    )
+    .await?;
+    r["QueueUrl"]
+        .as_str()
+        .map(String::from)
+        .context("CreateQueue gave no QueueUrl")
+}
+
 /// Sends up to 10 raw bodies to `queue_url` in one `SendMessageBatch` (SQS's limit per
 /// call); fails if any entry failed.
 pub(crate) async fn send_message_batch(
@@ -184,13 +203,7 @@ impl Moto {
 
     /// Creates a queue and returns its URL.
     pub async fn create_queue(&self, name: &str) -> anyhow::Result<String> {
-        let r = self
-            .call("AmazonSQS.CreateQueue", json!({"QueueName": name}))
-            .await?;
-        r["QueueUrl"]
-            .as_str()
-            .map(String::from)
-            .context("CreateQueue gave no QueueUrl")
+        create_queue(&self.http, &self.url(), name).await
     }
 
     pub fn queue_arn(name: &str) -> String {
